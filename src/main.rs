@@ -1,1 +1,536 @@
-fn main() {}
+//! detvisor: a deterministic hypervisor for testing distributed systems under faults.
+
+mod guest;
+mod hostvm;
+mod units;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use vmm::exit::{Perturbation, StopReason};
+use vmm::record::{first_divergence, Divergence, RecordConfig};
+use vmm::vm::{RunOutcome, VmConfig};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "detvisor",
+    version,
+    about = "A deterministic hypervisor: same seed, same history, bit for bit"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Boot a guest, run a command inside it, and exit with its status.
+    Run(RunArgs),
+    /// Run the same configuration several times and compare every exit.
+    Audit(AuditArgs),
+    /// Report what this host's KVM offers and whether guests can run on it.
+    Check(CheckArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum HostVmMode {
+    /// Use the helper VM only when the host's KVM cannot run the guest.
+    Auto,
+    /// Always run inside the helper VM.
+    Always,
+    /// Never: use the host's /dev/kvm directly.
+    Never,
+}
+
+#[derive(Args, Debug, Clone)]
+struct GuestArgs {
+    /// Seed of every source of nondeterminism the guest can observe.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Kernel (uncompressed vmlinux ELF); default: the built-in guest image.
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// Initramfs; default: the built-in guest image's.
+    #[arg(long)]
+    initrd: Option<PathBuf>,
+    /// Kernel command line, replacing detvisor's default.
+    #[arg(long)]
+    cmdline: Option<String>,
+    /// Guest RAM (e.g. 256M, 1G).
+    #[arg(long, default_value = "256M")]
+    mem: String,
+    /// Stop after this much virtual time (e.g. 30s, 500ms, 10m).
+    #[arg(long)]
+    until: Option<String>,
+    /// Wall-clock date the guest's CMOS clock starts at, as unix seconds.
+    #[arg(long, default_value_t = 1_704_067_200)]
+    rtc_epoch: i64,
+    /// Where to run: the host's KVM, or a helper VM with real KVM inside.
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    host_vm: HostVmMode,
+    /// The command to run inside the guest (none: an interactive shell).
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    guest: GuestArgs,
+    /// Print the summary as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct AuditArgs {
+    #[command(flatten)]
+    guest: GuestArgs,
+    /// How many runs to compare.
+    #[arg(long, default_value_t = 3)]
+    runs: u32,
+    /// Hash guest memory every N exits (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    memory_every: u64,
+    /// Hash device state every N exits (0: only at the end).
+    #[arg(long, default_value_t = 4096)]
+    devices_every: u64,
+    /// Print the summary as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Testing the audit itself: in run K (1-based) ...
+    #[arg(long, hide = true)]
+    perturb_run: Option<u32>,
+    /// ... flip a bit of the first value the guest reads at or after exit E.
+    #[arg(long, hide = true, default_value_t = 100_000)]
+    perturb_exit: u64,
+}
+
+#[derive(Args, Debug)]
+struct CheckArgs {
+    #[arg(long)]
+    json: bool,
+}
+
+/// Exit status for a run stopped by its virtual-time limit (as timeout(1)).
+const EXIT_TIME_LIMIT: u8 = 124;
+/// Exit status for a guest that ended without reporting one.
+const EXIT_NO_STATUS: u8 = 125;
+
+#[derive(Serialize)]
+struct RunSummary {
+    exit_status: Option<u8>,
+    stop: StopReason,
+    seed: u64,
+    virtual_ns: u64,
+    exits: u64,
+    injected_interrupts: u64,
+    wall_ms: u64,
+    exits_per_sec: u64,
+    digest: String,
+    console_bytes: u64,
+    unhandled_accesses: u64,
+    cpu_model_version: u32,
+}
+
+impl RunSummary {
+    fn new(seed: u64, outcome: &RunOutcome) -> Self {
+        let wall_ms = outcome.wall.as_millis() as u64;
+        RunSummary {
+            exit_status: match outcome.stop {
+                StopReason::GuestExit { status } => Some(status),
+                _ => None,
+            },
+            stop: outcome.stop,
+            seed,
+            virtual_ns: outcome.virtual_time.0,
+            exits: outcome.exits,
+            injected_interrupts: outcome.injected_interrupts,
+            wall_ms,
+            exits_per_sec: (outcome.exits as f64 / outcome.wall.as_secs_f64().max(1e-9)) as u64,
+            digest: outcome.digest.clone(),
+            console_bytes: outcome.console_bytes,
+            unhandled_accesses: outcome.unhandled_accesses,
+            cpu_model_version: vmm::cpu_model::CPU_MODEL_VERSION,
+        }
+    }
+
+    fn process_status(&self) -> u8 {
+        match self.stop {
+            StopReason::GuestExit { status } => status,
+            StopReason::TimeLimit => EXIT_TIME_LIMIT,
+            _ => EXIT_NO_STATUS,
+        }
+    }
+
+    fn human(&self) -> String {
+        let status = match self.stop {
+            StopReason::GuestExit { status } => format!("exit {status}"),
+            StopReason::TimeLimit => "virtual-time limit reached".into(),
+            StopReason::GuestReset => "guest reset without reporting a status".into(),
+            StopReason::HaltedForever => "guest halted with nothing left to wake it".into(),
+            StopReason::Failure { failure } => format!("KVM failure: {failure:?}"),
+        };
+        format!(
+            "detvisor: {status}; virtual {}, {} exits, wall {:.2}s, {} exits/s, digest {}",
+            vmm::VirtNanos(self.virtual_ns),
+            self.exits,
+            self.wall_ms as f64 / 1000.0,
+            self.exits_per_sec,
+            self.digest
+        )
+    }
+}
+
+/// Where guests of this invocation run.
+enum Placement {
+    Host,
+    HelperVm { reason: String },
+}
+
+fn placement(mode: HostVmMode) -> Placement {
+    match mode {
+        HostVmMode::Never => Placement::Host,
+        HostVmMode::Always => Placement::HelperVm {
+            reason: "--host-vm always".into(),
+        },
+        HostVmMode::Auto => {
+            let report = vmm::probe::host_report();
+            match report.reason {
+                None => Placement::Host,
+                Some(reason) => Placement::HelperVm { reason },
+            }
+        }
+    }
+}
+
+struct ResolvedGuest {
+    kernel: PathBuf,
+    initrd: PathBuf,
+}
+
+fn resolve_image(guest: &GuestArgs) -> Result<ResolvedGuest> {
+    let (kernel, initrd) = match (&guest.kernel, &guest.initrd) {
+        (Some(k), Some(i)) => (k.clone(), i.clone()),
+        (k, i) => {
+            let image = guest::default_image()?;
+            (
+                k.clone().unwrap_or(image.kernel),
+                i.clone().unwrap_or(image.initrd),
+            )
+        }
+    };
+    for (what, path) in [("kernel", &kernel), ("initrd", &initrd)] {
+        if !path.is_file() {
+            bail!("{what} {} does not exist or is not a file", path.display());
+        }
+    }
+    Ok(ResolvedGuest { kernel, initrd })
+}
+
+fn vm_config(guest: &GuestArgs, record: RecordConfig) -> Result<VmConfig> {
+    let ram_bytes = units::parse_size(&guest.mem).context("--mem")?;
+    let until = guest
+        .until
+        .as_deref()
+        .map(units::parse_duration)
+        .transpose()
+        .context("--until")?;
+    let image = resolve_image(guest)?;
+    let initrd = guest::initrd_with_command(&image.initrd, &guest.command)?;
+    Ok(VmConfig {
+        kernel: image.kernel,
+        initrd,
+        cmdline: guest.cmdline.clone().unwrap_or_else(guest::default_cmdline),
+        ram_bytes,
+        seed: guest.seed,
+        until,
+        rtc_epoch_unix_secs: guest.rtc_epoch,
+        record,
+        perturbation: None,
+    })
+}
+
+/// Re-runs this invocation inside the helper VM, with the guest's files shipped along.
+fn run_in_helper_vm(
+    subcommand: &str,
+    guest: &GuestArgs,
+    extra: &[String],
+    reason: &str,
+) -> Result<u8> {
+    // Validate what can be validated before paying for the helper VM.
+    units::parse_size(&guest.mem).context("--mem")?;
+    if let Some(u) = &guest.until {
+        units::parse_duration(u).context("--until")?;
+    }
+    let image = resolve_image(guest)?;
+    eprintln!("detvisor: running inside a helper VM (QEMU TCG with nested SVM) because {reason}");
+    let assets = hostvm::ensure_assets(None)?;
+    let files = vec![
+        hostvm::PayloadFile {
+            host_path: image.kernel.clone(),
+            payload_name: "vmlinux".into(),
+        },
+        hostvm::PayloadFile {
+            host_path: image.initrd.clone(),
+            payload_name: "initrd".into(),
+        },
+    ];
+    let mut args: Vec<OsString> = vec![
+        subcommand.into(),
+        "--host-vm".into(),
+        "never".into(),
+        "--kernel".into(),
+        hostvm::payload_path("vmlinux").into(),
+        "--initrd".into(),
+        hostvm::payload_path("initrd").into(),
+        "--seed".into(),
+        guest.seed.to_string().into(),
+        "--mem".into(),
+        guest.mem.clone().into(),
+        "--rtc-epoch".into(),
+        guest.rtc_epoch.to_string().into(),
+    ];
+    if let Some(c) = &guest.cmdline {
+        args.push("--cmdline".into());
+        args.push(c.into());
+    }
+    if let Some(u) = &guest.until {
+        args.push("--until".into());
+        args.push(u.into());
+    }
+    args.extend(extra.iter().map(OsString::from));
+    args.push("--".into());
+    args.extend(guest.command.iter().map(OsString::from));
+    let ram = units::parse_size(&guest.mem)?;
+    let config = hostvm::HelperVmConfig {
+        assets_dir: assets,
+        memory_mib: ((ram >> 20) as u32).saturating_add(1024).max(2048),
+        ..hostvm::HelperVmConfig::default()
+    };
+    let exe = std::env::current_exe().context("locating the detvisor executable")?;
+    let status = hostvm::run(&config, &exe, &args, &files)?;
+    Ok(u8::try_from(status).unwrap_or(EXIT_NO_STATUS))
+}
+
+fn cmd_run(args: RunArgs) -> Result<u8> {
+    if let Placement::HelperVm { reason } = placement(args.guest.host_vm) {
+        let extra: Vec<String> = if args.json {
+            vec!["--json".into()]
+        } else {
+            vec![]
+        };
+        return run_in_helper_vm("run", &args.guest, &extra, &reason);
+    }
+    let config = vm_config(&args.guest, RecordConfig::default())?;
+    let outcome = vmm::vm::run(&config, Box::new(std::io::stdout()))?;
+    let summary = RunSummary::new(args.guest.seed, &outcome);
+    if args.json {
+        let mut out = std::io::stdout().lock();
+        writeln!(out)?;
+        writeln!(out, "{}", serde_json::to_string(&summary)?)?;
+    } else {
+        eprintln!("{}", summary.human());
+    }
+    Ok(summary.process_status())
+}
+
+#[derive(Serialize)]
+struct AuditSummary {
+    identical: bool,
+    runs: u32,
+    exits: Vec<u64>,
+    digests: Vec<String>,
+    divergence: Option<String>,
+}
+
+fn cmd_audit(args: AuditArgs) -> Result<u8> {
+    if args.runs < 2 {
+        bail!("--runs must be at least 2 to compare anything");
+    }
+    if let Placement::HelperVm { reason } = placement(args.guest.host_vm) {
+        let mut extra = vec![
+            "--runs".to_string(),
+            args.runs.to_string(),
+            "--memory-every".into(),
+            args.memory_every.to_string(),
+            "--devices-every".into(),
+            args.devices_every.to_string(),
+        ];
+        if args.json {
+            extra.push("--json".into());
+        }
+        if let Some(k) = args.perturb_run {
+            extra.extend([
+                "--perturb-run".into(),
+                k.to_string(),
+                "--perturb-exit".into(),
+                args.perturb_exit.to_string(),
+            ]);
+        }
+        return run_in_helper_vm("audit", &args.guest, &extra, &reason);
+    }
+    let record = RecordConfig {
+        keep_records: true,
+        device_state_every: args.devices_every,
+        memory_every: args.memory_every,
+    };
+    let base = vm_config(&args.guest, record)?;
+    let mut first: Option<RunOutcome> = None;
+    let mut summary = AuditSummary {
+        identical: true,
+        runs: args.runs,
+        exits: Vec::new(),
+        digests: Vec::new(),
+        divergence: None,
+    };
+    for run in 1..=args.runs {
+        let mut config = base.clone();
+        if args.perturb_run == Some(run) {
+            config.perturbation = Some(Perturbation {
+                at_exit: args.perturb_exit,
+            });
+        }
+        let outcome = vmm::vm::run(&config, Box::new(std::io::sink()))?;
+        eprintln!(
+            "detvisor audit: run {run}/{}: {} exits, virtual {}, digest {}",
+            args.runs, outcome.exits, outcome.virtual_time, outcome.digest
+        );
+        summary.exits.push(outcome.exits);
+        summary.digests.push(outcome.digest.clone());
+        match &first {
+            None => first = Some(outcome),
+            Some(reference) => {
+                let divergence = first_divergence(&reference.records, &outcome.records);
+                let text = match divergence {
+                    Some(Divergence::Record { position, left, right }) => Some(format!(
+                        "runs 1 and {run} diverge at exit {position}:\n  run 1:   {left}\n  run {run}: {right}"
+                    )),
+                    Some(Divergence::Length { left, right, next }) => Some(format!(
+                        "runs 1 and {run} diverge in length: {left} vs {right} exits; first extra: {}",
+                        next.map(|r| r.to_string()).unwrap_or_default()
+                    )),
+                    None if reference.digest != outcome.digest => Some(format!(
+                        "runs 1 and {run} have equal exits but different final state (digest {} vs {}): memory, devices or console differ",
+                        reference.digest, outcome.digest
+                    )),
+                    None => None,
+                };
+                if let Some(text) = text {
+                    summary.identical = false;
+                    summary.divergence = Some(text);
+                    break;
+                }
+            }
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else if summary.identical {
+        println!(
+            "identical: {} runs, {} exits each, digest {}",
+            args.runs, summary.exits[0], summary.digests[0]
+        );
+    } else {
+        println!("DIVERGED: {}", summary.divergence.as_deref().unwrap_or(""));
+    }
+    Ok(if summary.identical { 0 } else { 1 })
+}
+
+/// Whether the helper VM's QEMU is on PATH.
+fn qemu_available() -> bool {
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|d| d.join("qemu-system-x86_64").is_file()))
+        .unwrap_or(false)
+}
+
+fn cmd_check(args: CheckArgs) -> Result<u8> {
+    let report = vmm::probe::host_report();
+    let qemu = qemu_available();
+    if args.json {
+        #[derive(Serialize)]
+        struct Check<'a> {
+            #[serde(flatten)]
+            host: &'a vmm::probe::HostReport,
+            helper_vm_qemu: bool,
+        }
+        println!(
+            "{}",
+            serde_json::to_string(&Check {
+                host: &report,
+                helper_vm_qemu: qemu
+            })?
+        );
+    } else {
+        let yes = |b: bool| if b { "yes" } else { "no" };
+        println!("/dev/kvm:                 {}", yes(report.kvm_device));
+        println!(
+            "KVM modules:              {}",
+            report.kvm_modules.join(", ")
+        );
+        println!(
+            "hardware virtualization:  {}",
+            report
+                .hardware_virtualization
+                .as_deref()
+                .unwrap_or("none (no vmx/svm flag)")
+        );
+        println!("hardware PMU:             {}", yes(report.hardware_pmu));
+        println!(
+            "KVM API version:          {}",
+            report
+                .kvm_api_version
+                .map(|v| v.to_string())
+                .unwrap_or("-".into())
+        );
+        println!("user-space MSR exits:     {}", yes(report.user_space_msr));
+        println!("MSR filter:               {}", yes(report.msr_filter));
+        println!("sync regs:                {}", yes(report.sync_regs));
+        println!("dirty log ring:           {}", yes(report.dirty_log_ring));
+        println!("immediate exit:           {}", yes(report.immediate_exit));
+        if let Some(p) = &report.cpuid_probe {
+            println!(
+                "CPU model honoured:       {} (CPUID.1 ecx={:#010x} edx={:#010x})",
+                yes(p.honoured()),
+                p.seen_ecx,
+                p.seen_edx
+            );
+        }
+        if let Some(e) = &report.probe_error {
+            println!("probe guest:              failed: {e}");
+        }
+        println!("can run guests here:      {}", yes(report.can_run_guests));
+        if let Some(r) = &report.reason {
+            println!("  because:                {r}");
+        }
+        println!(
+            "helper VM available:      {}",
+            if qemu {
+                "yes (qemu-system-x86_64 found)"
+            } else {
+                "no (install qemu-system-x86)"
+            }
+        );
+    }
+    Ok(0)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => cmd_run(args),
+        Command::Audit(args) => cmd_audit(args),
+        Command::Check(args) => cmd_check(args),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("detvisor: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -4,10 +4,23 @@
 //! only as a `VirtNanos` passed in, raises interrupts only through the PIC model,
 //! and never reads host time or host randomness. Each has a serde `...State`
 //! and a `restore`, so the VMM can capture and compare it.
+//!
+//! The VMM drives them all through [`Devices`] (see `machine`).
 
+pub mod acpi_pm;
 pub mod bus;
+pub mod error;
+pub mod hpet;
 pub mod layout;
+pub mod machine;
+pub mod pic;
+pub mod rtc;
+pub mod serial;
+pub mod status;
 pub mod time;
 
 pub use bus::{Bus, BusDevice, BusError};
+pub use error::DevicesError;
+pub use machine::{Devices, DevicesConfig, DevicesState};
+pub use status::GuestEvent;
 pub use time::VirtNanos;

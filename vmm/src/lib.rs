@@ -1,1 +1,15 @@
-//! vmm
+//! detvisor's virtual machine monitor: KVM, guest memory, the vCPU loop,
+//! the virtual clock, the fixed CPU model, boot and per-exit records.
+
+pub mod acpi;
+pub mod boot;
+pub mod clock;
+pub mod cpu_model;
+pub mod entropy;
+pub mod exit;
+mod kvm_util;
+pub mod probe;
+pub mod record;
+pub mod vm;
+
+pub use devices::VirtNanos;

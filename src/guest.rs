@@ -1,0 +1,145 @@
+//! The default guest image and the per-run command archive.
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The cache root: `$DETVISOR_CACHE`, else `~/.cache/detvisor`.
+pub fn cache_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("DETVISOR_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache/detvisor")
+}
+
+/// The source tree this binary was built from (for the image build scripts).
+pub fn source_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub struct GuestImage {
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+}
+
+/// The default kernel and initramfs, built (and cached) on first use.
+pub fn default_image() -> Result<GuestImage> {
+    let dir = cache_root().join("guest-image/default");
+    let image = GuestImage {
+        kernel: dir.join("vmlinux"),
+        initrd: dir.join("initramfs.cpio.gz"),
+    };
+    if image.kernel.is_file() && image.initrd.is_file() {
+        return Ok(image);
+    }
+    let script = source_dir().join("guest-image/build.sh");
+    if !script.is_file() {
+        bail!(
+            "the default guest image is not built ({} is missing) and the build script {} is not available: pass --kernel and --initrd",
+            image.kernel.display(),
+            script.display()
+        );
+    }
+    eprintln!(
+        "detvisor: building the default guest image (once; cached in {})",
+        dir.display()
+    );
+    let status = Command::new("bash")
+        .arg(&script)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !status.success() || !image.kernel.is_file() {
+        bail!(
+            "building the default guest image with {} failed ({status})",
+            script.display()
+        );
+    }
+    Ok(image)
+}
+
+/// Quotes one argument for a POSIX shell.
+pub fn shell_quote(arg: &str) -> String {
+    format!("'{}'", arg.replace('\'', r"'\''"))
+}
+
+/// The initrd the guest gets: the image's initramfs, then (when a command is
+/// given) an uncompressed newc archive holding `/detvisor/cmd`, which the
+/// kernel unpacks on top and the guest init runs.
+pub fn initrd_with_command(initrd: &Path, command: &[String]) -> Result<Vec<u8>> {
+    let mut bytes = std::fs::read(initrd)
+        .with_context(|| format!("cannot read initrd {}", initrd.display()))?;
+    if command.is_empty() {
+        return Ok(bytes);
+    }
+    let script: String = command
+        .iter()
+        .map(|a| shell_quote(a))
+        .collect::<Vec<_>>()
+        .join(" ")
+        + "\n";
+    while bytes.len() % 4 != 0 {
+        bytes.push(0);
+    }
+    let dir = cpio::NewcBuilder::new("detvisor").mode(0o040755).mtime(0);
+    let file = cpio::NewcBuilder::new("detvisor/cmd")
+        .mode(0o100644)
+        .mtime(0);
+    let inputs: Vec<(cpio::NewcBuilder, std::io::Cursor<Vec<u8>>)> = vec![
+        (dir, std::io::Cursor::new(Vec::new())),
+        (file, std::io::Cursor::new(script.into_bytes())),
+    ];
+    let archive =
+        cpio::write_cpio(inputs.into_iter(), Vec::new()).context("building the command archive")?;
+    bytes.extend_from_slice(&archive);
+    Ok(bytes)
+}
+
+/// The kernel command line detvisor boots with unless told otherwise.
+pub fn default_cmdline() -> String {
+    [
+        "console=ttyS0",
+        // The guest ends by writing its status to a port; reboot=t makes any
+        // reboot a triple fault, which the VMM sees as a shutdown.
+        "reboot=t",
+        "panic=-1",
+        "nokaslr",
+        // No local APIC or IOAPIC: the legacy PIC and the HPET's legacy routing.
+        "noapic",
+        "nolapic",
+        // No TSC: skip the delay-loop calibration, which would spin on jiffies
+        // without ever exiting (and so without time advancing).
+        "lpj=1000000",
+        "random.trust_cpu=off",
+        "random.trust_bootloader=on",
+        "quiet",
+    ]
+    .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_shell_quote_survives_quotes_and_spaces() {
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+
+    #[test]
+    fn test_command_archive_is_appended_aligned() {
+        let dir = std::env::temp_dir().join(format!("detvisor-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = dir.join("base");
+        std::fs::write(&base, b"abcde").unwrap();
+        let out = initrd_with_command(&base, &["echo".into(), "x y".into()]).unwrap();
+        assert_eq!(&out[..5], b"abcde");
+        assert_eq!(&out[8..14], b"070701");
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.contains("'echo' 'x y'\n"));
+        assert_eq!(initrd_with_command(&base, &[]).unwrap(), b"abcde");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

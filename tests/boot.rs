@@ -1,0 +1,247 @@
+//! End-to-end tests: real guests on real KVM (inside the helper VM where the
+//! host's KVM cannot run Linux). Each test boots the default guest image.
+
+use std::process::{Command, Output};
+
+fn detvisor(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_detvisor"))
+        .args(args)
+        .output()
+        .expect("detvisor starts");
+    eprintln!(
+        "$ detvisor {}\n--- status: {:?}\n--- stdout:\n{}\n--- stderr:\n{}",
+        args.join(" "),
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The JSON summary `run --json` prints as its last stdout line.
+fn summary(out: &Output) -> serde_json::Value {
+    let text = stdout(out);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON summary in stdout: {text}"));
+    serde_json::from_str(line).expect("summary is JSON")
+}
+
+/// Console output without the JSON summary line.
+fn console(out: &Output) -> String {
+    stdout(out)
+        .lines()
+        .filter(|l| !l.starts_with("{\"exit_status\""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn test_run_uname_boots_linux_and_reports_summary() {
+    let out = detvisor(&["run", "--json", "--", "uname", "-a"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(
+        console(&out).contains("Linux detvisor 6.1"),
+        "uname output missing"
+    );
+    let s = summary(&out);
+    assert_eq!(s["exit_status"], 0);
+    assert_eq!(s["seed"], 0);
+    assert!(s["exits"].as_u64().unwrap() > 1000);
+    assert!(s["virtual_ns"].as_u64().unwrap() > 0);
+    assert!(s["wall_ms"].as_u64().is_some());
+    assert_eq!(s["digest"].as_str().unwrap().len(), 32);
+}
+
+#[test]
+fn test_run_exit_status_propagates() {
+    let out = detvisor(&["run", "--", "sh", "-c", "echo bye; exit 7"]);
+    assert_eq!(out.status.code(), Some(7));
+    assert!(stdout(&out).contains("bye"));
+    assert!(stderr(&out).contains("exit 7"), "human summary on stderr");
+}
+
+#[test]
+fn test_same_seed_same_console_and_digest_other_seed_other_randomness() {
+    let cmd = "head -c16 /dev/urandom | od -An -tx1; date; cat /proc/uptime";
+    let a = detvisor(&["run", "--json", "--seed", "7", "--", "sh", "-c", cmd]);
+    let b = detvisor(&["run", "--json", "--seed", "7", "--", "sh", "-c", cmd]);
+    let c = detvisor(&["run", "--json", "--seed", "8", "--", "sh", "-c", cmd]);
+    for out in [&a, &b, &c] {
+        assert_eq!(out.status.code(), Some(0));
+    }
+    assert_eq!(
+        console(&a),
+        console(&b),
+        "same seed must give the same console"
+    );
+    assert_eq!(summary(&a)["digest"], summary(&b)["digest"]);
+    assert_eq!(summary(&a)["exits"], summary(&b)["exits"]);
+    let random_line = |o: &Output| console(o).lines().next().unwrap_or_default().to_string();
+    assert_eq!(random_line(&a).split_whitespace().count(), 16);
+    assert_ne!(
+        random_line(&a),
+        random_line(&c),
+        "another seed must give other bytes"
+    );
+    assert_ne!(summary(&a)["digest"], summary(&c)["digest"]);
+    // The CMOS clock starts at the configured epoch (2024-01-01 by default).
+    assert!(
+        console(&a).contains("2024"),
+        "date must follow the virtual RTC"
+    );
+}
+
+#[test]
+fn test_sleep_600_skips_idle_time() {
+    let out = detvisor(&["run", "--json", "--", "sleep", "600"]);
+    assert_eq!(out.status.code(), Some(0));
+    let s = summary(&out);
+    assert!(s["virtual_ns"].as_u64().unwrap() >= 600_000_000_000);
+}
+
+#[test]
+fn test_until_stops_at_virtual_time_limit() {
+    let out = detvisor(&["run", "--json", "--until", "5s", "--", "sleep", "600"]);
+    assert_eq!(out.status.code(), Some(124));
+    let s = summary(&out);
+    assert_eq!(s["stop"]["kind"], "time_limit");
+    let v = s["virtual_ns"].as_u64().unwrap();
+    assert!(
+        (5_000_000_000..6_000_000_000).contains(&v),
+        "stopped at {v}"
+    );
+}
+
+#[test]
+fn test_audit_three_runs_identical() {
+    let out = detvisor(&[
+        "audit",
+        "--runs",
+        "3",
+        "--seed",
+        "3",
+        "--",
+        "sh",
+        "-c",
+        "ls / && head -c8 /dev/urandom | od -An -tx1",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(stdout(&out).starts_with("identical: 3 runs"));
+}
+
+#[test]
+fn test_audit_detects_injected_divergence() {
+    let out = detvisor(&[
+        "audit",
+        "--runs",
+        "2",
+        "--perturb-run",
+        "2",
+        "--perturb-exit",
+        "20000",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = stdout(&out);
+    assert!(text.starts_with("DIVERGED: runs 1 and 2 diverge"), "{text}");
+    assert!(text.contains("run 1:") && text.contains("run 2:"));
+}
+
+#[test]
+fn test_missing_kernel_is_a_clear_error() {
+    let out = detvisor(&["run", "--kernel", "/nonexistent/vmlinux", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("kernel /nonexistent/vmlinux does not exist"));
+}
+
+#[test]
+fn test_unparsable_sizes_and_durations_are_clear_errors() {
+    let out = detvisor(&["run", "--mem", "12X", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unparsable size \"12X\""));
+    let out = detvisor(&["run", "--until", "5 parsecs", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unparsable duration"));
+}
+
+#[test]
+fn test_non_kernel_file_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("detvisor-nk-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fake = dir.join("notakernel");
+    std::fs::write(&fake, b"#!/bin/sh\necho hi\n").unwrap();
+    let initrd = dir.join("initrd");
+    std::fs::write(&initrd, b"").unwrap();
+    let out = detvisor(&[
+        "run",
+        "--host-vm",
+        "never",
+        "--kernel",
+        fake.to_str().unwrap(),
+        "--initrd",
+        initrd.to_str().unwrap(),
+        "--",
+        "true",
+    ]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is not a loadable x86-64 vmlinux ELF kernel"));
+}
+
+#[test]
+fn test_initrd_too_large_for_memory_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("detvisor-big-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let big = dir.join("big-initrd");
+    std::fs::write(&big, vec![0u8; 80 << 20]).unwrap();
+    let out = detvisor(&[
+        "run",
+        "--host-vm",
+        "never",
+        "--mem",
+        "64M",
+        "--initrd",
+        big.to_str().unwrap(),
+        "--",
+        "true",
+    ]);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("does not fit in 67108864 bytes of guest RAM"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn test_check_reports_host_capabilities() {
+    let out = detvisor(&["check", "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    for key in [
+        "kvm_device",
+        "kvm_modules",
+        "hardware_pmu",
+        "can_run_guests",
+        "helper_vm_qemu",
+    ] {
+        assert!(report.get(key).is_some(), "missing {key}");
+    }
+    // A host that cannot run guests must say why.
+    if report["can_run_guests"] == false {
+        assert!(report["reason"].as_str().unwrap().len() > 10);
+    }
+}

@@ -1,0 +1,329 @@
+//! Owned VM exits and the pure exit handler.
+//!
+//! `VcpuExit<'_>` borrows the kvm_run page; it is converted into [`Exit`] at
+//! once, and everything after that (device dispatch, time, interrupts, stop
+//! conditions) happens in [`Machine`], which knows nothing of KVM, so unit tests
+//! drive it with fake exits.
+
+use crate::clock::{ExitClock, TimedExit, VirtualClock};
+use crate::cpu_model::{self, MsrAccess};
+use devices::{Devices, GuestEvent, VirtNanos};
+use serde::{Deserialize, Serialize};
+
+/// Up to 8 bytes of access data, inline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct AccessData {
+    bytes: [u8; 8],
+    len: u8,
+}
+
+impl AccessData {
+    pub fn new(data: &[u8]) -> Self {
+        let len = data.len().min(8);
+        let mut bytes = [0u8; 8];
+        bytes[..len].copy_from_slice(&data[..len]);
+        AccessData {
+            bytes,
+            len: len as u8,
+        }
+    }
+
+    pub fn zeroed(len: usize) -> Self {
+        AccessData {
+            bytes: [0; 8],
+            len: len.min(8) as u8,
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.bytes[..self.len as usize]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes as a little-endian integer (for records).
+    pub fn as_u64(&self) -> u64 {
+        u64::from_le_bytes(self.bytes)
+    }
+}
+
+/// A VM exit, owned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    IoIn {
+        port: u16,
+        len: u8,
+    },
+    IoOut {
+        port: u16,
+        data: AccessData,
+    },
+    MmioRead {
+        addr: u64,
+        len: u8,
+    },
+    MmioWrite {
+        addr: u64,
+        data: AccessData,
+    },
+    RdMsr {
+        index: u32,
+    },
+    WrMsr {
+        index: u32,
+        value: u64,
+    },
+    Hlt,
+    IrqWindowOpen,
+    /// Triple fault or an explicit shutdown: how `reboot=t` ends the guest.
+    Shutdown,
+    /// KVM_EXIT_INTR: the KVM_RUN was interrupted by a signal (not guest-caused).
+    Interrupted,
+    /// Anything the VMM cannot continue from (internal error, failed entry, ...).
+    Fatal {
+        reason: ExitFailure,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ExitFailure {
+    InternalError { suberror: u32 },
+    FailEntry { reason: u64 },
+    Unexpected { exit_reason: u32 },
+}
+
+/// Small numeric code per exit kind, for records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[repr(u8)]
+pub enum ExitKind {
+    IoIn = 1,
+    IoOut = 2,
+    MmioRead = 3,
+    MmioWrite = 4,
+    RdMsr = 5,
+    WrMsr = 6,
+    Hlt = 7,
+    IrqWindowOpen = 8,
+    Shutdown = 9,
+    Interrupted = 10,
+    Fatal = 11,
+}
+
+impl Exit {
+    pub fn kind(&self) -> ExitKind {
+        match self {
+            Exit::IoIn { .. } => ExitKind::IoIn,
+            Exit::IoOut { .. } => ExitKind::IoOut,
+            Exit::MmioRead { .. } => ExitKind::MmioRead,
+            Exit::MmioWrite { .. } => ExitKind::MmioWrite,
+            Exit::RdMsr { .. } => ExitKind::RdMsr,
+            Exit::WrMsr { .. } => ExitKind::WrMsr,
+            Exit::Hlt => ExitKind::Hlt,
+            Exit::IrqWindowOpen => ExitKind::IrqWindowOpen,
+            Exit::Shutdown => ExitKind::Shutdown,
+            Exit::Interrupted => ExitKind::Interrupted,
+            Exit::Fatal { .. } => ExitKind::Fatal,
+        }
+    }
+
+    /// The port, address or MSR index the exit concerns (0 if none).
+    pub fn address(&self) -> u64 {
+        match *self {
+            Exit::IoIn { port, .. } | Exit::IoOut { port, .. } => port as u64,
+            Exit::MmioRead { addr, .. } | Exit::MmioWrite { addr, .. } => addr,
+            Exit::RdMsr { index } | Exit::WrMsr { index, .. } => index as u64,
+            _ => 0,
+        }
+    }
+}
+
+/// What the vCPU must be given before it resumes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    None,
+    /// Data for an IN or an MMIO read.
+    Data(AccessData),
+    /// The answer to an MSR exit.
+    Msr(MsrAccess),
+}
+
+/// Why a run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum StopReason {
+    /// The guest reported its command's exit status through the status port.
+    GuestExit { status: u8 },
+    /// The guest asked for a reset or triple-faulted (e.g. `reboot -f` with `reboot=t`).
+    GuestReset,
+    /// The virtual-time limit was reached.
+    TimeLimit,
+    /// The guest halted with nothing that could ever wake it.
+    HaltedForever,
+    /// KVM reported something the VMM cannot continue from.
+    Failure { failure: ExitFailure },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExitAction {
+    Resume(Completion),
+    Stop(StopReason),
+}
+
+/// What to do about interrupts before re-entering the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InterruptAction {
+    None,
+    Inject(u8),
+    RequestWindow,
+}
+
+/// Deliberate divergence for testing the determinism audit: flip bit 0 of the
+/// data returned by the first guest read at or after exit `at_exit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Perturbation {
+    pub at_exit: u64,
+}
+
+/// Everything the guest can observe apart from its memory and registers.
+pub struct Machine {
+    pub devices: Devices,
+    pub clock: ExitClock,
+    pub until: Option<VirtNanos>,
+    perturbation: Option<Perturbation>,
+    exits: u64,
+}
+
+impl Machine {
+    pub fn new(devices: Devices, until: Option<VirtNanos>) -> Self {
+        Machine {
+            devices,
+            clock: ExitClock::new(),
+            until,
+            perturbation: None,
+            exits: 0,
+        }
+    }
+
+    pub fn set_perturbation(&mut self, perturbation: Option<Perturbation>) {
+        self.perturbation = perturbation;
+    }
+
+    pub fn now(&self) -> VirtNanos {
+        self.clock.now()
+    }
+
+    /// Number of exits handled so far.
+    pub fn exits(&self) -> u64 {
+        self.exits
+    }
+
+    fn perturb(&mut self, data: &mut AccessData) {
+        if let Some(p) = self.perturbation {
+            if self.exits >= p.at_exit && !data.is_empty() {
+                data.as_mut_slice()[0] ^= 1;
+                self.perturbation = None;
+            }
+        }
+    }
+
+    /// Handles one exit: advances virtual time, serves the access, reports whether to go on.
+    pub fn handle_exit(&mut self, exit: &Exit) -> ExitAction {
+        self.exits += 1;
+        let timed = match exit {
+            Exit::Hlt => TimedExit::Halt,
+            _ => TimedExit::Access,
+        };
+        if !matches!(exit, Exit::Interrupted) {
+            self.clock.on_exit(timed);
+        }
+        let now = self.clock.now();
+        let completion = match *exit {
+            Exit::IoIn { port, len } => {
+                let mut data = AccessData::zeroed(len as usize);
+                self.devices.pio_read(now, port, data.as_mut_slice());
+                self.perturb(&mut data);
+                Completion::Data(data)
+            }
+            Exit::IoOut { port, data } => {
+                self.devices.pio_write(now, port, data.as_slice());
+                Completion::None
+            }
+            Exit::MmioRead { addr, len } => {
+                let mut data = AccessData::zeroed(len as usize);
+                if !self.devices.mmio_read(now, addr, data.as_mut_slice()) {
+                    data.as_mut_slice().fill(0xff);
+                }
+                self.perturb(&mut data);
+                Completion::Data(data)
+            }
+            Exit::MmioWrite { addr, data } => {
+                self.devices.mmio_write(now, addr, data.as_slice());
+                Completion::None
+            }
+            Exit::RdMsr { index } => Completion::Msr(cpu_model::emulate_rdmsr(index)),
+            Exit::WrMsr { index, value } => Completion::Msr(cpu_model::emulate_wrmsr(index, value)),
+            Exit::Hlt => {
+                self.devices.advance_to(now);
+                if !self.devices.has_pending_interrupt() {
+                    match self.devices.next_deadline() {
+                        Some(deadline) => {
+                            let target = match self.until {
+                                Some(limit) => deadline.min(limit),
+                                None => deadline,
+                            };
+                            self.clock.advance_to(target);
+                            self.devices.advance_to(self.clock.now());
+                        }
+                        None => return ExitAction::Stop(StopReason::HaltedForever),
+                    }
+                }
+                Completion::None
+            }
+            Exit::IrqWindowOpen | Exit::Interrupted => {
+                self.devices.advance_to(now);
+                Completion::None
+            }
+            Exit::Shutdown => return ExitAction::Stop(StopReason::GuestReset),
+            Exit::Fatal { reason } => {
+                return ExitAction::Stop(StopReason::Failure { failure: reason })
+            }
+        };
+        if let Some(event) = self.devices.take_event() {
+            return ExitAction::Stop(match event {
+                GuestEvent::Exit(status) => StopReason::GuestExit { status },
+                GuestEvent::Reset => StopReason::GuestReset,
+            });
+        }
+        if let Some(limit) = self.until {
+            if self.clock.now() >= limit {
+                return ExitAction::Stop(StopReason::TimeLimit);
+            }
+        }
+        ExitAction::Resume(completion)
+    }
+
+    /// Decides about interrupt delivery before the next KVM_RUN.
+    /// `ready` is KVM's `ready_for_interrupt_injection` and the guest's IF flag combined.
+    pub fn interrupt_action(&mut self, ready: bool) -> InterruptAction {
+        if !self.devices.has_pending_interrupt() {
+            return InterruptAction::None;
+        }
+        if !ready {
+            return InterruptAction::RequestWindow;
+        }
+        match self.devices.acknowledge_interrupt() {
+            Some(vector) => InterruptAction::Inject(vector),
+            None => InterruptAction::None,
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Per-exit records and the run digest.
+//!
+//! Every exit yields one [`ExitRecord`]; the digest folds all of them, then the
+//! final guest-memory and device-state hashes. Two runs of one configuration
+//! and seed must produce equal record streams; the audit compares them.
+
+use crate::exit::ExitKind;
+use devices::VirtNanos;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// No interrupt was injected at this exit.
+pub const NO_VECTOR: u16 = 0xffff;
+/// No state hash was taken at this exit.
+pub const NO_HASH: u64 = 0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitRecord {
+    pub index: u64,
+    pub time: VirtNanos,
+    pub kind: ExitKind,
+    /// Port, MMIO address or MSR index.
+    pub address: u64,
+    /// Data written, or returned to the guest, little-endian.
+    pub data: u64,
+    pub size: u8,
+    pub rip: u64,
+    /// Hash of the general-purpose registers, RIP and RFLAGS at the exit.
+    pub regs_hash: u64,
+    /// Vector injected before re-entering the guest, or NO_VECTOR.
+    pub injected: u16,
+    /// Hash of device state (every `device_state_every` exits), or NO_HASH.
+    pub device_hash: u64,
+    /// Hash of guest memory (every `memory_every` exits), or NO_HASH.
+    pub memory_hash: u64,
+}
+
+impl ExitRecord {
+    fn to_bytes(self) -> [u8; 68] {
+        let mut b = [0u8; 68];
+        b[0..8].copy_from_slice(&self.index.to_le_bytes());
+        b[8..16].copy_from_slice(&self.time.0.to_le_bytes());
+        b[16] = self.kind as u8;
+        b[17..25].copy_from_slice(&self.address.to_le_bytes());
+        b[25..33].copy_from_slice(&self.data.to_le_bytes());
+        b[33] = self.size;
+        b[34..42].copy_from_slice(&self.rip.to_le_bytes());
+        b[42..50].copy_from_slice(&self.regs_hash.to_le_bytes());
+        b[50..52].copy_from_slice(&self.injected.to_le_bytes());
+        b[52..60].copy_from_slice(&self.device_hash.to_le_bytes());
+        b[60..68].copy_from_slice(&self.memory_hash.to_le_bytes());
+        b
+    }
+}
+
+impl fmt::Display for ExitRecord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "exit {} at {} {:?} addr={:#x} data={:#x}/{} rip={:#x} regs={:016x}",
+            self.index,
+            self.time,
+            self.kind,
+            self.address,
+            self.data,
+            self.size,
+            self.rip,
+            self.regs_hash
+        )?;
+        if self.injected != NO_VECTOR {
+            write!(f, " injected={:#x}", self.injected)?;
+        }
+        if self.device_hash != NO_HASH {
+            write!(f, " devices={:016x}", self.device_hash)?;
+        }
+        if self.memory_hash != NO_HASH {
+            write!(f, " memory={:016x}", self.memory_hash)?;
+        }
+        Ok(())
+    }
+}
+
+/// How much the recorder keeps and how often it samples state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordConfig {
+    /// Keep every record in memory (the audit needs them; a plain run does not).
+    pub keep_records: bool,
+    /// Hash device state every N exits (0 = never, except at the end).
+    pub device_state_every: u64,
+    /// Hash guest memory every N exits (0 = never, except at the end).
+    pub memory_every: u64,
+}
+
+impl Default for RecordConfig {
+    fn default() -> Self {
+        RecordConfig {
+            keep_records: false,
+            device_state_every: 4096,
+            memory_every: 0,
+        }
+    }
+}
+
+pub struct Recorder {
+    pub config: RecordConfig,
+    records: Vec<ExitRecord>,
+    digest: blake3::Hasher,
+    count: u64,
+}
+
+impl Recorder {
+    pub fn new(config: RecordConfig) -> Self {
+        Recorder {
+            config,
+            records: Vec::new(),
+            digest: blake3::Hasher::new(),
+            count: 0,
+        }
+    }
+
+    pub fn wants_device_hash(&self, index: u64) -> bool {
+        self.config.device_state_every != 0 && index % self.config.device_state_every == 0
+    }
+
+    pub fn wants_memory_hash(&self, index: u64) -> bool {
+        self.config.memory_every != 0 && index % self.config.memory_every == 0
+    }
+
+    pub fn push(&mut self, record: ExitRecord) {
+        self.digest.update(&record.to_bytes());
+        self.count += 1;
+        if self.config.keep_records {
+            self.records.push(record);
+        }
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Ends the stream with the final state hashes and returns (digest hex, records).
+    pub fn finish(
+        mut self,
+        memory_hash: u64,
+        device_hash: u64,
+        console_hash: [u8; 32],
+    ) -> (String, Vec<ExitRecord>) {
+        self.digest.update(&memory_hash.to_le_bytes());
+        self.digest.update(&device_hash.to_le_bytes());
+        self.digest.update(&console_hash);
+        let digest = self.digest.finalize().to_hex()[..32].to_string();
+        (digest, self.records)
+    }
+}
+
+/// The first place two record streams differ.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Divergence {
+    /// Records at the same position differ.
+    Record {
+        position: usize,
+        left: ExitRecord,
+        right: ExitRecord,
+    },
+    /// One stream ended earlier.
+    Length {
+        left: usize,
+        right: usize,
+        next: Option<ExitRecord>,
+    },
+}
+
+pub fn first_divergence(left: &[ExitRecord], right: &[ExitRecord]) -> Option<Divergence> {
+    if let Some(position) = left.iter().zip(right).position(|(a, b)| a != b) {
+        return Some(Divergence::Record {
+            position,
+            left: left[position],
+            right: right[position],
+        });
+    }
+    if left.len() != right.len() {
+        let shorter = left.len().min(right.len());
+        let next = left.get(shorter).or_else(|| right.get(shorter)).copied();
+        return Some(Divergence::Length {
+            left: left.len(),
+            right: right.len(),
+            next,
+        });
+    }
+    None
+}
+
+/// A 64-bit hash of bytes (xxh3: fast enough to hash all of guest memory).
+pub fn hash64(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(index: u64) -> ExitRecord {
+        ExitRecord {
+            index,
+            time: VirtNanos(index * 1000),
+            kind: ExitKind::IoOut,
+            address: 0x3f8,
+            data: 0x41,
+            size: 1,
+            rip: 0xffff_ffff_8100_0000 + index,
+            regs_hash: index * 7,
+            injected: NO_VECTOR,
+            device_hash: NO_HASH,
+            memory_hash: NO_HASH,
+        }
+    }
+
+    #[test]
+    fn test_identical_streams_have_no_divergence_and_equal_digests() {
+        let a: Vec<_> = (0..10).map(record).collect();
+        assert_eq!(first_divergence(&a, &a.clone()), None);
+        let digest = |records: &[ExitRecord]| {
+            let mut r = Recorder::new(RecordConfig::default());
+            records.iter().for_each(|x| r.push(*x));
+            r.finish(1, 2, [0; 32]).0
+        };
+        assert_eq!(digest(&a), digest(&a));
+    }
+
+    #[test]
+    fn test_first_divergence_reports_position_and_both_sides() {
+        let a: Vec<_> = (0..10).map(record).collect();
+        let mut b = a.clone();
+        b[6].regs_hash ^= 1;
+        b[8].data = 0;
+        match first_divergence(&a, &b) {
+            Some(Divergence::Record {
+                position,
+                left,
+                right,
+            }) => {
+                assert_eq!(position, 6);
+                assert_eq!(left, a[6]);
+                assert_eq!(right, b[6]);
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn test_shorter_stream_is_a_length_divergence() {
+        let a: Vec<_> = (0..10).map(record).collect();
+        let b = a[..7].to_vec();
+        assert_eq!(
+            first_divergence(&a, &b),
+            Some(Divergence::Length {
+                left: 10,
+                right: 7,
+                next: Some(a[7])
+            })
+        );
+    }
+
+    #[test]
+    fn test_digest_changes_with_any_record_field() {
+        let digest = |r: ExitRecord| {
+            let mut rec = Recorder::new(RecordConfig::default());
+            rec.push(r);
+            rec.finish(0, 0, [0; 32]).0
+        };
+        let base = record(3);
+        let mut changed = base;
+        changed.memory_hash = 1;
+        assert_ne!(digest(base), digest(changed));
+        changed = base;
+        changed.injected = 0x20;
+        assert_ne!(digest(base), digest(changed));
+    }
+}

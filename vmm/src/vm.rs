@@ -1,0 +1,539 @@
+//! The VM: KVM file descriptors, guest memory, and the vCPU run loop.
+//!
+//! Only this module calls KVM_RUN. Each exit is converted to an owned
+//! [`Exit`] at once, handed to the pure [`Machine`], recorded, and the
+//! answer written back into the kvm_run page before re-entering the guest.
+//! Interrupts are injected only here, only between a guest-caused exit and
+//! the next entry.
+
+use crate::boot::{self, BootError, BootInputs};
+use crate::cpu_model::{self, MsrAccess};
+use crate::entropy::{stream, EntropyStream};
+use crate::exit::{
+    AccessData, Completion, Exit, ExitAction, ExitFailure, InterruptAction, Machine, Perturbation,
+    StopReason,
+};
+use crate::kvm_util;
+use crate::record::{self, ExitRecord, RecordConfig, Recorder, NO_HASH, NO_VECTOR};
+use devices::{Devices, DevicesConfig, VirtNanos};
+use kvm_bindings::{
+    kvm_msr_entry, kvm_userspace_memory_region, Msrs, KVM_MSR_EXIT_REASON_FILTER,
+    KVM_MSR_EXIT_REASON_INVAL, KVM_MSR_EXIT_REASON_UNKNOWN,
+};
+use kvm_ioctls::{
+    Cap, Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, SyncReg, VcpuExit,
+    VcpuFd, VmFd,
+};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use thiserror::Error;
+use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+
+#[derive(Debug, Error)]
+pub enum VmError {
+    #[error("cannot open /dev/kvm: {0}")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    #[error("KVM lacks a capability detvisor needs: {0}")]
+    MissingCapability(&'static str),
+    #[error("KVM call {call} failed: {source}")]
+    Kvm {
+        call: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("injecting an interrupt failed: {0}")]
+    Inject(#[source] std::io::Error),
+    #[error("cannot allocate {bytes} bytes of guest memory: {reason}")]
+    Memory { bytes: u64, reason: String },
+    #[error(transparent)]
+    Boot(#[from] BootError),
+}
+
+fn kvm_err(call: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Kvm { call, source }
+}
+
+/// Everything that defines a run. Two runs with equal configs are identical.
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    pub kernel: PathBuf,
+    /// The complete initrd image (detvisor's command archive already appended).
+    pub initrd: Vec<u8>,
+    pub cmdline: String,
+    pub ram_bytes: u64,
+    pub seed: u64,
+    pub until: Option<VirtNanos>,
+    pub rtc_epoch_unix_secs: i64,
+    pub record: RecordConfig,
+    pub perturbation: Option<Perturbation>,
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug)]
+pub struct RunOutcome {
+    pub stop: StopReason,
+    pub virtual_time: VirtNanos,
+    pub exits: u64,
+    pub injected_interrupts: u64,
+    pub wall: Duration,
+    pub digest: String,
+    pub console_bytes: u64,
+    pub unhandled_accesses: u64,
+    pub records: Vec<ExitRecord>,
+}
+
+/// Console output: forwarded live, and hashed into the digest.
+struct ConsoleSink {
+    shared: Arc<Mutex<ConsoleCapture>>,
+}
+
+struct ConsoleCapture {
+    out: Box<dyn Write + Send>,
+    hash: blake3::Hasher,
+    bytes: u64,
+}
+
+impl Write for ConsoleSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut capture = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        capture.hash.update(buf);
+        capture.bytes += buf.len() as u64;
+        // The host side of the console may go away (a closed pipe); the
+        // guest's history must not depend on that, so errors are dropped.
+        let _ = capture.out.write_all(buf);
+        if buf.contains(&b'\n') {
+            let _ = capture.out.flush();
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let mut capture = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = capture.out.flush();
+        Ok(())
+    }
+}
+
+/// Where the response to an exit goes in the kvm_run page.
+enum ResponseSlot<'a> {
+    None,
+    Data(&'a mut [u8]),
+    Msr {
+        error: &'a mut u8,
+        data: Option<&'a mut u64>,
+    },
+}
+
+fn convert_exit(exit: VcpuExit<'_>) -> (Exit, ResponseSlot<'_>) {
+    match exit {
+        VcpuExit::IoIn(port, data) => (
+            Exit::IoIn {
+                port,
+                len: data.len().min(8) as u8,
+            },
+            ResponseSlot::Data(data),
+        ),
+        VcpuExit::IoOut(port, data) => (
+            Exit::IoOut {
+                port,
+                data: AccessData::new(data),
+            },
+            ResponseSlot::None,
+        ),
+        VcpuExit::MmioRead(addr, data) => (
+            Exit::MmioRead {
+                addr,
+                len: data.len().min(8) as u8,
+            },
+            ResponseSlot::Data(data),
+        ),
+        VcpuExit::MmioWrite(addr, data) => (
+            Exit::MmioWrite {
+                addr,
+                data: AccessData::new(data),
+            },
+            ResponseSlot::None,
+        ),
+        VcpuExit::X86Rdmsr(msr) => (
+            Exit::RdMsr { index: msr.index },
+            ResponseSlot::Msr {
+                error: msr.error,
+                data: Some(msr.data),
+            },
+        ),
+        VcpuExit::X86Wrmsr(msr) => (
+            Exit::WrMsr {
+                index: msr.index,
+                value: msr.data,
+            },
+            ResponseSlot::Msr {
+                error: msr.error,
+                data: None,
+            },
+        ),
+        VcpuExit::Hlt => (Exit::Hlt, ResponseSlot::None),
+        VcpuExit::IrqWindowOpen => (Exit::IrqWindowOpen, ResponseSlot::None),
+        VcpuExit::Shutdown => (Exit::Shutdown, ResponseSlot::None),
+        VcpuExit::SystemEvent(_, _) => (Exit::Shutdown, ResponseSlot::None),
+        VcpuExit::Intr => (Exit::Interrupted, ResponseSlot::None),
+        VcpuExit::InternalError => (
+            Exit::Fatal {
+                reason: ExitFailure::InternalError { suberror: 0 },
+            },
+            ResponseSlot::None,
+        ),
+        VcpuExit::FailEntry(reason, _) => (
+            Exit::Fatal {
+                reason: ExitFailure::FailEntry { reason },
+            },
+            ResponseSlot::None,
+        ),
+        VcpuExit::Unsupported(code) => (
+            Exit::Fatal {
+                reason: ExitFailure::Unexpected { exit_reason: code },
+            },
+            ResponseSlot::None,
+        ),
+        other => (
+            Exit::Fatal {
+                reason: ExitFailure::Unexpected {
+                    exit_reason: exit_reason_code(&other),
+                },
+            },
+            ResponseSlot::None,
+        ),
+    }
+}
+
+fn exit_reason_code(exit: &VcpuExit<'_>) -> u32 {
+    match exit {
+        VcpuExit::Unknown => kvm_bindings::KVM_EXIT_UNKNOWN,
+        VcpuExit::Exception => kvm_bindings::KVM_EXIT_EXCEPTION,
+        VcpuExit::Debug(_) => kvm_bindings::KVM_EXIT_DEBUG,
+        VcpuExit::Hypercall(_) => kvm_bindings::KVM_EXIT_HYPERCALL,
+        _ => u32::MAX,
+    }
+}
+
+fn complete(slot: ResponseSlot<'_>, completion: &Completion) {
+    match (slot, completion) {
+        (ResponseSlot::Data(buf), Completion::Data(data)) => {
+            let n = buf.len().min(data.len());
+            buf[..n].copy_from_slice(&data.as_slice()[..n]);
+            // Bytes beyond what an access can carry read as all-ones.
+            buf[n..].fill(0xff);
+        }
+        (ResponseSlot::Msr { error, data }, Completion::Msr(access)) => match access {
+            MsrAccess::Value(v) => {
+                *error = 0;
+                if let Some(d) = data {
+                    *d = *v;
+                }
+            }
+            MsrAccess::GeneralProtection => *error = 1,
+        },
+        _ => {}
+    }
+}
+
+fn regs_hash(regs: &kvm_bindings::kvm_regs) -> u64 {
+    let words = [
+        regs.rax,
+        regs.rbx,
+        regs.rcx,
+        regs.rdx,
+        regs.rsi,
+        regs.rdi,
+        regs.rsp,
+        regs.rbp,
+        regs.r8,
+        regs.r9,
+        regs.r10,
+        regs.r11,
+        regs.r12,
+        regs.r13,
+        regs.r14,
+        regs.r15,
+        regs.rip,
+        regs.rflags,
+    ];
+    let mut bytes = [0u8; 18 * 8];
+    for (chunk, w) in bytes.chunks_exact_mut(8).zip(words) {
+        chunk.copy_from_slice(&w.to_le_bytes());
+    }
+    record::hash64(&bytes)
+}
+
+/// Hash of all guest RAM.
+pub fn memory_hash(mem: &GuestMemoryMmap) -> u64 {
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for region in mem.iter() {
+        let len = region.len() as usize;
+        let ptr = region.as_ptr();
+        // SAFETY: `ptr` and `len` describe a live mapping owned by `mem`, which
+        // outlives this borrow; the vCPU is stopped, so nothing writes to it meanwhile.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+        hasher.update(bytes);
+    }
+    hasher.digest()
+}
+
+fn devices_hash(devices: &Devices) -> u64 {
+    let bytes = serde_json::to_vec(&devices.state()).unwrap_or_default();
+    record::hash64(&bytes)
+}
+
+/// A created, booted-but-not-started VM.
+struct Vm {
+    _vm: VmFd,
+    vcpu: VcpuFd,
+    memory: GuestMemoryMmap,
+}
+
+fn check_caps(kvm: &Kvm) -> Result<(), VmError> {
+    for (cap, name) in [
+        (Cap::X86UserSpaceMsr, "KVM_CAP_X86_USER_SPACE_MSR"),
+        (Cap::X86MsrFilter, "KVM_CAP_X86_MSR_FILTER"),
+        (Cap::SyncRegs, "KVM_CAP_SYNC_REGS"),
+        (Cap::UserMemory, "KVM_CAP_USER_MEMORY"),
+    ] {
+        if !kvm.check_extension(cap) {
+            return Err(VmError::MissingCapability(name));
+        }
+    }
+    Ok(())
+}
+
+/// Creates the VM over `memory`, the fixed CPU model and MSR filter.
+fn create_vm(kvm: &Kvm, memory: GuestMemoryMmap) -> Result<Vm, VmError> {
+    check_caps(kvm)?;
+    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    vm.set_tss_address(0xfffb_d000)
+        .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+    for (slot, region) in memory.iter().enumerate() {
+        let region_desc = kvm_userspace_memory_region {
+            slot: slot as u32,
+            flags: 0,
+            guest_phys_addr: region.start_addr().0,
+            memory_size: region.len(),
+            userspace_addr: region.as_ptr() as u64,
+        };
+        // SAFETY: the region is a live mapping of `memory`, which the returned
+        // `Vm` owns together with the VM fd, so it outlives the VM's use of it.
+        unsafe { vm.set_user_memory_region(region_desc) }
+            .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
+    }
+
+    // Every MSR outside the allow-list exits to us (default deny + user-space exits).
+    let user_msr = kvm_bindings::kvm_enable_cap {
+        cap: kvm_bindings::KVM_CAP_X86_USER_SPACE_MSR,
+        args: [
+            u64::from(
+                KVM_MSR_EXIT_REASON_FILTER
+                    | KVM_MSR_EXIT_REASON_UNKNOWN
+                    | KVM_MSR_EXIT_REASON_INVAL,
+            ),
+            0,
+            0,
+            0,
+        ],
+        ..Default::default()
+    };
+    vm.enable_cap(&user_msr)
+        .map_err(kvm_err("KVM_ENABLE_CAP(X86_USER_SPACE_MSR)"))?;
+    let bitmaps: Vec<Vec<u8>> = cpu_model::ALLOWED_MSR_RANGES
+        .iter()
+        .map(|&(_, count)| vec![0xffu8; (count as usize).div_ceil(8)])
+        .collect();
+    let ranges: Vec<MsrFilterRange<'_>> = cpu_model::ALLOWED_MSR_RANGES
+        .iter()
+        .zip(&bitmaps)
+        .map(|(&(base, count), bitmap)| MsrFilterRange {
+            flags: MsrFilterRangeFlags::READ | MsrFilterRangeFlags::WRITE,
+            base,
+            msr_count: count,
+            bitmap,
+        })
+        .collect();
+    vm.set_msr_filter(MsrFilterDefaultAction::DENY, &ranges)
+        .map_err(kvm_err("KVM_X86_SET_MSR_FILTER"))?;
+
+    let mut vcpu = vm.create_vcpu(0).map_err(kvm_err("KVM_CREATE_VCPU"))?;
+    vcpu.set_cpuid2(&cpu_model::kvm_cpuid())
+        .map_err(kvm_err("KVM_SET_CPUID2"))?;
+    // No local APIC: its base MSR says disabled (this also clears KVM's
+    // dynamic CPUID APIC bit).
+    let msrs = Msrs::from_entries(&[kvm_msr_entry {
+        index: cpu_model::msr::IA32_APIC_BASE,
+        data: 0,
+        ..Default::default()
+    }])
+    .expect("one MSR entry fits");
+    vcpu.set_msrs(&msrs).map_err(kvm_err("KVM_SET_MSRS"))?;
+    vcpu.set_sync_valid_reg(SyncReg::Register);
+    Ok(Vm {
+        _vm: vm,
+        vcpu,
+        memory,
+    })
+}
+
+/// Boots and runs a guest to completion.
+pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunOutcome, VmError> {
+    if !(boot::MIN_RAM..=boot::MAX_RAM).contains(&config.ram_bytes) {
+        return Err(BootError::RamSize(config.ram_bytes).into());
+    }
+    let started = Instant::now();
+    let memory =
+        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), config.ram_bytes as usize)])
+            .map_err(|e| VmError::Memory {
+                bytes: config.ram_bytes,
+                reason: e.to_string(),
+            })?;
+    // Bad input (not a kernel, an initrd too large) is found before KVM is touched.
+    let kernel = boot::load_kernel(&memory, &config.kernel)?;
+    let mut rng_seed = [0u8; boot::RNG_SEED_LEN];
+    EntropyStream::new(config.seed, stream::KERNEL_RNG_SEED).fill(&mut rng_seed);
+    boot::write_boot_data(
+        &memory,
+        &kernel,
+        &BootInputs {
+            ram: config.ram_bytes,
+            cmdline: &config.cmdline,
+            initrd: &config.initrd,
+            rng_seed,
+        },
+    )?;
+    let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+    let mut vm = create_vm(&kvm, memory)?;
+    let sregs = vm.vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
+    vm.vcpu
+        .set_sregs(&boot::initial_sregs(sregs))
+        .map_err(kvm_err("KVM_SET_SREGS"))?;
+    vm.vcpu
+        .set_regs(&boot::initial_regs(kernel.entry))
+        .map_err(kvm_err("KVM_SET_REGS"))?;
+    let fpu = kvm_bindings::kvm_fpu {
+        fcw: 0x37f,
+        mxcsr: 0x1f80,
+        ..Default::default()
+    };
+    vm.vcpu.set_fpu(&fpu).map_err(kvm_err("KVM_SET_FPU"))?;
+
+    let console_capture = Arc::new(Mutex::new(ConsoleCapture {
+        out: console,
+        hash: blake3::Hasher::new(),
+        bytes: 0,
+    }));
+    let devices = Devices::new(
+        DevicesConfig {
+            rtc_epoch_unix_secs: config.rtc_epoch_unix_secs,
+        },
+        Box::new(ConsoleSink {
+            shared: console_capture.clone(),
+        }),
+    );
+    let mut machine = Machine::new(devices, config.until);
+    machine.set_perturbation(config.perturbation);
+    let mut recorder = Recorder::new(config.record);
+    let mut injected_total = 0u64;
+    let mut injected_now = NO_VECTOR;
+
+    let stop = loop {
+        let (exit, action) = {
+            let run_result = vm.vcpu.run();
+            let (exit, slot) = match run_result {
+                Ok(vcpu_exit) => convert_exit(vcpu_exit),
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    (Exit::Interrupted, ResponseSlot::None)
+                }
+                Err(e) => return Err(kvm_err("KVM_RUN")(e)),
+            };
+            let action = machine.handle_exit(&exit);
+            if let ExitAction::Resume(completion) = &action {
+                complete(slot, completion);
+            }
+            (exit, action)
+        };
+        let regs = vm.vcpu.sync_regs().regs;
+        let index = machine.exits() - 1;
+        let data = match (&exit, &action) {
+            (Exit::IoOut { data, .. } | Exit::MmioWrite { data, .. }, _) => *data,
+            (_, ExitAction::Resume(Completion::Data(data))) => *data,
+            (Exit::WrMsr { value, .. }, _) => AccessData::new(&value.to_le_bytes()),
+            (_, ExitAction::Resume(Completion::Msr(MsrAccess::Value(v)))) => {
+                AccessData::new(&v.to_le_bytes())
+            }
+            _ => AccessData::default(),
+        };
+        // Interrupt decision for the next entry; recorded with this exit.
+        if let ExitAction::Resume(_) = action {
+            let run = vm.vcpu.get_kvm_run();
+            let ready = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
+            match machine.interrupt_action(ready) {
+                InterruptAction::Inject(vector) => {
+                    kvm_util::inject_interrupt(&vm.vcpu, vector).map_err(VmError::Inject)?;
+                    vm.vcpu.get_kvm_run().request_interrupt_window = 0;
+                    injected_now = u16::from(vector);
+                    injected_total += 1;
+                }
+                InterruptAction::RequestWindow => {
+                    vm.vcpu.get_kvm_run().request_interrupt_window = 1;
+                }
+                InterruptAction::None => {
+                    vm.vcpu.get_kvm_run().request_interrupt_window = 0;
+                }
+            }
+        }
+        let device_hash = if recorder.wants_device_hash(index) {
+            devices_hash(&machine.devices)
+        } else {
+            NO_HASH
+        };
+        let memory_hash = if recorder.wants_memory_hash(index) {
+            memory_hash(&vm.memory)
+        } else {
+            NO_HASH
+        };
+        recorder.push(ExitRecord {
+            index,
+            time: machine.now(),
+            kind: exit.kind(),
+            address: exit.address(),
+            data: data.as_u64(),
+            size: data.len() as u8,
+            rip: regs.rip,
+            regs_hash: regs_hash(&regs),
+            injected: injected_now,
+            device_hash,
+            memory_hash,
+        });
+        injected_now = NO_VECTOR;
+        if let ExitAction::Stop(reason) = action {
+            break reason;
+        }
+    };
+
+    let final_memory = memory_hash(&vm.memory);
+    let final_devices = devices_hash(&machine.devices);
+    let (console_hash, console_bytes) = {
+        let mut capture = console_capture.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = capture.out.flush();
+        (*capture.hash.finalize().as_bytes(), capture.bytes)
+    };
+    let exits = recorder.count();
+    let (digest, records) = recorder.finish(final_memory, final_devices, console_hash);
+    Ok(RunOutcome {
+        stop,
+        virtual_time: machine.now(),
+        exits,
+        injected_interrupts: injected_total,
+        wall: started.elapsed(),
+        digest,
+        console_bytes,
+        unhandled_accesses: machine.devices.unhandled_accesses(),
+        records,
+    })
+}
