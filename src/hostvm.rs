@@ -1179,6 +1179,24 @@ mod tests {
     }
 
     #[test]
+    fn stale_temp_dirs_are_removed() {
+        let base = TempDir::new().unwrap();
+        let dead = base.path().join(format!("{TEMP_PREFIX}{}-1-0", i32::MAX));
+        let alive = base
+            .path()
+            .join(format!("{TEMP_PREFIX}{}-1-0", std::process::id()));
+        let other = base.path().join("unrelated-123");
+        for d in [&dead, &alive, &other] {
+            fs::create_dir(d).unwrap();
+            fs::write(d.join("f"), b"x").unwrap();
+        }
+        remove_stale_temp_dirs(base.path());
+        assert!(!dead.exists());
+        assert!(alive.exists());
+        assert!(other.exists());
+    }
+
+    #[test]
     fn qemu_command_line() {
         let config = HelperVmConfig {
             qemu: "q".into(),

@@ -1,5 +1,6 @@
 //! detvisor: a deterministic hypervisor for testing distributed systems under faults.
 
+mod bench;
 mod guest;
 mod hostvm;
 mod units;
@@ -34,6 +35,8 @@ enum Command {
     Audit(AuditArgs),
     /// Report what this host's KVM offers and whether guests can run on it.
     Check(CheckArgs),
+    /// Benchmarks: boot time against QEMU baselines, side by side.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -130,6 +133,8 @@ struct RunSummary {
     exits: u64,
     injected_interrupts: u64,
     wall_ms: u64,
+    wall_setup_ms: u64,
+    wall_finish_ms: u64,
     exits_per_sec: u64,
     digest: String,
     console_bytes: u64,
@@ -151,6 +156,8 @@ impl RunSummary {
             exits: outcome.exits,
             injected_interrupts: outcome.injected_interrupts,
             wall_ms,
+            wall_setup_ms: outcome.wall_setup.as_millis() as u64,
+            wall_finish_ms: outcome.wall_finish.as_millis() as u64,
             exits_per_sec: (outcome.exits as f64 / outcome.wall.as_secs_f64().max(1e-9)) as u64,
             digest: outcome.digest.clone(),
             console_bytes: outcome.console_bytes,
@@ -525,6 +532,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd_run(args),
         Command::Audit(args) => cmd_audit(args),
         Command::Check(args) => cmd_check(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

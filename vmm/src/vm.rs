@@ -78,6 +78,10 @@ pub struct RunOutcome {
     pub exits: u64,
     pub injected_interrupts: u64,
     pub wall: Duration,
+    /// Wall time spent creating the VM and writing boot data.
+    pub wall_setup: Duration,
+    /// Wall time spent hashing the final state.
+    pub wall_finish: Duration,
     pub digest: String,
     pub console_bytes: u64,
     pub unhandled_accesses: u64,
@@ -266,7 +270,15 @@ fn regs_hash(regs: &kvm_bindings::kvm_regs) -> u64 {
     record::hash64(&bytes)
 }
 
-/// Hash of all guest RAM.
+const PAGE_SIZE: usize = 4096;
+
+/// Hash of guest RAM: every non-zero 4 KiB page, with its page number.
+///
+/// Pages the host never backed (per `mincore`) are zero by construction and
+/// are skipped without being touched, and zero pages that are backed are
+/// skipped too, so the hash depends only on contents, never on which pages
+/// the host happened to populate (transparent huge pages, read faults).
+/// Cost is proportional to the memory the guest and VMM actually touched.
 pub fn memory_hash(mem: &GuestMemoryMmap) -> u64 {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     for region in mem.iter() {
@@ -275,7 +287,22 @@ pub fn memory_hash(mem: &GuestMemoryMmap) -> u64 {
         // SAFETY: `ptr` and `len` describe a live mapping owned by `mem`, which
         // outlives this borrow; the vCPU is stopped, so nothing writes to it meanwhile.
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
-        hasher.update(bytes);
+        let pages = len / PAGE_SIZE;
+        let mut resident = vec![0u8; pages];
+        // SAFETY: `ptr` is page-aligned (an mmap), `len` lies within the mapping,
+        // and `resident` has one byte per page as mincore(2) requires.
+        let rc = unsafe { libc::mincore(ptr as *mut libc::c_void, len, resident.as_mut_ptr()) };
+        for (page, chunk) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
+            if rc == 0 && resident[page] & 1 == 0 {
+                continue;
+            }
+            if chunk.iter().all(|b| *b == 0) {
+                continue;
+            }
+            let gpa = region.start_addr().0 + (page * PAGE_SIZE) as u64;
+            hasher.update(&gpa.to_le_bytes());
+            hasher.update(chunk);
+        }
     }
     hasher.digest()
 }
@@ -438,6 +465,7 @@ pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunOutco
     let mut machine = Machine::new(devices, config.until);
     machine.set_perturbation(config.perturbation);
     let mut recorder = Recorder::new(config.record);
+    let wall_setup = started.elapsed();
     let mut injected_total = 0u64;
     let mut injected_now = NO_VECTOR;
 
@@ -516,6 +544,7 @@ pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunOutco
         }
     };
 
+    let finishing = Instant::now();
     let final_memory = memory_hash(&vm.memory);
     let final_devices = devices_hash(&machine.devices);
     let (console_hash, console_bytes) = {
@@ -531,6 +560,8 @@ pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunOutco
         exits,
         injected_interrupts: injected_total,
         wall: started.elapsed(),
+        wall_setup,
+        wall_finish: finishing.elapsed(),
         digest,
         console_bytes,
         unhandled_accesses: machine.devices.unhandled_accesses(),
