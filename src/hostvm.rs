@@ -190,6 +190,18 @@ pub fn run(
     args: &[OsString],
     files: &[PayloadFile],
 ) -> Result<i32> {
+    run_to(config, exe, args, files, Target::Stdout, Target::Stderr)
+}
+
+/// [`run`] with the payload's stdout and stderr sent to the given targets.
+fn run_to(
+    config: &HelperVmConfig,
+    exe: &Path,
+    args: &[OsString],
+    files: &[PayloadFile],
+    out_target: Target,
+    err_target: Target,
+) -> Result<i32> {
     let pvh_kernel = config.assets_dir.join(PVH_KERNEL_FILE);
     let kernel = if pvh_kernel.is_file() {
         pvh_kernel
@@ -281,8 +293,8 @@ pub fn run(
     drop(cmd);
     drop(err_w);
 
-    let out_thread = thread::spawn(move || pump(out_r, Target::Stdout));
-    let err_thread = thread::spawn(move || pump(err_r, Target::Stderr));
+    let out_thread = thread::spawn(move || pump(out_r, out_target));
+    let err_thread = thread::spawn(move || pump(err_r, err_target));
     let stdin_stop = match stdin_writer {
         Some(w) => Some(StdinForwarder::start(w)?),
         None => None,
@@ -485,10 +497,13 @@ impl StdinForwarder {
     }
 }
 
-#[derive(Clone, Copy)]
+/// Where a payload output stream goes.
+#[derive(Clone)]
 enum Target {
     Stdout,
     Stderr,
+    /// Collected in memory (tests).
+    Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>),
 }
 
 /// Copies `from` to our stdout or stderr as data arrives; returns the last [`TAIL_BYTES`].
@@ -510,7 +525,7 @@ fn pump(mut from: io::PipeReader, to: Target) -> Vec<u8> {
             last.drain(..last.len() - TAIL_BYTES);
         }
         if !broken {
-            let written = match to {
+            let written = match &to {
                 Target::Stdout => {
                     let mut o = io::stdout().lock();
                     o.write_all(chunk).and_then(|()| o.flush())
@@ -519,6 +534,10 @@ fn pump(mut from: io::PipeReader, to: Target) -> Vec<u8> {
                     let mut e = io::stderr().lock();
                     e.write_all(chunk).and_then(|()| e.flush())
                 }
+                Target::Buffer(buf) => buf
+                    .lock()
+                    .map_err(|_| io::Error::other("poisoned"))
+                    .map(|mut b| b.extend_from_slice(chunk)),
             };
             broken = written.is_err();
         }
@@ -1227,6 +1246,56 @@ mod tests {
         let append = &args[args.iter().position(|a| a == "-append").unwrap() + 1];
         assert_eq!(append, "console=ttyS3 quiet panic=-1 foo=1");
         assert_eq!(args.iter().filter(|a| *a == "-serial").count(), 4);
+    }
+
+    /// Boots the real helper VM: `cargo test -- --ignored helper_vm_end_to_end`.
+    #[test]
+    #[ignore = "boots the helper VM (~6 s under TCG); builds its assets on first use"]
+    fn helper_vm_end_to_end() {
+        let assets = ensure_assets(None).expect("helper VM assets");
+        let config = HelperVmConfig {
+            assets_dir: assets,
+            ..HelperVmConfig::default()
+        };
+        // busybox picks its applet from argv[0], so wrap it: /payload/detvisor is this script.
+        let dir = TempDir::new().unwrap();
+        let exe = dir.path().join("wrapper");
+        fs::write(&exe, b"#!/bin/sh\nexec /bin/busybox \"$@\"\n").unwrap();
+        fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+        let data = dir.path().join("data");
+        fs::write(&data, b"file contents\n").unwrap();
+        let script = "echo \"a b\"; ls /dev/kvm; grep -c svm /proc/cpuinfo; \
+                      cat /payload/files/sub/data; printf '%s|' \"$@\"; echo oops >&2; exit 7";
+        let mut args = os(&[b"sh", b"-c", script.as_bytes(), b"sh"]);
+        args.extend(tricky_args());
+        let files = [PayloadFile {
+            host_path: data,
+            payload_name: "sub/data".into(),
+        }];
+        let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let err = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let status = run_to(
+            &config,
+            &exe,
+            &args,
+            &files,
+            Target::Buffer(out.clone()),
+            Target::Buffer(err.clone()),
+        )
+        .unwrap();
+        let mut expected = b"a b\n/dev/kvm\n1\nfile contents\n".to_vec();
+        for a in tricky_args() {
+            expected.extend_from_slice(a.as_bytes());
+            expected.push(b'|');
+        }
+        let out = out.lock().unwrap().clone();
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            String::from_utf8_lossy(&expected)
+        );
+        assert_eq!(out, expected);
+        assert_eq!(*err.lock().unwrap(), b"oops\n");
+        assert_eq!(status, 7);
     }
 
     #[test]

@@ -327,3 +327,198 @@ impl Machine {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::EXIT_COST;
+    use devices::{layout, DevicesConfig};
+
+    fn machine(until: Option<VirtNanos>) -> Machine {
+        let devices = Devices::new(
+            DevicesConfig {
+                rtc_epoch_unix_secs: 1_704_067_200,
+            },
+            Box::new(std::io::sink()),
+        );
+        Machine::new(devices, until)
+    }
+
+    fn out(m: &mut Machine, port: u16, value: u8) -> ExitAction {
+        m.handle_exit(&Exit::IoOut {
+            port,
+            data: AccessData::new(&[value]),
+        })
+    }
+
+    fn mmio_write64(m: &mut Machine, offset: u64, value: u64) {
+        m.handle_exit(&Exit::MmioWrite {
+            addr: layout::HPET_BASE + offset,
+            data: AccessData::new(&value.to_le_bytes()),
+        });
+    }
+
+    /// The PIC initialisation Linux performs: vectors 0x20 (master) and 0x28 (slave).
+    fn init_pic(m: &mut Machine) {
+        for (port, value) in [
+            (0x20, 0x11),
+            (0x21, 0x20),
+            (0x21, 0x04),
+            (0x21, 0x01),
+            (0xa0, 0x11),
+            (0xa1, 0x28),
+            (0xa1, 0x02),
+            (0xa1, 0x01),
+            (0x21, 0x00),
+            (0xa1, 0x00),
+        ] {
+            out(m, port, value);
+        }
+    }
+
+    /// HPET in legacy mode, timer 0 one-shot with its comparator at `ticks`.
+    fn arm_hpet_timer0(m: &mut Machine, ticks: u64) {
+        const GENERAL_CONFIG: u64 = 0x10;
+        const TIMER0_CONFIG: u64 = 0x100;
+        const TIMER0_COMPARATOR: u64 = 0x108;
+        const INT_ENABLE: u64 = 1 << 2;
+        mmio_write64(m, TIMER0_CONFIG, INT_ENABLE);
+        mmio_write64(m, TIMER0_COMPARATOR, ticks);
+        mmio_write64(m, GENERAL_CONFIG, 0b11);
+    }
+
+    #[test]
+    fn test_status_port_write_stops_with_guest_exit_status() {
+        let mut m = machine(None);
+        assert_eq!(
+            out(&mut m, layout::STATUS_PORT, 7),
+            ExitAction::Stop(StopReason::GuestExit { status: 7 })
+        );
+    }
+
+    #[test]
+    fn test_every_exit_advances_virtual_time_by_fixed_cost() {
+        let mut m = machine(None);
+        out(&mut m, layout::POST_PORT, 0);
+        m.handle_exit(&Exit::IoIn {
+            port: layout::COM1_PORT + 5,
+            len: 1,
+        });
+        assert_eq!(m.now(), VirtNanos(2 * EXIT_COST.0));
+        assert_eq!(m.exits(), 2);
+    }
+
+    #[test]
+    fn test_signal_interruption_costs_no_virtual_time() {
+        let mut m = machine(None);
+        m.handle_exit(&Exit::Interrupted);
+        assert_eq!(m.now(), VirtNanos::ZERO);
+    }
+
+    #[test]
+    fn test_hlt_jumps_to_hpet_deadline_and_injects_timer_vector() {
+        let mut m = machine(None);
+        init_pic(&mut m);
+        // 1 ms at 100 MHz.
+        arm_hpet_timer0(&mut m, 100_000);
+        let action = m.handle_exit(&Exit::Hlt);
+        assert_eq!(action, ExitAction::Resume(Completion::None));
+        assert!(m.now() >= VirtNanos(1_000_000));
+        assert!(m.now() < VirtNanos(1_000_000 + 100 * EXIT_COST.0));
+        assert_eq!(m.interrupt_action(true), InterruptAction::Inject(0x20));
+        assert_eq!(m.interrupt_action(true), InterruptAction::None);
+    }
+
+    #[test]
+    fn test_pending_interrupt_requests_window_when_guest_not_ready() {
+        let mut m = machine(None);
+        init_pic(&mut m);
+        arm_hpet_timer0(&mut m, 100);
+        m.handle_exit(&Exit::Hlt);
+        assert_eq!(m.interrupt_action(false), InterruptAction::RequestWindow);
+        m.handle_exit(&Exit::IrqWindowOpen);
+        assert_eq!(m.interrupt_action(true), InterruptAction::Inject(0x20));
+    }
+
+    #[test]
+    fn test_hlt_with_nothing_to_wake_stops_halted_forever() {
+        let mut m = machine(None);
+        init_pic(&mut m);
+        assert_eq!(
+            m.handle_exit(&Exit::Hlt),
+            ExitAction::Stop(StopReason::HaltedForever)
+        );
+    }
+
+    #[test]
+    fn test_hlt_jump_stops_at_time_limit() {
+        let limit = VirtNanos::from_micros(50);
+        let mut m = machine(Some(limit));
+        init_pic(&mut m);
+        arm_hpet_timer0(&mut m, 100_000_000);
+        assert_eq!(
+            m.handle_exit(&Exit::Hlt),
+            ExitAction::Stop(StopReason::TimeLimit)
+        );
+        assert_eq!(m.now(), limit);
+    }
+
+    #[test]
+    fn test_unknown_msr_read_faults_and_misc_enable_reads_value() {
+        let mut m = machine(None);
+        assert_eq!(
+            m.handle_exit(&Exit::RdMsr {
+                index: cpu_model::msr::IA32_TSC
+            }),
+            ExitAction::Resume(Completion::Msr(MsrAccess::GeneralProtection))
+        );
+        assert_eq!(
+            m.handle_exit(&Exit::RdMsr {
+                index: cpu_model::msr::IA32_MISC_ENABLE
+            }),
+            ExitAction::Resume(Completion::Msr(MsrAccess::Value(1)))
+        );
+    }
+
+    #[test]
+    fn test_unowned_mmio_read_returns_all_ones() {
+        let mut m = machine(None);
+        let action = m.handle_exit(&Exit::MmioRead {
+            addr: 0xfee0_0030,
+            len: 4,
+        });
+        assert_eq!(
+            action,
+            ExitAction::Resume(Completion::Data(AccessData::new(&[0xff; 4])))
+        );
+    }
+
+    #[test]
+    fn test_shutdown_stops_with_guest_reset() {
+        let mut m = machine(None);
+        assert_eq!(
+            m.handle_exit(&Exit::Shutdown),
+            ExitAction::Stop(StopReason::GuestReset)
+        );
+    }
+
+    #[test]
+    fn test_perturbation_flips_first_read_at_or_after_exit() {
+        let read = |m: &mut Machine| match m.handle_exit(&Exit::IoIn {
+            port: layout::RTC_PORT + 1,
+            len: 1,
+        }) {
+            ExitAction::Resume(Completion::Data(d)) => d.as_slice()[0],
+            other => panic!("unexpected {other:?}"),
+        };
+        let mut plain = machine(None);
+        let mut perturbed = machine(None);
+        perturbed.set_perturbation(Some(Perturbation { at_exit: 2 }));
+        for m in [&mut plain, &mut perturbed] {
+            out(m, layout::RTC_PORT, 0x0d);
+        }
+        // Exit 2 is the first read at or after exit 2: flipped once, then never again.
+        assert_eq!(read(&mut plain) ^ 1, read(&mut perturbed));
+        assert_eq!(read(&mut plain), read(&mut perturbed));
+    }
+}

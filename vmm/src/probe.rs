@@ -96,9 +96,10 @@ fn hardware_pmu() -> bool {
 
 /// Runs the CPUID probe guest and returns what it saw.
 pub fn probe_cpuid(kvm: &Kvm) -> Result<CpuidProbe, String> {
-    let vm = kvm.create_vm().map_err(|e| format!("KVM_CREATE_VM: {e}"))?;
+    // `mem` is declared before `vm`, so it is dropped after it.
     let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)])
         .map_err(|e| e.to_string())?;
+    let vm = kvm.create_vm().map_err(|e| format!("KVM_CREATE_VM: {e}"))?;
     let region = mem.iter().next().ok_or("no memory region")?;
     let desc = kvm_userspace_memory_region {
         slot: 0,
@@ -107,11 +108,8 @@ pub fn probe_cpuid(kvm: &Kvm) -> Result<CpuidProbe, String> {
         memory_size: region.len(),
         userspace_addr: region.as_ptr() as u64,
     };
-    // SAFETY: `mem` is a live mapping that outlives `vm` (both dropped at the end
-    // of this function, the VM first because it was created... after: drop order
-    // is reverse declaration, so `vm` is declared first and dropped last; the
-    // kernel keeps no reference to user memory once the VM fd is closed, and no
-    // vCPU runs after this function returns).
+    // SAFETY: `desc` describes the live mapping `mem`, which outlives `vm`
+    // (declared earlier, dropped later), so KVM never sees it unmapped.
     unsafe { vm.set_user_memory_region(desc) }.map_err(|e| format!("set memory: {e}"))?;
     mem.write_slice(PROBE_CODE, GuestAddress(PROBE_CODE_ADDR))
         .map_err(|e| e.to_string())?;
@@ -202,14 +200,18 @@ pub fn host_report() -> HostReport {
         Some("KVM lacks user-space MSR exits, MSR filters or sync regs".into())
     } else if let Some(e) = &report.probe_error {
         Some(format!("the CPUID probe guest failed: {e}"))
-    } else if let Some(p) = report.cpuid_probe.as_ref().filter(|p| !p.honoured()) {
-        Some(format!(
-            "KVM does not honour the fixed CPU model: CPUID.1 reads ecx={:#010x} edx={:#010x}, \
-             expected ecx={:#010x} edx={:#010x}",
-            p.seen_ecx, p.seen_edx, p.expected_ecx, p.expected_edx
-        ))
     } else {
-        None
+        report
+            .cpuid_probe
+            .as_ref()
+            .filter(|p| !p.honoured())
+            .map(|p| {
+                format!(
+                    "KVM does not honour the fixed CPU model: CPUID.1 reads ecx={:#010x} \
+                     edx={:#010x}, expected ecx={:#010x} edx={:#010x}",
+                    p.seen_ecx, p.seen_edx, p.expected_ecx, p.expected_edx
+                )
+            })
     };
     report.can_run_guests = report.reason.is_none();
     report

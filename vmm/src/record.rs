@@ -119,11 +119,11 @@ impl Recorder {
     }
 
     pub fn wants_device_hash(&self, index: u64) -> bool {
-        self.config.device_state_every != 0 && index % self.config.device_state_every == 0
+        self.config.device_state_every != 0 && index.is_multiple_of(self.config.device_state_every)
     }
 
     pub fn wants_memory_hash(&self, index: u64) -> bool {
-        self.config.memory_every != 0 && index % self.config.memory_every == 0
+        self.config.memory_every != 0 && index.is_multiple_of(self.config.memory_every)
     }
 
     pub fn push(&mut self, record: ExitRecord) {
