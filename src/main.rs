@@ -3,13 +3,14 @@
 mod bench;
 mod guest;
 mod hostvm;
+mod terminal;
 mod units;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use std::ffi::OsString;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use vmm::exit::{Perturbation, StopReason};
@@ -334,7 +335,10 @@ fn cmd_run(args: RunArgs) -> Result<u8> {
         return run_in_helper_vm("run", &args.guest, &extra, &reason);
     }
     let config = vm_config(&args.guest, RecordConfig::default())?;
-    let outcome = vmm::vm::run(&config, Box::new(std::io::stdout()))?;
+    let interactive = args.guest.command.is_empty() && std::io::stdin().is_terminal();
+    let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
+    let input = interactive.then(terminal::spawn_stdin_reader);
+    let outcome = vmm::vm::run(&config, Box::new(std::io::stdout()), input)?;
     let summary = RunSummary::new(args.guest.seed, &outcome);
     if args.json {
         let mut out = std::io::stdout().lock();
@@ -402,7 +406,7 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
                 at_exit: args.perturb_exit,
             });
         }
-        let outcome = vmm::vm::run(&config, Box::new(std::io::sink()))?;
+        let outcome = vmm::vm::run(&config, Box::new(std::io::sink()), None)?;
         eprintln!(
             "detvisor audit: run {run}/{}: {} exits, virtual {}, digest {}",
             args.runs, outcome.exits, outcome.virtual_time, outcome.digest

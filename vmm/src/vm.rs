@@ -407,8 +407,41 @@ fn create_vm(kvm: &Kvm, memory: GuestMemoryMmap) -> Result<Vm, VmError> {
     })
 }
 
+/// Keystrokes for the guest console, from an interactive terminal. They
+/// arrive on host time, so a run that takes them is not reproducible.
+pub type ConsoleInput = std::sync::mpsc::Receiver<Vec<u8>>;
+
+/// Moves pending console input into the UART; on a halt with nothing else to
+/// do, waits for it: until the next timer deadline, in wall time (so an idle
+/// interactive guest's clock roughly follows the user's), or indefinitely when
+/// no timer is pending.
+fn feed_console_input(machine: &mut Machine, input: &ConsoleInput, halted: bool) {
+    let mut fed = false;
+    while let Ok(bytes) = input.try_recv() {
+        machine.devices.enqueue_console_input(&bytes);
+        fed = true;
+    }
+    if fed || !halted || machine.devices.has_pending_interrupt() {
+        return;
+    }
+    let received = match machine.devices.next_deadline() {
+        Some(deadline) => {
+            let wait = deadline.saturating_sub(machine.now());
+            input.recv_timeout(Duration::from_nanos(wait.0)).ok()
+        }
+        None => input.recv().ok(),
+    };
+    if let Some(bytes) = received {
+        machine.devices.enqueue_console_input(&bytes);
+    }
+}
+
 /// Boots and runs a guest to completion.
-pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunOutcome, VmError> {
+pub fn run(
+    config: &VmConfig,
+    console: Box<dyn Write + Send>,
+    input: Option<ConsoleInput>,
+) -> Result<RunOutcome, VmError> {
     if !(boot::MIN_RAM..=boot::MAX_RAM).contains(&config.ram_bytes) {
         return Err(BootError::RamSize(config.ram_bytes).into());
     }
@@ -479,6 +512,9 @@ pub fn run(config: &VmConfig, console: Box<dyn Write + Send>) -> Result<RunOutco
                 }
                 Err(e) => return Err(kvm_err("KVM_RUN")(e)),
             };
+            if let Some(input) = &input {
+                feed_console_input(&mut machine, input, exit == Exit::Hlt);
+            }
             let action = machine.handle_exit(&exit);
             if let ExitAction::Resume(completion) = &action {
                 complete(slot, completion);
