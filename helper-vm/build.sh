@@ -56,6 +56,7 @@ command -v qemu-system-x86_64 >/dev/null || missing+=(qemu-system-x86)
 pkg_installed busybox-static || missing+=(busybox-static)
 command -v cpio >/dev/null || missing+=(cpio)
 command -v modinfo >/dev/null || missing+=(kmod)
+command -v xz >/dev/null || missing+=(xz-utils)
 command -v sha256sum >/dev/null || missing+=(coreutils)
 if [ ${#missing[@]} -gt 0 ]; then
 	apt_install "${missing[@]}"
@@ -105,7 +106,9 @@ if [ -z "$kpkg" ]; then
 		apt_update
 		kver=$(candidate "$kpkg")
 	fi
-	[ -n "$kver" ] && [ "$kver" != "(none)" ] || die "no installable version of $kpkg (apt-cache policy $kpkg)"
+	if [ -z "$kver" ] || [ "$kver" = "(none)" ]; then
+		die "no installable version of $kpkg (apt-cache policy $kpkg)"
+	fi
 	fp=$(apt_fingerprint) # apt_update may have changed the lists
 	mkdir -p "$cache_root"
 	printf '%s %s %s\n' "$fp" "$kpkg" "$kver" >"$resolution.$$"
@@ -242,7 +245,9 @@ chmod 0755 "$tmp/out"
 
 if ! mv -T "$tmp/out" "$out" 2>/dev/null; then
 	# Lost a race with a concurrent build of the same key: keep the winner's copy.
-	[ -f "$out/vmlinuz" ] && [ -f "$out/initramfs.cpio.gz" ] || die "cannot move the assets to $out"
+	if [ ! -f "$out/vmlinuz" ] || [ ! -f "$out/initramfs.cpio.gz" ]; then
+		die "cannot move the assets to $out"
+	fi
 fi
 set_default
 log "done"

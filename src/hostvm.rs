@@ -95,8 +95,8 @@ pub struct PayloadFile {
     pub payload_name: String,
 }
 
-/// The path under which the payload sees the [`PayloadFile`] named `payload_name`.
-/// It is also the payload's working directory's child: the payload runs in `/payload/files`.
+/// The path under which the payload sees the [`PayloadFile`] named `payload_name`. The payload
+/// runs in `/payload/files`, so `payload_name` also works as a relative path there.
 pub fn payload_path(payload_name: &str) -> String {
     format!("/payload/files/{payload_name}")
 }
@@ -259,8 +259,7 @@ fn run_to(
             cmd.stdin(Stdio::null());
         }
     }
-    // SAFETY: getpid has no preconditions.
-    let parent = unsafe { libc::getpid() };
+    let parent = libc::pid_t::try_from(std::process::id()).context("pid")?;
     // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe
     // system calls (fcntl, prctl, getppid, _exit) on plain integers; it allocates nothing.
     unsafe {
