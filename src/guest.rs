@@ -113,7 +113,8 @@ pub fn default_cmdline() -> String {
         "lpj=1000000",
         "random.trust_cpu=off",
         "random.trust_bootloader=on",
-        "quiet",
+        // Only critical kernel messages: the console is the command's output.
+        "loglevel=3",
     ]
     .join(" ")
 }
