@@ -154,7 +154,7 @@ fn test_audit_detects_injected_divergence() {
         "--perturb-run",
         "2",
         "--perturb-exit",
-        "20000",
+        "200",
         "--",
         "true",
     ]);
