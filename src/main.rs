@@ -140,7 +140,17 @@ struct RunSummary {
     digest: String,
     console_bytes: u64,
     unhandled_accesses: u64,
+    /// Peak resident memory of this process, minus the guest RAM the host
+    /// backed: what the VMM itself costs.
+    vmm_peak_rss_beyond_guest_kib: Option<u64>,
     cpu_model_version: u32,
+}
+
+/// VmHWM (peak resident set) of this process, in KiB.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 impl RunSummary {
@@ -163,6 +173,8 @@ impl RunSummary {
             digest: outcome.digest.clone(),
             console_bytes: outcome.console_bytes,
             unhandled_accesses: outcome.unhandled_accesses,
+            vmm_peak_rss_beyond_guest_kib: peak_rss_kib()
+                .map(|peak| peak.saturating_sub(outcome.guest_resident_bytes / 1024)),
             cpu_model_version: vmm::cpu_model::CPU_MODEL_VERSION,
         }
     }
@@ -419,7 +431,7 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
                 let divergence = first_divergence(&reference.records, &outcome.records);
                 let text = match divergence {
                     Some(Divergence::Record { position, left, right }) => Some(format!(
-                        "runs 1 and {run} diverge at exit {position}:\n  run 1:   {left}\n  run {run}: {right}"
+                        "runs 1 and {run} diverge at exit {position}:\n  run 1: {left}\n  run {run}: {right}"
                     )),
                     Some(Divergence::Length { left, right, next }) => Some(format!(
                         "runs 1 and {run} diverge in length: {left} vs {right} exits; first extra: {}",

@@ -229,7 +229,8 @@ impl Machine {
 
     fn perturb(&mut self, data: &mut AccessData) {
         if let Some(p) = self.perturbation {
-            if self.exits >= p.at_exit && !data.is_empty() {
+            // `exits` already counts the current exit; its index is one less.
+            if self.exits > p.at_exit && !data.is_empty() {
                 data.as_mut_slice()[0] ^= 1;
                 self.perturbation = None;
             }
@@ -513,11 +514,11 @@ mod tests {
         };
         let mut plain = machine(None);
         let mut perturbed = machine(None);
-        perturbed.set_perturbation(Some(Perturbation { at_exit: 2 }));
+        perturbed.set_perturbation(Some(Perturbation { at_exit: 1 }));
         for m in [&mut plain, &mut perturbed] {
             out(m, layout::RTC_PORT, 0x0d);
         }
-        // Exit 2 is the first read at or after exit 2: flipped once, then never again.
+        // Exit index 1 is the first read at or after index 1: flipped once, then never again.
         assert_eq!(read(&mut plain) ^ 1, read(&mut perturbed));
         assert_eq!(read(&mut plain), read(&mut perturbed));
     }

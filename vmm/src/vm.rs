@@ -85,6 +85,8 @@ pub struct RunOutcome {
     pub digest: String,
     pub console_bytes: u64,
     pub unhandled_accesses: u64,
+    /// Guest RAM the host had backed at the end (the rest was never touched).
+    pub guest_resident_bytes: u64,
     pub records: Vec<ExitRecord>,
 }
 
@@ -280,7 +282,13 @@ const PAGE_SIZE: usize = 4096;
 /// the host happened to populate (transparent huge pages, read faults).
 /// Cost is proportional to the memory the guest and VMM actually touched.
 pub fn memory_hash(mem: &GuestMemoryMmap) -> u64 {
+    memory_hash_and_residency(mem).0
+}
+
+/// The memory hash, and how many bytes of guest RAM the host has backed.
+fn memory_hash_and_residency(mem: &GuestMemoryMmap) -> (u64, u64) {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    let mut resident_pages = 0u64;
     for region in mem.iter() {
         let len = region.len() as usize;
         let ptr = region.as_ptr();
@@ -296,6 +304,7 @@ pub fn memory_hash(mem: &GuestMemoryMmap) -> u64 {
             if rc == 0 && resident[page] & 1 == 0 {
                 continue;
             }
+            resident_pages += 1;
             if chunk.iter().all(|b| *b == 0) {
                 continue;
             }
@@ -304,7 +313,7 @@ pub fn memory_hash(mem: &GuestMemoryMmap) -> u64 {
             hasher.update(chunk);
         }
     }
-    hasher.digest()
+    (hasher.digest(), resident_pages * PAGE_SIZE as u64)
 }
 
 fn devices_hash(devices: &Devices) -> u64 {
@@ -581,7 +590,7 @@ pub fn run(
     };
 
     let finishing = Instant::now();
-    let final_memory = memory_hash(&vm.memory);
+    let (final_memory, guest_resident_bytes) = memory_hash_and_residency(&vm.memory);
     let final_devices = devices_hash(&machine.devices);
     let (console_hash, console_bytes) = {
         let mut capture = console_capture.lock().unwrap_or_else(|e| e.into_inner());
@@ -601,6 +610,7 @@ pub fn run(
         digest,
         console_bytes,
         unhandled_accesses: machine.devices.unhandled_accesses(),
+        guest_resident_bytes,
         records,
     })
 }
