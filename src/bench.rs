@@ -1,15 +1,2037 @@
 //! `detvisor bench`: benchmarks that print ratios against baselines run side by side.
+//!
+//! `detvisor bench boot [--runs N]` boots the default guest image and runs `true` with:
+//!
+//! 1. **detvisor** (deterministic): `detvisor run --host-vm never --json -- true` as a child
+//!    process, inside the helper VM (L1) when the host's KVM cannot run guests, else on the host.
+//! 2. **QEMU with KVM** (non-deterministic baseline): `qemu-system-x86_64 -accel kvm -M pc`
+//!    booting the same kernel (the cache's `bzImage`, built with the `vmlinux` detvisor boots),
+//!    the same initrd bytes (`guest::initrd_with_command`, written to a file), the same kernel
+//!    command line (`guest::default_cmdline()`) and the same RAM, in the *same* L1 session as
+//!    (1), runs interleaved (detvisor 1, QEMU 1, detvisor 2, ...). The host's QEMU binary, the
+//!    shared libraries `ldd` resolves for it and the firmware `-M pc` loads with `-kernel`
+//!    (`bios-256k.bin`, `linuxboot_dma.bin`, `kvmvapic.bin`, found with strace) are shipped into
+//!    L1 as payload files and run with `LD_LIBRARY_PATH` and `-L`.
+//! 3. **QEMU TCG with `-icount shift=0,sleep=off -rtc clock=vm`** (the deterministic peer) on
+//!    the host, same kernel/initrd/cmdline/RAM; its serial output is compared across runs.
+//! 4. When a helper VM is used: **detvisor end to end**, `detvisor run --json -- true` on the
+//!    host as a user runs it (one helper VM boot per run).
+//!
+//! Every QEMU gets `-nodefaults -no-user-config -display none -no-reboot`, the serial port in a
+//! file and an `isa-debugcon` at port 0x610 that captures the status byte the guest's init
+//! writes there (detvisor ends the run at that write; QEMU ignores it and the init's
+//! `reboot -f` with `reboot=t` triple-faults, which `-no-reboot` turns into an exit).
+//!
+//! Wall time of a run = from just before `spawn()` to the moment `wait()` returns (fork, exec,
+//! boot, guest, exit, reap), measured with the monotonic clock of the machine the process runs
+//! on (L1's own clock inside the helper VM; under TCG without icount it follows the host's real
+//! time). Waiting is blocking (a thread in `wait()`), so the timed runs are not disturbed by
+//! polling; one extra run per system samples `/proc/<pid>/status` and `/proc/<pid>/smaps` every
+//! 20 ms for the peak memory, and is not part of the wall-time statistics.
+//!
+//! Inside the helper VM this same binary is the payload (`bench boot --worker-plan FILE`); on
+//! the host an intermediate `bench boot --launch-plan FILE` process calls [`hostvm::run`], so
+//! that the payload's stdout (result lines) reaches this process through a pipe and each line
+//! can be time-stamped on arrival: the first line gives the helper VM's boot overhead.
 
-use anyhow::Result;
-use clap::Args;
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs;
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::{guest, hostvm, units};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Boot the default guest and run `true`: detvisor vs QEMU-KVM (same helper VM) vs QEMU TCG
+    /// with icount (host). Prints a table and a final JSON line.
+    Boot(BootArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BenchHostVm {
+    /// Use the helper VM only when the host's KVM cannot run the guest.
+    Auto,
+    /// Always measure detvisor and QEMU-KVM inside the helper VM.
+    Always,
+    /// Never: measure them on the host's KVM.
+    Never,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BootArgs {
     /// Repetitions of each measurement.
     #[arg(long, default_value_t = 3)]
     pub runs: u32,
+    /// Time limit of each process, in seconds (a helper VM boot gets 300 s more); a process
+    /// over it is killed and its run counted as failed.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+    /// Where detvisor and QEMU-KVM run.
+    #[arg(long, value_enum, default_value_t = BenchHostVm::Auto)]
+    pub host_vm: BenchHostVm,
+    /// Skip the end-to-end detvisor runs on the host (one helper VM boot each).
+    #[arg(long)]
+    pub no_end_to_end: bool,
+    /// Internal: run the measurements described in this plan (inside the helper VM).
+    #[arg(long, hide = true)]
+    pub worker_plan: Option<PathBuf>,
+    /// Internal: start the helper VM described in this plan.
+    #[arg(long, hide = true)]
+    pub launch_plan: Option<PathBuf>,
 }
 
-pub fn run(_args: BenchArgs) -> Result<u8> {
-    anyhow::bail!("not implemented yet")
+pub fn run(args: BenchArgs) -> Result<u8> {
+    match args.command {
+        BenchCommand::Boot(boot) => {
+            if let Some(plan) = &boot.worker_plan {
+                worker_main(plan)
+            } else if let Some(plan) = &boot.launch_plan {
+                launch_main(plan)
+            } else {
+                orchestrate(&boot)
+            }
+        }
+    }
+}
+
+/// The command the guest runs.
+const GUEST_COMMAND: &str = "true";
+/// Guest RAM of every system.
+const GUEST_MEM: &str = "256M";
+/// QEMU machine type: `pc` (i440FX, SeaBIOS). `microvm` would boot faster, but with this
+/// kernel and `reboot=t` it does not exit after the guest's `reboot -f` (it hangs).
+const QEMU_MACHINE: &str = "pc";
+const QEMU_BIN: &str = "qemu-system-x86_64";
+/// The firmware QEMU 7.2 `-M pc` opens when booting with `-kernel` (seen with strace): SeaBIOS,
+/// the fw_cfg DMA Linux boot option ROM, the vAPIC option ROM.
+const QEMU_FIRMWARE: [&str; 3] = ["bios-256k.bin", "linuxboot_dma.bin", "kvmvapic.bin"];
+/// Where QEMU firmware is looked up on the host (Debian puts SeaBIOS in /usr/share/seabios).
+const QEMU_FIRMWARE_DIRS: [&str; 4] = [
+    "/usr/share/qemu",
+    "/usr/share/seabios",
+    "/usr/lib/ipxe/qemu",
+    "/usr/local/share/qemu",
+];
+/// First stdout line of the worker (its argument: L1 uptime in seconds).
+const MARK_READY: &str = "detvisor-bench-ready ";
+/// Last stdout line of the worker (its argument: the [`WorkerReport`] as JSON).
+const MARK_REPORT: &str = "detvisor-bench-report ";
+/// Extra time allowed for a helper VM to boot and shut down.
+const HELPER_VM_ALLOWANCE: Duration = Duration::from_secs(300);
+/// Memory sampling interval of the extra memory run.
+const MEM_SAMPLE_INTERVAL: Duration = Duration::from_millis(20);
+/// How much of a process's stderr is kept for error messages.
+const TAIL_BYTES: usize = 16 * 1024;
+/// KVM statistics (L1 debugfs) recorded per run, as deltas.
+const KVM_STATS: [&str; 5] = ["exits", "io_exits", "mmio_exits", "halt_exits", "irq_exits"];
+const DEBUGFS_KVM: &str = "/sys/kernel/debug/kvm";
+
+// ---------------------------------------------------------------------------------------------
+// Plans and results exchanged between the host and the helper VM.
+
+/// How to run QEMU (paths as seen where it runs).
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct QemuPlan {
+    bin: PathBuf,
+    /// `LD_LIBRARY_PATH` (the shipped libraries), if any.
+    lib_dir: Option<PathBuf>,
+    /// The shipped ELF interpreter, used explicitly if QEMU's own `PT_INTERP` path is missing.
+    loader: Option<PathBuf>,
+    /// `-L` (the shipped firmware), if any.
+    firmware_dir: Option<PathBuf>,
+}
+
+/// What the worker measures (detvisor and QEMU-KVM); paths as seen where it runs.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct WorkerPlan {
+    runs: u32,
+    timeout_s: u64,
+    mem: String,
+    ram_bytes: u64,
+    cmdline: String,
+    kernel: PathBuf,
+    initrd: PathBuf,
+    bzimage: PathBuf,
+    /// `initrd` with the command archive appended (exactly what detvisor builds).
+    qemu_initrd: PathBuf,
+    qemu: Option<QemuPlan>,
+    /// Why QEMU-KVM cannot be measured, when `qemu` is `None`.
+    qemu_error: Option<String>,
+    /// Inside the helper VM: may mount debugfs for KVM statistics.
+    in_helper_vm: bool,
+    place: String,
+}
+
+/// What the launcher process hands to [`hostvm::run`].
+#[derive(Serialize, Deserialize, Debug)]
+struct LaunchPlan {
+    assets_dir: PathBuf,
+    memory_mib: u32,
+    args: Vec<String>,
+    /// (host path, payload name)
+    files: Vec<(PathBuf, String)>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct RunResult {
+    ok: bool,
+    /// Process start to exit (ms).
+    wall_ms: f64,
+    error: Option<String>,
+    /// Status the guest reported (detvisor's JSON; QEMU: the byte written to port 0x610).
+    guest_status: Option<u8>,
+    /// Exits to the VMM (detvisor's JSON `exits`).
+    vmm_exits: Option<u64>,
+    /// detvisor's own phases (its JSON): vm::run total, setup, final hashing (ms).
+    inner_wall_ms: Option<u64>,
+    inner_setup_ms: Option<u64>,
+    inner_finish_ms: Option<u64>,
+    /// Deltas of the KVM statistics (debugfs) over the run.
+    kvm: Option<BTreeMap<String, u64>>,
+    /// Fingerprint of the guest's output: detvisor's digest, or FNV-1a 64 of the serial bytes.
+    output: Option<String>,
+    output_bytes: Option<u64>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct MemoryPeak {
+    samples: u32,
+    interval_ms: u64,
+    /// Last `VmHWM` read (the kernel's high-water mark of the RSS; a lower bound of the peak as
+    /// the last <20 ms are not sampled).
+    vm_hwm_kib: u64,
+    /// Guest RAM configured.
+    guest_ram_kib: u64,
+    /// Resident part of the guest-RAM mapping at the sample with the largest RSS.
+    guest_ram_resident_kib: u64,
+    /// Largest (VmRSS - resident part of the guest-RAM mapping) over the samples: the process's
+    /// own memory beyond guest RAM.
+    beyond_guest_ram_kib: u64,
+    /// How the guest-RAM mapping was found in smaps: "exact" (anonymous, exactly the RAM size),
+    /// "approx" (smallest anonymous mapping at least that large), "not found".
+    guest_mapping: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct SystemResult {
+    runs: Vec<RunResult>,
+    memory: Option<MemoryPeak>,
+    memory_error: Option<String>,
+    /// Set when the system could not be measured at all.
+    error: Option<String>,
+    command: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Default)]
+struct WorkerReport {
+    place: String,
+    uptime_at_start_s: Option<f64>,
+    elapsed_ms: f64,
+    /// "L1 debugfs" when KVM statistics were recorded, else why not.
+    kvm_stats: String,
+    detvisor: SystemResult,
+    qemu_kvm: SystemResult,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running a process with a time limit.
+
+enum ErrMode {
+    /// Keep the tail only.
+    Capture,
+    /// Copy to our stderr as it arrives, and keep the tail.
+    Tee,
+}
+
+struct Finished {
+    wall: Duration,
+    /// `None` when killed at the time limit (or the wait failed: see `wait_error`).
+    status: Option<ExitStatus>,
+    timed_out: bool,
+    wait_error: Option<String>,
+    /// Stdout lines (without `\n`) with their arrival time.
+    lines: Vec<(Instant, String)>,
+    stderr_tail: Vec<u8>,
+    started: Instant,
+    memory: Option<MemoryPeak>,
+}
+
+impl Finished {
+    fn stdout_text(&self) -> String {
+        self.lines
+            .iter()
+            .map(|(_, l)| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr_tail)
+            .trim()
+            .to_string()
+    }
+
+    /// A one-paragraph description of an abnormal end.
+    fn failure(&self, what: &str, limit: Duration) -> String {
+        let how = if self.timed_out {
+            format!("{what} killed after the {} s time limit", limit.as_secs())
+        } else if let Some(e) = &self.wait_error {
+            format!("{what}: {e}")
+        } else {
+            match self.status {
+                Some(s) => format!("{what} exited with {s}"),
+                None => format!("{what} ended without a status"),
+            }
+        };
+        let err = last_lines(&self.stderr_text(), 12);
+        if err.is_empty() {
+            how
+        } else {
+            format!("{how}; its stderr ends with:\n{err}")
+        }
+    }
+}
+
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..]
+        .iter()
+        .map(|l| format!("    {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn kill_process(pid: u32) {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return;
+    };
+    // SAFETY: kill(2) takes two integers and touches no memory of ours. `pid` is a child of
+    // ours whose exit the waiter thread has not reported, so (but for the instant between its
+    // reaping and this call) it still names that child.
+    unsafe {
+        libc::kill(pid, libc::SIGKILL);
+    }
+}
+
+/// Runs `cmd` (stdin /dev/null, stdout and stderr piped) to its end or until `limit`, when it is
+/// killed. With `sample_ram` (guest RAM bytes), samples its memory every
+/// [`MEM_SAMPLE_INTERVAL`]; otherwise the calling thread just blocks.
+fn run_timed(
+    mut cmd: Command,
+    limit: Duration,
+    err_mode: ErrMode,
+    sample_ram: Option<u64>,
+) -> Result<Finished> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            anyhow!("{program} not found")
+        } else {
+            anyhow!("cannot start {program}: {e}")
+        }
+    })?;
+    let pid = child.id();
+    let stdout = child.stdout.take().context("child stdout")?;
+    let stderr = child.stderr.take().context("child stderr")?;
+
+    let (out_tx, out_rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut lines = Vec::new();
+        let mut kept = 0usize;
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let at = Instant::now();
+                    let line = String::from_utf8_lossy(&buf)
+                        .trim_end_matches(['\n', '\r'])
+                        .to_string();
+                    kept += line.len();
+                    lines.push((at, line));
+                    // Keep memory bounded: drop the oldest lines beyond 8 MiB.
+                    while kept > 8 << 20 && lines.len() > 1 {
+                        kept -= lines.remove(0).1.len();
+                    }
+                }
+            }
+        }
+        let _ = out_tx.send(lines);
+    });
+    let (err_tx, err_rx) = mpsc::channel();
+    let tee = matches!(err_mode, ErrMode::Tee);
+    thread::spawn(move || {
+        let mut stderr = stderr;
+        let mut tail = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match stderr.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if tee {
+                        let mut e = io::stderr().lock();
+                        let _ = e.write_all(&buf[..n]).and_then(|()| e.flush());
+                    }
+                    tail.extend_from_slice(&buf[..n]);
+                    if tail.len() > 2 * TAIL_BYTES {
+                        tail.drain(..tail.len() - TAIL_BYTES);
+                    }
+                }
+            }
+        }
+        let _ = err_tx.send(tail);
+    });
+    let (wait_tx, wait_rx) = mpsc::channel();
+    thread::spawn(move || {
+        let status = child.wait();
+        let _ = wait_tx.send((status, Instant::now()));
+    });
+
+    let deadline = started + limit;
+    let mut sampler = sample_ram.map(|ram| Sampler::new(pid, ram));
+    let mut timed_out = false;
+    let (status, ended) = loop {
+        let now = Instant::now();
+        if now >= deadline {
+            timed_out = true;
+            kill_process(pid);
+            match wait_rx.recv_timeout(Duration::from_secs(30)) {
+                Ok((status, at)) => break (status, at),
+                Err(_) => {
+                    break (
+                        Err(io::Error::other("did not end after SIGKILL")),
+                        Instant::now(),
+                    )
+                }
+            }
+        }
+        let wait = match &sampler {
+            Some(_) => MEM_SAMPLE_INTERVAL.min(deadline - now),
+            None => deadline - now,
+        };
+        match wait_rx.recv_timeout(wait) {
+            Ok((status, at)) => break (status, at),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Some(s) = &mut sampler {
+                    s.sample();
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                break (
+                    Err(io::Error::other("waiter thread vanished")),
+                    Instant::now(),
+                )
+            }
+        }
+    };
+    // A grandchild holding the pipes open must not hang us: wait a bounded time for the readers.
+    let lines = out_rx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_default();
+    let stderr_tail = err_rx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_default();
+    let (status, wait_error) = match status {
+        Ok(s) if !timed_out => (Some(s), None),
+        Ok(_) => (None, None),
+        Err(e) => (None, Some(e.to_string())),
+    };
+    Ok(Finished {
+        wall: ended.duration_since(started),
+        status,
+        timed_out,
+        wait_error,
+        lines,
+        stderr_tail: tail_of(&stderr_tail, TAIL_BYTES).to_vec(),
+        started,
+        memory: sampler.map(|s| s.peak),
+    })
+}
+
+fn tail_of(bytes: &[u8], max: usize) -> &[u8] {
+    &bytes[bytes.len().saturating_sub(max)..]
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory sampling from /proc.
+
+struct Sampler {
+    pid: u32,
+    peak: MemoryPeak,
+    best_rss: u64,
+}
+
+impl Sampler {
+    fn new(pid: u32, ram_bytes: u64) -> Self {
+        Sampler {
+            pid,
+            peak: MemoryPeak {
+                interval_ms: MEM_SAMPLE_INTERVAL.as_millis() as u64,
+                guest_ram_kib: ram_bytes >> 10,
+                guest_mapping: "not found".into(),
+                ..MemoryPeak::default()
+            },
+            best_rss: 0,
+        }
+    }
+
+    fn sample(&mut self) {
+        let Ok(status) = fs::read_to_string(format!("/proc/{}/status", self.pid)) else {
+            return;
+        };
+        let field = |name: &str| -> Option<u64> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        };
+        let (Some(hwm), Some(rss)) = (field("VmHWM:"), field("VmRSS:")) else {
+            return; // exiting (a zombie has no memory fields)
+        };
+        let smaps = fs::read_to_string(format!("/proc/{}/smaps", self.pid)).unwrap_or_default();
+        let (guest, how) = guest_mapping_rss(&smaps, self.peak.guest_ram_kib);
+        self.peak.samples += 1;
+        self.peak.vm_hwm_kib = self.peak.vm_hwm_kib.max(hwm);
+        if let Some(guest) = guest {
+            let beyond = rss.saturating_sub(guest);
+            if beyond >= self.peak.beyond_guest_ram_kib {
+                self.peak.beyond_guest_ram_kib = beyond;
+            }
+            if self.peak.guest_mapping != "exact" {
+                self.peak.guest_mapping = how.into();
+            }
+        }
+        if rss >= self.best_rss {
+            self.best_rss = rss;
+            self.peak.guest_ram_resident_kib = guest.unwrap_or(0);
+        }
+    }
+}
+
+/// The resident KiB of the guest-RAM mapping in an smaps text: the anonymous mapping of exactly
+/// `ram_kib`, else the smallest anonymous one at least that large.
+fn guest_mapping_rss(smaps: &str, ram_kib: u64) -> (Option<u64>, &'static str) {
+    let mut exact = None;
+    let mut approx: Option<(u64, u64)> = None;
+    let mut current: Option<(bool, u64)> = None; // (anonymous, size)
+    for line in smaps.lines() {
+        let mut parts = line.split_whitespace();
+        let first = parts.next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            // start-end perms offset dev inode [path]
+            let rest: Vec<&str> = parts.collect();
+            let anonymous = rest.len() == 4 && rest[3] == "0";
+            current = Some((anonymous, 0));
+        } else if first == "Size:" {
+            if let Some((_, size)) = &mut current {
+                *size = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            }
+        } else if first == "Rss:" {
+            if let Some((true, size)) = current {
+                let rss: u64 = parts.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+                if size == ram_kib && exact.is_none() {
+                    exact = Some(rss);
+                } else if size > ram_kib && approx.is_none_or(|(s, _)| size < s) {
+                    approx = Some((size, rss));
+                }
+            }
+        }
+    }
+    match (exact, approx) {
+        (Some(r), _) => (Some(r), "exact"),
+        (None, Some((_, r))) => (Some(r), "approx"),
+        _ => (None, "not found"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// KVM statistics (debugfs).
+
+fn kvm_stats_available(may_mount: bool) -> String {
+    let probe = Path::new(DEBUGFS_KVM).join("exits");
+    if fs::read_to_string(&probe).is_ok() {
+        return "debugfs".into();
+    }
+    if !may_mount {
+        return format!("{} not readable", probe.display());
+    }
+    let out = Command::new("mount")
+        .args(["-t", "debugfs", "debugfs", "/sys/kernel/debug"])
+        .stdin(Stdio::null())
+        .output();
+    match out {
+        Ok(_) if fs::read_to_string(&probe).is_ok() => "debugfs".into(),
+        Ok(o) => format!(
+            "debugfs unavailable: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => format!("cannot run mount: {e}"),
+    }
+}
+
+fn read_kvm_stats() -> Option<BTreeMap<String, u64>> {
+    let mut map = BTreeMap::new();
+    for name in KVM_STATS {
+        let text = fs::read_to_string(Path::new(DEBUGFS_KVM).join(name)).ok()?;
+        map.insert(name.to_string(), text.trim().parse().ok()?);
+    }
+    Some(map)
+}
+
+fn stats_delta(
+    before: &Option<BTreeMap<String, u64>>,
+    after: &Option<BTreeMap<String, u64>>,
+) -> Option<BTreeMap<String, u64>> {
+    let (b, a) = (before.as_ref()?, after.as_ref()?);
+    Some(
+        a.iter()
+            .map(|(k, v)| (k.clone(), v.saturating_sub(*b.get(k).unwrap_or(&0))))
+            .collect(),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// One run of each system.
+
+fn detvisor_command(detvisor: &Path, plan: &WorkerPlan) -> Command {
+    let mut cmd = Command::new(detvisor);
+    cmd.arg("run")
+        .args(["--host-vm", "never", "--kernel"])
+        .arg(&plan.kernel)
+        .arg("--initrd")
+        .arg(&plan.initrd)
+        .args([
+            "--mem",
+            &plan.mem,
+            "--cmdline",
+            &plan.cmdline,
+            "--json",
+            "--",
+        ])
+        .arg(GUEST_COMMAND);
+    cmd
+}
+
+fn command_words(cmd: &Command) -> Vec<String> {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The JSON summary `detvisor run --json` prints as its last stdout line.
+fn detvisor_summary(finished: &Finished) -> Option<serde_json::Value> {
+    finished
+        .lines
+        .iter()
+        .rev()
+        .find(|(_, l)| l.starts_with('{'))
+        .and_then(|(_, l)| serde_json::from_str(l).ok())
+}
+
+/// Judges a finished `detvisor run --json -- true`.
+fn detvisor_result(finished: &Finished, limit: Duration, what: &str) -> RunResult {
+    let mut r = RunResult {
+        wall_ms: ms(finished.wall),
+        ..RunResult::default()
+    };
+    let summary = detvisor_summary(finished);
+    if let Some(s) = &summary {
+        let u = |k: &str| s.get(k).and_then(serde_json::Value::as_u64);
+        r.guest_status = u("exit_status").and_then(|v| u8::try_from(v).ok());
+        r.vmm_exits = u("exits");
+        r.inner_wall_ms = u("wall_ms");
+        r.inner_setup_ms = u("wall_setup_ms");
+        r.inner_finish_ms = u("wall_finish_ms");
+        r.output = s.get("digest").and_then(|d| d.as_str()).map(String::from);
+        r.output_bytes = u("console_bytes");
+    }
+    let exited_ok = finished.status.is_some_and(|s| s.success());
+    r.ok = exited_ok && r.guest_status == Some(0);
+    if !r.ok {
+        r.error = Some(if !exited_ok {
+            finished.failure(what, limit)
+        } else if summary.is_none() {
+            format!(
+                "{what} printed no JSON summary; stdout ends with:\n{}",
+                last_lines(&finished.stdout_text(), 8)
+            )
+        } else {
+            format!("the guest reported status {:?}, not 0", r.guest_status)
+        });
+    }
+    r
+}
+
+fn run_detvisor(
+    detvisor: &Path,
+    plan: &WorkerPlan,
+    sample: bool,
+    stats: bool,
+) -> (RunResult, Option<MemoryPeak>) {
+    let limit = Duration::from_secs(plan.timeout_s);
+    let before = stats.then(read_kvm_stats).flatten();
+    let finished = match run_timed(
+        detvisor_command(detvisor, plan),
+        limit,
+        ErrMode::Capture,
+        sample.then_some(plan.ram_bytes),
+    ) {
+        Ok(f) => f,
+        Err(e) => {
+            return (
+                RunResult {
+                    error: Some(format!("{e:#}")),
+                    ..RunResult::default()
+                },
+                None,
+            )
+        }
+    };
+    let after = stats.then(read_kvm_stats).flatten();
+    let mut r = detvisor_result(&finished, limit, "detvisor");
+    r.kvm = stats_delta(&before, &after);
+    (r, finished.memory)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Accel {
+    Kvm,
+    TcgIcount,
+}
+
+struct QemuFiles<'a> {
+    bzimage: &'a Path,
+    initrd: &'a Path,
+    cmdline: &'a str,
+    mem: &'a str,
+}
+
+/// Escapes a value inside a QEMU `key=value,...` option.
+fn qemu_opt(path: &Path) -> String {
+    path.to_string_lossy().replace(',', ",,")
+}
+
+fn qemu_command(
+    q: &QemuPlan,
+    accel: Accel,
+    files: &QemuFiles,
+    serial: &Path,
+    status: &Path,
+) -> Command {
+    let mut cmd = match (&q.loader, &q.lib_dir) {
+        (Some(loader), Some(lib_dir)) => {
+            let mut c = Command::new(loader);
+            c.arg("--library-path").arg(lib_dir).arg(&q.bin);
+            c
+        }
+        _ => Command::new(&q.bin),
+    };
+    if let Some(lib_dir) = &q.lib_dir {
+        cmd.env("LD_LIBRARY_PATH", lib_dir);
+    }
+    if let Some(fw) = &q.firmware_dir {
+        cmd.arg("-L").arg(fw);
+    }
+    match accel {
+        Accel::Kvm => cmd.args(["-accel", "kvm"]),
+        Accel::TcgIcount => cmd.args([
+            "-accel",
+            "tcg",
+            "-icount",
+            "shift=0,sleep=off",
+            "-rtc",
+            "clock=vm",
+        ]),
+    };
+    cmd.args(["-M", QEMU_MACHINE, "-m", files.mem])
+        .args([
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+        ])
+        .arg("-chardev")
+        .arg(format!("file,id=ser0,path={}", qemu_opt(serial)))
+        .args(["-serial", "chardev:ser0"])
+        .arg("-chardev")
+        .arg(format!("file,id=status,path={}", qemu_opt(status)))
+        .args(["-device", "isa-debugcon,iobase=0x610,chardev=status"])
+        .arg("-kernel")
+        .arg(files.bzimage)
+        .arg("-initrd")
+        .arg(files.initrd)
+        .arg("-append")
+        .arg(files.cmdline);
+    cmd
+}
+
+/// FNV-1a 64 of `bytes`, as hex.
+fn fnv1a(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+struct QemuRun<'a> {
+    q: &'a QemuPlan,
+    accel: Accel,
+    files: QemuFiles<'a>,
+    scratch: &'a Path,
+    label: &'a str,
+    limit: Duration,
+    ram_bytes: u64,
+}
+
+impl QemuRun<'_> {
+    fn command(&self, index: u32) -> (Command, PathBuf, PathBuf) {
+        let serial = self.scratch.join(format!("{}-{index}.serial", self.label));
+        let status = self.scratch.join(format!("{}-{index}.status", self.label));
+        let _ = fs::remove_file(&serial);
+        let _ = fs::remove_file(&status);
+        let cmd = qemu_command(self.q, self.accel, &self.files, &serial, &status);
+        (cmd, serial, status)
+    }
+
+    fn run(&self, index: u32, sample: bool, stats: bool) -> (RunResult, Option<MemoryPeak>) {
+        let (cmd, serial_path, status_path) = self.command(index);
+        let before = stats.then(read_kvm_stats).flatten();
+        let finished = match run_timed(
+            cmd,
+            self.limit,
+            ErrMode::Capture,
+            sample.then_some(self.ram_bytes),
+        ) {
+            Ok(f) => f,
+            Err(e) => {
+                return (
+                    RunResult {
+                        error: Some(format!("{e:#}")),
+                        ..RunResult::default()
+                    },
+                    None,
+                )
+            }
+        };
+        let after = stats.then(read_kvm_stats).flatten();
+        let serial = fs::read(&serial_path).unwrap_or_default();
+        let status = fs::read(&status_path).unwrap_or_default();
+        let mut r = RunResult {
+            wall_ms: ms(finished.wall),
+            guest_status: (status.len() == 1).then(|| status[0]),
+            kvm: stats_delta(&before, &after),
+            output: Some(fnv1a(&serial)),
+            output_bytes: Some(serial.len() as u64),
+            ..RunResult::default()
+        };
+        let exited_ok = finished.status.is_some_and(|s| s.success());
+        r.ok = exited_ok && status == [0];
+        if !r.ok {
+            r.error = Some(if !exited_ok {
+                finished.failure("QEMU", self.limit)
+            } else {
+                format!(
+                    "the guest wrote {:?} to port 0x610 (expected one byte 0); serial ends with:\n{}",
+                    status,
+                    last_lines(&String::from_utf8_lossy(&serial), 8)
+                )
+            });
+        }
+        (r, finished.memory)
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn describe(r: &RunResult) -> String {
+    if r.ok {
+        let mut s = format!("{:.0} ms", r.wall_ms);
+        if let Some(e) = r.vmm_exits {
+            s.push_str(&format!(", {e} exits"));
+        }
+        if let Some(k) = r.kvm.as_ref().and_then(|k| k.get("exits")) {
+            s.push_str(&format!(", {k} KVM exits"));
+        }
+        s
+    } else {
+        format!("FAILED: {}", r.error.as_deref().unwrap_or("unknown error"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The worker: detvisor and QEMU-KVM side by side (inside the helper VM, or on the host).
+
+fn worker(plan: &WorkerPlan) -> WorkerReport {
+    let started = Instant::now();
+    let tag = format!("bench [{}]", plan.place);
+    let mut report = WorkerReport {
+        place: plan.place.clone(),
+        uptime_at_start_s: uptime(),
+        ..WorkerReport::default()
+    };
+    report.kvm_stats = kvm_stats_available(plan.in_helper_vm);
+    let stats = report.kvm_stats == "debugfs";
+    let detvisor = match std::env::current_exe() {
+        Ok(p) => Some(p),
+        Err(e) => {
+            report.detvisor.error = Some(format!("cannot locate the detvisor executable: {e}"));
+            None
+        }
+    };
+    if let Some(d) = &detvisor {
+        report.detvisor.command = command_words(&detvisor_command(d, plan));
+    }
+    let scratch = match TempDir::new("detvisor-bench-") {
+        Ok(t) => Some(t),
+        Err(e) => {
+            report.qemu_kvm.error = Some(format!("cannot create a scratch directory: {e}"));
+            None
+        }
+    };
+    let qemu = match (&plan.qemu, &scratch) {
+        (Some(q), Some(dir)) => Some(QemuRun {
+            q,
+            accel: Accel::Kvm,
+            files: QemuFiles {
+                bzimage: &plan.bzimage,
+                initrd: &plan.qemu_initrd,
+                cmdline: &plan.cmdline,
+                mem: &plan.mem,
+            },
+            scratch: dir.path(),
+            label: "qemu-kvm",
+            limit: Duration::from_secs(plan.timeout_s),
+            ram_bytes: plan.ram_bytes,
+        }),
+        (None, _) => {
+            report.qemu_kvm.error = plan
+                .qemu_error
+                .clone()
+                .or_else(|| Some("QEMU unavailable".into()));
+            None
+        }
+        _ => None,
+    };
+    if let Some(q) = &qemu {
+        report.qemu_kvm.command = command_words(&q.command(0).0);
+    }
+    let n = plan.runs;
+    for i in 1..=n {
+        if let Some(d) = &detvisor {
+            let (r, _) = run_detvisor(d, plan, false, stats);
+            eprintln!("{tag}: detvisor run {i}/{n}: {}", describe(&r));
+            report.detvisor.runs.push(r);
+        }
+        if let Some(q) = &qemu {
+            let (r, _) = q.run(i, false, stats);
+            eprintln!("{tag}: QEMU-KVM run {i}/{n}: {}", describe(&r));
+            report.qemu_kvm.runs.push(r);
+        }
+    }
+    if let Some(d) = &detvisor {
+        let (r, mem) = run_detvisor(d, plan, true, false);
+        record_memory(&mut report.detvisor, &tag, "detvisor", r, mem);
+    }
+    if let Some(q) = &qemu {
+        let (r, mem) = q.run(n + 1, true, false);
+        record_memory(&mut report.qemu_kvm, &tag, "QEMU-KVM", r, mem);
+    }
+    report.elapsed_ms = ms(started.elapsed());
+    report
+}
+
+fn record_memory(
+    sys: &mut SystemResult,
+    tag: &str,
+    name: &str,
+    r: RunResult,
+    mem: Option<MemoryPeak>,
+) {
+    match (r.ok, mem) {
+        (true, Some(m)) if m.samples > 0 => {
+            eprintln!(
+                "{tag}: {name} memory run: VmHWM {} MiB, {} MiB beyond guest RAM ({} samples)",
+                m.vm_hwm_kib >> 10,
+                m.beyond_guest_ram_kib >> 10,
+                m.samples
+            );
+            sys.memory = Some(m);
+        }
+        (true, _) => {
+            sys.memory_error = Some("the process ended before the first sample".into());
+        }
+        (false, _) => {
+            sys.memory_error = Some(format!(
+                "memory run failed: {}",
+                r.error.unwrap_or_default()
+            ));
+        }
+    }
+}
+
+fn uptime() -> Option<f64> {
+    fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `bench boot --worker-plan FILE`: the payload inside the helper VM.
+fn worker_main(plan_path: &Path) -> Result<u8> {
+    let plan: WorkerPlan = serde_json::from_slice(
+        &fs::read(plan_path).with_context(|| format!("cannot read {}", plan_path.display()))?,
+    )
+    .context("bad worker plan")?;
+    let mut out = io::stdout().lock();
+    writeln!(
+        out,
+        "{MARK_READY}{}",
+        uptime().map_or("null".into(), |u| u.to_string())
+    )?;
+    out.flush()?;
+    drop(out);
+    let report = worker(&plan);
+    let mut out = io::stdout().lock();
+    writeln!(out, "{MARK_REPORT}{}", serde_json::to_string(&report)?)?;
+    out.flush()?;
+    Ok(0)
+}
+
+/// `bench boot --launch-plan FILE`: runs the helper VM; its payload's stdout is ours.
+fn launch_main(plan_path: &Path) -> Result<u8> {
+    let plan: LaunchPlan = serde_json::from_slice(
+        &fs::read(plan_path).with_context(|| format!("cannot read {}", plan_path.display()))?,
+    )
+    .context("bad launch plan")?;
+    let config = hostvm::HelperVmConfig {
+        assets_dir: plan.assets_dir,
+        memory_mib: plan.memory_mib,
+        ..hostvm::HelperVmConfig::default()
+    };
+    let files: Vec<hostvm::PayloadFile> = plan
+        .files
+        .into_iter()
+        .map(|(host_path, payload_name)| hostvm::PayloadFile {
+            host_path,
+            payload_name,
+        })
+        .collect();
+    let args: Vec<OsString> = plan.args.into_iter().map(OsString::from).collect();
+    let exe = std::env::current_exe().context("locating the detvisor executable")?;
+    let status = hostvm::run(&config, &exe, &args, &files)?;
+    Ok(u8::try_from(status).unwrap_or(125))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The host's QEMU installation.
+
+struct QemuInstall {
+    bin: PathBuf,
+    /// Shared libraries (as `ldd` names them) and the ELF interpreter.
+    libs: Vec<PathBuf>,
+    interp: Option<PathBuf>,
+    firmware: Vec<PathBuf>,
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+fn discover_qemu() -> Result<QemuInstall> {
+    let bin = find_in_path(QEMU_BIN)
+        .with_context(|| format!("{QEMU_BIN} not found in PATH: install qemu-system-x86"))?;
+    let out = Command::new("ldd")
+        .arg(&bin)
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run ldd (libc-bin) to list QEMU's libraries")?;
+    if !out.status.success() {
+        bail!(
+            "ldd {} failed: {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let mut libs = Vec::new();
+    let mut interp = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines().map(str::trim) {
+        let (name, target) = match line.split_once(" => ") {
+            Some((name, rest)) => {
+                if rest.trim_start().starts_with("not found") {
+                    bail!("QEMU's shared library {name} not found");
+                }
+                (Some(name), rest)
+            }
+            None => (None, line),
+        };
+        let path = target.rsplit_once(" (0x").map_or(target, |(p, _)| p).trim();
+        if path.starts_with('/') {
+            if name.is_none() {
+                interp = Some(PathBuf::from(path));
+            }
+            libs.push(PathBuf::from(path));
+        }
+    }
+    let bin_dir = bin.parent().unwrap_or(Path::new("/"));
+    let mut dirs: Vec<PathBuf> = vec![
+        bin_dir.join("../share/qemu"),
+        bin_dir.join("../share/seabios"),
+    ];
+    dirs.extend(QEMU_FIRMWARE_DIRS.iter().map(PathBuf::from));
+    let mut firmware = Vec::new();
+    for name in QEMU_FIRMWARE {
+        let found = dirs.iter().map(|d| d.join(name)).find(|p| p.is_file());
+        match found {
+            Some(p) => firmware.push(p),
+            None => bail!(
+                "QEMU firmware {name} not found in {}",
+                dirs.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+    Ok(QemuInstall {
+        bin,
+        libs,
+        interp,
+        firmware,
+    })
+}
+
+fn file_name(p: &Path) -> Result<String> {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .map(String::from)
+        .with_context(|| format!("unusable file name {}", p.display()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The host side.
+
+/// The helper VM session as seen from the host.
+#[derive(Serialize, Default)]
+struct Session {
+    /// Launcher start to the payload's first line (helper VM boot, incl. assembling its initrd).
+    boot_ms: Option<f64>,
+    /// The payload's last line to the launcher's exit (helper VM shutdown).
+    shutdown_ms: Option<f64>,
+    /// Launcher start to exit.
+    total_ms: f64,
+    /// First to last payload line, on the host's clock ...
+    payload_host_ms: Option<f64>,
+    /// ... and the worker's own duration on L1's clock (a check of L1's clock).
+    payload_l1_ms: Option<f64>,
+    /// L1's uptime when the payload started (L1 kernel boot + init, on L1's clock).
+    l1_uptime_at_payload_s: Option<f64>,
+    /// Bytes shipped as payload files (QEMU, its libraries and firmware, kernels, initrds).
+    payload_file_bytes: u64,
+    error: Option<String>,
+}
+
+struct Inputs {
+    kernel: PathBuf,
+    initrd: PathBuf,
+    bzimage: PathBuf,
+    qemu_initrd: PathBuf,
+    cmdline: String,
+    ram_bytes: u64,
+}
+
+fn helper_session(
+    args: &BootArgs,
+    inputs: &Inputs,
+    qemu: &Result<QemuInstall>,
+    tmp: &Path,
+) -> (Session, Option<WorkerReport>) {
+    let mut session = Session::default();
+    match helper_session_inner(args, inputs, qemu, tmp, &mut session) {
+        Ok(report) => (session, Some(report)),
+        Err(e) => {
+            session.error = Some(format!("{e:#}"));
+            (session, None)
+        }
+    }
+}
+
+fn helper_session_inner(
+    args: &BootArgs,
+    inputs: &Inputs,
+    qemu: &Result<QemuInstall>,
+    tmp: &Path,
+    session: &mut Session,
+) -> Result<WorkerReport> {
+    let assets = hostvm::ensure_assets(None)?;
+    let mut files: Vec<(PathBuf, String)> = vec![
+        (inputs.kernel.clone(), "bench/vmlinux".into()),
+        (inputs.initrd.clone(), "bench/initrd".into()),
+        (inputs.bzimage.clone(), "bench/bzImage".into()),
+        (inputs.qemu_initrd.clone(), "bench/initrd-cmd".into()),
+    ];
+    let (qemu_plan, qemu_error) = match qemu {
+        Ok(q) => {
+            files.push((q.bin.clone(), format!("qemu/bin/{QEMU_BIN}")));
+            let mut seen = std::collections::BTreeSet::new();
+            for lib in &q.libs {
+                let name = file_name(lib)?;
+                if seen.insert(name.clone()) {
+                    files.push((lib.clone(), format!("qemu/lib/{name}")));
+                }
+            }
+            for fw in &q.firmware {
+                files.push((fw.clone(), format!("qemu/share/{}", file_name(fw)?)));
+            }
+            let lib_dir = PathBuf::from(hostvm::payload_path("qemu/lib"));
+            let loader = match &q.interp {
+                Some(i) => Some(lib_dir.join(file_name(i)?)),
+                None => None,
+            };
+            let plan = QemuPlan {
+                bin: hostvm::payload_path(&format!("qemu/bin/{QEMU_BIN}")).into(),
+                lib_dir: Some(lib_dir),
+                // The worker uses it only if QEMU's PT_INTERP is missing in L1 (it is there
+                // when detvisor itself is dynamically linked: the launcher ships it).
+                loader,
+                firmware_dir: Some(hostvm::payload_path("qemu/share").into()),
+            };
+            (Some(plan), None)
+        }
+        Err(e) => (None, Some(format!("{e:#}"))),
+    };
+    let worker_plan = WorkerPlan {
+        runs: args.runs,
+        timeout_s: args.timeout,
+        mem: GUEST_MEM.into(),
+        ram_bytes: inputs.ram_bytes,
+        cmdline: inputs.cmdline.clone(),
+        kernel: hostvm::payload_path("bench/vmlinux").into(),
+        initrd: hostvm::payload_path("bench/initrd").into(),
+        bzimage: hostvm::payload_path("bench/bzImage").into(),
+        qemu_initrd: hostvm::payload_path("bench/initrd-cmd").into(),
+        qemu: qemu_plan,
+        qemu_error,
+        in_helper_vm: true,
+        place: "helper VM".into(),
+    };
+    let plan_path = tmp.join("worker-plan.json");
+    fs::write(&plan_path, serde_json::to_vec(&worker_plan)?)?;
+    files.push((plan_path, "bench/plan.json".into()));
+    session.payload_file_bytes = files
+        .iter()
+        .map(|(p, _)| fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let launch = LaunchPlan {
+        assets_dir: assets,
+        memory_mib: ((inputs.ram_bytes >> 20) as u32)
+            .saturating_add(1024)
+            .max(2048),
+        args: vec![
+            "bench".into(),
+            "boot".into(),
+            "--worker-plan".into(),
+            hostvm::payload_path("bench/plan.json"),
+        ],
+        files,
+    };
+    let launch_path = tmp.join("launch-plan.json");
+    fs::write(&launch_path, serde_json::to_vec(&launch)?)?;
+
+    let exe = std::env::current_exe().context("locating the detvisor executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.args(["bench", "boot", "--launch-plan"])
+        .arg(&launch_path);
+    let runs = u64::from(args.runs);
+    let limit = HELPER_VM_ALLOWANCE + Duration::from_secs(args.timeout * (2 * runs + 2));
+    eprintln!(
+        "bench: starting the helper VM ({} MiB of payload files; time limit {} s)",
+        session.payload_file_bytes >> 20,
+        limit.as_secs()
+    );
+    let finished = run_timed(cmd, limit, ErrMode::Tee, None)?;
+    session.total_ms = ms(finished.wall);
+    let ready = finished
+        .lines
+        .iter()
+        .find(|(_, l)| l.starts_with(MARK_READY));
+    let report_line = finished
+        .lines
+        .iter()
+        .rev()
+        .find(|(_, l)| l.starts_with(MARK_REPORT));
+    if let Some((at, line)) = ready {
+        session.boot_ms = Some(ms(at.duration_since(finished.started)));
+        session.l1_uptime_at_payload_s = line[MARK_READY.len()..].trim().parse().ok();
+    }
+    let Some((report_at, report_text)) = report_line else {
+        bail!(
+            "the helper VM session gave no result: {}",
+            finished.failure("the helper VM launcher", limit)
+        );
+    };
+    let report: WorkerReport = serde_json::from_str(&report_text[MARK_REPORT.len()..])
+        .context("unparsable result line from the helper VM")?;
+    let end = finished.started + finished.wall;
+    session.shutdown_ms = Some(ms(end.saturating_duration_since(*report_at)));
+    if let Some((ready_at, _)) = ready {
+        session.payload_host_ms = Some(ms(report_at.duration_since(*ready_at)));
+    }
+    session.payload_l1_ms = Some(report.elapsed_ms);
+    if !finished.status.is_some_and(|s| s.success()) {
+        session.error = Some(finished.failure("the helper VM launcher", limit));
+    }
+    Ok(report)
+}
+
+/// QEMU TCG with icount on the host: `runs` timed runs and one memory run.
+fn tcg_baseline(
+    args: &BootArgs,
+    inputs: &Inputs,
+    qemu: &Result<QemuInstall>,
+    tmp: &Path,
+) -> SystemResult {
+    let mut sys = SystemResult::default();
+    let q = match qemu {
+        Ok(q) => QemuPlan {
+            bin: q.bin.clone(),
+            lib_dir: None,
+            loader: None,
+            firmware_dir: None,
+        },
+        Err(e) => {
+            sys.error = Some(format!("{e:#}"));
+            return sys;
+        }
+    };
+    let run = QemuRun {
+        q: &q,
+        accel: Accel::TcgIcount,
+        files: QemuFiles {
+            bzimage: &inputs.bzimage,
+            initrd: &inputs.qemu_initrd,
+            cmdline: &inputs.cmdline,
+            mem: GUEST_MEM,
+        },
+        scratch: tmp,
+        label: "qemu-tcg",
+        limit: Duration::from_secs(args.timeout),
+        ram_bytes: inputs.ram_bytes,
+    };
+    sys.command = command_words(&run.command(0).0);
+    let n = args.runs;
+    for i in 1..=n {
+        let (r, _) = run.run(i, false, false);
+        eprintln!(
+            "bench [host]: QEMU TCG icount run {i}/{n}: {}",
+            describe(&r)
+        );
+        sys.runs.push(r);
+    }
+    let (r, mem) = run.run(n + 1, true, false);
+    record_memory(&mut sys, "bench [host]", "QEMU TCG icount", r, mem);
+    sys
+}
+
+/// detvisor as a user runs it on this host (`detvisor run --json -- true`: helper VM included).
+fn end_to_end(args: &BootArgs) -> SystemResult {
+    let mut sys = SystemResult::default();
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            sys.error = Some(format!("cannot locate the detvisor executable: {e}"));
+            return sys;
+        }
+    };
+    let limit = HELPER_VM_ALLOWANCE + Duration::from_secs(args.timeout);
+    let host_vm = match args.host_vm {
+        BenchHostVm::Always => "always",
+        _ => "auto",
+    };
+    let make = || {
+        let mut cmd = Command::new(&exe);
+        cmd.args([
+            "run",
+            "--host-vm",
+            host_vm,
+            "--mem",
+            GUEST_MEM,
+            "--json",
+            "--",
+        ])
+        .arg(GUEST_COMMAND);
+        cmd
+    };
+    sys.command = command_words(&make());
+    let n = args.runs;
+    for i in 1..=n {
+        let r = match run_timed(make(), limit, ErrMode::Capture, None) {
+            Ok(f) => detvisor_result(&f, limit, "detvisor run"),
+            Err(e) => RunResult {
+                error: Some(format!("{e:#}")),
+                ..RunResult::default()
+            },
+        };
+        eprintln!(
+            "bench [host]: detvisor end-to-end run {i}/{n}: {}",
+            describe(&r)
+        );
+        sys.runs.push(r);
+    }
+    sys
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics and the report.
+
+fn median(values: &mut [f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    Some(if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    })
+}
+
+fn median_u64(values: impl Iterator<Item = u64>) -> Option<u64> {
+    let mut v: Vec<f64> = values.map(|x| x as f64).collect();
+    median(&mut v).map(|m| m.round() as u64)
+}
+
+#[derive(Serialize, Default)]
+struct Summary {
+    name: String,
+    place: String,
+    runs: usize,
+    ok_runs: usize,
+    median_ms: Option<f64>,
+    min_ms: Option<f64>,
+    max_ms: Option<f64>,
+    wall_ms: Vec<f64>,
+    /// Exits to the VMM (detvisor only), median over runs.
+    vmm_exits: Option<u64>,
+    vmm_exits_per_sec: Option<f64>,
+    /// All VM exits L1's KVM handled (debugfs `exits`), median over runs.
+    kvm_exits: Option<u64>,
+    kvm_exits_per_sec: Option<f64>,
+    kvm_stats: Option<BTreeMap<String, u64>>,
+    /// detvisor's own phases (median of its JSON): vm::run total, setup, final hashing.
+    inner_wall_ms: Option<u64>,
+    inner_setup_ms: Option<u64>,
+    inner_finish_ms: Option<u64>,
+    /// Whether the guest output is byte-identical across the successful runs (detvisor: the
+    /// run digest, which covers the console, memory and devices; QEMU: the serial bytes).
+    output_identical: Option<bool>,
+    output: Option<String>,
+    output_bytes: Option<u64>,
+    memory: Option<MemoryPeak>,
+    memory_error: Option<String>,
+    error: Option<String>,
+    failures: Vec<String>,
+    command: Vec<String>,
+}
+
+fn summarize(name: &str, place: &str, sys: &SystemResult) -> Summary {
+    let ok: Vec<&RunResult> = sys.runs.iter().filter(|r| r.ok).collect();
+    let mut walls: Vec<f64> = ok.iter().map(|r| r.wall_ms).collect();
+    let med = median(&mut walls);
+    let per_sec = |count: Option<u64>| match (count, med) {
+        (Some(c), Some(m)) if m > 0.0 => Some(c as f64 / (m / 1000.0)),
+        _ => None,
+    };
+    let vmm_exits = median_u64(ok.iter().filter_map(|r| r.vmm_exits));
+    let kvm_exits = median_u64(
+        ok.iter()
+            .filter_map(|r| r.kvm.as_ref().and_then(|k| k.get("exits").copied())),
+    );
+    let kvm_stats = (!ok.is_empty() && ok.iter().all(|r| r.kvm.is_some())).then(|| {
+        KVM_STATS
+            .iter()
+            .filter_map(|k| {
+                median_u64(ok.iter().filter_map(|r| r.kvm.as_ref()?.get(*k).copied()))
+                    .map(|v| (k.to_string(), v))
+            })
+            .collect()
+    });
+    let outputs: Vec<&String> = ok.iter().filter_map(|r| r.output.as_ref()).collect();
+    let output_identical = (outputs.len() >= 2).then(|| outputs.iter().all(|o| *o == outputs[0]));
+    let mut error = sys.error.clone();
+    if error.is_none() && !sys.runs.is_empty() && ok.is_empty() {
+        error = Some("every run failed".into());
+    }
+    Summary {
+        name: name.into(),
+        place: place.into(),
+        runs: sys.runs.len(),
+        ok_runs: ok.len(),
+        median_ms: med,
+        min_ms: walls.first().copied(),
+        max_ms: walls.last().copied(),
+        wall_ms: sys.runs.iter().map(|r| r.wall_ms).collect(),
+        vmm_exits,
+        vmm_exits_per_sec: per_sec(vmm_exits),
+        kvm_exits,
+        kvm_exits_per_sec: per_sec(kvm_exits),
+        kvm_stats,
+        inner_wall_ms: median_u64(ok.iter().filter_map(|r| r.inner_wall_ms)),
+        inner_setup_ms: median_u64(ok.iter().filter_map(|r| r.inner_setup_ms)),
+        inner_finish_ms: median_u64(ok.iter().filter_map(|r| r.inner_finish_ms)),
+        output_identical,
+        output: ok.first().and_then(|r| r.output.clone()),
+        output_bytes: ok.first().and_then(|r| r.output_bytes),
+        memory: sys.memory.clone(),
+        memory_error: sys.memory_error.clone(),
+        error,
+        failures: sys
+            .runs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.error.as_ref().map(|e| format!("run {}: {e}", i + 1)))
+            .collect(),
+        command: sys.command.clone(),
+    }
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+        _ => None,
+    }
+}
+
+#[derive(Serialize)]
+struct Ratios {
+    detvisor_over_qemu_kvm: Option<f64>,
+    detvisor_end_to_end_over_qemu_tcg_icount: Option<f64>,
+    detvisor_process_over_qemu_tcg_icount: Option<f64>,
+    detvisor_vm_run_over_qemu_tcg_icount: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct BenchReport {
+    benchmark: &'static str,
+    guest_command: &'static str,
+    runs: u32,
+    mem: &'static str,
+    cmdline: String,
+    qemu_machine: &'static str,
+    placement: String,
+    placement_reason: Option<String>,
+    clock: &'static str,
+    kvm_stats: Option<String>,
+    detvisor: Summary,
+    qemu_kvm: Summary,
+    qemu_tcg_icount: Summary,
+    detvisor_end_to_end: Summary,
+    helper_vm: Option<Session>,
+    ratios: Ratios,
+    all_ok: bool,
+}
+
+fn orchestrate(args: &BootArgs) -> Result<u8> {
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    if args.timeout == 0 {
+        bail!("--timeout must be at least 1 second");
+    }
+    let image = guest::default_image()?;
+    let bzimage = image.kernel.with_file_name("bzImage");
+    let tmp = TempDir::new("detvisor-bench-")
+        .context("cannot create a temporary directory for the benchmark")?;
+    let command = vec![GUEST_COMMAND.to_string()];
+    let qemu_initrd = tmp.path().join("initrd-cmd.img");
+    fs::write(
+        &qemu_initrd,
+        guest::initrd_with_command(&image.initrd, &command)?,
+    )
+    .with_context(|| format!("cannot write {}", qemu_initrd.display()))?;
+    let inputs = Inputs {
+        kernel: image.kernel.clone(),
+        initrd: image.initrd.clone(),
+        bzimage: bzimage.clone(),
+        qemu_initrd,
+        cmdline: guest::default_cmdline(),
+        ram_bytes: units::parse_size(GUEST_MEM)?,
+    };
+    let mut qemu = discover_qemu();
+    if qemu.is_ok() && !bzimage.is_file() {
+        qemu = Err(anyhow!(
+            "{} is missing (QEMU boots the bzImage built with {}): rebuild the guest image",
+            bzimage.display(),
+            image.kernel.display()
+        ));
+    }
+    let (use_helper, reason) = match args.host_vm {
+        BenchHostVm::Always => (true, Some("--host-vm always".to_string())),
+        BenchHostVm::Never => (false, None),
+        BenchHostVm::Auto => {
+            let report = vmm::probe::host_report();
+            if report.can_run_guests {
+                (false, None)
+            } else {
+                (true, report.reason)
+            }
+        }
+    };
+    let place = if use_helper { "helper VM" } else { "host" };
+    eprintln!(
+        "bench: boot `{GUEST_COMMAND}` on the default guest ({}), {GUEST_MEM} RAM, {} run(s) each; \
+         detvisor and QEMU-KVM on the {place}{}",
+        image.kernel.display(),
+        args.runs,
+        reason
+            .as_deref()
+            .map(|r| format!(" (because {r})"))
+            .unwrap_or_default()
+    );
+
+    // 1. The deterministic peer on the host, alone on the machine.
+    let tcg = tcg_baseline(args, &inputs, &qemu, tmp.path());
+
+    // 2. detvisor and QEMU-KVM side by side.
+    let (session, report) = if use_helper {
+        let (s, r) = helper_session(args, &inputs, &qemu, tmp.path());
+        (Some(s), r)
+    } else {
+        let plan = WorkerPlan {
+            runs: args.runs,
+            timeout_s: args.timeout,
+            mem: GUEST_MEM.into(),
+            ram_bytes: inputs.ram_bytes,
+            cmdline: inputs.cmdline.clone(),
+            kernel: inputs.kernel.clone(),
+            initrd: inputs.initrd.clone(),
+            bzimage: inputs.bzimage.clone(),
+            qemu_initrd: inputs.qemu_initrd.clone(),
+            qemu: qemu.as_ref().ok().map(|q| QemuPlan {
+                bin: q.bin.clone(),
+                lib_dir: None,
+                loader: None,
+                firmware_dir: None,
+            }),
+            qemu_error: qemu.as_ref().err().map(|e| format!("{e:#}")),
+            in_helper_vm: false,
+            place: "host".into(),
+        };
+        (None, Some(worker(&plan)))
+    };
+    let session_error = session.as_ref().and_then(|s| s.error.clone());
+    let (det_sys, kvm_sys, kvm_stats) = match report {
+        Some(r) => (r.detvisor, r.qemu_kvm, Some(r.kvm_stats)),
+        None => {
+            let failed = SystemResult {
+                error: Some(format!(
+                    "the helper VM session failed: {}",
+                    session_error.clone().unwrap_or_default()
+                )),
+                ..SystemResult::default()
+            };
+            (failed.clone(), failed, None)
+        }
+    };
+
+    // 3. detvisor end to end, as a user runs it (helper VM boot included).
+    let e2e = if use_helper && !args.no_end_to_end {
+        end_to_end(args)
+    } else if use_helper {
+        SystemResult {
+            error: Some("skipped (--no-end-to-end)".into()),
+            ..SystemResult::default()
+        }
+    } else {
+        det_sys.clone() // on the host, the detvisor process is the end-to-end run
+    };
+
+    let detvisor = summarize("detvisor (deterministic)", place, &det_sys);
+    let qemu_kvm = summarize("QEMU -accel kvm", place, &kvm_sys);
+    let qemu_tcg = summarize("QEMU TCG -icount shift=0", "host", &tcg);
+    let e2e_place = if use_helper {
+        "host, helper VM per run"
+    } else {
+        "host"
+    };
+    let detvisor_e2e = summarize("detvisor end to end", e2e_place, &e2e);
+    let ratios = Ratios {
+        detvisor_over_qemu_kvm: ratio(detvisor.median_ms, qemu_kvm.median_ms),
+        detvisor_end_to_end_over_qemu_tcg_icount: ratio(detvisor_e2e.median_ms, qemu_tcg.median_ms),
+        detvisor_process_over_qemu_tcg_icount: ratio(detvisor.median_ms, qemu_tcg.median_ms),
+        detvisor_vm_run_over_qemu_tcg_icount: ratio(
+            detvisor.inner_wall_ms.map(|v| v as f64),
+            qemu_tcg.median_ms,
+        ),
+    };
+    let all_ok = [&detvisor, &qemu_kvm, &qemu_tcg, &detvisor_e2e]
+        .iter()
+        .all(|s| s.error.is_none() && s.ok_runs == s.runs)
+        && session_error.is_none();
+    let report = BenchReport {
+        benchmark: "boot",
+        guest_command: GUEST_COMMAND,
+        runs: args.runs,
+        mem: GUEST_MEM,
+        cmdline: inputs.cmdline.clone(),
+        qemu_machine: QEMU_MACHINE,
+        placement: place.into(),
+        placement_reason: reason,
+        clock: "wall time from just before spawn() to wait() returning, CLOCK_MONOTONIC of the \
+                machine the process runs on (L1's for the helper VM); memory from /proc sampled \
+                every 20 ms in one extra run",
+        kvm_stats,
+        detvisor,
+        qemu_kvm,
+        qemu_tcg_icount: qemu_tcg,
+        detvisor_end_to_end: detvisor_e2e,
+        helper_vm: session,
+        ratios,
+        all_ok,
+    };
+    print_report(&report)?;
+    Ok(if all_ok { 0 } else { 1 })
+}
+
+fn opt_ms(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.0}"))
+}
+
+fn opt_count(v: Option<u64>) -> String {
+    v.map_or("n/a".into(), |v| v.to_string())
+}
+
+fn opt_rate(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |v| format!("{v:.0}"))
+}
+
+fn opt_ratio(v: Option<f64>) -> String {
+    v.map_or("n/a".into(), |v| format!("{v:.2}x"))
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+fn print_report(r: &BenchReport) -> Result<()> {
+    let mut o = io::stdout().lock();
+    writeln!(
+        o,
+        "detvisor bench boot: default guest runs `{}`; {} RAM; {} run(s) per system; QEMU -M {}",
+        r.guest_command, r.mem, r.runs, r.qemu_machine
+    )?;
+    writeln!(o, "kernel cmdline (all systems): {}", r.cmdline)?;
+    writeln!(
+        o,
+        "wall = process start to exit (spawn .. wait returns), ms, on the clock of the machine \
+         running it; median [min .. max] over successful runs"
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "{:<26} {:<24} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
+        "system",
+        "where",
+        "ok",
+        "median",
+        "min",
+        "max",
+        "VMM exits",
+        "VMM ex/s",
+        "KVM exits",
+        "KVM ex/s"
+    )?;
+    for s in [
+        &r.detvisor,
+        &r.qemu_kvm,
+        &r.qemu_tcg_icount,
+        &r.detvisor_end_to_end,
+    ] {
+        writeln!(
+            o,
+            "{:<26} {:<24} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
+            s.name,
+            s.place,
+            format!("{}/{}", s.ok_runs, s.runs),
+            opt_ms(s.median_ms),
+            opt_ms(s.min_ms),
+            opt_ms(s.max_ms),
+            opt_count(s.vmm_exits),
+            opt_rate(s.vmm_exits_per_sec),
+            opt_count(s.kvm_exits),
+            opt_rate(s.kvm_exits_per_sec),
+        )?;
+    }
+    if let Some(s) = &r.helper_vm {
+        writeln!(
+            o,
+            "{:<26} {:<24} {:>5} {:>9}   boot {} ms + shutdown {} ms (L1 uptime at payload start {} s)",
+            "helper VM overhead",
+            "host",
+            if s.error.is_none() { "1/1" } else { "0/1" },
+            opt_ms(match (s.boot_ms, s.shutdown_ms) {
+                (Some(b), Some(d)) => Some(b + d),
+                _ => None,
+            }),
+            opt_ms(s.boot_ms),
+            opt_ms(s.shutdown_ms),
+            s.l1_uptime_at_payload_s
+                .map_or("-".into(), |u| format!("{u:.2}")),
+        )?;
+    }
+    writeln!(o)?;
+    let d = &r.detvisor;
+    if let Some(w) = d.inner_wall_ms {
+        writeln!(
+            o,
+            "detvisor inside: vm::run {w} ms (setup {} + guest + final hashing {}); the rest of \
+             the {} ms is process start, image loading and exit",
+            opt_count(d.inner_setup_ms),
+            opt_count(d.inner_finish_ms),
+            opt_ms(d.median_ms)
+        )?;
+    }
+    if let Some(k) = &r.kvm_stats {
+        if k == "debugfs" {
+            writeln!(
+                o,
+                "KVM exits: L1 KVM's debugfs `exits` over each run (all exits of the guest, \
+                 handled in the kernel or not); VMM exits: exits detvisor's loop handled"
+            )?;
+        } else {
+            writeln!(o, "KVM exits: not available ({k})")?;
+        }
+    }
+    writeln!(o, "\nratios of median wall times:")?;
+    let place = &r.placement;
+    writeln!(
+        o,
+        "  detvisor / QEMU-KVM (both in the {place}):              {}",
+        opt_ratio(r.ratios.detvisor_over_qemu_kvm)
+    )?;
+    writeln!(
+        o,
+        "  detvisor end to end / QEMU TCG icount (host):         {}",
+        opt_ratio(r.ratios.detvisor_end_to_end_over_qemu_tcg_icount)
+    )?;
+    writeln!(
+        o,
+        "  detvisor process ({place}) / QEMU TCG icount (host):  {}",
+        opt_ratio(r.ratios.detvisor_process_over_qemu_tcg_icount)
+    )?;
+    writeln!(
+        o,
+        "  detvisor vm::run only / QEMU TCG icount (host):       {}",
+        opt_ratio(r.ratios.detvisor_vm_run_over_qemu_tcg_icount)
+    )?;
+    writeln!(o, "\nsame output in every run:")?;
+    for s in [&r.detvisor, &r.qemu_kvm, &r.qemu_tcg_icount] {
+        let what = if s.vmm_exits.is_some() {
+            "run digest (console, memory, devices)"
+        } else {
+            "serial bytes"
+        };
+        let verdict = match s.output_identical {
+            Some(true) => "identical".to_string(),
+            Some(false) => "DIFFERENT".to_string(),
+            None => "n/a (fewer than 2 successful runs)".to_string(),
+        };
+        writeln!(
+            o,
+            "  {:<26} {verdict} ({what}: {}, {} bytes)",
+            s.name,
+            s.output.as_deref().unwrap_or("-"),
+            opt_count(s.output_bytes)
+        )?;
+    }
+    writeln!(
+        o,
+        "\npeak memory (one extra run each, /proc/<pid>/status and smaps every 20 ms):"
+    )?;
+    for s in [&r.detvisor, &r.qemu_kvm, &r.qemu_tcg_icount] {
+        match (&s.memory, &s.memory_error) {
+            (Some(m), _) => writeln!(
+                o,
+                "  {:<26} VmHWM {}; guest RAM {} of which {} resident; beyond guest RAM {} \
+                 (guest mapping: {})",
+                s.name,
+                mib(m.vm_hwm_kib),
+                mib(m.guest_ram_kib),
+                mib(m.guest_ram_resident_kib),
+                mib(m.beyond_guest_ram_kib),
+                m.guest_mapping
+            )?,
+            (None, Some(e)) => writeln!(o, "  {:<26} n/a: {e}", s.name)?,
+            (None, None) => writeln!(o, "  {:<26} n/a", s.name)?,
+        }
+    }
+    if let Some(s) = &r.helper_vm {
+        writeln!(
+            o,
+            "\nhelper VM: launcher start to payload start {} ms (incl. assembling a {} MiB payload \
+             initrd and L1's boot), payload end to exit {} ms; payload lasted {} ms on the host's \
+             clock, {} ms on L1's",
+            opt_ms(s.boot_ms),
+            s.payload_file_bytes >> 20,
+            opt_ms(s.shutdown_ms),
+            opt_ms(s.payload_host_ms),
+            opt_ms(s.payload_l1_ms)
+        )?;
+    }
+    let mut failed = false;
+    for s in [
+        &r.detvisor,
+        &r.qemu_kvm,
+        &r.qemu_tcg_icount,
+        &r.detvisor_end_to_end,
+    ] {
+        if s.error.is_some() || !s.failures.is_empty() {
+            if !failed {
+                writeln!(o, "\nfailures:")?;
+                failed = true;
+            }
+            if let Some(e) = &s.error {
+                writeln!(o, "  {}: {e}", s.name)?;
+            }
+            for f in &s.failures {
+                writeln!(o, "  {}: {f}", s.name)?;
+            }
+        }
+    }
+    if let Some(e) = r.helper_vm.as_ref().and_then(|s| s.error.as_ref()) {
+        if !failed {
+            writeln!(o, "\nfailures:")?;
+        }
+        writeln!(o, "  helper VM: {e}")?;
+    }
+    writeln!(o)?;
+    writeln!(o, "{}", serde_json::to_string(r)?)?;
+    o.flush()?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// A private temporary directory, removed with its contents on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(prefix: &str) -> io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::env::temp_dir();
+        for n in 0..1000u32 {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let path = base.join(format!("{prefix}{}-{nanos:x}-{n}", std::process::id()));
+            match fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => return Ok(TempDir(path)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(io::Error::other("no free temporary directory name"))
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians() {
+        assert_eq!(median(&mut []), None);
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), Some(2.5));
+    }
+
+    #[test]
+    fn guest_mapping_is_found_in_smaps() {
+        let smaps = "\
+55d0c0000000-55d0c0021000 rw-p 00000000 00:00 0                          [heap]
+Size:                132 kB
+Rss:                  12 kB
+7f0000000000-7f0010000000 rw-p 00000000 00:00 0 
+Size:             262144 kB
+Rss:               30720 kB
+7f0010000000-7f0010200000 r-xp 00000000 08:01 1234                       /usr/lib/libc.so.6
+Size:               2048 kB
+Rss:                1024 kB
+";
+        assert_eq!(guest_mapping_rss(smaps, 262144), (Some(30720), "exact"));
+        assert_eq!(guest_mapping_rss(smaps, 200000), (Some(30720), "approx"));
+        assert_eq!(guest_mapping_rss(smaps, 300000), (None, "not found"));
+    }
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(fnv1a(b""), "cbf29ce484222325");
+        assert_eq!(fnv1a(b"a"), "af63dc4c8601ec8c");
+    }
+
+    #[test]
+    fn timed_process_is_killed_at_its_limit() {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        let f = run_timed(cmd, Duration::from_millis(200), ErrMode::Capture, None).unwrap();
+        assert!(f.timed_out);
+        assert!(f.wall < Duration::from_secs(10));
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo one; echo two >&2; exit 3"]);
+        let f = run_timed(
+            cmd,
+            Duration::from_secs(30),
+            ErrMode::Capture,
+            Some(1 << 20),
+        )
+        .unwrap();
+        assert!(!f.timed_out);
+        assert_eq!(f.status.and_then(|s| s.code()), Some(3));
+        assert_eq!(f.stdout_text(), "one");
+        assert_eq!(f.stderr_text(), "two");
+    }
 }

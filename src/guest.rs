@@ -104,7 +104,6 @@ pub fn default_cmdline() -> String {
         // reboot a triple fault, which the VMM sees as a shutdown.
         "reboot=t",
         "panic=-1",
-        "nokaslr",
         // No local APIC or IOAPIC: the legacy PIC and the HPET's legacy routing.
         "noapic",
         "nolapic",

@@ -104,6 +104,7 @@ impl Default for RecordConfig {
 pub struct Recorder {
     pub config: RecordConfig,
     records: Vec<ExitRecord>,
+    by_kind: std::collections::BTreeMap<String, u64>,
     digest: blake3::Hasher,
     count: u64,
 }
@@ -113,6 +114,7 @@ impl Recorder {
         Recorder {
             config,
             records: Vec::new(),
+            by_kind: std::collections::BTreeMap::new(),
             digest: blake3::Hasher::new(),
             count: 0,
         }
@@ -129,6 +131,10 @@ impl Recorder {
     pub fn push(&mut self, record: ExitRecord) {
         self.digest.update(&record.to_bytes());
         self.count += 1;
+        *self
+            .by_kind
+            .entry(format!("{:?}", record.kind))
+            .or_default() += 1;
         if self.config.keep_records {
             self.records.push(record);
         }
@@ -136,6 +142,11 @@ impl Recorder {
 
     pub fn count(&self) -> u64 {
         self.count
+    }
+
+    /// Exits counted per kind (IoIn, Hlt, ...), in name order.
+    pub fn counts_by_kind(&self) -> std::collections::BTreeMap<String, u64> {
+        self.by_kind.clone()
     }
 
     /// Ends the stream with the final state hashes and returns (digest hex, records).

@@ -76,6 +76,7 @@ pub struct RunOutcome {
     pub stop: StopReason,
     pub virtual_time: VirtNanos,
     pub exits: u64,
+    pub exits_by_kind: std::collections::BTreeMap<String, u64>,
     pub injected_interrupts: u64,
     pub wall: Duration,
     /// Wall time spent creating the VM and writing boot data.
@@ -598,11 +599,13 @@ pub fn run(
         (*capture.hash.finalize().as_bytes(), capture.bytes)
     };
     let exits = recorder.count();
+    let exits_by_kind = recorder.counts_by_kind();
     let (digest, records) = recorder.finish(final_memory, final_devices, console_hash);
     Ok(RunOutcome {
         stop,
         virtual_time: machine.now(),
         exits,
+        exits_by_kind,
         injected_interrupts: injected_total,
         wall: started.elapsed(),
         wall_setup,
