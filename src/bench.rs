@@ -141,6 +141,8 @@ const TAIL_BYTES: usize = 16 * 1024;
 /// KVM statistics (L1 debugfs) recorded per run, as deltas.
 const KVM_STATS: [&str; 5] = ["exits", "io_exits", "mmio_exits", "halt_exits", "irq_exits"];
 const DEBUGFS_KVM: &str = "/sys/kernel/debug/kvm";
+/// How often the per-VM KVM statistics are looked for until the VM exists.
+const KVM_POLL: Duration = Duration::from_millis(5);
 
 // ---------------------------------------------------------------------------------------------
 // Plans and results exchanged between the host and the helper VM.
@@ -151,7 +153,9 @@ struct QemuPlan {
     bin: PathBuf,
     /// `LD_LIBRARY_PATH` (the shipped libraries), if any.
     lib_dir: Option<PathBuf>,
-    /// The shipped ELF interpreter, used explicitly if QEMU's own `PT_INTERP` path is missing.
+    /// QEMU's ELF interpreter (`PT_INTERP`, as `ldd` shows it on the host) ...
+    interp: Option<PathBuf>,
+    /// ... and its shipped copy, used explicitly when `interp` does not exist where QEMU runs.
     loader: Option<PathBuf>,
     /// `-L` (the shipped firmware), if any.
     firmware_dir: Option<PathBuf>,
@@ -235,6 +239,8 @@ struct SystemResult {
     memory_error: Option<String>,
     /// Set when the system could not be measured at all.
     error: Option<String>,
+    /// Set when the system was deliberately not measured.
+    skipped: Option<String>,
     command: Vec<String>,
 }
 
@@ -270,6 +276,8 @@ struct Finished {
     stderr_tail: Vec<u8>,
     started: Instant,
     memory: Option<MemoryPeak>,
+    /// The VM's final KVM statistics ([`Watch::kvm`]).
+    kvm: Option<BTreeMap<String, u64>>,
 }
 
 impl Finished {
@@ -329,14 +337,22 @@ fn kill_process(pid: u32) {
     }
 }
 
+/// What to watch while a process runs.
+#[derive(Clone, Copy, Default)]
+struct Watch {
+    /// Sample its memory every [`MEM_SAMPLE_INTERVAL`] (the value: guest RAM bytes).
+    ram: Option<u64>,
+    /// Grab its VM's KVM statistics: look for them every [`KVM_POLL`] until found.
+    kvm: bool,
+}
+
 /// Runs `cmd` (stdin /dev/null, stdout and stderr piped) to its end or until `limit`, when it is
-/// killed. With `sample_ram` (guest RAM bytes), samples its memory every
-/// [`MEM_SAMPLE_INTERVAL`]; otherwise the calling thread just blocks.
+/// killed. Unless `watch` asks for something, the calling thread just blocks until it ends.
 fn run_timed(
     mut cmd: Command,
     limit: Duration,
     err_mode: ErrMode,
-    sample_ram: Option<u64>,
+    watch: Watch,
 ) -> Result<Finished> {
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -410,7 +426,8 @@ fn run_timed(
     });
 
     let deadline = started + limit;
-    let mut sampler = sample_ram.map(|ram| Sampler::new(pid, ram));
+    let mut sampler = watch.ram.map(|ram| Sampler::new(pid, ram));
+    let mut grab = watch.kvm.then_some(KvmGrab { pid, files: None });
     let mut timed_out = false;
     let (status, ended) = loop {
         let now = Instant::now();
@@ -427,15 +444,22 @@ fn run_timed(
                 }
             }
         }
-        let wait = match &sampler {
-            Some(_) => MEM_SAMPLE_INTERVAL.min(deadline - now),
-            None => deadline - now,
-        };
+        let wait = if sampler.is_some() {
+            MEM_SAMPLE_INTERVAL
+        } else if grab.as_ref().is_some_and(|g| g.files.is_none()) {
+            KVM_POLL
+        } else {
+            deadline - now
+        }
+        .min(deadline - now);
         match wait_rx.recv_timeout(wait) {
             Ok((status, at)) => break (status, at),
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if let Some(s) = &mut sampler {
                     s.sample();
+                }
+                if let Some(g) = &mut grab {
+                    g.try_grab();
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -467,6 +491,7 @@ fn run_timed(
         stderr_tail: tail_of(&stderr_tail, TAIL_BYTES).to_vec(),
         started,
         memory: sampler.map(|s| s.peak),
+        kvm: grab.and_then(|g| g.read()),
     })
 }
 
@@ -591,25 +616,57 @@ fn kvm_stats_available(may_mount: bool) -> String {
     }
 }
 
-fn read_kvm_stats() -> Option<BTreeMap<String, u64>> {
-    let mut map = BTreeMap::new();
-    for name in KVM_STATS {
-        let text = fs::read_to_string(Path::new(DEBUGFS_KVM).join(name)).ok()?;
-        map.insert(name.to_string(), text.trim().parse().ok()?);
-    }
-    Some(map)
+/// The KVM statistics of one process's VM, from its per-VM debugfs directory
+/// (`/sys/kernel/debug/kvm/<pid>-<fd>/`; the global files only sum over live VMs). An open stat
+/// file holds a reference on the VM, so files opened while it lives give its final counts after
+/// the process has exited.
+struct KvmGrab {
+    pid: u32,
+    files: Option<Vec<(String, fs::File)>>,
 }
 
-fn stats_delta(
-    before: &Option<BTreeMap<String, u64>>,
-    after: &Option<BTreeMap<String, u64>>,
-) -> Option<BTreeMap<String, u64>> {
-    let (b, a) = (before.as_ref()?, after.as_ref()?);
-    Some(
-        a.iter()
-            .map(|(k, v)| (k.clone(), v.saturating_sub(*b.get(k).unwrap_or(&0))))
-            .collect(),
-    )
+impl KvmGrab {
+    fn try_grab(&mut self) {
+        if self.files.is_some() {
+            return;
+        }
+        let Ok(dir) = fs::read_dir(DEBUGFS_KVM) else {
+            return;
+        };
+        let prefix = format!("{}-", self.pid);
+        for entry in dir.flatten() {
+            if !entry
+                .file_name()
+                .to_str()
+                .is_some_and(|n| n.starts_with(&prefix))
+            {
+                continue;
+            }
+            let files: Vec<(String, fs::File)> = KVM_STATS
+                .iter()
+                .filter_map(|s| {
+                    let f = fs::File::open(entry.path().join(s)).ok()?;
+                    Some((s.to_string(), f))
+                })
+                .collect();
+            if files.len() == KVM_STATS.len() {
+                self.files = Some(files);
+                return;
+            }
+        }
+    }
+
+    fn read(&self) -> Option<BTreeMap<String, u64>> {
+        let mut map = BTreeMap::new();
+        for (name, f) in self.files.as_ref()? {
+            let mut buf = [0u8; 64];
+            // The first read of a stat file (they are not seekable) gives its current value.
+            let n = (&*f).read(&mut buf).ok()?;
+            let value = std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()?;
+            map.insert(name.clone(), value);
+        }
+        Some(map)
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -692,12 +749,15 @@ fn run_detvisor(
     stats: bool,
 ) -> (RunResult, Option<MemoryPeak>) {
     let limit = Duration::from_secs(plan.timeout_s);
-    let before = stats.then(read_kvm_stats).flatten();
+    let watch = Watch {
+        ram: sample.then_some(plan.ram_bytes),
+        kvm: stats,
+    };
     let finished = match run_timed(
         detvisor_command(detvisor, plan),
         limit,
         ErrMode::Capture,
-        sample.then_some(plan.ram_bytes),
+        watch,
     ) {
         Ok(f) => f,
         Err(e) => {
@@ -710,9 +770,8 @@ fn run_detvisor(
             )
         }
     };
-    let after = stats.then(read_kvm_stats).flatten();
     let mut r = detvisor_result(&finished, limit, "detvisor");
-    r.kvm = stats_delta(&before, &after);
+    r.kvm = finished.kvm.clone();
     (r, finished.memory)
 }
 
@@ -741,8 +800,9 @@ fn qemu_command(
     serial: &Path,
     status: &Path,
 ) -> Command {
+    let interp_missing = q.interp.as_ref().is_some_and(|i| !i.exists());
     let mut cmd = match (&q.loader, &q.lib_dir) {
-        (Some(loader), Some(lib_dir)) => {
+        (Some(loader), Some(lib_dir)) if interp_missing => {
             let mut c = Command::new(loader);
             c.arg("--library-path").arg(lib_dir).arg(&q.bin);
             c
@@ -821,13 +881,11 @@ impl QemuRun<'_> {
 
     fn run(&self, index: u32, sample: bool, stats: bool) -> (RunResult, Option<MemoryPeak>) {
         let (cmd, serial_path, status_path) = self.command(index);
-        let before = stats.then(read_kvm_stats).flatten();
-        let finished = match run_timed(
-            cmd,
-            self.limit,
-            ErrMode::Capture,
-            sample.then_some(self.ram_bytes),
-        ) {
+        let watch = Watch {
+            ram: sample.then_some(self.ram_bytes),
+            kvm: stats,
+        };
+        let finished = match run_timed(cmd, self.limit, ErrMode::Capture, watch) {
             Ok(f) => f,
             Err(e) => {
                 return (
@@ -839,13 +897,12 @@ impl QemuRun<'_> {
                 )
             }
         };
-        let after = stats.then(read_kvm_stats).flatten();
         let serial = fs::read(&serial_path).unwrap_or_default();
         let status = fs::read(&status_path).unwrap_or_default();
         let mut r = RunResult {
             wall_ms: ms(finished.wall),
             guest_status: (status.len() == 1).then(|| status[0]),
-            kvm: stats_delta(&before, &after),
+            kvm: finished.kvm.clone(),
             output: Some(fnv1a(&serial)),
             output_bytes: Some(serial.len() as u64),
             ..RunResult::default()
@@ -1224,8 +1281,9 @@ fn helper_session_inner(
             let plan = QemuPlan {
                 bin: hostvm::payload_path(&format!("qemu/bin/{QEMU_BIN}")).into(),
                 lib_dir: Some(lib_dir),
-                // The worker uses it only if QEMU's PT_INTERP is missing in L1 (it is there
-                // when detvisor itself is dynamically linked: the launcher ships it).
+                // The worker uses the loader only if QEMU's PT_INTERP is missing in L1 (it is
+                // there when detvisor itself is dynamically linked: the launcher ships it).
+                interp: q.interp.clone(),
                 loader,
                 firmware_dir: Some(hostvm::payload_path("qemu/share").into()),
             };
@@ -1282,7 +1340,7 @@ fn helper_session_inner(
         session.payload_file_bytes >> 20,
         limit.as_secs()
     );
-    let finished = run_timed(cmd, limit, ErrMode::Tee, None)?;
+    let finished = run_timed(cmd, limit, ErrMode::Tee, Watch::default())?;
     session.total_ms = ms(finished.wall);
     let ready = finished
         .lines
@@ -1329,6 +1387,7 @@ fn tcg_baseline(
         Ok(q) => QemuPlan {
             bin: q.bin.clone(),
             lib_dir: None,
+            interp: None,
             loader: None,
             firmware_dir: None,
         },
@@ -1398,7 +1457,7 @@ fn end_to_end(args: &BootArgs) -> SystemResult {
     sys.command = command_words(&make());
     let n = args.runs;
     for i in 1..=n {
-        let r = match run_timed(make(), limit, ErrMode::Capture, None) {
+        let r = match run_timed(make(), limit, ErrMode::Capture, Watch::default()) {
             Ok(f) => detvisor_result(&f, limit, "detvisor run"),
             Err(e) => RunResult {
                 error: Some(format!("{e:#}")),
@@ -1464,6 +1523,7 @@ struct Summary {
     memory: Option<MemoryPeak>,
     memory_error: Option<String>,
     error: Option<String>,
+    skipped: Option<String>,
     failures: Vec<String>,
     command: Vec<String>,
 }
@@ -1519,6 +1579,7 @@ fn summarize(name: &str, place: &str, sys: &SystemResult) -> Summary {
         memory: sys.memory.clone(),
         memory_error: sys.memory_error.clone(),
         error,
+        skipped: sys.skipped.clone(),
         failures: sys
             .runs
             .iter()
@@ -1644,6 +1705,7 @@ fn orchestrate(args: &BootArgs) -> Result<u8> {
             qemu: qemu.as_ref().ok().map(|q| QemuPlan {
                 bin: q.bin.clone(),
                 lib_dir: None,
+                interp: None,
                 loader: None,
                 firmware_dir: None,
             }),
@@ -1673,7 +1735,7 @@ fn orchestrate(args: &BootArgs) -> Result<u8> {
         end_to_end(args)
     } else if use_helper {
         SystemResult {
-            error: Some("skipped (--no-end-to-end)".into()),
+            skipped: Some("--no-end-to-end".into()),
             ..SystemResult::default()
         }
     } else {
@@ -1700,7 +1762,7 @@ fn orchestrate(args: &BootArgs) -> Result<u8> {
     };
     let all_ok = [&detvisor, &qemu_kvm, &qemu_tcg, &detvisor_e2e]
         .iter()
-        .all(|s| s.error.is_none() && s.ok_runs == s.runs)
+        .all(|s| s.skipped.is_some() || (s.error.is_none() && s.ok_runs == s.runs))
         && session_error.is_none();
     let report = BenchReport {
         benchmark: "boot",
@@ -1781,6 +1843,10 @@ fn print_report(r: &BenchReport) -> Result<()> {
         &r.qemu_tcg_icount,
         &r.detvisor_end_to_end,
     ] {
+        if let Some(why) = &s.skipped {
+            writeln!(o, "{:<26} {:<24} skipped ({why})", s.name, s.place)?;
+            continue;
+        }
         writeln!(
             o,
             "{:<26} {:<24} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
@@ -1815,13 +1881,15 @@ fn print_report(r: &BenchReport) -> Result<()> {
     }
     writeln!(o)?;
     let d = &r.detvisor;
-    if let Some(w) = d.inner_wall_ms {
+    if let (Some(w), Some(setup), Some(finish)) =
+        (d.inner_wall_ms, d.inner_setup_ms, d.inner_finish_ms)
+    {
         writeln!(
             o,
-            "detvisor inside: vm::run {w} ms (setup {} + guest + final hashing {}); the rest of \
-             the {} ms is process start, image loading and exit",
-            opt_count(d.inner_setup_ms),
-            opt_count(d.inner_finish_ms),
+            "detvisor's own phases (its JSON, medians): vm::run {w} ms = setup {setup} + guest \
+             {} + final hashing {finish}; the rest of its {} ms is process start, reading the \
+             kernel and initrd, and exit",
+            w.saturating_sub(setup + finish),
             opt_ms(d.median_ms)
         )?;
     }
@@ -1838,26 +1906,26 @@ fn print_report(r: &BenchReport) -> Result<()> {
     }
     writeln!(o, "\nratios of median wall times:")?;
     let place = &r.placement;
-    writeln!(
-        o,
-        "  detvisor / QEMU-KVM (both in the {place}):              {}",
-        opt_ratio(r.ratios.detvisor_over_qemu_kvm)
-    )?;
-    writeln!(
-        o,
-        "  detvisor end to end / QEMU TCG icount (host):         {}",
-        opt_ratio(r.ratios.detvisor_end_to_end_over_qemu_tcg_icount)
-    )?;
-    writeln!(
-        o,
-        "  detvisor process ({place}) / QEMU TCG icount (host):  {}",
-        opt_ratio(r.ratios.detvisor_process_over_qemu_tcg_icount)
-    )?;
-    writeln!(
-        o,
-        "  detvisor vm::run only / QEMU TCG icount (host):       {}",
-        opt_ratio(r.ratios.detvisor_vm_run_over_qemu_tcg_icount)
-    )?;
+    for (label, value) in [
+        (
+            format!("detvisor / QEMU-KVM (both in the {place})"),
+            r.ratios.detvisor_over_qemu_kvm,
+        ),
+        (
+            "detvisor end to end (host) / QEMU TCG icount (host)".to_string(),
+            r.ratios.detvisor_end_to_end_over_qemu_tcg_icount,
+        ),
+        (
+            format!("detvisor process ({place}) / QEMU TCG icount (host)"),
+            r.ratios.detvisor_process_over_qemu_tcg_icount,
+        ),
+        (
+            format!("detvisor vm::run only ({place}) / QEMU TCG icount (host)"),
+            r.ratios.detvisor_vm_run_over_qemu_tcg_icount,
+        ),
+    ] {
+        writeln!(o, "  {label:<62} {}", opt_ratio(value))?;
+    }
     writeln!(o, "\nsame output in every run:")?;
     for s in [&r.detvisor, &r.qemu_kvm, &r.qemu_tcg_icount] {
         let what = if s.vmm_exits.is_some() {
@@ -2017,7 +2085,13 @@ Rss:                1024 kB
     fn timed_process_is_killed_at_its_limit() {
         let mut cmd = Command::new("sleep");
         cmd.arg("30");
-        let f = run_timed(cmd, Duration::from_millis(200), ErrMode::Capture, None).unwrap();
+        let f = run_timed(
+            cmd,
+            Duration::from_millis(200),
+            ErrMode::Capture,
+            Watch::default(),
+        )
+        .unwrap();
         assert!(f.timed_out);
         assert!(f.wall < Duration::from_secs(10));
         let mut cmd = Command::new("sh");
@@ -2026,7 +2100,10 @@ Rss:                1024 kB
             cmd,
             Duration::from_secs(30),
             ErrMode::Capture,
-            Some(1 << 20),
+            Watch {
+                ram: Some(1 << 20),
+                kvm: true,
+            },
         )
         .unwrap();
         assert!(!f.timed_out);

@@ -10,6 +10,7 @@ pub mod exit;
 mod kvm_util;
 pub mod probe;
 pub mod record;
+pub mod vcpu_state;
 pub mod vm;
 
 pub use devices::VirtNanos;

@@ -446,94 +446,141 @@ fn feed_console_input(machine: &mut Machine, input: &ConsoleInput, halted: bool)
     }
 }
 
-/// Boots and runs a guest to completion.
-pub fn run(
-    config: &VmConfig,
-    console: Box<dyn Write + Send>,
+/// A booted guest and everything needed to run it one exit at a time.
+pub struct Session {
+    vm: Vm,
+    machine: Machine,
+    recorder: Recorder,
+    console: Arc<Mutex<ConsoleCapture>>,
     input: Option<ConsoleInput>,
-) -> Result<RunOutcome, VmError> {
-    if !(boot::MIN_RAM..=boot::MAX_RAM).contains(&config.ram_bytes) {
-        return Err(BootError::RamSize(config.ram_bytes).into());
+    injected_total: u64,
+    started: Instant,
+    wall_setup: Duration,
+}
+
+impl Session {
+    /// Loads the kernel and boot data, creates the VM, and stops before the first instruction.
+    pub fn boot(
+        config: &VmConfig,
+        console: Box<dyn Write + Send>,
+        input: Option<ConsoleInput>,
+    ) -> Result<Session, VmError> {
+        if !(boot::MIN_RAM..=boot::MAX_RAM).contains(&config.ram_bytes) {
+            return Err(BootError::RamSize(config.ram_bytes).into());
+        }
+        let started = Instant::now();
+        let memory =
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), config.ram_bytes as usize)])
+                .map_err(|e| VmError::Memory {
+                    bytes: config.ram_bytes,
+                    reason: e.to_string(),
+                })?;
+        // Bad input (not a kernel, an initrd too large) is found before KVM is touched.
+        let kernel = boot::load_kernel(&memory, &config.kernel)?;
+        let mut rng_seed = [0u8; boot::RNG_SEED_LEN];
+        EntropyStream::new(config.seed, stream::KERNEL_RNG_SEED).fill(&mut rng_seed);
+        boot::write_boot_data(
+            &memory,
+            &kernel,
+            &BootInputs {
+                ram: config.ram_bytes,
+                cmdline: &config.cmdline,
+                initrd: &config.initrd,
+                rng_seed,
+            },
+        )?;
+        let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        let vm = create_vm(&kvm, memory)?;
+        let sregs = vm.vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
+        vm.vcpu
+            .set_sregs(&boot::initial_sregs(sregs))
+            .map_err(kvm_err("KVM_SET_SREGS"))?;
+        vm.vcpu
+            .set_regs(&boot::initial_regs(kernel.entry))
+            .map_err(kvm_err("KVM_SET_REGS"))?;
+        let fpu = kvm_bindings::kvm_fpu {
+            fcw: 0x37f,
+            mxcsr: 0x1f80,
+            ..Default::default()
+        };
+        vm.vcpu.set_fpu(&fpu).map_err(kvm_err("KVM_SET_FPU"))?;
+
+        let console = Arc::new(Mutex::new(ConsoleCapture {
+            out: console,
+            hash: blake3::Hasher::new(),
+            bytes: 0,
+        }));
+        let devices = Devices::new(
+            DevicesConfig {
+                rtc_epoch_unix_secs: config.rtc_epoch_unix_secs,
+            },
+            Box::new(ConsoleSink {
+                shared: console.clone(),
+            }),
+        );
+        let mut machine = Machine::new(devices, config.until);
+        machine.set_perturbation(config.perturbation);
+        Ok(Session {
+            vm,
+            machine,
+            recorder: Recorder::new(config.record),
+            console,
+            input,
+            injected_total: 0,
+            wall_setup: started.elapsed(),
+            started,
+        })
     }
-    let started = Instant::now();
-    let memory =
-        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), config.ram_bytes as usize)])
-            .map_err(|e| VmError::Memory {
-                bytes: config.ram_bytes,
-                reason: e.to_string(),
-            })?;
-    // Bad input (not a kernel, an initrd too large) is found before KVM is touched.
-    let kernel = boot::load_kernel(&memory, &config.kernel)?;
-    let mut rng_seed = [0u8; boot::RNG_SEED_LEN];
-    EntropyStream::new(config.seed, stream::KERNEL_RNG_SEED).fill(&mut rng_seed);
-    boot::write_boot_data(
-        &memory,
-        &kernel,
-        &BootInputs {
-            ram: config.ram_bytes,
-            cmdline: &config.cmdline,
-            initrd: &config.initrd,
-            rng_seed,
-        },
-    )?;
-    let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
-    let mut vm = create_vm(&kvm, memory)?;
-    let sregs = vm.vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
-    vm.vcpu
-        .set_sregs(&boot::initial_sregs(sregs))
-        .map_err(kvm_err("KVM_SET_SREGS"))?;
-    vm.vcpu
-        .set_regs(&boot::initial_regs(kernel.entry))
-        .map_err(kvm_err("KVM_SET_REGS"))?;
-    let fpu = kvm_bindings::kvm_fpu {
-        fcw: 0x37f,
-        mxcsr: 0x1f80,
-        ..Default::default()
-    };
-    vm.vcpu.set_fpu(&fpu).map_err(kvm_err("KVM_SET_FPU"))?;
 
-    let console_capture = Arc::new(Mutex::new(ConsoleCapture {
-        out: console,
-        hash: blake3::Hasher::new(),
-        bytes: 0,
-    }));
-    let devices = Devices::new(
-        DevicesConfig {
-            rtc_epoch_unix_secs: config.rtc_epoch_unix_secs,
-        },
-        Box::new(ConsoleSink {
-            shared: console_capture.clone(),
-        }),
-    );
-    let mut machine = Machine::new(devices, config.until);
-    machine.set_perturbation(config.perturbation);
-    let mut recorder = Recorder::new(config.record);
-    let wall_setup = started.elapsed();
-    let mut injected_total = 0u64;
-    let mut injected_now = NO_VECTOR;
-
-    let stop = loop {
+    /// Enters the guest once and handles the exit it comes back with.
+    fn step(&mut self) -> Result<ExitAction, VmError> {
         let (exit, action) = {
-            let run_result = vm.vcpu.run();
-            let (exit, slot) = match run_result {
+            let (exit, slot) = match self.vm.vcpu.run() {
                 Ok(vcpu_exit) => convert_exit(vcpu_exit),
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     (Exit::Interrupted, ResponseSlot::None)
                 }
                 Err(e) => return Err(kvm_err("KVM_RUN")(e)),
             };
-            if let Some(input) = &input {
-                feed_console_input(&mut machine, input, exit == Exit::Hlt);
+            if let Some(input) = &self.input {
+                feed_console_input(&mut self.machine, input, exit == Exit::Hlt);
             }
-            let action = machine.handle_exit(&exit);
+            let action = self.machine.handle_exit(&exit);
             if let ExitAction::Resume(completion) = &action {
                 complete(slot, completion);
             }
             (exit, action)
         };
-        let regs = vm.vcpu.sync_regs().regs;
-        let index = machine.exits() - 1;
-        let data = match (&exit, &action) {
+        let injected = match action {
+            ExitAction::Resume(_) => self.decide_interrupt()?,
+            ExitAction::Stop(_) => NO_VECTOR,
+        };
+        self.record(&exit, &action, injected);
+        Ok(action)
+    }
+
+    /// Injects a pending interrupt if the guest can take it, else asks KVM
+    /// for an exit as soon as it can. Returns the injected vector or NO_VECTOR.
+    fn decide_interrupt(&mut self) -> Result<u16, VmError> {
+        let run = self.vm.vcpu.get_kvm_run();
+        let ready = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
+        let (window, injected) = match self.machine.interrupt_action(ready) {
+            InterruptAction::Inject(vector) => {
+                kvm_util::inject_interrupt(&self.vm.vcpu, vector).map_err(VmError::Inject)?;
+                self.injected_total += 1;
+                (0, u16::from(vector))
+            }
+            InterruptAction::RequestWindow => (1, NO_VECTOR),
+            InterruptAction::None => (0, NO_VECTOR),
+        };
+        self.vm.vcpu.get_kvm_run().request_interrupt_window = window;
+        Ok(injected)
+    }
+
+    fn record(&mut self, exit: &Exit, action: &ExitAction, injected: u16) {
+        let regs = self.vm.vcpu.sync_regs().regs;
+        let index = self.machine.exits() - 1;
+        let data = match (exit, action) {
             (Exit::IoOut { data, .. } | Exit::MmioWrite { data, .. }, _) => *data,
             (_, ExitAction::Resume(Completion::Data(data))) => *data,
             (Exit::WrMsr { value, .. }, _) => AccessData::new(&value.to_le_bytes()),
@@ -542,78 +589,80 @@ pub fn run(
             }
             _ => AccessData::default(),
         };
-        // Interrupt decision for the next entry; recorded with this exit.
-        if let ExitAction::Resume(_) = action {
-            let run = vm.vcpu.get_kvm_run();
-            let ready = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
-            match machine.interrupt_action(ready) {
-                InterruptAction::Inject(vector) => {
-                    kvm_util::inject_interrupt(&vm.vcpu, vector).map_err(VmError::Inject)?;
-                    vm.vcpu.get_kvm_run().request_interrupt_window = 0;
-                    injected_now = u16::from(vector);
-                    injected_total += 1;
-                }
-                InterruptAction::RequestWindow => {
-                    vm.vcpu.get_kvm_run().request_interrupt_window = 1;
-                }
-                InterruptAction::None => {
-                    vm.vcpu.get_kvm_run().request_interrupt_window = 0;
-                }
-            }
-        }
-        let device_hash = if recorder.wants_device_hash(index) {
-            devices_hash(&machine.devices)
+        let device_hash = if self.recorder.wants_device_hash(index) {
+            devices_hash(&self.machine.devices)
         } else {
             NO_HASH
         };
-        let memory_hash = if recorder.wants_memory_hash(index) {
-            memory_hash(&vm.memory)
+        let memory_hash = if self.recorder.wants_memory_hash(index) {
+            memory_hash(&self.vm.memory)
         } else {
             NO_HASH
         };
-        recorder.push(ExitRecord {
+        self.recorder.push(ExitRecord {
             index,
-            time: machine.now(),
+            time: self.machine.now(),
             kind: exit.kind(),
             address: exit.address(),
             data: data.as_u64(),
             size: data.len() as u8,
             rip: regs.rip,
             regs_hash: regs_hash(&regs),
-            injected: injected_now,
+            injected,
             device_hash,
             memory_hash,
         });
-        injected_now = NO_VECTOR;
-        if let ExitAction::Stop(reason) = action {
-            break reason;
-        }
-    };
+    }
 
-    let finishing = Instant::now();
-    let (final_memory, guest_resident_bytes) = memory_hash_and_residency(&vm.memory);
-    let final_devices = devices_hash(&machine.devices);
-    let (console_hash, console_bytes) = {
-        let mut capture = console_capture.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = capture.out.flush();
-        (*capture.hash.finalize().as_bytes(), capture.bytes)
-    };
-    let exits = recorder.count();
-    let exits_by_kind = recorder.counts_by_kind();
-    let (digest, records) = recorder.finish(final_memory, final_devices, console_hash);
-    Ok(RunOutcome {
-        stop,
-        virtual_time: machine.now(),
-        exits,
-        exits_by_kind,
-        injected_interrupts: injected_total,
-        wall: started.elapsed(),
-        wall_setup,
-        wall_finish: finishing.elapsed(),
-        digest,
-        console_bytes,
-        unhandled_accesses: machine.devices.unhandled_accesses(),
-        guest_resident_bytes,
-        records,
-    })
+    /// Runs until the guest stops.
+    pub fn run_to_end(&mut self) -> Result<StopReason, VmError> {
+        loop {
+            if let ExitAction::Stop(reason) = self.step()? {
+                return Ok(reason);
+            }
+        }
+    }
+
+    /// Hashes the final state and reports the run.
+    pub fn finish(self, stop: StopReason) -> RunOutcome {
+        let finishing = Instant::now();
+        let (final_memory, guest_resident_bytes) = memory_hash_and_residency(&self.vm.memory);
+        let final_devices = devices_hash(&self.machine.devices);
+        let (console_hash, console_bytes) = {
+            let mut capture = self.console.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = capture.out.flush();
+            (*capture.hash.finalize().as_bytes(), capture.bytes)
+        };
+        let exits = self.recorder.count();
+        let exits_by_kind = self.recorder.counts_by_kind();
+        let (digest, records) = self
+            .recorder
+            .finish(final_memory, final_devices, console_hash);
+        RunOutcome {
+            stop,
+            virtual_time: self.machine.now(),
+            exits,
+            exits_by_kind,
+            injected_interrupts: self.injected_total,
+            wall: self.started.elapsed(),
+            wall_setup: self.wall_setup,
+            wall_finish: finishing.elapsed(),
+            digest,
+            console_bytes,
+            unhandled_accesses: self.machine.devices.unhandled_accesses(),
+            guest_resident_bytes,
+            records,
+        }
+    }
+}
+
+/// Boots and runs a guest to completion.
+pub fn run(
+    config: &VmConfig,
+    console: Box<dyn Write + Send>,
+    input: Option<ConsoleInput>,
+) -> Result<RunOutcome, VmError> {
+    let mut session = Session::boot(config, console, input)?;
+    let stop = session.run_to_end()?;
+    Ok(session.finish(stop))
 }

@@ -1,0 +1,129 @@
+//! Virtio devices on the virtio-mmio transport, virtio 1.x ("modern") only.
+//!
+//! [`VirtioMmioTransport`] is the register file the guest sees (spec 4.2.2):
+//! feature negotiation, the device status state machine, queue
+//! configuration, notifications and the interrupt status. A backend
+//! implementing [`VirtioDevice`] does the device-specific work on the
+//! queues the transport hands it; [`VirtioRng`] and [`VirtioConsole`] are
+//! the first two.
+//!
+//! Everything the guest supplies (queue sizes, ring addresses, descriptor
+//! chains, indexes, status values) is checked. A driver that breaks the
+//! rules gets its device marked broken: DEVICE_NEEDS_RESET is set, a
+//! configuration-change interrupt is raised (spec 2.1.2) and the device
+//! processes nothing more until the driver resets it. Guest memory is only
+//! touched inside ranges checked against the guest's memory map.
+//!
+//! Queue work happens synchronously, at points the VMM chooses
+//! deterministically: inside the MMIO write of QueueNotify (or of the
+//! status write that sets DRIVER_OK), or when the VMM itself asks a device
+//! to deliver input.
+
+pub mod console;
+pub mod mmio;
+pub mod queue;
+pub mod rng;
+
+pub use console::{VirtioConsole, VirtioConsoleState};
+pub use mmio::{VirtioMmioState, VirtioMmioTransport};
+pub use queue::{BufferSegment, DescriptorChain, Virtqueue, VirtqueueState};
+pub use rng::{VirtioRng, VirtioRngState};
+
+use crate::time::VirtNanos;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use vm_memory::GuestMemoryMmap;
+
+/// A device backend behind the virtio-mmio transport.
+///
+/// The transport owns the queues and the negotiation; the backend only sees
+/// a queue when there is work on it. Backends must be deterministic: the
+/// same calls with the same guest memory produce the same results.
+pub trait VirtioDevice {
+    /// The virtio device ID (spec 5): 3 for a console, 4 for an entropy source.
+    fn device_id(&self) -> u32;
+
+    /// Device-specific feature bits offered to the driver. The transport
+    /// adds VIRTIO_F_VERSION_1 itself.
+    fn device_features(&self) -> u64;
+
+    /// The maximum size of each queue, in queue order; its length is the
+    /// number of queues. Every size must be a power of two, at most 32768.
+    fn queue_max_sizes(&self) -> &'static [u16];
+
+    /// Reads device configuration space at `offset`; bytes beyond the
+    /// configuration space read as zero.
+    fn read_config(&self, offset: u64, data: &mut [u8]);
+
+    /// Writes device configuration space; writes to read-only or absent
+    /// fields are ignored.
+    fn write_config(&mut self, offset: u64, data: &[u8]);
+
+    /// Processes the buffers the driver made available on queue
+    /// `queue_index`. An error is a driver violation: the transport then
+    /// marks the device broken.
+    fn process_queue(
+        &mut self,
+        queue_index: usize,
+        queue: &mut Virtqueue,
+        mem: &GuestMemoryMmap,
+        now: VirtNanos,
+    ) -> Result<(), QueueFault>;
+
+    /// The driver reset the device: forget what belonged to the driver.
+    fn reset(&mut self);
+}
+
+/// One of a queue's three guest-memory areas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RingPart {
+    DescriptorTable,
+    AvailRing,
+    UsedRing,
+}
+
+/// A rule of the virtio spec that the driver broke on one queue.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq, Serialize, Deserialize)]
+pub enum QueueFault {
+    #[error("queue size {size} is zero, not a power of two or above the maximum {max}")]
+    InvalidSize { size: u32, max: u16 },
+    #[error("{part:?} address {address:#x} is not aligned as the spec requires")]
+    MisalignedRing { part: RingPart, address: u64 },
+    #[error("the rings are not inside guest memory")]
+    RingOutsideMemory,
+    #[error("queue configuration written while the queue is ready")]
+    WriteWhileReady,
+    #[error("the available index moved by {distance}, more than the queue size {size}")]
+    AvailIndexJump { distance: u16, size: u16 },
+    #[error("descriptor index {index} is outside the table of {size} entries")]
+    DescriptorIndexOutOfRange { index: u16, size: u16 },
+    #[error("the descriptor chain from head {head} has more than {size} descriptors (a loop)")]
+    ChainTooLong { head: u16, size: u16 },
+    #[error("descriptor {index} refers to an indirect table, which was not negotiated")]
+    IndirectDescriptor { index: u16 },
+    #[error("descriptor {index}: buffer {address:#x}+{len:#x} wraps the address space")]
+    BufferAddressOverflow { index: u16, address: u64, len: u32 },
+    #[error("descriptor {index}: buffer {address:#x}+{len:#x} is not inside guest memory")]
+    BufferOutsideMemory { index: u16, address: u64, len: u32 },
+    #[error("the descriptor chain from head {head} is longer than 2^32 bytes in total")]
+    ChainLengthOverflow { head: u16 },
+    #[error("device-readable descriptor {index} follows a device-writable one")]
+    ReadableAfterWritable { index: u16 },
+    #[error("descriptor {index} is read-only, but the device must write into it")]
+    ReadOnlyDescriptor { index: u16 },
+    #[error("descriptor {index} is device-writable on a queue the device only reads")]
+    WritableDescriptor { index: u16 },
+    #[error("guest memory could not be accessed at {address:#x}")]
+    GuestMemory { address: u64 },
+}
+
+/// What made a device broken: the first rule the driver broke.
+#[derive(Clone, Copy, Debug, Error, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VirtioViolation {
+    #[error("queue {queue}: {fault}")]
+    Queue { queue: u16, fault: QueueFault },
+    #[error("queue {queue} does not exist")]
+    NoSuchQueue { queue: u32 },
+    #[error("status {written:#x} written after {previous:#x} is not a valid transition")]
+    InvalidStatusTransition { previous: u32, written: u32 },
+}

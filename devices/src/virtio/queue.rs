@@ -1,0 +1,426 @@
+//! One split virtqueue (spec 2.7), as the device side uses it.
+//!
+//! The ring bookkeeping (sizes, ring addresses, next_avail/next_used, the
+//! available-index check and writing used elements) is virtio-queue's
+//! [`Queue`]. Descriptor chains are walked here rather than with
+//! virtio-queue's `DescriptorChain` iterator, because that iterator ends
+//! quietly on a malformed chain (a loop, an index out of range, a length
+//! overflow) while this device must tell a well-formed chain from a broken
+//! one: every fault is reported as a [`QueueFault`], and a chain is only
+//! handed to a backend once every buffer in it lies inside guest memory.
+//!
+//! Neither VIRTIO_F_RING_EVENT_IDX nor VIRTIO_RING_F_INDIRECT_DESC is ever
+//! offered, so every used buffer is notified and an indirect descriptor is
+//! a fault.
+
+use super::{QueueFault, RingPart};
+use crate::error::DevicesError;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::Ordering;
+use virtio_queue::desc::split::Descriptor;
+use virtio_queue::{Error as QueueError, Queue, QueueOwnedT, QueueState, QueueT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+/// Size in bytes of one descriptor table entry.
+const DESCRIPTOR_SIZE: u64 = 16;
+const LOW_HALF: u64 = 0xffff_ffff;
+
+/// Saved state of one virtqueue: what the driver configured and how far
+/// both sides got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VirtqueueState {
+    pub max_size: u16,
+    pub size: u16,
+    pub ready: bool,
+    pub desc_table: u64,
+    pub avail_ring: u64,
+    pub used_ring: u64,
+    /// Index of the next available-ring entry the device will read.
+    pub next_avail: u16,
+    /// Index of the next used-ring entry the device will write.
+    pub next_used: u16,
+}
+
+/// A split virtqueue whose configuration the driver writes through the
+/// transport.
+#[derive(Debug)]
+pub struct Virtqueue {
+    queue: Queue,
+    /// Set when a used element was written; the transport takes it to raise
+    /// the used-buffer interrupt.
+    used_added: bool,
+}
+
+/// One descriptor of a validated chain. A non-empty buffer lies entirely
+/// inside guest memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferSegment {
+    /// The descriptor's index in the descriptor table.
+    pub index: u16,
+    pub address: u64,
+    pub len: u32,
+    pub device_writable: bool,
+}
+
+/// A descriptor chain that passed every check: at most queue-size
+/// descriptors, no loop, every index in range, every buffer inside guest
+/// memory, at most 2^32 - 1 bytes in total, readable buffers before
+/// writable ones.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DescriptorChain {
+    head_index: u16,
+    segments: Vec<BufferSegment>,
+}
+
+impl Virtqueue {
+    /// A queue of at most `max_size` entries; `max_size` must be a power of
+    /// two no larger than 32768.
+    pub fn new(max_size: u16) -> Result<Self, DevicesError> {
+        let queue =
+            Queue::new(max_size).map_err(|_| DevicesError::VirtqueueMaxSize { max_size })?;
+        Ok(Virtqueue {
+            queue,
+            used_added: false,
+        })
+    }
+
+    pub fn max_size(&self) -> u16 {
+        self.queue.max_size()
+    }
+
+    pub fn size(&self) -> u16 {
+        self.queue.size()
+    }
+
+    pub fn ready(&self) -> bool {
+        self.queue.ready()
+    }
+
+    pub fn next_avail(&self) -> u16 {
+        self.queue.next_avail()
+    }
+
+    pub fn next_used(&self) -> u16 {
+        self.queue.next_used()
+    }
+
+    fn check_not_ready(&self) -> Result<(), QueueFault> {
+        if self.queue.ready() {
+            // The spec lets the driver change a queue only while it is not
+            // ready; a ready queue may be mid-use.
+            return Err(QueueFault::WriteWhileReady);
+        }
+        Ok(())
+    }
+
+    /// The driver's QueueNum write.
+    pub fn set_size(&mut self, size: u32) -> Result<(), QueueFault> {
+        self.check_not_ready()?;
+        let invalid = QueueFault::InvalidSize {
+            size,
+            max: self.queue.max_size(),
+        };
+        let size = u16::try_from(size).map_err(|_| invalid)?;
+        self.queue.try_set_size(size).map_err(|_| invalid)
+    }
+
+    /// The driver's write of one 32-bit half of a ring address register.
+    /// Alignment depends on the low half only, so it is checked on each write.
+    pub fn set_address_half(
+        &mut self,
+        part: RingPart,
+        high_half: bool,
+        value: u32,
+    ) -> Result<(), QueueFault> {
+        self.check_not_ready()?;
+        let current = match part {
+            RingPart::DescriptorTable => self.queue.desc_table(),
+            RingPart::AvailRing => self.queue.avail_ring(),
+            RingPart::UsedRing => self.queue.used_ring(),
+        };
+        let address = if high_half {
+            (u64::from(value) << 32) | (current & LOW_HALF)
+        } else {
+            (current & !LOW_HALF) | u64::from(value)
+        };
+        let result = match part {
+            RingPart::DescriptorTable => self.queue.try_set_desc_table_address(GuestAddress(address)),
+            RingPart::AvailRing => self.queue.try_set_avail_ring_address(GuestAddress(address)),
+            RingPart::UsedRing => self.queue.try_set_used_ring_address(GuestAddress(address)),
+        };
+        result.map_err(|_| QueueFault::MisalignedRing { part, address })
+    }
+
+    /// The driver's QueueReady write. A queue only becomes ready if all
+    /// three rings lie inside guest memory, so that no later ring access
+    /// can leave it.
+    pub fn set_ready(&mut self, ready: bool, mem: &GuestMemoryMmap) -> Result<(), QueueFault> {
+        if !ready || self.queue.ready() {
+            self.queue.set_ready(ready);
+            return Ok(());
+        }
+        self.queue.set_ready(true);
+        if !self.rings_in_memory(mem) {
+            self.queue.set_ready(false);
+            return Err(QueueFault::RingOutsideMemory);
+        }
+        Ok(())
+    }
+
+    /// Whether the rings lie inside `mem`. virtio-queue treats an available
+    /// ring at address 0 as an unconfigured queue and refuses to use it, so
+    /// such a queue is refused here too.
+    fn rings_in_memory(&self, mem: &GuestMemoryMmap) -> bool {
+        self.queue.avail_ring() != 0 && self.queue.is_valid(mem)
+    }
+
+    /// Device reset: the queue returns to its unconfigured state.
+    pub fn reset(&mut self) {
+        self.queue.reset();
+        self.used_added = false;
+    }
+
+    /// The next chain the driver made available, checked; `None` if the
+    /// driver has made nothing more available.
+    pub fn pop(&mut self, mem: &GuestMemoryMmap) -> Result<Option<DescriptorChain>, QueueFault> {
+        let size = self.queue.size();
+        let next_avail = self.queue.next_avail();
+        // `iter` checks that the available index moved by at most the queue
+        // size; its `next` reads one ring entry, inside the ring checked at
+        // QueueReady, and advances next_avail.
+        let popped = self
+            .queue
+            .iter(mem)
+            .map(|mut available| available.next().map(|chain| chain.head_index()));
+        let head = match popped {
+            Ok(Some(head)) => head,
+            Ok(None) => return Ok(None),
+            Err(QueueError::InvalidAvailRingIndex) => {
+                let avail_idx = self
+                    .queue
+                    .avail_idx(mem, Ordering::Acquire)
+                    .map_or(next_avail, |idx| idx.0);
+                return Err(QueueFault::AvailIndexJump {
+                    distance: avail_idx.wrapping_sub(next_avail),
+                    size,
+                });
+            }
+            Err(_) => return Err(QueueFault::RingOutsideMemory),
+        };
+        self.walk_chain(mem, head).map(Some)
+    }
+
+    fn walk_chain(&self, mem: &GuestMemoryMmap, head: u16) -> Result<DescriptorChain, QueueFault> {
+        let size = self.queue.size();
+        let table = self.queue.desc_table();
+        let mut segments = Vec::new();
+        let mut index = head;
+        let mut total_len: u32 = 0;
+        let mut seen_writable = false;
+        // A well-formed chain has at most `size` descriptors; a chain still
+        // going after that many revisits one, so this bound also ends loops.
+        for _ in 0..size {
+            if index >= size {
+                return Err(QueueFault::DescriptorIndexOutOfRange { index, size });
+            }
+            // Inside the table checked at QueueReady (index < size), so the
+            // sum cannot wrap; checked all the same rather than trusted.
+            let entry = table
+                .checked_add(u64::from(index) * DESCRIPTOR_SIZE)
+                .ok_or(QueueFault::GuestMemory { address: table })?;
+            let descriptor: Descriptor = mem
+                .read_obj(GuestAddress(entry))
+                .map_err(|_| QueueFault::GuestMemory { address: entry })?;
+            if descriptor.refers_to_indirect_table() {
+                return Err(QueueFault::IndirectDescriptor { index });
+            }
+            let len = descriptor.len();
+            let address = descriptor.addr().0;
+            // The spec caps a chain at 2^32 bytes; the used ring's length is 32 bits.
+            total_len = total_len
+                .checked_add(len)
+                .ok_or(QueueFault::ChainLengthOverflow { head })?;
+            // An empty buffer is never accessed, so its address does not matter.
+            if len > 0 {
+                if address.checked_add(u64::from(len)).is_none() {
+                    return Err(QueueFault::BufferAddressOverflow { index, address, len });
+                }
+                if !GuestMemoryBackend::check_range(mem, GuestAddress(address), len as usize) {
+                    return Err(QueueFault::BufferOutsideMemory { index, address, len });
+                }
+            }
+            let device_writable = descriptor.is_write_only();
+            if device_writable {
+                seen_writable = true;
+            } else if seen_writable {
+                // Spec 2.7.4.2: device-readable buffers come first.
+                return Err(QueueFault::ReadableAfterWritable { index });
+            }
+            segments.push(BufferSegment {
+                index,
+                address,
+                len,
+                device_writable,
+            });
+            if !descriptor.has_next() {
+                return Ok(DescriptorChain {
+                    head_index: head,
+                    segments,
+                });
+            }
+            index = descriptor.next();
+        }
+        Err(QueueFault::ChainTooLong { head, size })
+    }
+
+    /// Returns a chain to the driver, `len` bytes of it written by the device.
+    pub fn add_used(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        head_index: u16,
+        len: u32,
+    ) -> Result<(), QueueFault> {
+        // Cannot fail for a head `pop` returned: the used ring was checked
+        // at QueueReady and the head is below the queue size.
+        self.queue
+            .add_used(mem, head_index, len)
+            .map_err(|_| QueueFault::GuestMemory {
+                address: self.queue.used_ring(),
+            })?;
+        self.used_added = true;
+        Ok(())
+    }
+
+    /// Whether used elements were written since the last call.
+    pub fn take_used_added(&mut self) -> bool {
+        std::mem::take(&mut self.used_added)
+    }
+
+    pub fn state(&self) -> VirtqueueState {
+        let state = self.queue.state();
+        VirtqueueState {
+            max_size: state.max_size,
+            size: state.size,
+            ready: state.ready,
+            desc_table: state.desc_table,
+            avail_ring: state.avail_ring,
+            used_ring: state.used_ring,
+            next_avail: state.next_avail,
+            next_used: state.next_used,
+        }
+    }
+
+    /// A queue from a saved state, checked as the driver's writes would
+    /// have been: a valid size, aligned rings, and rings inside `mem` if ready.
+    pub fn from_state(state: &VirtqueueState, mem: &GuestMemoryMmap) -> Result<Self, DevicesError> {
+        let invalid = |reason: String| DevicesError::VirtqueueState { reason };
+        let queue = Queue::try_from(QueueState {
+            max_size: state.max_size,
+            next_avail: state.next_avail,
+            next_used: state.next_used,
+            event_idx_enabled: false,
+            size: state.size,
+            ready: state.ready,
+            desc_table: state.desc_table,
+            avail_ring: state.avail_ring,
+            used_ring: state.used_ring,
+        })
+        .map_err(|e| invalid(e.to_string()))?;
+        let restored = Virtqueue {
+            queue,
+            used_added: false,
+        };
+        if restored.ready() && !restored.rings_in_memory(mem) {
+            return Err(invalid("a ready queue's rings are not inside guest memory".into()));
+        }
+        Ok(restored)
+    }
+}
+
+impl DescriptorChain {
+    pub fn head_index(&self) -> u16 {
+        self.head_index
+    }
+
+    pub fn segments(&self) -> &[BufferSegment] {
+        &self.segments
+    }
+
+    /// Fails unless every buffer is device-writable (receive-type queues).
+    pub fn require_device_writable(&self) -> Result<(), QueueFault> {
+        match self.segments.iter().find(|s| !s.device_writable) {
+            Some(segment) => Err(QueueFault::ReadOnlyDescriptor {
+                index: segment.index,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails unless every buffer is device-readable (transmit-type queues).
+    pub fn require_device_readable(&self) -> Result<(), QueueFault> {
+        match self.segments.iter().find(|s| s.device_writable) {
+            Some(segment) => Err(QueueFault::WritableDescriptor {
+                index: segment.index,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Total bytes of the device-writable buffers (below 2^32 by validation).
+    pub fn writable_len(&self) -> u32 {
+        self.segments
+            .iter()
+            .filter(|s| s.device_writable)
+            .map(|s| s.len)
+            .sum()
+    }
+
+    /// Total bytes of the device-readable buffers (below 2^32 by validation).
+    pub fn readable_len(&self) -> u32 {
+        self.segments
+            .iter()
+            .filter(|s| !s.device_writable)
+            .map(|s| s.len)
+            .sum()
+    }
+
+    /// The first `limit` bytes (at most) of the device-readable buffers, in
+    /// chain order.
+    pub fn read_readable(&self, mem: &GuestMemoryMmap, limit: usize) -> Result<Vec<u8>, QueueFault> {
+        let mut bytes = Vec::new();
+        for segment in self.segments.iter().filter(|s| !s.device_writable) {
+            let room = limit - bytes.len();
+            if room == 0 {
+                break;
+            }
+            let take = room.min(segment.len as usize);
+            let start = bytes.len();
+            bytes.resize(start + take, 0);
+            mem.read_slice(&mut bytes[start..], GuestAddress(segment.address))
+                .map_err(|_| QueueFault::GuestMemory {
+                    address: segment.address,
+                })?;
+        }
+        Ok(bytes)
+    }
+
+    /// Writes `bytes` into the device-writable buffers in chain order, as
+    /// far as they reach; returns how many bytes were written.
+    pub fn write_writable(&self, mem: &GuestMemoryMmap, bytes: &[u8]) -> Result<u32, QueueFault> {
+        let mut written = 0usize;
+        for segment in self.segments.iter().filter(|s| s.device_writable) {
+            let rest = &bytes[written..];
+            if rest.is_empty() {
+                break;
+            }
+            let take = rest.len().min(segment.len as usize);
+            mem.write_slice(&rest[..take], GuestAddress(segment.address))
+                .map_err(|_| QueueFault::GuestMemory {
+                    address: segment.address,
+                })?;
+            written += take;
+        }
+        // At most writable_len(), which fits in u32.
+        Ok(u32::try_from(written).unwrap_or(u32::MAX))
+    }
+}

@@ -1,0 +1,211 @@
+//! The one error type of the crate.
+
+use std::io;
+use std::path::PathBuf;
+
+/// What went wrong while reading an OCI layout, flattening its layers or writing the initramfs.
+///
+/// Every variant names the offending thing: the file (JSON, blob), the layer digest and the tar
+/// entry path, the expected and actual digest, the limit that was exceeded. For changes made
+/// through the [`crate::RootFs`] API (not from a layer), `layer` is [`crate::CALLER`].
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// The `DIR[:TAG]` string could not be parsed.
+    #[error("invalid OCI image reference {reference:?}: {reason}")]
+    InvalidReference { reference: String, reason: String },
+
+    /// The directory is not an OCI image layout (`oci-layout` missing or of an unknown version).
+    #[error("{}: not an OCI image layout: {reason}", path.display())]
+    NotAnOciLayout { path: PathBuf, reason: String },
+
+    /// A file of the layout could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    /// `index.json`, a manifest, an index or a config blob is not valid JSON of its schema.
+    #[error("bad JSON in {}: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A descriptor points at a blob that is not in `blobs/`.
+    #[error("blob {digest} is missing: {} does not exist", path.display())]
+    MissingBlob { digest: String, path: PathBuf },
+
+    /// A blob's size differs from the size its descriptor declares.
+    #[error("blob {}: size mismatch: the descriptor says {expected} bytes, the file has {actual}", path.display())]
+    SizeMismatch {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+
+    /// A blob's content does not hash to the digest its descriptor (and file name) declares.
+    #[error("blob {}: digest mismatch: expected {expected}, actual {actual}", path.display())]
+    DigestMismatch {
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+
+    /// The uncompressed layer stream does not hash to the config's `rootfs.diff_ids` entry.
+    #[error("layer {layer}: uncompressed content digest mismatch: the config's diff_id is {expected}, actual {actual}")]
+    DiffIdMismatch {
+        layer: String,
+        expected: String,
+        actual: String,
+    },
+
+    /// A digest with an algorithm other than sha256/sha384/sha512, or malformed.
+    #[error("unsupported or malformed digest {digest:?} (sha256, sha384 and sha512 are supported)")]
+    UnsupportedDigest { digest: String },
+
+    /// A manifest, index, config or layer descriptor has a media type this crate does not handle.
+    #[error("unknown media type {media_type:?} for {what}")]
+    UnknownMediaType { media_type: String, what: String },
+
+    /// No manifest in `index.json` carries the requested tag.
+    #[error("no image tagged {tag:?} in {}; available tags: {}", layout.display(), list(available))]
+    TagNotFound {
+        layout: PathBuf,
+        tag: String,
+        available: Vec<String>,
+    },
+
+    /// No tag was given but `index.json` lists several images (not just platform variants).
+    #[error("{} holds {count} images; choose one with DIR:TAG (available tags: {})", layout.display(), list(available))]
+    AmbiguousImage {
+        layout: PathBuf,
+        count: usize,
+        available: Vec<String>,
+    },
+
+    /// An index lists several manifests but none for the wanted platform.
+    #[error("no manifest for platform {wanted} in {what}; available platforms: {}", list(available))]
+    PlatformNotFound {
+        wanted: String,
+        what: String,
+        available: Vec<String>,
+    },
+
+    /// The selected image's config declares another platform.
+    #[error("the image is built for {actual}, but {wanted} is needed")]
+    WrongPlatform { wanted: String, actual: String },
+
+    /// Indexes nested deeper than the crate follows.
+    #[error("image indexes nested more than {0} levels deep")]
+    IndexTooDeep(usize),
+
+    /// A blob, layer stream, file or the whole tree exceeds a configured limit.
+    #[error("layer {layer}: {what} {}of {size} bytes exceeds the limit of {limit} bytes", entry.as_deref().map(|e| format!("{e:?} ")).unwrap_or_default())]
+    TooLarge {
+        layer: String,
+        entry: Option<String>,
+        what: &'static str,
+        size: u64,
+        limit: u64,
+    },
+
+    /// A tar entry's path leaves the image root (`../../etc/passwd`, `/a/../../x`).
+    #[error("layer {layer}: entry {entry:?} escapes the image root")]
+    PathTraversal { layer: String, entry: String },
+
+    /// Following a symlink on an entry's parent path would leave the image root.
+    #[error("layer {layer}: entry {entry:?}: its parent path goes through symlink {symlink:?} -> {target:?}, which leads outside the image root")]
+    SymlinkEscape {
+        layer: String,
+        entry: String,
+        symlink: String,
+        target: String,
+    },
+
+    /// More than 40 symlinks on an entry's parent path (a loop).
+    #[error("layer {layer}: entry {entry:?}: too many levels of symbolic links (at {symlink:?})")]
+    SymlinkLoop {
+        layer: String,
+        entry: String,
+        symlink: String,
+    },
+
+    /// An entry's parent path goes through a symlink whose target does not exist in the tree.
+    #[error("layer {layer}: entry {entry:?}: its parent path goes through a dangling symlink ({path:?} does not exist)")]
+    DanglingSymlink {
+        layer: String,
+        entry: String,
+        path: String,
+    },
+
+    /// An entry's parent path goes through something that is not a directory.
+    #[error("layer {layer}: entry {entry:?}: {path:?} is not a directory")]
+    NotADirectory {
+        layer: String,
+        entry: String,
+        path: String,
+    },
+
+    /// A hardlink's target leaves the image root.
+    #[error("layer {layer}: hardlink {entry:?} -> {target:?} points outside the image root")]
+    HardlinkEscape {
+        layer: String,
+        entry: String,
+        target: String,
+    },
+
+    /// A hardlink's target is not (yet) in the tree.
+    #[error("layer {layer}: hardlink {entry:?} -> {target:?}: the target does not exist in the tree (yet)")]
+    HardlinkTargetMissing {
+        layer: String,
+        entry: String,
+        target: String,
+    },
+
+    /// A character or block device while [`crate::DevicePolicy::Reject`] is in force.
+    #[error("layer {layer}: entry {entry:?} is a device node, and device nodes are rejected")]
+    DeviceNodeRejected { layer: String, entry: String },
+
+    /// A tar entry type that has no meaning in a root filesystem.
+    #[error("layer {layer}: entry {entry:?}: unsupported tar entry type {kind}")]
+    UnsupportedEntryType {
+        layer: String,
+        entry: String,
+        kind: String,
+    },
+
+    /// Any other malformed entry (non-UTF-8 name, over-long name, bad whiteout, ...).
+    #[error("layer {layer}: entry {entry:?}: {reason}")]
+    InvalidEntry {
+        layer: String,
+        entry: String,
+        reason: String,
+    },
+
+    /// The layer could not be decompressed or is not a valid tar stream.
+    #[error("layer {layer}: corrupt or unreadable layer stream: {source}")]
+    LayerRead {
+        layer: String,
+        #[source]
+        source: io::Error,
+    },
+
+    /// A file too big for the newc format (sizes are 32-bit there).
+    #[error("{path:?}: a file of {size} bytes does not fit in a newc cpio archive (4 GiB - 1 at most)")]
+    CpioTooLarge { path: String, size: u64 },
+
+    /// Writing the archive failed.
+    #[error("cannot write the initramfs: {0}")]
+    Write(#[source] io::Error),
+}
+
+fn list(v: &[String]) -> String {
+    if v.is_empty() {
+        "(none)".to_owned()
+    } else {
+        v.join(", ")
+    }
+}
