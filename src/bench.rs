@@ -1357,7 +1357,7 @@ fn helper_session_inner(
     }
     let Some((report_at, report_text)) = report_line else {
         bail!(
-            "the helper VM session gave no result: {}",
+            "no result came back: {}",
             finished.failure("the helper VM launcher", limit)
         );
     };
@@ -1720,10 +1720,7 @@ fn orchestrate(args: &BootArgs) -> Result<u8> {
         Some(r) => (r.detvisor, r.qemu_kvm, Some(r.kvm_stats)),
         None => {
             let failed = SystemResult {
-                error: Some(format!(
-                    "the helper VM session failed: {}",
-                    session_error.clone().unwrap_or_default()
-                )),
+                error: Some("not measured: the helper VM session failed (see below)".into()),
                 ..SystemResult::default()
             };
             (failed.clone(), failed, None)
@@ -1847,6 +1844,16 @@ fn print_report(r: &BenchReport) -> Result<()> {
             writeln!(o, "{:<26} {:<24} skipped ({why})", s.name, s.place)?;
             continue;
         }
+        if s.ok_runs == 0 {
+            writeln!(
+                o,
+                "{:<26} {:<24} {:>5} FAILED (see failures below)",
+                s.name,
+                s.place,
+                format!("{}/{}", s.ok_runs, s.runs)
+            )?;
+            continue;
+        }
         writeln!(
             o,
             "{:<26} {:<24} {:>5} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
@@ -1862,7 +1869,16 @@ fn print_report(r: &BenchReport) -> Result<()> {
             opt_rate(s.kvm_exits_per_sec),
         )?;
     }
-    if let Some(s) = &r.helper_vm {
+    if let Some(s) = r.helper_vm.as_ref().filter(|s| s.boot_ms.is_none()) {
+        writeln!(
+            o,
+            "{:<26} {:<24} {:>5} FAILED (see failures below)",
+            "helper VM overhead",
+            "host",
+            if s.error.is_none() { "1/1" } else { "0/1" },
+        )?;
+    }
+    if let Some(s) = r.helper_vm.as_ref().filter(|s| s.boot_ms.is_some()) {
         writeln!(
             o,
             "{:<26} {:<24} {:>5} {:>9}   boot {} ms + shutdown {} ms (L1 uptime at payload start {} s)",
@@ -1927,16 +1943,18 @@ fn print_report(r: &BenchReport) -> Result<()> {
         writeln!(o, "  {label:<62} {}", opt_ratio(value))?;
     }
     writeln!(o, "\nsame output in every run:")?;
-    for s in [&r.detvisor, &r.qemu_kvm, &r.qemu_tcg_icount] {
-        let what = if s.vmm_exits.is_some() {
-            "run digest (console, memory, devices)"
-        } else {
-            "serial bytes"
-        };
+    for (s, what) in [
+        (&r.detvisor, "run digest (console, memory, devices)"),
+        (&r.qemu_kvm, "serial bytes"),
+        (&r.qemu_tcg_icount, "serial bytes"),
+    ] {
         let verdict = match s.output_identical {
             Some(true) => "identical".to_string(),
             Some(false) => "DIFFERENT".to_string(),
-            None => "n/a (fewer than 2 successful runs)".to_string(),
+            None => {
+                writeln!(o, "  {:<26} n/a (fewer than 2 successful runs)", s.name)?;
+                continue;
+            }
         };
         writeln!(
             o,
@@ -1967,7 +1985,7 @@ fn print_report(r: &BenchReport) -> Result<()> {
             (None, None) => writeln!(o, "  {:<26} n/a", s.name)?,
         }
     }
-    if let Some(s) = &r.helper_vm {
+    if let Some(s) = r.helper_vm.as_ref().filter(|s| s.boot_ms.is_some()) {
         writeln!(
             o,
             "\nhelper VM: launcher start to payload start {} ms (incl. assembling a {} MiB payload \
