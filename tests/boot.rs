@@ -57,7 +57,7 @@ fn test_run_uname_boots_linux_and_reports_summary() {
     let s = summary(&out);
     assert_eq!(s["exit_status"], 0);
     assert_eq!(s["seed"], 0);
-    assert!(s["exits"].as_u64().unwrap() > 1000);
+    assert!(s["exits"].as_u64().unwrap() > 100);
     assert!(s["virtual_ns"].as_u64().unwrap() > 0);
     assert!(s["wall_ms"].as_u64().is_some());
     assert_eq!(s["digest"].as_str().unwrap().len(), 32);

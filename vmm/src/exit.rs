@@ -194,6 +194,16 @@ pub struct Perturbation {
     pub at_exit: u64,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineState {
+    pub clock: crate::clock::ClockState,
+    pub exits: u64,
+    /// The run's virtual-time limit when the state was taken (informational:
+    /// a resumed run gets its own limit).
+    pub until: Option<VirtNanos>,
+}
+
 /// Everything the guest can observe apart from its memory and registers.
 pub struct Machine {
     pub devices: Devices,
@@ -225,6 +235,20 @@ impl Machine {
     /// Number of exits handled so far.
     pub fn exits(&self) -> u64 {
         self.exits
+    }
+
+    /// Clock and exit count (the devices have their own state).
+    pub fn state(&self) -> MachineState {
+        MachineState {
+            clock: self.clock.state(),
+            exits: self.exits,
+            until: self.until,
+        }
+    }
+
+    pub fn restore(&mut self, state: &MachineState) {
+        self.clock.restore(&state.clock);
+        self.exits = state.exits;
     }
 
     fn perturb(&mut self, data: &mut AccessData) {
@@ -492,6 +516,18 @@ mod tests {
             action,
             ExitAction::Resume(Completion::Data(AccessData::new(&[0xff; 4])))
         );
+    }
+
+    #[test]
+    fn test_machine_state_round_trip() {
+        let mut m = machine(None);
+        out(&mut m, layout::POST_PORT, 0);
+        let saved = m.state();
+        out(&mut m, layout::POST_PORT, 0);
+        m.restore(&saved);
+        assert_eq!(m.state(), saved);
+        let json = serde_json::to_string(&saved).unwrap();
+        assert_eq!(serde_json::from_str::<MachineState>(&json).unwrap(), saved);
     }
 
     #[test]

@@ -101,11 +101,34 @@ impl Default for RecordConfig {
     }
 }
 
+/// A running hash whose whole state is 32 bytes, so it can be saved in a
+/// snapshot and continued in another process: `h' = BLAKE3(h || bytes)`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChainHash(pub [u8; 32]);
+
+impl ChainHash {
+    pub fn update(&mut self, bytes: &[u8]) {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&self.0);
+        hasher.update(bytes);
+        self.0 = *hasher.finalize().as_bytes();
+    }
+}
+
+/// The recorder's resumable state (records themselves are not kept in snapshots).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecorderState {
+    pub digest: ChainHash,
+    pub count: u64,
+    pub by_kind: std::collections::BTreeMap<String, u64>,
+}
+
 pub struct Recorder {
     pub config: RecordConfig,
     records: Vec<ExitRecord>,
     by_kind: std::collections::BTreeMap<String, u64>,
-    digest: blake3::Hasher,
+    digest: ChainHash,
     count: u64,
 }
 
@@ -115,7 +138,7 @@ impl Recorder {
             config,
             records: Vec::new(),
             by_kind: std::collections::BTreeMap::new(),
-            digest: blake3::Hasher::new(),
+            digest: ChainHash::default(),
             count: 0,
         }
     }
@@ -144,6 +167,22 @@ impl Recorder {
         self.count
     }
 
+    pub fn state(&self) -> RecorderState {
+        RecorderState {
+            digest: self.digest,
+            count: self.count,
+            by_kind: self.by_kind.clone(),
+        }
+    }
+
+    /// Continues a stream from `state`; records kept from here on start empty.
+    pub fn restore(&mut self, state: &RecorderState) {
+        self.digest = state.digest;
+        self.count = state.count;
+        self.by_kind = state.by_kind.clone();
+        self.records.clear();
+    }
+
     /// Exits counted per kind (IoIn, Hlt, ...), in name order.
     pub fn counts_by_kind(&self) -> std::collections::BTreeMap<String, u64> {
         self.by_kind.clone()
@@ -159,7 +198,10 @@ impl Recorder {
         self.digest.update(&memory_hash.to_le_bytes());
         self.digest.update(&device_hash.to_le_bytes());
         self.digest.update(&console_hash);
-        let digest = self.digest.finalize().to_hex()[..32].to_string();
+        let digest: String = self.digest.0[..16]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         (digest, self.records)
     }
 }
@@ -269,6 +311,26 @@ mod tests {
                 right: 7,
                 next: Some(a[7])
             })
+        );
+    }
+
+    #[test]
+    fn test_recorder_state_round_trip_continues_same_digest() {
+        let all: Vec<_> = (0..10).map(record).collect();
+        let mut straight = Recorder::new(RecordConfig::default());
+        all.iter().for_each(|r| straight.push(*r));
+        let mut first = Recorder::new(RecordConfig::default());
+        all[..4].iter().for_each(|r| first.push(*r));
+        let saved = first.state();
+        let json = serde_json::to_string(&saved).unwrap();
+        let mut resumed = Recorder::new(RecordConfig::default());
+        resumed.restore(&serde_json::from_str(&json).unwrap());
+        assert_eq!(resumed.state(), saved);
+        all[4..].iter().for_each(|r| resumed.push(*r));
+        assert_eq!(resumed.count(), 10);
+        assert_eq!(
+            resumed.finish(1, 2, [3; 32]).0,
+            straight.finish(1, 2, [3; 32]).0
         );
     }
 

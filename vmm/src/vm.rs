@@ -9,12 +9,16 @@
 use crate::boot::{self, BootError, BootInputs};
 use crate::cpu_model::{self, MsrAccess};
 use crate::entropy::{stream, EntropyStream};
+use crate::exit::MachineState;
 use crate::exit::{
     AccessData, Completion, Exit, ExitAction, ExitFailure, InterruptAction, Machine, Perturbation,
     StopReason,
 };
 use crate::kvm_util;
-use crate::record::{self, ExitRecord, RecordConfig, Recorder, NO_HASH, NO_VECTOR};
+use crate::record::RecorderState;
+use crate::record::{self, ChainHash, ExitRecord, RecordConfig, Recorder, NO_HASH, NO_VECTOR};
+use crate::vcpu_state::{self, VcpuState};
+use devices::DevicesState;
 use devices::{Devices, DevicesConfig, VirtNanos};
 use kvm_bindings::{
     kvm_msr_entry, kvm_userspace_memory_region, Msrs, KVM_MSR_EXIT_REASON_FILTER,
@@ -24,6 +28,7 @@ use kvm_ioctls::{
     Cap, Kvm, MsrFilterDefaultAction, MsrFilterRange, MsrFilterRangeFlags, SyncReg, VcpuExit,
     VcpuFd, VmFd,
 };
+use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -49,6 +54,17 @@ pub enum VmError {
     Memory { bytes: u64, reason: String },
     #[error(transparent)]
     Boot(#[from] BootError),
+    #[error(transparent)]
+    VcpuState(#[from] vcpu_state::VcpuStateError),
+    #[error("cannot resume this snapshot: {0}")]
+    Incompatible(String),
+}
+
+/// What a resumed run may set anew.
+#[derive(Clone, Debug, Default)]
+pub struct ResumeConfig {
+    pub until: Option<VirtNanos>,
+    pub record: RecordConfig,
 }
 
 fn kvm_err(call: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
@@ -98,7 +114,7 @@ struct ConsoleSink {
 
 struct ConsoleCapture {
     out: Box<dyn Write + Send>,
-    hash: blake3::Hasher,
+    hash: ChainHash,
     bytes: u64,
 }
 
@@ -282,12 +298,18 @@ const PAGE_SIZE: usize = 4096;
 /// skipped too, so the hash depends only on contents, never on which pages
 /// the host happened to populate (transparent huge pages, read faults).
 /// Cost is proportional to the memory the guest and VMM actually touched.
-pub fn memory_hash(mem: &GuestMemoryMmap) -> u64 {
-    memory_hash_and_residency(mem).0
+fn memory_hash(mem: &GuestMemoryMmap, backing: &MemoryBacking) -> u64 {
+    memory_hash_and_residency(mem, backing).0
 }
 
 /// The memory hash, and how many bytes of guest RAM the host has backed.
-fn memory_hash_and_residency(mem: &GuestMemoryMmap) -> (u64, u64) {
+fn memory_hash_and_residency(mem: &GuestMemoryMmap, backing: &MemoryBacking) -> (u64, u64) {
+    let in_file_data = |gpa: u64| match backing {
+        MemoryBacking::Anonymous => false,
+        MemoryBacking::File { data_ranges } => data_ranges
+            .iter()
+            .any(|&(start, end)| (start..end).contains(&gpa)),
+    };
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     let mut resident_pages = 0u64;
     for region in mem.iter() {
@@ -302,14 +324,16 @@ fn memory_hash_and_residency(mem: &GuestMemoryMmap) -> (u64, u64) {
         // and `resident` has one byte per page as mincore(2) requires.
         let rc = unsafe { libc::mincore(ptr as *mut libc::c_void, len, resident.as_mut_ptr()) };
         for (page, chunk) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
-            if rc == 0 && resident[page] & 1 == 0 {
+            let gpa = region.start_addr().0 + (page * PAGE_SIZE) as u64;
+            let is_resident = rc != 0 || resident[page] & 1 != 0;
+            if is_resident {
+                resident_pages += 1;
+            } else if !in_file_data(gpa) {
                 continue;
             }
-            resident_pages += 1;
             if chunk.iter().all(|b| *b == 0) {
                 continue;
             }
-            let gpa = region.start_addr().0 + (page * PAGE_SIZE) as u64;
             hasher.update(&gpa.to_le_bytes());
             hasher.update(chunk);
         }
@@ -446,9 +470,39 @@ fn feed_console_input(machine: &mut Machine, input: &ConsoleInput, halted: bool)
     }
 }
 
+/// Everything a snapshot needs besides guest RAM: the vCPU, the devices, the
+/// clock, the record stream's position and the console hash.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionState {
+    pub ram_bytes: u64,
+    pub seed: u64,
+    pub cpu_model_version: u32,
+    pub vcpu: VcpuState,
+    pub devices: DevicesState,
+    pub machine: MachineState,
+    pub recorder: RecorderState,
+    pub console_hash: ChainHash,
+    pub console_bytes: u64,
+    pub injected_interrupts: u64,
+    /// kvm_run.request_interrupt_window as the loop left it.
+    pub request_interrupt_window: u8,
+}
+
+/// How guest RAM is backed, which decides how pages are found for hashing.
+enum MemoryBacking {
+    /// Fresh anonymous memory: a page the host never backed is zero.
+    Anonymous,
+    /// A private mapping of a snapshot's memory file: pages inside the file's
+    /// data ranges may be non-zero even when not resident.
+    File { data_ranges: Vec<(u64, u64)> },
+}
+
 /// A booted guest and everything needed to run it one exit at a time.
 pub struct Session {
     vm: Vm,
+    backing: MemoryBacking,
+    seed: u64,
     machine: Machine,
     recorder: Recorder,
     console: Arc<Mutex<ConsoleCapture>>,
@@ -507,7 +561,7 @@ impl Session {
 
         let console = Arc::new(Mutex::new(ConsoleCapture {
             out: console,
-            hash: blake3::Hasher::new(),
+            hash: ChainHash::default(),
             bytes: 0,
         }));
         let devices = Devices::new(
@@ -522,6 +576,8 @@ impl Session {
         machine.set_perturbation(config.perturbation);
         Ok(Session {
             vm,
+            backing: MemoryBacking::Anonymous,
+            seed: config.seed,
             machine,
             recorder: Recorder::new(config.record),
             console,
@@ -595,7 +651,7 @@ impl Session {
             NO_HASH
         };
         let memory_hash = if self.recorder.wants_memory_hash(index) {
-            memory_hash(&self.vm.memory)
+            memory_hash(&self.vm.memory, &self.backing)
         } else {
             NO_HASH
         };
@@ -614,6 +670,128 @@ impl Session {
         });
     }
 
+    /// Runs until the guest stops, or until `exit_limit` exits have been
+    /// handled in all (`None` when the limit was reached first).
+    pub fn run_until_exit(&mut self, exit_limit: u64) -> Result<Option<StopReason>, VmError> {
+        while self.machine.exits() < exit_limit {
+            if let ExitAction::Stop(reason) = self.step()? {
+                return Ok(Some(reason));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Exits handled so far.
+    pub fn exits(&self) -> u64 {
+        self.machine.exits()
+    }
+
+    pub fn now(&self) -> VirtNanos {
+        self.machine.now()
+    }
+
+    /// Guest RAM, for writing a snapshot. The vCPU is not running while borrowed.
+    pub fn memory(&self) -> &[u8] {
+        let region = self
+            .vm
+            .memory
+            .iter()
+            .next()
+            .expect("guest memory has one region");
+        // SAFETY: the region is a live mapping of `len` bytes owned by the
+        // session, which the returned borrow cannot outlive; the vCPU only runs
+        // inside `&mut self` methods, so the memory does not change meanwhile.
+        unsafe { std::slice::from_raw_parts(region.as_ptr(), region.len() as usize) }
+    }
+
+    /// Captures the complete state between two exits (the pending exit is
+    /// completed first, so a restored copy neither repeats nor skips it).
+    pub fn capture(&mut self) -> Result<SessionState, VmError> {
+        vcpu_state::complete_pending_exit(&mut self.vm.vcpu)?;
+        let vcpu = vcpu_state::capture(&self.vm.vcpu)?;
+        let (console_hash, console_bytes) = {
+            let capture = self.console.lock().unwrap_or_else(|e| e.into_inner());
+            (capture.hash, capture.bytes)
+        };
+        Ok(SessionState {
+            ram_bytes: self.vm.memory.iter().map(|r| r.len()).sum(),
+            seed: self.seed,
+            cpu_model_version: cpu_model::CPU_MODEL_VERSION,
+            vcpu,
+            devices: self.machine.devices.state(),
+            machine: self.machine.state(),
+            recorder: self.recorder.state(),
+            console_hash,
+            console_bytes,
+            injected_interrupts: self.injected_total,
+            request_interrupt_window: self.vm.vcpu.get_kvm_run().request_interrupt_window,
+        })
+    }
+
+    /// Resumes a captured session over `memory` (the snapshot's RAM, typically
+    /// mapped private from its file, with `data_ranges` the file's non-hole
+    /// byte ranges). `config` supplies the new run's limit, records and seed.
+    pub fn resume(
+        config: &ResumeConfig,
+        state: &SessionState,
+        memory: GuestMemoryMmap,
+        data_ranges: Vec<(u64, u64)>,
+        console: Box<dyn Write + Send>,
+        input: Option<ConsoleInput>,
+    ) -> Result<Session, VmError> {
+        let started = Instant::now();
+        if state.cpu_model_version != cpu_model::CPU_MODEL_VERSION {
+            return Err(VmError::Incompatible(format!(
+                "snapshot was taken with CPU model version {}, this detvisor has {}",
+                state.cpu_model_version,
+                cpu_model::CPU_MODEL_VERSION
+            )));
+        }
+        let ram: u64 = memory.iter().map(|r| r.len()).sum();
+        if ram != state.ram_bytes {
+            return Err(VmError::Incompatible(format!(
+                "snapshot memory is {ram} bytes, its state says {}",
+                state.ram_bytes
+            )));
+        }
+        let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        let mut vm = create_vm(&kvm, memory)?;
+        vcpu_state::restore(&vm.vcpu, &state.vcpu)?;
+        vm.vcpu.get_kvm_run().request_interrupt_window = state.request_interrupt_window;
+        let console = Arc::new(Mutex::new(ConsoleCapture {
+            out: console,
+            hash: state.console_hash,
+            bytes: state.console_bytes,
+        }));
+        let mut devices = Devices::new(
+            DevicesConfig {
+                rtc_epoch_unix_secs: 0,
+            },
+            Box::new(ConsoleSink {
+                shared: console.clone(),
+            }),
+        );
+        devices
+            .restore(&state.devices)
+            .map_err(|e| VmError::Incompatible(format!("device state: {e}")))?;
+        let mut machine = Machine::new(devices, config.until);
+        machine.restore(&state.machine);
+        let mut recorder = Recorder::new(config.record);
+        recorder.restore(&state.recorder);
+        Ok(Session {
+            vm,
+            backing: MemoryBacking::File { data_ranges },
+            seed: state.seed,
+            machine,
+            recorder,
+            console,
+            input,
+            injected_total: state.injected_interrupts,
+            wall_setup: started.elapsed(),
+            started,
+        })
+    }
+
     /// Runs until the guest stops.
     pub fn run_to_end(&mut self) -> Result<StopReason, VmError> {
         loop {
@@ -626,12 +804,13 @@ impl Session {
     /// Hashes the final state and reports the run.
     pub fn finish(self, stop: StopReason) -> RunOutcome {
         let finishing = Instant::now();
-        let (final_memory, guest_resident_bytes) = memory_hash_and_residency(&self.vm.memory);
+        let (final_memory, guest_resident_bytes) =
+            memory_hash_and_residency(&self.vm.memory, &self.backing);
         let final_devices = devices_hash(&self.machine.devices);
         let (console_hash, console_bytes) = {
             let mut capture = self.console.lock().unwrap_or_else(|e| e.into_inner());
             let _ = capture.out.flush();
-            (*capture.hash.finalize().as_bytes(), capture.bytes)
+            (capture.hash.0, capture.bytes)
         };
         let exits = self.recorder.count();
         let exits_by_kind = self.recorder.counts_by_kind();
