@@ -3,6 +3,7 @@
 mod bench;
 mod guest;
 mod hostvm;
+mod snapshots;
 mod terminal;
 mod units;
 
@@ -11,7 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use vmm::exit::{Perturbation, StopReason};
 use vmm::record::{first_divergence, Divergence, RecordConfig};
@@ -38,6 +39,54 @@ enum Command {
     Check(CheckArgs),
     /// Benchmarks: boot time against QEMU baselines, side by side.
     Bench(bench::BenchArgs),
+    /// List and inspect snapshots.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
+    /// Resume a saved moment (DIR@12.5s, DIR@exit:N, DIR/ID) and run on from it.
+    Branch(BranchArgs),
+    /// Replay to an exact moment (DIR@12.5s, DIR@exit:N) and report the machine state there.
+    Seek(SeekArgs),
+}
+
+#[derive(Subcommand, Debug)]
+enum SnapshotCommand {
+    /// List the snapshots in a directory.
+    Ls {
+        dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one snapshot (DIR/ID) in detail, as JSON.
+    Info { dir: PathBuf },
+}
+
+#[derive(Args, Debug)]
+struct BranchArgs {
+    /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
+    spec: String,
+    /// Stop at this virtual time (absolute, as in `run --until`).
+    #[arg(long)]
+    until: Option<String>,
+    /// Re-key every seeded stream from this seed at the branch point.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Take snapshots of the branch too.
+    #[command(flatten)]
+    snapshots: snapshots::SnapshotArgs,
+    #[arg(long)]
+    json: bool,
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    host_vm: HostVmMode,
+}
+
+#[derive(Args, Debug)]
+struct SeekArgs {
+    /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
+    spec: String,
+    #[arg(long)]
+    json: bool,
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    host_vm: HostVmMode,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -85,6 +134,8 @@ struct GuestArgs {
 struct RunArgs {
     #[command(flatten)]
     guest: GuestArgs,
+    #[command(flatten)]
+    snapshots: snapshots::SnapshotArgs,
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -282,6 +333,7 @@ fn run_in_helper_vm(
     subcommand: &str,
     guest: &GuestArgs,
     extra: &[String],
+    shared_dirs: Vec<PathBuf>,
     reason: &str,
 ) -> Result<u8> {
     // Validate what can be validated before paying for the helper VM.
@@ -332,6 +384,7 @@ fn run_in_helper_vm(
     let config = hostvm::HelperVmConfig {
         assets_dir: assets,
         memory_mib: ((ram >> 20) as u32).saturating_add(1024).max(2048),
+        shared_dirs,
         ..hostvm::HelperVmConfig::default()
     };
     let exe = std::env::current_exe().context("locating the detvisor executable")?;
@@ -341,20 +394,56 @@ fn run_in_helper_vm(
 
 fn cmd_run(args: RunArgs) -> Result<u8> {
     if let Placement::HelperVm { reason } = placement(args.guest.host_vm) {
-        let extra: Vec<String> = if args.json {
+        let mut extra: Vec<String> = if args.json {
             vec!["--json".into()]
         } else {
             vec![]
         };
-        return run_in_helper_vm("run", &args.guest, &extra, &reason);
+        let mut shared = Vec::new();
+        if let Some(dir) = &args.snapshots.snapshots {
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let dir = dir.canonicalize()?;
+            extra.extend(["--snapshots".into(), dir.display().to_string()]);
+            if let Some(every) = &args.snapshots.snapshot_every {
+                extra.extend(["--snapshot-every".into(), every.clone()]);
+            }
+            for exit in &args.snapshots.snapshot_at_exit {
+                extra.extend(["--snapshot-at-exit".into(), exit.to_string()]);
+            }
+            shared.push(dir);
+        }
+        // Keystrokes pass through to the guest's shell unchanged.
+        let interactive = args.guest.command.is_empty() && std::io::stdin().is_terminal();
+        let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
+        return run_in_helper_vm("run", &args.guest, &extra, shared, &reason);
     }
     let config = vm_config(&args.guest, RecordConfig::default())?;
     let interactive = args.guest.command.is_empty() && std::io::stdin().is_terminal();
     let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
     let input = interactive.then(terminal::spawn_stdin_reader);
-    let outcome = vmm::vm::run(&config, Box::new(std::io::stdout()), input)?;
-    let summary = RunSummary::new(args.guest.seed, &outcome);
-    if args.json {
+    let outcome = match snapshots::Snapshotter::new(&args.snapshots, None)? {
+        None => vmm::vm::run(&config, Box::new(std::io::stdout()), input)?,
+        Some(mut snapshotter) => {
+            let mut session = vmm::vm::Session::boot(&config, Box::new(std::io::stdout()), input)?;
+            let stop = snapshotter.run(&mut session)?;
+            eprintln!(
+                "detvisor: {} snapshot(s) written to {}",
+                snapshotter.taken.len(),
+                args.snapshots
+                    .snapshots
+                    .as_deref()
+                    .unwrap_or(Path::new("."))
+                    .display()
+            );
+            session.finish(stop)
+        }
+    };
+    print_summary(args.guest.seed, &outcome, args.json)
+}
+
+fn print_summary(seed: u64, outcome: &RunOutcome, json: bool) -> Result<u8> {
+    let summary = RunSummary::new(seed, outcome);
+    if json {
         let mut out = std::io::stdout().lock();
         writeln!(out)?;
         writeln!(out, "{}", serde_json::to_string(&summary)?)?;
@@ -397,7 +486,7 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
                 args.perturb_exit.to_string(),
             ]);
         }
-        return run_in_helper_vm("audit", &args.guest, &extra, &reason);
+        return run_in_helper_vm("audit", &args.guest, &extra, Vec::new(), &reason);
     }
     let record = RecordConfig {
         keep_records: true,
@@ -464,6 +553,96 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
         println!("DIVERGED: {}", summary.divergence.as_deref().unwrap_or(""));
     }
     Ok(if summary.identical { 0 } else { 1 })
+}
+
+fn cmd_branch(args: BranchArgs) -> Result<u8> {
+    if let Placement::HelperVm { reason } = placement(args.host_vm) {
+        return reexec_with_snapshot_dirs(&reason, snapshot_roots(&args.spec, &args.snapshots));
+    }
+    let until = args
+        .until
+        .as_deref()
+        .map(units::parse_duration)
+        .transpose()
+        .context("--until")?;
+    let resume = vmm::vm::ResumeConfig {
+        until,
+        record: RecordConfig::default(),
+    };
+    let mut restored = snapshots::restore(&args.spec, &resume, Box::new(std::io::stdout()), None)?;
+    if let Some(seed) = args.seed {
+        // Every seeded stream is re-keyed from here on. The streams the
+        // current device set draws from are consumed at boot only, so today
+        // this changes the recorded seed, not yet the guest's later entropy.
+        restored.session.set_seed(seed);
+    }
+    let stop = match restored.stopped_early {
+        Some(stop) => stop,
+        None => match snapshots::Snapshotter::new(
+            &args.snapshots,
+            Some(restored.snapshot.meta.id.clone()),
+        )? {
+            Some(mut snapshotter) => snapshotter.run(&mut restored.session)?,
+            None => restored.session.run_to_end()?,
+        },
+    };
+    let seed = restored.session.seed();
+    let outcome = restored.session.finish(stop);
+    print_summary(seed, &outcome, args.json)
+}
+
+fn cmd_seek(args: SeekArgs) -> Result<u8> {
+    if let Placement::HelperVm { reason } = placement(args.host_vm) {
+        return reexec_with_snapshot_dirs(&reason, snapshot_roots(&args.spec, &Default::default()));
+    }
+    snapshots::seek(&args.spec, args.json)
+}
+
+/// The snapshot directories a command reads or writes (for sharing with the helper VM).
+fn snapshot_roots(spec: &str, taking: &snapshots::SnapshotArgs) -> Vec<PathBuf> {
+    let mut roots = Vec::new();
+    let dir = match spec.rsplit_once('@') {
+        Some((dir, _)) => PathBuf::from(dir),
+        None => Path::new(spec)
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default(),
+    };
+    roots.push(dir);
+    roots.extend(taking.snapshots.clone());
+    roots
+}
+
+/// Re-runs this exact command line inside the helper VM, sharing `dirs` read-write.
+fn reexec_with_snapshot_dirs(reason: &str, dirs: Vec<PathBuf>) -> Result<u8> {
+    eprintln!("detvisor: running inside a helper VM (QEMU TCG with nested SVM) because {reason}");
+    let mut shared = Vec::new();
+    for dir in dirs {
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        shared.push(
+            dir.canonicalize()
+                .with_context(|| format!("resolving {}", dir.display()))?,
+        );
+    }
+    shared.sort();
+    shared.dedup();
+    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let position = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    args.splice(position..position, ["--host-vm".into(), "never".into()]);
+    let config = hostvm::HelperVmConfig {
+        assets_dir: hostvm::ensure_assets(None)?,
+        shared_dirs: shared,
+        workdir: Some(std::env::current_dir().context("current directory")?),
+        ..hostvm::HelperVmConfig::default()
+    };
+    let exe = std::env::current_exe().context("locating the detvisor executable")?;
+    let status = hostvm::run(&config, &exe, &args, &[])?;
+    Ok(u8::try_from(status).unwrap_or(EXIT_NO_STATUS))
 }
 
 /// Whether the helper VM's QEMU is on PATH.
@@ -551,6 +730,10 @@ fn main() -> ExitCode {
         Command::Audit(args) => cmd_audit(args),
         Command::Check(args) => cmd_check(args),
         Command::Bench(args) => bench::run(args),
+        Command::Snapshot(SnapshotCommand::Ls { dir, json }) => snapshots::list(&dir, json),
+        Command::Snapshot(SnapshotCommand::Info { dir }) => snapshots::info(&dir),
+        Command::Branch(args) => cmd_branch(args),
+        Command::Seek(args) => cmd_seek(args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

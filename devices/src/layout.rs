@@ -39,3 +39,76 @@ pub const STATUS_PORT: u16 = 0x610;
 /// HPET registers.
 pub const HPET_BASE: u64 = 0xfed0_0000;
 pub const HPET_LEN: u64 = 0x400;
+
+/// virtio-mmio devices: one 4 KiB register window each, consecutive from
+/// the base, in the 32-bit MMIO hole above the largest guest RAM (3 GiB).
+pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
+pub const VIRTIO_MMIO_STRIDE: u64 = 0x1000;
+/// ISA lines no other device uses, one per virtio device in attach order.
+pub const VIRTIO_MMIO_IRQS: [u8; 6] = [5, 6, 7, 10, 11, 12];
+pub const VIRTIO_MMIO_MAX_DEVICES: usize = VIRTIO_MMIO_IRQS.len();
+
+/// The base address of virtio-mmio slot `slot`.
+pub fn virtio_mmio_base(slot: usize) -> Option<u64> {
+    (slot < VIRTIO_MMIO_MAX_DEVICES).then(|| VIRTIO_MMIO_BASE + slot as u64 * VIRTIO_MMIO_STRIDE)
+}
+
+/// The interrupt line of virtio-mmio slot `slot`.
+pub fn virtio_mmio_irq(slot: usize) -> Option<u8> {
+    VIRTIO_MMIO_IRQS.get(slot).copied()
+}
+
+/// The kernel command-line entry declaring slot `slot` to Linux's
+/// virtio_mmio driver (CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES), e.g.
+/// `virtio_mmio.device=4K@0xd0000000:5`.
+pub fn virtio_mmio_cmdline_fragment(slot: usize) -> Option<String> {
+    let base = virtio_mmio_base(slot)?;
+    let irq = virtio_mmio_irq(slot)?;
+    Some(format!(
+        "virtio_mmio.device={}K@{base:#x}:{irq}",
+        VIRTIO_MMIO_STRIDE / 1024
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_virtio_mmio_slots_have_distinct_windows_and_lines() {
+        // Arrange / Act
+        let slots: Vec<(u64, u8)> = (0..VIRTIO_MMIO_MAX_DEVICES)
+            .map(|slot| {
+                (
+                    virtio_mmio_base(slot).unwrap(),
+                    virtio_mmio_irq(slot).unwrap(),
+                )
+            })
+            .collect();
+
+        // Assert
+        assert_eq!(slots[0], (0xd000_0000, 5));
+        assert_eq!(slots[5], (0xd000_5000, 12));
+        for irq in [IRQ_TIMER, IRQ_COM1, IRQ_RTC, IRQ_ACPI_SCI, 2] {
+            assert!(!VIRTIO_MMIO_IRQS.contains(&irq));
+        }
+        assert!(
+            virtio_mmio_base(VIRTIO_MMIO_MAX_DEVICES - 1).unwrap() + VIRTIO_MMIO_STRIDE
+                <= HPET_BASE
+        );
+    }
+
+    #[test]
+    fn test_virtio_mmio_cmdline_fragment() {
+        // Arrange / Act
+        let first = virtio_mmio_cmdline_fragment(0);
+        let third = virtio_mmio_cmdline_fragment(2);
+        let beyond = virtio_mmio_cmdline_fragment(VIRTIO_MMIO_MAX_DEVICES);
+
+        // Assert
+        assert_eq!(first.as_deref(), Some("virtio_mmio.device=4K@0xd0000000:5"));
+        assert_eq!(third.as_deref(), Some("virtio_mmio.device=4K@0xd0002000:7"));
+        assert_eq!(beyond, None);
+        assert_eq!(virtio_mmio_base(VIRTIO_MMIO_MAX_DEVICES), None);
+    }
+}

@@ -3,7 +3,9 @@
 //! Every device here is a side-effect-free state machine: it sees virtual time
 //! only as a `VirtNanos` passed in, raises interrupts only through the PIC model,
 //! and never reads host time or host randomness. Each has a serde `...State`
-//! and a `restore`, so the VMM can capture and compare it.
+//! and a `restore`, so the VMM can capture and compare it. Virtio devices
+//! (see `virtio`) also read and write guest memory, through the handle the
+//! VMM attaches, and only inside the access or call that makes them.
 //!
 //! The VMM drives them all through [`Devices`] (see `machine`).
 
@@ -18,9 +20,12 @@ pub mod rtc;
 pub mod serial;
 pub mod status;
 pub mod time;
+pub mod virtio;
 
 pub use bus::{Bus, BusDevice, BusError};
 pub use error::DevicesError;
-pub use machine::{Devices, DevicesConfig, DevicesState};
+pub use machine::{
+    Devices, DevicesConfig, DevicesState, VirtioBackendState, VirtioDeviceState, VirtioSlot,
+};
 pub use status::GuestEvent;
 pub use time::VirtNanos;

@@ -12,6 +12,14 @@
 //! HPET timer 0 -> IRQ0 and timer 1 -> IRQ8 (LegacyReplacement routing);
 //! the RTC -> IRQ8, disconnected while the HPET's LegacyReplacement is on
 //! (as on real chipsets); COM1 -> IRQ4. The ACPI SCI (IRQ9) is never raised.
+//!
+//! Virtio devices are optional: after [`Devices::attach_guest_memory`], each
+//! `attach_virtio_*` call takes the next virtio-mmio slot (a 4 KiB window
+//! from `layout::VIRTIO_MMIO_BASE` and the next of `layout::VIRTIO_MMIO_IRQS`).
+//! Their lines are levels, not edges: each is high while the device's
+//! InterruptStatus is non-zero. Queue work happens inside the MMIO write
+//! that triggers it (QueueNotify, DRIVER_OK) or inside the VMM's call that
+//! delivers console input, so it stays at deterministic points.
 
 use crate::acpi_pm::{AcpiPm, AcpiPmBlock, AcpiPmState};
 use crate::bus::{Bus, BusDevice};
@@ -25,8 +33,13 @@ use crate::status::{
     GuestEvent, I8042Port, I8042State, PostPort, StatusPort, StatusPortState, I8042,
 };
 use crate::time::VirtNanos;
+use crate::virtio::{
+    VirtioConsole, VirtioConsoleState, VirtioMmioState, VirtioMmioTransport, VirtioRng,
+    VirtioRngState, VirtioViolation,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use vm_memory::GuestMemoryMmap;
 
 /// Number of 16550 registers at COM1.
 const COM1_LEN: u64 = 8;
@@ -61,6 +74,139 @@ enum DeviceId {
     AcpiPmTimer,
     Status,
     Hpet,
+    /// A virtio-mmio slot, by index.
+    Virtio(usize),
+}
+
+/// A virtio device in its virtio-mmio slot (boxed: the transports differ
+/// widely in size).
+enum VirtioSlotDevice {
+    Rng(Box<VirtioMmioTransport<VirtioRng>>),
+    Console(Box<VirtioMmioTransport<VirtioConsole>>),
+}
+
+/// Runs `$body` with `$transport` bound to the slot's transport, whatever
+/// its backend.
+macro_rules! with_transport {
+    ($device:expr, $transport:ident => $body:expr) => {
+        match $device {
+            VirtioSlotDevice::Rng($transport) => $body,
+            VirtioSlotDevice::Console($transport) => $body,
+        }
+    };
+}
+
+impl VirtioSlotDevice {
+    fn kind_name(&self) -> &'static str {
+        match self {
+            VirtioSlotDevice::Rng(_) => "rng",
+            VirtioSlotDevice::Console(_) => "console",
+        }
+    }
+
+    fn state(&self) -> VirtioDeviceState {
+        match self {
+            VirtioSlotDevice::Rng(transport) => VirtioDeviceState {
+                transport: transport.state(),
+                backend: VirtioBackendState::Rng(transport.device().state()),
+            },
+            VirtioSlotDevice::Console(transport) => VirtioDeviceState {
+                transport: transport.state(),
+                backend: VirtioBackendState::Console(transport.device().state()),
+            },
+        }
+    }
+
+    fn validate_state(
+        &self,
+        slot: usize,
+        state: &VirtioDeviceState,
+        memory: &GuestMemoryMmap,
+    ) -> Result<(), DevicesError> {
+        match (self, &state.backend) {
+            (VirtioSlotDevice::Rng(transport), VirtioBackendState::Rng(_)) => {
+                transport.validate_state(&state.transport, memory)
+            }
+            (VirtioSlotDevice::Console(transport), VirtioBackendState::Console(_)) => {
+                transport.validate_state(&state.transport, memory)
+            }
+            _ => Err(DevicesError::VirtioDeviceKind { slot }),
+        }
+    }
+
+    fn restore(
+        &mut self,
+        slot: usize,
+        state: &VirtioDeviceState,
+        memory: &GuestMemoryMmap,
+    ) -> Result<(), DevicesError> {
+        match (self, &state.backend) {
+            (VirtioSlotDevice::Rng(transport), VirtioBackendState::Rng(backend)) => {
+                transport.restore(&state.transport, memory)?;
+                transport.device_mut().restore(backend);
+            }
+            (VirtioSlotDevice::Console(transport), VirtioBackendState::Console(backend)) => {
+                transport.restore(&state.transport, memory)?;
+                transport.device_mut().restore(backend);
+            }
+            _ => return Err(DevicesError::VirtioDeviceKind { slot }),
+        }
+        Ok(())
+    }
+}
+
+/// The virtio devices and the guest memory their queues live in.
+struct VirtioDevices {
+    memory: GuestMemoryMmap,
+    slots: Vec<VirtioSlotDevice>,
+}
+
+/// The virtio console among `slots`, if one is attached.
+fn console_of(slots: &mut [VirtioSlotDevice]) -> Option<&mut VirtioMmioTransport<VirtioConsole>> {
+    slots.iter_mut().find_map(|device| match device {
+        VirtioSlotDevice::Console(transport) => Some(transport.as_mut()),
+        VirtioSlotDevice::Rng(_) => None,
+    })
+}
+
+/// Where an attached virtio device sits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VirtioSlot {
+    /// Attach order, from 0.
+    pub index: usize,
+    pub mmio_base: u64,
+    pub irq: u8,
+}
+
+impl VirtioSlot {
+    fn new(index: usize) -> Option<Self> {
+        Some(VirtioSlot {
+            index,
+            mmio_base: layout::virtio_mmio_base(index)?,
+            irq: layout::virtio_mmio_irq(index)?,
+        })
+    }
+
+    /// The kernel command-line entry declaring this device, e.g.
+    /// `virtio_mmio.device=4K@0xd0000000:5`.
+    pub fn cmdline_fragment(&self) -> String {
+        layout::virtio_mmio_cmdline_fragment(self.index).unwrap_or_default()
+    }
+}
+
+/// Saved state of a virtio device's backend.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VirtioBackendState {
+    Rng(VirtioRngState),
+    Console(VirtioConsoleState),
+}
+
+/// Saved state of one virtio device: its transport (status, features,
+/// queues with their addresses, indexes and ready flags) and its backend.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VirtioDeviceState {
+    pub transport: VirtioMmioState,
+    pub backend: VirtioBackendState,
 }
 
 /// Saved state of every device and of the aggregate itself.
@@ -77,6 +223,9 @@ pub struct DevicesState {
     /// Guest events not yet taken by the VMM, oldest first.
     pub pending_events: Vec<GuestEvent>,
     pub unhandled_accesses: u64,
+    /// Virtio devices in slot order; absent in states saved without them.
+    #[serde(default)]
+    pub virtio: Vec<VirtioDeviceState>,
 }
 
 pub struct Devices {
@@ -93,6 +242,8 @@ pub struct Devices {
     post: PostPort,
     pending_events: VecDeque<GuestEvent>,
     unhandled_accesses: u64,
+    /// Present once guest memory is attached.
+    virtio: Option<VirtioDevices>,
 }
 
 fn build_pio_bus() -> Bus<DeviceId> {
@@ -153,7 +304,116 @@ impl Devices {
             post: PostPort,
             pending_events: VecDeque::new(),
             unhandled_accesses: 0,
+            virtio: None,
         }
+    }
+
+    /// Gives the devices the guest memory virtio queues live in. Call it
+    /// once, before attaching virtio devices; a later call replaces the
+    /// handle and keeps the devices.
+    pub fn attach_guest_memory(&mut self, memory: GuestMemoryMmap) {
+        match &mut self.virtio {
+            Some(virtio) => virtio.memory = memory,
+            None => {
+                self.virtio = Some(VirtioDevices {
+                    memory,
+                    slots: Vec::new(),
+                })
+            }
+        }
+    }
+
+    /// Attaches a virtio-rng whose bytes are the ChaCha20 stream keyed by `key`.
+    pub fn attach_virtio_rng(&mut self, key: [u8; 32]) -> Result<VirtioSlot, DevicesError> {
+        let transport = VirtioMmioTransport::new(VirtioRng::new(key))?;
+        self.attach_virtio(VirtioSlotDevice::Rng(Box::new(transport)))
+    }
+
+    /// Attaches the virtio-console control channel (one port, /dev/hvc0 in
+    /// the guest).
+    pub fn attach_virtio_console(&mut self) -> Result<VirtioSlot, DevicesError> {
+        let transport = VirtioMmioTransport::new(VirtioConsole::new())?;
+        self.attach_virtio(VirtioSlotDevice::Console(Box::new(transport)))
+    }
+
+    fn attach_virtio(&mut self, device: VirtioSlotDevice) -> Result<VirtioSlot, DevicesError> {
+        let virtio = self.virtio.as_mut().ok_or(DevicesError::NoGuestMemory)?;
+        let kind = device.kind_name();
+        if virtio.slots.iter().any(|other| other.kind_name() == kind) {
+            return Err(DevicesError::VirtioAlreadyAttached { kind });
+        }
+        let index = virtio.slots.len();
+        let slot = VirtioSlot::new(index).ok_or(DevicesError::VirtioSlotsExhausted {
+            max: layout::VIRTIO_MMIO_MAX_DEVICES,
+        })?;
+        self.mmio_bus.insert(
+            slot.mmio_base,
+            layout::VIRTIO_MMIO_STRIDE,
+            DeviceId::Virtio(index),
+        )?;
+        virtio.slots.push(device);
+        Ok(slot)
+    }
+
+    /// The attached virtio devices' slots, in attach order.
+    pub fn virtio_slots(&self) -> Vec<VirtioSlot> {
+        let count = self.virtio.as_ref().map_or(0, |virtio| virtio.slots.len());
+        (0..count).filter_map(VirtioSlot::new).collect()
+    }
+
+    /// The kernel command-line entries declaring every attached virtio
+    /// device, space-separated (empty if there are none).
+    pub fn virtio_cmdline(&self) -> String {
+        self.virtio_slots()
+            .iter()
+            .map(VirtioSlot::cmdline_fragment)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// The rule a virtio device's driver broke, for each device now broken,
+    /// by slot index.
+    pub fn virtio_violations(&self) -> Vec<(usize, VirtioViolation)> {
+        let Some(virtio) = &self.virtio else {
+            return Vec::new();
+        };
+        virtio
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(index, device)| {
+                with_transport!(device, transport => transport.violation()).map(|v| (index, v))
+            })
+            .collect()
+    }
+
+    /// Queues bytes for the guest on the virtio console and delivers, at
+    /// `now`, as many as the receive buffers the guest has posted hold
+    /// (raising its interrupt); the rest go as the guest posts more. Call
+    /// only at deterministic points of the run.
+    pub fn enqueue_virtio_console_input(
+        &mut self,
+        now: VirtNanos,
+        bytes: &[u8],
+    ) -> Result<(), DevicesError> {
+        self.advance_to(now);
+        let not_attached = || DevicesError::VirtioNotAttached { kind: "console" };
+        let VirtioDevices { memory, slots } = self.virtio.as_mut().ok_or_else(not_attached)?;
+        let console = console_of(slots).ok_or_else(not_attached)?;
+        console.device_mut().enqueue_input(bytes);
+        console.deliver(memory, self.now);
+        self.forward_interrupts();
+        Ok(())
+    }
+
+    /// Everything the guest sent on the virtio console since the last call
+    /// (empty if there is no console). Taking it has no guest-visible effect.
+    pub fn take_virtio_console_output(&mut self) -> Vec<u8> {
+        self.virtio
+            .as_mut()
+            .and_then(|virtio| console_of(&mut virtio.slots))
+            .map(|console| console.device_mut().take_output())
+            .unwrap_or_default()
     }
 
     /// A port read. Each byte of a wide access is decoded on its own (ISA
@@ -255,6 +515,18 @@ impl Devices {
             DeviceId::AcpiPmTimer => self.acpi_pm.read(AcpiPmBlock::Timer, offset, data),
             DeviceId::Status => self.status_port.read(offset, data),
             DeviceId::Hpet => self.hpet.read(offset, data),
+            DeviceId::Virtio(index) => {
+                match self
+                    .virtio
+                    .as_mut()
+                    .and_then(|virtio| virtio.slots.get_mut(index))
+                {
+                    Some(device) => {
+                        with_transport!(device, transport => transport.read(offset, data))
+                    }
+                    None => data.fill(0xff),
+                }
+            }
         }
     }
 
@@ -273,6 +545,14 @@ impl Devices {
             DeviceId::AcpiPmTimer => self.acpi_pm.write(AcpiPmBlock::Timer, offset, data),
             DeviceId::Status => self.status_port.write(offset, data),
             DeviceId::Hpet => self.hpet.write(offset, data),
+            DeviceId::Virtio(index) => {
+                let now = self.now;
+                if let Some(VirtioDevices { memory, slots }) = &mut self.virtio {
+                    if let Some(device) = slots.get_mut(index) {
+                        with_transport!(device, transport => transport.write(offset, data, memory, now));
+                    }
+                }
+            }
         }
     }
 
@@ -309,6 +589,14 @@ impl Devices {
         }
         if self.serial.take_interrupt() {
             self.pic.pulse_irq(layout::IRQ_COM1);
+        }
+        if let Some(virtio) = &self.virtio {
+            for (index, device) in virtio.slots.iter().enumerate() {
+                if let Some(irq) = layout::virtio_mmio_irq(index) {
+                    let level = with_transport!(device, transport => transport.interrupt_pending());
+                    self.pic.set_irq_level(irq, level);
+                }
+            }
         }
     }
 
@@ -370,7 +658,30 @@ impl Devices {
             i8042: self.i8042.state(),
             pending_events: self.pending_events.iter().copied().collect(),
             unhandled_accesses: self.unhandled_accesses,
+            virtio: self.virtio.as_ref().map_or_else(Vec::new, |virtio| {
+                virtio.slots.iter().map(VirtioSlotDevice::state).collect()
+            }),
         }
+    }
+
+    /// Checks that `states` describes the attached virtio devices, slot by slot.
+    fn validate_virtio(&self, states: &[VirtioDeviceState]) -> Result<(), DevicesError> {
+        let Some(virtio) = &self.virtio else {
+            return match states.len() {
+                0 => Ok(()),
+                len => Err(DevicesError::VirtioDeviceCount { len, expected: 0 }),
+            };
+        };
+        if states.len() != virtio.slots.len() {
+            return Err(DevicesError::VirtioDeviceCount {
+                len: states.len(),
+                expected: virtio.slots.len(),
+            });
+        }
+        for (slot, (device, state)) in virtio.slots.iter().zip(states).enumerate() {
+            device.validate_state(slot, state, &virtio.memory)?;
+        }
+        Ok(())
     }
 
     /// Restores every device. The state is checked first, so on error
@@ -379,6 +690,7 @@ impl Devices {
         state.hpet.validate()?;
         state.rtc.validate()?;
         state.serial.validate()?;
+        self.validate_virtio(&state.virtio)?;
         self.now = state.now;
         self.pic.restore(&state.pic);
         self.hpet.restore(&state.hpet)?;
@@ -389,6 +701,11 @@ impl Devices {
         self.i8042.restore(&state.i8042);
         self.pending_events = state.pending_events.iter().copied().collect();
         self.unhandled_accesses = state.unhandled_accesses;
+        if let Some(VirtioDevices { memory, slots }) = &mut self.virtio {
+            for (slot, (device, device_state)) in slots.iter_mut().zip(&state.virtio).enumerate() {
+                device.restore(slot, device_state, memory)?;
+            }
+        }
         Ok(())
     }
 }
@@ -857,5 +1174,413 @@ mod tests {
             Err(DevicesError::SerialFifoOverflow { len: 1_000, .. })
         ));
         assert_eq!(devices.state(), before);
+    }
+
+    // Virtio devices.
+
+    use crate::virtio::mmio::{INTERRUPT_CONFIG_CHANGE, INTERRUPT_USED_BUFFER};
+    use crate::virtio::testing::{
+        self as virtio_testing, initialize, read_bytes, readable, writable, write_bytes,
+        DriverQueue, Registers, DATA_BASE, QUEUE0_BASE, QUEUE1_BASE, REG_INTERRUPT_ACK,
+        REG_INTERRUPT_STATUS, REG_MAGIC, REG_QUEUE_NOTIFY,
+    };
+    use crate::virtio::{QueueFault, VirtioViolation};
+    use rand_chacha::ChaCha20Rng;
+    use rand_core::{RngCore, SeedableRng};
+
+    const RNG_KEY: [u8; 32] = [0x42; 32];
+    const VIRTIO0: u64 = layout::VIRTIO_MMIO_BASE;
+    const VIRTIO1: u64 = layout::VIRTIO_MMIO_BASE + layout::VIRTIO_MMIO_STRIDE;
+    /// IRQ2 (cascade), IRQ5 and IRQ6 unmasked.
+    const MASTER_MASK_VIRTIO: u8 = !((1 << 2) | (1 << 5) | (1 << 6));
+
+    /// Register access to a virtio window through `Devices::mmio_*`.
+    struct Window<'a> {
+        devices: &'a mut Devices,
+        base: u64,
+        now: u64,
+    }
+
+    impl Registers for Window<'_> {
+        fn write32(&mut self, offset: u64, value: u32) {
+            assert!(self.devices.mmio_write(
+                VirtNanos(self.now),
+                self.base + offset,
+                &value.to_le_bytes()
+            ));
+        }
+
+        fn read32(&mut self, offset: u64) -> u32 {
+            let mut data = [0u8; 4];
+            assert!(self
+                .devices
+                .mmio_read(VirtNanos(self.now), self.base + offset, &mut data));
+            u32::from_le_bytes(data)
+        }
+    }
+
+    fn window(devices: &mut Devices, base: u64) -> Window<'_> {
+        Window {
+            devices,
+            base,
+            now: 1_000,
+        }
+    }
+
+    /// Devices with an rng in slot 0 and a console in slot 1, both
+    /// initialized, and the PIC set up with IRQ5 and IRQ6 unmasked.
+    struct VirtioMachine {
+        devices: Devices,
+        mem: GuestMemoryMmap,
+        rng_queue: DriverQueue,
+        receiveq: DriverQueue,
+        transmitq: DriverQueue,
+    }
+
+    fn virtio_machine() -> VirtioMachine {
+        let (mut devices, _output) = new_devices();
+        let mem = virtio_testing::test_memory();
+        devices.attach_guest_memory(mem.clone());
+        devices.attach_virtio_rng(RNG_KEY).unwrap();
+        devices.attach_virtio_console().unwrap();
+        init_pic(&mut devices, MASTER_MASK_VIRTIO, 0xff);
+        let rng_queue = DriverQueue::new(QUEUE0_BASE, 16);
+        let receiveq = DriverQueue::new(QUEUE1_BASE, 16);
+        let transmitq = DriverQueue::new(QUEUE1_BASE + 0x1000, 16);
+        initialize(&mut window(&mut devices, VIRTIO0), &[&rng_queue]);
+        initialize(&mut window(&mut devices, VIRTIO1), &[&receiveq, &transmitq]);
+        VirtioMachine {
+            devices,
+            mem,
+            rng_queue,
+            receiveq,
+            transmitq,
+        }
+    }
+
+    fn rng_stream(len: usize) -> Vec<u8> {
+        let mut bytes = vec![0u8; len];
+        ChaCha20Rng::from_seed(RNG_KEY).fill_bytes(&mut bytes);
+        bytes
+    }
+
+    #[test]
+    fn test_devices_virtio_attach_requires_guest_memory() {
+        // Arrange
+        let (mut devices, _output) = new_devices();
+
+        // Act
+        let result = devices.attach_virtio_rng(RNG_KEY);
+
+        // Assert
+        assert_eq!(result, Err(DevicesError::NoGuestMemory));
+        assert_eq!(devices.virtio_cmdline(), "");
+        assert!(devices.state().virtio.is_empty());
+    }
+
+    #[test]
+    fn test_devices_virtio_slots_and_cmdline() {
+        // Arrange
+        let (mut devices, _output) = new_devices();
+        devices.attach_guest_memory(virtio_testing::test_memory());
+
+        // Act
+        let rng = devices.attach_virtio_rng(RNG_KEY).unwrap();
+        let console = devices.attach_virtio_console().unwrap();
+
+        // Assert
+        assert_eq!((rng.index, rng.mmio_base, rng.irq), (0, 0xd000_0000, 5));
+        assert_eq!(
+            (console.index, console.mmio_base, console.irq),
+            (1, 0xd000_1000, 6)
+        );
+        assert_eq!(devices.virtio_slots(), [rng, console]);
+        assert_eq!(
+            devices.virtio_cmdline(),
+            "virtio_mmio.device=4K@0xd0000000:5 virtio_mmio.device=4K@0xd0001000:6"
+        );
+    }
+
+    #[test]
+    fn test_devices_virtio_same_kind_twice_is_an_error() {
+        // Arrange
+        let (mut devices, _output) = new_devices();
+        devices.attach_guest_memory(virtio_testing::test_memory());
+        devices.attach_virtio_console().unwrap();
+
+        // Act
+        let result = devices.attach_virtio_console();
+
+        // Assert
+        assert_eq!(
+            result,
+            Err(DevicesError::VirtioAlreadyAttached { kind: "console" })
+        );
+        assert_eq!(devices.virtio_slots().len(), 1);
+    }
+
+    #[test]
+    fn test_devices_virtio_windows_are_on_the_mmio_bus() {
+        // Arrange
+        let mut machine = virtio_machine();
+        let mut data = [0u8; 4];
+
+        // Act
+        let magic0 = window(&mut machine.devices, VIRTIO0).read32(REG_MAGIC);
+        let magic1 = window(&mut machine.devices, VIRTIO1).read32(REG_MAGIC);
+        let beyond = machine.devices.mmio_read(
+            VirtNanos(1),
+            layout::VIRTIO_MMIO_BASE + 2 * layout::VIRTIO_MMIO_STRIDE,
+            &mut data,
+        );
+
+        // Assert
+        assert_eq!((magic0, magic1), (0x7472_6976, 0x7472_6976));
+        assert!(!beyond);
+    }
+
+    #[test]
+    fn test_devices_virtio_rng_end_to_end_raises_irq5_as_a_level() {
+        // Arrange
+        let mut machine = virtio_machine();
+        machine
+            .rng_queue
+            .add_chain(&machine.mem, &[writable(DATA_BASE, 24)]);
+
+        // Act
+        window(&mut machine.devices, VIRTIO0).write32(REG_QUEUE_NOTIFY, 0);
+        let vector = machine.devices.acknowledge_interrupt();
+        outb(&mut machine.devices, 2_000, 0x20, 0x20); // EOI
+        let pending_while_status_set = machine.devices.has_pending_interrupt();
+        window(&mut machine.devices, VIRTIO0).write32(REG_INTERRUPT_ACK, INTERRUPT_USED_BUFFER);
+        machine
+            .rng_queue
+            .add_chain(&machine.mem, &[writable(DATA_BASE + 24, 8)]);
+        window(&mut machine.devices, VIRTIO0).write32(REG_QUEUE_NOTIFY, 0);
+        let second_vector = machine.devices.acknowledge_interrupt();
+
+        // Assert
+        assert_eq!(vector, Some(MASTER_VECTOR_BASE + 5));
+        assert!(!pending_while_status_set);
+        assert_eq!(second_vector, Some(MASTER_VECTOR_BASE + 5));
+        assert_eq!(machine.rng_queue.take_used(&machine.mem), [(0, 24), (1, 8)]);
+        assert_eq!(read_bytes(&machine.mem, DATA_BASE, 32), rng_stream(32));
+    }
+
+    #[test]
+    fn test_devices_virtio_console_end_to_end_on_irq6() {
+        // Arrange
+        let mut machine = virtio_machine();
+        machine
+            .receiveq
+            .add_chain(&machine.mem, &[writable(DATA_BASE, 64)]);
+        window(&mut machine.devices, VIRTIO1).write32(REG_QUEUE_NOTIFY, 0);
+        write_bytes(&machine.mem, DATA_BASE + 0x100, b"agent ready\n");
+        machine
+            .transmitq
+            .add_chain(&machine.mem, &[readable(DATA_BASE + 0x100, 12)]);
+
+        // Act
+        window(&mut machine.devices, VIRTIO1).write32(REG_QUEUE_NOTIFY, 1);
+        let output = machine.devices.take_virtio_console_output();
+        let transmit_vector = machine.devices.acknowledge_interrupt();
+        outb(&mut machine.devices, 2_000, 0x20, 0x20);
+        window(&mut machine.devices, VIRTIO1).write32(REG_INTERRUPT_ACK, INTERRUPT_USED_BUFFER);
+        machine
+            .devices
+            .enqueue_virtio_console_input(VirtNanos(3_000), b"run node-1\n")
+            .unwrap();
+        let receive_vector = machine.devices.acknowledge_interrupt();
+
+        // Assert
+        assert_eq!(output, b"agent ready\n");
+        assert_eq!(transmit_vector, Some(MASTER_VECTOR_BASE + 6));
+        assert_eq!(receive_vector, Some(MASTER_VECTOR_BASE + 6));
+        assert_eq!(machine.receiveq.take_used(&machine.mem), [(0, 11)]);
+        assert_eq!(read_bytes(&machine.mem, DATA_BASE, 11), b"run node-1\n");
+        assert!(machine.devices.take_virtio_console_output().is_empty());
+    }
+
+    #[test]
+    fn test_devices_virtio_violation_raises_config_interrupt_and_is_reported() {
+        // Arrange
+        let mut machine = virtio_machine();
+        machine
+            .rng_queue
+            .add_chain(&machine.mem, &[readable(DATA_BASE, 8)]);
+
+        // Act
+        window(&mut machine.devices, VIRTIO0).write32(REG_QUEUE_NOTIFY, 0);
+        let vector = machine.devices.acknowledge_interrupt();
+        let interrupt_status = window(&mut machine.devices, VIRTIO0).read32(REG_INTERRUPT_STATUS);
+
+        // Assert
+        assert_eq!(vector, Some(MASTER_VECTOR_BASE + 5));
+        assert_eq!(interrupt_status, INTERRUPT_CONFIG_CHANGE);
+        assert_eq!(
+            machine.devices.virtio_violations(),
+            [(
+                0,
+                VirtioViolation::Queue {
+                    queue: 0,
+                    fault: QueueFault::ReadOnlyDescriptor { index: 0 },
+                }
+            )]
+        );
+    }
+
+    #[test]
+    fn test_devices_enqueue_virtio_console_input_without_console_is_an_error() {
+        // Arrange
+        let (mut devices, _output) = new_devices();
+
+        // Act
+        let result = devices.enqueue_virtio_console_input(VirtNanos(1), b"x");
+
+        // Assert
+        assert_eq!(
+            result,
+            Err(DevicesError::VirtioNotAttached { kind: "console" })
+        );
+        assert!(devices.take_virtio_console_output().is_empty());
+    }
+
+    /// One rng request and one console message, as a deterministic workload.
+    fn virtio_workload(machine: &mut VirtioMachine, data: u64) {
+        machine
+            .rng_queue
+            .add_chain(&machine.mem, &[writable(data, 16)]);
+        window(&mut machine.devices, VIRTIO0).write32(REG_QUEUE_NOTIFY, 0);
+        write_bytes(&machine.mem, data + 0x100, b"tick");
+        machine
+            .transmitq
+            .add_chain(&machine.mem, &[readable(data + 0x100, 4)]);
+        window(&mut machine.devices, VIRTIO1).write32(REG_QUEUE_NOTIFY, 1);
+    }
+
+    #[test]
+    fn test_devices_virtio_state_round_trip() {
+        // Arrange
+        let mut machine = virtio_machine();
+        virtio_workload(&mut machine, DATA_BASE);
+        machine
+            .devices
+            .enqueue_virtio_console_input(VirtNanos(2_000), b"pending")
+            .unwrap();
+        let saved = machine.devices.state();
+        let json = serde_json::to_string(&saved).unwrap();
+        let (rng_queue, transmitq) = (machine.rng_queue.clone(), machine.transmitq.clone());
+        let memory_at_save = read_bytes(&machine.mem, 0, virtio_testing::MEMORY_SIZE as usize);
+        virtio_workload(&mut machine, DATA_BASE + 0x1000);
+        let first_continuation = read_bytes(&machine.mem, DATA_BASE + 0x1000, 16);
+
+        // Act: rewind devices and memory, then run the same continuation.
+        machine
+            .devices
+            .restore(&serde_json::from_str(&json).unwrap())
+            .unwrap();
+        let restored_state = machine.devices.state();
+        write_bytes(&machine.mem, 0, &memory_at_save);
+        machine.rng_queue = rng_queue;
+        machine.transmitq = transmitq;
+        virtio_workload(&mut machine, DATA_BASE + 0x1000);
+
+        // Assert
+        assert_eq!(restored_state, saved);
+        assert_eq!(saved.virtio.len(), 2);
+        assert_eq!(saved.virtio[0].transport.queues[0].next_avail, 1);
+        assert!(saved.virtio[1].transport.queues.iter().all(|q| q.ready));
+        assert_eq!(
+            read_bytes(&machine.mem, DATA_BASE + 0x1000, 16),
+            first_continuation
+        );
+        assert_eq!(first_continuation, rng_stream(32)[16..]);
+        assert_eq!(machine.devices.take_virtio_console_output(), b"ticktick");
+    }
+
+    #[test]
+    fn test_devices_virtio_restore_of_mismatched_state_changes_nothing() {
+        // Arrange
+        let mut machine = virtio_machine();
+        let before = machine.devices.state();
+        let mut too_few = before.clone();
+        too_few.virtio.pop();
+        let mut swapped = before.clone();
+        swapped.virtio.swap(0, 1);
+        let mut bad_queue = before.clone();
+        bad_queue.virtio[1].transport.queues[1].size = 5;
+        bad_queue.pic.master.imr = 0;
+
+        // Act
+        let results = [
+            machine.devices.restore(&too_few),
+            machine.devices.restore(&swapped),
+            machine.devices.restore(&bad_queue),
+        ];
+
+        // Assert
+        assert_eq!(
+            results[0],
+            Err(DevicesError::VirtioDeviceCount {
+                len: 1,
+                expected: 2
+            })
+        );
+        assert!(matches!(
+            results[1],
+            Err(DevicesError::VirtioDeviceKind { .. })
+        ));
+        assert!(matches!(
+            results[2],
+            Err(DevicesError::VirtqueueState { .. })
+        ));
+        assert_eq!(machine.devices.state(), before);
+    }
+
+    #[test]
+    fn test_devices_state_saved_without_virtio_still_restores() {
+        // Arrange
+        let (mut devices, _output) = new_devices();
+        let mut json: serde_json::Value = serde_json::to_value(devices.state()).unwrap();
+        json.as_object_mut().unwrap().remove("virtio");
+
+        // Act
+        let state: DevicesState = serde_json::from_value(json).unwrap();
+        let result = devices.restore(&state);
+
+        // Assert
+        assert_eq!(result, Ok(()));
+        assert!(state.virtio.is_empty());
+    }
+
+    #[test]
+    fn test_devices_virtio_any_access_never_panics() {
+        // Arrange
+        let mut machine = virtio_machine();
+        let mut garbage = 0x2545_f491_4f6c_dd1du64;
+
+        // Act: every offset of both windows, every size, garbage values.
+        for base in [VIRTIO0, VIRTIO1] {
+            for offset in (0..layout::VIRTIO_MMIO_STRIDE).step_by(2) {
+                for size in [1usize, 2, 4, 8] {
+                    garbage ^= garbage << 13;
+                    garbage ^= garbage >> 7;
+                    garbage ^= garbage << 17;
+                    let mut data = garbage.to_le_bytes()[..size].to_vec();
+                    machine
+                        .devices
+                        .mmio_write(VirtNanos(offset), base + offset, &data);
+                    machine
+                        .devices
+                        .mmio_read(VirtNanos(offset), base + offset, &mut data);
+                }
+            }
+        }
+
+        // Assert: the machine still works and its state still round-trips.
+        let state = machine.devices.state();
+        machine.devices.restore(&state).unwrap();
+        assert_eq!(machine.devices.state(), state);
+        let _ = machine.devices.acknowledge_interrupt();
     }
 }

@@ -11,6 +11,16 @@ use serde::{Deserialize, Serialize};
 pub mod stream {
     /// The seed handed to the kernel RNG at boot (setup_data RNG seed).
     pub const KERNEL_RNG_SEED: &str = "kernel-rng-seed";
+    /// The virtio-rng device (the guest's hwrng, which keeps feeding its RNG).
+    pub const VIRTIO_RNG: &str = "virtio-rng";
+}
+
+/// The 32-byte ChaCha20 key of stream `name` under `seed`.
+pub fn stream_key(seed: u64, name: &str) -> [u8; 32] {
+    blake3::derive_key(
+        &format!("detvisor entropy stream {name}"),
+        &seed.to_le_bytes(),
+    )
 }
 
 #[derive(Clone, Debug)]
@@ -31,10 +41,7 @@ pub struct EntropyStreamState {
 
 impl EntropyStream {
     pub fn new(seed: u64, name: &str) -> Self {
-        let key = blake3::derive_key(
-            &format!("detvisor entropy stream {name}"),
-            &seed.to_le_bytes(),
-        );
+        let key = stream_key(seed, name);
         EntropyStream {
             name: name.to_string(),
             seed,

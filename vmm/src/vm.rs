@@ -8,7 +8,7 @@
 
 use crate::boot::{self, BootError, BootInputs};
 use crate::cpu_model::{self, MsrAccess};
-use crate::entropy::{stream, EntropyStream};
+use crate::entropy::{self, stream, EntropyStream};
 use crate::exit::MachineState;
 use crate::exit::{
     AccessData, Completion, Exit, ExitAction, ExitFailure, InterruptAction, Machine, Perturbation,
@@ -58,6 +58,8 @@ pub enum VmError {
     VcpuState(#[from] vcpu_state::VcpuStateError),
     #[error("cannot resume this snapshot: {0}")]
     Incompatible(String),
+    #[error("setting up devices: {0}")]
+    Devices(#[source] devices::DevicesError),
 }
 
 /// What a resumed run may set anew.
@@ -531,6 +533,12 @@ impl Session {
                 })?;
         // Bad input (not a kernel, an initrd too large) is found before KVM is touched.
         let kernel = boot::load_kernel(&memory, &config.kernel)?;
+        // The virtio devices are declared on the kernel command line.
+        let cmdline = format!(
+            "{} {}",
+            config.cmdline,
+            devices::layout::virtio_mmio_cmdline_fragment(VIRTIO_RNG_SLOT).expect("slot 0 exists")
+        );
         let mut rng_seed = [0u8; boot::RNG_SEED_LEN];
         EntropyStream::new(config.seed, stream::KERNEL_RNG_SEED).fill(&mut rng_seed);
         boot::write_boot_data(
@@ -538,12 +546,13 @@ impl Session {
             &kernel,
             &BootInputs {
                 ram: config.ram_bytes,
-                cmdline: &config.cmdline,
+                cmdline: &cmdline,
                 initrd: &config.initrd,
                 rng_seed,
             },
         )?;
         let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        let devices_memory = memory.clone();
         let vm = create_vm(&kvm, memory)?;
         let sregs = vm.vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
         vm.vcpu
@@ -564,7 +573,7 @@ impl Session {
             hash: ChainHash::default(),
             bytes: 0,
         }));
-        let devices = Devices::new(
+        let mut devices = Devices::new(
             DevicesConfig {
                 rtc_epoch_unix_secs: config.rtc_epoch_unix_secs,
             },
@@ -572,6 +581,7 @@ impl Session {
                 shared: console.clone(),
             }),
         );
+        attach_virtio(&mut devices, devices_memory, config.seed)?;
         let mut machine = Machine::new(devices, config.until);
         machine.set_perturbation(config.perturbation);
         Ok(Session {
@@ -681,6 +691,35 @@ impl Session {
         Ok(None)
     }
 
+    /// Runs until the guest stops, or until `exit_limit` exits have been
+    /// handled, or until virtual time reaches `time_limit`, whichever is first
+    /// (`None` when a limit was reached before the guest stopped).
+    pub fn run_until(
+        &mut self,
+        exit_limit: Option<u64>,
+        time_limit: Option<VirtNanos>,
+    ) -> Result<Option<StopReason>, VmError> {
+        loop {
+            if exit_limit.is_some_and(|limit| self.machine.exits() >= limit)
+                || time_limit.is_some_and(|limit| self.machine.now() >= limit)
+            {
+                return Ok(None);
+            }
+            if let ExitAction::Stop(reason) = self.step()? {
+                return Ok(Some(reason));
+            }
+        }
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Re-keys the run's seeded streams from `seed` (used by alternate histories).
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
+    }
+
     /// Exits handled so far.
     pub fn exits(&self) -> u64 {
         self.machine.exits()
@@ -755,6 +794,7 @@ impl Session {
             )));
         }
         let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
+        let devices_memory = memory.clone();
         let mut vm = create_vm(&kvm, memory)?;
         vcpu_state::restore(&vm.vcpu, &state.vcpu)?;
         vm.vcpu.get_kvm_run().request_interrupt_window = state.request_interrupt_window;
@@ -771,6 +811,7 @@ impl Session {
                 shared: console.clone(),
             }),
         );
+        attach_virtio(&mut devices, devices_memory, state.seed)?;
         devices
             .restore(&state.devices)
             .map_err(|e| VmError::Incompatible(format!("device state: {e}")))?;
@@ -833,6 +874,39 @@ impl Session {
             records,
         }
     }
+}
+
+/// The virtio-mmio slot of the entropy device (its IRQ and address follow from it).
+const VIRTIO_RNG_SLOT: usize = 0;
+
+/// Attaches the virtio devices, in a fixed order (their slots are part of the
+/// guest-visible machine and of saved device state).
+fn attach_virtio(devices: &mut Devices, memory: GuestMemoryMmap, seed: u64) -> Result<(), VmError> {
+    devices.attach_guest_memory(memory);
+    let slot = devices
+        .attach_virtio_rng(entropy::stream_key(seed, stream::VIRTIO_RNG))
+        .map_err(VmError::Devices)?;
+    debug_assert_eq!(
+        slot.cmdline_fragment(),
+        devices::layout::virtio_mmio_cmdline_fragment(VIRTIO_RNG_SLOT).unwrap()
+    );
+    Ok(())
+}
+
+/// Guest RAM mapped private (copy-on-write) from a snapshot's memory file:
+/// nothing is read up front; pages fault in from the file as the guest
+/// touches them, and guest writes never reach the file.
+pub fn memory_from_file(file: std::fs::File, len: u64) -> Result<GuestMemoryMmap, VmError> {
+    let bad = |reason: String| VmError::Memory { bytes: len, reason };
+    let region = vm_memory::mmap::MmapRegionBuilder::new(len as usize)
+        .with_file_offset(vm_memory::FileOffset::new(file, 0))
+        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+        .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+        .build()
+        .map_err(|e| bad(format!("mapping the snapshot memory: {e}")))?;
+    let region = vm_memory::GuestRegionMmap::new(region, GuestAddress(0))
+        .ok_or_else(|| bad("the snapshot memory does not fit the guest address space".into()))?;
+    GuestMemoryMmap::from_regions(vec![region]).map_err(|e| bad(e.to_string()))
 }
 
 /// Boots and runs a guest to completion.

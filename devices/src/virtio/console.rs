@@ -178,3 +178,309 @@ impl VirtioMmioTransport<VirtioConsole> {
         self.process_queue(RECEIVEQ, mem, now);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virtio::mmio::{INTERRUPT_USED_BUFFER, STATUS_NEEDS_RESET};
+    use crate::virtio::testing::*;
+    use crate::virtio::VirtioViolation;
+
+    struct LiveConsole {
+        device: DirectTransport<VirtioConsole>,
+        receiveq: DriverQueue,
+        transmitq: DriverQueue,
+    }
+
+    fn live_console() -> LiveConsole {
+        let mut device = DirectTransport::new(VirtioConsole::new());
+        let receiveq = DriverQueue::new(QUEUE0_BASE, CONSOLE_QUEUE_SIZE);
+        let transmitq = DriverQueue::new(QUEUE1_BASE, CONSOLE_QUEUE_SIZE);
+        initialize(&mut device, &[&receiveq, &transmitq]);
+        LiveConsole {
+            device,
+            receiveq,
+            transmitq,
+        }
+    }
+
+    impl LiveConsole {
+        fn transmit(&mut self, buffers: &[(u64, &[u8])]) -> u16 {
+            let chain: Vec<Buffer> = buffers
+                .iter()
+                .map(|&(address, bytes)| {
+                    write_bytes(&self.device.mem, address, bytes);
+                    readable(address, bytes.len() as u32)
+                })
+                .collect();
+            let head = self.transmitq.add_chain(&self.device.mem, &chain);
+            self.device.write32(REG_QUEUE_NOTIFY, TRANSMITQ as u32);
+            head
+        }
+
+        fn post_receive_buffer(&mut self, address: u64, len: u32) -> u16 {
+            self.receiveq
+                .add_chain(&self.device.mem, &[writable(address, len)])
+        }
+    }
+
+    #[test]
+    fn test_console_identifies_as_console_with_two_queues() {
+        // Arrange
+        let mut device = DirectTransport::new(VirtioConsole::new());
+
+        // Act
+        let device_id = device.read32(REG_DEVICE_ID);
+        let sizes: Vec<u32> = (0..3)
+            .map(|queue| {
+                device.write32(REG_QUEUE_SEL, queue);
+                device.read32(REG_QUEUE_NUM_MAX)
+            })
+            .collect();
+
+        // Assert
+        assert_eq!(device_id, 3);
+        assert_eq!(sizes, [128, 128, 0]);
+    }
+
+    #[test]
+    fn test_console_transmit_takes_whole_message_in_one_notify() {
+        // Arrange
+        let mut console = live_console();
+
+        // Act
+        let head = console.transmit(&[
+            (DATA_BASE, b"{\"op\":"),
+            (DATA_BASE + 0x100, b"\"ping\"}\n"),
+        ]);
+
+        // Assert
+        assert_eq!(
+            console.device.transport.device_mut().take_output(),
+            b"{\"op\":\"ping\"}\n"
+        );
+        assert_eq!(
+            console.transmitq.take_used(&console.device.mem),
+            [(u32::from(head), 0)]
+        );
+        assert_eq!(
+            console.device.read32(REG_INTERRUPT_STATUS),
+            INTERRUPT_USED_BUFFER
+        );
+        assert!(console
+            .device
+            .transport
+            .device_mut()
+            .take_output()
+            .is_empty());
+    }
+
+    #[test]
+    fn test_console_deliver_fills_posted_receive_buffers_in_order() {
+        // Arrange
+        let mut console = live_console();
+        let first = console.post_receive_buffer(DATA_BASE, 8);
+        let second = console.post_receive_buffer(DATA_BASE + 0x100, 8);
+        console.device.write32(REG_QUEUE_NOTIFY, RECEIVEQ as u32);
+        console
+            .device
+            .transport
+            .device_mut()
+            .enqueue_input(b"hello, guest");
+
+        // Act
+        let mem = console.device.mem.clone();
+        console.device.transport.deliver(&mem, VirtNanos(5));
+
+        // Assert
+        assert_eq!(
+            console.receiveq.take_used(&mem),
+            [(u32::from(first), 8), (u32::from(second), 4)]
+        );
+        assert_eq!(read_bytes(&mem, DATA_BASE, 8), b"hello, g");
+        assert_eq!(read_bytes(&mem, DATA_BASE + 0x100, 4), b"uest");
+        assert_eq!(console.device.transport.device().pending_input_len(), 0);
+        assert_eq!(
+            console.device.read32(REG_INTERRUPT_STATUS),
+            INTERRUPT_USED_BUFFER
+        );
+    }
+
+    #[test]
+    fn test_console_input_waits_for_buffers_then_arrives_on_notify() {
+        // Arrange
+        let mut console = live_console();
+        console
+            .device
+            .transport
+            .device_mut()
+            .enqueue_input(b"0123456789");
+        let mem = console.device.mem.clone();
+        console.device.transport.deliver(&mem, VirtNanos(5));
+        let used_without_buffers = console.receiveq.used_idx(&mem);
+
+        // Act
+        console.post_receive_buffer(DATA_BASE, 6);
+        console.device.write32(REG_QUEUE_NOTIFY, RECEIVEQ as u32);
+        let pending_after_one_buffer = console.device.transport.device().pending_input_len();
+        console.post_receive_buffer(DATA_BASE + 0x100, 64);
+        console.device.write32(REG_QUEUE_NOTIFY, RECEIVEQ as u32);
+
+        // Assert
+        assert_eq!(used_without_buffers, 0);
+        assert_eq!(pending_after_one_buffer, 4);
+        assert_eq!(console.receiveq.take_used(&mem), [(0, 6), (1, 4)]);
+        assert_eq!(read_bytes(&mem, DATA_BASE + 0x100, 4), b"6789");
+    }
+
+    #[test]
+    fn test_console_input_posted_before_driver_ok_arrives_at_driver_ok() {
+        // Arrange
+        let mut device = DirectTransport::new(VirtioConsole::new());
+        let mut receiveq = DriverQueue::new(QUEUE0_BASE, CONSOLE_QUEUE_SIZE);
+        let transmitq = DriverQueue::new(QUEUE1_BASE, CONSOLE_QUEUE_SIZE);
+        negotiate(&mut device);
+        setup_queue(&mut device, 0, &receiveq);
+        setup_queue(&mut device, 1, &transmitq);
+        receiveq.add_chain(&device.mem, &[writable(DATA_BASE, 16)]);
+        device.write32(REG_QUEUE_NOTIFY, RECEIVEQ as u32);
+        device.transport.device_mut().enqueue_input(b"early");
+        let used_before = receiveq.used_idx(&device.mem);
+
+        // Act
+        device.write32(REG_STATUS, STATUS_LIVE);
+
+        // Assert
+        assert_eq!(used_before, 0);
+        assert_eq!(receiveq.take_used(&device.mem), [(0, 5)]);
+        assert_eq!(read_bytes(&device.mem, DATA_BASE, 5), b"early");
+    }
+
+    #[test]
+    fn test_console_output_beyond_limit_is_dropped_and_counted() {
+        // Arrange: 17 descriptors all reading the same 1 MiB of memory.
+        let mut console = live_console();
+        let aliased: Vec<Buffer> = (0..17).map(|_| readable(0, MEMORY_SIZE as u32)).collect();
+        console.transmitq.add_chain(&console.device.mem, &aliased);
+
+        // Act
+        console.device.write32(REG_QUEUE_NOTIFY, TRANSMITQ as u32);
+        let output = console.device.transport.device_mut().take_output();
+
+        // Assert
+        assert_eq!(output.len(), OUTPUT_LIMIT);
+        assert_eq!(
+            console.device.transport.device().dropped_output_bytes(),
+            17 * MEMORY_SIZE - OUTPUT_LIMIT as u64
+        );
+        assert_eq!(console.transmitq.used_idx(&console.device.mem), 1);
+        assert_eq!(console.device.transport.violation(), None);
+    }
+
+    #[test]
+    fn test_console_device_writable_transmit_buffer_breaks_device() {
+        // Arrange
+        let mut console = live_console();
+
+        // Act
+        console
+            .transmitq
+            .add_chain(&console.device.mem, &[writable(DATA_BASE, 8)]);
+        console.device.write32(REG_QUEUE_NOTIFY, TRANSMITQ as u32);
+
+        // Assert
+        assert_eq!(
+            console.device.transport.violation(),
+            Some(VirtioViolation::Queue {
+                queue: TRANSMITQ as u16,
+                fault: QueueFault::WritableDescriptor { index: 0 },
+            })
+        );
+        assert_ne!(console.device.read32(REG_STATUS) & STATUS_NEEDS_RESET, 0);
+    }
+
+    #[test]
+    fn test_console_read_only_receive_buffer_breaks_device_and_is_not_written() {
+        // Arrange
+        let mut console = live_console();
+        write_bytes(&console.device.mem, DATA_BASE, b"guest's");
+        console
+            .receiveq
+            .add_chain(&console.device.mem, &[readable(DATA_BASE, 7)]);
+        console
+            .device
+            .transport
+            .device_mut()
+            .enqueue_input(b"overwrite");
+
+        // Act
+        console.device.write32(REG_QUEUE_NOTIFY, RECEIVEQ as u32);
+
+        // Assert
+        assert_eq!(
+            console.device.transport.violation(),
+            Some(VirtioViolation::Queue {
+                queue: RECEIVEQ as u16,
+                fault: QueueFault::ReadOnlyDescriptor { index: 0 },
+            })
+        );
+        assert_eq!(read_bytes(&console.device.mem, DATA_BASE, 7), b"guest's");
+        assert_eq!(console.device.transport.device().pending_input_len(), 9);
+    }
+
+    #[test]
+    fn test_console_reset_keeps_pending_input_and_output() {
+        // Arrange
+        let mut console = live_console();
+        console.transmit(&[(DATA_BASE, b"sent")]);
+        console
+            .device
+            .transport
+            .device_mut()
+            .enqueue_input(b"queued");
+
+        // Act
+        console.device.write32(REG_STATUS, 0);
+
+        // Assert
+        let backend = console.device.transport.device_mut();
+        assert_eq!(backend.pending_input_len(), 6);
+        assert_eq!(backend.take_output(), b"sent");
+    }
+
+    #[test]
+    fn test_console_state_round_trip() {
+        // Arrange
+        let mut console = live_console();
+        console.transmit(&[(DATA_BASE, b"out")]);
+        console.device.transport.device_mut().enqueue_input(b"in");
+        let saved = console.device.transport.device().state();
+        let json = serde_json::to_string(&saved).unwrap();
+
+        // Act
+        let mut restored = VirtioConsole::new();
+        restored.restore(&serde_json::from_str(&json).unwrap());
+
+        // Assert
+        assert_eq!(restored.state(), saved);
+        assert_eq!(saved.pending_input, b"in");
+        assert_eq!(saved.output, b"out");
+    }
+
+    #[test]
+    fn test_console_config_space_reads_zero() {
+        // Arrange
+        let mut device = DirectTransport::new(VirtioConsole::new());
+        let mut config = [0xffu8; 12];
+
+        // Act
+        device.transport.read(REG_CONFIG, &mut config);
+        device
+            .transport
+            .write(REG_CONFIG + 8, &[1, 2, 3, 4], &device.mem, device.now);
+
+        // Assert
+        assert_eq!(config, [0; 12]);
+        assert_eq!(device.read32(REG_CONFIG + 8), 0);
+    }
+}

@@ -23,6 +23,8 @@ pub mod console;
 pub mod mmio;
 pub mod queue;
 pub mod rng;
+#[cfg(test)]
+pub(crate) mod testing;
 
 pub use console::{VirtioConsole, VirtioConsoleState};
 pub use mmio::{VirtioMmioState, VirtioMmioTransport};

@@ -144,7 +144,9 @@ impl Virtqueue {
             (current & !LOW_HALF) | u64::from(value)
         };
         let result = match part {
-            RingPart::DescriptorTable => self.queue.try_set_desc_table_address(GuestAddress(address)),
+            RingPart::DescriptorTable => {
+                self.queue.try_set_desc_table_address(GuestAddress(address))
+            }
             RingPart::AvailRing => self.queue.try_set_avail_ring_address(GuestAddress(address)),
             RingPart::UsedRing => self.queue.try_set_used_ring_address(GuestAddress(address)),
         };
@@ -210,7 +212,44 @@ impl Virtqueue {
         self.walk_chain(mem, head).map(Some)
     }
 
+    /// Reads and checks the chain from `head`: first its shape (indexes,
+    /// length, flags, total size), then that every buffer lies inside guest
+    /// memory, so a chain that is malformed is reported as such wherever its
+    /// buffers point.
     fn walk_chain(&self, mem: &GuestMemoryMmap, head: u16) -> Result<DescriptorChain, QueueFault> {
+        let segments = self.read_chain(mem, head)?;
+        for segment in &segments {
+            // An empty buffer is never accessed, so its address does not matter.
+            if segment.len == 0 {
+                continue;
+            }
+            let (index, address, len) = (segment.index, segment.address, segment.len);
+            if address.checked_add(u64::from(len)).is_none() {
+                return Err(QueueFault::BufferAddressOverflow {
+                    index,
+                    address,
+                    len,
+                });
+            }
+            if !GuestMemoryBackend::check_range(mem, GuestAddress(address), len as usize) {
+                return Err(QueueFault::BufferOutsideMemory {
+                    index,
+                    address,
+                    len,
+                });
+            }
+        }
+        Ok(DescriptorChain {
+            head_index: head,
+            segments,
+        })
+    }
+
+    fn read_chain(
+        &self,
+        mem: &GuestMemoryMmap,
+        head: u16,
+    ) -> Result<Vec<BufferSegment>, QueueFault> {
         let size = self.queue.size();
         let table = self.queue.desc_table();
         let mut segments = Vec::new();
@@ -235,20 +274,10 @@ impl Virtqueue {
                 return Err(QueueFault::IndirectDescriptor { index });
             }
             let len = descriptor.len();
-            let address = descriptor.addr().0;
-            // The spec caps a chain at 2^32 bytes; the used ring's length is 32 bits.
+            // The spec caps a chain below 2^32 bytes; the used ring's length is 32 bits.
             total_len = total_len
                 .checked_add(len)
                 .ok_or(QueueFault::ChainLengthOverflow { head })?;
-            // An empty buffer is never accessed, so its address does not matter.
-            if len > 0 {
-                if address.checked_add(u64::from(len)).is_none() {
-                    return Err(QueueFault::BufferAddressOverflow { index, address, len });
-                }
-                if !GuestMemoryBackend::check_range(mem, GuestAddress(address), len as usize) {
-                    return Err(QueueFault::BufferOutsideMemory { index, address, len });
-                }
-            }
             let device_writable = descriptor.is_write_only();
             if device_writable {
                 seen_writable = true;
@@ -258,15 +287,12 @@ impl Virtqueue {
             }
             segments.push(BufferSegment {
                 index,
-                address,
+                address: descriptor.addr().0,
                 len,
                 device_writable,
             });
             if !descriptor.has_next() {
-                return Ok(DescriptorChain {
-                    head_index: head,
-                    segments,
-                });
+                return Ok(segments);
             }
             index = descriptor.next();
         }
@@ -331,7 +357,9 @@ impl Virtqueue {
             used_added: false,
         };
         if restored.ready() && !restored.rings_in_memory(mem) {
-            return Err(invalid("a ready queue's rings are not inside guest memory".into()));
+            return Err(invalid(
+                "a ready queue's rings are not inside guest memory".into(),
+            ));
         }
         Ok(restored)
     }
@@ -386,7 +414,11 @@ impl DescriptorChain {
 
     /// The first `limit` bytes (at most) of the device-readable buffers, in
     /// chain order.
-    pub fn read_readable(&self, mem: &GuestMemoryMmap, limit: usize) -> Result<Vec<u8>, QueueFault> {
+    pub fn read_readable(
+        &self,
+        mem: &GuestMemoryMmap,
+        limit: usize,
+    ) -> Result<Vec<u8>, QueueFault> {
         let mut bytes = Vec::new();
         for segment in self.segments.iter().filter(|s| !s.device_writable) {
             let room = limit - bytes.len();

@@ -108,3 +108,164 @@ impl VirtioDevice for VirtioRng {
     /// The stream is the machine's, not the driver's: a reset does not rewind it.
     fn reset(&mut self) {}
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virtio::mmio::INTERRUPT_USED_BUFFER;
+    use crate::virtio::testing::*;
+    use crate::virtio::RingPart;
+
+    const KEY: [u8; 32] = *b"detvisor virtio-rng test key 32b";
+
+    fn expected_stream(len: usize) -> Vec<u8> {
+        let mut bytes = vec![0u8; len];
+        ChaCha20Rng::from_seed(KEY).fill_bytes(&mut bytes);
+        bytes
+    }
+
+    fn live_rng() -> (DirectTransport<VirtioRng>, DriverQueue) {
+        let mut device = DirectTransport::new(VirtioRng::new(KEY));
+        let queue = DriverQueue::new(QUEUE0_BASE, RNG_QUEUE_SIZE);
+        initialize(&mut device, &[&queue]);
+        (device, queue)
+    }
+
+    #[test]
+    fn test_rng_fills_requests_from_the_seeded_stream_end_to_end() {
+        // Arrange
+        let (mut device, mut queue) = live_rng();
+        let first = queue.add_chain(&device.mem, &[writable(DATA_BASE, 32)]);
+        let second = queue.add_chain(&device.mem, &[writable(DATA_BASE + 0x100, 16)]);
+
+        // Act
+        device.write32(REG_QUEUE_NOTIFY, 0);
+
+        // Assert
+        let stream = expected_stream(48);
+        assert_eq!(
+            queue.take_used(&device.mem),
+            [(u32::from(first), 32), (u32::from(second), 16)]
+        );
+        assert_eq!(read_bytes(&device.mem, DATA_BASE, 32), stream[..32]);
+        assert_eq!(read_bytes(&device.mem, DATA_BASE + 0x100, 16), stream[32..]);
+        assert_eq!(device.read32(REG_INTERRUPT_STATUS), INTERRUPT_USED_BUFFER);
+    }
+
+    #[test]
+    fn test_rng_bytes_do_not_depend_on_how_the_buffer_is_split() {
+        // Arrange
+        let (mut device, mut queue) = live_rng();
+        queue.add_chain(
+            &device.mem,
+            &[
+                writable(DATA_BASE, 5),
+                writable(DATA_BASE + 0x100, 0),
+                writable(DATA_BASE + 0x200, 27),
+            ],
+        );
+
+        // Act
+        device.write32(REG_QUEUE_NOTIFY, 0);
+
+        // Assert
+        let stream = expected_stream(32);
+        assert_eq!(queue.take_used(&device.mem), [(0, 32)]);
+        assert_eq!(read_bytes(&device.mem, DATA_BASE, 5), stream[..5]);
+        assert_eq!(read_bytes(&device.mem, DATA_BASE + 0x200, 27), stream[5..]);
+    }
+
+    #[test]
+    fn test_rng_request_is_capped() {
+        // Arrange
+        let (mut device, mut queue) = live_rng();
+        let len = MAX_BYTES_PER_REQUEST + 0x1000;
+        write_bytes(&device.mem, DATA_BASE, &vec![0xcc; len as usize]);
+        queue.add_chain(&device.mem, &[writable(DATA_BASE, len)]);
+
+        // Act
+        device.write32(REG_QUEUE_NOTIFY, 0);
+
+        // Assert
+        assert_eq!(queue.take_used(&device.mem), [(0, MAX_BYTES_PER_REQUEST)]);
+        let tail = read_bytes(
+            &device.mem,
+            DATA_BASE + u64::from(MAX_BYTES_PER_REQUEST),
+            0x1000,
+        );
+        assert!(tail.iter().all(|&b| b == 0xcc));
+    }
+
+    #[test]
+    fn test_rng_state_round_trip_continues_the_stream() {
+        // Arrange
+        let mut rng = VirtioRng::new(KEY);
+        let mut queue = Virtqueue::new(RNG_QUEUE_SIZE).unwrap();
+        let mem = test_memory();
+        let mut driver = DriverQueue::new(QUEUE0_BASE, RNG_QUEUE_SIZE);
+        for (part, address) in [
+            (RingPart::DescriptorTable, driver.desc),
+            (RingPart::AvailRing, driver.avail),
+            (RingPart::UsedRing, driver.used),
+        ] {
+            queue.set_address_half(part, false, address as u32).unwrap();
+        }
+        queue.set_ready(true, &mem).unwrap();
+        driver.add_chain(&mem, &[writable(DATA_BASE, 12)]);
+        rng.process_queue(0, &mut queue, &mem, VirtNanos::ZERO)
+            .unwrap();
+        let saved = rng.state();
+        let json = serde_json::to_string(&saved).unwrap();
+
+        // Act
+        let mut restored = VirtioRng::new([0; 32]);
+        restored.restore(&serde_json::from_str(&json).unwrap());
+        driver.add_chain(&mem, &[writable(DATA_BASE + 0x100, 20)]);
+        restored
+            .process_queue(0, &mut queue, &mem, VirtNanos::ZERO)
+            .unwrap();
+
+        // Assert: 12 bytes took 3 words; the next request starts at word 3.
+        assert_eq!(saved.word_pos, 3);
+        assert_eq!(saved.key, KEY);
+        assert_eq!(restored.state().word_pos, 8);
+        assert_eq!(
+            read_bytes(&mem, DATA_BASE + 0x100, 20),
+            expected_stream(32)[12..]
+        );
+    }
+
+    #[test]
+    fn test_rng_from_rng_reads_from_where_the_stream_stands() {
+        // Arrange
+        let mut stream = ChaCha20Rng::from_seed(KEY);
+        stream.set_word_pos(100);
+
+        // Act
+        let rng = VirtioRng::from_rng(stream);
+
+        // Assert
+        assert_eq!(rng.state().word_pos, 100);
+    }
+
+    #[test]
+    fn test_rng_device_reset_does_not_rewind_the_stream() {
+        // Arrange
+        let (mut device, mut queue) = live_rng();
+        queue.add_chain(&device.mem, &[writable(DATA_BASE, 16)]);
+        device.write32(REG_QUEUE_NOTIFY, 0);
+
+        // Act
+        device.write32(REG_STATUS, 0);
+        let mut queue = DriverQueue::new(QUEUE1_BASE, RNG_QUEUE_SIZE);
+        initialize(&mut device, &[&queue]);
+        queue.add_chain(&device.mem, &[writable(DATA_BASE + 0x100, 16)]);
+        device.write32(REG_QUEUE_NOTIFY, 0);
+
+        // Assert
+        assert_eq!(
+            read_bytes(&device.mem, DATA_BASE + 0x100, 16),
+            expected_stream(32)[16..]
+        );
+    }
+}

@@ -1,0 +1,124 @@
+//! The framed file layout shared by `state.bin` and `memory.idx`:
+//!
+//! | offset | size | field                                  |
+//! |-------:|-----:|----------------------------------------|
+//! | 0      | 8    | magic                                  |
+//! | 8      | 4    | format version, u32 LE                 |
+//! | 12     | 4    | flags, u32 LE                          |
+//! | 16     | 8    | payload length, u64 LE                 |
+//! | 24     | 8    | CRC-64/XZ of the payload, u64 LE       |
+//! | 32     | len  | payload                                |
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+use crate::error::{io, Result, SnapshotError};
+use crate::FORMAT_VERSION;
+
+pub(crate) const HEADER_LEN: usize = 32;
+
+/// CRC-64/XZ (a.k.a. CRC-64/GO-ECMA): ECMA-182 polynomial 0x42F0E1EBA9EA3693, reflected,
+/// init and xorout all ones. The CRC of `b"123456789"` is `0x995dc9bbdf1939fa`.
+pub(crate) const CRC64: crc::Crc<u64, crc::Table<16>> =
+    crc::Crc::<u64, crc::Table<16>>::new(&crc::CRC_64_XZ);
+
+/// Writes header and payload to a new file at `path` and fsyncs it.
+pub(crate) fn write_framed(path: &Path, magic: &[u8; 8], flags: u32, payload: &[u8]) -> Result<()> {
+    let mut buf = Vec::with_capacity(HEADER_LEN + payload.len());
+    buf.extend_from_slice(magic);
+    buf.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    buf.extend_from_slice(&flags.to_le_bytes());
+    buf.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+    buf.extend_from_slice(&CRC64.checksum(payload).to_le_bytes());
+    buf.extend_from_slice(payload);
+    let mut f = File::create(path).map_err(io(path, "create"))?;
+    f.write_all(&buf).map_err(io(path, "write"))?;
+    f.sync_all().map_err(io(path, "fsync"))?;
+    Ok(())
+}
+
+/// Reads and checks a framed file: magic, version, length, checksum. Returns the flags and
+/// the payload. `what` names the part for a `MissingPart` error.
+pub(crate) fn read_framed(
+    path: &Path,
+    magic: &[u8; 8],
+    what: &'static str,
+) -> Result<(u32, Vec<u8>)> {
+    let mut bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(SnapshotError::MissingPart {
+                path: path.to_owned(),
+                what,
+            })
+        }
+        Err(e) => return Err(io(path, "read")(e)),
+    };
+    let actual = bytes.len() as u64;
+    let head = &bytes[..bytes.len().min(8)];
+    if head != &magic[..head.len()] {
+        return Err(SnapshotError::BadMagic {
+            path: path.to_owned(),
+            expected: magic.escape_ascii().to_string(),
+            found: head.escape_ascii().to_string(),
+        });
+    }
+    if bytes.len() < HEADER_LEN {
+        return Err(SnapshotError::Truncated {
+            path: path.to_owned(),
+            expected: HEADER_LEN as u64,
+            actual,
+        });
+    }
+    let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().expect("8 bytes"));
+    let version = u32_at(8);
+    let flags = u32_at(12);
+    let len = u64_at(16);
+    let crc = u64_at(24);
+    if version != FORMAT_VERSION {
+        return Err(SnapshotError::UnsupportedVersion {
+            path: path.to_owned(),
+            found: version,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let expected = len.saturating_add(HEADER_LEN as u64);
+    if actual < expected {
+        return Err(SnapshotError::Truncated {
+            path: path.to_owned(),
+            expected,
+            actual,
+        });
+    }
+    if actual > expected {
+        return Err(SnapshotError::TrailingData {
+            path: path.to_owned(),
+            expected,
+            actual,
+        });
+    }
+    let payload = bytes.split_off(HEADER_LEN);
+    let sum = CRC64.checksum(&payload);
+    if sum != crc {
+        return Err(SnapshotError::ChecksumMismatch {
+            path: path.to_owned(),
+            expected: crc,
+            actual: sum,
+        });
+    }
+    Ok((flags, payload))
+}
+
+/// Checks that `flags` has no bits outside `known`.
+pub(crate) fn check_flags(path: &Path, flags: u32, known: u32) -> Result<()> {
+    if flags & !known != 0 {
+        return Err(SnapshotError::UnsupportedFlags {
+            path: path.to_owned(),
+            found: flags,
+            known,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,297 @@
+//! `resolve`: turning a user's snapshot spec (`./snaps@12.5s`, `./snaps@exit:123456`,
+//! `./snaps/<id>`, ...) into a snapshot and the target to replay forward to.
+
+use std::fmt;
+use std::path::Path;
+
+use crate::error::{Result, SnapshotError};
+use crate::{info, list, validate_id, SnapshotInfo, INDEX_FILE, MEMORY_FILE, STATE_FILE};
+
+/// Where the caller should be after restoring the chosen snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The snapshot was named (`DIR/<id>`, `DIR@<id>`, `DIR@id:<id>`): restore it as is.
+    Snapshot,
+    /// `DIR@latest`: the last snapshot in (virtual_ns, exit_index, id) order, as is.
+    Latest,
+    /// `DIR@<time>`: replay forward from the snapshot until the virtual clock reaches this many
+    /// nanoseconds (the snapshot's `virtual_ns` is at or before it).
+    VirtualTime(u64),
+    /// `DIR@exit:<n>`: replay forward from the snapshot until exit index n (the snapshot's
+    /// `exit_index` is at or before it).
+    ExitIndex(u64),
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Snapshot => f.write_str("the named snapshot"),
+            Target::Latest => f.write_str("the latest snapshot"),
+            Target::VirtualTime(ns) => write!(f, "virtual time {} ({ns} ns)", format_ns(*ns)),
+            Target::ExitIndex(n) => write!(f, "exit {n}"),
+        }
+    }
+}
+
+/// The outcome of [`resolve`]: the snapshot to restore and what to replay forward to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resolved {
+    pub snapshot: SnapshotInfo,
+    pub target: Target,
+}
+
+/// Formats nanoseconds as seconds, e.g. `12.5s`, `3s`, `0.000001s`.
+pub(crate) fn format_ns(ns: u64) -> String {
+    let (s, frac) = (ns / 1_000_000_000, ns % 1_000_000_000);
+    if frac == 0 {
+        format!("{s}s")
+    } else {
+        let digits = format!("{frac:09}");
+        format!("{s}.{}s", digits.trim_end_matches('0'))
+    }
+}
+
+/// Parses a duration: a decimal number and a unit, `ns`, `us` (or `µs`), `ms`, `s`, `m` or `h`
+/// (`12.5s`, `250ms`, `3m`, `.5s`), into nanoseconds, exactly (no floating point). Rejects a
+/// missing unit, values finer than 1 ns, and values beyond u64.
+pub fn parse_duration(s: &str) -> std::result::Result<u64, String> {
+    const UNITS: [(&str, u128); 7] = [
+        ("ns", 1),
+        ("us", 1_000),
+        ("µs", 1_000),
+        ("ms", 1_000_000),
+        ("s", 1_000_000_000),
+        ("m", 60_000_000_000),
+        ("h", 3_600_000_000_000),
+    ];
+    let expected = || {
+        format!("{s:?} is not a time: expected a decimal number and a unit (ns, us, ms, s, m, h), e.g. 12.5s")
+    };
+    let (num, mult) = UNITS
+        .iter()
+        .find_map(|&(u, m)| s.strip_suffix(u).map(|n| (n, m)))
+        .ok_or_else(expected)?;
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+    if !digits(int) || !digits(frac) || (int.is_empty() && frac.is_empty()) || (num.ends_with('.'))
+    {
+        return Err(expected());
+    }
+    if int.len() > 20 || frac.len() > 18 {
+        return Err(format!("{s:?} has too many digits"));
+    }
+    let int_v: u128 = if int.is_empty() {
+        0
+    } else {
+        int.parse().map_err(|_| expected())?
+    };
+    let frac_v: u128 = if frac.is_empty() {
+        0
+    } else {
+        frac.parse().map_err(|_| expected())?
+    };
+    let scale = 10u128.pow(frac.len() as u32);
+    let frac_ns = frac_v * mult;
+    if !frac_ns.is_multiple_of(scale) {
+        return Err(format!("{s:?} is finer than a nanosecond"));
+    }
+    let ns = int_v * mult + frac_ns / scale;
+    u64::try_from(ns).map_err(|_| format!("{s:?} is beyond {} ns", u64::MAX))
+}
+
+/// Resolves a snapshot spec:
+///
+/// * `DIR@<time>` (`./snaps@12.5s`; units ns, us, ms, s, m, h): the latest snapshot at or
+///   before that virtual time; target [`Target::VirtualTime`].
+/// * `DIR@exit:<n>`: the latest snapshot at or before exit index n; target
+///   [`Target::ExitIndex`].
+/// * `DIR@latest`: the last snapshot; target [`Target::Latest`].
+/// * `DIR@<id>` or `DIR@id:<id>` or `DIR/<id>` (any path to a snapshot directory): that one;
+///   target [`Target::Snapshot`]. `id:` forces an id that would parse as a time (e.g. `5s`).
+///
+/// "Latest at or before" follows `list` order, (virtual_ns, exit_index, id) for a time and
+/// (exit_index, virtual_ns, id) for an exit index. A root is meant to hold one timeline (one
+/// run and its restores); across diverging branches "latest" picks by these numbers alone.
+pub fn resolve(spec: &str) -> Result<Resolved> {
+    let bad = |reason: String| SnapshotError::BadSpec {
+        spec: spec.to_owned(),
+        reason,
+    };
+    if spec.is_empty() {
+        return Err(bad("empty".into()));
+    }
+    if let Some((root, sel)) = spec.rsplit_once('@').filter(|(_, sel)| !sel.contains('/')) {
+        if root.is_empty() {
+            return Err(bad("no snapshot directory before '@'".into()));
+        }
+        return select(spec, Path::new(root), sel);
+    }
+    let dir = Path::new(spec);
+    let looks_like_snapshot = [STATE_FILE, MEMORY_FILE, INDEX_FILE]
+        .iter()
+        .any(|f| dir.join(f).exists());
+    if looks_like_snapshot {
+        return Ok(Resolved {
+            snapshot: info(dir)?,
+            target: Target::Snapshot,
+        });
+    }
+    if dir.is_dir() {
+        return Err(bad(format!(
+            "{} is a directory of snapshots, not a snapshot; say which: {spec}@12.5s, {spec}@exit:N, {spec}@latest, {spec}@<id> or {spec}/<id>",
+            dir.display()
+        )));
+    }
+    Err(SnapshotError::NotFound {
+        root: dir.to_owned(),
+        what: "no such snapshot directory".into(),
+    })
+}
+
+fn select(spec: &str, root: &Path, sel: &str) -> Result<Resolved> {
+    let bad = |reason: String| SnapshotError::BadSpec {
+        spec: spec.to_owned(),
+        reason,
+    };
+    let target = if sel.is_empty() {
+        return Err(bad(
+            "nothing after '@': expected a time (12.5s), exit:N, latest or an id".into(),
+        ));
+    } else if let Some(n) = sel.strip_prefix("exit:") {
+        let n: u64 = n
+            .replace('_', "")
+            .parse()
+            .map_err(|_| bad(format!("exit index {n:?} is not a non-negative integer")))?;
+        Target::ExitIndex(n)
+    } else if sel == "latest" {
+        Target::Latest
+    } else if let Some(id) = sel.strip_prefix("id:") {
+        return by_id(root, id);
+    } else {
+        match parse_duration(sel) {
+            Ok(ns) => Target::VirtualTime(ns),
+            Err(msg) => {
+                let is_id = validate_id(sel).is_ok();
+                if is_id && root.join(sel).is_dir() {
+                    return by_id(root, sel);
+                }
+                if sel.starts_with(|c: char| c.is_ascii_digit() || c == '.') || !is_id {
+                    return Err(bad(msg));
+                }
+                return Err(SnapshotError::NotFound {
+                    root: root.to_owned(),
+                    what: format!(
+                        "no snapshot with id {sel:?} (and {sel:?} is not a time, exit:N or latest)"
+                    ),
+                });
+            }
+        }
+    };
+    let all = list(root)?;
+    let Some(first) = all.first() else {
+        return Err(SnapshotError::NotFound {
+            root: root.to_owned(),
+            what: "no snapshots".into(),
+        });
+    };
+    let chosen = match target {
+        Target::Latest | Target::Snapshot => all.last(),
+        Target::VirtualTime(ns) => all.iter().rev().find(|i| i.meta.virtual_ns <= ns),
+        Target::ExitIndex(n) => all
+            .iter()
+            .filter(|i| i.meta.exit_index <= n)
+            .max_by(|a, b| {
+                (a.meta.exit_index, a.meta.virtual_ns, &a.meta.id).cmp(&(
+                    b.meta.exit_index,
+                    b.meta.virtual_ns,
+                    &b.meta.id,
+                ))
+            }),
+    };
+    match chosen {
+        Some(s) => Ok(Resolved {
+            snapshot: s.clone(),
+            target,
+        }),
+        None => {
+            let earliest = match target {
+                Target::ExitIndex(_) => all
+                    .iter()
+                    .min_by_key(|i| (i.meta.exit_index, i.meta.virtual_ns, &i.meta.id))
+                    .unwrap_or(first),
+                _ => first,
+            };
+            Err(SnapshotError::TooEarly {
+                root: root.to_owned(),
+                target: target.to_string(),
+                earliest: format!(
+                    "{:?} at virtual time {} (exit {})",
+                    earliest.meta.id,
+                    format_ns(earliest.meta.virtual_ns),
+                    earliest.meta.exit_index
+                ),
+            })
+        }
+    }
+}
+
+fn by_id(root: &Path, id: &str) -> Result<Resolved> {
+    validate_id(id)?;
+    let dir = root.join(id);
+    if !dir.is_dir() {
+        return Err(SnapshotError::NotFound {
+            root: root.to_owned(),
+            what: format!("no snapshot with id {id:?}"),
+        });
+    }
+    Ok(Resolved {
+        snapshot: info(&dir)?,
+        target: Target::Snapshot,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        let s = 1_000_000_000u64;
+        assert_eq!(parse_duration("12.5s"), Ok(12 * s + s / 2));
+        assert_eq!(parse_duration(".5s"), Ok(s / 2));
+        assert_eq!(parse_duration("0s"), Ok(0));
+        assert_eq!(parse_duration("250ms"), Ok(250_000_000));
+        assert_eq!(parse_duration("7us"), Ok(7_000));
+        assert_eq!(parse_duration("7µs"), Ok(7_000));
+        assert_eq!(parse_duration("42ns"), Ok(42));
+        assert_eq!(parse_duration("1.5m"), Ok(90 * s));
+        assert_eq!(parse_duration("2h"), Ok(7200 * s));
+        assert_eq!(parse_duration("0.000000001s"), Ok(1));
+        for bad in [
+            "",
+            "12",
+            "s",
+            ".s",
+            "5.s",
+            "1.5ns",
+            "12.5parsecs",
+            "-1s",
+            "1e3s",
+            "1,5s",
+            "99999999999999999999s",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(format_ns(12_500_000_000), "12.5s");
+        assert_eq!(format_ns(3_000_000_000), "3s");
+        assert_eq!(format_ns(1_000), "0.000001s");
+        assert_eq!(
+            Target::VirtualTime(500_000_000).to_string(),
+            "virtual time 0.5s (500000000 ns)"
+        );
+    }
+}

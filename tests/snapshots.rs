@@ -1,0 +1,115 @@
+//! Snapshot transparency, end to end: a run that takes snapshots has the same
+//! history as one that does not, and a run resumed from a snapshot in a new
+//! process (directly or replayed forward to an exact exit) finishes with the
+//! same digest as the straight run.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn detvisor(args: &[&str]) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_detvisor"))
+        .args(args)
+        .output()
+        .expect("detvisor starts");
+    eprintln!(
+        "$ detvisor {}\n--- status: {:?}\n--- stdout:\n{}\n--- stderr:\n{}",
+        args.join(" "),
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn summary(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON summary in stdout: {text}"));
+    serde_json::from_str(line).expect("summary is JSON")
+}
+
+const WORKLOAD: &str =
+    "for i in 1 2 3; do head -c4 /dev/urandom | od -An -tx1; sleep 1; done; echo done";
+
+#[test]
+fn test_snapshot_restore_in_new_process_continues_identical_history() {
+    let dir = std::env::temp_dir().join(format!("detvisor-snaps-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let snaps = dir.to_str().unwrap();
+
+    // A: straight from boot to the end.
+    let straight = detvisor(&["run", "--json", "--seed", "5", "--", "sh", "-c", WORKLOAD]);
+    assert_eq!(straight.status.code(), Some(0));
+    let a = summary(&straight);
+    let exits = a["exits"].as_u64().unwrap();
+    let (t1, t2, mid) = (exits / 3, 2 * exits / 3, exits / 2);
+
+    // B: the same run, snapshotting at two exits; snapshots must not perturb it.
+    let (t1s, t2s) = (t1.to_string(), t2.to_string());
+    let with_snaps = detvisor(&[
+        "run",
+        "--json",
+        "--seed",
+        "5",
+        "--snapshots",
+        snaps,
+        "--snapshot-at-exit",
+        &t1s,
+        "--snapshot-at-exit",
+        &t2s,
+        "--",
+        "sh",
+        "-c",
+        WORKLOAD,
+    ]);
+    assert_eq!(with_snaps.status.code(), Some(0));
+    assert_eq!(summary(&with_snaps)["digest"], a["digest"]);
+
+    let ls = detvisor(&["snapshot", "ls", snaps, "--json"]);
+    let rows: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    let listed: Vec<u64> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["exit_index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(listed, vec![t1, t2]);
+
+    // C: resume the first snapshot in a new process and run to the end.
+    let first = format!("{snaps}/exit-{t1:012}");
+    let resumed = detvisor(&["branch", &first, "--json"]);
+    assert_eq!(resumed.status.code(), Some(0));
+    let c = summary(&resumed);
+    assert_eq!(c["digest"], a["digest"], "resumed history differs");
+    assert_eq!(c["exits"], a["exits"]);
+    assert_eq!(c["virtual_ns"], a["virtual_ns"]);
+    assert!(String::from_utf8_lossy(&resumed.stdout).contains("done"));
+
+    // D: seek to an exit between the snapshots: replay from the first one, exactly.
+    let mid_spec = format!("{snaps}@exit:{mid}");
+    let seek = detvisor(&["seek", &mid_spec, "--json"]);
+    assert_eq!(seek.status.code(), Some(0));
+    let s: serde_json::Value = serde_json::from_slice(&seek.stdout).unwrap();
+    assert_eq!(s["exit_index"].as_u64(), Some(mid));
+    assert_eq!(s["snapshot"], format!("exit-{t1:012}"));
+
+    // E: branch from that exact moment: still the same history.
+    let from_mid = detvisor(&["branch", &mid_spec, "--json"]);
+    assert_eq!(summary(&from_mid)["digest"], a["digest"]);
+
+    // F: a corrupted snapshot is refused with a clear error.
+    let state = Path::new(&first).join("state.bin");
+    let mut bytes = std::fs::read(&state).unwrap();
+    let last = bytes.len() - 10;
+    bytes[last] ^= 0x55;
+    std::fs::write(&state, &bytes).unwrap();
+    let corrupt = detvisor(&["branch", &first]);
+    assert_eq!(corrupt.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&corrupt.stderr).to_lowercase();
+    assert!(err.contains("checksum"), "{err}");
+
+    std::fs::remove_dir_all(&dir).unwrap();
+}
