@@ -557,7 +557,7 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
 
 fn cmd_branch(args: BranchArgs) -> Result<u8> {
     if let Placement::HelperVm { reason } = placement(args.host_vm) {
-        return reexec_with_snapshot_dirs(&reason, snapshot_roots(&args.spec, &args.snapshots));
+        return reexec_with_snapshot_dirs(&reason, &args.spec, &args.snapshots);
     }
     let until = args
         .until
@@ -593,51 +593,73 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
 
 fn cmd_seek(args: SeekArgs) -> Result<u8> {
     if let Placement::HelperVm { reason } = placement(args.host_vm) {
-        return reexec_with_snapshot_dirs(&reason, snapshot_roots(&args.spec, &Default::default()));
+        return reexec_with_snapshot_dirs(&reason, &args.spec, &Default::default());
     }
     snapshots::seek(&args.spec, args.json)
 }
 
-/// The snapshot directories a command reads or writes (for sharing with the helper VM).
-fn snapshot_roots(spec: &str, taking: &snapshots::SnapshotArgs) -> Vec<PathBuf> {
-    let mut roots = Vec::new();
-    let dir = match spec.rsplit_once('@') {
+/// Makes a snapshot spec (DIR@..., DIR/ID) absolute, creating nothing.
+fn absolute_spec(spec: &str) -> Result<String> {
+    let absolute = |p: &Path| -> Result<PathBuf> {
+        let p = if p.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            p
+        };
+        p.canonicalize()
+            .with_context(|| format!("snapshot directory {} does not exist", p.display()))
+    };
+    Ok(match spec.rsplit_once('@') {
+        Some((dir, rest)) => format!("{}@{rest}", absolute(Path::new(dir))?.display()),
+        None => absolute(Path::new(spec))?.display().to_string(),
+    })
+}
+
+/// The snapshot root of an absolute spec.
+fn spec_root(spec: &str) -> PathBuf {
+    match spec.rsplit_once('@') {
         Some((dir, _)) => PathBuf::from(dir),
         None => Path::new(spec)
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_default(),
-    };
-    roots.push(dir);
-    roots.extend(taking.snapshots.clone());
-    roots
+    }
 }
 
-/// Re-runs this exact command line inside the helper VM, sharing `dirs` read-write.
-fn reexec_with_snapshot_dirs(reason: &str, dirs: Vec<PathBuf>) -> Result<u8> {
-    eprintln!("detvisor: running inside a helper VM (QEMU TCG with nested SVM) because {reason}");
-    let mut shared = Vec::new();
-    for dir in dirs {
-        let dir = if dir.as_os_str().is_empty() {
-            PathBuf::from(".")
-        } else {
-            dir
-        };
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        shared.push(
-            dir.canonicalize()
-                .with_context(|| format!("resolving {}", dir.display()))?,
-        );
+/// Re-runs this command line inside the helper VM with `spec` and any
+/// `--snapshots DIR` made absolute, sharing those directories read-write.
+fn reexec_with_snapshot_dirs(
+    reason: &str,
+    spec: &str,
+    taking: &snapshots::SnapshotArgs,
+) -> Result<u8> {
+    let absolute = absolute_spec(spec)?;
+    let mut shared = vec![spec_root(&absolute)];
+    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    for arg in args.iter_mut() {
+        if arg.as_os_str() == std::ffi::OsStr::new(spec) {
+            *arg = absolute.clone().into();
+            break;
+        }
+    }
+    if let Some(dir) = &taking.snapshots {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let dir_abs = dir.canonicalize()?;
+        if let Some(i) = args.iter().position(|a| a == "--snapshots") {
+            if let Some(value) = args.get_mut(i + 1) {
+                *value = dir_abs.clone().into();
+            }
+        }
+        shared.push(dir_abs);
     }
     shared.sort();
     shared.dedup();
-    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    eprintln!("detvisor: running inside a helper VM (QEMU TCG with nested SVM) because {reason}");
     let position = args.iter().position(|a| a == "--").unwrap_or(args.len());
     args.splice(position..position, ["--host-vm".into(), "never".into()]);
     let config = hostvm::HelperVmConfig {
         assets_dir: hostvm::ensure_assets(None)?,
         shared_dirs: shared,
-        workdir: Some(std::env::current_dir().context("current directory")?),
         ..hostvm::HelperVmConfig::default()
     };
     let exe = std::env::current_exe().context("locating the detvisor executable")?;

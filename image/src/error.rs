@@ -63,7 +63,9 @@ pub enum ImageError {
     },
 
     /// A digest with an algorithm other than sha256/sha384/sha512, or malformed.
-    #[error("unsupported or malformed digest {digest:?} (sha256, sha384 and sha512 are supported)")]
+    #[error(
+        "unsupported or malformed digest {digest:?} (sha256, sha384 and sha512 are supported)"
+    )]
     UnsupportedDigest { digest: String },
 
     /// A manifest, index, config or layer descriptor has a media type this crate does not handle.
@@ -87,7 +89,10 @@ pub enum ImageError {
     },
 
     /// An index lists several manifests but none for the wanted platform.
-    #[error("no manifest for platform {wanted} in {what}; available platforms: {}", list(available))]
+    #[error(
+        "no manifest for platform {wanted} in {what}; available platforms: {}",
+        list(available)
+    )]
     PlatformNotFound {
         wanted: String,
         what: String,
@@ -102,11 +107,12 @@ pub enum ImageError {
     #[error("image indexes nested more than {0} levels deep")]
     IndexTooDeep(usize),
 
-    /// A blob, layer stream, file or the whole tree exceeds a configured limit.
-    #[error("layer {layer}: {what} {}of {size} bytes exceeds the limit of {limit} bytes", entry.as_deref().map(|e| format!("{e:?} ")).unwrap_or_default())]
+    /// A blob, JSON file, layer stream, file, the extracted total or the entry count exceeds a
+    /// configured limit. `subject` says which: `layer sha256:..., entry "x"`, `blob sha256:...`,
+    /// a JSON file's path.
+    #[error("{subject}: {what} of {size} exceeds the limit of {limit}")]
     TooLarge {
-        layer: String,
-        entry: Option<String>,
+        subject: String,
         what: &'static str,
         size: u64,
         limit: u64,
@@ -194,7 +200,9 @@ pub enum ImageError {
     },
 
     /// A file too big for the newc format (sizes are 32-bit there).
-    #[error("{path:?}: a file of {size} bytes does not fit in a newc cpio archive (4 GiB - 1 at most)")]
+    #[error(
+        "{path:?}: a file of {size} bytes does not fit in a newc cpio archive (4 GiB - 1 at most)"
+    )]
     CpioTooLarge { path: String, size: u64 },
 
     /// Writing the archive failed.

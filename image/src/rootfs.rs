@@ -316,6 +316,25 @@ impl RootFs {
         self.put(target, node, ctx)
     }
 
+    /// Adds `path` as another name (hardlink) of the existing non-directory `target`, which
+    /// is resolved like [`RootFs::get`] (its last component is not followed). Replaces a
+    /// non-directory at `path`.
+    pub fn add_hardlink(&mut self, path: &str, target: &str) -> Result<(), ImageError> {
+        let ctx = Ctx {
+            layer: CALLER,
+            entry: path,
+        };
+        let id = self.hardlink_target(target, ctx)?;
+        let comps = normalize_entry(path, ctx)?;
+        let dest = self.entry_path(&comps, ctx)?;
+        if self.lookup(&dest).is_some_and(Node::is_dir) {
+            return Err(ctx.invalid(
+                "is a directory in the tree; remove it before replacing it by a hardlink",
+            ));
+        }
+        self.put_link(dest, id, ctx)
+    }
+
     /// Removes `path` (and everything below it). Returns whether it existed.
     pub fn remove(&mut self, path: &str) -> Result<bool, ImageError> {
         let ctx = Ctx {
@@ -410,7 +429,11 @@ impl RootFs {
 
     /// Resolves the parent of the normalised `comps` (creating missing directories) and returns
     /// the physical path of the entry itself (`""` for the root).
-    pub(crate) fn entry_path(&mut self, comps: &[String], ctx: Ctx<'_>) -> Result<String, ImageError> {
+    pub(crate) fn entry_path(
+        &mut self,
+        comps: &[String],
+        ctx: Ctx<'_>,
+    ) -> Result<String, ImageError> {
         match comps.split_last() {
             None => Ok(String::new()),
             Some((name, parent)) => {
@@ -422,7 +445,11 @@ impl RootFs {
 
     /// Resolves directory components without creating anything: `Ok(None)` when a component is
     /// missing or not a directory.
-    pub(crate) fn lookup_dir(&self, comps: &[String], ctx: Ctx<'_>) -> Result<Option<String>, ImageError> {
+    pub(crate) fn lookup_dir(
+        &self,
+        comps: &[String],
+        ctx: Ctx<'_>,
+    ) -> Result<Option<String>, ImageError> {
         match self.walk(comps).map_err(|e| e.into_image_error(ctx))? {
             Walk::Found(p) => Ok(Some(p)),
             Walk::Missing { .. } | Walk::NotDir { .. } => Ok(None),
@@ -514,6 +541,41 @@ impl RootFs {
         Ok(Walk::Found(resolved.join("/")))
     }
 
+    /// The inode a hardlink's `target` names: inside the root, already in the tree, not a
+    /// directory.
+    pub(crate) fn hardlink_target(
+        &self,
+        target: &str,
+        ctx: Ctx<'_>,
+    ) -> Result<InodeId, ImageError> {
+        let escape = || ImageError::HardlinkEscape {
+            layer: ctx.layer.to_owned(),
+            entry: ctx.entry.to_owned(),
+            target: target.to_owned(),
+        };
+        let missing = || ImageError::HardlinkTargetMissing {
+            layer: ctx.layer.to_owned(),
+            entry: ctx.entry.to_owned(),
+            target: target.to_owned(),
+        };
+        let comps = normalize(target, ctx)?.ok_or_else(escape)?;
+        let Some((name, parent)) = comps.split_last() else {
+            return Err(ctx.invalid("a hardlink to the image root (a directory)"));
+        };
+        let dir = match self.lookup_dir(parent, ctx) {
+            Ok(Some(dir)) => dir,
+            Ok(None) => return Err(missing()),
+            Err(ImageError::SymlinkEscape { .. }) => return Err(escape()),
+            Err(e) => return Err(e),
+        };
+        let path = join(&dir, name);
+        let id = self.lookup_id(&path).ok_or_else(missing)?;
+        if self.inodes[&id].node.is_dir() {
+            return Err(ctx.invalid(format!("a hardlink to the directory {target:?}")));
+        }
+        Ok(id)
+    }
+
     fn alloc(&mut self, node: Node) -> InodeId {
         let id = self.next_id;
         self.next_id += 1;
@@ -545,7 +607,12 @@ impl RootFs {
 
     /// Makes the physical `path` another name of inode `id` (a hardlink), replacing whatever
     /// was at `path`.
-    pub(crate) fn put_link(&mut self, path: String, id: InodeId, ctx: Ctx<'_>) -> Result<(), ImageError> {
+    pub(crate) fn put_link(
+        &mut self,
+        path: String,
+        id: InodeId,
+        ctx: Ctx<'_>,
+    ) -> Result<(), ImageError> {
         if path.is_empty() {
             return Err(ctx.invalid("the image root cannot be a hardlink"));
         }
@@ -679,17 +746,26 @@ mod tests {
     fn hardlinks_share_inodes_and_survive_removal() {
         let mut fs = RootFs::new();
         fs.add_file("a", 0o644, b"data".to_vec()).unwrap();
-        let ctx = Ctx {
-            layer: "t",
-            entry: "b",
-        };
-        let id = fs.lookup_id("a").unwrap();
-        fs.put_link("b".into(), id, ctx).unwrap();
+        fs.add_hardlink("b", "/a").unwrap();
         assert_eq!(fs.link_count("a"), Some(2));
-        fs.put_link("b".into(), id, ctx).unwrap();
+        fs.add_hardlink("b", "a").unwrap();
+        fs.add_hardlink("b", "b").unwrap();
         assert_eq!(fs.link_count("b"), Some(2));
         fs.remove("a").unwrap();
         assert_eq!(fs.get("b").unwrap().data(), Some(&b"data"[..]));
         assert_eq!(fs.link_count("b"), Some(1));
+        fs.add_dir("d", 0o755).unwrap();
+        assert!(matches!(
+            fs.add_hardlink("x", "d"),
+            Err(ImageError::InvalidEntry { .. })
+        ));
+        assert!(matches!(
+            fs.add_hardlink("x", "../b"),
+            Err(ImageError::HardlinkEscape { .. })
+        ));
+        assert!(matches!(
+            fs.add_hardlink("x", "nope"),
+            Err(ImageError::HardlinkTargetMissing { .. })
+        ));
     }
 }
