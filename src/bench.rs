@@ -26,8 +26,10 @@
 //! boot, guest, exit, reap), measured with the monotonic clock of the machine the process runs
 //! on (L1's own clock inside the helper VM; under TCG without icount it follows the host's real
 //! time). Waiting is blocking (a thread in `wait()`), so the timed runs are not disturbed by
-//! polling; one extra run per system samples `/proc/<pid>/status` and `/proc/<pid>/smaps` every
-//! 20 ms for the peak memory, and is not part of the wall-time statistics.
+//! polling; one extra *instrumented* run per system samples `/proc/<pid>/status` and
+//! `/proc/<pid>/smaps` every 20 ms for the peak memory and, inside the helper VM, holds the VM's
+//! per-VM KVM debugfs statistics open to read its exit counts after it ends. That run is not part
+//! of the wall-time statistics.
 //!
 //! Inside the helper VM this same binary is the payload (`bench boot --worker-plan FILE`); on
 //! the host an intermediate `bench boot --launch-plan FILE` process calls [`hostvm::run`], so
@@ -234,7 +236,10 @@ struct MemoryPeak {
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
 struct SystemResult {
+    /// The timed runs.
     runs: Vec<RunResult>,
+    /// One more run, with memory sampling and KVM statistics (not in the wall statistics).
+    instrumented: Option<RunResult>,
     memory: Option<MemoryPeak>,
     memory_error: Option<String>,
     /// Set when the system could not be measured at all.
@@ -1003,39 +1008,44 @@ fn worker(plan: &WorkerPlan) -> WorkerReport {
     let n = plan.runs;
     for i in 1..=n {
         if let Some(d) = &detvisor {
-            let (r, _) = run_detvisor(d, plan, false, stats);
+            let (r, _) = run_detvisor(d, plan, false, false);
             eprintln!("{tag}: detvisor run {i}/{n}: {}", describe(&r));
             report.detvisor.runs.push(r);
         }
         if let Some(q) = &qemu {
-            let (r, _) = q.run(i, false, stats);
+            let (r, _) = q.run(i, false, false);
             eprintln!("{tag}: QEMU-KVM run {i}/{n}: {}", describe(&r));
             report.qemu_kvm.runs.push(r);
         }
     }
+    // The instrumented runs: memory sampling and KVM statistics, kept out of the timed runs
+    // (holding a VM's stat files open also defers its teardown past the process's exit).
     if let Some(d) = &detvisor {
-        let (r, mem) = run_detvisor(d, plan, true, false);
-        record_memory(&mut report.detvisor, &tag, "detvisor", r, mem);
+        let (r, mem) = run_detvisor(d, plan, true, stats);
+        record_instrumented(&mut report.detvisor, &tag, "detvisor", r, mem);
     }
     if let Some(q) = &qemu {
-        let (r, mem) = q.run(n + 1, true, false);
-        record_memory(&mut report.qemu_kvm, &tag, "QEMU-KVM", r, mem);
+        let (r, mem) = q.run(n + 1, true, stats);
+        record_instrumented(&mut report.qemu_kvm, &tag, "QEMU-KVM", r, mem);
     }
     report.elapsed_ms = ms(started.elapsed());
     report
 }
 
-fn record_memory(
+fn record_instrumented(
     sys: &mut SystemResult,
     tag: &str,
     name: &str,
     r: RunResult,
     mem: Option<MemoryPeak>,
 ) {
+    sys.instrumented = Some(r.clone());
     match (r.ok, mem) {
         (true, Some(m)) if m.samples > 0 => {
             eprintln!(
-                "{tag}: {name} memory run: VmHWM {} MiB, {} MiB beyond guest RAM ({} samples)",
+                "{tag}: {name} instrumented run: {}; VmHWM {} MiB, {} MiB beyond guest RAM \
+                 ({} samples)",
+                describe(&r),
                 m.vm_hwm_kib >> 10,
                 m.beyond_guest_ram_kib >> 10,
                 m.samples
@@ -1047,7 +1057,7 @@ fn record_memory(
         }
         (false, _) => {
             sys.memory_error = Some(format!(
-                "memory run failed: {}",
+                "the instrumented run failed: {}",
                 r.error.unwrap_or_default()
             ));
         }
@@ -1421,7 +1431,7 @@ fn tcg_baseline(
         sys.runs.push(r);
     }
     let (r, mem) = run.run(n + 1, true, false);
-    record_memory(&mut sys, "bench [host]", "QEMU TCG icount", r, mem);
+    record_instrumented(&mut sys, "bench [host]", "QEMU TCG icount", r, mem);
     sys
 }
 
@@ -1507,10 +1517,14 @@ struct Summary {
     /// Exits to the VMM (detvisor only), median over runs.
     vmm_exits: Option<u64>,
     vmm_exits_per_sec: Option<f64>,
-    /// All VM exits L1's KVM handled (debugfs `exits`), median over runs.
+    /// All VM exits KVM handled for the guest (per-VM debugfs `exits`), in the instrumented run;
+    /// per second of that run's wall time.
     kvm_exits: Option<u64>,
     kvm_exits_per_sec: Option<f64>,
     kvm_stats: Option<BTreeMap<String, u64>>,
+    instrumented_wall_ms: Option<f64>,
+    /// How many runs' outputs `output_identical` compares.
+    output_runs: usize,
     /// detvisor's own phases (median of its JSON): vm::run total, setup, final hashing.
     inner_wall_ms: Option<u64>,
     inner_setup_ms: Option<u64>,
@@ -1537,20 +1551,20 @@ fn summarize(name: &str, place: &str, sys: &SystemResult) -> Summary {
         _ => None,
     };
     let vmm_exits = median_u64(ok.iter().filter_map(|r| r.vmm_exits));
-    let kvm_exits = median_u64(
-        ok.iter()
-            .filter_map(|r| r.kvm.as_ref().and_then(|k| k.get("exits").copied())),
-    );
-    let kvm_stats = (!ok.is_empty() && ok.iter().all(|r| r.kvm.is_some())).then(|| {
-        KVM_STATS
-            .iter()
-            .filter_map(|k| {
-                median_u64(ok.iter().filter_map(|r| r.kvm.as_ref()?.get(*k).copied()))
-                    .map(|v| (k.to_string(), v))
-            })
-            .collect()
-    });
-    let outputs: Vec<&String> = ok.iter().filter_map(|r| r.output.as_ref()).collect();
+    let instrumented = sys.instrumented.as_ref().filter(|r| r.ok);
+    let kvm_stats = instrumented.and_then(|r| r.kvm.clone());
+    let kvm_exits = kvm_stats.as_ref().and_then(|k| k.get("exits").copied());
+    let kvm_exits_per_sec = match (kvm_exits, instrumented) {
+        (Some(e), Some(r)) if r.wall_ms > 0.0 => Some(e as f64 / (r.wall_ms / 1000.0)),
+        _ => None,
+    };
+    // Determinism of the output: every successful run, the instrumented one included.
+    let outputs: Vec<&String> = ok
+        .iter()
+        .copied()
+        .chain(instrumented)
+        .filter_map(|r| r.output.as_ref())
+        .collect();
     let output_identical = (outputs.len() >= 2).then(|| outputs.iter().all(|o| *o == outputs[0]));
     let mut error = sys.error.clone();
     if error.is_none() && !sys.runs.is_empty() && ok.is_empty() {
@@ -1568,8 +1582,10 @@ fn summarize(name: &str, place: &str, sys: &SystemResult) -> Summary {
         vmm_exits,
         vmm_exits_per_sec: per_sec(vmm_exits),
         kvm_exits,
-        kvm_exits_per_sec: per_sec(kvm_exits),
+        kvm_exits_per_sec,
         kvm_stats,
+        instrumented_wall_ms: instrumented.map(|r| r.wall_ms),
+        output_runs: outputs.len(),
         inner_wall_ms: median_u64(ok.iter().filter_map(|r| r.inner_wall_ms)),
         inner_setup_ms: median_u64(ok.iter().filter_map(|r| r.inner_setup_ms)),
         inner_finish_ms: median_u64(ok.iter().filter_map(|r| r.inner_finish_ms)),
@@ -1623,10 +1639,22 @@ struct BenchReport {
     detvisor_end_to_end: Summary,
     helper_vm: Option<Session>,
     ratios: Ratios,
+    /// The host's 1/5/15-minute load averages before and after (other work on the machine
+    /// makes the numbers noisy), and its CPU count.
+    host_loadavg_before: Option<[f64; 3]>,
+    host_loadavg_after: Option<[f64; 3]>,
+    host_cpus: usize,
     all_ok: bool,
 }
 
+fn loadavg() -> Option<[f64; 3]> {
+    let text = fs::read_to_string("/proc/loadavg").ok()?;
+    let mut it = text.split_whitespace().map(|v| v.parse::<f64>().ok());
+    Some([it.next()??, it.next()??, it.next()??])
+}
+
 fn orchestrate(args: &BootArgs) -> Result<u8> {
+    let loadavg_before = loadavg();
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
@@ -1771,8 +1799,8 @@ fn orchestrate(args: &BootArgs) -> Result<u8> {
         placement: place.into(),
         placement_reason: reason,
         clock: "wall time from just before spawn() to wait() returning, CLOCK_MONOTONIC of the \
-                machine the process runs on (L1's for the helper VM); memory from /proc sampled \
-                every 20 ms in one extra run",
+                machine the process runs on (L1's for the helper VM); memory (/proc sampled \
+                every 20 ms) and KVM statistics from one extra instrumented run per system",
         kvm_stats,
         detvisor,
         qemu_kvm,
@@ -1780,6 +1808,9 @@ fn orchestrate(args: &BootArgs) -> Result<u8> {
         detvisor_end_to_end: detvisor_e2e,
         helper_vm: session,
         ratios,
+        host_loadavg_before: loadavg_before,
+        host_loadavg_after: loadavg(),
+        host_cpus: thread::available_parallelism().map_or(0, |n| n.get()),
         all_ok,
     };
     print_report(&report)?;
@@ -1814,6 +1845,18 @@ fn print_report(r: &BenchReport) -> Result<()> {
         r.guest_command, r.mem, r.runs, r.qemu_machine
     )?;
     writeln!(o, "kernel cmdline (all systems): {}", r.cmdline)?;
+    let load = |l: &Option<[f64; 3]>| {
+        l.map_or("?".into(), |l| {
+            format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
+        })
+    };
+    writeln!(
+        o,
+        "host: {} CPUs, load average {} before, {} after (other work on the host adds noise)",
+        r.host_cpus,
+        load(&r.host_loadavg_before),
+        load(&r.host_loadavg_after)
+    )?;
     writeln!(
         o,
         "wall = process start to exit (spawn .. wait returns), ms, on the clock of the machine \
@@ -1913,8 +1956,9 @@ fn print_report(r: &BenchReport) -> Result<()> {
         if k == "debugfs" {
             writeln!(
                 o,
-                "KVM exits: L1 KVM's debugfs `exits` over each run (all exits of the guest, \
-                 handled in the kernel or not); VMM exits: exits detvisor's loop handled"
+                "VMM exits: exits detvisor's own loop handled (its JSON), per second of the median \
+                 wall. KVM exits: all exits of the guest's VM, handled in L1's kernel or not (per-VM \
+                 debugfs `exits`), in the instrumented run, per second of that run's wall"
             )?;
         } else {
             writeln!(o, "KVM exits: not available ({k})")?;
@@ -1942,15 +1986,18 @@ fn print_report(r: &BenchReport) -> Result<()> {
     ] {
         writeln!(o, "  {label:<62} {}", opt_ratio(value))?;
     }
-    writeln!(o, "\nsame output in every run:")?;
+    writeln!(
+        o,
+        "\nsame guest output in every successful run (timed and instrumented):"
+    )?;
     for (s, what) in [
         (&r.detvisor, "run digest (console, memory, devices)"),
         (&r.qemu_kvm, "serial bytes"),
         (&r.qemu_tcg_icount, "serial bytes"),
     ] {
         let verdict = match s.output_identical {
-            Some(true) => "identical".to_string(),
-            Some(false) => "DIFFERENT".to_string(),
+            Some(true) => format!("identical in {} runs", s.output_runs),
+            Some(false) => format!("DIFFERENT across {} runs", s.output_runs),
             None => {
                 writeln!(o, "  {:<26} n/a (fewer than 2 successful runs)", s.name)?;
                 continue;
@@ -1966,7 +2013,7 @@ fn print_report(r: &BenchReport) -> Result<()> {
     }
     writeln!(
         o,
-        "\npeak memory (one extra run each, /proc/<pid>/status and smaps every 20 ms):"
+        "\npeak memory (instrumented run, /proc/<pid>/status and smaps sampled every 20 ms):"
     )?;
     for s in [&r.detvisor, &r.qemu_kvm, &r.qemu_tcg_icount] {
         match (&s.memory, &s.memory_error) {
