@@ -19,6 +19,15 @@ init="$here/init"
 cache_root="${DETVISOR_CACHE:-${HOME:-/tmp}/.cache/detvisor}/helper-vm"
 # Module roots; their dependencies (modinfo -F depends) are added and loaded first.
 root_modules=(irqbypass ccp kvm kvm_amd)
+# Loaded only when the launcher shares host directories (virtio-9p over PCI). Debian's 6.1
+# kernel has CONFIG_PCI=y but CONFIG_VIRTIO=m, CONFIG_VIRTIO_PCI=m, CONFIG_NET_9P=m,
+# CONFIG_NET_9P_VIRTIO=m, CONFIG_9P_FS=m, CONFIG_NETFS_SUPPORT=m, CONFIG_FSCACHE=m: the closure
+# of these roots is virtio, virtio_ring, virtio_pci_{legacy,modern}_dev, virtio_pci, 9pnet,
+# 9pnet_virtio, netfs, fscache, 9p.
+share_modules=(virtio_pci 9pnet_virtio 9p)
+# What these assets support; the launcher (src/hostvm.rs) rebuilds assets that lack a feature
+# it needs (`features` line of build-info).
+features="kvm 9p workdir"
 # Fixed timestamp for every file of the initramfs (reproducible output).
 epoch=0
 
@@ -192,7 +201,14 @@ visit() {
 for m in "${root_modules[@]}"; do
 	visit "$m"
 done
-log "modules: ${order[*]}"
+kvm_order=("${order[@]}")
+order=()
+for m in "${share_modules[@]}"; do
+	visit "$m" # skips modules already in kvm_order (shared `seen`)
+done
+share_order=("${order[@]}")
+order=("${kvm_order[@]}" "${share_order[@]}")
+log "modules: ${kvm_order[*]}; for shared directories: ${share_order[*]}"
 
 # The initramfs tree.
 root="$tmp/root"
@@ -207,7 +223,8 @@ cp "$init" "$root/init"
 for m in "${order[@]}"; do
 	cp "$tmp/mods/$m.ko" "$root/lib/modules/$m.ko"
 done
-printf '%s\n' "${order[@]}" >"$root/etc/helper-vm/modules"
+printf '%s\n' "${kvm_order[@]}" >"$root/etc/helper-vm/modules"
+printf '%s\n' "${share_order[@]}" >"$root/etc/helper-vm/modules-9p"
 # The kernel opens /dev/console for init before devtmpfs is mounted. Its built-in initramfs has
 # the node too; make it anyway when we can (root).
 mknod -m 600 "$root/dev/console" c 5 1 2>/dev/null || log "note: cannot mknod dev/console (not root); relying on the kernel's built-in initramfs"
@@ -238,7 +255,9 @@ fi
 	echo "kernel $kpkg $kver $(basename "$vmlinuz")"
 	[ -f "$tmp/out/vmlinux" ] && echo "vmlinux extracted from $(basename "$vmlinuz") (PVH boot)"
 	echo "busybox-static $bbver"
-	echo "modules ${order[*]}"
+	echo "modules ${kvm_order[*]}"
+	echo "modules-9p ${share_order[*]}"
+	echo "features $features"
 } >"$tmp/out/build-info"
 chmod 0644 "$tmp/out"/*
 chmod 0755 "$tmp/out"

@@ -22,6 +22,9 @@
 //! * ttyS2: the exit status, decimal + `\n`, into a temp file.
 //! * ttyS3: the kernel console (`console=ttyS3`), into a temp file shown only on failure, so
 //!   kernel messages never reach ttyS0.
+//! * [`HelperVmConfig::shared_dirs`]: host directories shared read-write over virtio-9p and
+//!   mounted at the same absolute paths in L1, so files the payload writes there (snapshots)
+//!   outlive the helper VM.
 
 // The CLI wires in only part of this API at first.
 #![allow(dead_code)]
@@ -32,7 +35,7 @@ use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{self, BufWriter, IsTerminal, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -54,6 +57,29 @@ pub const KERNEL_FILE: &str = "vmlinuz";
 pub const PVH_KERNEL_FILE: &str = "vmlinux";
 /// Base initramfs in an assets directory.
 pub const INITRAMFS_FILE: &str = "initramfs.cpio.gz";
+/// Description of an assets directory written by build.sh; its `features` line says what the
+/// assets support.
+pub const BUILD_INFO_FILE: &str = "build-info";
+/// Asset feature: the initramfs has the 9p modules and an init that mounts shared directories.
+const FEATURE_SHARES: &str = "9p";
+/// Asset feature: the init honours `/payload/workdir.sh`.
+const FEATURE_WORKDIR: &str = "workdir";
+/// Features this launcher can use; [`ensure_assets`] rebuilds assets that lack one.
+const FEATURES: [&str; 2] = [FEATURE_SHARES, FEATURE_WORKDIR];
+/// Host directories L1's init needs for itself: a shared directory may not be, contain or lie
+/// inside one of them (mounting over them would hide busybox, the payload or the kernel's
+/// filesystems).
+const RESERVED_L1_PATHS: [&str; 9] = [
+    "/bin",
+    "/sbin",
+    "/usr/bin",
+    "/usr/sbin",
+    "/dev",
+    "/proc",
+    "/sys",
+    "/payload",
+    "/etc/helper-vm",
+];
 
 /// Fixed part of the L1 kernel command line. The console is ttyS3 (a log file), so that no
 /// kernel message can reach the payload's stdout on ttyS0; `panic=-1` plus QEMU's
@@ -74,6 +100,17 @@ pub struct HelperVmConfig {
     pub memory_mib: u32,
     /// Appended to the kernel command line.
     pub extra_kernel_args: String,
+    /// Host directories shared read-write with the payload, each mounted in L1 at the same
+    /// absolute path (virtio-9p, QEMU `security_model=none`: files the payload creates are
+    /// ordinary host files owned by the user running QEMU). Each must be an absolute,
+    /// canonical (`fs::canonicalize`) directory other than `/` that neither is, contains nor
+    /// lies inside one of L1's own directories (`/bin`, `/sbin`, `/usr/bin`, `/usr/sbin`,
+    /// `/dev`, `/proc`, `/sys`, `/payload`, `/etc/helper-vm`). Nested shares are allowed.
+    pub shared_dirs: Vec<PathBuf>,
+    /// The payload's working directory in L1 (absolute; typically inside a shared directory,
+    /// e.g. the launcher's current directory). `None`: `/payload/files`, where relative
+    /// [`PayloadFile`] names resolve.
+    pub workdir: Option<PathBuf>,
 }
 
 impl Default for HelperVmConfig {
@@ -83,6 +120,8 @@ impl Default for HelperVmConfig {
             assets_dir: default_assets_dir(),
             memory_mib: DEFAULT_MEMORY_MIB,
             extra_kernel_args: String::new(),
+            shared_dirs: Vec::new(),
+            workdir: None,
         }
     }
 }
@@ -95,8 +134,9 @@ pub struct PayloadFile {
     pub payload_name: String,
 }
 
-/// The path under which the payload sees the [`PayloadFile`] named `payload_name`. The payload
-/// runs in `/payload/files`, so `payload_name` also works as a relative path there.
+/// The path under which the payload sees the [`PayloadFile`] named `payload_name`. Unless
+/// [`HelperVmConfig::workdir`] is set, the payload runs in `/payload/files`, so `payload_name`
+/// also works as a relative path there.
 pub fn payload_path(payload_name: &str) -> String {
     format!("/payload/files/{payload_name}")
 }
@@ -129,17 +169,40 @@ fn assets_complete(dir: &Path) -> bool {
     dir.join(KERNEL_FILE).is_file() && dir.join(INITRAMFS_FILE).is_file()
 }
 
+/// The words of the `features` line of `dir`'s build-info (empty for assets built before
+/// build.sh wrote one).
+fn asset_features(dir: &Path) -> BTreeSet<String> {
+    let info = fs::read_to_string(dir.join(BUILD_INFO_FILE)).unwrap_or_default();
+    info.lines()
+        .filter_map(|l| l.strip_prefix("features "))
+        .flat_map(str::split_whitespace)
+        .map(String::from)
+        .collect()
+}
+
+fn has_features(dir: &Path, wanted: &[&str]) -> bool {
+    let have = asset_features(dir);
+    wanted.iter().all(|f| have.contains(*f))
+}
+
 /// Returns the helper VM assets directory, building the assets first (with `build_script`, by
-/// default [`default_build_script`]) when [`default_assets_dir`] lacks them. A first build
-/// downloads the kernel package (~70 MB) and takes ~15 s; its progress goes to stderr. Assets
-/// that exist are used as they are: to refresh them run the build script, which is a fast
-/// no-op when nothing changed.
+/// default [`default_build_script`]) when [`default_assets_dir`] lacks them or they predate a
+/// feature this launcher uses (shared directories, working directory: the `features` line of
+/// `build-info`). A first build downloads the kernel package (~70 MB) and takes ~15 s; its
+/// progress goes to stderr. Otherwise assets that exist are used as they are: to refresh them
+/// run the build script, which is a fast no-op when nothing changed.
 pub fn ensure_assets(build_script: Option<&Path>) -> Result<PathBuf> {
     let dir = default_assets_dir();
-    if assets_complete(&dir) {
+    let complete = assets_complete(&dir);
+    if complete && has_features(&dir, &FEATURES) {
         return Ok(dir);
     }
     let script = build_script.map_or_else(default_build_script, Path::to_path_buf);
+    if complete && !script.is_file() {
+        // Older assets and no source tree to rebuild them: fine unless a run needs the
+        // missing feature, which `run` then reports.
+        return Ok(dir);
+    }
     if !script.is_file() {
         bail!(
             "helper VM assets missing in {} and the build script {} does not exist",
@@ -216,8 +279,27 @@ fn run_to(
             config.assets_dir.display()
         );
     }
+    let shares = checked_shares(&config.shared_dirs)?;
+    let workdir = checked_workdir(config.workdir.as_deref())?;
+    for (needed, feature, what) in [
+        (!shares.is_empty(), FEATURE_SHARES, "shared directories"),
+        (workdir.is_some(), FEATURE_WORKDIR, "a working directory"),
+    ] {
+        if needed && !has_features(&config.assets_dir, &[feature]) {
+            bail!(
+                "the helper VM assets in {} predate {what} (no `features ... {feature}` in \
+                 {BUILD_INFO_FILE}): rebuild them with helper-vm/build.sh",
+                config.assets_dir.display()
+            );
+        }
+    }
     let forward_stdin = stdin_is_foreground_terminal();
-    let entries = payload_entries(exe, args, files, forward_stdin)?;
+    let options = PayloadOptions {
+        stdin_tty: forward_stdin,
+        shares: &shares,
+        workdir,
+    };
+    let entries = payload_entries(exe, args, files, &options)?;
 
     let tmp = TempDir::new().context("cannot create a temporary directory for the helper VM")?;
     let initrd = tmp.path().join("initrd.img");
@@ -244,6 +326,7 @@ fn run_to(
         &format!("/dev/fd/{err_fd}"),
         &status_path,
         &console_path,
+        &shares,
     );
     let mut cmd = Command::new(&config.qemu);
     cmd.args(&qemu_args)
@@ -352,7 +435,75 @@ fn run_to(
     Err(anyhow!(msg))
 }
 
-/// The QEMU command line (without the binary). ttyS0 is QEMU's stdio, ttyS1 `err_path`.
+/// The 9p mount tag of the `index`th entry of [`checked_shares`].
+fn share_tag(index: usize) -> String {
+    format!("share{index}")
+}
+
+/// Validates [`HelperVmConfig::shared_dirs`]; returns them in mount order (sorted by path, so a
+/// parent comes before the shares nested in it). The mount tag of the `i`th is
+/// [`share_tag`]`(i)`.
+fn checked_shares(dirs: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::with_capacity(dirs.len());
+    for d in dirs {
+        if !d.is_absolute() {
+            bail!("shared directory {} is not an absolute path", d.display());
+        }
+        if d.as_os_str().as_bytes().contains(&0) {
+            bail!("shared directory {d:?} contains a NUL byte");
+        }
+        let canonical = fs::canonicalize(d)
+            .with_context(|| format!("shared directory {} not found", d.display()))?;
+        if canonical != *d {
+            bail!(
+                "shared directory {} is not canonical (it is {}): it is mounted in the helper \
+                 VM at the path given, which must be the real one",
+                d.display(),
+                canonical.display()
+            );
+        }
+        if !canonical.is_dir() {
+            bail!("shared directory {} is not a directory", d.display());
+        }
+        if d.parent().is_none() {
+            bail!("the root directory cannot be shared with the helper VM");
+        }
+        if let Some(r) = RESERVED_L1_PATHS
+            .iter()
+            .find(|r| d.starts_with(r) || Path::new(r).starts_with(d))
+        {
+            bail!(
+                "shared directory {} would hide or lie inside the helper VM's own {r}",
+                d.display()
+            );
+        }
+        out.push(canonical);
+    }
+    out.sort();
+    if let Some(w) = out.windows(2).find(|w| w[0] == w[1]) {
+        bail!("shared directory {} given twice", w[0].display());
+    }
+    Ok(out)
+}
+
+/// Validates [`HelperVmConfig::workdir`].
+fn checked_workdir(dir: Option<&Path>) -> Result<Option<&Path>> {
+    if let Some(d) = dir {
+        if !d.is_absolute() {
+            bail!(
+                "helper VM working directory {} is not an absolute path",
+                d.display()
+            );
+        }
+        if d.as_os_str().as_bytes().contains(&0) {
+            bail!("helper VM working directory {d:?} contains a NUL byte");
+        }
+    }
+    Ok(dir)
+}
+
+/// The QEMU command line (without the binary). ttyS0 is QEMU's stdio, ttyS1 `err_path`;
+/// `shares` (from [`checked_shares`]) become virtio-9p PCI devices tagged [`share_tag`].
 fn qemu_args(
     config: &HelperVmConfig,
     kernel: &Path,
@@ -360,6 +511,7 @@ fn qemu_args(
     err_path: &str,
     status_path: &Path,
     console_path: &Path,
+    shares: &[PathBuf],
 ) -> Vec<OsString> {
     let mut append = KERNEL_ARGS.to_string();
     if !config.extra_kernel_args.trim().is_empty() {
@@ -409,6 +561,21 @@ fn qemu_args(
     ] {
         push(s);
     }
+    // One virtio-9p PCI device per share (the `pc` machine keeps its PCI bus under
+    // -nodefaults). security_model=none: QEMU creates files with the guest's uid/gid and mode
+    // where it can (we are root on both sides) and silently keeps its own where it cannot, so
+    // host files are plain files with no xattr metadata (mapped-xattr would store the mode in
+    // xattrs and leave 0600 files). multidevs=remap keeps inode numbers unique when the
+    // directory has other filesystems mounted below it.
+    for (i, dir) in shares.iter().enumerate() {
+        let mut fsdev =
+            format!("local,id=fsdev{i},security_model=none,multidevs=remap,path=").into_bytes();
+        fsdev.extend_from_slice(&qemu_opt_bytes(dir.as_os_str().as_bytes()));
+        a.push("-fsdev".into());
+        a.push(OsString::from_vec(fsdev));
+        a.push("-device".into());
+        a.push(format!("virtio-9p-pci,fsdev=fsdev{i},mount_tag={}", share_tag(i)).into());
+    }
     a.push("-kernel".into());
     a.push(kernel.into());
     a.push("-initrd".into());
@@ -419,6 +586,18 @@ fn qemu_args(
 /// Escapes a value inside a QEMU `key=value,...` option string.
 fn qemu_opt_value(v: &str) -> String {
     v.replace(',', ",,")
+}
+
+/// [`qemu_opt_value`] for raw bytes (paths need not be UTF-8).
+fn qemu_opt_bytes(v: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len());
+    for &b in v {
+        out.push(b);
+        if b == b',' {
+            out.push(b',');
+        }
+    }
+    out
 }
 
 /// Whether stdin is a terminal whose foreground process group is ours. Only then is it
@@ -626,12 +805,23 @@ struct Entry {
     content: Content,
 }
 
+/// What the payload archive says besides the program, its arguments and files.
+#[derive(Debug, Default)]
+struct PayloadOptions<'a> {
+    /// `/payload/stdin` says `tty` rather than `null`.
+    stdin_tty: bool,
+    /// Shared directories in mount order ([`checked_shares`]): `/payload/mounts.sh`.
+    shares: &'a [PathBuf],
+    /// `/payload/workdir.sh`.
+    workdir: Option<&'a Path>,
+}
+
 /// Everything the payload archive holds, directories first (parents before children).
 fn payload_entries(
     exe: &Path,
     args: &[OsString],
     files: &[PayloadFile],
-    stdin_tty: bool,
+    options: &PayloadOptions<'_>,
 ) -> Result<Vec<Entry>> {
     let meta = fs::metadata(exe)
         .with_context(|| format!("helper VM payload program {} not found", exe.display()))?;
@@ -653,11 +843,33 @@ fn payload_entries(
         "payload/args.sh".into(),
         (0o644, Content::Bytes(encode_args_sh(args)?)),
     );
-    let stdin_mode: &[u8] = if stdin_tty { b"tty\n" } else { b"null\n" };
+    let stdin_mode: &[u8] = if options.stdin_tty {
+        b"tty\n"
+    } else {
+        b"null\n"
+    };
     regular.insert(
         "payload/stdin".into(),
         (0o644, Content::Bytes(stdin_mode.to_vec())),
     );
+    if !options.shares.is_empty() {
+        let mut words = Vec::with_capacity(2 * options.shares.len());
+        for (i, dir) in options.shares.iter().enumerate() {
+            words.push(OsString::from(share_tag(i)));
+            words.push(dir.as_os_str().to_os_string());
+        }
+        regular.insert(
+            "payload/mounts.sh".into(),
+            (0o644, Content::Bytes(encode_args_sh(&words)?)),
+        );
+    }
+    if let Some(dir) = options.workdir {
+        let words = [dir.as_os_str().to_os_string()];
+        regular.insert(
+            "payload/workdir.sh".into(),
+            (0o644, Content::Bytes(encode_args_sh(&words)?)),
+        );
+    }
 
     for f in files {
         let parts = payload_name_parts(&f.payload_name)?;
@@ -1095,7 +1307,7 @@ mod tests {
                 payload_name: "sub/dir/tool".into(),
             },
         ];
-        let entries = payload_entries(&exe, &args, &files, false).unwrap();
+        let entries = payload_entries(&exe, &args, &files, &PayloadOptions::default()).unwrap();
 
         // Base "initramfs" of odd length: the payload must start 4-byte aligned.
         let base = b"\x1f\x8b-not-really-gzip".to_vec();
@@ -1147,18 +1359,45 @@ mod tests {
             host_path: exe.clone(),
             payload_name: name.into(),
         };
-        assert!(payload_entries(&dir.path().join("missing"), &[], &[], false).is_err());
-        assert!(payload_entries(dir.path(), &[], &[], false).is_err());
-        assert!(payload_entries(&exe, &[], &[file("../x")], false).is_err());
-        assert!(payload_entries(&exe, &[], &[file("a"), file("a")], false).is_err());
-        assert!(payload_entries(&exe, &[], &[file("a"), file("a/b")], false).is_err());
+        assert!(payload_entries(
+            &dir.path().join("missing"),
+            &[],
+            &[],
+            &PayloadOptions::default()
+        )
+        .is_err());
+        assert!(payload_entries(dir.path(), &[], &[], &PayloadOptions::default()).is_err());
+        assert!(payload_entries(&exe, &[], &[file("../x")], &PayloadOptions::default()).is_err());
+        assert!(payload_entries(
+            &exe,
+            &[],
+            &[file("a"), file("a")],
+            &PayloadOptions::default()
+        )
+        .is_err());
+        assert!(payload_entries(
+            &exe,
+            &[],
+            &[file("a"), file("a/b")],
+            &PayloadOptions::default()
+        )
+        .is_err());
         let missing = PayloadFile {
             host_path: dir.path().join("nope"),
             payload_name: "n".into(),
         };
-        let err = payload_entries(&exe, &[], &[missing], false).unwrap_err();
+        let err = payload_entries(&exe, &[], &[missing], &PayloadOptions::default()).unwrap_err();
         assert!(format!("{err:#}").contains("nope"), "{err:#}");
-        let stdin = payload_entries(&exe, &[], &[], true).unwrap();
+        let stdin = payload_entries(
+            &exe,
+            &[],
+            &[],
+            &PayloadOptions {
+                stdin_tty: true,
+                ..PayloadOptions::default()
+            },
+        )
+        .unwrap();
         let e = stdin.iter().find(|e| e.name == "payload/stdin").unwrap();
         assert_eq!(e.content, Content::Bytes(b"tty\n".to_vec()));
     }
@@ -1221,6 +1460,7 @@ mod tests {
             assets_dir: "/a".into(),
             memory_mib: 1234,
             extra_kernel_args: " foo=1 ".into(),
+            ..HelperVmConfig::default()
         };
         let args = qemu_args(
             &config,
@@ -1229,6 +1469,7 @@ mod tests {
             "/dev/fd/9",
             Path::new("/t,x/status"),
             Path::new("/t/console.log"),
+            &[],
         );
         let args: Vec<String> = args
             .iter()
@@ -1245,17 +1486,180 @@ mod tests {
         let append = &args[args.iter().position(|a| a == "-append").unwrap() + 1];
         assert_eq!(append, "console=ttyS3 quiet panic=-1 foo=1");
         assert_eq!(args.iter().filter(|a| *a == "-serial").count(), 4);
+        assert!(!args.iter().any(|a| a == "-fsdev" || a == "-device"));
     }
 
-    /// Boots the real helper VM: `cargo test -- --ignored helper_vm_end_to_end`.
     #[test]
-    #[ignore = "boots the helper VM (~6 s under TCG); builds its assets on first use"]
-    fn helper_vm_end_to_end() {
-        let assets = ensure_assets(None).expect("helper VM assets");
-        let config = HelperVmConfig {
-            assets_dir: assets,
-            ..HelperVmConfig::default()
+    fn qemu_command_line_with_shares() {
+        let shares = [
+            PathBuf::from("/s/a"),
+            PathBuf::from("/s/a b,c/d"),
+            PathBuf::from(std::ffi::OsStr::from_bytes(b"/s/\xff,")),
+        ];
+        let args = qemu_args(
+            &HelperVmConfig::default(),
+            Path::new("/a/vmlinux"),
+            Path::new("/t/initrd.img"),
+            "/dev/fd/9",
+            Path::new("/t/status"),
+            Path::new("/t/console.log"),
+            &shares,
+        );
+        let pos = args.iter().position(|a| a == "-fsdev").unwrap();
+        let expected: Vec<&[u8]> = vec![
+            b"-fsdev",
+            b"local,id=fsdev0,security_model=none,multidevs=remap,path=/s/a",
+            b"-device",
+            b"virtio-9p-pci,fsdev=fsdev0,mount_tag=share0",
+            b"-fsdev",
+            b"local,id=fsdev1,security_model=none,multidevs=remap,path=/s/a b,,c/d",
+            b"-device",
+            b"virtio-9p-pci,fsdev=fsdev1,mount_tag=share1",
+            b"-fsdev",
+            b"local,id=fsdev2,security_model=none,multidevs=remap,path=/s/\xff,,",
+            b"-device",
+            b"virtio-9p-pci,fsdev=fsdev2,mount_tag=share2",
+            b"-kernel",
+        ];
+        let got: Vec<&[u8]> = args[pos..pos + expected.len()]
+            .iter()
+            .map(|a| a.as_bytes())
+            .collect();
+        assert_eq!(got, expected);
+        assert_eq!(args.iter().filter(|a| *a == "-fsdev").count(), 3);
+        // -nodefaults drops default devices, not the pc machine's PCI bus the devices sit on.
+        assert!(args.iter().any(|a| a == "-nodefaults"));
+        assert!(!args.iter().any(|a| a == "-machine" || a == "-M"));
+    }
+
+    #[test]
+    fn shared_dir_checks() {
+        let tmp = TempDir::new().unwrap();
+        let base = fs::canonicalize(tmp.path()).unwrap();
+        let (a, b, nested) = (base.join("a"), base.join("b"), base.join("a/n"));
+        for d in [&a, &b, &nested] {
+            fs::create_dir_all(d).unwrap();
+        }
+        fs::write(base.join("file"), b"x").unwrap();
+        std::os::unix::fs::symlink(&a, base.join("link")).unwrap();
+        assert_eq!(
+            checked_shares(&[b.clone(), nested.clone(), a.clone()]).unwrap(),
+            [a.clone(), nested.clone(), b.clone()],
+            "parents first"
+        );
+        assert!(checked_shares(&[]).unwrap().is_empty());
+        let bad = |d: PathBuf, why: &str| {
+            let err = format!(
+                "{:#}",
+                checked_shares(std::slice::from_ref(&d)).unwrap_err()
+            );
+            assert!(err.contains(why), "{d:?}: {err}");
         };
+        bad("rel/dir".into(), "not an absolute path");
+        bad(base.join("missing"), "not found");
+        bad(base.join("a/../b"), "not canonical");
+        bad(base.join("link"), "not canonical");
+        bad(base.join("file"), "not a directory");
+        bad("/".into(), "root directory");
+        bad("/usr".into(), "/usr/bin");
+        bad("/dev".into(), "/dev");
+        bad("/sys/kernel".into(), "/sys");
+        let err = checked_shares(&[a.clone(), b, a]).unwrap_err();
+        assert!(format!("{err:#}").contains("given twice"), "{err:#}");
+
+        assert_eq!(checked_workdir(None).unwrap(), None);
+        assert_eq!(
+            checked_workdir(Some(&nested)).unwrap(),
+            Some(nested.as_path())
+        );
+        assert!(checked_workdir(Some(Path::new("rel"))).is_err());
+    }
+
+    #[test]
+    fn payload_mounts_and_workdir() {
+        let dir = TempDir::new().unwrap();
+        let exe = dir.path().join("prog");
+        fs::write(&exe, b"x").unwrap();
+        let plain = payload_entries(&exe, &[], &[], &PayloadOptions::default()).unwrap();
+        assert!(!plain
+            .iter()
+            .any(|e| e.name == "payload/mounts.sh" || e.name == "payload/workdir.sh"));
+
+        let shares = [PathBuf::from("/h/it's"), PathBuf::from("/h/it's/x y")];
+        let options = PayloadOptions {
+            stdin_tty: false,
+            shares: &shares,
+            workdir: Some(Path::new("/h/it's")),
+        };
+        let entries = payload_entries(&exe, &[], &[], &options).unwrap();
+        let content = |name: &str| {
+            let e = entries.iter().find(|e| e.name == name).unwrap();
+            assert_eq!(e.mode, 0o644);
+            e.content.clone()
+        };
+        assert_eq!(
+            content("payload/mounts.sh"),
+            Content::Bytes(b"set -- 'share0' '/h/it'\\''s' 'share1' '/h/it'\\''s/x y'\n".to_vec())
+        );
+        assert_eq!(
+            content("payload/workdir.sh"),
+            Content::Bytes(b"set -- '/h/it'\\''s'\n".to_vec())
+        );
+    }
+
+    #[test]
+    fn shares_need_assets_that_support_them() {
+        let dir = TempDir::new().unwrap();
+        fs::write(dir.path().join(KERNEL_FILE), b"k").unwrap();
+        fs::write(dir.path().join(INITRAMFS_FILE), b"i").unwrap();
+        fs::write(
+            dir.path().join(BUILD_INFO_FILE),
+            b"key 1\nmodules kvm\nfeatures kvm\n",
+        )
+        .unwrap();
+        assert_eq!(
+            asset_features(dir.path()),
+            BTreeSet::from(["kvm".to_string()])
+        );
+        assert!(has_features(dir.path(), &[]));
+        assert!(!has_features(dir.path(), &FEATURES));
+        let share = fs::canonicalize(dir.path()).unwrap();
+        let exe = std::env::current_exe().unwrap();
+        for config in [
+            HelperVmConfig {
+                assets_dir: dir.path().to_path_buf(),
+                shared_dirs: vec![share.clone()],
+                ..HelperVmConfig::default()
+            },
+            HelperVmConfig {
+                assets_dir: dir.path().to_path_buf(),
+                workdir: Some(share.clone()),
+                ..HelperVmConfig::default()
+            },
+        ] {
+            let err = format!("{:#}", run(&config, &exe, &[], &[]).unwrap_err());
+            assert!(
+                err.contains("rebuild them with helper-vm/build.sh"),
+                "{err}"
+            );
+        }
+        fs::write(
+            dir.path().join(BUILD_INFO_FILE),
+            b"features kvm 9p workdir\n",
+        )
+        .unwrap();
+        assert!(has_features(dir.path(), &FEATURES));
+    }
+
+    /// Boots the real helper VM: `cargo test -- --ignored helper_vm_end_to_end --nocapture`.
+    /// Also shares two host directories (one nested in the other, names with a space and a
+    /// comma) with the working directory in the outer one, and prints the 9p write throughput
+    /// of a 64 MiB `dd`.
+    #[test]
+    #[ignore = "boots the helper VM (~10 s under TCG); builds its assets on first use"]
+    fn helper_vm_end_to_end() {
+        use std::os::unix::fs::{FileExt, MetadataExt};
+        let assets = ensure_assets(None).expect("helper VM assets");
         // busybox picks its applet from argv[0], so wrap it: /payload/detvisor is this script.
         let dir = TempDir::new().unwrap();
         let exe = dir.path().join("wrapper");
@@ -1263,8 +1667,27 @@ mod tests {
         fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
         let data = dir.path().join("data");
         fs::write(&data, b"file contents\n").unwrap();
-        let script = "echo \"a b\"; ls /dev/kvm; grep -c svm /proc/cpuinfo; \
-                      cat /payload/files/sub/data; printf '%s|' \"$@\"; echo oops >&2; exit 7";
+        let share = fs::canonicalize(dir.path()).unwrap().join("shared dir,1");
+        let nested = share.join("nested");
+        fs::create_dir_all(&nested).unwrap();
+        fs::write(share.join("in.txt"), b"from the host\n").unwrap();
+        let config = HelperVmConfig {
+            assets_dir: assets,
+            shared_dirs: vec![nested.clone(), share.clone()],
+            workdir: Some(share.clone()),
+            ..HelperVmConfig::default()
+        };
+        const SPARSE_LEN: u64 = 100 << 20;
+        let script = format!(
+            "echo \"a b\"; ls /dev/kvm; grep -c svm /proc/cpuinfo; \
+             cat /payload/files/sub/data; pwd; cat in.txt; echo appended >>in.txt; \
+             echo 'from L1' >out.txt; mkdir sub && echo deep >sub/f; echo inner >nested/n.txt; \
+             printf X | dd of=sparse bs=1 seek={} conv=notrunc 2>/dev/null; \
+             t0=$(cut -d' ' -f1 /proc/uptime); dd if=/dev/zero of=big bs=1M count=64 2>/dev/null; \
+             echo $t0 $(cut -d' ' -f1 /proc/uptime) >dd.times; \
+             printf '%s|' \"$@\"; echo oops >&2; exit 7",
+            SPARSE_LEN - 1
+        );
         let mut args = os(&[b"sh", b"-c", script.as_bytes(), b"sh"]);
         args.extend(tricky_args());
         let files = [PayloadFile {
@@ -1283,6 +1706,8 @@ mod tests {
         )
         .unwrap();
         let mut expected = b"a b\n/dev/kvm\n1\nfile contents\n".to_vec();
+        expected.extend_from_slice(share.as_os_str().as_bytes());
+        expected.extend_from_slice(b"\nfrom the host\n");
         for a in tricky_args() {
             expected.extend_from_slice(a.as_bytes());
             expected.push(b'|');
@@ -1295,6 +1720,76 @@ mod tests {
         assert_eq!(out, expected);
         assert_eq!(*err.lock().unwrap(), b"oops\n");
         assert_eq!(status, 7);
+
+        // What the payload wrote is on the host, as ordinary files of ours.
+        assert_eq!(
+            fs::read(share.join("in.txt")).unwrap(),
+            b"from the host\nappended\n"
+        );
+        let created = share.join("out.txt");
+        assert_eq!(fs::read(&created).unwrap(), b"from L1\n");
+        let meta = fs::symlink_metadata(&created).unwrap();
+        assert!(meta.is_file());
+        // SAFETY: getuid/getgid only query this process's credentials.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        assert_eq!((meta.uid(), meta.gid()), (uid, gid));
+        assert_eq!(meta.mode() & 0o7777, 0o644);
+        assert_eq!(fs::read(share.join("sub/f")).unwrap(), b"deep\n");
+        assert_eq!(fs::read(nested.join("n.txt")).unwrap(), b"inner\n");
+        let sparse = File::open(share.join("sparse")).unwrap();
+        let meta = sparse.metadata().unwrap();
+        assert_eq!(meta.len(), SPARSE_LEN);
+        let mut last = [0u8; 2];
+        assert_eq!(sparse.read_at(&mut last, SPARSE_LEN - 1).unwrap(), 1);
+        assert_eq!(last[0], b'X');
+        assert!(meta.blocks() * 512 < 1 << 20, "not sparse: {meta:?}");
+        assert_eq!(fs::metadata(share.join("big")).unwrap().len(), 64 << 20);
+        let times: Vec<f64> = fs::read_to_string(share.join("dd.times"))
+            .unwrap()
+            .split_whitespace()
+            .map(|t| t.parse().unwrap())
+            .collect();
+        let secs = (times[1] - times[0]).max(0.01); // /proc/uptime has 10 ms resolution
+        eprintln!(
+            "64 MiB dd bs=1M to a 9p share in L1: {secs:.2} s, {:.0} MiB/s",
+            64.0 / secs
+        );
+    }
+
+    /// A working directory that does not exist in L1 is reported, with status 125.
+    #[test]
+    #[ignore = "boots the helper VM (~7 s under TCG); builds its assets on first use"]
+    fn helper_vm_missing_workdir() {
+        let assets = ensure_assets(None).expect("helper VM assets");
+        let dir = TempDir::new().unwrap();
+        let share = fs::canonicalize(dir.path()).unwrap();
+        let config = HelperVmConfig {
+            assets_dir: assets,
+            shared_dirs: vec![share.clone()],
+            workdir: Some(share.join("missing")),
+            ..HelperVmConfig::default()
+        };
+        let exe = dir.path().join("wrapper");
+        fs::write(&exe, b"#!/bin/sh\necho ran\n").unwrap();
+        fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
+        let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let err = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let status = run_to(
+            &config,
+            &exe,
+            &[],
+            &[],
+            Target::Buffer(out.clone()),
+            Target::Buffer(err.clone()),
+        )
+        .unwrap();
+        assert_eq!(status, STATUS_HELPER_FAILED);
+        assert!(out.lock().unwrap().is_empty());
+        let err = String::from_utf8_lossy(&err.lock().unwrap()).into_owned();
+        assert!(
+            err.contains("cannot enter the working directory") && err.contains("missing"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -306,12 +306,6 @@ fn memory_hash(mem: &GuestMemoryMmap, backing: &MemoryBacking) -> u64 {
 
 /// The memory hash, and how many bytes of guest RAM the host has backed.
 fn memory_hash_and_residency(mem: &GuestMemoryMmap, backing: &MemoryBacking) -> (u64, u64) {
-    let in_file_data = |gpa: u64| match backing {
-        MemoryBacking::Anonymous => false,
-        MemoryBacking::File { data_ranges } => data_ranges
-            .iter()
-            .any(|&(start, end)| (start..end).contains(&gpa)),
-    };
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     let mut resident_pages = 0u64;
     for region in mem.iter() {
@@ -320,27 +314,74 @@ fn memory_hash_and_residency(mem: &GuestMemoryMmap, backing: &MemoryBacking) -> 
         // SAFETY: `ptr` and `len` describe a live mapping owned by `mem`, which
         // outlives this borrow; the vCPU is stopped, so nothing writes to it meanwhile.
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
-        let pages = len / PAGE_SIZE;
-        let mut resident = vec![0u8; pages];
-        // SAFETY: `ptr` is page-aligned (an mmap), `len` lies within the mapping,
-        // and `resident` has one byte per page as mincore(2) requires.
-        let rc = unsafe { libc::mincore(ptr as *mut libc::c_void, len, resident.as_mut_ptr()) };
+        let candidates = match backing {
+            MemoryBacking::Anonymous => resident_pages_of(ptr, len),
+            MemoryBacking::File { data_ranges } => {
+                file_backed_candidates(ptr, len, region.start_addr().0, data_ranges)
+            }
+        };
         for (page, chunk) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
-            let gpa = region.start_addr().0 + (page * PAGE_SIZE) as u64;
-            let is_resident = rc != 0 || resident[page] & 1 != 0;
-            if is_resident {
-                resident_pages += 1;
-            } else if !in_file_data(gpa) {
+            if !candidates[page] {
                 continue;
             }
+            resident_pages += 1;
             if chunk.iter().all(|b| *b == 0) {
                 continue;
             }
+            let gpa = region.start_addr().0 + (page * PAGE_SIZE) as u64;
             hasher.update(&gpa.to_le_bytes());
             hasher.update(chunk);
         }
     }
     (hasher.digest(), resident_pages * PAGE_SIZE as u64)
+}
+
+/// Pages of an anonymous mapping the host has backed (mincore); the others
+/// are zero. If mincore fails, every page is a candidate.
+fn resident_pages_of(ptr: *mut u8, len: usize) -> Vec<bool> {
+    let mut resident = vec![0u8; len / PAGE_SIZE];
+    // SAFETY: `ptr` is page-aligned (an mmap), `len` lies within the mapping,
+    // and `resident` has one byte per page as mincore(2) requires.
+    let rc = unsafe { libc::mincore(ptr as *mut libc::c_void, len, resident.as_mut_ptr()) };
+    resident.iter().map(|r| rc != 0 || r & 1 != 0).collect()
+}
+
+/// Pages of a private file mapping that may be non-zero: those inside the
+/// file's data ranges, and those the guest has written since the mapping was
+/// made (present and anonymous in /proc/self/pagemap: copy-on-write copies).
+/// Holes the guest never wrote are zero and are not touched (touching them
+/// would fault each one in). If pagemap cannot be read, every page is a candidate.
+fn file_backed_candidates(
+    ptr: *mut u8,
+    len: usize,
+    guest_base: u64,
+    data_ranges: &[(u64, u64)],
+) -> Vec<bool> {
+    use std::os::unix::fs::FileExt;
+    const PRESENT: u64 = 1 << 63;
+    const FILE_OR_SHARED: u64 = 1 << 61;
+    let pages = len / PAGE_SIZE;
+    let mut candidates = vec![false; pages];
+    for &(start, end) in data_ranges {
+        let first = start.saturating_sub(guest_base) as usize / PAGE_SIZE;
+        let last = (end.saturating_sub(guest_base) as usize).div_ceil(PAGE_SIZE);
+        for flag in candidates.iter_mut().take(last).skip(first) {
+            *flag = true;
+        }
+    }
+    let mut entries = vec![0u8; pages * 8];
+    let read = std::fs::File::open("/proc/self/pagemap")
+        .and_then(|f| f.read_exact_at(&mut entries, (ptr as u64 / PAGE_SIZE as u64) * 8));
+    if read.is_err() {
+        return vec![true; pages];
+    }
+    for (flag, entry) in candidates.iter_mut().zip(entries.chunks_exact(8)) {
+        let entry = u64::from_le_bytes(entry.try_into().expect("8-byte chunk"));
+        if entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0 {
+            *flag = true;
+        }
+    }
+    candidates
 }
 
 fn devices_hash(devices: &Devices) -> u64 {
@@ -847,6 +888,7 @@ impl Session {
         let finishing = Instant::now();
         let (final_memory, guest_resident_bytes) =
             memory_hash_and_residency(&self.vm.memory, &self.backing);
+
         let final_devices = devices_hash(&self.machine.devices);
         let (console_hash, console_bytes) = {
             let mut capture = self.console.lock().unwrap_or_else(|e| e.into_inner());
