@@ -1,6 +1,7 @@
 //! detvisor: a deterministic hypervisor for testing distributed systems under faults.
 
 mod bench;
+mod fan_out;
 mod guest;
 mod hostvm;
 mod snapshots;
@@ -68,8 +69,15 @@ struct BranchArgs {
     #[arg(long)]
     until: Option<String>,
     /// Re-key every seeded stream from this seed at the branch point.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "seeds")]
     seed: Option<u64>,
+    /// Many alternate histories, one per seed (e.g. 1..64: inclusive), run in
+    /// parallel child processes; prints a table of outcomes.
+    #[arg(long)]
+    seeds: Option<String>,
+    /// Parallel branches with --seeds (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    jobs: usize,
     /// Take snapshots of the branch too.
     #[command(flatten)]
     snapshots: snapshots::SnapshotArgs,
@@ -558,6 +566,15 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
 fn cmd_branch(args: BranchArgs) -> Result<u8> {
     if let Placement::HelperVm { reason } = placement(args.host_vm) {
         return reexec_with_snapshot_dirs(&reason, &args.spec, &args.snapshots);
+    }
+    if let Some(range) = &args.seeds {
+        return fan_out::branch_seeds(
+            &args.spec,
+            range,
+            args.jobs,
+            args.until.as_deref(),
+            args.json,
+        );
     }
     let until = args
         .until
