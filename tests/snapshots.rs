@@ -142,8 +142,8 @@ fn test_branch_with_seed_gives_alternate_history_reproducibly() {
     let last_line = |o: &Output| {
         String::from_utf8_lossy(&o.stdout)
             .lines()
-            .filter(|l| !l.starts_with('{') && !l.trim().is_empty())
-            .last()
+            .rev()
+            .find(|l| !l.starts_with('{') && !l.trim().is_empty())
             .unwrap_or_default()
             .to_string()
     };
