@@ -1,41 +1,10 @@
 //! End-to-end tests: real guests on real KVM (inside the helper VM where the
 //! host's KVM cannot run Linux). Each test boots the default guest image.
 
-use std::process::{Command, Output};
+mod common;
 
-fn detvisor(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_detvisor"))
-        .args(args)
-        .output()
-        .expect("detvisor starts");
-    eprintln!(
-        "$ detvisor {}\n--- status: {:?}\n--- stdout:\n{}\n--- stderr:\n{}",
-        args.join(" "),
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// The JSON summary `run --json` prints as its last stdout line.
-fn summary(out: &Output) -> serde_json::Value {
-    let text = stdout(out);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON summary in stdout: {text}"));
-    serde_json::from_str(line).expect("summary is JSON")
-}
+use common::*;
+use std::process::Output;
 
 /// Console output without the JSON summary line.
 fn console(out: &Output) -> String {

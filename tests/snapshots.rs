@@ -3,33 +3,11 @@
 //! process (directly or replayed forward to an exact exit) finishes with the
 //! same digest as the straight run.
 
+mod common;
+
+use common::*;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn detvisor(args: &[&str]) -> Output {
-    let out = Command::new(env!("CARGO_BIN_EXE_detvisor"))
-        .args(args)
-        .output()
-        .expect("detvisor starts");
-    eprintln!(
-        "$ detvisor {}\n--- status: {:?}\n--- stdout:\n{}\n--- stderr:\n{}",
-        args.join(" "),
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn summary(out: &Output) -> serde_json::Value {
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .unwrap_or_else(|| panic!("no JSON summary in stdout: {text}"));
-    serde_json::from_str(line).expect("summary is JSON")
-}
+use std::process::Output;
 
 const WORKLOAD: &str =
     "for i in 1 2 3; do head -c4 /dev/urandom | od -An -tx1; sleep 1; done; echo done";
