@@ -45,7 +45,10 @@ pub const HPET_LEN: u64 = 0x400;
 pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
 pub const VIRTIO_MMIO_STRIDE: u64 = 0x1000;
 /// ISA lines no other device uses, one per virtio device in attach order.
-pub const VIRTIO_MMIO_IRQS: [u8; 6] = [5, 6, 7, 10, 11, 12];
+/// After the six lines a PC leaves free come COM2's line 3 (the kernel has
+/// one UART) and the IDE lines 14 and 15 (there is no IDE), so that the
+/// rng, the console and up to seven NICs (one per node) fit.
+pub const VIRTIO_MMIO_IRQS: [u8; 9] = [5, 6, 7, 10, 11, 12, 3, 14, 15];
 pub const VIRTIO_MMIO_MAX_DEVICES: usize = VIRTIO_MMIO_IRQS.len();
 
 /// The base address of virtio-mmio slot `slot`.
@@ -89,8 +92,13 @@ mod tests {
         // Assert
         assert_eq!(slots[0], (0xd000_0000, 5));
         assert_eq!(slots[5], (0xd000_5000, 12));
+        assert_eq!(slots[8], (0xd000_8000, 15));
         for irq in [IRQ_TIMER, IRQ_COM1, IRQ_RTC, IRQ_ACPI_SCI, 2] {
             assert!(!VIRTIO_MMIO_IRQS.contains(&irq));
+        }
+        for (i, irq) in VIRTIO_MMIO_IRQS.iter().enumerate() {
+            assert!(*irq < 16);
+            assert!(!VIRTIO_MMIO_IRQS[..i].contains(irq));
         }
         assert!(
             virtio_mmio_base(VIRTIO_MMIO_MAX_DEVICES - 1).unwrap() + VIRTIO_MMIO_STRIDE

@@ -7,7 +7,9 @@
 //! (see `virtio`) also read and write guest memory, through the handle the
 //! VMM attaches, and only inside the access or call that makes them.
 //!
-//! The VMM drives them all through [`Devices`] (see `machine`).
+//! The VMM drives them all through [`Devices`] (see `machine`), including
+//! the simulated network: virtio-net NICs joined by a [`Switch`] that
+//! delivers frames in virtual time.
 
 pub mod acpi_pm;
 pub mod bus;
@@ -19,6 +21,7 @@ pub mod pic;
 pub mod rtc;
 pub mod serial;
 pub mod status;
+pub mod switch;
 pub mod time;
 pub mod virtio;
 
@@ -28,4 +31,7 @@ pub use machine::{
     Devices, DevicesConfig, DevicesState, VirtioBackendState, VirtioDeviceState, VirtioSlot,
 };
 pub use status::GuestEvent;
+pub use switch::{
+    LatencyDist, NetworkConfig, PortCounters, PortId, Switch, SwitchError, SwitchState,
+};
 pub use time::VirtNanos;

@@ -20,6 +20,17 @@
 //! InterruptStatus is non-zero. Queue work happens inside the MMIO write
 //! that triggers it (QueueNotify, DRIVER_OK) or inside the VMM's call that
 //! delivers console input, so it stays at deterministic points.
+//!
+//! The network: any number of virtio-net NICs (one per node, as slots
+//! allow) and, once [`Devices::attach_switch`] is called, a [`Switch`]
+//! joining them, each NIC on the port numbered by its slot index. Every
+//! device step (each access, before and after it is served, and each
+//! [`Devices::advance_to`]) first submits the frames the NICs transmitted
+//! to the switch at the current time, then delivers into the destination
+//! NICs every frame due by then, in (time, sequence) order, raising their
+//! interrupts. [`Devices::next_deadline`] includes the next delivery, so an
+//! idle guest jumps straight to it. Without a switch a NIC has no cable:
+//! its frames are taken and discarded. No frame ever reaches the host.
 
 use crate::acpi_pm::{AcpiPm, AcpiPmBlock, AcpiPmState};
 use crate::bus::{Bus, BusDevice};
@@ -32,10 +43,11 @@ use crate::serial::{ConsoleWriter, SerialPort, SerialState};
 use crate::status::{
     GuestEvent, I8042Port, I8042State, PostPort, StatusPort, StatusPortState, I8042,
 };
+use crate::switch::{NetworkConfig, PortId, Switch, SwitchError, SwitchState};
 use crate::time::VirtNanos;
 use crate::virtio::{
-    VirtioConsole, VirtioConsoleState, VirtioMmioState, VirtioMmioTransport, VirtioRng,
-    VirtioRngState, VirtioViolation,
+    RxOutcome, VirtioConsole, VirtioConsoleState, VirtioMmioState, VirtioMmioTransport, VirtioNet,
+    VirtioNetCounters, VirtioNetState, VirtioRng, VirtioRngState, VirtioViolation,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
@@ -83,6 +95,7 @@ enum DeviceId {
 enum VirtioSlotDevice {
     Rng(Box<VirtioMmioTransport<VirtioRng>>),
     Console(Box<VirtioMmioTransport<VirtioConsole>>),
+    Net(Box<VirtioMmioTransport<VirtioNet>>),
 }
 
 /// Runs `$body` with `$transport` bound to the slot's transport, whatever
@@ -92,6 +105,7 @@ macro_rules! with_transport {
         match $device {
             VirtioSlotDevice::Rng($transport) => $body,
             VirtioSlotDevice::Console($transport) => $body,
+            VirtioSlotDevice::Net($transport) => $body,
         }
     };
 }
@@ -101,6 +115,7 @@ impl VirtioSlotDevice {
         match self {
             VirtioSlotDevice::Rng(_) => "rng",
             VirtioSlotDevice::Console(_) => "console",
+            VirtioSlotDevice::Net(_) => "net",
         }
     }
 
@@ -113,6 +128,10 @@ impl VirtioSlotDevice {
             VirtioSlotDevice::Console(transport) => VirtioDeviceState {
                 transport: transport.state(),
                 backend: VirtioBackendState::Console(transport.device().state()),
+            },
+            VirtioSlotDevice::Net(transport) => VirtioDeviceState {
+                transport: transport.state(),
+                backend: VirtioBackendState::Net(transport.device().state()),
             },
         }
     }
@@ -128,6 +147,9 @@ impl VirtioSlotDevice {
                 transport.validate_state(&state.transport, memory)
             }
             (VirtioSlotDevice::Console(transport), VirtioBackendState::Console(_)) => {
+                transport.validate_state(&state.transport, memory)
+            }
+            (VirtioSlotDevice::Net(transport), VirtioBackendState::Net(_)) => {
                 transport.validate_state(&state.transport, memory)
             }
             _ => Err(DevicesError::VirtioDeviceKind { slot }),
@@ -149,6 +171,10 @@ impl VirtioSlotDevice {
                 transport.restore(&state.transport, memory)?;
                 transport.device_mut().restore(backend);
             }
+            (VirtioSlotDevice::Net(transport), VirtioBackendState::Net(backend)) => {
+                transport.restore(&state.transport, memory)?;
+                transport.device_mut().restore(backend);
+            }
             _ => return Err(DevicesError::VirtioDeviceKind { slot }),
         }
         Ok(())
@@ -165,7 +191,7 @@ struct VirtioDevices {
 fn console_of(slots: &mut [VirtioSlotDevice]) -> Option<&mut VirtioMmioTransport<VirtioConsole>> {
     slots.iter_mut().find_map(|device| match device {
         VirtioSlotDevice::Console(transport) => Some(transport.as_mut()),
-        VirtioSlotDevice::Rng(_) => None,
+        VirtioSlotDevice::Rng(_) | VirtioSlotDevice::Net(_) => None,
     })
 }
 
@@ -192,6 +218,11 @@ impl VirtioSlot {
     pub fn cmdline_fragment(&self) -> String {
         layout::virtio_mmio_cmdline_fragment(self.index).unwrap_or_default()
     }
+
+    /// The switch port of the NIC in this slot.
+    pub fn port(&self) -> PortId {
+        PortId(self.index)
+    }
 }
 
 /// Saved state of a virtio device's backend.
@@ -199,6 +230,7 @@ impl VirtioSlot {
 pub enum VirtioBackendState {
     Rng(VirtioRngState),
     Console(VirtioConsoleState),
+    Net(VirtioNetState),
 }
 
 /// Saved state of one virtio device: its transport (status, features,
@@ -226,6 +258,10 @@ pub struct DevicesState {
     /// Virtio devices in slot order; absent in states saved without them.
     #[serde(default)]
     pub virtio: Vec<VirtioDeviceState>,
+    /// The network switch, with the frames in flight; absent in states
+    /// saved without one.
+    #[serde(default)]
+    pub switch: Option<SwitchState>,
 }
 
 pub struct Devices {
@@ -244,6 +280,8 @@ pub struct Devices {
     unhandled_accesses: u64,
     /// Present once guest memory is attached.
     virtio: Option<VirtioDevices>,
+    /// The network between the NICs, once attached.
+    switch: Option<Switch>,
 }
 
 fn build_pio_bus() -> Bus<DeviceId> {
@@ -305,6 +343,7 @@ impl Devices {
             pending_events: VecDeque::new(),
             unhandled_accesses: 0,
             virtio: None,
+            switch: None,
         }
     }
 
@@ -352,10 +391,108 @@ impl Devices {
         self.attach_virtio(VirtioSlotDevice::Console(Box::new(transport)))
     }
 
+    /// Attaches a virtio-net NIC with address `mac`; there may be one per
+    /// node, as far as slots go. Its switch port is [`VirtioSlot::port`].
+    /// If a switch is attached, the NIC joins it at once.
+    pub fn attach_virtio_net(&mut self, mac: [u8; 6]) -> Result<VirtioSlot, DevicesError> {
+        let transport = VirtioMmioTransport::new(VirtioNet::new(mac))?;
+        let slot = self.attach_virtio(VirtioSlotDevice::Net(Box::new(transport)))?;
+        if let Some(switch) = &mut self.switch {
+            switch.add_port(slot.port(), mac);
+        }
+        Ok(slot)
+    }
+
+    /// Attaches the network switch: every NIC, attached before or after,
+    /// is on the port of its slot index. Its draws come from the ChaCha20
+    /// stream keyed by `key`; every link follows `config` until overridden.
+    pub fn attach_switch(
+        &mut self,
+        key: [u8; 32],
+        config: NetworkConfig,
+    ) -> Result<(), SwitchError> {
+        if self.switch.is_some() {
+            return Err(SwitchError::AlreadyAttached);
+        }
+        let mut switch = Switch::new(key, config)?;
+        for (port, mac) in self.virtio_net_macs() {
+            switch.add_port(port, mac);
+        }
+        self.switch = Some(switch);
+        Ok(())
+    }
+
+    /// The attached NICs' ports and addresses, in slot order.
+    fn virtio_net_macs(&self) -> Vec<(PortId, [u8; 6])> {
+        let Some(virtio) = &self.virtio else {
+            return Vec::new();
+        };
+        virtio
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(index, device)| match device {
+                VirtioSlotDevice::Net(transport) => Some((PortId(index), transport.device().mac())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The switch, for its counters, ports, partition and frames in flight.
+    pub fn switch(&self) -> Option<&Switch> {
+        self.switch.as_ref()
+    }
+
+    fn switch_mut(&mut self) -> Result<&mut Switch, SwitchError> {
+        self.switch.as_mut().ok_or(SwitchError::NotAttached)
+    }
+
+    /// Schedules a partition of the network at virtual time `at` (see
+    /// [`Switch::partition`]); ports are NIC slot indexes.
+    pub fn schedule_partition(
+        &mut self,
+        at: VirtNanos,
+        groups: Vec<Vec<PortId>>,
+    ) -> Result<(), SwitchError> {
+        self.switch_mut()?.partition(at, groups)
+    }
+
+    /// Schedules the end of any partition at virtual time `at`.
+    pub fn schedule_heal(&mut self, at: VirtNanos) -> Result<(), SwitchError> {
+        self.switch_mut()?.heal(at)
+    }
+
+    /// Replaces the default link configuration, for frames sent from now on.
+    pub fn set_network_config(&mut self, config: NetworkConfig) -> Result<(), SwitchError> {
+        self.switch_mut()?.set_config(config)
+    }
+
+    /// Overrides (or, with `None`, stops overriding) the configuration of
+    /// the directed link `from` -> `to`, for frames sent from now on.
+    pub fn set_link_config(
+        &mut self,
+        from: PortId,
+        to: PortId,
+        config: Option<NetworkConfig>,
+    ) -> Result<(), SwitchError> {
+        self.switch_mut()?.set_link_config(from, to, config)
+    }
+
+    /// The counters of the NIC in slot `slot`, if it is one.
+    pub fn virtio_net_counters(&self, slot: usize) -> Option<VirtioNetCounters> {
+        match self.virtio.as_ref()?.slots.get(slot)? {
+            VirtioSlotDevice::Net(transport) => Some(transport.device().counters()),
+            _ => None,
+        }
+    }
+
     fn attach_virtio(&mut self, device: VirtioSlotDevice) -> Result<VirtioSlot, DevicesError> {
         let virtio = self.virtio.as_mut().ok_or(DevicesError::NoGuestMemory)?;
         let kind = device.kind_name();
-        if virtio.slots.iter().any(|other| other.kind_name() == kind) {
+        // One NIC per node; one of every other kind.
+        if !matches!(device, VirtioSlotDevice::Net(_))
+            && virtio.slots.iter().any(|other| other.kind_name() == kind)
+        {
             return Err(DevicesError::VirtioAlreadyAttached { kind });
         }
         let index = virtio.slots.len();
@@ -589,6 +726,37 @@ impl Devices {
         self.hpet.advance_to(self.now);
         self.rtc.advance_to(self.now);
         self.acpi_pm.advance_to(self.now);
+        self.advance_network();
+    }
+
+    /// Submits what the NICs transmitted to the switch at `now`, in slot
+    /// order, then delivers every frame due by `now` into its NIC.
+    fn advance_network(&mut self) {
+        let Some(VirtioDevices { memory, slots }) = &mut self.virtio else {
+            return;
+        };
+        let now = self.now;
+        for (index, device) in slots.iter_mut().enumerate() {
+            let VirtioSlotDevice::Net(transport) = device else {
+                continue;
+            };
+            let frames = transport.device_mut().take_transmitted();
+            let Some(switch) = &mut self.switch else {
+                continue;
+            };
+            for frame in frames {
+                // Every NIC is a port of the switch, so this cannot fail.
+                let _ = switch.submit(now, PortId(index), frame);
+            }
+        }
+        let Some(switch) = &mut self.switch else {
+            return;
+        };
+        for (port, frame) in switch.due(now) {
+            if let Some(VirtioSlotDevice::Net(transport)) = slots.get_mut(port.0) {
+                let _: RxOutcome = transport.deliver(frame, memory, now);
+            }
+        }
     }
 
     /// Turns every interrupt a device raised into an edge on its PIC line.
@@ -624,14 +792,19 @@ impl Devices {
     }
 
     /// The earliest virtual time at which a device will raise an interrupt
-    /// by itself (HPET timers; the RTC unless the HPET has disconnected it).
+    /// by itself (HPET timers; the RTC unless the HPET has disconnected it;
+    /// the switch's next frame delivery).
     pub fn next_deadline(&self) -> Option<VirtNanos> {
         let rtc = if self.hpet.legacy_replacement() {
             None
         } else {
             self.rtc.next_deadline()
         };
-        [self.hpet.next_deadline(), rtc].into_iter().flatten().min()
+        let network = self.switch.as_ref().and_then(Switch::next_deadline);
+        [self.hpet.next_deadline(), rtc, network]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The PIC's INTR output.
@@ -677,7 +850,57 @@ impl Devices {
             virtio: self.virtio.as_ref().map_or_else(Vec::new, |virtio| {
                 virtio.slots.iter().map(VirtioSlotDevice::state).collect()
             }),
+            switch: self.switch.as_ref().map(Switch::state),
         }
+    }
+
+    /// Checks that `state`'s switch (if any) has exactly the state's NICs
+    /// as ports, with their addresses, and carries frames between them only.
+    /// (Every other switch state is valid, see [`Switch::from_state`].) A
+    /// port or frame naming a slot that holds no such NIC is reported as
+    /// that slot holding another kind of device.
+    fn validate_switch(state: &DevicesState) -> Result<(), DevicesError> {
+        let Some(switch) = &state.switch else {
+            return Ok(());
+        };
+        let nics: Vec<(PortId, [u8; 6])> = state
+            .virtio
+            .iter()
+            .enumerate()
+            .filter_map(|(index, device)| match &device.backend {
+                VirtioBackendState::Net(net) => Some((PortId(index), net.mac)),
+                _ => None,
+            })
+            .collect();
+        let ports: Vec<(PortId, [u8; 6])> = switch
+            .ports
+            .iter()
+            .map(|(&port, saved)| (port, saved.mac))
+            .collect();
+        if let Some(&(port, _)) = ports
+            .iter()
+            .find(|port| !nics.contains(port))
+            .or_else(|| nics.iter().find(|nic| !ports.contains(nic)))
+        {
+            return Err(DevicesError::VirtioDeviceKind { slot: port.0 });
+        }
+        let is_port = |port: &PortId| switch.ports.contains_key(port);
+        let named = switch
+            .in_flight
+            .values()
+            .flat_map(|frame| [frame.from, frame.to])
+            .chain(
+                switch
+                    .link_configs
+                    .iter()
+                    .flat_map(|(from, links)| std::iter::once(*from).chain(links.keys().copied())),
+            );
+        for port in named {
+            if !is_port(&port) {
+                return Err(DevicesError::VirtioDeviceKind { slot: port.0 });
+            }
+        }
+        Ok(())
     }
 
     /// Checks that `states` describes the attached virtio devices, slot by slot.
@@ -707,6 +930,7 @@ impl Devices {
         state.rtc.validate()?;
         state.serial.validate()?;
         self.validate_virtio(&state.virtio)?;
+        Self::validate_switch(state)?;
         self.now = state.now;
         self.pic.restore(&state.pic);
         self.hpet.restore(&state.hpet)?;
@@ -722,6 +946,9 @@ impl Devices {
                 device.restore(slot, device_state, memory)?;
             }
         }
+        // The switch holds no host resource: the state describes all of it,
+        // so a state without one leaves the machine without one.
+        self.switch = state.switch.as_ref().map(Switch::from_state);
         Ok(())
     }
 }
@@ -1598,5 +1825,354 @@ mod tests {
         machine.devices.restore(&state).unwrap();
         assert_eq!(machine.devices.state(), state);
         let _ = machine.devices.acknowledge_interrupt();
+    }
+
+    // The network.
+
+    use crate::switch::{LatencyDist, NetworkConfig};
+    use crate::virtio::net::{NET_HDR_LEN, RECEIVEQ, TRANSMITQ};
+
+    const SWITCH_KEY: [u8; 32] = [0x5e; 32];
+    const MAC_A: [u8; 6] = [0x52, 0x54, 0, 0, 0, 0xa];
+    const MAC_B: [u8; 6] = [0x52, 0x54, 0, 0, 0, 0xb];
+    const LATENCY: u64 = 100_000;
+    const RX_BUFFER_LEN: u32 = 1526;
+
+    /// A NIC's queues and buffers in the test memory.
+    struct Nic {
+        base: u64,
+        receiveq: DriverQueue,
+        transmitq: DriverQueue,
+        tx_buffer: u64,
+        rx_buffer: u64,
+    }
+
+    /// Two NICs (A in slot 0 on IRQ5, B in slot 1 on IRQ6), initialized,
+    /// joined by a switch with a fixed latency unless `switch` is false.
+    struct NetMachine {
+        devices: Devices,
+        mem: GuestMemoryMmap,
+        nics: [Nic; 2],
+    }
+
+    fn nic(index: u64) -> Nic {
+        let queues = QUEUE0_BASE + index * 0x2000;
+        Nic {
+            base: layout::VIRTIO_MMIO_BASE + index * layout::VIRTIO_MMIO_STRIDE,
+            receiveq: DriverQueue::new(queues, 16),
+            transmitq: DriverQueue::new(queues + 0x1000, 16),
+            tx_buffer: DATA_BASE + index * 0x4000,
+            rx_buffer: DATA_BASE + index * 0x4000 + 0x2000,
+        }
+    }
+
+    fn net_machine(switch: bool) -> NetMachine {
+        let (mut devices, _output) = new_devices();
+        let mem = virtio_testing::test_memory();
+        devices.attach_guest_memory(mem.clone());
+        devices.attach_virtio_net(MAC_A).unwrap();
+        if switch {
+            devices
+                .attach_switch(
+                    SWITCH_KEY,
+                    NetworkConfig::reliable(LatencyDist::Fixed(VirtNanos(LATENCY))),
+                )
+                .unwrap();
+        }
+        // Joins the switch on attach.
+        devices.attach_virtio_net(MAC_B).unwrap();
+        init_pic(&mut devices, MASTER_MASK_VIRTIO, 0xff);
+        let nics = [nic(0), nic(1)];
+        for nic in &nics {
+            initialize(
+                &mut window(&mut devices, nic.base),
+                &[&nic.receiveq, &nic.transmitq],
+            );
+        }
+        NetMachine { devices, mem, nics }
+    }
+
+    fn ethernet_frame(to: [u8; 6], from: [u8; 6], payload: &[u8]) -> Vec<u8> {
+        [&to[..], &from[..], &[0x88, 0xb5], payload].concat()
+    }
+
+    impl NetMachine {
+        fn window(&mut self, nic: usize, now: u64) -> Window<'_> {
+            Window {
+                devices: &mut self.devices,
+                base: self.nics[nic].base,
+                now,
+            }
+        }
+
+        /// NIC `nic` transmits `frame` at `now`; its transmit interrupt is
+        /// acknowledged (PIC and device) right after.
+        fn send(&mut self, nic: usize, now: u64, frame: &[u8]) {
+            let buffer = self.nics[nic].tx_buffer;
+            write_bytes(&self.mem, buffer, &[0; NET_HDR_LEN]);
+            write_bytes(&self.mem, buffer + NET_HDR_LEN as u64, frame);
+            let len = (NET_HDR_LEN + frame.len()) as u32;
+            self.nics[nic]
+                .transmitq
+                .add_chain(&self.mem, &[readable(buffer, len)]);
+            self.window(nic, now)
+                .write32(REG_QUEUE_NOTIFY, TRANSMITQ as u32);
+            self.devices.acknowledge_interrupt();
+            outb(&mut self.devices, now, 0x20, 0x20); // EOI
+            self.window(nic, now)
+                .write32(REG_INTERRUPT_ACK, INTERRUPT_USED_BUFFER);
+        }
+
+        fn post_receive_buffer(&mut self, nic: usize, now: u64) {
+            let buffer = self.nics[nic].rx_buffer;
+            self.nics[nic]
+                .receiveq
+                .add_chain(&self.mem, &[writable(buffer, RX_BUFFER_LEN)]);
+            self.window(nic, now)
+                .write32(REG_QUEUE_NOTIFY, RECEIVEQ as u32);
+        }
+
+        /// The frames NIC `nic` received since the last call.
+        fn received(&mut self, nic: usize) -> Vec<Vec<u8>> {
+            let buffer = self.nics[nic].rx_buffer;
+            self.nics[nic]
+                .receiveq
+                .take_used(&self.mem)
+                .into_iter()
+                .map(|(_, len)| read_bytes(&self.mem, buffer, len as usize)[NET_HDR_LEN..].to_vec())
+                .collect()
+        }
+    }
+
+    #[test]
+    fn test_devices_frame_from_nic_a_reaches_nic_b_after_the_latency() {
+        // Arrange
+        let mut machine = net_machine(true);
+        machine.post_receive_buffer(1, 1_000);
+        let frame = ethernet_frame(MAC_B, MAC_A, b"hello from node a");
+        let sent_at = 5_000;
+
+        // Act
+        machine.send(0, sent_at, &frame);
+        let deadline = machine.devices.next_deadline();
+        machine.devices.advance_to(VirtNanos(sent_at + LATENCY - 1));
+        let early = (machine.received(1), machine.devices.has_pending_interrupt());
+        machine.devices.advance_to(VirtNanos(sent_at + LATENCY));
+        let vector = machine.devices.acknowledge_interrupt();
+
+        // Assert
+        assert_eq!(deadline, Some(VirtNanos(sent_at + LATENCY)));
+        assert_eq!(early, (Vec::new(), false));
+        assert_eq!(vector, Some(MASTER_VECTOR_BASE + 6));
+        assert_eq!(machine.received(1), [frame]);
+        assert_eq!(machine.devices.next_deadline(), None);
+        let switch = machine.devices.switch().unwrap();
+        assert_eq!(switch.counters(PortId(0)).unwrap().sent, 1);
+        assert_eq!(switch.counters(PortId(1)).unwrap().delivered, 1);
+        let counters = machine.devices.virtio_net_counters(1).unwrap();
+        assert_eq!(counters.rx_frames, 1);
+        assert_eq!(machine.devices.virtio_net_counters(0).unwrap().tx_frames, 1);
+    }
+
+    #[test]
+    fn test_devices_frame_due_is_delivered_before_a_later_access_is_served() {
+        // Arrange
+        let mut machine = net_machine(true);
+        machine.post_receive_buffer(0, 1_000);
+        machine.send(1, 2_000, &ethernet_frame(MAC_A, MAC_B, b"reply"));
+
+        // Act: any access after the delivery time, without advance_to.
+        let status = machine
+            .window(0, 2_000 + LATENCY + 7)
+            .read32(REG_INTERRUPT_STATUS);
+
+        // Assert
+        assert_eq!(status, INTERRUPT_USED_BUFFER);
+        assert_eq!(machine.received(0).len(), 1);
+    }
+
+    #[test]
+    fn test_devices_several_nics_and_switch_in_any_attach_order() {
+        // Arrange
+        let (mut devices, _output) = new_devices();
+        devices.attach_guest_memory(virtio_testing::test_memory());
+        devices.attach_virtio_rng(RNG_KEY).unwrap();
+        let first = devices.attach_virtio_net(MAC_A).unwrap();
+
+        // Act
+        devices
+            .attach_switch(
+                SWITCH_KEY,
+                NetworkConfig::reliable(LatencyDist::Fixed(VirtNanos(1))),
+            )
+            .unwrap();
+        let second = devices.attach_virtio_net(MAC_B).unwrap();
+        let more: Vec<VirtioSlot> = (0..6)
+            .map(|i| devices.attach_virtio_net([0x52, 0x54, 0, 0, 1, i]).unwrap())
+            .collect();
+        let again = devices.attach_switch(
+            SWITCH_KEY,
+            NetworkConfig::reliable(LatencyDist::Fixed(VirtNanos(1))),
+        );
+
+        // Assert
+        assert_eq!((first.index, first.irq), (1, 6));
+        assert_eq!((second.index, second.irq), (2, 7));
+        assert_eq!(more.last().unwrap().irq, 15);
+        assert_eq!(
+            devices.attach_virtio_net([0x52, 0x54, 0, 0, 2, 0]),
+            Err(DevicesError::VirtioSlotsExhausted { max: 9 })
+        );
+        assert_eq!(again, Err(SwitchError::AlreadyAttached));
+        let ports = devices.switch().unwrap().ports();
+        assert_eq!(ports.len(), 8);
+        assert_eq!(ports[0], (PortId(1), MAC_A));
+        assert_eq!(ports[1], (second.port(), MAC_B));
+    }
+
+    #[test]
+    fn test_devices_without_a_switch_frames_go_nowhere() {
+        // Arrange
+        let mut machine = net_machine(false);
+        machine.post_receive_buffer(1, 1_000);
+
+        // Act
+        machine.send(0, 2_000, &ethernet_frame(MAC_B, MAC_A, b"into the void"));
+        machine.devices.advance_to(VirtNanos::from_secs(1));
+
+        // Assert
+        assert_eq!(machine.devices.next_deadline(), None);
+        assert!(machine.received(1).is_empty());
+        assert_eq!(machine.devices.virtio_net_counters(0).unwrap().tx_frames, 1);
+        assert!(machine.devices.state().virtio[0].transport.queues[1].ready);
+        assert_eq!(
+            machine.devices.schedule_heal(VirtNanos(0)),
+            Err(SwitchError::NotAttached)
+        );
+    }
+
+    #[test]
+    fn test_devices_scheduled_partition_cuts_the_frame_in_flight() {
+        // Arrange
+        let mut machine = net_machine(true);
+        machine.post_receive_buffer(1, 1_000);
+        machine
+            .devices
+            .schedule_partition(VirtNanos(50_000), vec![vec![PortId(0)], vec![PortId(1)]])
+            .unwrap();
+        machine.devices.schedule_heal(VirtNanos(60_000)).unwrap();
+
+        // Act
+        machine.send(0, 2_000, &ethernet_frame(MAC_B, MAC_A, b"cut"));
+        let deadline = machine.devices.next_deadline();
+        machine.devices.advance_to(VirtNanos::from_secs(1));
+
+        // Assert
+        assert_eq!(deadline, None);
+        assert!(machine.received(1).is_empty());
+        let switch = machine.devices.switch().unwrap();
+        assert_eq!(switch.counters(PortId(0)).unwrap().dropped_partition, 1);
+        assert_eq!(switch.current_partition(), None);
+    }
+
+    #[test]
+    fn test_devices_state_round_trip_with_frames_in_flight() {
+        // Arrange
+        let mut machine = net_machine(true);
+        machine.post_receive_buffer(1, 1_000);
+        machine.send(0, 2_000, &ethernet_frame(MAC_B, MAC_A, b"in flight"));
+        let saved = machine.devices.state();
+        let json = serde_json::to_string(&saved).unwrap();
+        let receiveq = machine.nics[1].receiveq.clone();
+        let memory_at_save = read_bytes(&machine.mem, 0, virtio_testing::MEMORY_SIZE as usize);
+        machine.devices.advance_to(VirtNanos(2_000 + LATENCY));
+        let first_run = (machine.received(1), machine.devices.state());
+
+        // Act
+        machine
+            .devices
+            .restore(&serde_json::from_str(&json).unwrap())
+            .unwrap();
+        let restored_state = machine.devices.state();
+        write_bytes(&machine.mem, 0, &memory_at_save);
+        machine.nics[1].receiveq = receiveq;
+        let deadline = machine.devices.next_deadline();
+        machine.devices.advance_to(VirtNanos(2_000 + LATENCY));
+        let second_run = (machine.received(1), machine.devices.state());
+
+        // Assert
+        assert_eq!(restored_state, saved);
+        assert_eq!(saved.switch.as_ref().unwrap().in_flight.len(), 1);
+        assert_eq!(deadline, Some(VirtNanos(2_000 + LATENCY)));
+        assert_eq!(second_run, first_run);
+        assert_eq!(first_run.0.len(), 1);
+    }
+
+    #[test]
+    fn test_devices_restore_of_switch_not_matching_the_nics_changes_nothing() {
+        // Arrange
+        let mut machine = net_machine(true);
+        machine.send(0, 2_000, &ethernet_frame(MAC_B, MAC_A, b"x"));
+        let before = machine.devices.state();
+        let mut other_mac = before.clone();
+        other_mac
+            .switch
+            .as_mut()
+            .unwrap()
+            .ports
+            .get_mut(&PortId(1))
+            .unwrap()
+            .mac = MAC_A;
+        let mut missing_port = before.clone();
+        missing_port
+            .switch
+            .as_mut()
+            .unwrap()
+            .ports
+            .remove(&PortId(0));
+        let mut frame_to_nowhere = before.clone();
+        for frame in frame_to_nowhere
+            .switch
+            .as_mut()
+            .unwrap()
+            .in_flight
+            .values_mut()
+        {
+            frame.to = PortId(5);
+        }
+
+        // Act
+        let results = [
+            machine.devices.restore(&other_mac),
+            machine.devices.restore(&missing_port),
+            machine.devices.restore(&frame_to_nowhere),
+        ];
+
+        // Assert
+        assert_eq!(
+            results,
+            [
+                Err(DevicesError::VirtioDeviceKind { slot: 1 }),
+                Err(DevicesError::VirtioDeviceKind { slot: 0 }),
+                Err(DevicesError::VirtioDeviceKind { slot: 5 }),
+            ]
+        );
+        assert_eq!(machine.devices.state(), before);
+    }
+
+    #[test]
+    fn test_devices_state_without_switch_restores_and_detaches_it() {
+        // Arrange
+        let mut machine = net_machine(true);
+        let mut json: serde_json::Value = serde_json::to_value(machine.devices.state()).unwrap();
+        json.as_object_mut().unwrap().remove("switch");
+
+        // Act
+        let state: DevicesState = serde_json::from_value(json).unwrap();
+        let result = machine.devices.restore(&state);
+
+        // Assert
+        assert_eq!(result, Ok(()));
+        assert!(machine.devices.switch().is_none());
     }
 }

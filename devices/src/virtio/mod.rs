@@ -4,8 +4,8 @@
 //! feature negotiation, the device status state machine, queue
 //! configuration, notifications and the interrupt status. A backend
 //! implementing [`VirtioDevice`] does the device-specific work on the
-//! queues the transport hands it; [`VirtioRng`] and [`VirtioConsole`] are
-//! the first two.
+//! queues the transport hands it: [`VirtioRng`], [`VirtioConsole`] and
+//! [`VirtioNet`].
 //!
 //! Everything the guest supplies (queue sizes, ring addresses, descriptor
 //! chains, indexes, status values) is checked. A driver that breaks the
@@ -21,6 +21,7 @@
 
 pub mod console;
 pub mod mmio;
+pub mod net;
 pub mod queue;
 pub mod rng;
 #[cfg(test)]
@@ -28,6 +29,7 @@ pub(crate) mod testing;
 
 pub use console::{VirtioConsole, VirtioConsoleState};
 pub use mmio::{VirtioMmioState, VirtioMmioTransport};
+pub use net::{RxOutcome, VirtioNet, VirtioNetCounters, VirtioNetState};
 pub use queue::{BufferSegment, DescriptorChain, Virtqueue, VirtqueueState};
 pub use rng::{VirtioRng, VirtioRngState};
 
@@ -42,7 +44,8 @@ use vm_memory::GuestMemoryMmap;
 /// a queue when there is work on it. Backends must be deterministic: the
 /// same calls with the same guest memory produce the same results.
 pub trait VirtioDevice {
-    /// The virtio device ID (spec 5): 3 for a console, 4 for an entropy source.
+    /// The virtio device ID (spec 5): 1 for a network card, 3 for a
+    /// console, 4 for an entropy source.
     fn device_id(&self) -> u32;
 
     /// Device-specific feature bits offered to the driver. The transport
@@ -117,6 +120,13 @@ pub enum QueueFault {
     WritableDescriptor { index: u16 },
     #[error("guest memory could not be accessed at {address:#x}")]
     GuestMemory { address: u64 },
+    #[error("the transmit chain from head {head} has {len} bytes, less than a virtio-net header")]
+    NetHeaderTooShort { head: u16, len: u32 },
+    #[error(
+        "the transmit chain from head {head} asks for offloads never negotiated \
+         (flags {flags:#x}, gso_type {gso_type:#x})"
+    )]
+    NetHeaderOffload { head: u16, flags: u8, gso_type: u8 },
 }
 
 /// What made a device broken: the first rule the driver broke.
