@@ -49,6 +49,9 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use snapshot::SnapshotMeta;
+use vmm::vm::{Session as VmSession, SessionState};
+
 use crate::{guest, hostvm, units};
 
 #[derive(Args, Debug)]
@@ -62,6 +65,9 @@ pub enum BenchCommand {
     /// Boot the default guest and run `true`: detvisor vs QEMU-KVM (same helper VM) vs QEMU TCG
     /// with icount (host). Prints a table and a final JSON line.
     Boot(BootArgs),
+    /// Snapshot and restore latency, forks/s and resets/s against guest RAM size and dirty
+    /// fraction, with full-copy baselines. Prints a table and a final JSON line.
+    Snapshot(SnapshotBenchArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -109,6 +115,7 @@ pub fn run(args: BenchArgs) -> Result<u8> {
                 orchestrate(&boot)
             }
         }
+        BenchCommand::Snapshot(args) => run_snapshot_bench(&args),
     }
 }
 
@@ -192,6 +199,9 @@ struct LaunchPlan {
     args: Vec<String>,
     /// (host path, payload name)
     files: Vec<(PathBuf, String)>,
+    /// Host directories shared read-write (9p), mounted at the same path in L1.
+    #[serde(default)]
+    shared_dirs: Vec<PathBuf>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
@@ -1103,6 +1113,7 @@ fn launch_main(plan_path: &Path) -> Result<u8> {
     let config = hostvm::HelperVmConfig {
         assets_dir: plan.assets_dir,
         memory_mib: plan.memory_mib,
+        shared_dirs: plan.shared_dirs,
         ..hostvm::HelperVmConfig::default()
     };
     let files: Vec<hostvm::PayloadFile> = plan
@@ -1335,6 +1346,7 @@ fn helper_session_inner(
             hostvm::payload_path("bench/plan.json"),
         ],
         files,
+        shared_dirs: Vec::new(),
     };
     let launch_path = tmp.join("launch-plan.json");
     fs::write(&launch_path, serde_json::to_vec(&launch)?)?;
@@ -2077,6 +2089,2176 @@ fn print_report(r: &BenchReport) -> Result<()> {
     Ok(())
 }
 
+// =============================================================================================
+// `detvisor bench snapshot`
+//
+// Layers (each bounded by a time limit, each a process of its own):
+//
+//   host: `bench snapshot`           orchestrates, prints the table and the JSON line
+//     `bench snapshot --launch-plan` calls hostvm::run (helper VM, with a 9p share)
+//       L1: `bench snapshot --worker-plan`   one per session: runs the cells in turn
+//         `bench snapshot --cell-plan`       one per (RAM, dirty %) cell: boots the guest,
+//                                            snapshots, restores, forks, resets in process
+//           `bench snapshot --restore-child` one restore + first exit per process
+//
+// Without a helper VM (the host's KVM runs guests) the worker runs on the host directly.
+
+/// Printed by the guest once the dirtying command has finished.
+const SNAP_MARKER: &[u8] = b"detvisor-bench-dirtied";
+/// A 63-character line (64 bytes with its newline) the guest writes into its RAM: non-zero, so
+/// the sparse snapshot format has to store it.
+const SNAP_FILLER: &str = "detvisor-snapshot-benchmark-filler-0123456789abcdefghijklmnopqrs";
+/// Last stdout line of a cell process (its argument: the [`CellResult`] as JSON).
+const MARK_CELL: &str = "detvisor-bench-cell ";
+/// The line a restore child prints once the first exit after resume has been handled.
+const MARK_FIRST_EXIT: &str = "detvisor-bench-first-exit ";
+/// Time limit of one restore child process.
+const RESTORE_CHILD_LIMIT: Duration = Duration::from_secs(120);
+/// Sequential writes of the full-copy baseline.
+const FULL_COPY_CHUNK: usize = 8 << 20;
+/// Longest burst the reset calibration tries, in exits.
+const BURST_MAX_EXITS: u64 = 20_000;
+const PAGE: usize = 4096;
+/// statfs f_type values.
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+const EXT4_MAGIC: i64 = 0xef53;
+
+/// Where `bench snapshot` writes its snapshots.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SnapStore {
+    /// The helper VM's own tmpfs (/tmp in L1); without a helper VM, the host's temp directory.
+    Tmpfs,
+    /// A host temporary directory shared into the helper VM over virtio-9p.
+    Share,
+    /// Both, side by side.
+    Both,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SnapshotBenchArgs {
+    /// Repetitions of each snapshot, baseline and restore measurement.
+    #[arg(long, default_value_t = 3)]
+    pub runs: u32,
+    /// Guest RAM sizes (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "256M,1G")]
+    pub mem: Vec<String>,
+    /// Percentages of guest RAM the guest fills with non-zero data before the snapshot
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "0.1,1,10")]
+    pub dirty: Vec<f64>,
+    /// Where snapshots are written (and restored from).
+    #[arg(long, value_enum, default_value_t = SnapStore::Both)]
+    pub store: SnapStore,
+    /// Restores (+ first exit) per cell for the in-process forks-per-second loop.
+    #[arg(long, default_value_t = 10)]
+    pub forks: u32,
+    /// Iterations of the reset loop per cell.
+    #[arg(long, default_value_t = 20)]
+    pub resets: u32,
+    /// Pages the reset loop's burst should dirty (it runs the fewest exits that dirty this many).
+    #[arg(long, default_value_t = 100)]
+    pub burst_pages: u64,
+    /// Time limit of each cell's process, in seconds (the helper VM gets 300 s more in all).
+    #[arg(long, default_value_t = 600)]
+    pub timeout: u64,
+    /// Where the guests run.
+    #[arg(long, value_enum, default_value_t = BenchHostVm::Auto)]
+    pub host_vm: BenchHostVm,
+    /// Internal: run the cells described in this plan (inside the helper VM).
+    #[arg(long, hide = true)]
+    pub worker_plan: Option<PathBuf>,
+    /// Internal: start the helper VM described in this plan.
+    #[arg(long, hide = true)]
+    pub launch_plan: Option<PathBuf>,
+    /// Internal: measure one cell.
+    #[arg(long, hide = true)]
+    pub cell_plan: Option<PathBuf>,
+    /// Internal: restore this snapshot directory, run to the first exit, report, exit.
+    #[arg(long, hide = true)]
+    pub restore_child: Option<PathBuf>,
+}
+
+fn run_snapshot_bench(args: &SnapshotBenchArgs) -> Result<u8> {
+    if let Some(plan) = &args.worker_plan {
+        snap_worker_main(plan)
+    } else if let Some(plan) = &args.launch_plan {
+        launch_main(plan)
+    } else if let Some(plan) = &args.cell_plan {
+        cell_main(plan)
+    } else if let Some(dir) = &args.restore_child {
+        restore_child_main(dir)
+    } else {
+        snap_orchestrate(args)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plans and results.
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct CellSpec {
+    mem: String,
+    ram_bytes: u64,
+    dirty_pct: f64,
+}
+
+impl CellSpec {
+    /// Bytes the guest writes: `dirty_pct` of RAM, whole pages.
+    fn dirty_bytes(&self) -> u64 {
+        let bytes = (self.ram_bytes as f64 * self.dirty_pct / 100.0) as u64;
+        bytes / PAGE as u64 * PAGE as u64
+    }
+
+    fn label(&self) -> String {
+        format!("{}/{}%", self.mem, self.dirty_pct)
+    }
+}
+
+/// A directory snapshots are written to.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct SnapLocation {
+    /// "L1 tmpfs", "9p share", "host tmp".
+    name: String,
+    dir: PathBuf,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct SnapWorkerPlan {
+    runs: u32,
+    timeout_s: u64,
+    cells: Vec<CellSpec>,
+    kernel: PathBuf,
+    initrd: PathBuf,
+    cmdline: String,
+    /// Write snapshots to a directory of the worker's own temp dir (L1's tmpfs).
+    local: Option<String>,
+    /// The 9p share (same path in L1 and on the host).
+    shared: Option<SnapLocation>,
+    forks: u32,
+    resets: u32,
+    burst_pages: u64,
+    place: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+struct CellPlan {
+    spec: CellSpec,
+    runs: u32,
+    kernel: PathBuf,
+    initrd: PathBuf,
+    cmdline: String,
+    /// Each cell writes into a subdirectory of each.
+    locations: Vec<SnapLocation>,
+    forks: u32,
+    resets: u32,
+    burst_pages: u64,
+    tag: String,
+}
+
+/// The phases of one restore, in ms.
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct RestorePhases {
+    /// `snapshot::read_snapshot`: state.bin and memory.idx read and checked, state decoded.
+    read_ms: f64,
+    /// `memory_file` + `memory_chain` (the index again, for the data ranges), staging into a
+    /// memfd when on 9p, `memory_from_file` (mmap MAP_PRIVATE).
+    map_ms: f64,
+    /// `Session::resume`: a new KVM VM over the mapping, vCPU and device state restored.
+    resume_ms: f64,
+    /// `run_until(exits + 1)`: enter the guest, take and handle its first exit.
+    first_exit_ms: f64,
+    /// read_snapshot call to the first exit handled.
+    total_ms: f64,
+    /// Dropping the session (KVM VM and mapping torn down); not part of `total_ms`.
+    teardown_ms: Option<f64>,
+    /// The memory file was on 9p and was copied into a memfd first.
+    staged: bool,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct ChildRestore {
+    ok: bool,
+    error: Option<String>,
+    /// Just before spawn() to the arrival of its "first exit handled" line.
+    to_first_exit_ms: Option<f64>,
+    /// Just before spawn() to wait() returning (process exit and VM teardown included).
+    wall_ms: f64,
+    inner: Option<RestorePhases>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct LocationResult {
+    name: String,
+    dir: PathBuf,
+    /// File system type (statfs).
+    fs: String,
+    /// `Session::capture` per run.
+    capture_ms: Vec<f64>,
+    /// `snapshot::write_snapshot` per run (zero-page scan, writes, CRC, fsyncs, rename).
+    write_ms: Vec<f64>,
+    /// capture + write per run.
+    snapshot_ms: Vec<f64>,
+    /// Baseline per run: all of guest RAM into one file here, 8 MiB writes, then fsync.
+    full_copy_ms: Vec<f64>,
+    full_copy_error: Option<String>,
+    /// Of the first snapshot.
+    stored_pages: u64,
+    disk_bytes: u64,
+    state_bytes: u64,
+    /// Warm restores (after `cold_restore` in the same process).
+    restores: Vec<RestorePhases>,
+    /// The first restore of the cell process, untimed in the statistics.
+    cold_restore: Option<RestorePhases>,
+    /// 9p only: warm restores mapping memory.img over 9p without staging.
+    direct_restores: Vec<RestorePhases>,
+    child_restores: Vec<ChildRestore>,
+    error: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct ForkResult {
+    store: String,
+    iterations: u32,
+    total_ms: f64,
+    per_sec: f64,
+    /// Each iteration: read_snapshot .. first exit, then teardown.
+    iteration_ms: Vec<f64>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct ResetResult {
+    store: String,
+    /// Exits per burst (counted from the resume, the first exit included).
+    burst_exits: u64,
+    /// Copy-on-write pages after a burst (anonymous pages of the private mapping, from
+    /// /proc/self/pagemap): guest RAM the burst wrote.
+    dirty_pages: u64,
+    /// Whether the calibration reached the requested page count within BURST_MAX_EXITS.
+    reached_target: bool,
+    /// The same count after one more reset (the guest is deterministic: it should match).
+    dirty_pages_check: Option<u64>,
+    iterations: u32,
+    total_ms: f64,
+    per_sec: f64,
+    /// Medians per iteration: restore through the first exit, the rest of the burst, teardown.
+    restore_ms: f64,
+    burst_ms: f64,
+    teardown_ms: f64,
+}
+
+/// Host-side memory revert, no KVM involved: write one byte into each of `pages` file-backed
+/// pages of a MAP_PRIVATE mapping of the snapshot's memory.img (copy-on-write faults), then
+/// `madvise(MADV_DONTNEED)` each page (drops the copies: the mapping reads the file again).
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct MemRevert {
+    pages: u64,
+    iterations: u32,
+    per_reset_us: f64,
+    per_sec: f64,
+    content_restored: bool,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct PageCounts {
+    /// Pages of guest RAM.
+    ram: u64,
+    /// Pages of non-zero data the guest command wrote (the dirty fraction).
+    written: u64,
+    /// Pages the host has backed (mincore) at the snapshot: touched since boot by the guest or
+    /// the VMM (transparent huge pages may round this up).
+    resident: u64,
+    /// Non-zero pages at the snapshot (= what a full snapshot stores).
+    nonzero: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+struct CellResult {
+    mem: String,
+    ram_bytes: u64,
+    dirty_pct: f64,
+    ok: bool,
+    error: Option<String>,
+    /// Non-fatal problems.
+    warnings: Vec<String>,
+    guest_command: String,
+    /// Session::boot to the marker line (kernel boot, init, the dirtying command).
+    boot_and_dirty_ms: f64,
+    exits_at_snapshot: u64,
+    virtual_ns_at_snapshot: u64,
+    pages: PageCounts,
+    /// Per run: scanning all of guest RAM for non-zero pages (write_snapshot's first step, same
+    /// algorithm), alone.
+    zero_scan_ms: Vec<f64>,
+    /// Per run: all of guest RAM copied into a pre-faulted buffer (in-memory baseline).
+    memcpy_ms: Vec<f64>,
+    locations: Vec<LocationResult>,
+    forks: Option<ForkResult>,
+    resets: Option<ResetResult>,
+    memory_revert: Option<MemRevert>,
+    /// Wall time of the cell process, and its time limit.
+    cell_wall_ms: f64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Default)]
+struct SnapWorkerReport {
+    place: String,
+    uptime_at_start_s: Option<f64>,
+    elapsed_ms: f64,
+    /// MemTotal of the machine the worker runs on (L1).
+    mem_total_kib: Option<u64>,
+    locations: Vec<(String, String)>,
+    cells: Vec<CellResult>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small helpers on memory and files.
+
+/// The type of the file system holding `path`: the mount table's entry with the longest mount
+/// point containing it (statfs is no help for 9p: with 9p2000.L its `f_type` is the host file
+/// system's), else statfs's magic.
+fn fs_type(path: &Path) -> String {
+    if let Some(t) = mount_fs_type(path) {
+        return t;
+    }
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else {
+        return "?".into();
+    };
+    // SAFETY: statfs is plain old data; all-zero is a valid value to be overwritten.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a valid statfs to fill.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return "?".into();
+    }
+    match st.f_type as i64 {
+        TMPFS_MAGIC => "tmpfs".into(),
+        EXT4_MAGIC => "ext4".into(),
+        other => format!("{other:#x}"),
+    }
+}
+
+fn mount_fs_type(path: &Path) -> Option<String> {
+    let path = path.canonicalize().ok()?;
+    let mounts = fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let _source = fields.next()?;
+            let point = unescape_mount_field(fields.next()?);
+            let fs_type = fields.next()?;
+            Some((PathBuf::from(point), fs_type.to_string()))
+        })
+        .filter(|(point, _)| path.starts_with(point))
+        // The last of the longest: a later mount on the same point hides the earlier.
+        .max_by_key(|(point, _)| point.as_os_str().len())
+        .map(|(_, t)| t)
+}
+
+/// Undoes the octal escapes (`\040` for a space, ...) of a /proc/self/mounts field.
+fn unescape_mount_field(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                out.push(d.iter().fold(0u8, |a, c| a.wrapping_mul(8) + (c - b'0')));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Copies the data ranges of a 9p-backed memory file into a memfd with large reads: the same
+/// staging `snapshots::restore` (used by `branch` and `seek`) does before mapping.
+fn stage_in_memfd(file: &fs::File, len: u64, ranges: &[(u64, u64)]) -> Result<fs::File> {
+    use std::os::unix::fs::FileExt;
+    // SAFETY: the name is a valid NUL-terminated string; the fd is checked, then owned below.
+    let fd = unsafe { libc::memfd_create(c"detvisor-bench-memory".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error()).context("memfd_create");
+    }
+    // SAFETY: `fd` is a fresh descriptor nothing else owns.
+    let staged = unsafe { <fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    staged.set_len(len)?;
+    let mut buf = vec![0u8; 1 << 20];
+    for &(start, end) in ranges {
+        let mut at = start;
+        while at < end {
+            let n = ((end - at) as usize).min(buf.len());
+            file.read_exact_at(&mut buf[..n], at)?;
+            staged.write_all_at(&buf[..n], at)?;
+            at += n as u64;
+        }
+    }
+    Ok(staged)
+}
+
+/// The snapshot crate's zero test (OR-folding 256-byte blocks).
+fn page_is_zero(bytes: &[u8]) -> bool {
+    let mut chunks = bytes.chunks_exact(256);
+    for c in &mut chunks {
+        if c.iter().fold(0u8, |a, &b| a | b) != 0 {
+            return false;
+        }
+    }
+    chunks.remainder().iter().all(|&b| b == 0)
+}
+
+fn nonzero_pages(mem: &[u8]) -> u64 {
+    mem.chunks(PAGE).filter(|p| !page_is_zero(p)).count() as u64
+}
+
+/// Pages of `mem` the host has backed (mincore).
+fn resident_pages(mem: &[u8]) -> Option<u64> {
+    let mut v = vec![0u8; mem.len().div_ceil(PAGE)];
+    // SAFETY: `mem` is a live, page-aligned mapping (guest RAM) of `mem.len()` bytes and `v`
+    // has one byte per page, as mincore(2) requires; nothing is written to `mem`.
+    let rc = unsafe { libc::mincore(mem.as_ptr() as *mut libc::c_void, mem.len(), v.as_mut_ptr()) };
+    (rc == 0).then(|| v.iter().filter(|b| *b & 1 != 0).count() as u64)
+}
+
+/// Pages of a private file mapping `mem` that are anonymous copies now (present, neither
+/// file-backed nor shared, per /proc/self/pagemap): the pages written since it was mapped.
+fn cow_pages(mem: &[u8]) -> io::Result<u64> {
+    use std::os::unix::fs::FileExt;
+    const PRESENT: u64 = 1 << 63;
+    const FILE_OR_SHARED: u64 = 1 << 61;
+    let pages = mem.len() / PAGE;
+    let mut entries = vec![0u8; pages * 8];
+    fs::File::open("/proc/self/pagemap")?
+        .read_exact_at(&mut entries, (mem.as_ptr() as u64 / PAGE as u64) * 8)?;
+    Ok(entries
+        .chunks_exact(8)
+        .map(|e| u64::from_le_bytes(e.try_into().expect("8-byte chunk")))
+        .filter(|e| e & PRESENT != 0 && e & FILE_OR_SHARED == 0)
+        .count() as u64)
+}
+
+fn mem_total_kib() -> Option<u64> {
+    fs::read_to_string("/proc/meminfo")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// The baseline: all of `mem` into a new file at `path` with large sequential writes, fsync.
+/// The file is removed afterwards (not timed).
+fn full_copy(mem: &[u8], path: &Path) -> io::Result<Duration> {
+    let started = Instant::now();
+    let mut f = fs::File::create(path)?;
+    for chunk in mem.chunks(FULL_COPY_CHUNK) {
+        f.write_all(chunk)?;
+    }
+    f.sync_all()?;
+    let took = started.elapsed();
+    drop(f);
+    fs::remove_file(path)?;
+    Ok(took)
+}
+
+/// A console that discards the guest's output but notices [`SNAP_MARKER`] and keeps a tail.
+struct MarkerConsole {
+    seen: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    tail: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl Write for MarkerConsole {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        use std::sync::atomic::Ordering;
+        let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        tail.extend_from_slice(buf);
+        if !self.seen.load(Ordering::Relaxed)
+            && tail.windows(SNAP_MARKER.len()).any(|w| w == SNAP_MARKER)
+        {
+            self.seen.store(true, Ordering::Relaxed);
+        }
+        if tail.len() > 4096 {
+            let cut = tail.len() - 2048;
+            tail.drain(..cut);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Restores.
+
+/// How a restore gets the memory file's pages.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Staging {
+    /// Copy the stored pages into a memfd first when the file is on 9p (what
+    /// `snapshots::restore` intends).
+    On9p,
+    /// Map the file as it is, wherever it is.
+    Never,
+}
+
+/// Restores `dir` as `snapshots::restore` does (read_snapshot, memory_file, memory_chain,
+/// staging on 9p, memory_from_file, Session::resume) and handles the first exit after resume.
+fn restore_to_first_exit(dir: &Path, staging: Staging) -> Result<(VmSession, RestorePhases)> {
+    let t0 = Instant::now();
+    let (_, state): (SnapshotMeta, SessionState) = snapshot::read_snapshot(dir)
+        .with_context(|| format!("reading snapshot {}", dir.display()))?;
+    let t_read = Instant::now();
+    let (file, len) = snapshot::memory_file(dir)?;
+    let ranges: Vec<(u64, u64)> = snapshot::memory_chain(dir)?
+        .iter()
+        .flat_map(|layer| layer.runs.iter().map(|run| run.byte_range()))
+        .collect();
+    let staged = staging == Staging::On9p && fs_type(dir) == "9p";
+    let file = if staged {
+        stage_in_memfd(&file, len, &ranges)?
+    } else {
+        file
+    };
+    let memory = vmm::vm::memory_from_file(file, len)?;
+    let t_map = Instant::now();
+    let mut session = VmSession::resume(
+        &vmm::vm::ResumeConfig::default(),
+        &state,
+        memory,
+        ranges,
+        Box::new(io::sink()),
+        None,
+    )?;
+    let t_resume = Instant::now();
+    let exits = session.exits();
+    if let Some(stop) = session.run_until(Some(exits + 1), None)? {
+        bail!("the restored guest stopped at its first exit: {stop:?}");
+    }
+    let t_first = Instant::now();
+    Ok((
+        session,
+        RestorePhases {
+            read_ms: ms(t_read - t0),
+            map_ms: ms(t_map - t_read),
+            resume_ms: ms(t_resume - t_map),
+            first_exit_ms: ms(t_first - t_resume),
+            total_ms: ms(t_first - t0),
+            teardown_ms: None,
+            staged,
+        },
+    ))
+}
+
+fn restore_and_teardown(dir: &Path, staging: Staging) -> Result<RestorePhases> {
+    let (session, mut phases) = restore_to_first_exit(dir, staging)?;
+    let t = Instant::now();
+    drop(session);
+    phases.teardown_ms = Some(ms(t.elapsed()));
+    Ok(phases)
+}
+
+/// `bench snapshot --restore-child DIR`: one restore to the first exit, reported on stdout
+/// as soon as it is handled; then the process tears the VM down and exits.
+fn restore_child_main(dir: &Path) -> Result<u8> {
+    let (session, phases) = restore_to_first_exit(dir, Staging::On9p)?;
+    let mut out = io::stdout().lock();
+    writeln!(out, "{MARK_FIRST_EXIT}{}", serde_json::to_string(&phases)?)?;
+    out.flush()?;
+    drop(out);
+    drop(session);
+    Ok(0)
+}
+
+fn child_restore(dir: &Path) -> ChildRestore {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            return ChildRestore {
+                error: Some(format!("cannot locate the detvisor executable: {e}")),
+                ..ChildRestore::default()
+            }
+        }
+    };
+    let mut cmd = Command::new(exe);
+    cmd.args(["bench", "snapshot", "--restore-child"]).arg(dir);
+    let finished = match run_timed(cmd, RESTORE_CHILD_LIMIT, ErrMode::Capture, Watch::default()) {
+        Ok(f) => f,
+        Err(e) => {
+            return ChildRestore {
+                error: Some(format!("{e:#}")),
+                ..ChildRestore::default()
+            }
+        }
+    };
+    let line = finished
+        .lines
+        .iter()
+        .find(|(_, l)| l.starts_with(MARK_FIRST_EXIT));
+    let mut r = ChildRestore {
+        wall_ms: ms(finished.wall),
+        to_first_exit_ms: line.map(|(at, _)| ms(at.duration_since(finished.started))),
+        inner: line.and_then(|(_, l)| serde_json::from_str(&l[MARK_FIRST_EXIT.len()..]).ok()),
+        ..ChildRestore::default()
+    };
+    r.ok = finished.status.is_some_and(|s| s.success()) && r.to_first_exit_ms.is_some();
+    if !r.ok {
+        r.error = Some(finished.failure("the restore child", RESTORE_CHILD_LIMIT));
+    }
+    r
+}
+
+// ---------------------------------------------------------------------------------------------
+// One cell: boot, dirty, snapshot (vs baselines), restore, forks, resets.
+
+fn snap_guest_script(dirty_bytes: u64) -> String {
+    let marker = String::from_utf8_lossy(SNAP_MARKER);
+    format!(
+        "yes {SNAP_FILLER} | head -c {dirty_bytes} > /dev/shm/dirty; echo {marker}; i=0; \
+         while :; do [ $((i % 8)) = 0 ] && echo .; printf %16384s $i > /dev/shm/b$((i % 64)); \
+         i=$((i + 1)); done"
+    )
+}
+
+/// `bench snapshot --cell-plan FILE`.
+fn cell_main(plan_path: &Path) -> Result<u8> {
+    let plan: CellPlan = serde_json::from_slice(
+        &fs::read(plan_path).with_context(|| format!("cannot read {}", plan_path.display()))?,
+    )
+    .context("bad cell plan")?;
+    let started = Instant::now();
+    let mut result = CellResult {
+        mem: plan.spec.mem.clone(),
+        ram_bytes: plan.spec.ram_bytes,
+        dirty_pct: plan.spec.dirty_pct,
+        guest_command: snap_guest_script(plan.spec.dirty_bytes()),
+        ..CellResult::default()
+    };
+    if let Err(e) = cell(&plan, &mut result) {
+        result.error = Some(format!("{e:#}"));
+    }
+    result.ok = result.error.is_none();
+    result.cell_wall_ms = ms(started.elapsed());
+    for loc in &plan.locations {
+        let _ = fs::remove_dir_all(loc.dir.join(cell_dir_name(&plan.spec)));
+    }
+    let mut out = io::stdout().lock();
+    writeln!(out, "{MARK_CELL}{}", serde_json::to_string(&result)?)?;
+    out.flush()?;
+    Ok(0)
+}
+
+fn cell_dir_name(spec: &CellSpec) -> String {
+    format!("cell-{}-{}pct", spec.mem, spec.dirty_pct)
+}
+
+fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let tag = &plan.tag;
+    let spec = &plan.spec;
+    let command = vec!["sh".to_string(), "-c".into(), result.guest_command.clone()];
+    let config = vmm::vm::VmConfig {
+        kernel: plan.kernel.clone(),
+        initrd: guest::initrd_with_command(&plan.initrd, &command)?,
+        cmdline: plan.cmdline.clone(),
+        ram_bytes: spec.ram_bytes,
+        seed: 0,
+        until: None,
+        rtc_epoch_unix_secs: 1_704_067_200,
+        record: vmm::record::RecordConfig::default(),
+        perturbation: None,
+        network: None,
+    };
+
+    // 1. Boot and dirty.
+    let seen = Arc::new(AtomicBool::new(false));
+    let tail = Arc::new(Mutex::new(Vec::new()));
+    let console = MarkerConsole {
+        seen: seen.clone(),
+        tail: tail.clone(),
+    };
+    let t = Instant::now();
+    let mut session = VmSession::boot(&config, Box::new(console), None)?;
+    while !seen.load(Ordering::Relaxed) {
+        let exits = session.exits();
+        if let Some(stop) = session.run_until(Some(exits + 1), None)? {
+            let tail = tail.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            bail!(
+                "the guest stopped ({stop:?}) before printing the marker; console ends with:\n{}",
+                last_lines(&String::from_utf8_lossy(&tail), 8)
+            );
+        }
+    }
+    result.boot_and_dirty_ms = ms(t.elapsed());
+    result.exits_at_snapshot = session.exits();
+    result.virtual_ns_at_snapshot = session.now().0;
+    let ram_pages = spec.ram_bytes / PAGE as u64;
+    result.pages = PageCounts {
+        ram: ram_pages,
+        written: spec.dirty_bytes() / PAGE as u64,
+        resident: resident_pages(session.memory()).unwrap_or(0),
+        nonzero: nonzero_pages(session.memory()),
+    };
+    eprintln!(
+        "{tag}: booted and wrote {} MiB in {:.1} s (exit {}); {} of {} pages non-zero, {} resident",
+        spec.dirty_bytes() >> 20,
+        result.boot_and_dirty_ms / 1000.0,
+        result.exits_at_snapshot,
+        result.pages.nonzero,
+        ram_pages,
+        result.pages.resident
+    );
+
+    // 2. Snapshots against the baselines.
+    for loc in &plan.locations {
+        let dir = loc.dir.join(cell_dir_name(spec));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        result.locations.push(LocationResult {
+            name: loc.name.clone(),
+            fs: fs_type(&dir),
+            dir,
+            ..LocationResult::default()
+        });
+    }
+    let mut buffer = vec![1u8; session.memory().len()];
+    // One untimed warm-up per store: the first writes into memory the machine has not used yet
+    // pay for it once (under the helper VM, QEMU backing L1's RAM on first touch).
+    for loc in &mut result.locations {
+        let warm = session.capture().context("capturing the VM state")?;
+        let meta = SnapshotMeta::new(
+            "warm-up",
+            session.now().0,
+            session.exits(),
+            warm.ram_bytes,
+            warm.seed,
+        );
+        if let Err(e) = snapshot::write_snapshot(&loc.dir, &meta, &warm, session.memory()) {
+            loc.error = Some(format!("writing the warm-up snapshot: {e}"));
+            continue;
+        }
+        let _ = fs::remove_dir_all(loc.dir.join("warm-up"));
+        if let Err(e) = full_copy(session.memory(), &loc.dir.join("full-copy.img")) {
+            loc.full_copy_error = Some(format!("warm-up: {e}"));
+        }
+    }
+    for run in 1..=plan.runs {
+        let t = Instant::now();
+        let n = nonzero_pages(session.memory());
+        result.zero_scan_ms.push(ms(t.elapsed()));
+        if n != result.pages.nonzero {
+            result.warnings.push(format!(
+                "run {run}: {n} non-zero pages, first count {}",
+                result.pages.nonzero
+            ));
+        }
+        let t = Instant::now();
+        buffer.copy_from_slice(session.memory());
+        result.memcpy_ms.push(ms(t.elapsed()));
+        for loc in &mut result.locations {
+            if loc.error.is_some() {
+                continue;
+            }
+            let id = format!("run-{run}");
+            let t0 = Instant::now();
+            let state = session.capture().context("capturing the VM state")?;
+            let t1 = Instant::now();
+            let meta = SnapshotMeta::new(
+                id.clone(),
+                session.now().0,
+                session.exits(),
+                state.ram_bytes,
+                state.seed,
+            );
+            let written = snapshot::write_snapshot(&loc.dir, &meta, &state, session.memory());
+            let t2 = Instant::now();
+            let info = match written {
+                Ok(i) => i,
+                Err(e) => {
+                    loc.error = Some(format!("writing snapshot {id}: {e}"));
+                    continue;
+                }
+            };
+            loc.capture_ms.push(ms(t1 - t0));
+            loc.write_ms.push(ms(t2 - t1));
+            loc.snapshot_ms.push(ms(t2 - t0));
+            if run == 1 {
+                loc.stored_pages = info.memory_pages_stored;
+                loc.disk_bytes = info.disk_bytes;
+                loc.state_bytes = info.state_bytes;
+            } else {
+                let _ = fs::remove_dir_all(loc.dir.join(&id));
+            }
+            match full_copy(session.memory(), &loc.dir.join("full-copy.img")) {
+                Ok(d) => loc.full_copy_ms.push(ms(d)),
+                Err(e) => loc.full_copy_error = Some(e.to_string()),
+            }
+            eprintln!(
+                "{tag}: run {run}/{} {}: snapshot {:.1} ms (capture {:.2} + write {:.1}), \
+                 {} pages, {} KiB on disk; full copy {}",
+                plan.runs,
+                loc.name,
+                ms(t2 - t0),
+                ms(t1 - t0),
+                ms(t2 - t1),
+                info.memory_pages_stored,
+                info.disk_bytes >> 10,
+                loc.full_copy_ms
+                    .last()
+                    .filter(|_| loc.full_copy_error.is_none())
+                    .map_or("failed".into(), |v| format!("{v:.1} ms")),
+            );
+        }
+    }
+    drop(buffer);
+    drop(session);
+
+    // 3. Restores: in process, then as child processes.
+    for loc in &mut result.locations {
+        if loc.error.is_some() {
+            continue;
+        }
+        let dir = loc.dir.join("run-1");
+        // The first restore in a process runs cold code (under TCG: not yet translated); it is
+        // kept apart, and the timed ones below are warm.
+        match restore_and_teardown(&dir, Staging::On9p) {
+            Ok(p) => {
+                eprintln!(
+                    "{tag}: first (cold, untimed) restore in this process from {}: {:.1} ms",
+                    loc.name, p.total_ms
+                );
+                loc.cold_restore = Some(p);
+            }
+            Err(e) => {
+                loc.error = Some(format!("restore: {e:#}"));
+                continue;
+            }
+        }
+        for run in 1..=plan.runs {
+            match restore_and_teardown(&dir, Staging::On9p) {
+                Ok(p) => {
+                    eprintln!(
+                        "{tag}: restore {run}/{} from {}: {:.1} ms to the first exit (read {:.1}, \
+                         map {:.1}, resume {:.1}, first exit {:.1}), teardown {:.1} ms",
+                        plan.runs,
+                        loc.name,
+                        p.total_ms,
+                        p.read_ms,
+                        p.map_ms,
+                        p.resume_ms,
+                        p.first_exit_ms,
+                        p.teardown_ms.unwrap_or(0.0)
+                    );
+                    loc.restores.push(p);
+                }
+                Err(e) => {
+                    loc.error = Some(format!("restore: {e:#}"));
+                    break;
+                }
+            }
+        }
+        if loc.fs == "9p" {
+            for run in 1..=plan.runs {
+                match restore_and_teardown(&dir, Staging::Never) {
+                    Ok(p) => {
+                        eprintln!(
+                            "{tag}: restore {run}/{} from {}, memory.img mapped directly: {:.1} ms \
+                             to the first exit (map {:.1}, first exit {:.1})",
+                            plan.runs, loc.name, p.total_ms, p.map_ms, p.first_exit_ms
+                        );
+                        loc.direct_restores.push(p);
+                    }
+                    Err(e) => {
+                        loc.error = Some(format!("restore without staging: {e:#}"));
+                        break;
+                    }
+                }
+            }
+        }
+        for run in 1..=plan.runs {
+            let c = child_restore(&dir);
+            eprintln!(
+                "{tag}: child restore {run}/{} from {}: {}",
+                plan.runs,
+                loc.name,
+                if c.ok {
+                    format!(
+                        "{:.1} ms to the first exit, {:.1} ms until reaped",
+                        c.to_first_exit_ms.unwrap_or(0.0),
+                        c.wall_ms
+                    )
+                } else {
+                    format!("FAILED: {}", c.error.as_deref().unwrap_or("?"))
+                }
+            );
+            loc.child_restores.push(c);
+        }
+    }
+
+    // 4. Forks and resets, from the first store (the in-memory one when measured).
+    let Some(source) = result
+        .locations
+        .iter()
+        .find(|l| l.error.is_none())
+        .map(|l| (l.name.clone(), l.dir.join("run-1")))
+    else {
+        bail!("no snapshot could be written or restored");
+    };
+    let (store, dir) = source;
+    if plan.forks > 0 {
+        let mut fr = ForkResult {
+            store: store.clone(),
+            iterations: plan.forks,
+            ..ForkResult::default()
+        };
+        let t = Instant::now();
+        for _ in 0..plan.forks {
+            let i = Instant::now();
+            restore_and_teardown(&dir, Staging::On9p)?;
+            fr.iteration_ms.push(ms(i.elapsed()));
+        }
+        fr.total_ms = ms(t.elapsed());
+        fr.per_sec = f64::from(plan.forks) / (fr.total_ms / 1000.0);
+        eprintln!(
+            "{tag}: {} sequential restores + first exit + teardown in {:.0} ms: {:.1} forks/s",
+            plan.forks, fr.total_ms, fr.per_sec
+        );
+        result.forks = Some(fr);
+    }
+    if plan.resets > 0 {
+        result.resets = Some(resets(plan, &store, &dir)?);
+        match memory_revert(&dir, plan.burst_pages, 200) {
+            Ok(m) => result.memory_revert = Some(m),
+            Err(e) => result.warnings.push(format!("memory revert: {e:#}")),
+        }
+    }
+    Ok(())
+}
+
+/// Calibrates the burst (fewest exits after resume that dirty `burst_pages` pages), then
+/// times `resets` iterations of restore + burst + teardown.
+fn resets(plan: &CellPlan, store: &str, dir: &Path) -> Result<ResetResult> {
+    let tag = &plan.tag;
+    let (mut session, _) = restore_to_first_exit(dir, Staging::On9p)?;
+    let start = session.exits() - 1;
+    let mut dirty = cow_pages(session.memory())?;
+    while dirty < plan.burst_pages && session.exits() - start < BURST_MAX_EXITS {
+        // One exit at a time for the first 512, then in steps of ~1/64 of the burst so far.
+        let step = ((session.exits() - start) / 64).max(1);
+        if let Some(stop) = session.run_until(Some(session.exits() + step), None)? {
+            bail!("the restored guest stopped during the burst calibration: {stop:?}");
+        }
+        dirty = cow_pages(session.memory())?;
+    }
+    let burst = session.exits() - start;
+    drop(session);
+    let mut r = ResetResult {
+        store: store.into(),
+        burst_exits: burst,
+        dirty_pages: dirty,
+        reached_target: dirty >= plan.burst_pages,
+        iterations: plan.resets,
+        ..ResetResult::default()
+    };
+    let (mut restore, mut burst_t, mut teardown) = (Vec::new(), Vec::new(), Vec::new());
+    let t = Instant::now();
+    for _ in 0..plan.resets {
+        let (mut s, phases) = restore_to_first_exit(dir, Staging::On9p)?;
+        let b = Instant::now();
+        if let Some(stop) = s.run_until(Some(start + burst), None)? {
+            bail!("the restored guest stopped during a burst: {stop:?}");
+        }
+        let d = Instant::now();
+        drop(s);
+        restore.push(phases.total_ms);
+        burst_t.push(ms(d - b));
+        teardown.push(ms(d.elapsed()));
+    }
+    r.total_ms = ms(t.elapsed());
+    r.per_sec = f64::from(plan.resets) / (r.total_ms / 1000.0);
+    r.restore_ms = median(&mut restore).unwrap_or(0.0);
+    r.burst_ms = median(&mut burst_t).unwrap_or(0.0);
+    r.teardown_ms = median(&mut teardown).unwrap_or(0.0);
+    // One more, untimed, to check that the burst dirties the same pages again.
+    let (mut s, _) = restore_to_first_exit(dir, Staging::On9p)?;
+    if s.run_until(Some(start + burst), None)?.is_none() {
+        r.dirty_pages_check = cow_pages(s.memory()).ok();
+    }
+    drop(s);
+    eprintln!(
+        "{tag}: resets: burst of {burst} exits dirties {dirty} pages; {} resets in {:.0} ms: \
+         {:.1} resets/s (restore {:.1} + burst {:.1} + teardown {:.1} ms)",
+        plan.resets, r.total_ms, r.per_sec, r.restore_ms, r.burst_ms, r.teardown_ms
+    );
+    Ok(r)
+}
+
+/// An mmap, unmapped on drop.
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` are exactly what mmap returned; nothing refers to it any more.
+        unsafe {
+            libc::munmap(self.ptr as *mut libc::c_void, self.len);
+        }
+    }
+}
+
+/// See [`MemRevert`].
+fn memory_revert(dir: &Path, pages: u64, iterations: u32) -> Result<MemRevert> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let (file, len) = snapshot::memory_file(dir)?;
+    let stored: Vec<u64> = snapshot::memory_chain(dir)?
+        .iter()
+        .flat_map(|l| l.runs.iter().flat_map(|r| r.first..r.first + r.count))
+        .collect();
+    if stored.is_empty() {
+        bail!("the snapshot stores no pages");
+    }
+    let n = (pages as usize).min(stored.len());
+    let picks: Vec<usize> = (0..n)
+        .map(|i| stored[i * stored.len() / n] as usize)
+        .collect();
+    let len = usize::try_from(len)?;
+    // SAFETY: a new private mapping of `len` bytes of an open file; checked below and owned by
+    // `Mapping`, which unmaps it.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_NORESERVE,
+            file.as_raw_fd(),
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error()).context("mmap of memory.img");
+    }
+    let map = Mapping {
+        ptr: ptr as *mut u8,
+        len,
+    };
+    // Every `p` is a page index from the snapshot's index, so `p * PAGE` lies inside the
+    // `len`-byte mapping `map`, which lives until the end of this function. Accesses are
+    // volatile because the contents change under us (MADV_DONTNEED).
+    // SAFETY: the offset stays inside the mapping (above).
+    let at = |p: usize| unsafe { map.ptr.add(p * PAGE) };
+    for &p in &picks {
+        // SAFETY: see above.
+        unsafe { std::ptr::read_volatile(at(p)) };
+    }
+    let t = Instant::now();
+    for _ in 0..iterations {
+        for &p in &picks {
+            // SAFETY: see above.
+            unsafe {
+                let v = std::ptr::read_volatile(at(p));
+                std::ptr::write_volatile(at(p), !v);
+            }
+        }
+        for &p in &picks {
+            // SAFETY: a page-aligned, page-long range of our own private mapping.
+            let rc =
+                unsafe { libc::madvise(at(p) as *mut libc::c_void, PAGE, libc::MADV_DONTNEED) };
+            if rc != 0 {
+                return Err(io::Error::last_os_error()).context("madvise(MADV_DONTNEED)");
+            }
+        }
+    }
+    let took = t.elapsed();
+    let mut want = vec![0u8; PAGE];
+    file.read_exact_at(&mut want, (picks[0] * PAGE) as u64)?;
+    // SAFETY: one page of the mapping, read while nothing writes it.
+    let have = unsafe { std::slice::from_raw_parts(at(picks[0]), PAGE) };
+    let content_restored = have == want.as_slice();
+    drop(map);
+    let per_reset = took.as_secs_f64() / f64::from(iterations.max(1));
+    Ok(MemRevert {
+        pages: n as u64,
+        iterations,
+        per_reset_us: per_reset * 1e6,
+        per_sec: if per_reset > 0.0 {
+            1.0 / per_reset
+        } else {
+            0.0
+        },
+        content_restored,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The worker (inside the helper VM, or on the host).
+
+fn snap_worker(plan: &SnapWorkerPlan) -> SnapWorkerReport {
+    let started = Instant::now();
+    let tag = format!("bench snapshot [{}]", plan.place);
+    let mut report = SnapWorkerReport {
+        place: plan.place.clone(),
+        uptime_at_start_s: uptime(),
+        mem_total_kib: mem_total_kib(),
+        ..SnapWorkerReport::default()
+    };
+    let fail_all = |report: &mut SnapWorkerReport, why: String| {
+        for spec in &plan.cells {
+            report.cells.push(CellResult {
+                mem: spec.mem.clone(),
+                ram_bytes: spec.ram_bytes,
+                dirty_pct: spec.dirty_pct,
+                error: Some(why.clone()),
+                ..CellResult::default()
+            });
+        }
+    };
+    let scratch = match TempDir::new("detvisor-bench-snap-") {
+        Ok(t) => t,
+        Err(e) => {
+            fail_all(
+                &mut report,
+                format!("cannot create a scratch directory: {e}"),
+            );
+            return report;
+        }
+    };
+    let mut locations = Vec::new();
+    if let Some(name) = &plan.local {
+        let dir = scratch.path().join("snapshots");
+        match fs::create_dir(&dir) {
+            Ok(()) => locations.push(SnapLocation {
+                name: name.clone(),
+                dir,
+            }),
+            Err(e) => eprintln!("{tag}: cannot create {}: {e}", dir.display()),
+        }
+    }
+    locations.extend(plan.shared.iter().cloned());
+    report.locations = locations
+        .iter()
+        .map(|l| {
+            (
+                l.name.clone(),
+                format!("{} ({})", l.dir.display(), fs_type(&l.dir)),
+            )
+        })
+        .collect();
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            fail_all(
+                &mut report,
+                format!("cannot locate the detvisor executable: {e}"),
+            );
+            return report;
+        }
+    };
+    let limit = Duration::from_secs(plan.timeout_s);
+    for (i, spec) in plan.cells.iter().enumerate() {
+        let cell_tag = format!("{tag} {}", spec.label());
+        let cell_plan = CellPlan {
+            spec: spec.clone(),
+            runs: plan.runs,
+            kernel: plan.kernel.clone(),
+            initrd: plan.initrd.clone(),
+            cmdline: plan.cmdline.clone(),
+            locations: locations.clone(),
+            forks: plan.forks,
+            resets: plan.resets,
+            burst_pages: plan.burst_pages,
+            tag: cell_tag.clone(),
+        };
+        let path = scratch.path().join(format!("cell-{i}.json"));
+        let written = serde_json::to_vec(&cell_plan)
+            .map_err(anyhow::Error::from)
+            .and_then(|b| fs::write(&path, b).map_err(anyhow::Error::from));
+        let result = written.and_then(|()| {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["bench", "snapshot", "--cell-plan"]).arg(&path);
+            run_timed(cmd, limit, ErrMode::Tee, Watch::default())
+        });
+        let cell = match result {
+            Err(e) => CellResult {
+                error: Some(format!("{e:#}")),
+                ..CellResult::default()
+            },
+            Ok(f) => {
+                let parsed = f
+                    .lines
+                    .iter()
+                    .rev()
+                    .find(|(_, l)| l.starts_with(MARK_CELL))
+                    .and_then(|(_, l)| {
+                        serde_json::from_str::<CellResult>(&l[MARK_CELL.len()..]).ok()
+                    });
+                match parsed {
+                    Some(c) if f.status.is_some_and(|s| s.success()) => c,
+                    Some(mut c) => {
+                        c.ok = false;
+                        c.error
+                            .get_or_insert_with(|| f.failure("the cell process", limit));
+                        c
+                    }
+                    None => CellResult {
+                        cell_wall_ms: ms(f.wall),
+                        error: Some(f.failure("the cell process", limit)),
+                        ..CellResult::default()
+                    },
+                }
+            }
+        };
+        let cell = CellResult {
+            mem: spec.mem.clone(),
+            ram_bytes: spec.ram_bytes,
+            dirty_pct: spec.dirty_pct,
+            ..cell
+        };
+        if let Some(e) = &cell.error {
+            eprintln!("{cell_tag}: FAILED: {e}");
+        }
+        report.cells.push(cell);
+    }
+    report.elapsed_ms = ms(started.elapsed());
+    report
+}
+
+/// `bench snapshot --worker-plan FILE`.
+fn snap_worker_main(plan_path: &Path) -> Result<u8> {
+    let plan: SnapWorkerPlan = serde_json::from_slice(
+        &fs::read(plan_path).with_context(|| format!("cannot read {}", plan_path.display()))?,
+    )
+    .context("bad worker plan")?;
+    let mut out = io::stdout().lock();
+    writeln!(
+        out,
+        "{MARK_READY}{}",
+        uptime().map_or("null".into(), |u| u.to_string())
+    )?;
+    out.flush()?;
+    drop(out);
+    let report = snap_worker(&plan);
+    let mut out = io::stdout().lock();
+    writeln!(out, "{MARK_REPORT}{}", serde_json::to_string(&report)?)?;
+    out.flush()?;
+    Ok(0)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The host side of `bench snapshot`.
+
+/// Runs the worker in the helper VM: kernel and initrd shipped as payload files, `share`
+/// mounted read-write at its own path.
+fn snap_helper_session(
+    plan: &SnapWorkerPlan,
+    image: &guest::GuestImage,
+    share: Option<&Path>,
+    memory_mib: u32,
+    limit: Duration,
+    tmp: &Path,
+) -> (Session, Option<SnapWorkerReport>) {
+    let mut session = Session::default();
+    let result = (|| -> Result<SnapWorkerReport> {
+        let assets = hostvm::ensure_assets(None)?;
+        let mut plan = plan.clone();
+        plan.kernel = hostvm::payload_path("bench/vmlinux").into();
+        plan.initrd = hostvm::payload_path("bench/initrd").into();
+        let plan_path = tmp.join("snapshot-worker-plan.json");
+        fs::write(&plan_path, serde_json::to_vec(&plan)?)?;
+        let files: Vec<(PathBuf, String)> = vec![
+            (image.kernel.clone(), "bench/vmlinux".into()),
+            (image.initrd.clone(), "bench/initrd".into()),
+            (plan_path, "bench/plan.json".into()),
+        ];
+        session.payload_file_bytes = files
+            .iter()
+            .map(|(p, _)| fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+            .sum();
+        let launch = LaunchPlan {
+            assets_dir: assets,
+            memory_mib,
+            args: vec![
+                "bench".into(),
+                "snapshot".into(),
+                "--worker-plan".into(),
+                hostvm::payload_path("bench/plan.json"),
+            ],
+            files,
+            shared_dirs: share.into_iter().map(Path::to_path_buf).collect(),
+        };
+        let launch_path = tmp.join("snapshot-launch-plan.json");
+        fs::write(&launch_path, serde_json::to_vec(&launch)?)?;
+        let exe = std::env::current_exe().context("locating the detvisor executable")?;
+        let mut cmd = Command::new(exe);
+        cmd.args(["bench", "snapshot", "--launch-plan"])
+            .arg(&launch_path);
+        eprintln!(
+            "bench snapshot: starting the helper VM ({memory_mib} MiB; time limit {} s)",
+            limit.as_secs()
+        );
+        let finished = run_timed(cmd, limit, ErrMode::Tee, Watch::default())?;
+        session.total_ms = ms(finished.wall);
+        let ready = finished
+            .lines
+            .iter()
+            .find(|(_, l)| l.starts_with(MARK_READY));
+        if let Some((at, line)) = ready {
+            session.boot_ms = Some(ms(at.duration_since(finished.started)));
+            session.l1_uptime_at_payload_s = line[MARK_READY.len()..].trim().parse().ok();
+        }
+        let Some((report_at, text)) = finished
+            .lines
+            .iter()
+            .rev()
+            .find(|(_, l)| l.starts_with(MARK_REPORT))
+        else {
+            bail!(
+                "no result came back: {}",
+                finished.failure("the helper VM launcher", limit)
+            );
+        };
+        let report: SnapWorkerReport = serde_json::from_str(&text[MARK_REPORT.len()..])
+            .context("unparsable result line from the helper VM")?;
+        let end = finished.started + finished.wall;
+        session.shutdown_ms = Some(ms(end.saturating_duration_since(*report_at)));
+        if let Some((ready_at, _)) = ready {
+            session.payload_host_ms = Some(ms(report_at.duration_since(*ready_at)));
+        }
+        session.payload_l1_ms = Some(report.elapsed_ms);
+        if !finished.status.is_some_and(|s| s.success()) {
+            session.error = Some(finished.failure("the helper VM launcher", limit));
+        }
+        Ok(report)
+    })();
+    match result {
+        Ok(r) => (session, Some(r)),
+        Err(e) => {
+            session.error = Some(format!("{e:#}"));
+            (session, None)
+        }
+    }
+}
+
+/// min / median / max of the values.
+#[derive(Serialize, Debug, Clone, Copy, Default)]
+struct Stat {
+    n: usize,
+    median: Option<f64>,
+    min: Option<f64>,
+    max: Option<f64>,
+}
+
+fn stat(values: impl IntoIterator<Item = f64>) -> Stat {
+    let mut v: Vec<f64> = values.into_iter().collect();
+    let m = median(&mut v);
+    Stat {
+        n: v.len(),
+        median: m,
+        min: v.first().copied(),
+        max: v.last().copied(),
+    }
+}
+
+/// One row of the report per (cell, store).
+#[derive(Serialize, Debug, Default)]
+struct SnapRow {
+    mem: String,
+    dirty_pct: f64,
+    store: String,
+    fs: String,
+    snapshot_ms: Stat,
+    capture_ms: Stat,
+    write_ms: Stat,
+    full_copy_ms: Stat,
+    snapshot_over_full_copy: Option<f64>,
+    memcpy_ms: Stat,
+    snapshot_over_memcpy: Option<f64>,
+    zero_scan_ms: Stat,
+    stored_pages: u64,
+    disk_bytes: u64,
+    state_bytes: u64,
+    restore_ms: Stat,
+    restore_read_ms: Stat,
+    restore_map_ms: Stat,
+    restore_resume_ms: Stat,
+    restore_first_exit_ms: Stat,
+    restore_teardown_ms: Stat,
+    /// The first restore in the cell process (cold code), to the first exit.
+    restore_cold_ms: Option<f64>,
+    /// 9p only: restores that map memory.img over 9p without staging.
+    direct_restore_ms: Stat,
+    direct_map_ms: Stat,
+    direct_first_exit_ms: Stat,
+    direct_teardown_ms: Stat,
+    /// Restore to first exit over the snapshot latency.
+    restore_over_snapshot: Option<f64>,
+    child_first_exit_ms: Stat,
+    child_wall_ms: Stat,
+    /// 1000 / median child wall: sequential child processes per second.
+    child_forks_per_sec: Option<f64>,
+    error: Option<String>,
+}
+
+fn snap_rows(cells: &[CellResult]) -> Vec<SnapRow> {
+    let mut rows = Vec::new();
+    for c in cells {
+        for l in &c.locations {
+            let snapshot_ms = stat(l.snapshot_ms.iter().copied());
+            let full_copy_ms = stat(l.full_copy_ms.iter().copied());
+            let memcpy_ms = stat(c.memcpy_ms.iter().copied());
+            let restore_ms = stat(l.restores.iter().map(|r| r.total_ms));
+            let ok_children: Vec<&ChildRestore> =
+                l.child_restores.iter().filter(|c| c.ok).collect();
+            let child_wall_ms = stat(ok_children.iter().map(|c| c.wall_ms));
+            rows.push(SnapRow {
+                mem: c.mem.clone(),
+                dirty_pct: c.dirty_pct,
+                store: l.name.clone(),
+                fs: l.fs.clone(),
+                snapshot_over_full_copy: ratio(snapshot_ms.median, full_copy_ms.median),
+                snapshot_over_memcpy: ratio(snapshot_ms.median, memcpy_ms.median),
+                restore_over_snapshot: ratio(restore_ms.median, snapshot_ms.median),
+                snapshot_ms,
+                capture_ms: stat(l.capture_ms.iter().copied()),
+                write_ms: stat(l.write_ms.iter().copied()),
+                full_copy_ms,
+                memcpy_ms,
+                zero_scan_ms: stat(c.zero_scan_ms.iter().copied()),
+                stored_pages: l.stored_pages,
+                disk_bytes: l.disk_bytes,
+                state_bytes: l.state_bytes,
+                restore_ms,
+                restore_read_ms: stat(l.restores.iter().map(|r| r.read_ms)),
+                restore_map_ms: stat(l.restores.iter().map(|r| r.map_ms)),
+                restore_resume_ms: stat(l.restores.iter().map(|r| r.resume_ms)),
+                restore_first_exit_ms: stat(l.restores.iter().map(|r| r.first_exit_ms)),
+                restore_teardown_ms: stat(l.restores.iter().filter_map(|r| r.teardown_ms)),
+                restore_cold_ms: l.cold_restore.as_ref().map(|r| r.total_ms),
+                direct_restore_ms: stat(l.direct_restores.iter().map(|r| r.total_ms)),
+                direct_map_ms: stat(l.direct_restores.iter().map(|r| r.map_ms)),
+                direct_first_exit_ms: stat(l.direct_restores.iter().map(|r| r.first_exit_ms)),
+                direct_teardown_ms: stat(l.direct_restores.iter().filter_map(|r| r.teardown_ms)),
+                child_first_exit_ms: stat(ok_children.iter().filter_map(|c| c.to_first_exit_ms)),
+                child_forks_per_sec: child_wall_ms
+                    .median
+                    .filter(|m| *m > 0.0)
+                    .map(|m| 1000.0 / m),
+                child_wall_ms,
+                error: l.error.clone().or_else(|| l.full_copy_error.clone()),
+            });
+        }
+    }
+    rows
+}
+
+#[derive(Serialize)]
+struct SnapBenchReport {
+    benchmark: &'static str,
+    runs: u32,
+    mem: Vec<String>,
+    dirty_pct: Vec<f64>,
+    forks: u32,
+    resets: u32,
+    burst_pages: u64,
+    guest_command: String,
+    cmdline: String,
+    placement: String,
+    placement_reason: Option<String>,
+    clock: &'static str,
+    definitions: BTreeMap<&'static str, &'static str>,
+    anchors: [&'static str; 4],
+    stores: Vec<(String, String)>,
+    l1_mem_total_kib: Option<u64>,
+    rows: Vec<SnapRow>,
+    cells: Vec<CellResult>,
+    helper_vm: Option<Session>,
+    error: Option<String>,
+    host_loadavg_before: Option<[f64; 3]>,
+    host_loadavg_after: Option<[f64; 3]>,
+    host_cpus: usize,
+    all_ok: bool,
+}
+
+const SNAP_ANCHORS: [&str; 4] = [
+    "Firecracker restores a snapshot from disk in under 8 ms (2 vCPU, 512 MiB guest)",
+    "detvisor's goal: an in-memory fork in under 1 ms at 1 GiB RAM / 1% dirty, on hardware KVM",
+    "kAFL: up to 17,000 executions/s",
+    "detvisor's goal: 20,000 resets/s at 100 dirty pages, on hardware KVM",
+];
+
+fn snap_definitions() -> BTreeMap<&'static str, &'static str> {
+    BTreeMap::from([
+        (
+            "snapshot",
+            "after one untimed warm-up snapshot and full copy per store: Session::capture (vCPU, \
+             devices, clock, records) + snapshot::write_snapshot into a new directory of the \
+             store: scan of all RAM for non-zero pages, pwrite of those pages into a sparse \
+             memory.img, CRC-64 over them, memory.idx and state.bin, fsync of each file and the \
+             directory, rename, fsync of the root",
+        ),
+        (
+            "full_copy",
+            "baseline: all of guest RAM (every byte of the mapping, zero pages included) written \
+             to one new file in the same store with 8 MiB sequential write(2)s, then fsync; the \
+             file is removed afterwards, untimed",
+        ),
+        (
+            "memcpy",
+            "baseline: all of guest RAM copied into a pre-faulted buffer of the same size in the \
+             same process (no file system)",
+        ),
+        (
+            "zero_scan",
+            "the zero-page scan of all RAM alone (write_snapshot's first step, same algorithm)",
+        ),
+        (
+            "restore",
+            "from the call to snapshot::read_snapshot to the first guest exit after resume \
+             handled, in one process, as snapshots::restore does it: read_snapshot, memory_file, \
+             memory_chain, (9p: copy the stored pages into a memfd), memory_from_file \
+             (MAP_PRIVATE, pages fault in lazily), Session::resume (new KVM VM), \
+             run_until(+1 exit)",
+        ),
+        (
+            "child",
+            "a `detvisor bench snapshot --restore-child DIR` process: from just before spawn() \
+             to the arrival of its line printed after the first exit (exec, dynamic loading and \
+             process start included), and until wait() returns (VM teardown, exit)",
+        ),
+        (
+            "forks_per_sec",
+            "in-process: N sequential (restore to the first exit + teardown) in one process, N / \
+             total time; child: 1000 / median child wall (sequential child processes)",
+        ),
+        (
+            "resets_per_sec",
+            "in-process loop from the first store: restore (full Session::resume: new KVM VM \
+             over a fresh MAP_PRIVATE mapping) + a burst of K exits + teardown; K is the fewest \
+             exits after resume whose copy-on-write pages (/proc/self/pagemap) reach \
+             --burst-pages; the vmm has no in-place reset, so each reset is a full restore",
+        ),
+        (
+            "memory_revert",
+            "host-side memory part of an in-place reset, no KVM: write one byte to each of \
+             --burst-pages stored pages of a MAP_PRIVATE mapping of memory.img (copy-on-write \
+             faults), then madvise(MADV_DONTNEED) each of them",
+        ),
+        (
+            "pages",
+            "written: pages of non-zero data the guest command wrote; resident: guest RAM pages \
+             the host backed at the snapshot (mincore; touched since boot, THP may round up); \
+             stored: pages in memory.idx (the non-zero pages); disk: st_blocks of the snapshot's \
+             files",
+        ),
+    ])
+}
+
+fn snap_orchestrate(args: &SnapshotBenchArgs) -> Result<u8> {
+    let loadavg_before = loadavg();
+    if args.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    if args.timeout == 0 {
+        bail!("--timeout must be at least 1 second");
+    }
+    let mut mems = Vec::new();
+    for m in &args.mem {
+        let bytes = units::parse_size(m).with_context(|| format!("--mem {m}"))?;
+        if bytes < 64 << 20 || bytes % PAGE as u64 != 0 {
+            bail!("--mem {m}: guest RAM must be at least 64M and a multiple of 4 KiB");
+        }
+        mems.push((m.clone(), bytes));
+    }
+    for d in &args.dirty {
+        if !(0.0..=40.0).contains(d) {
+            bail!(
+                "--dirty {d}: percentages must be within 0..=40 (the guest's /dev/shm holds \
+                 half its RAM)"
+            );
+        }
+    }
+    if mems.is_empty() || args.dirty.is_empty() {
+        bail!("--mem and --dirty need at least one value each");
+    }
+    let cells: Vec<CellSpec> = mems
+        .iter()
+        .flat_map(|(mem, ram_bytes)| {
+            args.dirty.iter().map(move |&dirty_pct| CellSpec {
+                mem: mem.clone(),
+                ram_bytes: *ram_bytes,
+                dirty_pct,
+            })
+        })
+        .collect();
+    let image = guest::default_image()?;
+    let (use_helper, reason) = match args.host_vm {
+        BenchHostVm::Always => (true, Some("--host-vm always".to_string())),
+        BenchHostVm::Never => (false, None),
+        BenchHostVm::Auto => {
+            let report = vmm::probe::host_report();
+            if report.can_run_guests {
+                (false, None)
+            } else {
+                (true, report.reason)
+            }
+        }
+    };
+    let place = if use_helper { "helper VM" } else { "host" };
+    let tmp = TempDir::new("detvisor-bench-snap-")
+        .context("cannot create a temporary directory for the benchmark")?;
+    let want_tmpfs = matches!(args.store, SnapStore::Tmpfs | SnapStore::Both);
+    let want_share = matches!(args.store, SnapStore::Share | SnapStore::Both);
+    let share = if use_helper && want_share {
+        let dir = tmp.path().join("share");
+        fs::create_dir(&dir)?;
+        Some(dir.canonicalize()?)
+    } else {
+        None
+    };
+    if !use_helper && want_share && !want_tmpfs {
+        bail!("--store share needs the helper VM (the 9p share exists only there)");
+    }
+    let max_ram_mib = mems.iter().map(|(_, b)| b >> 20).max().unwrap_or(256);
+    // The guest, a same-size copy buffer, a full-copy file in tmpfs, snapshots, the kernel.
+    let memory_mib = u32::try_from(max_ram_mib * 3 + 1536)
+        .unwrap_or(u32::MAX)
+        .max(2048);
+    let plan = SnapWorkerPlan {
+        runs: args.runs,
+        timeout_s: args.timeout,
+        cells: cells.clone(),
+        kernel: image.kernel.clone(),
+        initrd: image.initrd.clone(),
+        cmdline: guest::default_cmdline(),
+        local: want_tmpfs.then(|| {
+            if use_helper {
+                "L1 tmpfs".to_string()
+            } else {
+                "host tmp".to_string()
+            }
+        }),
+        shared: share.as_ref().map(|dir| SnapLocation {
+            name: "9p share".into(),
+            dir: dir.clone(),
+        }),
+        forks: args.forks,
+        resets: args.resets,
+        burst_pages: args.burst_pages,
+        place: place.into(),
+    };
+    eprintln!(
+        "bench snapshot: {} cell(s) ({} x {}), {} run(s) each, guests in the {place}{}",
+        cells.len(),
+        args.mem.join(","),
+        args.dirty
+            .iter()
+            .map(|d| format!("{d}%"))
+            .collect::<Vec<_>>()
+            .join(","),
+        args.runs,
+        reason
+            .as_deref()
+            .map(|r| format!(" (because {r})"))
+            .unwrap_or_default()
+    );
+    let limit = HELPER_VM_ALLOWANCE + Duration::from_secs(args.timeout * cells.len() as u64);
+    let (session, report) = if use_helper {
+        let (s, r) = snap_helper_session(
+            &plan,
+            &image,
+            share.as_deref(),
+            memory_mib,
+            limit,
+            tmp.path(),
+        );
+        (Some(s), r)
+    } else {
+        (None, Some(snap_worker(&plan)))
+    };
+    let error = session.as_ref().and_then(|s| s.error.clone());
+    let (cells_out, stores, l1_mem) = match report {
+        Some(r) => (r.cells, r.locations, r.mem_total_kib),
+        None => (
+            cells
+                .iter()
+                .map(|c| CellResult {
+                    mem: c.mem.clone(),
+                    ram_bytes: c.ram_bytes,
+                    dirty_pct: c.dirty_pct,
+                    error: Some("not measured: the helper VM session failed (see below)".into()),
+                    ..CellResult::default()
+                })
+                .collect(),
+            Vec::new(),
+            None,
+        ),
+    };
+    let rows = snap_rows(&cells_out);
+    let all_ok = error.is_none()
+        && cells_out.iter().all(|c| c.ok && c.error.is_none())
+        && rows.iter().all(|r| r.error.is_none());
+    let report = SnapBenchReport {
+        benchmark: "snapshot",
+        runs: args.runs,
+        mem: args.mem.clone(),
+        dirty_pct: args.dirty.clone(),
+        forks: args.forks,
+        resets: args.resets,
+        burst_pages: args.burst_pages,
+        guest_command: snap_guest_script(0).replace("head -c 0", "head -c <dirty bytes>"),
+        cmdline: guest::default_cmdline(),
+        placement: place.into(),
+        placement_reason: reason,
+        clock: "Instant (CLOCK_MONOTONIC) of the machine running the step: L1's inside the \
+                helper VM (under TCG without icount it follows the host's real time)",
+        definitions: snap_definitions(),
+        anchors: SNAP_ANCHORS,
+        stores,
+        l1_mem_total_kib: l1_mem,
+        rows,
+        cells: cells_out,
+        helper_vm: session,
+        error,
+        host_loadavg_before: loadavg_before,
+        host_loadavg_after: loadavg(),
+        host_cpus: thread::available_parallelism().map_or(0, |n| n.get()),
+        all_ok,
+    };
+    print_snap_report(&report)?;
+    Ok(if all_ok { 0 } else { 1 })
+}
+
+fn fmt_ms(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(v) if v < 10.0 => format!("{v:.2}"),
+        Some(v) if v < 100.0 => format!("{v:.1}"),
+        Some(v) => format!("{v:.0}"),
+    }
+}
+
+fn fmt_stat(s: &Stat) -> String {
+    match (s.median, s.min, s.max) {
+        (Some(m), Some(lo), Some(hi)) if s.n > 1 => {
+            format!(
+                "{} [{}..{}]",
+                fmt_ms(Some(m)),
+                fmt_ms(Some(lo)),
+                fmt_ms(Some(hi))
+            )
+        }
+        (Some(m), _, _) => fmt_ms(Some(m)),
+        _ => "-".into(),
+    }
+}
+
+fn print_snap_report(r: &SnapBenchReport) -> Result<()> {
+    let mut o = io::stdout().lock();
+    let load = |l: &Option<[f64; 3]>| {
+        l.map_or("?".into(), |l| {
+            format!("{:.2} {:.2} {:.2}", l[0], l[1], l[2])
+        })
+    };
+    writeln!(
+        o,
+        "detvisor bench snapshot: default guest, RAM {}, dirty {}% of RAM; {} run(s) per \
+         measurement",
+        r.mem.join(", "),
+        r.dirty_pct
+            .iter()
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+            .join("%, "),
+        r.runs
+    )?;
+    writeln!(
+        o,
+        "guests run in the {}{}",
+        r.placement,
+        r.placement_reason
+            .as_deref()
+            .map(|w| format!(" (QEMU TCG + nested SVM, because {w})"))
+            .unwrap_or_default()
+    )?;
+    writeln!(
+        o,
+        "guest command (snapshot taken at the exit where its marker line appears): sh -c '{}'",
+        r.guest_command
+    )?;
+    for (name, dir) in &r.stores {
+        writeln!(o, "store {name}: {dir}")?;
+    }
+    if let Some(kib) = r.l1_mem_total_kib {
+        writeln!(
+            o,
+            "memory of the machine running the guests: {} MiB",
+            kib >> 10
+        )?;
+    }
+    writeln!(
+        o,
+        "host: {} CPUs, load average {} before, {} after (other work on the host adds noise)",
+        r.host_cpus,
+        load(&r.host_loadavg_before),
+        load(&r.host_loadavg_after)
+    )?;
+    writeln!(
+        o,
+        "times in ms on {}; median [min..max] over the runs",
+        if r.placement == "helper VM" {
+            "L1's monotonic clock"
+        } else {
+            "the host's monotonic clock"
+        }
+    )?;
+
+    writeln!(
+        o,
+        "\n1. snapshot latency = capture + write_snapshot (to disk, fsynced), against full-copy \
+         baselines"
+    )?;
+    writeln!(
+        o,
+        "{:<6} {:>6} {:<9} {:>9} {:>18} {:>18} {:>8} {:>9} {:>8} {:>9}",
+        "RAM",
+        "dirty",
+        "store",
+        "capture",
+        "snapshot",
+        "full copy (file)",
+        "ratio",
+        "memcpy",
+        "ratio",
+        "zero scan"
+    )?;
+    for row in &r.rows {
+        writeln!(
+            o,
+            "{:<6} {:>5}% {:<9} {:>9} {:>18} {:>18} {:>8} {:>9} {:>8} {:>9}",
+            row.mem,
+            row.dirty_pct,
+            row.store,
+            fmt_ms(row.capture_ms.median),
+            fmt_stat(&row.snapshot_ms),
+            fmt_stat(&row.full_copy_ms),
+            opt_ratio(row.snapshot_over_full_copy),
+            fmt_ms(row.memcpy_ms.median),
+            opt_ratio(row.snapshot_over_memcpy),
+            fmt_ms(row.zero_scan_ms.median),
+        )?;
+    }
+    writeln!(
+        o,
+        "  snapshot: {}\n  full copy: {}\n  memcpy: {}\n  zero scan: {}\n  ratio = snapshot / \
+         baseline (below 1: the snapshot is faster)",
+        snap_definitions()["snapshot"],
+        snap_definitions()["full_copy"],
+        snap_definitions()["memcpy"],
+        snap_definitions()["zero_scan"]
+    )?;
+
+    writeln!(
+        o,
+        "\nmemory per snapshot against dirty pages (first snapshot of each cell)"
+    )?;
+    writeln!(
+        o,
+        "{:<6} {:>6} {:>9} {:>9} {:>9} {:>9} {:>8} {:>10} {:>10} {:>9} {:>10}",
+        "RAM",
+        "dirty",
+        "RAM pg",
+        "written",
+        "resident",
+        "stored",
+        "stored%",
+        "stored/wr",
+        "disk MiB",
+        "state KiB",
+        "store"
+    )?;
+    for c in &r.cells {
+        for l in &c.locations {
+            writeln!(
+                o,
+                "{:<6} {:>5}% {:>9} {:>9} {:>9} {:>9} {:>7.2}% {:>10} {:>10.1} {:>9.1} {:>10}",
+                c.mem,
+                c.dirty_pct,
+                c.pages.ram,
+                c.pages.written,
+                c.pages.resident,
+                l.stored_pages,
+                if c.pages.ram > 0 {
+                    100.0 * l.stored_pages as f64 / c.pages.ram as f64
+                } else {
+                    0.0
+                },
+                if c.pages.written > 0 {
+                    format!("{:.2}x", l.stored_pages as f64 / c.pages.written as f64)
+                } else {
+                    "-".into()
+                },
+                l.disk_bytes as f64 / (1 << 20) as f64,
+                l.state_bytes as f64 / 1024.0,
+                l.name
+            )?;
+        }
+    }
+    writeln!(o, "  {}", snap_definitions()["pages"])?;
+
+    writeln!(
+        o,
+        "\n2. restore latency = read_snapshot .. first guest exit after resume handled"
+    )?;
+    let line = |o: &mut io::StdoutLock, c: [&str; 15]| {
+        writeln!(
+            o,
+            "{:<6} {:>6} {:<9} {:>6} {:>6} {:>6} {:>6} {:>15} {:>6} {:>8} {:>15} {:>15} {:>7} \
+             {:>9} {:>8}",
+            c[0],
+            c[1],
+            c[2],
+            c[3],
+            c[4],
+            c[5],
+            c[6],
+            c[7],
+            c[8],
+            c[9],
+            c[10],
+            c[11],
+            c[12],
+            c[13],
+            c[14]
+        )
+    };
+    line(
+        &mut o,
+        [
+            "RAM",
+            "dirty",
+            "store",
+            "read",
+            "map",
+            "resume",
+            "1st ex",
+            "warm total",
+            "cold",
+            "teardown",
+            "child->1st ex",
+            "child wall",
+            "",
+            "forks/s",
+            "child f/s",
+        ],
+    )?;
+    for row in &r.rows {
+        let forks = r
+            .cells
+            .iter()
+            .find(|c| c.mem == row.mem && c.dirty_pct == row.dirty_pct)
+            .and_then(|c| c.forks.as_ref())
+            .filter(|f| f.store == row.store);
+        let dirty = format!("{}%", row.dirty_pct);
+        line(
+            &mut o,
+            [
+                &row.mem,
+                &dirty,
+                &row.store,
+                &fmt_ms(row.restore_read_ms.median),
+                &fmt_ms(row.restore_map_ms.median),
+                &fmt_ms(row.restore_resume_ms.median),
+                &fmt_ms(row.restore_first_exit_ms.median),
+                &fmt_stat(&row.restore_ms),
+                &fmt_ms(row.restore_cold_ms),
+                &fmt_ms(row.restore_teardown_ms.median),
+                &fmt_stat(&row.child_first_exit_ms),
+                &fmt_stat(&row.child_wall_ms),
+                "",
+                &forks.map_or("-".into(), |f| format!("{:.1}", f.per_sec)),
+                &opt_rate1(row.child_forks_per_sec),
+            ],
+        )?;
+        if row.direct_restore_ms.n > 0 {
+            line(
+                &mut o,
+                [
+                    "",
+                    "",
+                    " (direct)",
+                    "",
+                    &fmt_ms(row.direct_map_ms.median),
+                    "",
+                    &fmt_ms(row.direct_first_exit_ms.median),
+                    &fmt_stat(&row.direct_restore_ms),
+                    "",
+                    &fmt_ms(row.direct_teardown_ms.median),
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                ],
+            )?;
+        }
+    }
+    writeln!(
+        o,
+        "  restore: {}\n  warm total: median [min..max] of the timed restores, which follow one \
+         untimed restore in the same process; cold: that first restore (code not yet run in the \
+         process)\n  map: on 9p it includes staging (copying the stored pages into a memfd); \
+         \"(direct)\": restores that map memory.img over 9p without staging, page faults going \
+         to 9p\n  child: {}\n  forks/s: {}",
+        snap_definitions()["restore"],
+        snap_definitions()["child"],
+        snap_definitions()["forks_per_sec"]
+    )?;
+
+    writeln!(
+        o,
+        "\n3. resets (fuzzing-like loop: restore the same snapshot, run a short burst, repeat)"
+    )?;
+    writeln!(
+        o,
+        "{:<6} {:>6} {:<9} {:>7} {:>11} {:>9} {:>9} {:>8} {:>9} {:>24}",
+        "RAM",
+        "dirty",
+        "store",
+        "burst",
+        "dirty pages",
+        "resets/s",
+        "restore",
+        "burst",
+        "teardown",
+        "memory-only revert"
+    )?;
+    for c in &r.cells {
+        let Some(s) = &c.resets else { continue };
+        let revert = c.memory_revert.as_ref().map_or("-".into(), |m| {
+            format!(
+                "{:.0} us = {:.0}/s ({} pg)",
+                m.per_reset_us, m.per_sec, m.pages
+            )
+        });
+        writeln!(
+            o,
+            "{:<6} {:>5}% {:<9} {:>7} {:>11} {:>9.1} {:>9} {:>8} {:>9} {:>24}",
+            c.mem,
+            c.dirty_pct,
+            s.store,
+            format!("{} ex", s.burst_exits),
+            match s.dirty_pages_check {
+                Some(check) if check != s.dirty_pages => format!("{}/{check}", s.dirty_pages),
+                _ => s.dirty_pages.to_string(),
+            },
+            s.per_sec,
+            fmt_ms(Some(s.restore_ms)),
+            fmt_ms(Some(s.burst_ms)),
+            fmt_ms(Some(s.teardown_ms)),
+            revert
+        )?;
+    }
+    writeln!(
+        o,
+        "  resets/s: {}\n  memory-only revert: {}",
+        snap_definitions()["resets_per_sec"],
+        snap_definitions()["memory_revert"]
+    )?;
+
+    writeln!(
+        o,
+        "\nanchors, for context only (not claims about these numbers):"
+    )?;
+    for a in &r.anchors {
+        writeln!(o, "  - {a}")?;
+    }
+    if r.placement == "helper VM" {
+        writeln!(
+            o,
+            "  everything above ran under nested virtualization on an emulated CPU (QEMU TCG), \
+             orders of magnitude slower than hardware KVM: compare ratios against the in-run \
+             baselines, not absolute numbers against the anchors"
+        )?;
+    }
+    if let Some(s) = r.helper_vm.as_ref().filter(|s| s.boot_ms.is_some()) {
+        writeln!(
+            o,
+            "\nhelper VM: launcher start to payload start {} ms, payload end to exit {} ms; \
+             payload lasted {} ms on the host's clock, {} ms on L1's",
+            opt_ms(s.boot_ms),
+            opt_ms(s.shutdown_ms),
+            opt_ms(s.payload_host_ms),
+            opt_ms(s.payload_l1_ms)
+        )?;
+    }
+    let mut failures = Vec::new();
+    for c in &r.cells {
+        let name = format!("{}/{}%", c.mem, c.dirty_pct);
+        if let Some(e) = &c.error {
+            failures.push(format!("{name}: {e}"));
+        }
+        for w in &c.warnings {
+            failures.push(format!("{name} (warning): {w}"));
+        }
+        for l in &c.locations {
+            if let Some(e) = l.error.as_ref().or(l.full_copy_error.as_ref()) {
+                failures.push(format!("{name} {}: {e}", l.name));
+            }
+            for (i, ch) in l.child_restores.iter().enumerate() {
+                if let Some(e) = &ch.error {
+                    failures.push(format!("{name} {} child restore {}: {e}", l.name, i + 1));
+                }
+            }
+        }
+        if let Some(s) = &c.resets {
+            if !s.reached_target {
+                failures.push(format!(
+                    "{name} (warning): the burst dirtied only {} pages within {} exits",
+                    s.dirty_pages, s.burst_exits
+                ));
+            }
+        }
+        if let Some(m) = &c.memory_revert {
+            if !m.content_restored {
+                failures.push(format!(
+                    "{name}: memory revert did not restore the page contents"
+                ));
+            }
+        }
+    }
+    if let Some(e) = &r.error {
+        failures.push(format!("helper VM: {e}"));
+    }
+    if !failures.is_empty() {
+        writeln!(o, "\nfailures and warnings:")?;
+        for f in failures {
+            writeln!(o, "  {f}")?;
+        }
+    }
+    writeln!(o)?;
+    writeln!(o, "{}", serde_json::to_string(r)?)?;
+    o.flush()?;
+    Ok(())
+}
+
+fn opt_rate1(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1}"))
+}
+
 // ---------------------------------------------------------------------------------------------
 
 /// A private temporary directory, removed with its contents on drop.
@@ -2138,6 +4320,29 @@ Rss:                1024 kB
         assert_eq!(guest_mapping_rss(smaps, 262144), (Some(30720), "exact"));
         assert_eq!(guest_mapping_rss(smaps, 200000), (Some(30720), "approx"));
         assert_eq!(guest_mapping_rss(smaps, 300000), (None, "not found"));
+    }
+
+    #[test]
+    fn mount_fields_are_unescaped() {
+        assert_eq!(unescape_mount_field("/mnt/a\\040b"), "/mnt/a b");
+        assert_eq!(unescape_mount_field("/plain"), "/plain");
+        assert_eq!(unescape_mount_field("/x\\"), "/x\\");
+        assert_eq!(
+            mount_fs_type(Path::new("/proc/self")).as_deref(),
+            Some("proc")
+        );
+    }
+
+    #[test]
+    fn dirty_bytes_are_whole_pages() {
+        let spec = CellSpec {
+            mem: "256M".into(),
+            ram_bytes: 256 << 20,
+            dirty_pct: 0.1,
+        };
+        assert_eq!(spec.dirty_bytes() % PAGE as u64, 0);
+        assert_eq!(spec.dirty_bytes() / PAGE as u64, 65);
+        assert!(snap_guest_script(4096).contains("head -c 4096 "));
     }
 
     #[test]

@@ -130,6 +130,15 @@ struct GuestArgs {
     /// Wall-clock date the guest's CMOS clock starts at, as unix seconds.
     #[arg(long, default_value_t = 1_704_067_200)]
     rtc_epoch: i64,
+    /// Virtio NICs in the guest (eth0..), joined by detvisor's simulated switch.
+    #[arg(long, default_value_t = 0)]
+    nics: u8,
+    /// One-way frame latency on the switch: a duration (5ms) or a range (1ms..10ms, uniform).
+    #[arg(long, default_value = "1ms")]
+    net_latency: String,
+    /// Probability that the switch loses a frame (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    net_loss: f64,
     /// Where to run: the host's KVM, or a helper VM with real KVM inside.
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
@@ -313,6 +322,38 @@ fn resolve_image(guest: &GuestArgs) -> Result<ResolvedGuest> {
     Ok(ResolvedGuest { kernel, initrd })
 }
 
+/// The simulated network from `--nics`, `--net-latency` and `--net-loss`.
+fn network_spec(guest: &GuestArgs) -> Result<Option<vmm::vm::NetworkSpec>> {
+    if guest.nics == 0 {
+        return Ok(None);
+    }
+    if usize::from(guest.nics) > devices::layout::VIRTIO_MMIO_IRQS.len() - 1 {
+        bail!(
+            "--nics {} is more than this machine has interrupt lines for ({})",
+            guest.nics,
+            devices::layout::VIRTIO_MMIO_IRQS.len() - 1
+        );
+    }
+    let latency = match guest.net_latency.split_once("..") {
+        Some((min, max)) => devices::LatencyDist::Uniform {
+            min: units::parse_duration(min).context("--net-latency")?,
+            max: units::parse_duration(max).context("--net-latency")?,
+        },
+        None => devices::LatencyDist::Fixed(
+            units::parse_duration(&guest.net_latency).context("--net-latency")?,
+        ),
+    };
+    let mut config = devices::NetworkConfig::reliable(latency);
+    config.loss = guest.net_loss;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("network settings: {e}"))?;
+    Ok(Some(vmm::vm::NetworkSpec {
+        nics: guest.nics,
+        config,
+    }))
+}
+
 fn vm_config(guest: &GuestArgs, record: RecordConfig) -> Result<VmConfig> {
     let ram_bytes = units::parse_size(&guest.mem).context("--mem")?;
     let until = guest
@@ -333,6 +374,7 @@ fn vm_config(guest: &GuestArgs, record: RecordConfig) -> Result<VmConfig> {
         rtc_epoch_unix_secs: guest.rtc_epoch,
         record,
         perturbation: None,
+        network: network_spec(guest)?,
     })
 }
 
@@ -346,6 +388,7 @@ fn run_in_helper_vm(
 ) -> Result<u8> {
     // Validate what can be validated before paying for the helper VM.
     units::parse_size(&guest.mem).context("--mem")?;
+    network_spec(guest)?;
     if let Some(u) = &guest.until {
         units::parse_duration(u).context("--until")?;
     }
@@ -376,6 +419,12 @@ fn run_in_helper_vm(
         guest.mem.clone().into(),
         "--rtc-epoch".into(),
         guest.rtc_epoch.to_string().into(),
+        "--nics".into(),
+        guest.nics.to_string().into(),
+        "--net-latency".into(),
+        guest.net_latency.clone().into(),
+        "--net-loss".into(),
+        guest.net_loss.to_string().into(),
     ];
     if let Some(c) = &guest.cmdline {
         args.push("--cmdline".into());

@@ -206,12 +206,6 @@ pub fn restore(
         .iter()
         .flat_map(|layer| layer.runs.iter().map(|run| run.byte_range()))
         .collect();
-    let file = if on_9p(&file) {
-        stage_in_memory(&file, len, &data_ranges)
-            .with_context(|| format!("staging {} in memory", dir.display()))?
-    } else {
-        file
-    };
     let memory = vmm::vm::memory_from_file(file, len)?;
     let mut session = Session::resume(resume, &state, memory, data_ranges, console, input)?;
     let stopped_early = match resolved.target {
@@ -225,51 +219,6 @@ pub fn restore(
         target: resolved.target,
         stopped_early,
     })
-}
-
-/// statfs f_type of 9p file systems (the helper VM's shared directories).
-const V9FS_MAGIC: i64 = 0x0102_1997;
-
-fn on_9p(file: &std::fs::File) -> bool {
-    use std::os::fd::AsRawFd;
-    // SAFETY: statfs is plain old data; all-zero is a valid value to be overwritten.
-    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `file` is an open descriptor and `stat` a valid statfs to fill.
-    let rc = unsafe { libc::fstatfs(file.as_raw_fd(), &mut stat) };
-    rc == 0 && stat.f_type as i64 == V9FS_MAGIC
-}
-
-/// Copies the data ranges of a memory file into an anonymous memory file
-/// with large sequential reads. Mapping a file on 9p directly would fault
-/// every page in with its own 4 KiB round trip, which in the helper VM costs
-/// seconds per megabyte; the copy keeps the holes, so it costs only the pages
-/// the snapshot stores.
-fn stage_in_memory(
-    file: &std::fs::File,
-    len: u64,
-    data_ranges: &[(u64, u64)],
-) -> Result<std::fs::File> {
-    use std::os::unix::fs::FileExt;
-    // SAFETY: the name is a valid NUL-terminated string; the returned fd is
-    // checked and then owned by the File.
-    let fd = unsafe { libc::memfd_create(c"detvisor-snapshot-memory".as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error()).context("memfd_create");
-    }
-    // SAFETY: `fd` is a fresh descriptor that nothing else owns.
-    let staged = unsafe { <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    staged.set_len(len)?;
-    let mut buf = vec![0u8; 1 << 20];
-    for &(start, end) in data_ranges {
-        let mut at = start;
-        while at < end {
-            let n = ((end - at) as usize).min(buf.len());
-            file.read_exact_at(&mut buf[..n], at)?;
-            staged.write_all_at(&buf[..n], at)?;
-            at += n as u64;
-        }
-    }
-    Ok(staged)
 }
 
 /// What `seek` reports about a moment.

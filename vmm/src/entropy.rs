@@ -13,6 +13,8 @@ pub mod stream {
     pub const KERNEL_RNG_SEED: &str = "kernel-rng-seed";
     /// The virtio-rng device (the guest's hwrng, which keeps feeding its RNG).
     pub const VIRTIO_RNG: &str = "virtio-rng";
+    /// The network switch: latency, loss, duplication and reordering draws.
+    pub const NETWORK_SWITCH: &str = "network-switch";
 }
 
 /// The 32-byte ChaCha20 key of stream `name` under `seed`.

@@ -19,7 +19,7 @@ use crate::record::RecorderState;
 use crate::record::{self, ChainHash, ExitRecord, RecordConfig, Recorder, NO_HASH, NO_VECTOR};
 use crate::vcpu_state::{self, VcpuState};
 use devices::DevicesState;
-use devices::{Devices, DevicesConfig, VirtNanos};
+use devices::{Devices, DevicesConfig, NetworkConfig, VirtNanos};
 use kvm_bindings::{
     kvm_msr_entry, kvm_userspace_memory_region, Msrs, KVM_MSR_EXIT_REASON_FILTER,
     KVM_MSR_EXIT_REASON_INVAL, KVM_MSR_EXIT_REASON_UNKNOWN,
@@ -60,6 +60,8 @@ pub enum VmError {
     Incompatible(String),
     #[error("setting up devices: {0}")]
     Devices(#[source] devices::DevicesError),
+    #[error("setting up the network: {0}")]
+    Network(String),
 }
 
 /// What a resumed run may set anew.
@@ -86,6 +88,8 @@ pub struct VmConfig {
     pub rtc_epoch_unix_secs: i64,
     pub record: RecordConfig,
     pub perturbation: Option<Perturbation>,
+    /// NICs and the switch between them (none: no network devices).
+    pub network: Option<NetworkSpec>,
 }
 
 /// What a finished run reports.
@@ -520,6 +524,9 @@ fn feed_console_input(machine: &mut Machine, input: &ConsoleInput, halted: bool)
 pub struct SessionState {
     pub ram_bytes: u64,
     pub seed: u64,
+    /// The NICs and switch the machine was built with (attached again, then
+    /// restored from `devices`).
+    pub network: Option<NetworkSpec>,
     pub cpu_model_version: u32,
     pub vcpu: VcpuState,
     pub devices: DevicesState,
@@ -546,6 +553,7 @@ pub struct Session {
     vm: Vm,
     backing: MemoryBacking,
     seed: u64,
+    network: Option<NetworkSpec>,
     machine: Machine,
     recorder: Recorder,
     console: Arc<Mutex<ConsoleCapture>>,
@@ -574,12 +582,27 @@ impl Session {
                 })?;
         // Bad input (not a kernel, an initrd too large) is found before KVM is touched.
         let kernel = boot::load_kernel(&memory, &config.kernel)?;
-        // The virtio devices are declared on the kernel command line.
-        let cmdline = format!(
-            "{} {}",
-            config.cmdline,
-            devices::layout::virtio_mmio_cmdline_fragment(VIRTIO_RNG_SLOT).expect("slot 0 exists")
+        let console = Arc::new(Mutex::new(ConsoleCapture {
+            out: console,
+            hash: ChainHash::default(),
+            bytes: 0,
+        }));
+        let mut devices = Devices::new(
+            DevicesConfig {
+                rtc_epoch_unix_secs: config.rtc_epoch_unix_secs,
+            },
+            Box::new(ConsoleSink {
+                shared: console.clone(),
+            }),
         );
+        attach_virtio(
+            &mut devices,
+            memory.clone(),
+            config.seed,
+            config.network.as_ref(),
+        )?;
+        // The virtio devices are declared on the kernel command line.
+        let cmdline = format!("{} {}", config.cmdline, devices.virtio_cmdline());
         let mut rng_seed = [0u8; boot::RNG_SEED_LEN];
         EntropyStream::new(config.seed, stream::KERNEL_RNG_SEED).fill(&mut rng_seed);
         boot::write_boot_data(
@@ -593,7 +616,6 @@ impl Session {
             },
         )?;
         let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
-        let devices_memory = memory.clone();
         let vm = create_vm(&kvm, memory)?;
         let sregs = vm.vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
         vm.vcpu
@@ -609,26 +631,13 @@ impl Session {
         };
         vm.vcpu.set_fpu(&fpu).map_err(kvm_err("KVM_SET_FPU"))?;
 
-        let console = Arc::new(Mutex::new(ConsoleCapture {
-            out: console,
-            hash: ChainHash::default(),
-            bytes: 0,
-        }));
-        let mut devices = Devices::new(
-            DevicesConfig {
-                rtc_epoch_unix_secs: config.rtc_epoch_unix_secs,
-            },
-            Box::new(ConsoleSink {
-                shared: console.clone(),
-            }),
-        );
-        attach_virtio(&mut devices, devices_memory, config.seed)?;
         let mut machine = Machine::new(devices, config.until);
         machine.set_perturbation(config.perturbation);
         Ok(Session {
             vm,
             backing: MemoryBacking::Anonymous,
             seed: config.seed,
+            network: config.network.clone(),
             machine,
             recorder: Recorder::new(config.record),
             console,
@@ -803,6 +812,7 @@ impl Session {
         Ok(SessionState {
             ram_bytes: self.vm.memory.iter().map(|r| r.len()).sum(),
             seed: self.seed,
+            network: self.network.clone(),
             cpu_model_version: cpu_model::CPU_MODEL_VERSION,
             vcpu,
             devices: self.machine.devices.state(),
@@ -859,7 +869,12 @@ impl Session {
                 shared: console.clone(),
             }),
         );
-        attach_virtio(&mut devices, devices_memory, state.seed)?;
+        attach_virtio(
+            &mut devices,
+            devices_memory,
+            state.seed,
+            state.network.as_ref(),
+        )?;
         devices
             .restore(&state.devices)
             .map_err(|e| VmError::Incompatible(format!("device state: {e}")))?;
@@ -871,6 +886,7 @@ impl Session {
             vm,
             backing: MemoryBacking::File { data_ranges },
             seed: state.seed,
+            network: state.network.clone(),
             machine,
             recorder,
             console,
@@ -925,20 +941,46 @@ impl Session {
     }
 }
 
-/// The virtio-mmio slot of the entropy device (its IRQ and address follow from it).
-const VIRTIO_RNG_SLOT: usize = 0;
+/// The simulated network: how many NICs (one per node) and how the switch
+/// between them behaves.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkSpec {
+    pub nics: u8,
+    pub config: NetworkConfig,
+}
+
+/// The MAC address of NIC `index` (locally administered, unicast).
+pub fn nic_mac(index: u8) -> [u8; 6] {
+    [0x52, 0x54, 0x00, 0xd7, 0x00, index + 1]
+}
 
 /// Attaches the virtio devices, in a fixed order (their slots are part of the
-/// guest-visible machine and of saved device state).
-fn attach_virtio(devices: &mut Devices, memory: GuestMemoryMmap, seed: u64) -> Result<(), VmError> {
+/// guest-visible machine and of saved device state): the entropy device, then
+/// one NIC per node and the switch between them.
+fn attach_virtio(
+    devices: &mut Devices,
+    memory: GuestMemoryMmap,
+    seed: u64,
+    network: Option<&NetworkSpec>,
+) -> Result<(), VmError> {
     devices.attach_guest_memory(memory);
-    let slot = devices
+    devices
         .attach_virtio_rng(entropy::stream_key(seed, stream::VIRTIO_RNG))
         .map_err(VmError::Devices)?;
-    debug_assert_eq!(
-        slot.cmdline_fragment(),
-        devices::layout::virtio_mmio_cmdline_fragment(VIRTIO_RNG_SLOT).unwrap()
-    );
+    if let Some(network) = network {
+        for index in 0..network.nics {
+            devices
+                .attach_virtio_net(nic_mac(index))
+                .map_err(VmError::Devices)?;
+        }
+        devices
+            .attach_switch(
+                entropy::stream_key(seed, stream::NETWORK_SWITCH),
+                network.config.clone(),
+            )
+            .map_err(|e| VmError::Network(e.to_string()))?;
+    }
     Ok(())
 }
 
