@@ -977,7 +977,7 @@ fn attach_virtio(
         devices
             .attach_switch(
                 entropy::stream_key(seed, stream::NETWORK_SWITCH),
-                network.config.clone(),
+                network.config,
             )
             .map_err(|e| VmError::Network(e.to_string()))?;
     }
