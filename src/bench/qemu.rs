@@ -1,0 +1,329 @@
+//! QEMU for `bench boot`: the host's installation (binary, shared libraries, firmware), shipping
+//! it into the helper VM, its command line, and one run of it.
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::boot_worker::{run_measured, RunResult};
+use super::monitor::MemoryPeak;
+use super::process::{last_lines, Watch};
+use super::stats::ms;
+use crate::hostvm;
+
+/// QEMU machine type: `pc` (i440FX, SeaBIOS). `microvm` would boot faster, but with this
+/// kernel and `reboot=t` it does not exit after the guest's `reboot -f` (it hangs).
+pub const QEMU_MACHINE: &str = "pc";
+const QEMU_BIN: &str = "qemu-system-x86_64";
+/// The firmware QEMU 7.2 `-M pc` opens when booting with `-kernel` (seen with strace): SeaBIOS,
+/// the fw_cfg DMA Linux boot option ROM, the vAPIC option ROM.
+const QEMU_FIRMWARE: [&str; 3] = ["bios-256k.bin", "linuxboot_dma.bin", "kvmvapic.bin"];
+/// Where QEMU firmware is looked up on the host (Debian puts SeaBIOS in /usr/share/seabios).
+const QEMU_FIRMWARE_DIRS: [&str; 4] = [
+    "/usr/share/qemu",
+    "/usr/share/seabios",
+    "/usr/lib/ipxe/qemu",
+    "/usr/local/share/qemu",
+];
+
+/// How to run QEMU (paths as seen where it runs).
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct QemuPlan {
+    bin: PathBuf,
+    /// `LD_LIBRARY_PATH` (the shipped libraries), if any.
+    lib_dir: Option<PathBuf>,
+    /// QEMU's ELF interpreter (`PT_INTERP`, as `ldd` shows it on the host) ...
+    interp: Option<PathBuf>,
+    /// ... and its shipped copy, used explicitly when `interp` does not exist where QEMU runs.
+    loader: Option<PathBuf>,
+    /// `-L` (the shipped firmware), if any.
+    firmware_dir: Option<PathBuf>,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The host's QEMU installation.
+
+pub struct QemuInstall {
+    bin: PathBuf,
+    /// Shared libraries (as `ldd` names them) and the ELF interpreter.
+    libs: Vec<PathBuf>,
+    interp: Option<PathBuf>,
+    firmware: Vec<PathBuf>,
+}
+
+impl QemuInstall {
+    /// Runs the host's QEMU as it is installed.
+    pub fn on_host(&self) -> QemuPlan {
+        QemuPlan {
+            bin: self.bin.clone(),
+            lib_dir: None,
+            interp: None,
+            loader: None,
+            firmware_dir: None,
+        }
+    }
+
+    /// Adds QEMU, its libraries and its firmware to the payload `files`; the plan runs them
+    /// in the helper VM.
+    pub fn ship(&self, files: &mut Vec<(PathBuf, String)>) -> Result<QemuPlan> {
+        files.push((self.bin.clone(), format!("qemu/bin/{QEMU_BIN}")));
+        let mut seen = std::collections::BTreeSet::new();
+        for lib in &self.libs {
+            let name = file_name(lib)?;
+            if seen.insert(name.clone()) {
+                files.push((lib.clone(), format!("qemu/lib/{name}")));
+            }
+        }
+        for fw in &self.firmware {
+            files.push((fw.clone(), format!("qemu/share/{}", file_name(fw)?)));
+        }
+        let lib_dir = PathBuf::from(hostvm::payload_path("qemu/lib"));
+        let loader = match &self.interp {
+            Some(i) => Some(lib_dir.join(file_name(i)?)),
+            None => None,
+        };
+        Ok(QemuPlan {
+            bin: hostvm::payload_path(&format!("qemu/bin/{QEMU_BIN}")).into(),
+            lib_dir: Some(lib_dir),
+            // The worker uses the loader only if QEMU's PT_INTERP is missing in L1 (it is
+            // there when detvisor itself is dynamically linked: the launcher ships it).
+            interp: self.interp.clone(),
+            loader,
+            firmware_dir: Some(hostvm::payload_path("qemu/share").into()),
+        })
+    }
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+pub fn discover_qemu() -> Result<QemuInstall> {
+    let bin = find_in_path(QEMU_BIN)
+        .with_context(|| format!("{QEMU_BIN} not found in PATH: install qemu-system-x86"))?;
+    let out = Command::new("ldd")
+        .arg(&bin)
+        .stdin(Stdio::null())
+        .output()
+        .context("cannot run ldd (libc-bin) to list QEMU's libraries")?;
+    if !out.status.success() {
+        bail!(
+            "ldd {} failed: {}",
+            bin.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let mut libs = Vec::new();
+    let mut interp = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines().map(str::trim) {
+        let (name, target) = match line.split_once(" => ") {
+            Some((name, rest)) => {
+                if rest.trim_start().starts_with("not found") {
+                    bail!("QEMU's shared library {name} not found");
+                }
+                (Some(name), rest)
+            }
+            None => (None, line),
+        };
+        let path = target.rsplit_once(" (0x").map_or(target, |(p, _)| p).trim();
+        if path.starts_with('/') {
+            if name.is_none() {
+                interp = Some(PathBuf::from(path));
+            }
+            libs.push(PathBuf::from(path));
+        }
+    }
+    let bin_dir = bin.parent().unwrap_or(Path::new("/"));
+    let mut dirs: Vec<PathBuf> = vec![
+        bin_dir.join("../share/qemu"),
+        bin_dir.join("../share/seabios"),
+    ];
+    dirs.extend(QEMU_FIRMWARE_DIRS.iter().map(PathBuf::from));
+    let mut firmware = Vec::new();
+    for name in QEMU_FIRMWARE {
+        let found = dirs.iter().map(|d| d.join(name)).find(|p| p.is_file());
+        match found {
+            Some(p) => firmware.push(p),
+            None => bail!(
+                "QEMU firmware {name} not found in {}",
+                dirs.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+    Ok(QemuInstall {
+        bin,
+        libs,
+        interp,
+        firmware,
+    })
+}
+
+fn file_name(p: &Path) -> Result<String> {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .map(String::from)
+        .with_context(|| format!("unusable file name {}", p.display()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// One run.
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    Kvm,
+    TcgIcount,
+}
+
+pub struct QemuFiles<'a> {
+    pub bzimage: &'a Path,
+    pub initrd: &'a Path,
+    pub cmdline: &'a str,
+    pub mem: &'a str,
+}
+
+/// Escapes a value inside a QEMU `key=value,...` option.
+fn qemu_opt(path: &Path) -> String {
+    path.to_string_lossy().replace(',', ",,")
+}
+
+fn qemu_command(
+    q: &QemuPlan,
+    accel: Accel,
+    files: &QemuFiles,
+    serial: &Path,
+    status: &Path,
+) -> Command {
+    let interp_missing = q.interp.as_ref().is_some_and(|i| !i.exists());
+    let mut cmd = match (&q.loader, &q.lib_dir) {
+        (Some(loader), Some(lib_dir)) if interp_missing => {
+            let mut c = Command::new(loader);
+            c.arg("--library-path").arg(lib_dir).arg(&q.bin);
+            c
+        }
+        _ => Command::new(&q.bin),
+    };
+    if let Some(lib_dir) = &q.lib_dir {
+        cmd.env("LD_LIBRARY_PATH", lib_dir);
+    }
+    if let Some(fw) = &q.firmware_dir {
+        cmd.arg("-L").arg(fw);
+    }
+    match accel {
+        Accel::Kvm => cmd.args(["-accel", "kvm"]),
+        Accel::TcgIcount => cmd.args([
+            "-accel",
+            "tcg",
+            "-icount",
+            "shift=0,sleep=off",
+            "-rtc",
+            "clock=vm",
+        ]),
+    };
+    cmd.args(["-M", QEMU_MACHINE, "-m", files.mem])
+        .args([
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+        ])
+        .arg("-chardev")
+        .arg(format!("file,id=ser0,path={}", qemu_opt(serial)))
+        .args(["-serial", "chardev:ser0"])
+        .arg("-chardev")
+        .arg(format!("file,id=status,path={}", qemu_opt(status)))
+        .args(["-device", "isa-debugcon,iobase=0x610,chardev=status"])
+        .arg("-kernel")
+        .arg(files.bzimage)
+        .arg("-initrd")
+        .arg(files.initrd)
+        .arg("-append")
+        .arg(files.cmdline);
+    cmd
+}
+
+/// FNV-1a 64 of `bytes`, as hex.
+fn fnv1a(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+pub struct QemuRun<'a> {
+    pub q: &'a QemuPlan,
+    pub accel: Accel,
+    pub files: QemuFiles<'a>,
+    pub scratch: &'a Path,
+    pub label: &'a str,
+    pub limit: Duration,
+    pub ram_bytes: u64,
+}
+
+impl QemuRun<'_> {
+    pub fn command(&self, index: u32) -> (Command, PathBuf, PathBuf) {
+        let serial = self.scratch.join(format!("{}-{index}.serial", self.label));
+        let status = self.scratch.join(format!("{}-{index}.status", self.label));
+        let _ = fs::remove_file(&serial);
+        let _ = fs::remove_file(&status);
+        let cmd = qemu_command(self.q, self.accel, &self.files, &serial, &status);
+        (cmd, serial, status)
+    }
+
+    pub fn run(&self, index: u32, sample: bool, stats: bool) -> (RunResult, Option<MemoryPeak>) {
+        let (cmd, serial_path, status_path) = self.command(index);
+        let watch = Watch {
+            ram: sample.then_some(self.ram_bytes),
+            kvm: stats,
+        };
+        run_measured(cmd, self.limit, watch, |finished| {
+            let serial = fs::read(&serial_path).unwrap_or_default();
+            let status = fs::read(&status_path).unwrap_or_default();
+            let mut r = RunResult {
+                wall_ms: ms(finished.wall),
+                guest_status: (status.len() == 1).then(|| status[0]),
+                kvm: finished.kvm.clone(),
+                output: Some(fnv1a(&serial)),
+                output_bytes: Some(serial.len() as u64),
+                ..RunResult::default()
+            };
+            let exited_ok = finished.succeeded();
+            r.ok = exited_ok && status == [0];
+            if !r.ok {
+                r.error = Some(if !exited_ok {
+                    finished.failure("QEMU", self.limit)
+                } else {
+                    format!(
+                        "the guest wrote {:?} to port 0x610 (expected one byte 0); serial ends with:\n{}",
+                        status,
+                        last_lines(&String::from_utf8_lossy(&serial), 8)
+                    )
+                });
+            }
+            r
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fnv_is_stable() {
+        assert_eq!(fnv1a(b""), "cbf29ce484222325");
+        assert_eq!(fnv1a(b"a"), "af63dc4c8601ec8c");
+    }
+}

@@ -1,0 +1,388 @@
+//! `detvisor bench snapshot`: snapshot and restore latency, forks/s and resets/s against guest
+//! RAM size and dirty fraction, with full-copy baselines.
+//!
+//! Layers (each bounded by a time limit, each a process of its own):
+//!
+//! ```text
+//!   host: `bench snapshot`           orchestrates, prints the table and the JSON line
+//!     `bench snapshot --launch-plan` calls hostvm::run (helper VM, with a 9p share)
+//!       L1: `bench snapshot --worker-plan`   one per session: runs the cells in turn
+//!         `bench snapshot --cell-plan`       one per (RAM, dirty %) cell: boots the guest,
+//!                                            snapshots, restores, forks, resets in process
+//!           `bench snapshot --restore-child` one restore + first exit per process
+//! ```
+//!
+//! Without a helper VM (the host's KVM runs guests) the worker runs on the host directly.
+//!
+//! This module: the orchestration on the host and the worker; a cell is in
+//! [`super::snapshot_cell`], the report in [`super::snapshot_report`].
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::helper::{
+    HelperLaunch, Placement, Session, WorkerReport, HELPER_VM_ALLOWANCE, NOT_MEASURED,
+};
+use super::machine::{fs_type, loadavg, mem_total_kib, uptime, HostLoad, TempDir};
+use super::process::{run_timed, ErrMode, Watch};
+use super::snapshot_cell::{
+    snap_guest_script, CellPlan, CellResult, CellSpec, SnapLocation, MARK_CELL,
+};
+use super::snapshot_memory::PAGE;
+use super::snapshot_report::{
+    print_snap_report, snap_definitions, snap_rows, SnapBenchReport, SNAP_ANCHORS,
+};
+use super::stats::ms;
+use super::{check_runs_and_timeout, SnapStore, SnapshotBenchArgs};
+use crate::{guest, hostvm, units};
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct SnapWorkerPlan {
+    runs: u32,
+    timeout_s: u64,
+    cells: Vec<CellSpec>,
+    kernel: PathBuf,
+    initrd: PathBuf,
+    cmdline: String,
+    /// Write snapshots to a directory of the worker's own temp dir (L1's tmpfs).
+    local: Option<String>,
+    /// The 9p share (same path in L1 and on the host).
+    shared: Option<SnapLocation>,
+    forks: u32,
+    resets: u32,
+    burst_pages: u64,
+    place: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Default)]
+pub struct SnapWorkerReport {
+    place: String,
+    uptime_at_start_s: Option<f64>,
+    elapsed_ms: f64,
+    /// MemTotal of the machine the worker runs on (L1).
+    mem_total_kib: Option<u64>,
+    locations: Vec<(String, String)>,
+    cells: Vec<CellResult>,
+}
+
+impl WorkerReport for SnapWorkerReport {
+    fn elapsed_ms(&self) -> f64 {
+        self.elapsed_ms
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The worker (inside the helper VM, or on the host).
+
+/// Runs the cells of `plan` in turn, each in a `--cell-plan` process of its own.
+pub fn worker(plan: &SnapWorkerPlan) -> SnapWorkerReport {
+    let started = Instant::now();
+    let tag = format!("bench snapshot [{}]", plan.place);
+    let mut report = SnapWorkerReport {
+        place: plan.place.clone(),
+        uptime_at_start_s: uptime(),
+        mem_total_kib: mem_total_kib(),
+        ..SnapWorkerReport::default()
+    };
+    let fail_all = |report: &mut SnapWorkerReport, why: String| {
+        for spec in &plan.cells {
+            report.cells.push(CellResult::failed(spec, why.clone()));
+        }
+    };
+    let scratch = match TempDir::new("detvisor-bench-snap-") {
+        Ok(t) => t,
+        Err(e) => {
+            fail_all(
+                &mut report,
+                format!("cannot create a scratch directory: {e}"),
+            );
+            return report;
+        }
+    };
+    let mut locations = Vec::new();
+    if let Some(name) = &plan.local {
+        let dir = scratch.path().join("snapshots");
+        match fs::create_dir(&dir) {
+            Ok(()) => locations.push(SnapLocation {
+                name: name.clone(),
+                dir,
+            }),
+            Err(e) => eprintln!("{tag}: cannot create {}: {e}", dir.display()),
+        }
+    }
+    locations.extend(plan.shared.iter().cloned());
+    report.locations = locations
+        .iter()
+        .map(|l| {
+            (
+                l.name.clone(),
+                format!("{} ({})", l.dir.display(), fs_type(&l.dir)),
+            )
+        })
+        .collect();
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            fail_all(
+                &mut report,
+                format!("cannot locate the detvisor executable: {e}"),
+            );
+            return report;
+        }
+    };
+    let limit = Duration::from_secs(plan.timeout_s);
+    for (i, spec) in plan.cells.iter().enumerate() {
+        let cell_tag = format!("{tag} {}", spec.label());
+        let cell_plan = CellPlan {
+            spec: spec.clone(),
+            runs: plan.runs,
+            kernel: plan.kernel.clone(),
+            initrd: plan.initrd.clone(),
+            cmdline: plan.cmdline.clone(),
+            locations: locations.clone(),
+            forks: plan.forks,
+            resets: plan.resets,
+            burst_pages: plan.burst_pages,
+            tag: cell_tag.clone(),
+        };
+        let path = scratch.path().join(format!("cell-{i}.json"));
+        let cell = run_cell(&exe, &cell_plan, &path, limit).with_spec(spec);
+        if let Some(e) = &cell.error {
+            eprintln!("{cell_tag}: FAILED: {e}");
+        }
+        report.cells.push(cell);
+    }
+    report.elapsed_ms = ms(started.elapsed());
+    report
+}
+
+/// Writes `plan` to `path` and measures the cell in a `--cell-plan` process.
+fn run_cell(exe: &Path, plan: &CellPlan, path: &Path, limit: Duration) -> CellResult {
+    let written = serde_json::to_vec(plan)
+        .map_err(anyhow::Error::from)
+        .and_then(|b| fs::write(path, b).map_err(anyhow::Error::from));
+    let result = written.and_then(|()| {
+        let mut cmd = Command::new(exe);
+        cmd.args(["bench", "snapshot", "--cell-plan"]).arg(path);
+        run_timed(cmd, limit, ErrMode::Tee, Watch::default())
+    });
+    let f = match result {
+        Ok(f) => f,
+        Err(e) => {
+            return CellResult {
+                error: Some(format!("{e:#}")),
+                ..CellResult::default()
+            }
+        }
+    };
+    let parsed = f
+        .last_line(MARK_CELL)
+        .and_then(|(_, l)| serde_json::from_str::<CellResult>(l).ok());
+    match parsed {
+        Some(c) if f.succeeded() => c,
+        Some(mut c) => {
+            c.ok = false;
+            c.error
+                .get_or_insert_with(|| f.failure("the cell process", limit));
+            c
+        }
+        None => CellResult {
+            cell_wall_ms: ms(f.wall),
+            error: Some(f.failure("the cell process", limit)),
+            ..CellResult::default()
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The host side of `bench snapshot`.
+
+/// Runs the worker in the helper VM: kernel and initrd shipped as payload files, `share`
+/// mounted read-write at its own path.
+fn helper_session(
+    host_plan: &SnapWorkerPlan,
+    share: Option<&Path>,
+    memory_mib: u32,
+    limit: Duration,
+    tmp: &Path,
+) -> (Session, Option<SnapWorkerReport>) {
+    Session::record(|session| {
+        let assets = hostvm::ensure_assets(None)?;
+        let plan = SnapWorkerPlan {
+            kernel: hostvm::payload_path("bench/vmlinux").into(),
+            initrd: hostvm::payload_path("bench/initrd").into(),
+            ..host_plan.clone()
+        };
+        let launch = HelperLaunch {
+            bench: "snapshot",
+            assets_dir: assets,
+            memory_mib,
+            files: vec![
+                (host_plan.kernel.clone(), "bench/vmlinux".into()),
+                (host_plan.initrd.clone(), "bench/initrd".into()),
+            ],
+            shared_dirs: share.into_iter().map(Path::to_path_buf).collect(),
+            tmp,
+            prefix: "snapshot-",
+            limit,
+        };
+        launch.run(&plan, session, |_| {
+            format!(
+                "bench snapshot: starting the helper VM ({memory_mib} MiB; time limit {} s)",
+                limit.as_secs()
+            )
+        })
+    })
+}
+
+/// The cells of `--mem` x `--dirty`, checked.
+fn cells(args: &SnapshotBenchArgs) -> Result<Vec<CellSpec>> {
+    let mut mems = Vec::new();
+    for m in &args.mem {
+        let bytes = units::parse_size(m).with_context(|| format!("--mem {m}"))?;
+        if bytes < 64 << 20 || bytes % PAGE as u64 != 0 {
+            bail!("--mem {m}: guest RAM must be at least 64M and a multiple of 4 KiB");
+        }
+        mems.push((m.clone(), bytes));
+    }
+    for d in &args.dirty {
+        if !(0.0..=40.0).contains(d) {
+            bail!(
+                "--dirty {d}: percentages must be within 0..=40 (the guest's /dev/shm holds \
+                 half its RAM)"
+            );
+        }
+    }
+    if mems.is_empty() || args.dirty.is_empty() {
+        bail!("--mem and --dirty need at least one value each");
+    }
+    Ok(mems
+        .iter()
+        .flat_map(|(mem, ram_bytes)| {
+            args.dirty.iter().map(move |&dirty_pct| CellSpec {
+                mem: mem.clone(),
+                ram_bytes: *ram_bytes,
+                dirty_pct,
+            })
+        })
+        .collect())
+}
+
+/// `bench snapshot`: measures every cell, prints the report; 1 unless everything went well.
+pub fn orchestrate(args: &SnapshotBenchArgs) -> Result<u8> {
+    let loadavg_before = loadavg();
+    check_runs_and_timeout(args.runs, args.timeout)?;
+    let cells = cells(args)?;
+    let image = guest::default_image()?;
+    let placement = Placement::choose(args.host_vm);
+    let use_helper = placement.helper;
+    let place = placement.place();
+    let tmp = TempDir::new("detvisor-bench-snap-")
+        .context("cannot create a temporary directory for the benchmark")?;
+    let want_tmpfs = matches!(args.store, SnapStore::Tmpfs | SnapStore::Both);
+    let want_share = matches!(args.store, SnapStore::Share | SnapStore::Both);
+    let share = if use_helper && want_share {
+        let dir = tmp.path().join("share");
+        fs::create_dir(&dir)?;
+        Some(dir.canonicalize()?)
+    } else {
+        None
+    };
+    if !use_helper && want_share && !want_tmpfs {
+        bail!("--store share needs the helper VM (the 9p share exists only there)");
+    }
+    let max_ram_mib = cells.iter().map(|c| c.ram_bytes >> 20).max().unwrap_or(256);
+    // The guest, a same-size copy buffer, a full-copy file in tmpfs, snapshots, the kernel.
+    let memory_mib = u32::try_from(max_ram_mib * 3 + 1536)
+        .unwrap_or(u32::MAX)
+        .max(2048);
+    let plan = SnapWorkerPlan {
+        runs: args.runs,
+        timeout_s: args.timeout,
+        cells: cells.clone(),
+        kernel: image.kernel.clone(),
+        initrd: image.initrd.clone(),
+        cmdline: guest::default_cmdline(),
+        local: want_tmpfs.then(|| {
+            if use_helper {
+                "L1 tmpfs".to_string()
+            } else {
+                "host tmp".to_string()
+            }
+        }),
+        shared: share.as_ref().map(|dir| SnapLocation {
+            name: "9p share".into(),
+            dir: dir.clone(),
+        }),
+        forks: args.forks,
+        resets: args.resets,
+        burst_pages: args.burst_pages,
+        place: place.into(),
+    };
+    eprintln!(
+        "bench snapshot: {} cell(s) ({} x {}), {} run(s) each, guests in the {place}{}",
+        cells.len(),
+        args.mem.join(","),
+        args.dirty
+            .iter()
+            .map(|d| format!("{d}%"))
+            .collect::<Vec<_>>()
+            .join(","),
+        args.runs,
+        placement.because()
+    );
+    let limit = HELPER_VM_ALLOWANCE + Duration::from_secs(args.timeout * cells.len() as u64);
+    let (session, report) = if use_helper {
+        let (s, r) = helper_session(&plan, share.as_deref(), memory_mib, limit, tmp.path());
+        (Some(s), r)
+    } else {
+        (None, Some(worker(&plan)))
+    };
+    let error = session.as_ref().and_then(|s| s.error.clone());
+    let (cells_out, stores, l1_mem) = match report {
+        Some(r) => (r.cells, r.locations, r.mem_total_kib),
+        None => (
+            cells
+                .iter()
+                .map(|c| CellResult::failed(c, NOT_MEASURED.into()))
+                .collect(),
+            Vec::new(),
+            None,
+        ),
+    };
+    let rows = snap_rows(&cells_out);
+    let all_ok = error.is_none()
+        && cells_out.iter().all(|c| c.ok && c.error.is_none())
+        && rows.iter().all(|r| r.error.is_none());
+    let report = SnapBenchReport {
+        benchmark: "snapshot",
+        runs: args.runs,
+        mem: args.mem.clone(),
+        dirty_pct: args.dirty.clone(),
+        forks: args.forks,
+        resets: args.resets,
+        burst_pages: args.burst_pages,
+        guest_command: snap_guest_script(0).replace("head -c 0", "head -c <dirty bytes>"),
+        cmdline: guest::default_cmdline(),
+        placement: place.into(),
+        placement_reason: placement.reason,
+        clock: "Instant (CLOCK_MONOTONIC) of the machine running the step: L1's inside the \
+                helper VM (under TCG without icount it follows the host's real time)",
+        definitions: snap_definitions(),
+        anchors: SNAP_ANCHORS,
+        stores,
+        l1_mem_total_kib: l1_mem,
+        rows,
+        cells: cells_out,
+        helper_vm: session,
+        error,
+        host: HostLoad::since(loadavg_before),
+        all_ok,
+    };
+    print_snap_report(&report)?;
+    Ok(if all_ok { 0 } else { 1 })
+}
