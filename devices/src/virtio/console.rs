@@ -136,10 +136,6 @@ impl VirtioDevice for VirtioConsole {
         VIRTIO_ID_CONSOLE
     }
 
-    fn device_features(&self) -> u64 {
-        0
-    }
-
     fn queue_max_sizes(&self) -> &'static [u16] {
         &QUEUE_MAX_SIZES
     }
@@ -149,9 +145,6 @@ impl VirtioDevice for VirtioConsole {
     fn read_config(&self, _offset: u64, data: &mut [u8]) {
         data.fill(0);
     }
-
-    /// emerg_wr is only writable with VIRTIO_CONSOLE_F_EMERG_WRITE, never offered.
-    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
     fn process_queue(
         &mut self,
@@ -166,8 +159,6 @@ impl VirtioDevice for VirtioConsole {
             _ => Ok(()),
         }
     }
-
-    fn reset(&mut self) {}
 }
 
 impl VirtioMmioTransport<VirtioConsole> {

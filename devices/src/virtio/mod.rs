@@ -49,20 +49,24 @@ pub trait VirtioDevice {
     fn device_id(&self) -> u32;
 
     /// Device-specific feature bits offered to the driver. The transport
-    /// adds VIRTIO_F_VERSION_1 itself.
-    fn device_features(&self) -> u64;
+    /// adds VIRTIO_F_VERSION_1 itself. None by default.
+    fn device_features(&self) -> u64 {
+        0
+    }
 
     /// The maximum size of each queue, in queue order; its length is the
     /// number of queues. Every size must be a power of two, at most 32768.
     fn queue_max_sizes(&self) -> &'static [u16];
 
     /// Reads device configuration space at `offset`; bytes beyond the
-    /// configuration space read as zero.
-    fn read_config(&self, offset: u64, data: &mut [u8]);
+    /// configuration space read as zero. By default there is none.
+    fn read_config(&self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
 
     /// Writes device configuration space; writes to read-only or absent
-    /// fields are ignored.
-    fn write_config(&mut self, offset: u64, data: &[u8]);
+    /// fields are ignored (by default, all of them).
+    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
     /// Processes the buffers the driver made available on queue
     /// `queue_index`. An error is a driver violation: the transport then
@@ -75,8 +79,9 @@ pub trait VirtioDevice {
         now: VirtNanos,
     ) -> Result<(), QueueFault>;
 
-    /// The driver reset the device: forget what belonged to the driver.
-    fn reset(&mut self);
+    /// The driver reset the device: forget what belonged to the driver
+    /// (by default nothing: the device keeps no driver state of its own).
+    fn reset(&mut self) {}
 }
 
 /// One of a queue's three guest-memory areas.

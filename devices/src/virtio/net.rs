@@ -260,10 +260,6 @@ impl VirtioDevice for VirtioNet {
         }
     }
 
-    /// The driver must not write `mac` when VERSION_1 is negotiated (spec
-    /// 5.1.4.2); writes are ignored.
-    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
-
     fn process_queue(
         &mut self,
         queue_index: usize,
@@ -277,8 +273,6 @@ impl VirtioDevice for VirtioNet {
             _ => Ok(()),
         }
     }
-
-    fn reset(&mut self) {}
 }
 
 impl VirtioMmioTransport<VirtioNet> {

@@ -71,20 +71,9 @@ impl VirtioDevice for VirtioRng {
         VIRTIO_ID_RNG
     }
 
-    fn device_features(&self) -> u64 {
-        0
-    }
-
     fn queue_max_sizes(&self) -> &'static [u16] {
         &QUEUE_MAX_SIZES
     }
-
-    /// virtio-rng has no configuration space.
-    fn read_config(&self, _offset: u64, data: &mut [u8]) {
-        data.fill(0);
-    }
-
-    fn write_config(&mut self, _offset: u64, _data: &[u8]) {}
 
     fn process_queue(
         &mut self,
@@ -104,9 +93,6 @@ impl VirtioDevice for VirtioRng {
         }
         Ok(())
     }
-
-    /// The stream is the machine's, not the driver's: a reset does not rewind it.
-    fn reset(&mut self) {}
 }
 
 #[cfg(test)]
