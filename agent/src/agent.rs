@@ -1,0 +1,674 @@
+//! The agent's state machine and event loop.
+//!
+//! One thread, one `poll` over: the SIGCHLD signalfd, the control channel,
+//! and the read ends of every running process's stdout/stderr pipes. `poll`
+//! has no timeout: the agent sleeps until the VMM writes to the channel, a
+//! child writes output or a child exits, and never spins (the VMM's virtual
+//! time only advances at exits, so a spinning agent would stop time).
+//!
+//! After each `poll`, ready descriptors are served in a fixed order: output
+//! pipes (nodes by name, stdout before stderr, then the workload's), then
+//! exited children, then the channel. Nodes live in a `BTreeMap`: nothing
+//! the agent does depends on hash order, a thread's timing, or a clock, so
+//! given the same sequence of system-call results (which the deterministic
+//! VM provides) it sends the same bytes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+
+use detvisor_agent::protocol::{
+    encode_frame, AgentToHost, ExitStatus, FrameDecoder, HostToAgent, NodeSpec, Stream,
+    MAX_OUTPUT_CHUNK, PROTOCOL_VERSION,
+};
+
+use crate::container::{self, Command, NodeNamespaces, NodePlan, Setup};
+use crate::netlink::{link_index, Netlink};
+use crate::sys::{self, NsId};
+
+/// How the agent treats the system around it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// PID 1 of a guest: mounts /proc, /sys, /dev..., powers off at the end.
+    Guest,
+    /// A process on a development host: first moves itself into a new
+    /// network namespace (so NICs it moves can only be ones created there),
+    /// touches nothing outside the namespaces it creates, exits at the end.
+    Test,
+}
+
+/// A process the agent started and has not reaped yet.
+#[derive(Debug)]
+struct Running {
+    pid: libc::pid_t,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+}
+
+impl Running {
+    fn pipe(&mut self, stream: Stream) -> &mut Option<OwnedFd> {
+        match stream {
+            Stream::Stdout => &mut self.stdout,
+            Stream::Stderr => &mut self.stderr,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Node {
+    command: Command,
+    plan: NodePlan,
+    /// The node's network namespace, kept across restarts.
+    netns: OwnedFd,
+    running: Option<Running>,
+    /// The node's PID namespace while it runs (for pause/resume).
+    pidns: Option<NsId>,
+    restart_pending: bool,
+}
+
+#[derive(Debug)]
+struct Workload {
+    running: Running,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Owner {
+    Node(String),
+    Workload,
+}
+
+#[derive(Clone, Debug)]
+enum Ready {
+    Sigchld,
+    Channel,
+    Pipe(Owner, Stream),
+}
+
+pub struct Agent {
+    channel: OwnedFd,
+    channel_open: bool,
+    decoder: FrameDecoder,
+    sigchld: OwnedFd,
+    devnull: OwnedFd,
+    root_netns: OwnedFd,
+    own_pidns: OwnedFd,
+    greeted: bool,
+    shutting_down: bool,
+    nodes: BTreeMap<String, Node>,
+    workload: Option<Workload>,
+    workload_status: Option<ExitStatus>,
+}
+
+fn context_error(what: &str) -> impl Fn(io::Error) -> String + '_ {
+    move |e| format!("{what}: {e}")
+}
+
+impl Agent {
+    /// Blocks SIGCHLD (before any child exists) and opens what the agent
+    /// keeps for its lifetime.
+    pub fn new(channel: OwnedFd) -> io::Result<Self> {
+        let sigchld = sys::sigchld_fd()?;
+        Ok(Self {
+            channel,
+            channel_open: true,
+            decoder: FrameDecoder::default(),
+            sigchld,
+            devnull: sys::open(Path::new("/dev/null"), libc::O_RDWR)?,
+            root_netns: sys::open(Path::new("/proc/self/ns/net"), libc::O_RDONLY)?,
+            own_pidns: sys::open(Path::new("/proc/self/ns/pid"), libc::O_RDONLY)?,
+            greeted: false,
+            shutting_down: false,
+            nodes: BTreeMap::new(),
+            workload: None,
+            workload_status: None,
+        })
+    }
+
+    /// The status of the last workload that ended, if any.
+    pub fn workload_status(&self) -> Option<ExitStatus> {
+        self.workload_status
+    }
+
+    /// Serves the channel until `shutdown` (or the channel's end) and every
+    /// process the agent started is gone.
+    pub fn run(&mut self) -> io::Result<()> {
+        let mut buffer = vec![0u8; MAX_OUTPUT_CHUNK];
+        self.send(&AgentToHost::Booted {
+            version: PROTOCOL_VERSION,
+        });
+        loop {
+            if self.shutting_down && self.nothing_running() {
+                return Ok(());
+            }
+            let mut interest: Vec<(BorrowedFd<'_>, Ready)> =
+                vec![(self.sigchld.as_fd(), Ready::Sigchld)];
+            if self.channel_open {
+                interest.push((self.channel.as_fd(), Ready::Channel));
+            }
+            let runs = self
+                .nodes
+                .iter()
+                .filter_map(|(name, node)| {
+                    Some((Owner::Node(name.clone()), node.running.as_ref()?))
+                })
+                .chain(
+                    self.workload
+                        .as_ref()
+                        .map(|w| (Owner::Workload, &w.running)),
+                );
+            for (owner, running) in runs {
+                for (pipe, stream) in [
+                    (&running.stdout, Stream::Stdout),
+                    (&running.stderr, Stream::Stderr),
+                ] {
+                    if let Some(fd) = pipe {
+                        interest.push((fd.as_fd(), Ready::Pipe(owner.clone(), stream)));
+                    }
+                }
+            }
+            let mut pollfds: Vec<libc::pollfd> = interest
+                .iter()
+                .map(|(fd, _)| libc::pollfd {
+                    fd: std::os::fd::AsRawFd::as_raw_fd(fd),
+                    events: libc::POLLIN,
+                    revents: 0,
+                })
+                .collect();
+            sys::poll_forever(&mut pollfds)?;
+            let ready: Vec<Ready> = interest
+                .into_iter()
+                .zip(&pollfds)
+                .filter(|(_, p)| p.revents != 0)
+                .map(|((_, ready), _)| ready)
+                .collect();
+
+            for item in &ready {
+                if let Ready::Pipe(owner, stream) = item {
+                    self.read_output(owner, *stream, &mut buffer, 1);
+                }
+            }
+            if ready.iter().any(|r| matches!(r, Ready::Sigchld)) {
+                sys::drain_signalfd(self.sigchld.as_fd())?;
+                self.reap_children(&mut buffer)?;
+            }
+            if ready.iter().any(|r| matches!(r, Ready::Channel)) {
+                self.read_channel(&mut buffer);
+            }
+        }
+    }
+
+    fn nothing_running(&self) -> bool {
+        self.workload.is_none() && self.nodes.values().all(|node| node.running.is_none())
+    }
+
+    fn running_mut(&mut self, owner: &Owner) -> Option<&mut Running> {
+        match owner {
+            Owner::Node(name) => self.nodes.get_mut(name)?.running.as_mut(),
+            Owner::Workload => self.workload.as_mut().map(|w| &mut w.running),
+        }
+    }
+
+    /// Reads up to `max_chunks` chunks from one output pipe and sends each
+    /// as an `output` message. Returns whether the pipe is still open and
+    /// may hold more.
+    fn read_output(
+        &mut self,
+        owner: &Owner,
+        stream: Stream,
+        buffer: &mut [u8],
+        max_chunks: usize,
+    ) -> bool {
+        for _ in 0..max_chunks {
+            let Some(running) = self.running_mut(owner) else {
+                return false;
+            };
+            let slot = running.pipe(stream);
+            let Some(fd) = slot.as_ref() else {
+                return false;
+            };
+            match sys::read(fd.as_fd(), buffer) {
+                Ok(0) => {
+                    *slot = None;
+                    return false;
+                }
+                Ok(n) => {
+                    let node = match owner {
+                        Owner::Node(name) => Some(name.clone()),
+                        Owner::Workload => None,
+                    };
+                    self.send(&AgentToHost::Output {
+                        node,
+                        stream,
+                        data: buffer[..n].to_vec(),
+                    });
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(e) => {
+                    *slot = None;
+                    self.send_error("output", format!("read from {owner:?} {stream:?}: {e}"));
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Sends what is left in a finished process's pipes, then closes them.
+    /// Bounded: a process outside the node's PID namespace (only possible
+    /// for the root workload's background children) may keep a pipe open
+    /// and writing; what it writes after this is lost (EPIPE).
+    fn drain_and_close(&mut self, owner: &Owner, buffer: &mut [u8]) {
+        const MAX_DRAIN_CHUNKS: usize = 64;
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            self.read_output(owner, stream, buffer, MAX_DRAIN_CHUNKS);
+            if let Some(running) = self.running_mut(owner) {
+                *running.pipe(stream) = None;
+            }
+        }
+    }
+
+    fn reap_children(&mut self, buffer: &mut [u8]) -> io::Result<()> {
+        while let Some((pid, status)) = sys::reap_any()? {
+            if self.workload.as_ref().is_some_and(|w| w.running.pid == pid) {
+                self.drain_and_close(&Owner::Workload, buffer);
+                self.workload = None;
+                self.workload_status = Some(status);
+                self.send(&AgentToHost::WorkloadExited { status });
+                continue;
+            }
+            let name = self
+                .nodes
+                .iter()
+                .find(|(_, node)| node.running.as_ref().is_some_and(|r| r.pid == pid))
+                .map(|(name, _)| name.clone());
+            let Some(name) = name else {
+                // An orphan reparented to us (PID 1 / subreaper): just reaped.
+                continue;
+            };
+            let owner = Owner::Node(name.clone());
+            self.drain_and_close(&owner, buffer);
+            let node = self.nodes.get_mut(&name).expect("node exists");
+            node.running = None;
+            node.pidns = None;
+            let restart = std::mem::take(&mut node.restart_pending) && !self.shutting_down;
+            self.send(&AgentToHost::Exited {
+                node: name.clone(),
+                status,
+            });
+            if restart {
+                if let Err(message) = self.start_node(&name) {
+                    self.send_error(&format!("restart {name}"), message);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn read_channel(&mut self, buffer: &mut [u8]) {
+        match sys::read(self.channel.as_fd(), buffer) {
+            Ok(0) => {
+                self.channel_open = false;
+                self.begin_shutdown();
+                return;
+            }
+            Ok(n) => self.decoder.push(&buffer[..n]),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            Err(e) => {
+                eprintln!("detvisor-agent: reading the channel: {e}");
+                self.channel_open = false;
+                self.begin_shutdown();
+                return;
+            }
+        }
+        loop {
+            match self.decoder.next_message::<HostToAgent>() {
+                Ok(Some(message)) => self.handle(message),
+                Ok(None) => break,
+                Err(error) => {
+                    let fatal = error.is_fatal();
+                    self.send_error("channel", error.to_string());
+                    if fatal {
+                        // The framing is lost: nothing more can be understood.
+                        self.begin_shutdown();
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, message: &AgentToHost) {
+        if !self.channel_open {
+            return;
+        }
+        let frame = match encode_frame(message) {
+            Ok(frame) => frame,
+            Err(error) => {
+                let fallback = AgentToHost::Error {
+                    context: "encode".to_string(),
+                    message: error.to_string(),
+                };
+                encode_frame(&fallback).expect("a short error message encodes")
+            }
+        };
+        if let Err(error) = sys::write_all(self.channel.as_fd(), &frame) {
+            eprintln!("detvisor-agent: writing the channel: {error}");
+            self.channel_open = false;
+            self.begin_shutdown();
+        }
+    }
+
+    fn send_error(&mut self, context: &str, message: String) {
+        self.send(&AgentToHost::Error {
+            context: context.to_string(),
+            message,
+        });
+    }
+
+    fn handle(&mut self, message: HostToAgent) {
+        let context = match &message {
+            HostToAgent::Hello { .. } => "hello".to_string(),
+            HostToAgent::CreateNode(spec) => format!("create_node {}", spec.name),
+            HostToAgent::StartWorkload { .. } => "start_workload".to_string(),
+            HostToAgent::Pause { node } => format!("pause {node}"),
+            HostToAgent::Resume { node } => format!("resume {node}"),
+            HostToAgent::Kill { node, .. } => format!("kill {node}"),
+            HostToAgent::Restart { node } => format!("restart {node}"),
+            HostToAgent::Shutdown => "shutdown".to_string(),
+        };
+        let result = if self.shutting_down {
+            Err("the agent is shutting down".to_string())
+        } else if let HostToAgent::Hello { version } = message {
+            self.hello(version)
+        } else if !self.greeted {
+            Err("expected hello first".to_string())
+        } else {
+            match message {
+                HostToAgent::Hello { .. } => unreachable!("handled above"),
+                HostToAgent::CreateNode(spec) => self.create_node(spec),
+                HostToAgent::StartWorkload { node, command, env } => {
+                    self.start_workload(node, &command, &env)
+                }
+                HostToAgent::Pause { node } => self.pause(&node, true),
+                HostToAgent::Resume { node } => self.pause(&node, false),
+                HostToAgent::Kill { node, signal } => self.kill(&node, signal),
+                HostToAgent::Restart { node } => self.restart(&node),
+                HostToAgent::Shutdown => {
+                    self.begin_shutdown();
+                    Ok(())
+                }
+            }
+        };
+        if let Err(message) = result {
+            self.send_error(&context, message);
+        }
+    }
+
+    fn hello(&mut self, version: u32) -> Result<(), String> {
+        if version != PROTOCOL_VERSION {
+            return Err(format!(
+                "the host speaks protocol version {version}, the agent {PROTOCOL_VERSION}"
+            ));
+        }
+        self.greeted = true;
+        self.send(&AgentToHost::Ready {
+            version: PROTOCOL_VERSION,
+        });
+        Ok(())
+    }
+
+    fn create_node(&mut self, spec: NodeSpec) -> Result<(), String> {
+        if spec.name.is_empty() {
+            return Err("empty node name".to_string());
+        }
+        if self.nodes.contains_key(&spec.name) {
+            return Err(format!("node {:?} exists", spec.name));
+        }
+        let address = match (&spec.nic, &spec.address) {
+            (None, Some(_)) => return Err("an address needs a nic".to_string()),
+            (_, Some(address)) => Some(parse_ipv4_cidr(address)?),
+            (_, None) => None,
+        };
+        let command = Command::new(&spec.command, &spec.env).map_err(|e| e.to_string())?;
+        let hostname = spec.hostname.as_deref().unwrap_or(&spec.name);
+        let plan = NodePlan::new(Path::new(&spec.rootfs), hostname).map_err(|e| e.to_string())?;
+        let netns = self.new_netns()?;
+        self.configure_network(netns.as_fd(), spec.nic.as_deref(), address)?;
+        self.nodes.insert(
+            spec.name.clone(),
+            Node {
+                command,
+                plan,
+                netns,
+                running: None,
+                pidns: None,
+                restart_pending: false,
+            },
+        );
+        if let Err(message) = self.start_node(&spec.name) {
+            // The node never ran: forget it (and its network namespace).
+            self.nodes.remove(&spec.name);
+            return Err(message);
+        }
+        Ok(())
+    }
+
+    /// A new network namespace, held by a descriptor. The agent enters it
+    /// only for the duration of `unshare` + `open` and returns at once.
+    fn new_netns(&self) -> Result<OwnedFd, String> {
+        sys::unshare(libc::CLONE_NEWNET).map_err(context_error("unshare(CLONE_NEWNET)"))?;
+        let netns = sys::open(Path::new("/proc/self/ns/net"), libc::O_RDONLY);
+        self.return_to_root_netns();
+        netns.map_err(context_error("open the new network namespace"))
+    }
+
+    fn return_to_root_netns(&self) {
+        // Always possible for root; if it failed, the agent would keep
+        // working in a node's namespace, so stop right here.
+        sys::setns(self.root_netns.as_fd(), libc::CLONE_NEWNET)
+            .expect("return to the agent's network namespace");
+    }
+
+    fn configure_network(
+        &self,
+        netns: BorrowedFd<'_>,
+        nic: Option<&str>,
+        address: Option<(Ipv4Addr, u8)>,
+    ) -> Result<(), String> {
+        if let Some(nic) = nic {
+            let index = link_index(nic).map_err(|e| e.to_string())?;
+            Netlink::open()
+                .and_then(|mut netlink| netlink.move_link_to_netns(index, netns))
+                .map_err(context_error(&format!("move {nic} into the node")))?;
+        }
+        sys::setns(netns, libc::CLONE_NEWNET).map_err(context_error("enter the node's netns"))?;
+        let result = (|| -> Result<(), String> {
+            let mut netlink = Netlink::open().map_err(context_error("netlink socket"))?;
+            let lo = link_index("lo").map_err(|e| e.to_string())?;
+            netlink
+                .set_link_up(lo)
+                .map_err(context_error("set lo up"))?;
+            if let Some(nic) = nic {
+                let index = link_index(nic).map_err(|e| e.to_string())?;
+                if let Some((ip, prefix_len)) = address {
+                    netlink
+                        .add_ipv4_address(index, ip, prefix_len)
+                        .map_err(context_error(&format!("add {ip}/{prefix_len} to {nic}")))?;
+                }
+                netlink
+                    .set_link_up(index)
+                    .map_err(context_error(&format!("set {nic} up")))?;
+            }
+            Ok(())
+        })();
+        self.return_to_root_netns();
+        result
+    }
+
+    fn start_node(&mut self, name: &str) -> Result<(), String> {
+        let node = self.nodes.get_mut(name).expect("node exists");
+        let setup = Setup::NewNode {
+            plan: &node.plan,
+            netns: node.netns.as_fd(),
+        };
+        let spawned = container::spawn(&node.command, &setup, self.devnull.as_fd())?;
+        node.pidns = sys::ns_id(Path::new(&format!("/proc/{}/ns/pid", spawned.pid))).ok();
+        node.running = Some(Running {
+            pid: spawned.pid,
+            stdout: Some(spawned.stdout),
+            stderr: Some(spawned.stderr),
+        });
+        self.send(&AgentToHost::NodeStarted {
+            name: name.to_string(),
+            pid: spawned.pid,
+        });
+        Ok(())
+    }
+
+    fn running_node(&self, name: &str) -> Result<(&Node, libc::pid_t), String> {
+        let node = self
+            .nodes
+            .get(name)
+            .ok_or_else(|| format!("no node {name:?}"))?;
+        let pid = node
+            .running
+            .as_ref()
+            .ok_or_else(|| format!("node {name:?} is not running"))?
+            .pid;
+        Ok((node, pid))
+    }
+
+    fn start_workload(
+        &mut self,
+        node: Option<String>,
+        command: &[String],
+        env: &BTreeMap<String, String>,
+    ) -> Result<(), String> {
+        if self.workload.is_some() {
+            return Err("a workload is already running".to_string());
+        }
+        let command = Command::new(command, env).map_err(|e| e.to_string())?;
+        let spawned = match &node {
+            None => container::spawn(&command, &Setup::Root, self.devnull.as_fd())?,
+            Some(name) => {
+                let (_, pid) = self.running_node(name)?;
+                let namespaces = NodeNamespaces::of(pid).map_err(|e| e.to_string())?;
+                let setup = Setup::EnterNode {
+                    namespaces: &namespaces,
+                    own_pidns: self.own_pidns.as_fd(),
+                };
+                container::spawn(&command, &setup, self.devnull.as_fd())?
+            }
+        };
+        let pid = spawned.pid;
+        self.workload = Some(Workload {
+            running: Running {
+                pid,
+                stdout: Some(spawned.stdout),
+                stderr: Some(spawned.stderr),
+            },
+        });
+        self.workload_status = None;
+        self.send(&AgentToHost::WorkloadStarted { node, pid });
+        Ok(())
+    }
+
+    /// SIGSTOP (`stop`) or SIGCONT every process in the node's PID
+    /// namespace, found by scanning /proc; scans again until a scan finds
+    /// no process not yet signaled (one forked between scan and signal).
+    fn pause(&mut self, name: &str, stop: bool) -> Result<(), String> {
+        let (node, _) = self.running_node(name)?;
+        let pidns = node
+            .pidns
+            .ok_or_else(|| format!("node {name:?} has no PID namespace"))?;
+        let signal = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+        let mut signaled = BTreeSet::new();
+        for _ in 0..64 {
+            let pids = sys::pids_in_pid_ns(pidns).map_err(context_error("scan /proc"))?;
+            let new: Vec<_> = pids.into_iter().filter(|p| !signaled.contains(p)).collect();
+            if new.is_empty() {
+                break;
+            }
+            for pid in new {
+                // A process may exit in between: ESRCH is fine.
+                let _ = sys::kill(pid, signal);
+                signaled.insert(pid);
+            }
+        }
+        let node = name.to_string();
+        self.send(&if stop {
+            AgentToHost::Paused { node }
+        } else {
+            AgentToHost::Resumed { node }
+        });
+        Ok(())
+    }
+
+    fn kill(&mut self, name: &str, signal: i32) -> Result<(), String> {
+        if !(1..=64).contains(&signal) {
+            return Err(format!("invalid signal {signal}"));
+        }
+        let (_, pid) = self.running_node(name)?;
+        sys::kill(pid, signal).map_err(context_error(&format!("kill {pid}")))
+    }
+
+    fn restart(&mut self, name: &str) -> Result<(), String> {
+        let node = self
+            .nodes
+            .get_mut(name)
+            .ok_or_else(|| format!("no node {name:?}"))?;
+        match &node.running {
+            Some(running) => {
+                node.restart_pending = true;
+                // Started again when reaped (see reap_children).
+                sys::kill(running.pid, libc::SIGKILL).map_err(context_error("kill"))
+            }
+            None => self.start_node(name),
+        }
+    }
+
+    fn begin_shutdown(&mut self) {
+        self.shutting_down = true;
+        for node in self.nodes.values_mut() {
+            node.restart_pending = false;
+            if let Some(running) = &node.running {
+                let _ = sys::kill(running.pid, libc::SIGKILL);
+            }
+        }
+        if let Some(workload) = &self.workload {
+            // Its process group (it is a session leader), then itself.
+            let _ = sys::kill(-workload.running.pid, libc::SIGKILL);
+            let _ = sys::kill(workload.running.pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// `a.b.c.d/len`.
+fn parse_ipv4_cidr(text: &str) -> Result<(Ipv4Addr, u8), String> {
+    let invalid = || format!("invalid address {text:?} (expected a.b.c.d/len)");
+    let (ip, len) = text.split_once('/').ok_or_else(invalid)?;
+    let ip: Ipv4Addr = ip.parse().map_err(|_| invalid())?;
+    let len: u8 = len.parse().map_err(|_| invalid())?;
+    if len > 32 {
+        return Err(invalid());
+    }
+    Ok((ip, len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_parse_ipv4_cidr() {
+        assert_eq!(
+            parse_ipv4_cidr("192.0.2.1/24"),
+            Ok((Ipv4Addr::new(192, 0, 2, 1), 24))
+        );
+        for bad in ["192.0.2.1", "192.0.2.1/33", "192.0.2/24", "x/1", "1.2.3.4/"] {
+            assert!(parse_ipv4_cidr(bad).is_err(), "{bad}");
+        }
+    }
+}

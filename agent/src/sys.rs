@@ -1,0 +1,279 @@
+//! Thin, safe wrappers over the system calls the agent uses (parent side
+//! only; the code that runs between clone and exec is in `container.rs`).
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use detvisor_agent::protocol::ExitStatus;
+
+/// Turns a `-1` return into the `errno` error.
+pub fn cvt(result: libc::c_int) -> io::Result<libc::c_int> {
+    if result == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(result)
+    }
+}
+
+/// Retries a call while it fails with `EINTR`.
+pub fn retry<T>(mut call: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    loop {
+        match call() {
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+pub fn cstring(text: &str) -> io::Result<CString> {
+    CString::new(text).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{text:?} contains a NUL byte"),
+        )
+    })
+}
+
+pub fn path_cstring(path: &Path) -> io::Result<CString> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{path:?} contains a NUL byte"),
+        )
+    })
+}
+
+/// Opens `path` with `flags` | `O_CLOEXEC`.
+pub fn open(path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let path = path_cstring(path)?;
+    // SAFETY: `path` is a valid NUL-terminated string that outlives the call.
+    let fd = retry(|| cvt(unsafe { libc::open(path.as_ptr(), flags | libc::O_CLOEXEC, 0o666) }))?;
+    // SAFETY: `open` returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A pipe, both ends close-on-exec: (read end, write end).
+pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid array of two ints for the kernel to fill.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })?;
+    // SAFETY: `pipe2` returned two new descriptors that nothing else owns.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+pub fn set_nonblocking(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on a valid descriptor have no memory effects.
+    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+    Ok(())
+}
+
+/// One `read`, retried on `EINTR`. `WouldBlock` is returned as an error.
+pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    retry(|| {
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    })
+}
+
+/// Writes all of `buf` (blocking descriptor).
+pub fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        let n = retry(|| {
+            // SAFETY: `buf` is valid for reads of `buf.len()` bytes.
+            let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+            if n < 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(n as usize)
+            }
+        })?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        buf = &buf[n..];
+    }
+    Ok(())
+}
+
+/// `poll` with no timeout: sleeps until one descriptor is ready or a signal
+/// arrives (`EINTR` is retried). Never spins.
+pub fn poll_forever(fds: &mut [libc::pollfd]) -> io::Result<()> {
+    retry(|| {
+        // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()` pollfds.
+        cvt(unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, -1) })
+    })?;
+    Ok(())
+}
+
+/// Blocks SIGCHLD for this (single-threaded) process and returns a
+/// non-blocking signalfd that becomes readable when a child changes state.
+pub fn sigchld_fd() -> io::Result<OwnedFd> {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialize it.
+    let mut mask: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `mask` is a valid sigset_t.
+    unsafe {
+        libc::sigemptyset(&mut mask);
+        libc::sigaddset(&mut mask, libc::SIGCHLD);
+    }
+    // SAFETY: `mask` is initialized; the old mask is not requested.
+    let rc = unsafe { libc::sigprocmask(libc::SIG_BLOCK, &mask, std::ptr::null_mut()) };
+    cvt(rc)?;
+    // SAFETY: `mask` is initialized; -1 asks for a new descriptor.
+    let fd = cvt(unsafe { libc::signalfd(-1, &mask, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) })?;
+    // SAFETY: `signalfd` returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Reads (and discards) every pending signal from a non-blocking signalfd.
+pub fn drain_signalfd(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let mut info = [0u8; std::mem::size_of::<libc::signalfd_siginfo>()];
+    loop {
+        match read(fd, &mut info) {
+            Ok(_) => continue,
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(error) => return Err(error),
+        }
+    }
+}
+
+pub fn exit_status(raw: libc::c_int) -> ExitStatus {
+    if libc::WIFSIGNALED(raw) {
+        ExitStatus::Signal(libc::WTERMSIG(raw))
+    } else {
+        ExitStatus::Code(libc::WEXITSTATUS(raw))
+    }
+}
+
+/// Reaps one terminated child if any: `Ok(None)` when none is waiting
+/// (or there are no children at all).
+pub fn reap_any() -> io::Result<Option<(libc::pid_t, ExitStatus)>> {
+    let mut raw = 0;
+    // SAFETY: `raw` is a valid int for the status.
+    match retry(|| cvt(unsafe { libc::waitpid(-1, &mut raw, libc::WNOHANG) })) {
+        Ok(0) => Ok(None),
+        Ok(pid) => Ok(Some((pid, exit_status(raw)))),
+        Err(error) if error.raw_os_error() == Some(libc::ECHILD) => Ok(None),
+        Err(error) => Err(error),
+    }
+}
+
+/// Waits for one specific child (used for children that failed before exec).
+pub fn reap(pid: libc::pid_t) -> io::Result<ExitStatus> {
+    let mut raw = 0;
+    // SAFETY: `raw` is a valid int for the status.
+    retry(|| cvt(unsafe { libc::waitpid(pid, &mut raw, 0) }))?;
+    Ok(exit_status(raw))
+}
+
+pub fn kill(pid: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
+    // SAFETY: kill has no memory effects.
+    cvt(unsafe { libc::kill(pid, signal) })?;
+    Ok(())
+}
+
+pub fn setns(fd: BorrowedFd<'_>, nstype: libc::c_int) -> io::Result<()> {
+    // SAFETY: setns on a valid descriptor has no memory effects.
+    cvt(unsafe { libc::setns(fd.as_raw_fd(), nstype) })?;
+    Ok(())
+}
+
+pub fn unshare(flags: libc::c_int) -> io::Result<()> {
+    // SAFETY: unshare has no memory effects on this process's address space.
+    cvt(unsafe { libc::unshare(flags) })?;
+    Ok(())
+}
+
+/// `mount(2)`; `None` arguments are passed as NULL.
+pub fn mount(
+    source: Option<&str>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> io::Result<()> {
+    let source = source.map(cstring).transpose()?;
+    let target = path_cstring(target)?;
+    let fstype = fstype.map(cstring).transpose()?;
+    let data = data.map(cstring).transpose()?;
+    let ptr = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: every pointer is NULL or a NUL-terminated string alive for the call.
+    cvt(unsafe {
+        libc::mount(
+            ptr(&source),
+            target.as_ptr(),
+            ptr(&fstype),
+            flags,
+            ptr(&data).cast(),
+        )
+    })?;
+    Ok(())
+}
+
+pub fn sethostname(name: &str) -> io::Result<()> {
+    // SAFETY: `name` is valid for reads of `name.len()` bytes.
+    cvt(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })?;
+    Ok(())
+}
+
+/// Puts a terminal into raw mode (no echo, no line editing, no CR/LF or
+/// signal-character processing in either direction); no-op for other files.
+pub fn make_raw_if_tty(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: isatty has no memory effects.
+    if unsafe { libc::isatty(fd.as_raw_fd()) } != 1 {
+        return Ok(());
+    }
+    // SAFETY: termios is plain data; tcgetattr fills it.
+    let mut termios: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: `termios` is a valid termios for the call to fill.
+    cvt(unsafe { libc::tcgetattr(fd.as_raw_fd(), &mut termios) })?;
+    // SAFETY: `termios` is a valid, initialized termios.
+    unsafe { libc::cfmakeraw(&mut termios) };
+    termios.c_cc[libc::VMIN] = 1;
+    termios.c_cc[libc::VTIME] = 0;
+    // SAFETY: `termios` is a valid, initialized termios.
+    cvt(unsafe { libc::tcsetattr(fd.as_raw_fd(), libc::TCSANOW, &termios) })?;
+    // Whatever arrived before raw mode was line-edited: drop it (the host
+    // sends nothing before the agent's first frame anyway).
+    // SAFETY: tcflush has no memory effects.
+    cvt(unsafe { libc::tcflush(fd.as_raw_fd(), libc::TCIFLUSH) })?;
+    Ok(())
+}
+
+/// Identity of a namespace (the nsfs inode), comparable across processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NsId {
+    dev: u64,
+    ino: u64,
+}
+
+pub fn ns_id(path: &Path) -> io::Result<NsId> {
+    let meta = std::fs::metadata(path)?;
+    use std::os::unix::fs::MetadataExt;
+    Ok(NsId {
+        dev: meta.dev(),
+        ino: meta.ino(),
+    })
+}
+
+/// PIDs (in the agent's namespace, ascending) of every live process whose
+/// PID namespace is `ns`.
+pub fn pids_in_pid_ns(ns: NsId) -> io::Result<Vec<libc::pid_t>> {
+    let mut pids: Vec<libc::pid_t> = std::fs::read_dir("/proc")?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|pid: &libc::pid_t| {
+            ns_id(Path::new(&format!("/proc/{pid}/ns/pid"))).is_ok_and(|id| id == ns)
+        })
+        .collect();
+    pids.sort_unstable();
+    Ok(pids)
+}

@@ -1,0 +1,954 @@
+//! End-to-end tests of the agent binary on this host, as root, no VM:
+//! the test drives `detvisor-agent --mode test` over a socketpair (or a
+//! pty) and builds tiny node root directories from the static busybox.
+//!
+//! Nothing here touches the host's mounts or network: nodes get their own
+//! mount namespaces (made private before anything is mounted), and the
+//! agent in test mode moves itself into a network namespace of its own
+//! before it reads the channel; the veth pair a test moves into nodes is
+//! created inside that namespace (with `nsenter`).
+//!
+//! `DETVISOR_AGENT_BIN` overrides the binary under test (e.g. the static
+//! build from `agent/build.sh`).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use detvisor_agent::protocol::{
+    encode_frame, frame_payload, AgentToHost, ExitStatus, FrameDecoder, HostToAgent, NodeSpec,
+    Stream, PROTOCOL_VERSION,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+fn agent_bin() -> PathBuf {
+    std::env::var_os("DETVISOR_AGENT_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_detvisor-agent")))
+}
+
+/// These tests need root (namespaces, mounts). Returns false (and says so)
+/// when not root.
+fn can_run() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!("SKIPPED: the agent's end-to-end tests need root");
+    }
+    root
+}
+
+/// Either end of the channel: a socketpair end or a pty master.
+enum Host {
+    Socket(UnixStream),
+    Pty(std::fs::File),
+}
+
+impl Host {
+    fn write_all(&mut self, bytes: &[u8]) {
+        match self {
+            Host::Socket(s) => s.write_all(bytes).unwrap(),
+            Host::Pty(f) => f.write_all(bytes).unwrap(),
+        }
+    }
+
+    /// Waits up to `timeout` for bytes; empty on timeout.
+    fn read_some(&mut self, timeout: Duration) -> Vec<u8> {
+        let fd = match self {
+            Host::Socket(s) => s.as_raw_fd(),
+            Host::Pty(f) => f.as_raw_fd(),
+        };
+        let mut pollfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pollfd, 1, timeout.as_millis() as i32) };
+        if n <= 0 {
+            return Vec::new();
+        }
+        let mut buffer = vec![0u8; 256 << 10];
+        let n = match self {
+            Host::Socket(s) => s.read(&mut buffer),
+            Host::Pty(f) => f.read(&mut buffer),
+        }
+        .unwrap_or(0);
+        buffer.truncate(n);
+        buffer
+    }
+}
+
+struct AgentProcess {
+    child: Child,
+    host: Host,
+    decoder: FrameDecoder,
+    /// Every message received so far, in order.
+    log: Vec<AgentToHost>,
+    /// Which messages of `log` a `wait_for` has already returned.
+    taken: Vec<bool>,
+    /// Index in `log` of the message the last `wait_for` returned.
+    last: usize,
+    closed: bool,
+}
+
+impl AgentProcess {
+    /// Starts the agent over a socketpair.
+    fn start() -> Self {
+        let (host, agent_end) = UnixStream::pair().unwrap();
+        let agent_fd = agent_end.as_raw_fd();
+        let mut command = Command::new(agent_bin());
+        command.args(["--mode", "test", "--channel-fd", "3"]);
+        // SAFETY: between fork and exec the closure makes system calls only.
+        unsafe {
+            command.pre_exec(move || {
+                if agent_fd == 3 {
+                    libc::fcntl(3, libc::F_SETFD, 0);
+                } else if libc::dup2(agent_fd, 3) != 3 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = command.stdin(Stdio::null()).spawn().unwrap();
+        drop(agent_end);
+        let mut agent = Self::with(child, Host::Socket(host));
+        let booted = agent.wait_for("booted", |_| true);
+        assert_eq!(
+            booted,
+            AgentToHost::Booted {
+                version: PROTOCOL_VERSION
+            },
+            "the agent's first frame"
+        );
+        agent
+    }
+
+    fn with(child: Child, host: Host) -> Self {
+        Self {
+            child,
+            host,
+            decoder: FrameDecoder::default(),
+            log: Vec::new(),
+            taken: Vec::new(),
+            last: 0,
+            closed: false,
+        }
+    }
+
+    fn send(&mut self, message: &HostToAgent) {
+        self.host.write_all(&encode_frame(message).unwrap());
+    }
+
+    fn hello(&mut self) {
+        self.send(&HostToAgent::Hello {
+            version: PROTOCOL_VERSION,
+        });
+        self.wait_for(
+            "ready",
+            |m| matches!(m, AgentToHost::Ready { version } if *version == PROTOCOL_VERSION),
+        );
+    }
+
+    /// Reads more messages into the log; false on timeout or end of channel.
+    fn receive(&mut self, timeout: Duration) -> bool {
+        if self.closed {
+            return false;
+        }
+        let bytes = self.host.read_some(timeout);
+        if bytes.is_empty() {
+            // Timeout, or EOF if the socket is readable with nothing in it.
+            if let Ok(Some(_)) = self.child.try_wait() {
+                self.closed = true;
+            }
+            return false;
+        }
+        self.decoder.push(&bytes);
+        while let Some(message) = self.decoder.next_message().unwrap() {
+            self.log.push(message);
+        }
+        true
+    }
+
+    /// The first message not returned before that satisfies `predicate`.
+    /// Panics after [`TIMEOUT`].
+    fn wait_for(&mut self, what: &str, predicate: impl Fn(&AgentToHost) -> bool) -> AgentToHost {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            self.taken.resize(self.log.len(), false);
+            if let Some(index) =
+                (0..self.log.len()).find(|&i| !self.taken[i] && predicate(&self.log[i]))
+            {
+                self.taken[index] = true;
+                self.last = index;
+                return self.log[index].clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero()
+                || (!self.receive(left.min(Duration::from_millis(200))) && self.closed)
+            {
+                panic!(
+                    "no {what} within {TIMEOUT:?}; messages:\n{}",
+                    self.summary()
+                );
+            }
+        }
+    }
+
+    /// The log, one line per message, output as text.
+    fn summary(&self) -> String {
+        self.log
+            .iter()
+            .map(|message| match message {
+                AgentToHost::Output { node, stream, data } => {
+                    format!(
+                        "output {node:?} {stream:?} {:?}",
+                        String::from_utf8_lossy(data)
+                    )
+                }
+                other => format!("{other:?}"),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Waits until `node`'s stdout holds `count` copies of `text`.
+    fn wait_output(&mut self, node: &str, text: &str, count: usize) {
+        let deadline = Instant::now() + TIMEOUT;
+        while self
+            .output(Some(node), Stream::Stdout)
+            .matches(text)
+            .count()
+            < count
+        {
+            assert!(
+                Instant::now() < deadline,
+                "no {count}x {text:?} from {node}; messages:\n{}",
+                self.summary()
+            );
+            self.receive(Duration::from_millis(100));
+        }
+    }
+
+    /// Collects messages for `duration`.
+    fn collect_for(&mut self, duration: Duration) {
+        let deadline = Instant::now() + duration;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            if !self.receive(left) && self.closed {
+                break;
+            }
+        }
+    }
+
+    /// All output of `node` (`None`: the workload) on `stream` so far.
+    fn output(&self, node: Option<&str>, stream: Stream) -> String {
+        let mut bytes = Vec::new();
+        for message in &self.log {
+            if let AgentToHost::Output {
+                node: n,
+                stream: s,
+                data,
+            } = message
+            {
+                if n.as_deref() == node && *s == stream {
+                    bytes.extend_from_slice(data);
+                }
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    fn exited(&mut self, node: &str) -> ExitStatus {
+        match self.wait_for(
+            &format!("exited {node}"),
+            |m| matches!(m, AgentToHost::Exited { node: n, .. } if n == node),
+        ) {
+            AgentToHost::Exited { status, .. } => status,
+            _ => unreachable!(),
+        }
+    }
+
+    fn started(&mut self, node: &str) -> i32 {
+        match self.wait_for(
+            &format!("node_started {node}"),
+            |m| matches!(m, AgentToHost::NodeStarted { name, .. } if name == node),
+        ) {
+            AgentToHost::NodeStarted { pid, .. } => pid,
+            _ => unreachable!(),
+        }
+    }
+
+    fn error(&mut self, context: &str) -> String {
+        match self.wait_for(
+            &format!("error {context}"),
+            |m| matches!(m, AgentToHost::Error { context: c, .. } if c == context),
+        ) {
+            AgentToHost::Error { message, .. } => message,
+            _ => unreachable!(),
+        }
+    }
+
+    /// Sends `shutdown` and waits for the agent to exit; returns its status.
+    fn shutdown(mut self) -> (std::process::ExitStatus, Vec<AgentToHost>) {
+        self.send(&HostToAgent::Shutdown);
+        let status = self.wait_exit();
+        self.collect_rest();
+        (status, std::mem::take(&mut self.log))
+    }
+
+    fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "the agent did not exit");
+            self.receive(Duration::from_millis(50));
+        }
+    }
+
+    fn collect_rest(&mut self) {
+        while self.receive(Duration::from_millis(100)) {}
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        // Nodes die with the agent (PR_SET_PDEATHSIG).
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A node root directory: the static busybox and a link per applet.
+fn make_rootfs(parent: &Path, name: &str) -> PathBuf {
+    let busybox = Path::new("/bin/busybox");
+    assert!(
+        busybox.exists(),
+        "/bin/busybox is missing: apt-get install busybox-static"
+    );
+    let root = parent.join(name);
+    let bin = root.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy(busybox, bin.join("busybox")).unwrap();
+    let list = Command::new(busybox).arg("--list").output().unwrap();
+    for applet in String::from_utf8(list.stdout).unwrap().lines() {
+        if applet != "busybox" {
+            std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+        }
+    }
+    root
+}
+
+fn node(name: &str, rootfs: &Path, script: &str) -> NodeSpec {
+    NodeSpec {
+        name: name.to_string(),
+        rootfs: rootfs.to_str().unwrap().to_string(),
+        hostname: None,
+        nic: None,
+        address: None,
+        env: BTreeMap::new(),
+        command: vec!["sh".into(), "-c".into(), script.into()],
+    }
+}
+
+fn process_state(pid: i32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // "pid (comm) S ...": the state follows the last ')'.
+    stat[stat.rfind(')').unwrap() + 2..].chars().next().unwrap()
+}
+
+fn children_of(pid: i32) -> Vec<i32> {
+    let path = format!("/proc/{pid}/task/{pid}/children");
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn test_two_nodes_get_their_hostname_pid_1_env_and_exit_status() {
+    if !can_run() {
+        return;
+    }
+    // Arrange
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = AgentProcess::start();
+    agent.hello();
+    let script = "hostname; echo pid $$; echo \"env $GREETING $PATH\"; \
+                  echo oops >&2; ls /proc/self/ >/dev/null && echo proc; \
+                  test -c /dev/null && echo devnull; ls /dev/pts/ptmx >/dev/null && echo pts; \
+                  cat /proc/mounts | grep -c ' / ' >/dev/null; exit $EXIT";
+    let mut specs = Vec::new();
+    for (name, exit) in [("n1", "0"), ("n2", "3")] {
+        let mut spec = node(name, &make_rootfs(dir.path(), name), script);
+        spec.env = [
+            ("GREETING".to_string(), format!("hello-{name}")),
+            ("EXIT".to_string(), exit.to_string()),
+        ]
+        .into();
+        specs.push(spec);
+    }
+
+    // Act
+    for spec in &specs {
+        agent.send(&HostToAgent::CreateNode(spec.clone()));
+    }
+    let pid1 = agent.started("n1");
+    let pid2 = agent.started("n2");
+    let status1 = agent.exited("n1");
+    let status2 = agent.exited("n2");
+
+    // Assert
+    assert!(pid1 > 1 && pid2 > 1 && pid1 != pid2);
+    assert_eq!(status1, ExitStatus::Code(0));
+    assert_eq!(status2, ExitStatus::Code(3));
+    for name in ["n1", "n2"] {
+        assert_eq!(
+            agent.output(Some(name), Stream::Stdout),
+            format!(
+                "{name}\npid 1\nenv hello-{name} /usr/sbin:/usr/bin:/sbin:/bin\nproc\ndevnull\npts\n"
+            )
+        );
+        assert_eq!(agent.output(Some(name), Stream::Stderr), "oops\n");
+    }
+    let (status, _) = agent.shutdown();
+    assert!(status.success());
+}
+
+#[test]
+fn test_output_comes_before_exited_and_rootfs_is_isolated() {
+    if !can_run() {
+        return;
+    }
+    // Arrange: the node cannot see the host's files, only its own root.
+    let dir = tempfile::tempdir().unwrap();
+    let rootfs = make_rootfs(dir.path(), "n1");
+    std::fs::write(rootfs.join("marker"), "inside\n").unwrap();
+    let mut agent = AgentProcess::start();
+    agent.hello();
+
+    // Act
+    agent.send(&HostToAgent::CreateNode(node(
+        "n1",
+        &rootfs,
+        "cat /marker; ls /; head -c 200000 /dev/zero | tr '\\0' x; echo",
+    )));
+    agent.started("n1");
+    let status = agent.exited("n1");
+
+    // Assert
+    let exited_at = agent.last;
+    let last_output = agent
+        .log
+        .iter()
+        .rposition(|m| matches!(m, AgentToHost::Output { .. }))
+        .unwrap();
+    assert!(last_output < exited_at);
+    assert_eq!(status, ExitStatus::Code(0));
+    let stdout = agent.output(Some("n1"), Stream::Stdout);
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some("inside"));
+    let listing: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with('x')).collect();
+    assert_eq!(
+        listing,
+        ["bin", "dev", "marker", "proc", "run", "sys", "tmp"]
+    );
+    assert_eq!(stdout.matches('x').count(), 200000);
+    let chunks = agent
+        .log
+        .iter()
+        .filter(|m| matches!(m, AgentToHost::Output { .. }))
+        .count();
+    assert!(
+        chunks < 200000 / 1000,
+        "output is sent in chunks, not bytes"
+    );
+}
+
+#[test]
+fn test_workload_in_root_and_in_node() {
+    if !can_run() {
+        return;
+    }
+    // Arrange
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = AgentProcess::start();
+    agent.hello();
+    let mut spec = node("n1", &make_rootfs(dir.path(), "n1"), "");
+    spec.command = vec!["sleep".into(), "1000".into()];
+    agent.send(&HostToAgent::CreateNode(spec));
+    let node_pid = agent.started("n1");
+
+    // Act: a workload in the agent's own namespaces...
+    agent.send(&HostToAgent::StartWorkload {
+        node: None,
+        command: vec!["sh".into(), "-c".into(), "echo root $W; exit 7".into()],
+        env: [("W".to_string(), "w1".to_string())].into(),
+    });
+    agent.wait_for("workload_started", |m| {
+        matches!(m, AgentToHost::WorkloadStarted { node: None, .. })
+    });
+    let root_status = agent.wait_for("workload_exited", |m| {
+        matches!(m, AgentToHost::WorkloadExited { .. })
+    });
+    let root_output = agent.output(None, Stream::Stdout);
+    // ...then one inside the node (it sees the node's /tmp, hostname, PIDs).
+    agent.send(&HostToAgent::StartWorkload {
+        node: Some("n1".into()),
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            "hostname; echo $(ls /); cat /proc/1/comm; test $$ != 1 && echo not-pid-1".into(),
+        ],
+        env: BTreeMap::new(),
+    });
+    agent.wait_for(
+        "workload_started",
+        |m| matches!(m, AgentToHost::WorkloadStarted { node: Some(n), .. } if n == "n1"),
+    );
+    let node_status = agent.wait_for("workload_exited", |m| {
+        matches!(m, AgentToHost::WorkloadExited { .. })
+    });
+    let (status, log) = agent.shutdown();
+
+    // Assert
+    assert_eq!(
+        root_status,
+        AgentToHost::WorkloadExited {
+            status: ExitStatus::Code(7)
+        }
+    );
+    assert_eq!(root_output, "root w1\n");
+    assert_eq!(
+        node_status,
+        AgentToHost::WorkloadExited {
+            status: ExitStatus::Code(0)
+        }
+    );
+    let node_output = &AgentProcess::output_of(&log, None)[root_output.len()..];
+    assert_eq!(
+        node_output,
+        "n1\nbin dev proc run sys tmp\nsleep\nnot-pid-1\n"
+    );
+    assert!(log.contains(&AgentToHost::Exited {
+        node: "n1".into(),
+        status: ExitStatus::Signal(9)
+    }));
+    assert!(status.success());
+    assert!(!Path::new(&format!("/proc/{node_pid}")).exists() || process_state(node_pid) == 'Z');
+}
+
+impl AgentProcess {
+    fn output_of(log: &[AgentToHost], node: Option<&str>) -> String {
+        let mut bytes = Vec::new();
+        for message in log {
+            if let AgentToHost::Output {
+                node: n,
+                stream: Stream::Stdout,
+                data,
+            } = message
+            {
+                if n.as_deref() == node {
+                    bytes.extend_from_slice(data);
+                }
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+#[test]
+fn test_pause_stops_every_process_of_the_node_and_resume_continues() {
+    if !can_run() {
+        return;
+    }
+    // Arrange: PID 1 of the node and a background child both tick.
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = AgentProcess::start();
+    agent.hello();
+    agent.send(&HostToAgent::CreateNode(node(
+        "n1",
+        &make_rootfs(dir.path(), "n1"),
+        "(while :; do echo b; sleep 0.05; done) & while :; do echo a; sleep 0.05; done",
+    )));
+    let pid = agent.started("n1");
+    agent.wait_for("output", |m| matches!(m, AgentToHost::Output { .. }));
+
+    // Act
+    agent.send(&HostToAgent::Pause { node: "n1".into() });
+    agent.wait_for("paused", |m| matches!(m, AgentToHost::Paused { .. }));
+    // SIGSTOP takes effect when a process is next scheduled (on a busy
+    // host that can take a while); it runs no user code before that.
+    let node_states = || -> Vec<char> {
+        std::iter::once(pid)
+            .chain(children_of(pid))
+            .map(process_state)
+            .collect()
+    };
+    let deadline = Instant::now() + TIMEOUT;
+    let mut states = node_states();
+    while !states.iter().all(|&s| s == 'T' || s == 'Z') && Instant::now() < deadline {
+        agent.collect_for(Duration::from_millis(50));
+        states = node_states();
+    }
+    agent.collect_for(Duration::from_millis(300));
+    let before = agent.output(Some("n1"), Stream::Stdout).len();
+    agent.collect_for(Duration::from_millis(700));
+    let after_pause = agent.output(Some("n1"), Stream::Stdout).len();
+    agent.send(&HostToAgent::Resume { node: "n1".into() });
+    agent.wait_for("resumed", |m| matches!(m, AgentToHost::Resumed { .. }));
+    agent.collect_for(Duration::from_millis(700));
+    let resumed = agent.output(Some("n1"), Stream::Stdout);
+
+    // Assert
+    assert!(
+        states.len() >= 2,
+        "PID 1 and the background loop: {states:?}"
+    );
+    // Stopped; a child that had just exited stays a zombie (its stopped
+    // parent cannot reap it).
+    assert_eq!(states[0], 'T', "PID 1 stopped: {states:?}");
+    assert!(
+        states.iter().all(|&s| s == 'T' || s == 'Z'),
+        "all stopped: {states:?}"
+    );
+    assert!(
+        states.iter().filter(|&&s| s == 'T').count() >= 2,
+        "{states:?}"
+    );
+    assert_eq!(after_pause, before, "no progress while paused");
+    let new = &resumed[after_pause..];
+    assert!(
+        new.contains('a') && new.contains('b'),
+        "both resumed: {new:?}"
+    );
+    let (status, _) = agent.shutdown();
+    assert!(status.success());
+}
+
+#[test]
+fn test_kill_and_restart_keep_the_root_directory_but_not_tmp() {
+    if !can_run() {
+        return;
+    }
+    // Arrange
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = AgentProcess::start();
+    agent.hello();
+    let script = "echo runs $(cat /runs 2>/dev/null); echo x >> /runs; \
+                  echo tmp $(ls /tmp); touch /tmp/old; echo pid $$; exec sleep 1000";
+    agent.send(&HostToAgent::CreateNode(node(
+        "n1",
+        &make_rootfs(dir.path(), "n1"),
+        script,
+    )));
+    let first = agent.started("n1");
+    agent.wait_for(
+        "first run's output",
+        |m| matches!(m, AgentToHost::Output { data, .. } if data.ends_with(b"pid 1\n")),
+    );
+
+    // Act: kill, restart a dead node, restart a running one.
+    agent.send(&HostToAgent::Kill {
+        node: "n1".into(),
+        signal: libc::SIGKILL,
+    });
+    let killed = agent.exited("n1");
+    agent.send(&HostToAgent::Kill {
+        node: "n1".into(),
+        signal: libc::SIGKILL,
+    });
+    let kill_dead = agent.error("kill n1");
+    agent.send(&HostToAgent::Restart { node: "n1".into() });
+    let second = agent.started("n1");
+    agent.wait_for(
+        "second run's output",
+        |m| matches!(m, AgentToHost::Output { data, .. } if data.ends_with(b"pid 1\n")),
+    );
+    agent.send(&HostToAgent::Restart { node: "n1".into() });
+    let restarted = agent.exited("n1");
+    let third = agent.started("n1");
+    agent.wait_for(
+        "third run's output",
+        |m| matches!(m, AgentToHost::Output { data, .. } if data.ends_with(b"pid 1\n")),
+    );
+
+    // Assert
+    assert_eq!(killed, ExitStatus::Signal(libc::SIGKILL));
+    assert!(kill_dead.contains("not running"), "{kill_dead}");
+    assert_eq!(restarted, ExitStatus::Signal(libc::SIGKILL));
+    assert!(first != second && second != third);
+    assert_eq!(
+        agent.output(Some("n1"), Stream::Stdout),
+        "runs\ntmp\npid 1\nruns x\ntmp\npid 1\nruns x x\ntmp\npid 1\n"
+    );
+    let (status, _) = agent.shutdown();
+    assert!(status.success());
+}
+
+#[test]
+fn test_nics_are_moved_addressed_and_nodes_reach_each_other() {
+    if !can_run() {
+        return;
+    }
+    // Arrange: a veth pair in the agent's own network namespace (it is in
+    // it once it answers hello).
+    if Command::new("ip").arg("-V").output().is_err() {
+        eprintln!("SKIPPED: needs iproute2's `ip` to create a veth pair");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = AgentProcess::start();
+    agent.hello();
+    let netns = format!("--net=/proc/{}/ns/net", agent.child.id());
+    let created = Command::new("nsenter")
+        .args([
+            &netns, "ip", "link", "add", "veth0", "type", "veth", "peer", "name", "veth1",
+        ])
+        .status()
+        .unwrap();
+    assert!(created.success());
+    let mut n1 = node(
+        "n1",
+        &make_rootfs(dir.path(), "n1"),
+        "ip -4 addr show dev veth0 | grep -o 'inet [0-9./]*'; ip link show lo | grep -o ,UP; \
+         echo > /tmp/x; exec sleep 1000",
+    );
+    n1.nic = Some("veth0".into());
+    n1.address = Some("192.0.2.1/24".into());
+    let mut n2 = node(
+        "n2",
+        &make_rootfs(dir.path(), "n2"),
+        "for i in 1 2 3 4 5 6 7 8 9 10; do \
+           ping -c 1 -W 1 192.0.2.1 >/dev/null 2>&1 && echo reached && exit 0; done; exit 1",
+    );
+    n2.nic = Some("veth1".into());
+    n2.address = Some("192.0.2.2/24".into());
+    n2.hostname = Some("second".into());
+
+    // Act
+    agent.send(&HostToAgent::CreateNode(n1));
+    agent.started("n1");
+    agent.wait_output("n1", ",UP\n", 1);
+    agent.send(&HostToAgent::CreateNode(n2));
+    agent.started("n2");
+    let n2_status = agent.exited("n2");
+    let links = Command::new("nsenter")
+        .args([&netns, "ip", "-o", "link", "show"])
+        .output()
+        .unwrap();
+    // Restart keeps the node's network namespace, NIC and address.
+    agent.send(&HostToAgent::Restart { node: "n1".into() });
+    agent.exited("n1");
+    agent.started("n1");
+    agent.wait_output("n1", ",UP\n", 2);
+    agent.send(&HostToAgent::StartWorkload {
+        node: Some("n2".into()),
+        command: vec!["hostname".into()],
+        env: BTreeMap::new(),
+    });
+    let not_running = agent.error("start_workload");
+
+    // Assert
+    assert_eq!(n2_status, ExitStatus::Code(0));
+    assert_eq!(agent.output(Some("n2"), Stream::Stdout), "reached\n");
+    assert_eq!(
+        agent.output(Some("n1"), Stream::Stdout),
+        "inet 192.0.2.1/24\n,UP\ninet 192.0.2.1/24\n,UP\n"
+    );
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert!(
+        !links.contains("veth"),
+        "moved out of the agent's netns: {links}"
+    );
+    assert!(not_running.contains("not running"), "{not_running}");
+    let (status, _) = agent.shutdown();
+    assert!(status.success());
+}
+
+#[test]
+fn test_test_mode_agent_has_a_network_namespace_of_its_own() {
+    if !can_run() {
+        return;
+    }
+    // Arrange
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = AgentProcess::start();
+    agent.hello();
+    let mut spec = node("n1", &make_rootfs(dir.path(), "n1"), "true");
+    spec.nic = Some("detvisor-none0".into());
+
+    // Act
+    let ours = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let agents = std::fs::read_link(format!("/proc/{}/ns/net", agent.child.id())).unwrap();
+    assert_ne!(
+        ours, agents,
+        "the agent must not be in the host's network namespace"
+    );
+    agent.send(&HostToAgent::CreateNode(spec));
+    let message = agent.error("create_node n1");
+
+    // Assert
+    assert!(message.contains("no network interface"), "{message}");
+}
+
+#[test]
+fn test_protocol_errors_are_reported_and_the_agent_goes_on() {
+    if !can_run() {
+        return;
+    }
+    // Arrange
+    let dir = tempfile::tempdir().unwrap();
+    let rootfs = make_rootfs(dir.path(), "n1");
+    let mut agent = AgentProcess::start();
+
+    // Act + Assert
+    agent.send(&HostToAgent::Pause { node: "n1".into() });
+    assert_eq!(agent.error("pause n1"), "expected hello first");
+    agent.send(&HostToAgent::Hello { version: 999 });
+    assert!(agent.error("hello").contains("999"));
+    agent.host.write_all(&frame_payload(b"{not json").unwrap());
+    assert!(agent.error("channel").contains("malformed"));
+    agent.hello();
+    agent.send(&HostToAgent::Resume {
+        node: "nope".into(),
+    });
+    assert!(agent.error("resume nope").contains("no node"));
+    let mut missing = node("m", &dir.path().join("missing"), "true");
+    agent.send(&HostToAgent::CreateNode(missing.clone()));
+    assert!(agent.error("create_node m").contains("missing"));
+    missing.rootfs = rootfs.to_str().unwrap().into();
+    missing.command = vec!["no-such-program".into()];
+    agent.send(&HostToAgent::CreateNode(missing));
+    let exec = agent.error("create_node m");
+    assert!(exec.contains("exec \"no-such-program\""), "{exec}");
+    agent.send(&HostToAgent::CreateNode(node("n1", &rootfs, "sleep 1000")));
+    agent.started("n1");
+    agent.send(&HostToAgent::CreateNode(node("n1", &rootfs, "true")));
+    assert!(agent.error("create_node n1").contains("exists"));
+    agent.send(&HostToAgent::Kill {
+        node: "n1".into(),
+        signal: 0,
+    });
+    assert!(agent.error("kill n1").contains("invalid signal"));
+
+    // An oversized length prefix loses the framing: error, then shutdown.
+    agent.host.write_all(&(u32::MAX).to_le_bytes());
+    assert!(agent.error("channel").contains("exceeds"));
+    let status = agent.wait_exit();
+    agent.collect_rest();
+    assert!(status.success());
+    assert!(agent.log.contains(&AgentToHost::Exited {
+        node: "n1".into(),
+        status: ExitStatus::Signal(9)
+    }));
+}
+
+#[test]
+fn test_channel_end_shuts_the_agent_down() {
+    if !can_run() {
+        return;
+    }
+    // Arrange
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = AgentProcess::start();
+    agent.hello();
+    agent.send(&HostToAgent::CreateNode(node(
+        "n1",
+        &make_rootfs(dir.path(), "n1"),
+        "exec sleep 1000",
+    )));
+    let pid = agent.started("n1");
+
+    // Act
+    if let Host::Socket(socket) = &agent.host {
+        socket.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+    let status = agent.wait_exit();
+
+    // Assert
+    assert!(status.success());
+    assert!(!Path::new(&format!("/proc/{pid}")).exists());
+}
+
+/// A pty as the channel, like /dev/hvc0: the agent must put it in raw mode,
+/// or frames whose bytes look like ^D, XOFF, CR, LF or ^C would be eaten,
+/// translated or echoed.
+#[test]
+fn test_pty_channel_is_raw_in_both_directions() {
+    if !can_run() {
+        return;
+    }
+    // Arrange
+    // SAFETY: plain libc pty calls; ptsname's result is copied at once.
+    let (master, slave_path) = unsafe {
+        let fd = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        assert!(fd >= 0);
+        assert_eq!(libc::grantpt(fd), 0);
+        assert_eq!(libc::unlockpt(fd), 0);
+        let name = std::ffi::CStr::from_ptr(libc::ptsname(fd))
+            .to_str()
+            .unwrap()
+            .to_string();
+        (std::fs::File::from(OwnedFd::from_raw_fd(fd)), name)
+    };
+    let child = Command::new(agent_bin())
+        .args(["--mode", "test", "--channel", &slave_path])
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut agent = AgentProcess::with(child, Host::Pty(master));
+    // The host sends nothing before the agent's first frame (raw mode is
+    // set by then).
+    agent.wait_for("booted", |m| matches!(m, AgentToHost::Booted { .. }));
+
+    // Act: hellos padded (JSON allows whitespace) to lengths whose prefix
+    // bytes are ^D ^S (0x1304), LF CR (0x0d0a) and ^C ^Q (0x1103).
+    for len in [0x1304usize, 0x0d0a, 0x1103] {
+        let mut json = format!(r#"{{"type":"hello","version":{PROTOCOL_VERSION}}}"#).into_bytes();
+        json.resize(len, b' ');
+        agent.host.write_all(&frame_payload(&json).unwrap());
+    }
+    for _ in 0..3 {
+        agent.wait_for("ready", |m| matches!(m, AgentToHost::Ready { .. }));
+    }
+    // An output frame whose length prefix has an LF byte (0x0a), which
+    // output processing (ONLCR) would turn into CR LF.
+    let size = (1000..6000)
+        .find(|&n| {
+            let frame = encode_frame(&AgentToHost::Output {
+                node: None,
+                stream: Stream::Stdout,
+                data: vec![0; n],
+            })
+            .unwrap();
+            frame[..4].contains(&0x0a)
+        })
+        .unwrap();
+    agent.send(&HostToAgent::StartWorkload {
+        node: None,
+        command: vec![
+            "head".into(),
+            "-c".into(),
+            size.to_string(),
+            "/dev/zero".into(),
+        ],
+        env: BTreeMap::new(),
+    });
+    agent.wait_for("workload_exited", |m| {
+        matches!(m, AgentToHost::WorkloadExited { .. })
+    });
+
+    // Assert
+    assert_eq!(agent.output(None, Stream::Stdout), "\0".repeat(size));
+    let (status, _) = agent.shutdown();
+    assert!(status.success());
+}
