@@ -186,6 +186,9 @@ struct AuditArgs {
 struct CheckArgs {
     #[arg(long)]
     json: bool,
+    /// `always`: check the KVM inside the helper VM instead of the host's.
+    #[arg(long, value_enum, default_value_t = HostVmMode::Never)]
+    host_vm: HostVmMode,
 }
 
 /// Exit status for a run stopped by its virtual-time limit (as timeout(1)).
@@ -739,6 +742,20 @@ fn qemu_available() -> bool {
 }
 
 fn cmd_check(args: CheckArgs) -> Result<u8> {
+    if args.host_vm == HostVmMode::Always {
+        eprintln!("detvisor: checking the KVM inside the helper VM (QEMU TCG with nested SVM)");
+        let mut inner: Vec<OsString> = vec!["check".into(), "--host-vm".into(), "never".into()];
+        if args.json {
+            inner.push("--json".into());
+        }
+        let config = hostvm::HelperVmConfig {
+            assets_dir: hostvm::ensure_assets(None)?,
+            ..hostvm::HelperVmConfig::default()
+        };
+        let exe = std::env::current_exe().context("locating the detvisor executable")?;
+        let status = hostvm::run(&config, &exe, &inner, &[])?;
+        return Ok(u8::try_from(status).unwrap_or(EXIT_NO_STATUS));
+    }
     let report = vmm::probe::host_report();
     let qemu = qemu_available();
     if args.json {

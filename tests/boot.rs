@@ -219,3 +219,15 @@ fn test_check_reports_host_capabilities() {
         assert!(report["reason"].as_str().unwrap().len() > 10);
     }
 }
+
+#[test]
+fn test_check_inside_helper_vm_finds_a_kvm_that_honours_the_cpu_model() {
+    let out = detvisor(&["check", "--host-vm", "always", "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(report["can_run_guests"], true, "{report}");
+    let probe = &report["cpuid_probe"];
+    assert_eq!(probe["seen_ecx"], probe["expected_ecx"]);
+    assert_eq!(probe["seen_edx"], probe["expected_edx"]);
+    assert_eq!(report["hardware_virtualization"], "svm");
+}

@@ -16,14 +16,16 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestM
 const PROBE_PORT: u16 = 0x510;
 const PROBE_CODE_ADDR: u64 = 0x1000;
 
-/// mov eax,1; cpuid; mov eax,ecx; mov dx,0x510; out dx,eax; mov eax,edx; out dx,eax; hlt
+/// mov eax,1; cpuid; mov esi,edx; mov eax,ecx; mov dx,0x510; out dx,eax;
+/// mov eax,esi; out dx,eax; hlt (EDX is saved first: the port number goes in DX).
 const PROBE_CODE: &[u8] = &[
     0x66, 0xb8, 0x01, 0x00, 0x00, 0x00, // mov eax, 1
     0x0f, 0xa2, // cpuid
+    0x66, 0x89, 0xd6, // mov esi, edx
     0x66, 0x89, 0xc8, // mov eax, ecx
     0xba, 0x10, 0x05, // mov dx, 0x510
     0x66, 0xef, // out dx, eax
-    0x66, 0x89, 0xd0, // mov eax, edx
+    0x66, 0x89, 0xf0, // mov eax, esi
     0x66, 0xef, // out dx, eax
     0xf4, // hlt
 ];
