@@ -210,6 +210,7 @@ struct RunSummary {
     wall_finish_ms: u64,
     exits_per_sec: u64,
     digest: String,
+    digest_parts: vmm::vm::DigestParts,
     console_bytes: u64,
     unhandled_accesses: u64,
     /// Peak resident memory of this process, minus the guest RAM the host
@@ -244,6 +245,7 @@ impl RunSummary {
             wall_finish_ms: outcome.wall_finish.as_millis() as u64,
             exits_per_sec: (outcome.exits as f64 / outcome.wall.as_secs_f64().max(1e-9)) as u64,
             digest: outcome.digest.clone(),
+            digest_parts: outcome.digest_parts.clone(),
             console_bytes: outcome.console_bytes,
             unhandled_accesses: outcome.unhandled_accesses,
             vmm_peak_rss_beyond_guest_kib: peak_rss_kib()
@@ -588,10 +590,24 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
                         "runs 1 and {run} diverge in length: {left} vs {right} exits; first extra: {}",
                         next.map(|r| r.to_string()).unwrap_or_default()
                     )),
-                    None if reference.digest != outcome.digest => Some(format!(
-                        "runs 1 and {run} have equal exits but different final state (digest {} vs {}): memory, devices or console differ",
-                        reference.digest, outcome.digest
-                    )),
+                    None if reference.digest != outcome.digest => {
+                        let (a, b) = (&reference.digest_parts, &outcome.digest_parts);
+                        let differing: Vec<&str> = [
+                            ("memory", a.memory != b.memory),
+                            ("devices", a.devices != b.devices),
+                            ("console", a.console != b.console),
+                        ]
+                        .iter()
+                        .filter(|(_, differs)| *differs)
+                        .map(|(name, _)| *name)
+                        .collect();
+                        Some(format!(
+                            "runs 1 and {run} have equal exits but different final state (digest {} vs {}): {} differ",
+                            reference.digest,
+                            outcome.digest,
+                            differing.join(", ")
+                        ))
+                    }
                     None => None,
                 };
                 if let Some(text) = text {

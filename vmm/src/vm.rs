@@ -106,11 +106,23 @@ pub struct RunOutcome {
     /// Wall time spent hashing the final state.
     pub wall_finish: Duration,
     pub digest: String,
+    /// The parts of the digest, for telling which part of two runs differs:
+    /// the exit records alone, final guest memory, final device state, console output.
+    pub digest_parts: DigestParts,
     pub console_bytes: u64,
     pub unhandled_accesses: u64,
     /// Guest RAM the host had backed at the end (the rest was never touched).
     pub guest_resident_bytes: u64,
     pub records: Vec<ExitRecord>,
+}
+
+/// The components the run digest is made of (hex).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DigestParts {
+    pub records: String,
+    pub memory: String,
+    pub devices: String,
+    pub console: String,
 }
 
 /// Console output: forwarded live, and hashed into the digest.
@@ -920,6 +932,13 @@ impl Session {
         };
         let exits = self.recorder.count();
         let exits_by_kind = self.recorder.counts_by_kind();
+        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let digest_parts = DigestParts {
+            records: hex(&self.recorder.state().digest.0[..8]),
+            memory: format!("{final_memory:016x}"),
+            devices: format!("{final_devices:016x}"),
+            console: hex(&console_hash[..8]),
+        };
         let (digest, records) = self
             .recorder
             .finish(final_memory, final_devices, console_hash);
@@ -933,6 +952,7 @@ impl Session {
             wall_setup: self.wall_setup,
             wall_finish: finishing.elapsed(),
             digest,
+            digest_parts,
             console_bytes,
             unhandled_accesses: self.machine.devices.unhandled_accesses(),
             guest_resident_bytes,
