@@ -594,21 +594,13 @@ impl Session {
                 })?;
         // Bad input (not a kernel, an initrd too large) is found before KVM is touched.
         let kernel = boot::load_kernel(&memory, &config.kernel)?;
-        let console = Arc::new(Mutex::new(ConsoleCapture {
-            out: console,
-            hash: ChainHash::default(),
-            bytes: 0,
-        }));
-        let mut devices = Devices::new(
-            DevicesConfig {
-                rtc_epoch_unix_secs: config.rtc_epoch_unix_secs,
+        let (devices, console) = build_devices(
+            ConsoleCapture {
+                out: console,
+                hash: ChainHash::default(),
+                bytes: 0,
             },
-            Box::new(ConsoleSink {
-                shared: console.clone(),
-            }),
-        );
-        attach_virtio(
-            &mut devices,
+            config.rtc_epoch_unix_secs,
             memory.clone(),
             config.seed,
             config.network.as_ref(),
@@ -868,21 +860,14 @@ impl Session {
         let mut vm = create_vm(&kvm, memory)?;
         vcpu_state::restore(&vm.vcpu, &state.vcpu)?;
         vm.vcpu.get_kvm_run().request_interrupt_window = state.request_interrupt_window;
-        let console = Arc::new(Mutex::new(ConsoleCapture {
-            out: console,
-            hash: state.console_hash,
-            bytes: state.console_bytes,
-        }));
-        let mut devices = Devices::new(
-            DevicesConfig {
-                rtc_epoch_unix_secs: 0,
+        // The RTC epoch is part of the saved device state.
+        let (mut devices, console) = build_devices(
+            ConsoleCapture {
+                out: console,
+                hash: state.console_hash,
+                bytes: state.console_bytes,
             },
-            Box::new(ConsoleSink {
-                shared: console.clone(),
-            }),
-        );
-        attach_virtio(
-            &mut devices,
+            0,
             devices_memory,
             state.seed,
             state.network.as_ref(),
@@ -973,6 +958,28 @@ pub struct NetworkSpec {
 /// The MAC address of NIC `index` (locally administered, unicast).
 pub fn nic_mac(index: u8) -> [u8; 6] {
     [0x52, 0x54, 0x00, 0xd7, 0x00, index + 1]
+}
+
+/// The device set of a machine, with the console hashed and forwarded
+/// through `console` (shared with the session, which reads its hash).
+fn build_devices(
+    console: ConsoleCapture,
+    rtc_epoch_unix_secs: i64,
+    memory: GuestMemoryMmap,
+    seed: u64,
+    network: Option<&NetworkSpec>,
+) -> Result<(Devices, Arc<Mutex<ConsoleCapture>>), VmError> {
+    let console = Arc::new(Mutex::new(console));
+    let mut devices = Devices::new(
+        DevicesConfig {
+            rtc_epoch_unix_secs,
+        },
+        Box::new(ConsoleSink {
+            shared: console.clone(),
+        }),
+    );
+    attach_virtio(&mut devices, memory, seed, network)?;
+    Ok((devices, console))
 }
 
 /// Attaches the virtio devices, in a fixed order (their slots are part of the
