@@ -59,6 +59,46 @@ pub fn default_image() -> Result<GuestImage> {
     Ok(image)
 }
 
+/// The static guest agent (`detvisor-agent`), built with `agent/build.sh`
+/// on first use and cached as `<cache>/agent/detvisor-agent`. A build from a
+/// newer source tree replaces the cached copy (the script is cheap when
+/// cargo has nothing to do).
+pub fn agent_binary() -> Result<PathBuf> {
+    let cached = cache_root().join("agent/detvisor-agent");
+    let script = source_dir().join("agent/build.sh");
+    if !script.is_file() {
+        if cached.is_file() {
+            return Ok(cached);
+        }
+        bail!(
+            "the guest agent is not built ({} is missing) and its build script {} is not available",
+            cached.display(),
+            script.display()
+        );
+    }
+    let output = Command::new("bash")
+        .arg(&script)
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !output.status.success() {
+        bail!(
+            "building the guest agent with {} failed ({}):\n{}",
+            script.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let built = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    let dir = cached.parent().expect("cache path has a parent");
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let partial = dir.join("detvisor-agent.partial");
+    std::fs::copy(&built, &partial)
+        .with_context(|| format!("copying {} to {}", built.display(), partial.display()))?;
+    std::fs::rename(&partial, &cached)
+        .with_context(|| format!("installing {}", cached.display()))?;
+    Ok(cached)
+}
+
 /// Quotes one argument for a POSIX shell.
 pub fn shell_quote(arg: &str) -> String {
     format!("'{}'", arg.replace('\'', r"'\''"))
