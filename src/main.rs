@@ -380,6 +380,7 @@ fn vm_config(guest: &GuestArgs, record: RecordConfig) -> Result<VmConfig> {
         record,
         perturbation: None,
         network: network_spec(guest)?,
+        agent_channel: false,
     })
 }
 

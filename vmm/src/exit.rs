@@ -209,6 +209,9 @@ pub struct Machine {
     pub devices: Devices,
     pub clock: ExitClock,
     pub until: Option<VirtNanos>,
+    /// A host-side event (a fault of the run's schedule) that an idle guest
+    /// must not sleep past.
+    pub wakeup: Option<VirtNanos>,
     perturbation: Option<Perturbation>,
     exits: u64,
 }
@@ -219,6 +222,7 @@ impl Machine {
             devices,
             clock: ExitClock::new(),
             until,
+            wakeup: None,
             perturbation: None,
             exits: 0,
         }
@@ -300,17 +304,18 @@ impl Machine {
             Exit::Hlt => {
                 self.devices.advance_to(now);
                 if !self.devices.has_pending_interrupt() {
-                    match self.devices.next_deadline() {
-                        Some(deadline) => {
-                            let target = match self.until {
-                                Some(limit) => deadline.min(limit),
-                                None => deadline,
-                            };
-                            self.clock.advance_to(target);
-                            self.devices.advance_to(self.clock.now());
-                        }
-                        None => return ExitAction::Stop(StopReason::HaltedForever),
-                    }
+                    // A wake-up already passed is stale: ignore it.
+                    let wakeup = self.wakeup.filter(|&at| at > now);
+                    let Some(next) = [self.devices.next_deadline(), wakeup]
+                        .into_iter()
+                        .flatten()
+                        .min()
+                    else {
+                        return ExitAction::Stop(StopReason::HaltedForever);
+                    };
+                    let target = self.until.map_or(next, |limit| next.min(limit));
+                    self.clock.advance_to(target);
+                    self.devices.advance_to(self.clock.now());
                 }
                 Completion::None
             }
@@ -469,6 +474,33 @@ mod tests {
     fn test_hlt_with_nothing_to_wake_stops_halted_forever() {
         let mut m = machine(None);
         init_pic(&mut m);
+        assert_eq!(
+            m.handle_exit(&Exit::Hlt),
+            ExitAction::Stop(StopReason::HaltedForever)
+        );
+    }
+
+    #[test]
+    fn test_hlt_jump_stops_at_wakeup_and_ignores_a_stale_one() {
+        let mut m = machine(None);
+        init_pic(&mut m);
+        // 10 ms at 100 MHz.
+        arm_hpet_timer0(&mut m, 1_000_000);
+        m.wakeup = Some(VirtNanos::from_micros(30));
+        assert_eq!(m.handle_exit(&Exit::Hlt), ExitAction::Resume(Completion::None));
+        assert_eq!(m.now(), VirtNanos::from_micros(30));
+        // Passed now: the next halt sleeps to the timer.
+        m.handle_exit(&Exit::Hlt);
+        assert!(m.now() >= VirtNanos::from_micros(10_000));
+    }
+
+    #[test]
+    fn test_hlt_with_only_a_wakeup_sleeps_to_it() {
+        let mut m = machine(None);
+        init_pic(&mut m);
+        m.wakeup = Some(VirtNanos::from_micros(2_000));
+        assert_eq!(m.handle_exit(&Exit::Hlt), ExitAction::Resume(Completion::None));
+        assert_eq!(m.now(), VirtNanos::from_micros(2_000));
         assert_eq!(
             m.handle_exit(&Exit::Hlt),
             ExitAction::Stop(StopReason::HaltedForever)

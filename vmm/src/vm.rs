@@ -90,6 +90,10 @@ pub struct VmConfig {
     pub perturbation: Option<Perturbation>,
     /// NICs and the switch between them (none: no network devices).
     pub network: Option<NetworkSpec>,
+    /// A virtio console as the control channel to the in-guest agent
+    /// (`/dev/hvc0`), driven through [`Session::send_to_agent`] and
+    /// [`Session::take_agent_output`].
+    pub agent_channel: bool,
 }
 
 /// What a finished run reports.
@@ -539,6 +543,9 @@ pub struct SessionState {
     /// The NICs and switch the machine was built with (attached again, then
     /// restored from `devices`).
     pub network: Option<NetworkSpec>,
+    /// Whether the machine has the agent's control channel (a virtio console).
+    #[serde(default)]
+    pub agent_channel: bool,
     pub cpu_model_version: u32,
     pub vcpu: VcpuState,
     pub devices: DevicesState,
@@ -566,6 +573,7 @@ pub struct Session {
     backing: MemoryBacking,
     seed: u64,
     network: Option<NetworkSpec>,
+    agent_channel: bool,
     machine: Machine,
     recorder: Recorder,
     console: Arc<Mutex<ConsoleCapture>>,
@@ -604,6 +612,7 @@ impl Session {
             memory.clone(),
             config.seed,
             config.network.as_ref(),
+            config.agent_channel,
         )?;
         // The virtio devices are declared on the kernel command line.
         let cmdline = format!("{} {}", config.cmdline, devices.virtio_cmdline());
@@ -642,6 +651,7 @@ impl Session {
             backing: MemoryBacking::Anonymous,
             seed: config.seed,
             network: config.network.clone(),
+            agent_channel: config.agent_channel,
             machine,
             recorder: Recorder::new(config.record),
             console,
@@ -781,6 +791,52 @@ impl Session {
             .rekey_virtio_rng(entropy::stream_key(seed, &name));
     }
 
+    /// Runs one exit (`Some` when the guest stopped there).
+    pub fn step_one(&mut self) -> Result<Option<StopReason>, VmError> {
+        match self.step()? {
+            ExitAction::Stop(reason) => Ok(Some(reason)),
+            ExitAction::Resume(_) => Ok(None),
+        }
+    }
+
+    /// Queues a message for the agent on its control channel, delivered now
+    /// (at this exit) as far as the guest has posted receive buffers. Call it
+    /// only at points the run decides deterministically (after an exit chosen
+    /// by guest output or virtual time).
+    pub fn send_to_agent(&mut self, bytes: &[u8]) -> Result<(), VmError> {
+        let now = self.machine.now();
+        self.machine
+            .devices
+            .enqueue_virtio_console_input(now, bytes)
+            .map_err(VmError::Devices)
+    }
+
+    /// What the agent wrote on its control channel since the last call. The
+    /// bytes are folded into the console digest, so a run's digest covers the
+    /// agent's conversation too.
+    pub fn take_agent_output(&mut self) -> Vec<u8> {
+        let bytes = self.machine.devices.take_virtio_console_output();
+        if !bytes.is_empty() {
+            let mut capture = self.console.lock().unwrap_or_else(|e| e.into_inner());
+            capture.hash.update(&bytes);
+            capture.bytes += bytes.len() as u64;
+        }
+        bytes
+    }
+
+    /// Makes an idle guest wake at `at` at the latest (instead of jumping past
+    /// it to the next device deadline), so a host-side event scheduled for
+    /// `at` happens on time. Part of the run's definition: two runs with the
+    /// same wake-ups are identical.
+    pub fn set_wakeup(&mut self, at: Option<VirtNanos>) {
+        self.machine.wakeup = at;
+    }
+
+    /// The devices, for scheduling network faults.
+    pub fn devices_mut(&mut self) -> &mut devices::Devices {
+        &mut self.machine.devices
+    }
+
     /// Exits handled so far.
     pub fn exits(&self) -> u64 {
         self.machine.exits()
@@ -817,6 +873,7 @@ impl Session {
             ram_bytes: self.vm.memory.iter().map(|r| r.len()).sum(),
             seed: self.seed,
             network: self.network.clone(),
+            agent_channel: self.agent_channel,
             cpu_model_version: cpu_model::CPU_MODEL_VERSION,
             vcpu,
             devices: self.machine.devices.state(),
@@ -871,6 +928,7 @@ impl Session {
             devices_memory,
             state.seed,
             state.network.as_ref(),
+            state.agent_channel,
         )?;
         devices
             .restore(&state.devices)
@@ -884,6 +942,7 @@ impl Session {
             backing: MemoryBacking::File { data_ranges },
             seed: state.seed,
             network: state.network.clone(),
+            agent_channel: state.agent_channel,
             machine,
             recorder,
             console,
@@ -968,6 +1027,7 @@ fn build_devices(
     memory: GuestMemoryMmap,
     seed: u64,
     network: Option<&NetworkSpec>,
+    agent_channel: bool,
 ) -> Result<(Devices, Arc<Mutex<ConsoleCapture>>), VmError> {
     let console = Arc::new(Mutex::new(console));
     let mut devices = Devices::new(
@@ -978,23 +1038,28 @@ fn build_devices(
             shared: console.clone(),
         }),
     );
-    attach_virtio(&mut devices, memory, seed, network)?;
+    attach_virtio(&mut devices, memory, seed, network, agent_channel)?;
     Ok((devices, console))
 }
 
 /// Attaches the virtio devices, in a fixed order (their slots are part of the
-/// guest-visible machine and of saved device state): the entropy device, then
-/// one NIC per node and the switch between them.
+/// guest-visible machine and of saved device state): the entropy device, the
+/// agent's control channel if any, then one NIC per node and the switch
+/// between them.
 fn attach_virtio(
     devices: &mut Devices,
     memory: GuestMemoryMmap,
     seed: u64,
     network: Option<&NetworkSpec>,
+    agent_channel: bool,
 ) -> Result<(), VmError> {
     devices.attach_guest_memory(memory);
     devices
         .attach_virtio_rng(entropy::stream_key(seed, stream::VIRTIO_RNG))
         .map_err(VmError::Devices)?;
+    if agent_channel {
+        devices.attach_virtio_console().map_err(VmError::Devices)?;
+    }
     if let Some(network) = network {
         for index in 0..network.nics {
             devices
