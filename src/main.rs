@@ -2,8 +2,11 @@
 
 mod bench;
 mod fan_out;
+mod faults;
 mod guest;
 mod hostvm;
+mod image_cmd;
+mod manifest;
 mod snapshots;
 mod terminal;
 mod units;
@@ -47,6 +50,9 @@ enum Command {
     Branch(BranchArgs),
     /// Replay to an exact moment (DIR@12.5s, DIR@exit:N) and report the machine state there.
     Seek(SeekArgs),
+    /// Build node images for multi-node guests.
+    #[command(subcommand)]
+    Image(image_cmd::ImageCommand),
 }
 
 #[derive(Subcommand, Debug)]
@@ -339,15 +345,7 @@ fn network_spec(guest: &GuestArgs) -> Result<Option<vmm::vm::NetworkSpec>> {
             devices::layout::VIRTIO_MMIO_IRQS.len() - 1
         );
     }
-    let latency = match guest.net_latency.split_once("..") {
-        Some((min, max)) => devices::LatencyDist::Uniform {
-            min: units::parse_duration(min).context("--net-latency")?,
-            max: units::parse_duration(max).context("--net-latency")?,
-        },
-        None => devices::LatencyDist::Fixed(
-            units::parse_duration(&guest.net_latency).context("--net-latency")?,
-        ),
-    };
+    let latency = units::parse_latency(&guest.net_latency).context("--net-latency")?;
     let mut config = devices::NetworkConfig::reliable(latency);
     config.loss = guest.net_loss;
     config
@@ -854,6 +852,7 @@ fn main() -> ExitCode {
         Command::Snapshot(SnapshotCommand::Info { dir }) => snapshots::info(&dir),
         Command::Branch(args) => cmd_branch(args),
         Command::Seek(args) => cmd_seek(args),
+        Command::Image(cmd) => image_cmd::run(cmd),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -60,6 +60,17 @@ pub fn parse_duration(text: &str) -> Result<VirtNanos> {
     Ok(VirtNanos(nanos.round() as u64))
 }
 
+/// A link latency: a duration (`5ms`) or a uniform range (`1ms..10ms`).
+pub fn parse_latency(text: &str) -> Result<devices::LatencyDist> {
+    Ok(match text.split_once("..") {
+        Some((min, max)) => devices::LatencyDist::Uniform {
+            min: parse_duration(min)?,
+            max: parse_duration(max)?,
+        },
+        None => devices::LatencyDist::Fixed(parse_duration(text)?),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -422,6 +422,12 @@ impl Devices {
         Ok(())
     }
 
+    /// The switch ports of the attached NICs, in attach order (NIC `i` of the
+    /// guest, `eth<i>`, is on the `i`-th).
+    pub fn nic_ports(&self) -> Vec<PortId> {
+        self.virtio_net_macs().into_iter().map(|(port, _)| port).collect()
+    }
+
     /// The attached NICs' ports and addresses, in slot order.
     fn virtio_net_macs(&self) -> Vec<(PortId, [u8; 6])> {
         let Some(virtio) = &self.virtio else {

@@ -1,0 +1,471 @@
+//! The manifest of a multi-node run (`detvisor up cluster.toml`): machine,
+//! network defaults, nodes, the workload and a fault schedule, in TOML.
+//! See docs/manifest.md for the format.
+//!
+//! Parsing rejects unknown keys (the error names the key and its line);
+//! validation then checks what TOML cannot: unique, well-formed names and
+//! addresses, exactly one image source per node, a workload node that exists.
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+/// NICs one guest can have: the interrupt lines of virtio slots, less the
+/// entropy device and the agent's channel.
+pub const MAX_NODES: usize = devices::layout::VIRTIO_MMIO_IRQS.len() - 2;
+
+/// The node a workload with its own image runs as.
+pub const WORKLOAD_NODE: &str = "workload";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ManifestFile {
+    #[serde(default)]
+    machine: MachineSection,
+    #[serde(default)]
+    network: NetworkSection,
+    #[serde(default, rename = "node")]
+    nodes: Vec<NodeSection>,
+    workload: Option<WorkloadSection>,
+    #[serde(default)]
+    faults: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MachineSection {
+    mem: Option<String>,
+    rtc_epoch: Option<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NetworkSection {
+    #[serde(default = "default_latency")]
+    latency: String,
+    #[serde(default)]
+    loss: f64,
+    #[serde(default)]
+    duplicate: f64,
+    #[serde(default)]
+    reorder: f64,
+    #[serde(default = "default_reorder_delay")]
+    reorder_delay: String,
+}
+
+fn default_latency() -> String {
+    "1ms".into()
+}
+
+fn default_reorder_delay() -> String {
+    "5ms".into()
+}
+
+impl Default for NetworkSection {
+    fn default() -> Self {
+        NetworkSection {
+            latency: default_latency(),
+            loss: 0.0,
+            duplicate: 0.0,
+            reorder: 0.0,
+            reorder_delay: default_reorder_delay(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeSection {
+    name: String,
+    image: Option<String>,
+    oci: Option<String>,
+    rootfs: Option<String>,
+    address: Option<String>,
+    hostname: Option<String>,
+    #[serde(default)]
+    command: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkloadSection {
+    node: Option<String>,
+    image: Option<String>,
+    oci: Option<String>,
+    rootfs: Option<String>,
+    address: Option<String>,
+    #[serde(default)]
+    command: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+}
+
+/// Where a node's root filesystem comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RootSource {
+    /// A node image from `detvisor image build`.
+    Image(PathBuf),
+    /// An OCI image layout, `DIR` or `DIR:TAG` (DIR made absolute).
+    Oci(String),
+    /// A directory on the host.
+    Rootfs(PathBuf),
+}
+
+impl std::fmt::Display for RootSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RootSource::Image(p) => write!(f, "image {}", p.display()),
+            RootSource::Oci(r) => write!(f, "OCI layout {r}"),
+            RootSource::Rootfs(p) => write!(f, "rootfs {}", p.display()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodePlan {
+    pub name: String,
+    pub source: RootSource,
+    /// IPv4 address with prefix length on the node's NIC.
+    pub address: String,
+    pub hostname: Option<String>,
+    /// Empty: the image's own entrypoint and command.
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkloadPlan {
+    /// Runs inside a node's namespaces and root (like `nsenter`).
+    InNode {
+        node: String,
+        command: Vec<String>,
+        env: BTreeMap<String, String>,
+    },
+    /// Runs as a node of its own (named [`WORKLOAD_NODE`], with a NIC).
+    OwnNode(NodePlan),
+}
+
+/// A validated manifest, paths resolved against the manifest's directory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Manifest {
+    pub mem: Option<String>,
+    pub rtc_epoch: Option<i64>,
+    pub network: devices::NetworkConfig,
+    pub nodes: Vec<NodePlan>,
+    pub workload: Option<WorkloadPlan>,
+    pub faults: Vec<String>,
+}
+
+impl Manifest {
+    /// Every node the guest runs, the workload's own node last.
+    pub fn all_nodes(&self) -> Vec<&NodePlan> {
+        let mut all: Vec<&NodePlan> = self.nodes.iter().collect();
+        if let Some(WorkloadPlan::OwnNode(node)) = &self.workload {
+            all.push(node);
+        }
+        all
+    }
+
+    pub fn node_names(&self) -> Vec<String> {
+        self.all_nodes().iter().map(|n| n.name.clone()).collect()
+    }
+}
+
+/// Reads and validates a manifest file.
+pub fn load(path: &Path) -> Result<Manifest> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read manifest {}", path.display()))?;
+    let base = path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."));
+    parse(&text, &base).with_context(|| format!("manifest {}", path.display()))
+}
+
+/// Parses and validates manifest text; relative paths are taken from `base`.
+pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
+    let file: ManifestFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if file.nodes.is_empty() {
+        bail!("no [[node]] declared: a manifest needs at least one node");
+    }
+    let network = network_config(&file.network)?;
+    let mut nodes = Vec::new();
+    for (index, node) in file.nodes.iter().enumerate() {
+        let what = format!("node {} ({:?})", index + 1, node.name);
+        check_name(&node.name).with_context(|| what.clone())?;
+        if node.name == WORKLOAD_NODE {
+            bail!("{what}: the name {WORKLOAD_NODE:?} is reserved for the workload's own node");
+        }
+        let source = root_source(&node.image, &node.oci, &node.rootfs, base)
+            .with_context(|| what.clone())?
+            .with_context(|| format!("{what}: give one of `image`, `oci` or `rootfs`"))?;
+        nodes.push(NodePlan {
+            name: node.name.clone(),
+            source,
+            address: address_or_default(&node.address, index).with_context(|| what.clone())?,
+            hostname: node.hostname.clone(),
+            command: node.command.clone(),
+            env: node.env.clone(),
+        });
+    }
+    let workload = match &file.workload {
+        None => None,
+        Some(w) => Some(workload_plan(w, &nodes, base)?),
+    };
+    let mut all: Vec<&NodePlan> = nodes.iter().collect();
+    if let Some(WorkloadPlan::OwnNode(node)) = &workload {
+        all.push(node);
+    }
+    if all.len() > MAX_NODES {
+        bail!(
+            "{} nodes (counting the workload's own) is more than one guest has NICs for ({MAX_NODES})",
+            all.len()
+        );
+    }
+    let mut names = std::collections::BTreeSet::new();
+    let mut addresses = BTreeMap::new();
+    for node in &all {
+        if !names.insert(&node.name) {
+            bail!("two nodes are named {:?}", node.name);
+        }
+        let ip = node.address.split('/').next().unwrap_or_default();
+        if let Some(other) = addresses.insert(ip.to_string(), &node.name) {
+            bail!(
+                "nodes {other:?} and {:?} have the same address {ip}",
+                node.name
+            );
+        }
+    }
+    let manifest = Manifest {
+        mem: file.machine.mem.clone(),
+        rtc_epoch: file.machine.rtc_epoch,
+        network,
+        nodes,
+        workload,
+        faults: file.faults.clone(),
+    };
+    if let Some(mem) = &manifest.mem {
+        crate::units::parse_size(mem).context("machine.mem")?;
+    }
+    crate::faults::schedule(&manifest.faults, &manifest.node_names()).context("faults")?;
+    Ok(manifest)
+}
+
+fn workload_plan(w: &WorkloadSection, nodes: &[NodePlan], base: &Path) -> Result<WorkloadPlan> {
+    if w.command.is_empty() {
+        bail!("workload: `command` is missing or empty");
+    }
+    let source = root_source(&w.image, &w.oci, &w.rootfs, base).context("workload")?;
+    match (&w.node, source) {
+        (Some(_), Some(_)) => {
+            bail!("workload: give either `node` (run inside that node) or an image of its own, not both")
+        }
+        (Some(node), None) => {
+            if !nodes.iter().any(|n| &n.name == node) {
+                bail!("workload: node = {node:?} names no declared node");
+            }
+            if w.address.is_some() {
+                bail!("workload: `address` only applies to a workload with its own image");
+            }
+            Ok(WorkloadPlan::InNode {
+                node: node.clone(),
+                command: w.command.clone(),
+                env: w.env.clone(),
+            })
+        }
+        (None, Some(source)) => Ok(WorkloadPlan::OwnNode(NodePlan {
+            name: WORKLOAD_NODE.into(),
+            source,
+            address: address_or_default(&w.address, nodes.len()).context("workload")?,
+            hostname: None,
+            command: w.command.clone(),
+            env: w.env.clone(),
+        })),
+        (None, None) => bail!(
+            "workload: give `node` (run inside that node) or one of `image`, `oci`, `rootfs` (its own node)"
+        ),
+    }
+}
+
+fn root_source(
+    image: &Option<String>,
+    oci: &Option<String>,
+    rootfs: &Option<String>,
+    base: &Path,
+) -> Result<Option<RootSource>> {
+    let given = [image.is_some(), oci.is_some(), rootfs.is_some()];
+    if given.iter().filter(|g| **g).count() > 1 {
+        bail!("`image`, `oci` and `rootfs` exclude each other: give one");
+    }
+    let resolve = |p: &str| {
+        if Path::new(p).is_absolute() {
+            PathBuf::from(p)
+        } else {
+            base.join(p)
+        }
+    };
+    Ok(if let Some(image) = image {
+        Some(RootSource::Image(resolve(image)))
+    } else if let Some(oci) = oci {
+        // DIR:TAG; a colon inside an absolute path's directory is unlikely,
+        // so the tag is what follows the last colon after the last slash.
+        let (dir, tag) = match oci.rsplit_once(':') {
+            Some((dir, tag)) if !tag.contains('/') => (dir, Some(tag)),
+            _ => (oci.as_str(), None),
+        };
+        let dir = resolve(dir).display().to_string();
+        Some(RootSource::Oci(match tag {
+            Some(tag) => format!("{dir}:{tag}"),
+            None => dir,
+        }))
+    } else {
+        rootfs.as_ref().map(|r| RootSource::Rootfs(resolve(r)))
+    })
+}
+
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 32
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-');
+    if !ok {
+        bail!("name {name:?} must be 1-32 characters of a-z, 0-9 and '-', not starting with '-'");
+    }
+    Ok(())
+}
+
+fn address_or_default(address: &Option<String>, index: usize) -> Result<String> {
+    let Some(address) = address else {
+        return Ok(format!("192.0.2.{}/24", index + 1));
+    };
+    let (ip, prefix) = address.split_once('/').unwrap_or((address, "24"));
+    let ip: Ipv4Addr = ip
+        .parse()
+        .with_context(|| format!("address {address:?} is not IPv4 (e.g. 192.0.2.1/24)"))?;
+    let prefix: u8 = prefix
+        .parse()
+        .ok()
+        .filter(|p| (1..=32).contains(p))
+        .with_context(|| format!("address {address:?}: the prefix length must be 1..32"))?;
+    if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || ip.is_loopback() {
+        bail!("address {address:?} cannot be a node's address");
+    }
+    Ok(format!("{ip}/{prefix}"))
+}
+
+fn network_config(n: &NetworkSection) -> Result<devices::NetworkConfig> {
+    let latency = crate::units::parse_latency(&n.latency).context("network.latency")?;
+    let reorder_delay =
+        crate::units::parse_latency(&n.reorder_delay).context("network.reorder_delay")?;
+    let mut config = devices::NetworkConfig::reliable(latency);
+    config.loss = n.loss;
+    config.duplicate = n.duplicate;
+    config.reorder = n.reorder;
+    config.reorder_delay = reorder_delay;
+    config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("[network]: {e}"))?;
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[machine]
+mem = "1G"
+
+[network]
+latency = "1ms..3ms"
+loss = 0.01
+
+[[node]]
+name = "n1"
+image = "etcd.img"
+command = ["etcd", "--name", "n1"]
+env = { A = "1" }
+
+[[node]]
+name = "n2"
+rootfs = "/srv/n2"
+address = "192.0.2.20/24"
+
+[workload]
+node = "n1"
+command = ["sh", "-c", "true"]
+"#;
+
+    fn err(text: &str) -> String {
+        format!("{:#}", parse(text, Path::new("/m")).unwrap_err())
+    }
+
+    #[test]
+    fn test_good_manifest_resolves_paths_and_defaults() {
+        let m = parse(GOOD, Path::new("/m")).unwrap();
+        assert_eq!(m.mem.as_deref(), Some("1G"));
+        assert_eq!(m.nodes.len(), 2);
+        assert_eq!(m.nodes[0].source, RootSource::Image("/m/etcd.img".into()));
+        assert_eq!(m.nodes[0].address, "192.0.2.1/24");
+        assert_eq!(m.nodes[1].source, RootSource::Rootfs("/srv/n2".into()));
+        assert_eq!(m.nodes[1].address, "192.0.2.20/24");
+        assert_eq!(m.network.loss, 0.01);
+        assert!(matches!(m.workload, Some(WorkloadPlan::InNode { ref node, .. }) if node == "n1"));
+        assert_eq!(m.node_names(), vec!["n1", "n2"]);
+    }
+
+    #[test]
+    fn test_workload_with_its_own_image_is_a_node() {
+        let m = parse(
+            "[[node]]\nname='a'\nrootfs='r'\n[workload]\noci='layout:v1'\ncommand=['x']\n",
+            Path::new("/m"),
+        )
+        .unwrap();
+        let Some(WorkloadPlan::OwnNode(node)) = &m.workload else {
+            panic!("expected an own-node workload");
+        };
+        assert_eq!(node.name, WORKLOAD_NODE);
+        assert_eq!(node.source, RootSource::Oci("/m/layout:v1".into()));
+        assert_eq!(node.address, "192.0.2.2/24");
+        assert_eq!(m.node_names(), vec!["a", "workload"]);
+    }
+
+    #[test]
+    fn test_unknown_keys_are_named() {
+        let e = err("[[node]]\nname='a'\nrootfs='r'\ncomand=['x']\n");
+        assert!(e.contains("unknown field `comand`"), "{e}");
+        assert!(e.contains("line 4"), "{e}");
+        let e = err("[netwrk]\n[[node]]\nname='a'\nrootfs='r'\n");
+        assert!(e.contains("unknown field `netwrk`"), "{e}");
+    }
+
+    #[test]
+    fn test_semantic_errors_name_the_problem() {
+        assert!(err("").contains("no [[node]]"));
+        assert!(err("[[node]]\nname='A'\nrootfs='r'\n").contains("name \"A\" must be"));
+        assert!(err("[[node]]\nname='a'\n").contains("give one of `image`, `oci` or `rootfs`"));
+        assert!(err("[[node]]\nname='a'\nrootfs='r'\nimage='i'\n").contains("exclude each other"));
+        assert!(err("[[node]]\nname='a'\nrootfs='r'\n[[node]]\nname='a'\nrootfs='r'\n")
+            .contains("two nodes are named \"a\""));
+        assert!(err("[[node]]\nname='a'\nrootfs='r'\naddress='192.0.2.2'\n[[node]]\nname='b'\nrootfs='r'\n")
+            .contains("same address 192.0.2.2"));
+        assert!(err("[[node]]\nname='a'\nrootfs='r'\naddress='300.1.1.1/24'\n").contains("not IPv4"));
+        assert!(err("[[node]]\nname='a'\nrootfs='r'\n[workload]\nnode='b'\ncommand=['x']\n")
+            .contains("names no declared node"));
+        assert!(err("[[node]]\nname='a'\nrootfs='r'\n[workload]\nnode='a'\n").contains("`command` is missing"));
+        assert!(err("[network]\nloss=2.0\n[[node]]\nname='a'\nrootfs='r'\n").contains("[network]"));
+        assert!(err("[network]\nlatency='fast'\n[[node]]\nname='a'\nrootfs='r'\n").contains("network.latency"));
+        assert!(err("faults=['at=1s pause zz']\n[[node]]\nname='a'\nrootfs='r'\n").contains("no node is named \"zz\""));
+        assert!(err("[machine]\nmem='lots'\n[[node]]\nname='a'\nrootfs='r'\n").contains("machine.mem"));
+        let many: String = (0..=MAX_NODES)
+            .map(|i| format!("[[node]]\nname='n{i}'\nrootfs='r'\n"))
+            .collect();
+        assert!(err(&many).contains("NICs for"));
+    }
+}
