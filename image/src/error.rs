@@ -208,6 +208,30 @@ pub enum ImageError {
     /// Writing the archive failed.
     #[error("cannot write the initramfs: {0}")]
     Write(#[source] io::Error),
+
+    /// An entry of a host directory read by [`crate::RootFs::from_dir`] that cannot go into a
+    /// tree (non-UTF-8 name or symlink target, not a directory, unknown file type).
+    #[error("{}: {reason}", path.display())]
+    HostEntry { path: PathBuf, reason: String },
+
+    /// Initramfs bytes that are not a sequence of uncompressed or gzip-compressed newc archives
+    /// (bad magic, truncated header or data, corrupt gzip stream, a limit exceeded). `at` says
+    /// where: `byte 1234`, or `byte 56 of the gzip stream at byte 1234`.
+    #[error("initramfs, {at}: {reason}")]
+    InitramfsFormat { at: String, reason: String },
+
+    /// An initramfs entry that is malformed or unsafe: a `..` component, a non-UTF-8 symlink
+    /// target, an unknown file type, a file replacing a non-empty directory.
+    #[error("initramfs entry {entry:?}: {reason}")]
+    InitramfsEntry { entry: String, reason: String },
+
+    /// The node image metadata file is missing or unreadable.
+    #[error("not a node image: {path}: {reason}")]
+    NotANodeImage { path: String, reason: String },
+
+    /// The tree already holds something else at a path detvisor reserves (`/detvisor`).
+    #[error("{path} is reserved for detvisor, but the tree holds {what} there")]
+    ReservedPath { path: String, what: String },
 }
 
 fn list(v: &[String]) -> String {

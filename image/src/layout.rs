@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use oci_spec::image::{Descriptor, ImageConfiguration, ImageIndex, ImageManifest, OciLayout};
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use crate::digest::{sha256_digest, Hasher};
 use crate::{ImageError, OciRef};
@@ -37,7 +38,11 @@ const MAX_INDEX_DEPTH: usize = 4;
 
 /// The runtime-relevant part of the image config (`config` section of the config blob), plus
 /// where it came from.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+///
+/// Serialised (with these snake_case field names; missing fields take their defaults) as the
+/// `config` of a node image's `/detvisor/image.json` (see [`crate::node`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ImageConfig {
     pub entrypoint: Vec<String>,
     pub cmd: Vec<String>,

@@ -3,15 +3,34 @@
 //! `detvisor image build --oci ./etcd-oci:latest --out etcd.img` goes through four steps:
 //!
 //! ```no_run
-//! use image_builder::{flatten, parse_oci_ref, read_image, write_initramfs};
+//! use image_builder::{flatten, parse_oci_ref, read_image, write_node_image};
 //! # fn main() -> Result<(), image_builder::ImageError> {
 //! let r = parse_oci_ref("./etcd-oci:latest")?;        // layout dir + tag
 //! let (config, layers) = read_image(&r)?;            // verified blobs, linux/amd64
-//! let mut root = flatten(&layers)?;                  // in-memory tree, whiteouts applied
-//! root.add_file("/sbin/detvisor-agent", 0o755, b"...".to_vec())?;
+//! let root = flatten(&layers)?;                      // in-memory tree, whiteouts applied
 //! let mut out = std::fs::File::create("etcd.img").unwrap();
-//! write_initramfs(&root, &mut out)?;                 // newc cpio + gzip, byte-reproducible
-//! # let _ = config.argv();
+//! write_node_image(&config, &root, &mut out)?;       // + /detvisor/image.json, newc + gzip
+//! # Ok(()) }
+//! ```
+//!
+//! A tree can also come from a host directory ([`RootFs::from_dir`]) or from an initramfs
+//! ([`read_initramfs`], the inverse of [`write_initramfs`]). A *node image* ([`node`]) is an
+//! initramfs whose `/detvisor/image.json` carries the image's [`ImageConfig`] (entrypoint,
+//! cmd, env, working dir, user, ...); [`NodeImage::load`] reads one back. The multi-node
+//! `detvisor up` loads each node image, grafts its tree under a directory of its own
+//! ([`RootFs::graft`]) next to the agent, which is added once for the whole guest and never
+//! put in node images, and writes the guest initramfs:
+//!
+//! ```no_run
+//! use image_builder::{write_initramfs, NodeImage, RootFs};
+//! # fn main() -> Result<(), image_builder::ImageError> {
+//! let etcd = NodeImage::load(&std::fs::read("etcd.img").unwrap())?;
+//! let mut guest = RootFs::new();
+//! guest.add_file("/sbin/detvisor-agent", 0o755, b"...".to_vec())?;
+//! guest.graft("/nodes/etcd-1", &etcd.root)?;          // symlinks kept verbatim (chroot later)
+//! let argv = etcd.config.argv();                      // what to run in /nodes/etcd-1
+//! # let _ = argv;
+//! write_initramfs(&guest, &mut std::fs::File::create("guest.img").unwrap())?;
 //! # Ok(()) }
 //! ```
 //!
@@ -52,22 +71,41 @@
 //! # Output
 //! [`write_initramfs`] writes a newc cpio (sorted, fixed inode numbers, mtime 0, hardlinks
 //! preserved) through gzip with a fixed header and level: the same tree gives the same bytes.
+//! Node images inherit this: the same image (or directory contents) and config give the same
+//! bytes, whoever builds them and whenever.
+//!
+//! # Reading trees back
+//! [`read_initramfs`] treats its input as untrusted too: any entry name with a `..` component
+//! is rejected naming the entry ([`ImageError::InitramfsEntry`]), parents are resolved inside
+//! the tree with the rules above, gzip output is bounded ([`UnpackOptions`]) and malformed
+//! bytes are reported with their offset ([`ImageError::InitramfsFormat`]).
+//! [`RootFs::from_dir`] reads a trusted host directory: symlinks are stored, never followed;
+//! sockets are skipped; owners become root unless [`DirOptions::keep_owners`]; errors name
+//! the host path.
 
 mod digest;
 mod error;
 mod flatten;
+mod hostdir;
 mod initramfs;
 mod layout;
+pub mod node;
 mod reference;
 pub mod rootfs;
+mod unpack;
 
 pub use digest::sha256_digest;
 pub use error::ImageError;
 pub use flatten::{flatten, flatten_with, DevicePolicy, FlattenOptions};
+pub use hostdir::DirOptions;
 pub use initramfs::{write_cpio, write_initramfs, GZIP_LEVEL};
 pub use layout::{
     read_image, read_image_with, Compression, ImageConfig, LayerBlob, ReadOptions,
     CONTAINERD_NAME_ANNOTATION, REF_NAME_ANNOTATION,
 };
+pub use node::{
+    build_node_image, write_node_image, NodeImage, NODE_IMAGE_CONFIG, NODE_IMAGE_FORMAT,
+};
 pub use reference::{parse_oci_ref, OciRef};
 pub use rootfs::{Node, NodeKind, RootFs, CALLER};
+pub use unpack::{read_initramfs, read_initramfs_with, UnpackOptions, INITRAMFS};

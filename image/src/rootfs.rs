@@ -254,7 +254,7 @@ pub(crate) fn normalize_entry(path: &str, ctx: Ctx<'_>) -> Result<Vec<String>, I
     })
 }
 
-fn join(dir: &str, name: &str) -> String {
+pub(crate) fn join(dir: &str, name: &str) -> String {
     if dir.is_empty() {
         name.to_owned()
     } else {
@@ -416,7 +416,66 @@ impl RootFs {
         self.inodes[&id].links
     }
 
+    /// Puts all of `other` under `prefix` (`"/nodes/etcd-1"`; `"/"` or `""` for the root),
+    /// creating the missing parents of `prefix` as 0755 root directories.
+    ///
+    /// The directory at `prefix` takes the mode and owner of `other`'s root. `other`'s entries
+    /// are copied with their kinds, modes and owners; paths that share an inode in `other`
+    /// (hardlinks) share one in `self` too. They land at their physical place below `prefix`
+    /// and are never resolved through symlinks of `self` (parents of `prefix` are, inside the
+    /// tree, like any `add_*` path). Symlink targets are kept verbatim: an absolute target like
+    /// `/usr/lib` is meant to be resolved inside the node's own root (its chroot) later.
+    ///
+    /// What `other` brings wins, with layer semantics: a directory over a directory merges (the
+    /// new mode and owner, both sets of children), anything else replaces what was there with
+    /// everything below it; likewise a symlink or file at `prefix` itself is replaced by the
+    /// directory.
+    pub fn graft(&mut self, prefix: &str, other: &RootFs) -> Result<(), ImageError> {
+        let ctx = Ctx {
+            layer: CALLER,
+            entry: prefix,
+        };
+        let comps = normalize_entry(prefix, ctx)?;
+        let base = self.entry_path(&comps, ctx)?;
+        self.put(base.clone(), other.root().clone(), ctx)?;
+        let mut copied: HashMap<InodeId, InodeId> = HashMap::new();
+        for (path, id, node) in other.entries_with_ids() {
+            let ctx = Ctx {
+                layer: CALLER,
+                entry: path,
+            };
+            let dest = join(&base, path);
+            match copied.get(&id) {
+                Some(&new_id) => self.put_link(dest, new_id, ctx)?,
+                None => {
+                    self.put(dest.clone(), node.clone(), ctx)?;
+                    let new_id = self.lookup_id(&dest).expect("just put");
+                    copied.insert(id, new_id);
+                }
+            }
+        }
+        Ok(())
+    }
+
     // ----- crate-internal operations used by flattening -----
+
+    /// The node of a live inode, for in-place changes (all its paths see them).
+    pub(crate) fn node_mut(&mut self, id: InodeId) -> &mut Node {
+        &mut self.inodes.get_mut(&id).expect("live inode").node
+    }
+
+    /// Whether anything lies below the physical path `dir`.
+    pub(crate) fn has_children(&self, dir: &str) -> bool {
+        let prefix = if dir.is_empty() {
+            String::new()
+        } else {
+            format!("{dir}/")
+        };
+        self.paths
+            .range::<str, _>((Bound::Included(prefix.as_str()), Bound::Unbounded))
+            .find(|(p, _)| !p.is_empty())
+            .is_some_and(|(p, _)| p.starts_with(&prefix))
+    }
 
     /// The node at a physical path.
     pub(crate) fn lookup(&self, path: &str) -> Option<&Node> {
@@ -766,6 +825,81 @@ mod tests {
         assert!(matches!(
             fs.add_hardlink("x", "nope"),
             Err(ImageError::HardlinkTargetMissing { .. })
+        ));
+    }
+
+    #[test]
+    fn graft_puts_a_tree_under_a_prefix() {
+        let mut node = RootFs::new();
+        node.add_dir("usr/bin", 0o755).unwrap();
+        node.add_file("usr/bin/etcd", 0o755, b"etcd".to_vec())
+            .unwrap();
+        node.add_hardlink("usr/bin/etcdctl", "usr/bin/etcd")
+            .unwrap();
+        node.add_symlink("bin", "/usr/bin").unwrap();
+        node.add_symlink("lib", "../../escape").unwrap();
+        node.add_node("data", Node::dir(0o700).owned_by(1000, 1000))
+            .unwrap();
+
+        let mut guest = RootFs::new();
+        guest
+            .add_file("sbin/agent", 0o755, b"agent".to_vec())
+            .unwrap();
+        guest.add_file("nodes/a/stale", 0o644, vec![]).unwrap();
+        guest.add_symlink("nodes/a/usr", "/sbin").unwrap();
+        guest.graft("/nodes/a", &node).unwrap();
+        guest.graft("nodes/b/", &node).unwrap();
+
+        let paths: Vec<&str> = guest.entries().map(|(p, _)| p).collect();
+        assert_eq!(
+            paths,
+            [
+                "nodes",
+                "nodes/a",
+                "nodes/a/bin",
+                "nodes/a/data",
+                "nodes/a/lib",
+                "nodes/a/stale",
+                "nodes/a/usr",
+                "nodes/a/usr/bin",
+                "nodes/a/usr/bin/etcd",
+                "nodes/a/usr/bin/etcdctl",
+                "nodes/b",
+                "nodes/b/bin",
+                "nodes/b/data",
+                "nodes/b/lib",
+                "nodes/b/usr",
+                "nodes/b/usr/bin",
+                "nodes/b/usr/bin/etcd",
+                "nodes/b/usr/bin/etcdctl",
+                "sbin",
+                "sbin/agent",
+            ],
+            "the guest's symlink at nodes/a/usr was replaced, not written through"
+        );
+        assert_eq!(guest.get("sbin/agent").unwrap().data(), Some(&b"agent"[..]));
+        // Symlinks verbatim, hardlinks per node, owners and modes kept.
+        assert_eq!(
+            guest.get("nodes/a/bin").unwrap().symlink_target(),
+            Some("/usr/bin")
+        );
+        assert_eq!(
+            guest.get("nodes/b/lib").unwrap().symlink_target(),
+            Some("../../escape")
+        );
+        assert_eq!(guest.link_count("nodes/a/usr/bin/etcdctl"), Some(2));
+        assert_eq!(guest.link_count("nodes/b/usr/bin/etcd"), Some(2));
+        let data = guest.get("nodes/b/data").unwrap();
+        assert_eq!((data.mode, data.uid, data.gid), (0o700, 1000, 1000));
+
+        // Grafting at the root merges; a prefix that escapes is refused.
+        let mut merged = RootFs::new();
+        merged.add_file("keep", 0o644, vec![]).unwrap();
+        merged.graft("/", &node).unwrap();
+        assert_eq!(merged.len(), node.len() + 1);
+        assert!(matches!(
+            merged.graft("../x", &node),
+            Err(ImageError::PathTraversal { .. })
         ));
     }
 }
