@@ -250,9 +250,18 @@ mod tests {
 
     #[test]
     fn split_dev_matches_linux_encoding() {
-        // makedev(5, 1) and makedev(259, 65536) as glibc encodes them.
-        assert_eq!(split_dev(0x0501), (5, 1));
-        let dev = (0x1_0000u64 & 0xff) | ((259 & 0xfff) << 8) | ((0x1_0000u64 & !0xff) << 12);
-        assert_eq!(split_dev(dev), (259, 0x1_0000));
+        // glibc's makedev().
+        fn makedev(major: u64, minor: u64) -> u64 {
+            (minor & 0xff)
+                | ((major & 0xfff) << 8)
+                | ((minor & !0xff) << 12)
+                | ((major & !0xfff) << 32)
+        }
+        for (major, minor) in [(5, 1), (259, 0x1_0000), (0x1234, 0x5_6789), (0, 0)] {
+            assert_eq!(
+                split_dev(makedev(major, minor)),
+                (major as u32, minor as u32)
+            );
+        }
     }
 }
