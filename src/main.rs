@@ -10,6 +10,8 @@ mod manifest;
 mod snapshots;
 mod terminal;
 mod units;
+mod up;
+mod up_cmd;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -53,6 +55,9 @@ enum Command {
     /// Build node images for multi-node guests.
     #[command(subcommand)]
     Image(image_cmd::ImageCommand),
+    /// Boot a multi-node system under test from a manifest, run its workload
+    /// (with scheduled faults), and exit with the workload's status.
+    Up(up_cmd::UpArgs),
 }
 
 #[derive(Subcommand, Debug)]
@@ -580,35 +585,7 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
         match &first {
             None => first = Some(outcome),
             Some(reference) => {
-                let divergence = first_divergence(&reference.records, &outcome.records);
-                let text = match divergence {
-                    Some(Divergence::Record { position, left, right }) => Some(format!(
-                        "runs 1 and {run} diverge at exit {position}:\n  run 1: {left}\n  run {run}: {right}"
-                    )),
-                    Some(Divergence::Length { left, right, next }) => Some(format!(
-                        "runs 1 and {run} diverge in length: {left} vs {right} exits; first extra: {}",
-                        next.map(|r| r.to_string()).unwrap_or_default()
-                    )),
-                    None if reference.digest != outcome.digest => {
-                        let (a, b) = (&reference.digest_parts, &outcome.digest_parts);
-                        let differing: Vec<&str> = [
-                            ("memory", a.memory != b.memory),
-                            ("devices", a.devices != b.devices),
-                            ("console", a.console != b.console),
-                        ]
-                        .iter()
-                        .filter(|(_, differs)| *differs)
-                        .map(|(name, _)| *name)
-                        .collect();
-                        Some(format!(
-                            "runs 1 and {run} have equal exits but different final state (digest {} vs {}): {} differ",
-                            reference.digest,
-                            outcome.digest,
-                            differing.join(", ")
-                        ))
-                    }
-                    None => None,
-                };
+                let text = compare_runs(reference, &outcome, run);
                 if let Some(text) = text {
                     summary.identical = false;
                     summary.divergence = Some(text);
@@ -628,6 +605,43 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
         println!("DIVERGED: {}", summary.divergence.as_deref().unwrap_or(""));
     }
     Ok(if summary.identical { 0 } else { 1 })
+}
+
+/// How run `run` differs from the reference run 1, if it does: the first
+/// differing exit, or else which part of the final state differs.
+fn compare_runs(reference: &RunOutcome, outcome: &RunOutcome, run: u32) -> Option<String> {
+    match first_divergence(&reference.records, &outcome.records) {
+        Some(Divergence::Record {
+            position,
+            left,
+            right,
+        }) => Some(format!(
+            "runs 1 and {run} diverge at exit {position}:\n  run 1: {left}\n  run {run}: {right}"
+        )),
+        Some(Divergence::Length { left, right, next }) => Some(format!(
+            "runs 1 and {run} diverge in length: {left} vs {right} exits; first extra: {}",
+            next.map(|r| r.to_string()).unwrap_or_default()
+        )),
+        None if reference.digest != outcome.digest => {
+            let (a, b) = (&reference.digest_parts, &outcome.digest_parts);
+            let differing: Vec<&str> = [
+                ("memory", a.memory != b.memory),
+                ("devices", a.devices != b.devices),
+                ("console", a.console != b.console),
+            ]
+            .iter()
+            .filter(|(_, differs)| *differs)
+            .map(|(name, _)| *name)
+            .collect();
+            Some(format!(
+                "runs 1 and {run} have equal exits but different final state (digest {} vs {}): {} differ",
+                reference.digest,
+                outcome.digest,
+                differing.join(", ")
+            ))
+        }
+        None => None,
+    }
 }
 
 fn cmd_branch(args: BranchArgs) -> Result<u8> {
@@ -852,6 +866,7 @@ fn main() -> ExitCode {
         Command::Snapshot(SnapshotCommand::Info { dir }) => snapshots::info(&dir),
         Command::Branch(args) => cmd_branch(args),
         Command::Seek(args) => cmd_seek(args),
+        Command::Up(args) => up_cmd::cmd_up(args),
         Command::Image(cmd) => image_cmd::run(cmd),
     };
     match result {

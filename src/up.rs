@@ -1,0 +1,629 @@
+//! `detvisor up cluster.toml`: a multi-node system under test in one guest.
+//!
+//! The guest's PID 1 is the agent (`detvisor-agent`), reached over a virtio
+//! console. [`Conductor`] is the host side of that conversation: a pure state
+//! machine fed with the agent's messages and the virtual time, answering with
+//! the messages to send. The session loop calls it after every exit, so every
+//! message reaches the guest at an exit chosen by guest output or virtual
+//! time: the whole run, faults included, is a function of the seed.
+
+use crate::faults::{FaultAction, TimedFault};
+use crate::manifest::{Manifest, NodePlan, RootSource, WorkloadPlan};
+use anyhow::{bail, Context, Result};
+use detvisor_agent::protocol::{
+    encode_frame, AgentToHost, ExitStatus, FrameDecoder, HostToAgent, NodeSpec, Stream,
+    MAX_FRAME_LEN, PROTOCOL_VERSION,
+};
+use devices::VirtNanos;
+use image_builder::{ImageConfig, RootFs};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Where node `name`'s root directory is in the guest.
+pub fn node_root(name: &str) -> String {
+    format!("/nodes/{name}")
+}
+
+/// The guest's NIC for node `index` (in manifest order).
+pub fn node_nic(index: usize) -> String {
+    format!("eth{index}")
+}
+
+/// What the conductor reports to the loop besides messages to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Note {
+    /// A line for the user (events, not node output).
+    Event(String),
+    /// Output of a node (`None`: the workload running inside a node).
+    Output {
+        node: Option<String>,
+        stream: Stream,
+        data: Vec<u8>,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for `booted`.
+    Booting,
+    /// `hello` sent, waiting for `ready`.
+    Greeting,
+    /// Nodes requested, waiting for each `node_started`.
+    Starting,
+    /// Every node runs (and the workload, if any, was started).
+    Running,
+    /// `shutdown` sent.
+    ShuttingDown,
+}
+
+/// The host side of the agent conversation.
+pub struct Conductor {
+    nodes: Vec<NodeSpec>,
+    workload: Option<WorkloadPlan>,
+    /// Agent-side faults still to do, in time order.
+    faults: VecDeque<TimedFault>,
+    phase: Phase,
+    started: BTreeSet<String>,
+    /// The run's status once the workload ended (or a setup step failed).
+    status: Option<i32>,
+}
+
+/// Exit status when the guest could not be set up (a node failed to start).
+pub const SETUP_FAILED: i32 = 125;
+
+impl Conductor {
+    pub fn new(nodes: Vec<NodeSpec>, workload: Option<WorkloadPlan>, faults: &[TimedFault]) -> Self {
+        Conductor {
+            nodes,
+            workload,
+            faults: faults
+                .iter()
+                .filter(|f| !f.action.is_network())
+                .cloned()
+                .collect(),
+            phase: Phase::Booting,
+            started: BTreeSet::new(),
+            status: None,
+        }
+    }
+
+    /// The run's status: the workload's (shell convention), or
+    /// [`SETUP_FAILED`]; `None` while it runs or without a workload.
+    pub fn status(&self) -> Option<i32> {
+        self.status
+    }
+
+    /// The next virtual time at which [`Conductor::due`] has something to do.
+    pub fn next_fault_time(&self) -> Option<VirtNanos> {
+        if self.phase == Phase::ShuttingDown {
+            return None;
+        }
+        self.faults.front().map(|f| f.at)
+    }
+
+    /// Handles one message from the agent.
+    pub fn on_message(
+        &mut self,
+        message: AgentToHost,
+        send: &mut Vec<HostToAgent>,
+        notes: &mut Vec<Note>,
+    ) {
+        match message {
+            AgentToHost::Booted { version } => {
+                if self.phase != Phase::Booting {
+                    notes.push(Note::Event("agent: booted twice".into()));
+                    return;
+                }
+                if version != PROTOCOL_VERSION {
+                    notes.push(Note::Event(format!(
+                        "agent speaks protocol {version}, this detvisor {PROTOCOL_VERSION}"
+                    )));
+                }
+                send.push(HostToAgent::Hello {
+                    version: PROTOCOL_VERSION,
+                });
+                self.phase = Phase::Greeting;
+            }
+            AgentToHost::Ready { .. } => {
+                if self.phase != Phase::Greeting {
+                    return;
+                }
+                send.extend(self.nodes.iter().cloned().map(HostToAgent::CreateNode));
+                self.phase = Phase::Starting;
+                if self.nodes.is_empty() {
+                    self.all_started(send);
+                }
+            }
+            AgentToHost::NodeStarted { name, pid } => {
+                notes.push(Note::Event(format!("node {name} started (pid {pid})")));
+                self.started.insert(name);
+                if self.phase == Phase::Starting
+                    && self.nodes.iter().all(|n| self.started.contains(&n.name))
+                {
+                    self.all_started(send);
+                }
+            }
+            AgentToHost::WorkloadStarted { node, .. } => {
+                notes.push(Note::Event(match node {
+                    Some(node) => format!("workload started in node {node}"),
+                    None => "workload started".into(),
+                }));
+            }
+            AgentToHost::Output { node, stream, data } => {
+                notes.push(Note::Output { node, stream, data });
+            }
+            AgentToHost::Exited { node, status } => {
+                self.started.remove(&node);
+                notes.push(Note::Event(format!("node {node} exited ({})", describe(status))));
+                if matches!(&self.workload, Some(WorkloadPlan::OwnNode(w)) if w.name == node) {
+                    self.finish(status.shell_code(), send);
+                }
+            }
+            AgentToHost::WorkloadExited { status } => {
+                notes.push(Note::Event(format!("workload exited ({})", describe(status))));
+                self.finish(status.shell_code(), send);
+            }
+            AgentToHost::Paused { node } => notes.push(Note::Event(format!("node {node} paused"))),
+            AgentToHost::Resumed { node } => {
+                notes.push(Note::Event(format!("node {node} resumed")))
+            }
+            AgentToHost::Error { context, message } => {
+                notes.push(Note::Event(format!("agent: {context}: {message}")));
+                let setup = ["hello", "create_node", "start_workload", "channel"]
+                    .iter()
+                    .any(|step| context.starts_with(step));
+                if setup && self.phase != Phase::Running {
+                    self.finish(SETUP_FAILED, send);
+                }
+            }
+        }
+    }
+
+    /// Agent-side faults due at `now`. Faults that fall before every node
+    /// runs wait until they do (an agent cannot pause a node it has not made).
+    pub fn due(&mut self, now: VirtNanos, send: &mut Vec<HostToAgent>, notes: &mut Vec<Note>) {
+        if self.phase != Phase::Running {
+            return;
+        }
+        while self.faults.front().is_some_and(|f| f.at <= now) {
+            let fault = self.faults.pop_front().expect("checked above");
+            notes.push(Note::Event(format!("fault: {}", fault.action)));
+            send.push(match fault.action {
+                FaultAction::Pause(node) => HostToAgent::Pause { node },
+                FaultAction::Resume(node) => HostToAgent::Resume { node },
+                FaultAction::Kill { node, signal } => HostToAgent::Kill { node, signal },
+                FaultAction::Restart(node) => HostToAgent::Restart { node },
+                FaultAction::Partition(_) | FaultAction::Heal => continue,
+            });
+        }
+    }
+
+    fn all_started(&mut self, send: &mut Vec<HostToAgent>) {
+        self.phase = Phase::Running;
+        if let Some(WorkloadPlan::InNode { node, command, env }) = &self.workload {
+            send.push(HostToAgent::StartWorkload {
+                node: Some(node.clone()),
+                command: command.clone(),
+                env: env.clone(),
+            });
+        }
+    }
+
+    fn finish(&mut self, status: i32, send: &mut Vec<HostToAgent>) {
+        if self.phase == Phase::ShuttingDown {
+            return;
+        }
+        self.status = Some(status);
+        self.phase = Phase::ShuttingDown;
+        send.push(HostToAgent::Shutdown);
+    }
+}
+
+fn describe(status: ExitStatus) -> String {
+    match status {
+        ExitStatus::Code(code) => format!("status {code}"),
+        ExitStatus::Signal(signal) => format!("signal {signal}"),
+    }
+}
+
+/// A node's tree and image config from its source.
+fn load_root(source: &RootSource) -> Result<(RootFs, ImageConfig)> {
+    match source {
+        RootSource::Image(path) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("cannot read node image {}", path.display()))?;
+            let image = image_builder::NodeImage::load(&bytes)
+                .with_context(|| format!("node image {}", path.display()))?;
+            Ok((image.root, image.config))
+        }
+        RootSource::Oci(reference) => {
+            let oci = image_builder::parse_oci_ref(reference)
+                .with_context(|| format!("OCI reference {reference}"))?;
+            let (config, layers) = image_builder::read_image(&oci)
+                .with_context(|| format!("reading OCI layout {reference}"))?;
+            let root = image_builder::flatten(&layers)
+                .with_context(|| format!("flattening OCI layout {reference}"))?;
+            Ok((root, config))
+        }
+        RootSource::Rootfs(dir) => {
+            let root = RootFs::from_dir(dir)
+                .with_context(|| format!("reading rootfs directory {}", dir.display()))?;
+            Ok((root, ImageConfig::default()))
+        }
+    }
+}
+
+/// The agent's node requests and the overlay of the guest initramfs (the
+/// agent plus every node's tree under `/nodes/<name>`), from a manifest.
+pub fn assemble(manifest: &Manifest, agent: &Path) -> Result<(Vec<NodeSpec>, RootFs)> {
+    let mut overlay = RootFs::new();
+    let agent_bytes =
+        std::fs::read(agent).with_context(|| format!("cannot read the agent {}", agent.display()))?;
+    overlay.add_file("detvisor-agent", 0o755, agent_bytes)?;
+    overlay.add_dir("nodes", 0o755)?;
+    let mut specs = Vec::new();
+    for (index, node) in manifest.all_nodes().into_iter().enumerate() {
+        let (root, config) = load_root(&node.source).with_context(|| format!("node {}", node.name))?;
+        overlay
+            .graft(&node_root(&node.name), &root)
+            .with_context(|| format!("node {}", node.name))?;
+        specs.push(node_spec(node, index, &config)?);
+    }
+    Ok((specs, overlay))
+}
+
+/// The agent's request for one node: the manifest's command and env over
+/// the image's defaults.
+fn node_spec(node: &NodePlan, index: usize, config: &ImageConfig) -> Result<NodeSpec> {
+    let command = if node.command.is_empty() {
+        config.argv()
+    } else {
+        node.command.clone()
+    };
+    if command.is_empty() {
+        bail!(
+            "node {}: no `command` in the manifest and none in its image",
+            node.name
+        );
+    }
+    let mut env: BTreeMap<String, String> = config
+        .env
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    env.extend(node.env.clone());
+    Ok(NodeSpec {
+        name: node.name.clone(),
+        rootfs: node_root(&node.name),
+        hostname: node.hostname.clone(),
+        nic: Some(node_nic(index)),
+        address: Some(node.address.clone()),
+        env,
+        command,
+    })
+}
+
+/// Prints node output line by line with the node's name in front, and keeps
+/// each node's raw output in `<logs>/<node>.log`.
+pub struct OutputSink {
+    width: usize,
+    partial: BTreeMap<(String, bool), Vec<u8>>,
+    logs: Option<PathBuf>,
+    files: BTreeMap<String, std::fs::File>,
+    out: Box<dyn Write>,
+}
+
+impl OutputSink {
+    pub fn new(names: &[String], logs: Option<PathBuf>, out: Box<dyn Write>) -> Result<Self> {
+        if let Some(dir) = &logs {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating the log directory {}", dir.display()))?;
+        }
+        Ok(OutputSink {
+            width: names.iter().map(String::len).max().unwrap_or(0).max(8),
+            partial: BTreeMap::new(),
+            logs,
+            files: BTreeMap::new(),
+            out,
+        })
+    }
+
+    pub fn output(&mut self, node: &str, stream: Stream, data: &[u8]) -> Result<()> {
+        if let Some(dir) = &self.logs {
+            if !self.files.contains_key(node) {
+                let path = dir.join(format!("{node}.log"));
+                let file = std::fs::File::create(&path)
+                    .with_context(|| format!("creating {}", path.display()))?;
+                self.files.insert(node.to_string(), file);
+            }
+            let file = self.files.get_mut(node).expect("inserted above");
+            file.write_all(data).context("writing a node log")?;
+        }
+        let key = (node.to_string(), stream == Stream::Stderr);
+        let buffer = self.partial.entry(key).or_default();
+        buffer.extend_from_slice(data);
+        while let Some(end) = buffer.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buffer.drain(..=end).collect();
+            write!(self.out, "{node:>width$} | ", width = self.width)?;
+            self.out.write_all(&line)?;
+        }
+        Ok(())
+    }
+
+    /// Prints what is left without a final newline.
+    pub fn flush(&mut self) -> Result<()> {
+        for ((node, _), rest) in std::mem::take(&mut self.partial) {
+            if !rest.is_empty() {
+                write!(self.out, "{node:>width$} | ", width = self.width)?;
+                self.out.write_all(&rest)?;
+                writeln!(self.out)?;
+            }
+        }
+        self.out.flush()?;
+        Ok(())
+    }
+}
+
+/// Runs a booted session with the agent conversation and the fault schedule
+/// until the guest stops. Returns the stop reason and the run's status.
+pub fn drive(
+    session: &mut vmm::vm::Session,
+    conductor: &mut Conductor,
+    network_faults: &[TimedFault],
+    node_names: &[String],
+    sink: &mut OutputSink,
+    events: &mut dyn FnMut(VirtNanos, &str),
+) -> Result<vmm::exit::StopReason> {
+    // Partitions and heals are timed events of the switch itself.
+    let ports = session.devices_mut().nic_ports();
+    for fault in network_faults {
+        let result = match &fault.action {
+            FaultAction::Partition(groups) => {
+                let groups = groups
+                    .iter()
+                    .map(|group| {
+                        group
+                            .iter()
+                            .map(|name| {
+                                let index = node_names
+                                    .iter()
+                                    .position(|n| n == name)
+                                    .expect("fault names were checked against the manifest");
+                                ports[index]
+                            })
+                            .collect()
+                    })
+                    .collect();
+                session.devices_mut().schedule_partition(fault.at, groups)
+            }
+            FaultAction::Heal => session.devices_mut().schedule_heal(fault.at),
+            _ => continue,
+        };
+        result.with_context(|| format!("scheduling the fault {}", fault.action))?;
+    }
+    let mut decoder = FrameDecoder::new(MAX_FRAME_LEN);
+    let mut send = Vec::new();
+    let mut notes = Vec::new();
+    let mut network_events: VecDeque<&TimedFault> = network_faults.iter().collect();
+    loop {
+        session.set_wakeup(conductor.next_fault_time());
+        if let Some(stop) = session.step_one()? {
+            return Ok(stop);
+        }
+        let now = session.now();
+        while network_events.front().is_some_and(|f| f.at <= now) {
+            let fault = network_events.pop_front().expect("checked above");
+            events(fault.at, &format!("fault: {}", fault.action));
+        }
+        let bytes = session.take_agent_output();
+        if !bytes.is_empty() {
+            decoder.push(&bytes);
+            loop {
+                match decoder.next_message::<AgentToHost>() {
+                    Ok(Some(message)) => conductor.on_message(message, &mut send, &mut notes),
+                    Ok(None) => break,
+                    Err(e) if e.is_fatal() => bail!("the agent's channel broke: {e}"),
+                    Err(e) => notes.push(Note::Event(format!("agent channel: {e}"))),
+                }
+            }
+        }
+        conductor.due(now, &mut send, &mut notes);
+        for note in notes.drain(..) {
+            match note {
+                Note::Event(text) => events(now, &text),
+                Note::Output { node, stream, data } => {
+                    sink.output(node.as_deref().unwrap_or("workload"), stream, &data)?
+                }
+            }
+        }
+        for message in send.drain(..) {
+            let frame = encode_frame(&message).context("encoding a message for the agent")?;
+            session.send_to_agent(&frame)?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::schedule;
+
+    fn spec(name: &str) -> NodeSpec {
+        NodeSpec {
+            name: name.into(),
+            rootfs: node_root(name),
+            hostname: None,
+            nic: None,
+            address: None,
+            env: BTreeMap::new(),
+            command: vec!["sleep".into(), "100".into()],
+        }
+    }
+
+    fn conductor(workload: Option<WorkloadPlan>, faults: &[&str]) -> Conductor {
+        let names = vec!["n1".to_string(), "n2".to_string()];
+        let faults: Vec<String> = faults.iter().map(|s| s.to_string()).collect();
+        Conductor::new(
+            vec![spec("n1"), spec("n2")],
+            workload,
+            &schedule(&faults, &names).unwrap(),
+        )
+    }
+
+    fn feed(c: &mut Conductor, m: AgentToHost) -> Vec<HostToAgent> {
+        let mut send = Vec::new();
+        let mut notes = Vec::new();
+        c.on_message(m, &mut send, &mut notes);
+        send
+    }
+
+    fn boot(c: &mut Conductor) {
+        assert_eq!(
+            feed(c, AgentToHost::Booted { version: PROTOCOL_VERSION }),
+            vec![HostToAgent::Hello {
+                version: PROTOCOL_VERSION
+            }]
+        );
+        assert_eq!(
+            feed(c, AgentToHost::Ready { version: PROTOCOL_VERSION }),
+            vec![
+                HostToAgent::CreateNode(spec("n1")),
+                HostToAgent::CreateNode(spec("n2"))
+            ]
+        );
+    }
+
+    #[test]
+    fn test_conversation_starts_nodes_then_workload_then_shuts_down() {
+        let workload = WorkloadPlan::InNode {
+            node: "n2".into(),
+            command: vec!["true".into()],
+            env: BTreeMap::new(),
+        };
+        let mut c = conductor(Some(workload), &[]);
+        boot(&mut c);
+        assert!(feed(&mut c, AgentToHost::NodeStarted { name: "n2".into(), pid: 3 }).is_empty());
+        assert_eq!(
+            feed(&mut c, AgentToHost::NodeStarted { name: "n1".into(), pid: 2 }),
+            vec![HostToAgent::StartWorkload {
+                node: Some("n2".into()),
+                command: vec!["true".into()],
+                env: BTreeMap::new()
+            }]
+        );
+        assert_eq!(c.status(), None);
+        assert_eq!(
+            feed(&mut c, AgentToHost::WorkloadExited { status: ExitStatus::Signal(9) }),
+            vec![HostToAgent::Shutdown]
+        );
+        assert_eq!(c.status(), Some(137));
+        // Exits during shutdown change nothing.
+        assert!(feed(&mut c, AgentToHost::Exited { node: "n1".into(), status: ExitStatus::Signal(9) })
+            .is_empty());
+        assert_eq!(c.status(), Some(137));
+    }
+
+    #[test]
+    fn test_nothing_is_sent_before_booted_and_setup_errors_end_the_run() {
+        let mut c = conductor(None, &[]);
+        assert!(feed(&mut c, AgentToHost::Ready { version: 1 }).is_empty());
+        boot(&mut c);
+        assert_eq!(
+            feed(
+                &mut c,
+                AgentToHost::Error {
+                    context: "create_node n2".into(),
+                    message: "exec \"sleep\": No such file or directory".into()
+                }
+            ),
+            vec![HostToAgent::Shutdown]
+        );
+        assert_eq!(c.status(), Some(SETUP_FAILED));
+    }
+
+    #[test]
+    fn test_faults_wait_for_the_nodes_and_go_in_time_order() {
+        let mut c = conductor(None, &["at=1s pause n1 for=2s", "at=2s kill n2", "at=1s partition n1 | n2"]);
+        assert_eq!(c.next_fault_time(), Some(VirtNanos(1_000_000_000)));
+        let mut send = Vec::new();
+        let mut notes = Vec::new();
+        // Due, but the nodes are not up yet.
+        c.due(VirtNanos(5_000_000_000), &mut send, &mut notes);
+        assert!(send.is_empty());
+        boot(&mut c);
+        feed(&mut c, AgentToHost::NodeStarted { name: "n1".into(), pid: 2 });
+        feed(&mut c, AgentToHost::NodeStarted { name: "n2".into(), pid: 3 });
+        c.due(VirtNanos(2_000_000_000), &mut send, &mut notes);
+        assert_eq!(
+            send,
+            vec![
+                HostToAgent::Pause { node: "n1".into() },
+                HostToAgent::Kill { node: "n2".into(), signal: 9 }
+            ]
+        );
+        assert_eq!(c.next_fault_time(), Some(VirtNanos(3_000_000_000)));
+        send.clear();
+        c.due(VirtNanos(3_000_000_000), &mut send, &mut notes);
+        assert_eq!(send, vec![HostToAgent::Resume { node: "n1".into() }]);
+        assert_eq!(c.next_fault_time(), None);
+    }
+
+    #[test]
+    fn test_own_node_workload_ends_the_run_when_it_exits() {
+        let mut own = spec("workload");
+        own.command = vec!["true".into()];
+        let plan = WorkloadPlan::OwnNode(NodePlan {
+            name: "workload".into(),
+            source: RootSource::Rootfs("/r".into()),
+            address: "192.0.2.3/24".into(),
+            hostname: None,
+            command: vec!["true".into()],
+            env: BTreeMap::new(),
+        });
+        let mut c = Conductor::new(vec![spec("n1"), own], Some(plan), &[]);
+        feed(&mut c, AgentToHost::Booted { version: PROTOCOL_VERSION });
+        feed(&mut c, AgentToHost::Ready { version: PROTOCOL_VERSION });
+        assert!(feed(&mut c, AgentToHost::Exited { node: "n1".into(), status: ExitStatus::Code(1) })
+            .is_empty());
+        assert_eq!(
+            feed(&mut c, AgentToHost::Exited { node: "workload".into(), status: ExitStatus::Code(3) }),
+            vec![HostToAgent::Shutdown]
+        );
+        assert_eq!(c.status(), Some(3));
+    }
+
+    #[test]
+    fn test_output_sink_prefixes_whole_lines_and_logs_raw_bytes() {
+        let dir = std::env::temp_dir().join(format!("detvisor-sink-{}", std::process::id()));
+        let shared = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl Write for Shared {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut sink = OutputSink::new(
+            &["n1".into()],
+            Some(dir.clone()),
+            Box::new(Shared(shared.clone())),
+        )
+        .unwrap();
+        sink.output("n1", Stream::Stdout, b"hel").unwrap();
+        sink.output("n1", Stream::Stdout, b"lo\nwor").unwrap();
+        sink.output("n1", Stream::Stderr, b"oops\n").unwrap();
+        sink.flush().unwrap();
+        let printed = String::from_utf8(shared.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            printed,
+            "      n1 | hello\n      n1 | oops\n      n1 | wor\n"
+        );
+        assert_eq!(std::fs::read(dir.join("n1.log")).unwrap(), b"hello\nworoops\n");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,225 @@
+//! `detvisor up`, end to end: nodes from a manifest as containers in one
+//! guest, driven by the in-guest agent over the control channel, talking over
+//! the simulated switch, with faults on a schedule.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+
+/// A directory with a manifest and a busybox root filesystem for the nodes.
+struct Cluster {
+    dir: PathBuf,
+}
+
+impl Cluster {
+    fn new(name: &str, manifest: &str) -> Cluster {
+        let dir = std::env::temp_dir().join(format!("detvisor-up-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let bin = dir.join("root/bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox-static is installed");
+        for applet in [
+            "sh", "echo", "sleep", "ping", "nc", "cat", "cut", "hostname", "seq", "true",
+        ] {
+            std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
+        }
+        std::fs::write(dir.join("cluster.toml"), manifest).unwrap();
+        Cluster { dir }
+    }
+
+    fn manifest(&self) -> String {
+        self.dir.join("cluster.toml").display().to_string()
+    }
+
+    fn logs(&self) -> String {
+        self.dir.join("logs").display().to_string()
+    }
+
+    fn up(&self, extra: &[&str]) -> std::process::Output {
+        let manifest = self.manifest();
+        let logs = self.logs();
+        let mut args = vec!["up", manifest.as_str(), "--logs", logs.as_str()];
+        args.extend_from_slice(extra);
+        detvisor(&args)
+    }
+
+    fn log(&self, node: &str) -> String {
+        std::fs::read_to_string(Path::new(&self.logs()).join(format!("{node}.log")))
+            .unwrap_or_else(|e| panic!("log of {node}: {e}"))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// n1 answers on TCP port 7000; n2 ticks; the workload runs inside n2.
+const TWO_NODES: &str = r#"
+[network]
+latency = "1ms..3ms"
+
+[[node]]
+name = "n1"
+rootfs = "root"
+command = ["sh", "-c", "echo n1 up on $(hostname); while true; do echo pong | nc -l -p 7000; done"]
+
+[[node]]
+name = "n2"
+rootfs = "root"
+env = { GREETING = "hello from n2" }
+command = ["sh", "-c", "echo $GREETING; while true; do sleep 1; done"]
+
+[workload]
+node = "n2"
+command = ["sh", "-c", "ping -c 2 192.0.2.1 && echo hi | nc 192.0.2.1 7000 && echo workload on $(hostname); exit 3"]
+"#;
+
+#[test]
+fn test_up_runs_nodes_and_the_workload_and_exits_with_its_status() {
+    let cluster = Cluster::new("basic", TWO_NODES);
+    let out = cluster.up(&["--seed", "1", "--until", "60s"]);
+    let text = stdout(&out);
+    assert_eq!(out.status.code(), Some(3), "the workload's status");
+    // Node output, prefixed with the node's name.
+    assert!(text.contains("      n1 | n1 up on n1\n"), "{text}");
+    assert!(text.contains("      n2 | hello from n2\n"), "{text}");
+    // The workload reached n1 over the switch, from inside n2.
+    assert!(text.contains("workload | 2 packets transmitted, 2 packets received"), "{text}");
+    assert!(text.contains("workload | pong\n"), "{text}");
+    assert!(text.contains("workload | workload on n2\n"), "{text}");
+    assert!(stderr(&out).contains("workload exited (status 3)"), "{}", stderr(&out));
+    // Per-node logs hold the raw output.
+    assert_eq!(cluster.log("n1"), "n1 up on n1\n");
+    assert!(cluster.log("workload").contains("pong\n"));
+}
+
+/// n2 pings n1 every half second and prints virtual uptime and the result.
+const PINGER: &str = r#"
+[[node]]
+name = "n1"
+rootfs = "root"
+command = ["sh", "-c", "while true; do echo tick $(cut -d' ' -f1 /proc/uptime); sleep 0.5; done"]
+
+[[node]]
+name = "n2"
+rootfs = "root"
+command = ["sh", "-c", "while true; do sleep 1; done"]
+
+[workload]
+node = "n2"
+command = ["sh", "-c", "for i in $(seq 1 16); do if ping -c 1 -W 1 192.0.2.1 >/dev/null; then r=ok; else r=lost; fi; echo $(cut -d' ' -f1 /proc/uptime) $r; sleep 0.5; done"]
+"#;
+
+/// (uptime, ok) pairs the PINGER workload printed.
+fn pings(text: &str) -> Vec<(f64, bool)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("workload | "))
+        .filter_map(|l| {
+            let (t, r) = l.split_once(' ')?;
+            Some((t.parse().ok()?, r == "ok"))
+        })
+        .collect()
+}
+
+#[test]
+fn test_up_partition_cuts_a_node_off_until_the_heal_and_runs_are_identical() {
+    let cluster = Cluster::new("partition", PINGER);
+    let out = cluster.up(&[
+        "--seed",
+        "7",
+        "--until",
+        "60s",
+        "--fault",
+        "at=4s partition n1 | n2 for=3s",
+        "--runs",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = stdout(&out);
+    assert!(text.contains("identical: 2 runs"), "{text}");
+    let pings = pings(&text);
+    assert_eq!(pings.len(), 16, "{text}");
+    let lost: Vec<f64> = pings.iter().filter(|p| !p.1).map(|p| p.0).collect();
+    assert!(!lost.is_empty(), "no ping was lost during the partition: {text}");
+    // A ping that ends (1 s timeout) inside [4 s, 7 s + 1 s] can be lost; none other.
+    for t in &lost {
+        assert!((4.0..=8.2).contains(t), "lost at {t}: {text}");
+    }
+    assert!(pings.iter().any(|p| p.1 && p.0 < 4.0), "{text}");
+    assert!(pings.iter().any(|p| p.1 && p.0 > 7.0), "no ping after the heal: {text}");
+    let err = stderr(&out);
+    assert!(err.contains("fault: partition n1 | n2"), "{err}");
+    assert!(err.contains("fault: heal"), "{err}");
+}
+
+#[test]
+fn test_up_pause_stops_a_node_for_its_duration() {
+    let cluster = Cluster::new("pause", PINGER);
+    let out = cluster.up(&[
+        "--seed",
+        "3",
+        "--until",
+        "60s",
+        "--fault",
+        "at=4s pause n1 for=2s",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let err = stderr(&out);
+    assert!(err.contains("node n1 paused"), "{err}");
+    assert!(err.contains("node n1 resumed"), "{err}");
+    let ticks: Vec<f64> = cluster
+        .log("n1")
+        .lines()
+        .filter_map(|l| l.strip_prefix("tick ")?.parse().ok())
+        .collect();
+    // n1 ticks every 0.5 s, except for a gap of about 2 s starting at 4 s.
+    let gaps: Vec<(f64, f64)> = ticks
+        .windows(2)
+        .map(|w| (w[0], w[1] - w[0]))
+        .filter(|(_, gap)| *gap > 1.0)
+        .collect();
+    assert_eq!(gaps.len(), 1, "ticks: {ticks:?}");
+    let (start, gap) = gaps[0];
+    assert!((3.4..=4.1).contains(&start), "paused after the tick at {start}: {ticks:?}");
+    assert!((1.9..=2.7).contains(&gap), "gap {gap}: {ticks:?}");
+}
+
+#[test]
+fn test_up_same_seed_same_digest_other_seed_other_digest() {
+    let cluster = Cluster::new("seeds", TWO_NODES);
+    let digest = |seed: &str| {
+        let out = cluster.up(&["--seed", seed, "--until", "60s", "--json", "--quiet"]);
+        assert_eq!(out.status.code(), Some(3));
+        summary(&out)["digest"].as_str().unwrap().to_string()
+    };
+    let (a, b, c) = (digest("11"), digest("11"), digest("12"));
+    assert_eq!(a, b, "same seed, same history");
+    assert_ne!(a, c, "another seed, another history");
+}
+
+#[test]
+fn test_up_bad_manifests_get_errors_naming_the_problem() {
+    let cluster = Cluster::new(
+        "bad",
+        "[[node]]\nname = \"n1\"\nrootfs = \"root\"\ncomand = [\"true\"]\n",
+    );
+    let out = cluster.up(&[]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("unknown field `comand`"), "{}", stderr(&out));
+
+    let missing = Cluster::new(
+        "missing",
+        "[[node]]\nname = \"n1\"\nrootfs = \"nowhere\"\ncommand = [\"true\"]\n",
+    );
+    let out = missing.up(&["--host-vm", "never"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("nowhere"), "{}", stderr(&out));
+
+    let fault = Cluster::new("fault", TWO_NODES);
+    let out = fault.up(&["--fault", "at=1s pause n7"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no node is named \"n7\""), "{}", stderr(&out));
+}
