@@ -28,7 +28,10 @@ pub enum FaultAction {
     Heal,
     Pause(String),
     Resume(String),
-    Kill { node: String, signal: i32 },
+    Kill {
+        node: String,
+        signal: i32,
+    },
     Restart(String),
 }
 
@@ -96,7 +99,10 @@ pub fn parse_fault(text: &str) -> Result<Vec<TimedFault>> {
                     .ok()
                     .filter(|n| (1..=64).contains(n))
                     .with_context(|| {
-                        format!("{}: signal={value} is not a signal number (1..64)", context())
+                        format!(
+                            "{}: signal={value} is not a signal number (1..64)",
+                            context()
+                        )
                     })?;
                 signal = Some(n);
             }
@@ -158,7 +164,10 @@ pub fn parse_fault(text: &str) -> Result<Vec<TimedFault>> {
         }
         "pause" => {
             let node = one_node()?;
-            (FaultAction::Pause(node.clone()), Some(FaultAction::Resume(node)))
+            (
+                FaultAction::Pause(node.clone()),
+                Some(FaultAction::Resume(node)),
+            )
         }
         "resume" => (FaultAction::Resume(one_node()?), None),
         "kill" => (
@@ -183,10 +192,7 @@ pub fn parse_fault(text: &str) -> Result<Vec<TimedFault>> {
             at: VirtNanos(at.0.saturating_add(d.0)),
             action: undo,
         }),
-        (Some(_), None) => bail!(
-            "{}: for= applies to partition and pause only",
-            context()
-        ),
+        (Some(_), None) => bail!("{}: for= applies to partition and pause only", context()),
         (None, _) => {}
     }
     Ok(faults)
@@ -281,11 +287,7 @@ mod tests {
     #[test]
     fn test_schedule_orders_by_time_and_checks_names() {
         let nodes = vec![s("n1"), s("n2")];
-        let faults = schedule(
-            &[s("at=5s pause n1 for=10s"), s("at=7s kill n2")],
-            &nodes,
-        )
-        .unwrap();
+        let faults = schedule(&[s("at=5s pause n1 for=10s"), s("at=7s kill n2")], &nodes).unwrap();
         let times: Vec<u64> = faults.iter().map(|f| f.at.0 / 1_000_000_000).collect();
         assert_eq!(times, vec![5, 7, 15]);
         let err = schedule(&[s("at=1s pause n9")], &nodes).unwrap_err();

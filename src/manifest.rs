@@ -421,6 +421,24 @@ command = ["sh", "-c", "true"]
     }
 
     #[test]
+    fn test_example_manifests_parse() {
+        for (name, text) in [
+            (
+                "cluster.toml",
+                include_str!("../examples/etcd/cluster.toml"),
+            ),
+            (
+                "partition.toml",
+                include_str!("../examples/etcd/partition.toml"),
+            ),
+        ] {
+            let m = parse(text, Path::new("/ex")).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            assert_eq!(m.nodes.len(), 3, "{name}");
+            assert_eq!(m.nodes[2].source, RootSource::Image("/ex/etcd.img".into()));
+        }
+    }
+
+    #[test]
     fn test_workload_with_its_own_image_is_a_node() {
         let m = parse(
             "[[node]]\nname='a'\nrootfs='r'\n[workload]\noci='layout:v1'\ncommand=['x']\n",
@@ -451,18 +469,37 @@ command = ["sh", "-c", "true"]
         assert!(err("[[node]]\nname='A'\nrootfs='r'\n").contains("name \"A\" must be"));
         assert!(err("[[node]]\nname='a'\n").contains("give one of `image`, `oci` or `rootfs`"));
         assert!(err("[[node]]\nname='a'\nrootfs='r'\nimage='i'\n").contains("exclude each other"));
-        assert!(err("[[node]]\nname='a'\nrootfs='r'\n[[node]]\nname='a'\nrootfs='r'\n")
-            .contains("two nodes are named \"a\""));
-        assert!(err("[[node]]\nname='a'\nrootfs='r'\naddress='192.0.2.2'\n[[node]]\nname='b'\nrootfs='r'\n")
-            .contains("same address 192.0.2.2"));
-        assert!(err("[[node]]\nname='a'\nrootfs='r'\naddress='300.1.1.1/24'\n").contains("not IPv4"));
-        assert!(err("[[node]]\nname='a'\nrootfs='r'\n[workload]\nnode='b'\ncommand=['x']\n")
-            .contains("names no declared node"));
-        assert!(err("[[node]]\nname='a'\nrootfs='r'\n[workload]\nnode='a'\n").contains("`command` is missing"));
+        assert!(
+            err("[[node]]\nname='a'\nrootfs='r'\n[[node]]\nname='a'\nrootfs='r'\n")
+                .contains("two nodes are named \"a\"")
+        );
+        assert!(err(
+            "[[node]]\nname='a'\nrootfs='r'\naddress='192.0.2.2'\n[[node]]\nname='b'\nrootfs='r'\n"
+        )
+        .contains("same address 192.0.2.2"));
+        assert!(
+            err("[[node]]\nname='a'\nrootfs='r'\naddress='300.1.1.1/24'\n").contains("not IPv4")
+        );
+        assert!(
+            err("[[node]]\nname='a'\nrootfs='r'\n[workload]\nnode='b'\ncommand=['x']\n")
+                .contains("names no declared node")
+        );
+        assert!(
+            err("[[node]]\nname='a'\nrootfs='r'\n[workload]\nnode='a'\n")
+                .contains("`command` is missing")
+        );
         assert!(err("[network]\nloss=2.0\n[[node]]\nname='a'\nrootfs='r'\n").contains("[network]"));
-        assert!(err("[network]\nlatency='fast'\n[[node]]\nname='a'\nrootfs='r'\n").contains("network.latency"));
-        assert!(err("faults=['at=1s pause zz']\n[[node]]\nname='a'\nrootfs='r'\n").contains("no node is named \"zz\""));
-        assert!(err("[machine]\nmem='lots'\n[[node]]\nname='a'\nrootfs='r'\n").contains("machine.mem"));
+        assert!(
+            err("[network]\nlatency='fast'\n[[node]]\nname='a'\nrootfs='r'\n")
+                .contains("network.latency")
+        );
+        assert!(
+            err("faults=['at=1s pause zz']\n[[node]]\nname='a'\nrootfs='r'\n")
+                .contains("no node is named \"zz\"")
+        );
+        assert!(
+            err("[machine]\nmem='lots'\n[[node]]\nname='a'\nrootfs='r'\n").contains("machine.mem")
+        );
         let many: String = (0..=MAX_NODES)
             .map(|i| format!("[[node]]\nname='n{i}'\nrootfs='r'\n"))
             .collect();

@@ -73,7 +73,11 @@ pub struct Conductor {
 pub const SETUP_FAILED: i32 = 125;
 
 impl Conductor {
-    pub fn new(nodes: Vec<NodeSpec>, workload: Option<WorkloadPlan>, faults: &[TimedFault]) -> Self {
+    pub fn new(
+        nodes: Vec<NodeSpec>,
+        workload: Option<WorkloadPlan>,
+        faults: &[TimedFault],
+    ) -> Self {
         Conductor {
             nodes,
             workload,
@@ -155,13 +159,19 @@ impl Conductor {
             }
             AgentToHost::Exited { node, status } => {
                 self.started.remove(&node);
-                notes.push(Note::Event(format!("node {node} exited ({})", describe(status))));
+                notes.push(Note::Event(format!(
+                    "node {node} exited ({})",
+                    describe(status)
+                )));
                 if matches!(&self.workload, Some(WorkloadPlan::OwnNode(w)) if w.name == node) {
                     self.finish(status.shell_code(), send);
                 }
             }
             AgentToHost::WorkloadExited { status } => {
-                notes.push(Note::Event(format!("workload exited ({})", describe(status))));
+                notes.push(Note::Event(format!(
+                    "workload exited ({})",
+                    describe(status)
+                )));
                 self.finish(status.shell_code(), send);
             }
             AgentToHost::Paused { node } => notes.push(Note::Event(format!("node {node} paused"))),
@@ -231,8 +241,8 @@ fn describe(status: ExitStatus) -> String {
 fn load_root(source: &RootSource) -> Result<(RootFs, ImageConfig)> {
     match source {
         RootSource::Image(path) => {
-            let bytes =
-                std::fs::read(path).with_context(|| format!("cannot read node image {}", path.display()))?;
+            let bytes = std::fs::read(path)
+                .with_context(|| format!("cannot read node image {}", path.display()))?;
             let image = image_builder::NodeImage::load(&bytes)
                 .with_context(|| format!("node image {}", path.display()))?;
             Ok((image.root, image.config))
@@ -258,13 +268,14 @@ fn load_root(source: &RootSource) -> Result<(RootFs, ImageConfig)> {
 /// agent plus every node's tree under `/nodes/<name>`), from a manifest.
 pub fn assemble(manifest: &Manifest, agent: &Path) -> Result<(Vec<NodeSpec>, RootFs)> {
     let mut overlay = RootFs::new();
-    let agent_bytes =
-        std::fs::read(agent).with_context(|| format!("cannot read the agent {}", agent.display()))?;
+    let agent_bytes = std::fs::read(agent)
+        .with_context(|| format!("cannot read the agent {}", agent.display()))?;
     overlay.add_file("detvisor-agent", 0o755, agent_bytes)?;
     overlay.add_dir("nodes", 0o755)?;
     let mut specs = Vec::new();
     for (index, node) in manifest.all_nodes().into_iter().enumerate() {
-        let (root, config) = load_root(&node.source).with_context(|| format!("node {}", node.name))?;
+        let (root, config) =
+            load_root(&node.source).with_context(|| format!("node {}", node.name))?;
         overlay
             .graft(&node_root(&node.name), &root)
             .with_context(|| format!("node {}", node.name))?;
@@ -481,13 +492,23 @@ mod tests {
 
     fn boot(c: &mut Conductor) {
         assert_eq!(
-            feed(c, AgentToHost::Booted { version: PROTOCOL_VERSION }),
+            feed(
+                c,
+                AgentToHost::Booted {
+                    version: PROTOCOL_VERSION
+                }
+            ),
             vec![HostToAgent::Hello {
                 version: PROTOCOL_VERSION
             }]
         );
         assert_eq!(
-            feed(c, AgentToHost::Ready { version: PROTOCOL_VERSION }),
+            feed(
+                c,
+                AgentToHost::Ready {
+                    version: PROTOCOL_VERSION
+                }
+            ),
             vec![
                 HostToAgent::CreateNode(spec("n1")),
                 HostToAgent::CreateNode(spec("n2"))
@@ -504,9 +525,22 @@ mod tests {
         };
         let mut c = conductor(Some(workload), &[]);
         boot(&mut c);
-        assert!(feed(&mut c, AgentToHost::NodeStarted { name: "n2".into(), pid: 3 }).is_empty());
+        assert!(feed(
+            &mut c,
+            AgentToHost::NodeStarted {
+                name: "n2".into(),
+                pid: 3
+            }
+        )
+        .is_empty());
         assert_eq!(
-            feed(&mut c, AgentToHost::NodeStarted { name: "n1".into(), pid: 2 }),
+            feed(
+                &mut c,
+                AgentToHost::NodeStarted {
+                    name: "n1".into(),
+                    pid: 2
+                }
+            ),
             vec![HostToAgent::StartWorkload {
                 node: Some("n2".into()),
                 command: vec!["true".into()],
@@ -515,13 +549,24 @@ mod tests {
         );
         assert_eq!(c.status(), None);
         assert_eq!(
-            feed(&mut c, AgentToHost::WorkloadExited { status: ExitStatus::Signal(9) }),
+            feed(
+                &mut c,
+                AgentToHost::WorkloadExited {
+                    status: ExitStatus::Signal(9)
+                }
+            ),
             vec![HostToAgent::Shutdown]
         );
         assert_eq!(c.status(), Some(137));
         // Exits during shutdown change nothing.
-        assert!(feed(&mut c, AgentToHost::Exited { node: "n1".into(), status: ExitStatus::Signal(9) })
-            .is_empty());
+        assert!(feed(
+            &mut c,
+            AgentToHost::Exited {
+                node: "n1".into(),
+                status: ExitStatus::Signal(9)
+            }
+        )
+        .is_empty());
         assert_eq!(c.status(), Some(137));
     }
 
@@ -545,7 +590,14 @@ mod tests {
 
     #[test]
     fn test_faults_wait_for_the_nodes_and_go_in_time_order() {
-        let mut c = conductor(None, &["at=1s pause n1 for=2s", "at=2s kill n2", "at=1s partition n1 | n2"]);
+        let mut c = conductor(
+            None,
+            &[
+                "at=1s pause n1 for=2s",
+                "at=2s kill n2",
+                "at=1s partition n1 | n2",
+            ],
+        );
         assert_eq!(c.next_fault_time(), Some(VirtNanos(1_000_000_000)));
         let mut send = Vec::new();
         let mut notes = Vec::new();
@@ -553,14 +605,29 @@ mod tests {
         c.due(VirtNanos(5_000_000_000), &mut send, &mut notes);
         assert!(send.is_empty());
         boot(&mut c);
-        feed(&mut c, AgentToHost::NodeStarted { name: "n1".into(), pid: 2 });
-        feed(&mut c, AgentToHost::NodeStarted { name: "n2".into(), pid: 3 });
+        feed(
+            &mut c,
+            AgentToHost::NodeStarted {
+                name: "n1".into(),
+                pid: 2,
+            },
+        );
+        feed(
+            &mut c,
+            AgentToHost::NodeStarted {
+                name: "n2".into(),
+                pid: 3,
+            },
+        );
         c.due(VirtNanos(2_000_000_000), &mut send, &mut notes);
         assert_eq!(
             send,
             vec![
                 HostToAgent::Pause { node: "n1".into() },
-                HostToAgent::Kill { node: "n2".into(), signal: 9 }
+                HostToAgent::Kill {
+                    node: "n2".into(),
+                    signal: 9
+                }
             ]
         );
         assert_eq!(c.next_fault_time(), Some(VirtNanos(3_000_000_000)));
@@ -583,12 +650,34 @@ mod tests {
             env: BTreeMap::new(),
         });
         let mut c = Conductor::new(vec![spec("n1"), own], Some(plan), &[]);
-        feed(&mut c, AgentToHost::Booted { version: PROTOCOL_VERSION });
-        feed(&mut c, AgentToHost::Ready { version: PROTOCOL_VERSION });
-        assert!(feed(&mut c, AgentToHost::Exited { node: "n1".into(), status: ExitStatus::Code(1) })
-            .is_empty());
+        feed(
+            &mut c,
+            AgentToHost::Booted {
+                version: PROTOCOL_VERSION,
+            },
+        );
+        feed(
+            &mut c,
+            AgentToHost::Ready {
+                version: PROTOCOL_VERSION,
+            },
+        );
+        assert!(feed(
+            &mut c,
+            AgentToHost::Exited {
+                node: "n1".into(),
+                status: ExitStatus::Code(1)
+            }
+        )
+        .is_empty());
         assert_eq!(
-            feed(&mut c, AgentToHost::Exited { node: "workload".into(), status: ExitStatus::Code(3) }),
+            feed(
+                &mut c,
+                AgentToHost::Exited {
+                    node: "workload".into(),
+                    status: ExitStatus::Code(3)
+                }
+            ),
             vec![HostToAgent::Shutdown]
         );
         assert_eq!(c.status(), Some(3));
@@ -623,7 +712,10 @@ mod tests {
             printed,
             "      n1 | hello\n      n1 | oops\n      n1 | wor\n"
         );
-        assert_eq!(std::fs::read(dir.join("n1.log")).unwrap(), b"hello\nworoops\n");
+        assert_eq!(
+            std::fs::read(dir.join("n1.log")).unwrap(),
+            b"hello\nworoops\n"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -107,7 +107,12 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
     }
     let manifest = manifest::load(&args.manifest)?;
     let names = manifest.node_names();
-    let fault_texts: Vec<String> = manifest.faults.iter().chain(&args.faults).cloned().collect();
+    let fault_texts: Vec<String> = manifest
+        .faults
+        .iter()
+        .chain(&args.faults)
+        .cloned()
+        .collect();
     let faults = schedule(&fault_texts, &names)?;
     let mem = args
         .mem
@@ -134,7 +139,8 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
             initrd: std::fs::read(initrd)
                 .with_context(|| format!("cannot read initrd {}", initrd.display()))?,
             specs: serde_json::from_slice(
-                &std::fs::read(specs).with_context(|| format!("cannot read {}", specs.display()))?,
+                &std::fs::read(specs)
+                    .with_context(|| format!("cannot read {}", specs.display()))?,
             )
             .with_context(|| format!("node specs {}", specs.display()))?,
         },
@@ -256,11 +262,11 @@ fn run_status(conductor: &Conductor, manifest: &Manifest, stop: StopReason) -> u
 fn up_in_helper_vm(args: &UpArgs, manifest: &Manifest, mem: &str, reason: &str) -> Result<u8> {
     let guest = assemble_guest(manifest, args.kernel.as_deref())?;
     let staging = guest::cache_root().join(format!("up/{}", std::process::id()));
-    std::fs::create_dir_all(&staging)
-        .with_context(|| format!("creating {}", staging.display()))?;
+    std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
     let cleanup = StagingDir(staging.clone());
     let initrd = staging.join("initrd");
-    std::fs::write(&initrd, &guest.initrd).with_context(|| format!("writing {}", initrd.display()))?;
+    std::fs::write(&initrd, &guest.initrd)
+        .with_context(|| format!("writing {}", initrd.display()))?;
     let specs = staging.join("specs.json");
     std::fs::write(&specs, serde_json::to_vec(&guest.specs)?)
         .with_context(|| format!("writing {}", specs.display()))?;

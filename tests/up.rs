@@ -87,10 +87,17 @@ fn test_up_runs_nodes_and_the_workload_and_exits_with_its_status() {
     assert!(text.contains("      n1 | n1 up on n1\n"), "{text}");
     assert!(text.contains("      n2 | hello from n2\n"), "{text}");
     // The workload reached n1 over the switch, from inside n2.
-    assert!(text.contains("workload | 2 packets transmitted, 2 packets received"), "{text}");
+    assert!(
+        text.contains("workload | 2 packets transmitted, 2 packets received"),
+        "{text}"
+    );
     assert!(text.contains("workload | pong\n"), "{text}");
     assert!(text.contains("workload | workload on n2\n"), "{text}");
-    assert!(stderr(&out).contains("workload exited (status 3)"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("workload exited (status 3)"),
+        "{}",
+        stderr(&out)
+    );
     // Per-node logs hold the raw output.
     assert_eq!(cluster.log("n1"), "n1 up on n1\n");
     assert!(cluster.log("workload").contains("pong\n"));
@@ -143,13 +150,19 @@ fn test_up_partition_cuts_a_node_off_until_the_heal_and_runs_are_identical() {
     let pings = pings(&text);
     assert_eq!(pings.len(), 16, "{text}");
     let lost: Vec<f64> = pings.iter().filter(|p| !p.1).map(|p| p.0).collect();
-    assert!(!lost.is_empty(), "no ping was lost during the partition: {text}");
+    assert!(
+        !lost.is_empty(),
+        "no ping was lost during the partition: {text}"
+    );
     // A ping that ends (1 s timeout) inside [4 s, 7 s + 1 s] can be lost; none other.
     for t in &lost {
         assert!((4.0..=8.2).contains(t), "lost at {t}: {text}");
     }
     assert!(pings.iter().any(|p| p.1 && p.0 < 4.0), "{text}");
-    assert!(pings.iter().any(|p| p.1 && p.0 > 7.0), "no ping after the heal: {text}");
+    assert!(
+        pings.iter().any(|p| p.1 && p.0 > 7.0),
+        "no ping after the heal: {text}"
+    );
     let err = stderr(&out);
     assert!(err.contains("fault: partition n1 | n2"), "{err}");
     assert!(err.contains("fault: heal"), "{err}");
@@ -183,7 +196,10 @@ fn test_up_pause_stops_a_node_for_its_duration() {
         .collect();
     assert_eq!(gaps.len(), 1, "ticks: {ticks:?}");
     let (start, gap) = gaps[0];
-    assert!((3.4..=4.1).contains(&start), "paused after the tick at {start}: {ticks:?}");
+    assert!(
+        (3.4..=4.1).contains(&start),
+        "paused after the tick at {start}: {ticks:?}"
+    );
     assert!((1.9..=2.7).contains(&gap), "gap {gap}: {ticks:?}");
 }
 
@@ -200,6 +216,62 @@ fn test_up_same_seed_same_digest_other_seed_other_digest() {
     assert_ne!(a, c, "another seed, another history");
 }
 
+/// Prints user-mode RDTSC three times around 100 ms sleeps.
+const RDTSC_C: &str = r#"
+#include <stdio.h>
+#include <stdint.h>
+#include <unistd.h>
+static uint64_t rdtsc(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+    return ((uint64_t)hi << 32) | lo;
+}
+int main(void) {
+    for (int i = 0; i < 3; i++) {
+        printf("tsc %llu\n", (unsigned long long)rdtsc());
+        fflush(stdout);
+        usleep(100000);
+    }
+    return 0;
+}
+"#;
+
+#[test]
+fn test_user_mode_rdtsc_reads_virtual_time_identically_across_runs() {
+    let cluster = Cluster::new(
+        "rdtsc",
+        "[[node]]\nname = \"n1\"\nrootfs = \"root\"\ncommand = [\"sleep\", \"1000\"]\n\
+         [workload]\nnode = \"n1\"\ncommand = [\"/bin/rdtsc\"]\n",
+    );
+    let source = cluster.dir.join("rdtsc.c");
+    std::fs::write(&source, RDTSC_C).unwrap();
+    let status = std::process::Command::new("gcc")
+        .args(["-static", "-O2", "-o"])
+        .arg(cluster.dir.join("root/bin/rdtsc"))
+        .arg(&source)
+        .status()
+        .expect("gcc runs");
+    assert!(status.success());
+    let values = |out: &std::process::Output| -> Vec<u64> {
+        stdout(out)
+            .lines()
+            .filter_map(|l| l.strip_prefix("workload | tsc ")?.parse().ok())
+            .collect()
+    };
+    let first = cluster.up(&["--seed", "5", "--until", "30s"]);
+    let second = cluster.up(&["--seed", "5", "--until", "30s"]);
+    assert_eq!(first.status.code(), Some(0));
+    let (a, b) = (values(&first), values(&second));
+    assert_eq!(a.len(), 3, "{}", stdout(&first));
+    assert_eq!(a, b, "RDTSC differs between runs with one seed");
+    // A 1 GHz counter of virtual time since boot: 100 ms sleeps are ~1e8 apart.
+    assert!(a[2] < 30_000_000_000, "{a:?}");
+    for pair in a.windows(2) {
+        let delta = pair[1] - pair[0];
+        assert!((100_000_000..150_000_000).contains(&delta), "{a:?}");
+    }
+}
+
 #[test]
 fn test_up_bad_manifests_get_errors_naming_the_problem() {
     let cluster = Cluster::new(
@@ -208,7 +280,11 @@ fn test_up_bad_manifests_get_errors_naming_the_problem() {
     );
     let out = cluster.up(&[]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("unknown field `comand`"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unknown field `comand`"),
+        "{}",
+        stderr(&out)
+    );
 
     let missing = Cluster::new(
         "missing",
@@ -221,5 +297,9 @@ fn test_up_bad_manifests_get_errors_naming_the_problem() {
     let fault = Cluster::new("fault", TWO_NODES);
     let out = fault.up(&["--fault", "at=1s pause n7"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("no node is named \"n7\""), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no node is named \"n7\""),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -425,7 +425,10 @@ impl Devices {
     /// The switch ports of the attached NICs, in attach order (NIC `i` of the
     /// guest, `eth<i>`, is on the `i`-th).
     pub fn nic_ports(&self) -> Vec<PortId> {
-        self.virtio_net_macs().into_iter().map(|(port, _)| port).collect()
+        self.virtio_net_macs()
+            .into_iter()
+            .map(|(port, _)| port)
+            .collect()
     }
 
     /// The attached NICs' ports and addresses, in slot order.

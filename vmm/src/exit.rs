@@ -487,7 +487,10 @@ mod tests {
         // 10 ms at 100 MHz.
         arm_hpet_timer0(&mut m, 1_000_000);
         m.wakeup = Some(VirtNanos::from_micros(30));
-        assert_eq!(m.handle_exit(&Exit::Hlt), ExitAction::Resume(Completion::None));
+        assert_eq!(
+            m.handle_exit(&Exit::Hlt),
+            ExitAction::Resume(Completion::None)
+        );
         assert_eq!(m.now(), VirtNanos::from_micros(30));
         // Passed now: the next halt sleeps to the timer.
         m.handle_exit(&Exit::Hlt);
@@ -499,7 +502,10 @@ mod tests {
         let mut m = machine(None);
         init_pic(&mut m);
         m.wakeup = Some(VirtNanos::from_micros(2_000));
-        assert_eq!(m.handle_exit(&Exit::Hlt), ExitAction::Resume(Completion::None));
+        assert_eq!(
+            m.handle_exit(&Exit::Hlt),
+            ExitAction::Resume(Completion::None)
+        );
         assert_eq!(m.now(), VirtNanos::from_micros(2_000));
         assert_eq!(
             m.handle_exit(&Exit::Hlt),
