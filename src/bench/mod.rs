@@ -24,6 +24,7 @@
 mod boot;
 mod boot_report;
 mod boot_worker;
+mod etcd;
 mod helper;
 mod machine;
 mod monitor;
@@ -55,6 +56,9 @@ pub enum BenchCommand {
     /// Snapshot and restore latency, forks/s and resets/s against guest RAM size and dirty
     /// fraction, with full-copy baselines. Prints a table and a final JSON line.
     Snapshot(SnapshotBenchArgs),
+    /// The etcd example (3 members healthy, a put and a get): `detvisor up` vs QEMU TCG with
+    /// icount running the same scenario. Prints a table and a final JSON line.
+    Etcd(etcd::EtcdArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -171,6 +175,7 @@ pub fn run(args: BenchArgs) -> Result<u8> {
                 snapshot::orchestrate(&args)
             }
         }
+        BenchCommand::Etcd(args) => etcd::run(&args),
     }
 }
 

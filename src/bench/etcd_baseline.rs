@@ -1,0 +1,370 @@
+//! The `bench etcd` baseline: the same scenario under QEMU TCG with `-icount shift=0,sleep=off`.
+//!
+//! The guest is the same kernel (the cache's `bzImage`, built with the `vmlinux` detvisor
+//! boots) and the same initrd bytes `detvisor up` assembles (the default guest image's
+//! initramfs + the agent + every node's tree under `/nodes/<name>`), plus one more file:
+//! `/detvisor/cmd`, which the default guest `/init` runs instead of an interactive shell. That
+//! script ([`script`]) does by hand what the agent does for `detvisor up`, from the same node
+//! requests (`NodeSpec`s) and workload:
+//!
+//! - a bridge `br0` stands in for detvisor's switch (no latency: the manifest's link
+//!   latencies are not modelled here);
+//! - per node, a holder process in fresh network, UTS and IPC namespaces (`unshare -n -u -i`);
+//!   a veth pair whose one end joins the bridge and whose other end moves into the namespace
+//!   with the node's NIC name and address (busybox `ip` names the peer `veth0` whatever
+//!   `peer name` says, and has no `ip netns`: the script moves pairs one at a time and uses
+//!   `nsenter -t PID -n`); `/proc`, `/dev` and a fresh `/tmp` mounted in the node's root;
+//!   the node's command with exactly the node's environment (`env -i`, PATH defaulting as
+//!   in the agent), `chroot`ed into the root, output to a log;
+//! - the workload the same way, in its node's namespaces and root (or as a node of its own),
+//!   with its output on the console; then a status line with the guest's uptime (the virtual
+//!   time: with icount the guest clock follows instructions), every node's log, and the
+//!   workload's status as the guest's exit status (port 0x610, as the default `/init` does).
+//!
+//! QEMU: `-accel tcg -icount shift=0,sleep=off -rtc clock=vm,base=<the manifest's rtc_epoch>`
+//! `-M pc`, no network devices (the network is inside the guest), serial output to a file,
+//! an `isa-debugcon` at 0x610 capturing the status byte, `-no-reboot` ending QEMU at the
+//! init's `reboot -f` (`reboot=t`: a triple fault).
+
+use anyhow::{bail, Context, Result};
+use detvisor_agent::protocol::NodeSpec;
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use super::EtcdRun;
+use crate::bench::process::{last_lines, run_timed, ErrMode, Watch};
+use crate::bench::stats::ms;
+use crate::guest::shell_quote;
+use crate::manifest::WorkloadPlan;
+
+/// `PATH` of a command whose environment has none (as the agent does).
+const DEFAULT_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
+/// The line the script prints when the workload has ended (then `status N uptime S`).
+pub const DONE_MARK: &str = "etcd-bench: workload exited: ";
+const QEMU_BIN: &str = "qemu-system-x86_64";
+
+/// `env -i K=V ...` words for a command's whole environment.
+fn env_words(env: &BTreeMap<String, String>) -> String {
+    let mut words = vec!["env".to_string(), "-i".to_string()];
+    if !env.contains_key("PATH") {
+        words.push(shell_quote(&format!("PATH={DEFAULT_PATH}")));
+    }
+    words.extend(env.iter().map(|(k, v)| shell_quote(&format!("{k}={v}"))));
+    words.join(" ")
+}
+
+fn argv_words(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| shell_quote(a))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A shell variable name for node `index`.
+fn var(prefix: &str, index: usize) -> String {
+    format!("{prefix}{index}")
+}
+
+/// The guest script (`/detvisor/cmd`): the nodes of `specs`, then the workload.
+pub fn script(specs: &[NodeSpec], workload: Option<&WorkloadPlan>) -> Result<String> {
+    let mut s = String::from(
+        r#"# detvisor bench etcd: the QEMU TCG baseline's guest script (generated).
+# Does what detvisor's agent does for `detvisor up`: one set of namespaces, one root and
+# one NIC per node, a bridge between them, then the workload. Run by the default /init.
+set -u
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin
+B=/run/etcd-bench
+mkdir -p "$B"
+CHROOT=$(command -v chroot)
+say() { echo "etcd-bench: $*"; }
+uptime_s() { cut -d' ' -f1 /proc/uptime; }
+ip link add br0 type bridge 2>/dev/null || brctl addbr br0 || exit 90
+ip link set br0 up || exit 90
+# newns: a holder process in fresh network, UTS and IPC namespaces; sets HOLDER.
+newns() {
+    unshare -n -u -i sleep 1000000 &
+    HOLDER=$!
+    while [ "$(readlink /proc/$HOLDER/ns/net)" = "$(readlink /proc/self/ns/net)" ]; do
+        sleep 0.01
+    done
+}
+# nic HOLDER INDEX NAME ADDRESS: a veth pair, one end in br0, the other in the namespace.
+nic() {
+    ip link add "hv$2" type veth peer name veth0 || exit 91
+    ip link set veth0 netns "$1" || exit 91
+    nsenter -t "$1" -n ip link set veth0 name "$3" || exit 91
+    nsenter -t "$1" -n ip link set lo up || exit 91
+    if [ -n "$4" ]; then
+        nsenter -t "$1" -n ip addr add "$4" dev "$3" || exit 91
+    fi
+    nsenter -t "$1" -n ip link set "$3" up || exit 91
+    ip link set "hv$2" master br0 2>/dev/null || brctl addif br0 "hv$2" || exit 91
+    ip link set "hv$2" up || exit 91
+}
+# root DIR: /proc, /dev and a fresh /tmp in a node's root.
+root() {
+    mkdir -p "$1/proc" "$1/dev" "$1/tmp"
+    mount -t proc proc "$1/proc" || exit 92
+    mount -o bind /dev "$1/dev" || exit 92
+    mount -t tmpfs -o mode=1777 tmpfs "$1/tmp" || exit 92
+}
+"#,
+    );
+    let own_node = matches!(workload, Some(WorkloadPlan::OwnNode(_)));
+    let node_count = specs.len() - usize::from(own_node);
+    let index_of = |name: &str| specs.iter().position(|n| n.name == name);
+    for (i, n) in specs.iter().enumerate() {
+        let hostname = n.hostname.as_deref().unwrap_or(&n.name);
+        let nic = n.nic.clone().unwrap_or_else(|| format!("eth{i}"));
+        s.push_str(&format!(
+            "\n# node {name}\nnewns; {h}=$HOLDER\nnic \"${h}\" {i} {nic} {addr}\n\
+             nsenter -t \"${h}\" -u hostname {host} || exit 93\nroot {root}\n",
+            name = n.name,
+            h = var("H", i),
+            nic = shell_quote(&nic),
+            addr = shell_quote(n.address.as_deref().unwrap_or("")),
+            host = shell_quote(hostname),
+            root = shell_quote(&n.rootfs),
+        ));
+        if i < node_count {
+            s.push_str(&format!(
+                "nsenter -t \"${h}\" -n -u -i {env} \"$CHROOT\" {root} {argv} >\"$B/{name}.log\" 2>&1 &\n{p}=$!\n",
+                h = var("H", i),
+                env = env_words(&n.env),
+                root = shell_quote(&n.rootfs),
+                argv = argv_words(&n.command),
+                name = n.name,
+                p = var("P", i),
+            ));
+        }
+    }
+    s.push_str("\nsay \"all nodes started at $(uptime_s)\"\n");
+    match workload {
+        None => bail!("the manifest has no workload: the baseline needs one to end the run"),
+        Some(WorkloadPlan::InNode { node, command, env }) => {
+            let i = index_of(node).with_context(|| format!("workload node {node} not found"))?;
+            // The node's environment (its image's, e.g. PATH with /usr/local/bin, and the
+            // manifest's) under the workload's own, as `docker exec` would.
+            let mut merged = specs[i].env.clone();
+            merged.extend(env.clone());
+            s.push_str(&format!(
+                "nsenter -t \"${h}\" -n -u -i {env} \"$CHROOT\" {root} {argv}\n",
+                h = var("H", i),
+                env = env_words(&merged),
+                root = shell_quote(&specs[i].rootfs),
+                argv = argv_words(command),
+            ));
+        }
+        Some(WorkloadPlan::OwnNode(_)) => {
+            let i = specs.len() - 1;
+            let n = &specs[i];
+            s.push_str(&format!(
+                "nsenter -t \"${h}\" -n -u -i {env} \"$CHROOT\" {root} {argv}\n",
+                h = var("H", i),
+                env = env_words(&n.env),
+                root = shell_quote(&n.rootfs),
+                argv = argv_words(&n.command),
+            ));
+        }
+    }
+    s.push_str(&format!(
+        "status=$?\necho \"{DONE_MARK}status $status uptime $(uptime_s)\"\n"
+    ));
+    let mut pids: Vec<String> = (0..node_count)
+        .map(|i| format!("${}", var("P", i)))
+        .collect();
+    pids.extend((0..specs.len()).map(|i| format!("${}", var("H", i))));
+    s.push_str(&format!(
+        "kill -9 {} 2>/dev/null\nwait 2>/dev/null\n",
+        pids.join(" ")
+    ));
+    for n in &specs[..node_count] {
+        s.push_str(&format!(
+            "echo '--- {name}.log'\nsed 's/^/{name} | /' \"$B/{name}.log\"\n",
+            name = n.name
+        ));
+    }
+    s.push_str("exit $status\n");
+    Ok(s)
+}
+
+/// `YYYY-MM-DDTHH:MM:SS` (UTC) of a unix time, for `-rtc base=`.
+pub fn rtc_base(unix: i64) -> String {
+    let days = unix.div_euclid(86_400);
+    let secs = unix.rem_euclid(86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// FNV-1a 64 of `bytes`, as hex.
+pub fn fnv1a(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Escapes a value inside a QEMU `key=value,...` option.
+fn qemu_opt(path: &Path) -> String {
+    path.to_string_lossy().replace(',', ",,")
+}
+
+/// The host's `qemu-system-x86_64`.
+pub fn find_qemu() -> Result<PathBuf> {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(QEMU_BIN))
+                .find(|p| p.is_file())
+        })
+        .with_context(|| format!("{QEMU_BIN} not found in PATH: install qemu-system-x86"))
+}
+
+pub struct Baseline<'a> {
+    pub qemu: &'a Path,
+    pub bzimage: &'a Path,
+    pub initrd: &'a Path,
+    pub cmdline: &'a str,
+    pub mem: &'a str,
+    pub rtc_base: String,
+    pub scratch: &'a Path,
+    pub limit: Duration,
+}
+
+impl Baseline<'_> {
+    pub fn command(&self, index: u32) -> (Command, PathBuf, PathBuf) {
+        let serial = self.scratch.join(format!("qemu-tcg-{index}.serial"));
+        let status = self.scratch.join(format!("qemu-tcg-{index}.status"));
+        let _ = fs::remove_file(&serial);
+        let _ = fs::remove_file(&status);
+        let mut cmd = Command::new(self.qemu);
+        cmd.args(["-accel", "tcg", "-icount", "shift=0,sleep=off", "-rtc"])
+            .arg(format!("clock=vm,base={}", self.rtc_base))
+            .args(["-M", "pc", "-m", self.mem])
+            .args([
+                "-nodefaults",
+                "-no-user-config",
+                "-display",
+                "none",
+                "-no-reboot",
+            ])
+            .arg("-chardev")
+            .arg(format!("file,id=ser0,path={}", qemu_opt(&serial)))
+            .args(["-serial", "chardev:ser0"])
+            .arg("-chardev")
+            .arg(format!("file,id=status,path={}", qemu_opt(&status)))
+            .args(["-device", "isa-debugcon,iobase=0x610,chardev=status"])
+            .arg("-kernel")
+            .arg(self.bzimage)
+            .arg("-initrd")
+            .arg(self.initrd)
+            .arg("-append")
+            .arg(self.cmdline);
+        (cmd, serial, status)
+    }
+
+    /// One run: QEMU from spawn to exit.
+    pub fn run(&self, index: u32) -> EtcdRun {
+        let (cmd, serial_path, status_path) = self.command(index);
+        let finished = match run_timed(cmd, self.limit, ErrMode::Capture, Watch::default()) {
+            Ok(f) => f,
+            Err(e) => return EtcdRun::failed(&e),
+        };
+        let serial = fs::read(&serial_path).unwrap_or_default();
+        let status = fs::read(&status_path).unwrap_or_default();
+        let text = String::from_utf8_lossy(&serial);
+        let done = text.lines().find_map(|l| l.strip_prefix(DONE_MARK));
+        let uptime = done
+            .and_then(|d| d.split_whitespace().skip_while(|w| *w != "uptime").nth(1))
+            .and_then(|u| u.parse::<f64>().ok());
+        let upto: Vec<&str> = text
+            .lines()
+            .take_while(|l| !l.starts_with(DONE_MARK))
+            .collect();
+        let mut r = EtcdRun {
+            wall_ms: ms(finished.wall),
+            status: (status.len() == 1).then(|| status[0]),
+            virtual_ns: uptime.map(|u| (u * 1e9).round() as u64),
+            output: Some(fnv1a(&serial)),
+            output_bytes: Some(serial.len() as u64),
+            workload_tail: Some(last_lines(&upto.join("\n"), 14)),
+            ..EtcdRun::default()
+        };
+        let exited_ok = finished.succeeded();
+        r.ok = exited_ok && status == [0];
+        if !r.ok {
+            r.error = Some(if !exited_ok {
+                finished.failure("QEMU", self.limit)
+            } else {
+                format!(
+                    "the guest wrote {status:?} to port 0x610 (expected one byte 0); serial \
+                     ends with:\n{}",
+                    last_lines(&text, 20)
+                )
+            });
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rtc_base_formats_utc() {
+        assert_eq!(rtc_base(0), "1970-01-01T00:00:00");
+        assert_eq!(rtc_base(1_704_067_200), "2024-01-01T00:00:00");
+        assert_eq!(rtc_base(951_825_661), "2000-02-29T12:01:01");
+    }
+
+    #[test]
+    fn script_starts_every_node_and_runs_the_workload_inside_n1() {
+        let spec = |i: usize| NodeSpec {
+            name: format!("n{i}"),
+            rootfs: format!("/nodes/n{i}"),
+            hostname: None,
+            nic: Some(format!("eth{}", i - 1)),
+            address: Some(format!("192.0.2.{i}/24")),
+            env: BTreeMap::from([("A".to_string(), "b c".to_string())]),
+            command: vec!["etcd".into(), "--name".into(), format!("n{i}")],
+        };
+        let specs: Vec<NodeSpec> = (1..=3).map(spec).collect();
+        let w = WorkloadPlan::InNode {
+            node: "n1".into(),
+            command: vec!["etcd-smoke".into()],
+            env: BTreeMap::new(),
+        };
+        let s = script(&specs, Some(&w)).unwrap();
+        assert!(s.contains("nic \"$H2\" 2 'eth2' '192.0.2.3/24'"));
+        assert!(s.contains(
+            "nsenter -t \"$H0\" -n -u -i env -i 'PATH=/usr/sbin:/usr/bin:/sbin:/bin' 'A=b c' \
+             \"$CHROOT\" '/nodes/n1' 'etcd' '--name' 'n1' >\"$B/n1.log\" 2>&1 &"
+        ));
+        assert!(s.contains(
+            "nsenter -t \"$H0\" -n -u -i env -i 'PATH=/usr/sbin:/usr/bin:/sbin:/bin' 'A=b c' \
+             \"$CHROOT\" '/nodes/n1' 'etcd-smoke'\nstatus=$?"
+        ));
+        assert!(s.contains("kill -9 $P0 $P1 $P2 $H0 $H1 $H2"));
+        assert!(script(&specs, None).is_err());
+    }
+}

@@ -1,0 +1,341 @@
+//! The `bench etcd` report: a summary of each side's runs, the ratios, the table and the final
+//! JSON line.
+
+use anyhow::Result;
+use serde::Serialize;
+use std::io::{self, Write};
+use std::path::Path;
+
+use super::{EtcdArgs, EtcdRun};
+use crate::bench::helper::{Placement, Session};
+use crate::bench::machine::HostLoad;
+use crate::bench::stats::{median_u64, opt_count, opt_ratio, ratio, stat};
+
+/// The measurements of one side.
+#[derive(Default)]
+pub struct Side {
+    pub runs: Vec<EtcdRun>,
+    pub error: Option<String>,
+    pub skipped: Option<String>,
+    pub command: Vec<String>,
+}
+
+#[derive(Serialize, Default)]
+pub struct Summary {
+    pub name: String,
+    pub place: String,
+    pub runs: usize,
+    pub ok_runs: usize,
+    /// Every run's wall time (s), failed ones included.
+    pub wall_s: Vec<f64>,
+    pub ok: Vec<bool>,
+    pub median_s: Option<f64>,
+    pub min_s: Option<f64>,
+    pub max_s: Option<f64>,
+    /// Median guest time at the end of the successful runs (s).
+    pub virtual_s: Option<f64>,
+    pub exits: Option<u64>,
+    /// `exits` per second of the median wall time.
+    pub exits_per_s: Option<f64>,
+    /// detvisor's `vm::run` (median, ms).
+    pub inner_wall_ms: Option<u64>,
+    /// Whether every successful run gave the same output (detvisor: the run digest; QEMU: the
+    /// serial bytes).
+    pub output_identical: Option<bool>,
+    pub outputs: Vec<Option<String>>,
+    pub output_bytes: Option<u64>,
+    pub workload_tail: Option<String>,
+    pub error: Option<String>,
+    pub skipped: Option<String>,
+    pub failures: Vec<String>,
+    pub command: Vec<String>,
+}
+
+fn summarize(name: &str, place: &str, side: &Side) -> Summary {
+    let ok: Vec<&EtcdRun> = side.runs.iter().filter(|r| r.ok).collect();
+    let walls = stat(ok.iter().map(|r| r.wall_ms / 1000.0));
+    let exits = median_u64(ok.iter().filter_map(|r| r.exits));
+    let outputs: Vec<&String> = ok.iter().filter_map(|r| r.output.as_ref()).collect();
+    let mut error = side.error.clone();
+    if error.is_none() && !side.runs.is_empty() && ok.is_empty() {
+        error = Some("every run failed".into());
+    }
+    Summary {
+        name: name.into(),
+        place: place.into(),
+        runs: side.runs.len(),
+        ok_runs: ok.len(),
+        wall_s: side.runs.iter().map(|r| r.wall_ms / 1000.0).collect(),
+        ok: side.runs.iter().map(|r| r.ok).collect(),
+        median_s: walls.median,
+        min_s: walls.min,
+        max_s: walls.max,
+        virtual_s: median_u64(ok.iter().filter_map(|r| r.virtual_ns)).map(|v| v as f64 / 1e9),
+        exits,
+        exits_per_s: ratio(exits.map(|e| e as f64), walls.median),
+        inner_wall_ms: median_u64(ok.iter().filter_map(|r| r.inner_wall_ms)),
+        output_identical: (outputs.len() >= 2).then(|| outputs.iter().all(|o| *o == outputs[0])),
+        outputs: side.runs.iter().map(|r| r.output.clone()).collect(),
+        output_bytes: ok.first().and_then(|r| r.output_bytes),
+        workload_tail: ok
+            .first()
+            .copied()
+            .or(side.runs.first())
+            .and_then(|r| r.workload_tail.clone()),
+        error,
+        skipped: side.skipped.clone(),
+        failures: side
+            .runs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.error.as_ref().map(|e| format!("run {}: {e}", i + 1)))
+            .collect(),
+        command: side.command.clone(),
+    }
+}
+
+#[derive(Serialize)]
+pub struct Ratios {
+    pub detvisor_over_baseline: Option<f64>,
+    pub baseline_over_detvisor: Option<f64>,
+}
+
+#[derive(Serialize)]
+pub struct Report {
+    pub benchmark: &'static str,
+    pub scenario: &'static str,
+    pub manifest: String,
+    pub runs: u32,
+    pub mem: String,
+    pub seed: u64,
+    pub until: String,
+    pub cmdline: String,
+    pub placement: String,
+    pub placement_reason: Option<String>,
+    pub caveat: Option<String>,
+    pub clock: &'static str,
+    pub baseline_differences: &'static str,
+    pub detvisor: Summary,
+    pub qemu_tcg_icount: Summary,
+    pub ratios: Ratios,
+    pub helper_vm: Option<Session>,
+    #[serde(flatten)]
+    pub host: HostLoad,
+    pub all_ok: bool,
+}
+
+pub struct Inputs<'a> {
+    pub args: &'a EtcdArgs,
+    pub manifest: &'a Path,
+    pub mem: &'a str,
+    pub cmdline: &'a str,
+    pub placement: &'a Placement,
+    pub detvisor: &'a Side,
+    pub baseline: &'a Side,
+    pub session: Option<Session>,
+    pub loadavg_before: Option<[f64; 3]>,
+}
+
+const BASELINE_DIFFERENCES: &str = "the baseline runs the same kernel and initrd bytes with a \
+    script in place of the agent: a bridge with veths instead of detvisor's switch (no link \
+    latency), net/UTS/IPC namespaces (no PID or mount namespace), the workload with its node's \
+    environment under its own";
+
+pub fn build(i: Inputs) -> Report {
+    let place = i.placement.place();
+    let detvisor = summarize("detvisor up", place, i.detvisor);
+    let baseline = summarize("QEMU TCG -icount shift=0", "host", i.baseline);
+    let caveat = i.placement.helper.then(|| {
+        "detvisor runs in nested KVM inside the helper VM, itself QEMU TCG (this host's KVM \
+         cannot run guests): every guest instruction detvisor runs is emulated twice over, so \
+         the ratio is not the hardware figure"
+            .to_string()
+    });
+    let side_ok = |s: &Summary| s.skipped.is_some() || (s.error.is_none() && s.ok_runs == s.runs);
+    let all_ok = side_ok(&detvisor)
+        && side_ok(&baseline)
+        && i.session.as_ref().is_none_or(|s| s.error.is_none());
+    Report {
+        benchmark: "etcd",
+        scenario: "3 etcd members healthy, a put and a get (workload etcd-smoke)",
+        manifest: i.manifest.display().to_string(),
+        runs: i.args.runs,
+        mem: i.mem.into(),
+        seed: i.args.seed,
+        until: i.args.until.clone(),
+        cmdline: i.cmdline.into(),
+        placement: place.into(),
+        placement_reason: i.placement.reason.clone(),
+        caveat,
+        clock: "wall time from just before spawn() to wait() returning, CLOCK_MONOTONIC of the \
+                machine the process runs on (L1's for the helper VM)",
+        baseline_differences: BASELINE_DIFFERENCES,
+        ratios: Ratios {
+            detvisor_over_baseline: ratio(detvisor.median_s, baseline.median_s),
+            baseline_over_detvisor: ratio(baseline.median_s, detvisor.median_s),
+        },
+        detvisor,
+        qemu_tcg_icount: baseline,
+        helper_vm: i.session,
+        host: HostLoad::since(i.loadavg_before),
+        all_ok,
+    }
+}
+
+fn secs(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1}"))
+}
+
+pub fn print(r: &Report) -> Result<()> {
+    let mut o = io::stdout().lock();
+    writeln!(
+        o,
+        "detvisor bench etcd: {} ({}); {} RAM; {} run(s) per side; detvisor seed {}",
+        r.scenario, r.manifest, r.mem, r.runs, r.seed
+    )?;
+    writeln!(o, "kernel cmdline (both): {}", r.cmdline)?;
+    writeln!(o, "{}", r.host.line())?;
+    if let Some(c) = &r.caveat {
+        writeln!(o, "CAVEAT: {c}")?;
+    }
+    writeln!(
+        o,
+        "wall = process start to exit (spawn .. wait returns), seconds, on the clock of the \
+         machine running it; virtual = guest time at the end"
+    )?;
+    writeln!(o)?;
+    writeln!(
+        o,
+        "{:<26} {:<10} {:>5} {:<28} {:>8} {:>9} {:>10} {:>8} {:>10}",
+        "system",
+        "where",
+        "ok",
+        "wall s per run",
+        "median",
+        "virtual",
+        "exits",
+        "exits/s",
+        "identical"
+    )?;
+    for s in [&r.detvisor, &r.qemu_tcg_icount] {
+        if let Some(why) = &s.skipped {
+            writeln!(o, "{:<26} {:<10} skipped ({why})", s.name, s.place)?;
+            continue;
+        }
+        let per_run = s
+            .wall_s
+            .iter()
+            .zip(&s.ok)
+            .map(|(w, ok)| format!("{w:.1}{}", if *ok { "" } else { "!" }))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let identical = match s.output_identical {
+            Some(true) => "yes".to_string(),
+            Some(false) => "NO".to_string(),
+            None => "n/a".to_string(),
+        };
+        writeln!(
+            o,
+            "{:<26} {:<10} {:>5} {:<28} {:>8} {:>9} {:>10} {:>8} {:>10}",
+            s.name,
+            s.place,
+            format!("{}/{}", s.ok_runs, s.runs),
+            if per_run.is_empty() {
+                "-".into()
+            } else {
+                per_run
+            },
+            secs(s.median_s),
+            s.virtual_s.map_or("-".into(), |v| format!("{v:.3}")),
+            opt_count(s.exits),
+            s.exits_per_s.map_or("n/a".into(), |v| format!("{v:.0}")),
+            identical,
+        )?;
+    }
+    writeln!(o, "(! = failed run; QEMU TCG has no VM exits)")?;
+    if let Some(s) = r.helper_vm.as_ref() {
+        writeln!(
+            o,
+            "helper VM: boot {} s, shutdown {} s, whole session {} s (not in the wall times)",
+            secs(s.boot_ms.map(|v| v / 1000.0)),
+            secs(s.shutdown_ms.map(|v| v / 1000.0)),
+            secs(Some(s.total_ms / 1000.0))
+        )?;
+    }
+    if let Some(w) = r.detvisor.inner_wall_ms {
+        writeln!(
+            o,
+            "detvisor's own vm::run (its JSON, median): {:.1} s of its {} s",
+            w as f64 / 1000.0,
+            secs(r.detvisor.median_s)
+        )?;
+    }
+    writeln!(o, "\nratios of median wall times:")?;
+    writeln!(
+        o,
+        "  detvisor / QEMU TCG icount   {}",
+        opt_ratio(r.ratios.detvisor_over_baseline)
+    )?;
+    writeln!(
+        o,
+        "  QEMU TCG icount / detvisor   {}",
+        opt_ratio(r.ratios.baseline_over_detvisor)
+    )?;
+    writeln!(o, "\nsame output in every successful run:")?;
+    for (s, what) in [
+        (
+            &r.detvisor,
+            "run digest: console incl. the agent's messages, memory, devices",
+        ),
+        (&r.qemu_tcg_icount, "FNV-1a 64 of the serial bytes"),
+    ] {
+        let verdict = match s.output_identical {
+            Some(true) => format!("identical in {} runs", s.ok_runs),
+            Some(false) => format!("DIFFERENT across {} runs", s.ok_runs),
+            None => "n/a (fewer than 2 successful runs)".into(),
+        };
+        let outs = s
+            .outputs
+            .iter()
+            .map(|o| o.as_deref().unwrap_or("-"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        writeln!(
+            o,
+            "  {:<26} {verdict} ({what}: {outs}; {} bytes)",
+            s.name,
+            opt_count(s.output_bytes)
+        )?;
+    }
+    writeln!(o, "\nbaseline differences: {}", r.baseline_differences)?;
+    for s in [&r.detvisor, &r.qemu_tcg_icount] {
+        if let Some(t) = &s.workload_tail {
+            writeln!(o, "\n{}: the workload's output ends with:\n{t}", s.name)?;
+        }
+    }
+    let mut failed = false;
+    for s in [&r.detvisor, &r.qemu_tcg_icount] {
+        if s.error.is_some() || !s.failures.is_empty() {
+            if !failed {
+                writeln!(o, "\nfailures:")?;
+                failed = true;
+            }
+            if let Some(e) = &s.error {
+                writeln!(o, "  {}: {e}", s.name)?;
+            }
+            for f in &s.failures {
+                writeln!(o, "  {}: {f}", s.name)?;
+            }
+        }
+    }
+    if let Some(e) = r.helper_vm.as_ref().and_then(|s| s.error.as_ref()) {
+        if !failed {
+            writeln!(o, "\nfailures:")?;
+        }
+        writeln!(o, "  helper VM: {e}")?;
+    }
+    writeln!(o)?;
+    writeln!(o, "{}", serde_json::to_string(r)?)?;
+    o.flush()?;
+    Ok(())
+}
