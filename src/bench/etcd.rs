@@ -201,8 +201,25 @@ fn detvisor_result(finished: &Finished, limit: Duration, logs: &Path) -> EtcdRun
     r.workload_tail = Some(last_lines(&String::from_utf8_lossy(&workload), 14));
     r.ok = finished.succeeded() && r.status == Some(0);
     if !r.ok {
+        // What each node said (`<logs>/<node>.log`): why it ended, when it did.
+        let mut nodes: Vec<PathBuf> = fs::read_dir(logs)
+            .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+            .unwrap_or_default();
+        nodes.retain(|p| p.extension().is_some_and(|e| e == "log") && !p.ends_with("workload.log"));
+        nodes.sort();
+        let node_tails: String = nodes
+            .iter()
+            .map(|p| {
+                let text = fs::read(p).unwrap_or_default();
+                format!(
+                    "\n  {} ends with:\n{}",
+                    p.file_name().unwrap_or_default().to_string_lossy(),
+                    last_lines(&String::from_utf8_lossy(&text), 4)
+                )
+            })
+            .collect();
         let stderr = last_lines(&finished.stderr_text(), 20);
-        r.error = Some(if finished.timed_out || summary.is_none() {
+        let what = if finished.timed_out || summary.is_none() {
             format!(
                 "{}; stdout ends with:\n{}",
                 finished.failure("detvisor up", limit),
@@ -210,16 +227,20 @@ fn detvisor_result(finished: &Finished, limit: Duration, logs: &Path) -> EtcdRun
             )
         } else {
             format!(
-                "detvisor up: status {:?} (stop {}); its stderr ends with:\n{stderr}\n  the \
-                 workload's output ends with:\n{}",
+                "detvisor up: status {:?} (stop {}, virtual {} s, {} exits); its stderr ends \
+                 with:\n{stderr}\n  the workload's output ends with:\n{}",
                 r.status,
                 summary
                     .as_ref()
                     .and_then(|s| s.get("stop"))
                     .map_or("?".into(), |v| v.to_string()),
+                r.virtual_ns
+                    .map_or("?".into(), |v| format!("{:.3}", v as f64 / 1e9)),
+                r.exits.map_or("?".into(), |e| e.to_string()),
                 r.workload_tail.as_deref().unwrap_or("")
             )
-        });
+        };
+        r.error = Some(what + &node_tails);
     }
     r
 }
