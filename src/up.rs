@@ -180,10 +180,13 @@ impl Conductor {
             }
             AgentToHost::Error { context, message } => {
                 notes.push(Note::Event(format!("agent: {context}: {message}")));
-                let setup = ["hello", "create_node", "start_workload", "channel"]
+                // Setting up failed: a node could not be made, or the
+                // workload could not start (so nothing would ever end the run).
+                let setup = ["hello", "create_node", "channel"]
                     .iter()
-                    .any(|step| context.starts_with(step));
-                if setup && self.phase != Phase::Running {
+                    .any(|step| context.starts_with(step))
+                    && self.phase != Phase::Running;
+                if setup || context.starts_with("start_workload") {
                     self.finish(SETUP_FAILED, send);
                 }
             }
@@ -212,10 +215,18 @@ impl Conductor {
     fn all_started(&mut self, send: &mut Vec<HostToAgent>) {
         self.phase = Phase::Running;
         if let Some(WorkloadPlan::InNode { node, command, env }) = &self.workload {
+            // The node's environment (its image's PATH among it) under the workload's own.
+            let mut merged = self
+                .nodes
+                .iter()
+                .find(|n| &n.name == node)
+                .map(|n| n.env.clone())
+                .unwrap_or_default();
+            merged.extend(env.clone());
             send.push(HostToAgent::StartWorkload {
                 node: Some(node.clone()),
                 command: command.clone(),
-                env: env.clone(),
+                env: merged,
             });
         }
     }
@@ -585,6 +596,37 @@ mod tests {
             ),
             vec![HostToAgent::Shutdown]
         );
+        assert_eq!(c.status(), Some(SETUP_FAILED));
+    }
+
+    #[test]
+    fn test_a_workload_that_cannot_start_ends_the_run() {
+        let workload = WorkloadPlan::InNode {
+            node: "n1".into(),
+            command: vec!["true".into()],
+            env: BTreeMap::new(),
+        };
+        let mut c = conductor(Some(workload), &[]);
+        boot(&mut c);
+        feed(
+            &mut c,
+            AgentToHost::NodeStarted {
+                name: "n1".into(),
+                pid: 2,
+            },
+        );
+        feed(
+            &mut c,
+            AgentToHost::NodeStarted {
+                name: "n2".into(),
+                pid: 3,
+            },
+        );
+        let error = AgentToHost::Error {
+            context: "start_workload".into(),
+            message: "node \"n1\" is not running".into(),
+        };
+        assert_eq!(feed(&mut c, error), vec![HostToAgent::Shutdown]);
         assert_eq!(c.status(), Some(SETUP_FAILED));
     }
 

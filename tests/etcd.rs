@@ -114,7 +114,11 @@ fn writes(text: &str) -> Vec<(f64, String, bool)> {
         .filter_map(|l| {
             let (t, rest) = l.split_once("s] round ")?;
             let words: Vec<&str> = rest.split_whitespace().collect();
-            Some((t.parse().ok()?, words.get(1)?.to_string(), *words.get(3)? == "OK"))
+            Some((
+                t.parse().ok()?,
+                words.get(1)?.to_string(),
+                *words.get(3)? == "OK",
+            ))
         })
         .collect()
 }
@@ -123,7 +127,10 @@ fn writes(text: &str) -> Vec<(f64, String, bool)> {
 fn test_etcd_partitioned_leader_loses_writes_majority_goes_on_and_it_catches_up() {
     // First find which member leads at the partition time with this seed
     // (histories with one seed are equal up to the first fault).
-    let probe = up("partition.toml", &["--seed", "42", "--until", "120s", "--quiet"]);
+    let probe = up(
+        "partition.toml",
+        &["--seed", "42", "--until", "120s", "--quiet"],
+    );
     let _ = probe;
     let logs = manifest("partition.toml").with_extension("logs");
     let text = std::fs::read_to_string(logs.join("workload.log")).unwrap();
@@ -176,7 +183,11 @@ fn test_etcd_partitioned_leader_loses_writes_majority_goes_on_and_it_catches_up(
     let after = |w: &&(f64, String, bool)| w.0 > 34.0;
     // The cut-off leader accepts no write during the partition ...
     assert!(
-        writes.iter().filter(during).filter(|w| w.1 == leader).all(|w| !w.2),
+        writes
+            .iter()
+            .filter(during)
+            .filter(|w| w.1 == leader)
+            .all(|w| !w.2),
         "{text}"
     );
     // ... while the majority elects a new leader and goes on accepting them.
@@ -192,5 +203,8 @@ fn test_etcd_partitioned_leader_loses_writes_majority_goes_on_and_it_catches_up(
         "{text}"
     );
     let err = stderr(&out);
-    assert!(err.contains(&format!("fault: partition {leader} |")), "{err}");
+    assert!(
+        err.contains(&format!("fault: partition {leader} |")),
+        "{err}"
+    );
 }

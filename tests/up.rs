@@ -99,7 +99,7 @@ fn test_up_runs_nodes_and_the_workload_and_exits_with_its_status() {
         stderr(&out)
     );
     // Per-node logs hold the raw output.
-    assert_eq!(cluster.log("n1"), "n1 up on n1\n");
+    assert_eq!(cluster.log("n1"), "n1 up on n1\nhi\n");
     assert!(cluster.log("workload").contains("pong\n"));
 }
 
@@ -279,7 +279,7 @@ fn test_up_bad_manifests_get_errors_naming_the_problem() {
         "[[node]]\nname = \"n1\"\nrootfs = \"root\"\ncomand = [\"true\"]\n",
     );
     let out = cluster.up(&[]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr(&out).contains("unknown field `comand`"),
         "{}",
@@ -291,12 +291,12 @@ fn test_up_bad_manifests_get_errors_naming_the_problem() {
         "[[node]]\nname = \"n1\"\nrootfs = \"nowhere\"\ncommand = [\"true\"]\n",
     );
     let out = missing.up(&["--host-vm", "never"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("nowhere"), "{}", stderr(&out));
 
     let fault = Cluster::new("fault", TWO_NODES);
     let out = fault.up(&["--fault", "at=1s pause n7"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr(&out).contains("no node is named \"n7\""),
         "{}",

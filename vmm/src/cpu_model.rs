@@ -17,12 +17,21 @@ use kvm_bindings::{kvm_cpuid_entry2, CpuId, KVM_CPUID_FLAG_SIGNIFCANT_INDEX};
 use serde::{Deserialize, Serialize};
 
 /// Bumped whenever anything guest-visible in this file changes; recorded in run summaries.
-pub const CPU_MODEL_VERSION: u32 = 1;
+pub const CPU_MODEL_VERSION: u32 = 2;
 
-/// "DetvisorVCPU" split across EBX, EDX, ECX as CPUID leaf 0 returns it.
-const VENDOR_EBX: u32 = u32::from_le_bytes(*b"Detv");
-const VENDOR_EDX: u32 = u32::from_le_bytes(*b"isor");
-const VENDOR_ECX: u32 = u32::from_le_bytes(*b"VCPU");
+/// "AuthenticAMD" split across EBX, EDX, ECX as CPUID leaf 0 returns it.
+///
+/// Version 1 said "DetvisorVCPU". glibc only reads CPUID leaf 1 for vendors
+/// it knows (Intel, AMD, Hygon, Zhaoxin/Centaur), so with an unknown vendor
+/// its dynamic loader sees no SSE2/CMOV and refuses every library marked
+/// `x86-64-baseline` ("CPU ISA level is lower than required"): Debian's
+/// dynamically linked binaries (etcd) would not start. AMD, because KVM
+/// treats every non-Intel vendor as AMD already (SYSCALL emulation, CPUID
+/// of out-of-range leaves), and family 6 so Linux's AMD code takes no
+/// family-specific path on x86-64 (no K8 errata MSRs, no Zen mitigations).
+const VENDOR_EBX: u32 = u32::from_le_bytes(*b"Auth");
+const VENDOR_EDX: u32 = u32::from_le_bytes(*b"enti");
+const VENDOR_ECX: u32 = u32::from_le_bytes(*b"cAMD");
 
 const BRAND: &[u8; 48] = b"detvisor deterministic virtual CPU\0\0\0\0\0\0\0\0\0\0\0\0\0\0";
 
@@ -319,7 +328,7 @@ mod tests {
         for r in [l0.ebx, l0.edx, l0.ecx] {
             vendor.extend_from_slice(&r.to_le_bytes());
         }
-        assert_eq!(&vendor, b"DetvisorVCPU");
+        assert_eq!(&vendor, b"AuthenticAMD");
         let mut brand = Vec::new();
         for f in 0x8000_0002..=0x8000_0004 {
             let l = find(f);
