@@ -149,7 +149,14 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
     let config = VmConfig {
         kernel: guest.kernel.clone(),
         initrd: guest.initrd,
-        cmdline: format!("{} rdinit=/detvisor-agent", guest::default_cmdline()),
+        // The node roots live in the initramfs. As ramfs rather than tmpfs it
+        // has no size cap (half of RAM) and no fallocate, so preallocating
+        // programs (etcd's 64 MB WAL segments) get sparse files instead of
+        // pinning RAM they never write.
+        cmdline: format!(
+            "{} rootfstype=ramfs rdinit=/detvisor-agent",
+            guest::default_cmdline()
+        ),
         ram_bytes,
         seed: args.seed,
         until,
