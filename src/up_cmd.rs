@@ -74,6 +74,11 @@ struct UpSummary {
     runs: u32,
     identical: bool,
     divergence: Option<String>,
+    /// Wall time from the start of the (first) run to the workload's start:
+    /// boot plus bringing every node up.
+    boot_to_workload_wall_ms: Option<u64>,
+    /// Virtual time at the workload's start.
+    boot_to_workload_virtual_ns: Option<u64>,
 }
 
 /// The guest as the VMM needs it: kernel, initrd, what the agent is asked.
@@ -179,6 +184,7 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
         .collect();
 
     let mut reference: Option<(vmm::vm::RunOutcome, u8)> = None;
+    let mut workload_start: Option<(std::time::Duration, vmm::VirtNanos)> = None;
     let mut divergence = None;
     for run in 1..=args.runs {
         let first = run == 1;
@@ -189,10 +195,15 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
             Box::new(std::io::sink())
         };
         let mut sink = OutputSink::new(&names, first.then(|| args.logs.clone()), out)?;
+        let started = std::time::Instant::now();
         let mut session = vmm::vm::Session::boot(&config, Box::new(std::io::sink()), None)?;
         let mut events = |at: vmm::VirtNanos, text: &str| {
             if first {
                 eprintln!("detvisor: [{at}] {text}");
+                if text.starts_with("workload started") || text.starts_with("node workload started")
+                {
+                    workload_start.get_or_insert((started.elapsed(), at));
+                }
             }
         };
         let stop = up::drive(
@@ -229,11 +240,16 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
         runs: args.runs,
         identical: divergence.is_none(),
         divergence,
+        boot_to_workload_wall_ms: workload_start.map(|(wall, _)| wall.as_millis() as u64),
+        boot_to_workload_virtual_ns: workload_start.map(|(_, at)| at.0),
     };
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
-        eprintln!("{}", summary.run.human());
+        // The run's status is the workload's, whatever way the guest ended.
+        let human = summary.run.human();
+        let details = human.split_once("; ").map_or(human.as_str(), |(_, d)| d);
+        eprintln!("detvisor: exit {status}; {details}");
         if args.runs > 1 {
             match &summary.divergence {
                 None => println!(
