@@ -248,6 +248,12 @@ pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
         workload,
         faults: file.faults.clone(),
     };
+    if let Some(epoch) = manifest.rtc_epoch {
+        // The CMOS clock counts years 1970..9999.
+        if !(0..=253_402_300_799).contains(&epoch) {
+            bail!("machine.rtc_epoch {epoch} is outside 1970..9999 (unix seconds)");
+        }
+    }
     if let Some(mem) = &manifest.mem {
         crate::units::parse_size(mem).context("machine.mem")?;
     }

@@ -30,6 +30,10 @@ pub fn node_nic(index: usize) -> String {
     format!("eth{index}")
 }
 
+/// The name the workload's output goes under (stdout prefix and log file)
+/// when it runs inside a node.
+pub const WORKLOAD_LOG: &str = crate::manifest::WORKLOAD_NODE;
+
 /// What the conductor reports to the loop besides messages to send.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Note {
@@ -64,7 +68,14 @@ pub struct Conductor {
     /// Agent-side faults still to do, in time order.
     faults: VecDeque<TimedFault>,
     phase: Phase,
-    started: BTreeSet<String>,
+    /// Nodes running now.
+    running: BTreeSet<String>,
+    /// Nodes that have started at least once (a node may exit before the
+    /// last one starts; it still counts as started).
+    ever_started: BTreeSet<String>,
+    /// Without a workload: the first node that ended badly, whose status
+    /// becomes the run's once every node has ended.
+    first_failure: Option<i32>,
     /// The run's status once the workload ended (or a setup step failed).
     status: Option<i32>,
 }
@@ -87,7 +98,9 @@ impl Conductor {
                 .cloned()
                 .collect(),
             phase: Phase::Booting,
-            started: BTreeSet::new(),
+            running: BTreeSet::new(),
+            ever_started: BTreeSet::new(),
+            first_failure: None,
             status: None,
         }
     }
@@ -141,9 +154,13 @@ impl Conductor {
             }
             AgentToHost::NodeStarted { name, pid } => {
                 notes.push(Note::Event(format!("node {name} started (pid {pid})")));
-                self.started.insert(name);
+                self.running.insert(name.clone());
+                self.ever_started.insert(name);
                 if self.phase == Phase::Starting
-                    && self.nodes.iter().all(|n| self.started.contains(&n.name))
+                    && self
+                        .nodes
+                        .iter()
+                        .all(|n| self.ever_started.contains(&n.name))
                 {
                     self.all_started(send);
                 }
@@ -158,13 +175,21 @@ impl Conductor {
                 notes.push(Note::Output { node, stream, data });
             }
             AgentToHost::Exited { node, status } => {
-                self.started.remove(&node);
+                self.running.remove(&node);
                 notes.push(Note::Event(format!(
                     "node {node} exited ({})",
                     describe(status)
                 )));
                 if matches!(&self.workload, Some(WorkloadPlan::OwnNode(w)) if w.name == node) {
                     self.finish(status.shell_code(), send);
+                } else if self.workload.is_none() {
+                    if status != ExitStatus::Code(0) {
+                        self.first_failure.get_or_insert(status.shell_code());
+                    }
+                    // Nothing left to run: the run is over.
+                    if self.phase == Phase::Running && self.running.is_empty() {
+                        self.finish(self.first_failure.unwrap_or(0), send);
+                    }
                 }
             }
             AgentToHost::WorkloadExited { status } => {
@@ -455,9 +480,17 @@ pub fn drive(
         for note in notes.drain(..) {
             match note {
                 Note::Event(text) => events(now, &text),
-                Note::Output { node, stream, data } => {
-                    sink.output(node.as_deref().unwrap_or("workload"), stream, &data)?
-                }
+                Note::Output { node, stream, data } => match node {
+                    None => sink.output(WORKLOAD_LOG, stream, &data)?,
+                    Some(name) if node_names.contains(&name) => {
+                        sink.output(&name, stream, &data)?
+                    }
+                    // The name becomes a log file's name: only declared nodes.
+                    Some(name) => events(
+                        now,
+                        &format!("agent: output for unknown node {name:?} dropped"),
+                    ),
+                },
             }
         }
         for message in send.drain(..) {
@@ -597,6 +630,83 @@ mod tests {
             vec![HostToAgent::Shutdown]
         );
         assert_eq!(c.status(), Some(SETUP_FAILED));
+    }
+
+    #[test]
+    fn test_a_node_that_ends_before_the_last_starts_still_counts_as_started() {
+        let workload = WorkloadPlan::InNode {
+            node: "n2".into(),
+            command: vec!["true".into()],
+            env: BTreeMap::new(),
+        };
+        let mut c = conductor(Some(workload), &[]);
+        boot(&mut c);
+        feed(
+            &mut c,
+            AgentToHost::NodeStarted {
+                name: "n1".into(),
+                pid: 2,
+            },
+        );
+        feed(
+            &mut c,
+            AgentToHost::Exited {
+                node: "n1".into(),
+                status: ExitStatus::Code(0),
+            },
+        );
+        let sent = feed(
+            &mut c,
+            AgentToHost::NodeStarted {
+                name: "n2".into(),
+                pid: 3,
+            },
+        );
+        assert!(
+            matches!(sent[..], [HostToAgent::StartWorkload { .. }]),
+            "{sent:?}"
+        );
+    }
+
+    #[test]
+    fn test_without_a_workload_the_run_ends_when_every_node_has_ended() {
+        let mut c = conductor(None, &[]);
+        boot(&mut c);
+        feed(
+            &mut c,
+            AgentToHost::NodeStarted {
+                name: "n1".into(),
+                pid: 2,
+            },
+        );
+        feed(
+            &mut c,
+            AgentToHost::NodeStarted {
+                name: "n2".into(),
+                pid: 3,
+            },
+        );
+        assert!(feed(
+            &mut c,
+            AgentToHost::Exited {
+                node: "n2".into(),
+                status: ExitStatus::Signal(9)
+            }
+        )
+        .is_empty());
+        assert_eq!(
+            feed(
+                &mut c,
+                AgentToHost::Exited {
+                    node: "n1".into(),
+                    status: ExitStatus::Code(0)
+                }
+            ),
+            vec![HostToAgent::Shutdown]
+        );
+        assert_eq!(c.status(), Some(137));
+        // A hostile status does not overflow.
+        assert_eq!(ExitStatus::Signal(i32::MAX).shell_code(), i32::MAX);
     }
 
     #[test]

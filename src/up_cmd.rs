@@ -119,6 +119,17 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
         .cloned()
         .collect();
     let faults = schedule(&fault_texts, &names)?;
+    if let Some(manifest::WorkloadPlan::OwnNode(node)) = &manifest.workload {
+        if let Some(fault) = faults
+            .iter()
+            .find(|f| !f.action.is_network() && f.action.nodes().contains(&node.name.as_str()))
+        {
+            bail!(
+                "fault {}: the workload's own node can be partitioned, not paused, killed or restarted (its end is the run's end)",
+                fault.action
+            );
+        }
+    }
     let mem = args
         .mem
         .clone()
@@ -295,7 +306,10 @@ fn up_in_helper_vm(args: &UpArgs, manifest: &Manifest, mem: &str, reason: &str) 
         .with_context(|| format!("writing {}", specs.display()))?;
     std::fs::create_dir_all(&args.logs)
         .with_context(|| format!("creating the log directory {}", args.logs.display()))?;
-    let logs = args.logs.canonicalize()?;
+    let logs = args
+        .logs
+        .canonicalize()
+        .with_context(|| format!("logs directory {}", args.logs.display()))?;
     eprintln!("detvisor: running inside a helper VM (QEMU TCG with nested SVM) because {reason}");
     let assets = hostvm::ensure_assets(None)?;
     let file = |host_path: &Path, name: &str| hostvm::PayloadFile {
@@ -343,7 +357,12 @@ fn up_in_helper_vm(args: &UpArgs, manifest: &Manifest, mem: &str, reason: &str) 
     let ram = units::parse_size(mem)?;
     let config = hostvm::HelperVmConfig {
         assets_dir: assets,
-        memory_mib: ((ram >> 20) as u32).saturating_add(1536).max(2048),
+        // The initrd is shipped in the helper's own initramfs and then read
+        // into the VMM: count it about three times over.
+        memory_mib: ((ram >> 20) as u32)
+            .saturating_add(1536)
+            .saturating_add((3 * guest.initrd.len() >> 20) as u32)
+            .max(2048),
         shared_dirs: vec![logs],
         ..hostvm::HelperVmConfig::default()
     };

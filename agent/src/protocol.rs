@@ -179,7 +179,8 @@ impl ExitStatus {
     pub fn shell_code(self) -> i32 {
         match self {
             ExitStatus::Code(code) => code,
-            ExitStatus::Signal(signal) => 128 + signal,
+            // A misbehaving peer may send any number: never overflow.
+            ExitStatus::Signal(signal) => 128i32.saturating_add(signal),
         }
     }
 }
