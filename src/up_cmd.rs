@@ -361,7 +361,7 @@ fn up_in_helper_vm(args: &UpArgs, manifest: &Manifest, mem: &str, reason: &str) 
         // into the VMM: count it about three times over.
         memory_mib: ((ram >> 20) as u32)
             .saturating_add(1536)
-            .saturating_add((3 * guest.initrd.len() >> 20) as u32)
+            .saturating_add(((3 * guest.initrd.len()) >> 20) as u32)
             .max(2048),
         shared_dirs: vec![logs],
         ..hostvm::HelperVmConfig::default()
