@@ -91,7 +91,18 @@ pub fn agent_binary() -> Result<PathBuf> {
     let built = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
     let dir = cached.parent().expect("cache path has a parent");
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let partial = dir.join("detvisor-agent.partial");
+    let built_bytes =
+        std::fs::read(&built).with_context(|| format!("reading {}", built.display()))?;
+    if std::fs::read(&cached).is_ok_and(|bytes| bytes == built_bytes) {
+        return Ok(cached);
+    }
+    // Concurrent callers (parallel tests, several CLI runs) each write their
+    // own partial file; the rename is atomic, so the last one wins whole.
+    let partial = dir.join(format!(
+        "detvisor-agent.partial.{}.{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     std::fs::copy(&built, &partial)
         .with_context(|| format!("copying {} to {}", built.display(), partial.display()))?;
     std::fs::rename(&partial, &cached)
