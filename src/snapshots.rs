@@ -168,6 +168,8 @@ pub fn info(dir: &Path) -> Result<u8> {
         console_bytes: u64,
         injected_interrupts: u64,
         cpu_model_version: u32,
+        /// Frames the switch holds, not yet delivered (none without a network).
+        frames_in_flight: usize,
     }
     let out = Info {
         row: SnapshotRow::from(&info),
@@ -176,6 +178,11 @@ pub fn info(dir: &Path) -> Result<u8> {
         console_bytes: state.console_bytes,
         injected_interrupts: state.injected_interrupts,
         cpu_model_version: state.cpu_model_version,
+        frames_in_flight: state
+            .devices
+            .switch
+            .as_ref()
+            .map_or(0, |switch| switch.in_flight.len()),
     };
     println!("{}", serde_json::to_string_pretty(&out)?);
     Ok(0)
