@@ -168,7 +168,10 @@ fn test_snapshots_with_frames_in_flight_resume_to_the_same_history() {
     let a = summary(&straight);
     let exits = a["exits"].as_u64().unwrap();
     // Three moments in the second half, while the pings are going.
-    let points: Vec<String> = [5, 6, 7].iter().map(|k| (exits * k / 8).to_string()).collect();
+    let points: Vec<String> = [5, 6, 7]
+        .iter()
+        .map(|k| (exits * k / 8).to_string())
+        .collect();
     let mut extra = vec!["--snapshots", snaps];
     for p in &points {
         extra.extend_from_slice(&["--snapshot-at-exit", p]);
@@ -187,9 +190,15 @@ fn test_snapshots_with_frames_in_flight_resume_to_the_same_history() {
         let resumed = detvisor(&["branch", &snap, "--json"]);
         assert_eq!(resumed.status.code(), Some(0));
         let r = summary(&resumed);
-        assert_eq!(r["digest"], a["digest"], "history resumed from {snap} differs");
+        assert_eq!(
+            r["digest"], a["digest"],
+            "history resumed from {snap} differs"
+        );
         assert_eq!(r["exits"], a["exits"]);
     }
-    assert!(in_flight_seen >= 2, "snapshots with frames in flight: {in_flight_seen}");
+    assert!(
+        in_flight_seen >= 2,
+        "snapshots with frames in flight: {in_flight_seen}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
