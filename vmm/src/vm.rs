@@ -662,9 +662,9 @@ impl Session {
         })
     }
 
-    /// Enters the guest once and handles the exit it comes back with.
+    /// Enters the guest until it makes an exit of its own and handles that exit.
     fn step(&mut self) -> Result<ExitAction, VmError> {
-        let (exit, action) = {
+        let (exit, action) = loop {
             let (exit, slot) = match self.vm.vcpu.run() {
                 Ok(vcpu_exit) => convert_exit(vcpu_exit),
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
@@ -672,6 +672,12 @@ impl Session {
                 }
                 Err(e) => return Err(kvm_err("KVM_RUN")(e)),
             };
+            // A signal to this thread is a host event, not a guest-caused
+            // exit: it must not be counted or recorded, move the clock, feed
+            // input or give an interrupt a chance to be injected. Enter again.
+            if exit == Exit::Interrupted {
+                continue;
+            }
             if let Some(input) = &self.input {
                 feed_console_input(&mut self.machine, input, exit == Exit::Hlt);
             }
@@ -679,7 +685,7 @@ impl Session {
             if let ExitAction::Resume(completion) = &action {
                 complete(slot, completion);
             }
-            (exit, action)
+            break (exit, action);
         };
         let injected = match action {
             ExitAction::Resume(_) => self.decide_interrupt()?,
