@@ -8,6 +8,7 @@ mod hostvm;
 mod image_cmd;
 mod manifest;
 mod snapshots;
+mod tempdir;
 mod terminal;
 mod units;
 mod up;

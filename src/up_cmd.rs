@@ -295,9 +295,10 @@ fn run_status(conductor: &Conductor, manifest: &Manifest, stop: StopReason) -> u
 /// `detvisor up` inside the helper VM on the assembled files.
 fn up_in_helper_vm(args: &UpArgs, manifest: &Manifest, mem: &str, reason: &str) -> Result<u8> {
     let guest = assemble_guest(manifest, args.kernel.as_deref())?;
-    let staging = guest::cache_root().join(format!("up/{}", std::process::id()));
-    std::fs::create_dir_all(&staging).with_context(|| format!("creating {}", staging.display()))?;
-    let cleanup = StagingDir(staging.clone());
+    // Removed with its files when this function returns.
+    let staging_dir = crate::tempdir::TempDir::new("detvisor-up-")
+        .context("creating a staging directory for the helper VM's files")?;
+    let staging = staging_dir.path();
     let initrd = staging.join("initrd");
     std::fs::write(&initrd, &guest.initrd)
         .with_context(|| format!("writing {}", initrd.display()))?;
@@ -368,15 +369,5 @@ fn up_in_helper_vm(args: &UpArgs, manifest: &Manifest, mem: &str, reason: &str) 
     };
     let exe = std::env::current_exe().context("locating the detvisor executable")?;
     let status = hostvm::run(&config, &exe, &inner, &files)?;
-    drop(cleanup);
     Ok(u8::try_from(status).unwrap_or(EXIT_NO_STATUS))
-}
-
-/// Removes the staging directory of a helper-VM run when dropped.
-struct StagingDir(PathBuf);
-
-impl Drop for StagingDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
