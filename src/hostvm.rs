@@ -36,11 +36,10 @@ use std::fs::{self, File};
 use std::io::{self, BufWriter, IsTerminal, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 
 /// QEMU binary used when none is configured.
@@ -301,7 +300,7 @@ fn run_to(
     };
     let entries = payload_entries(exe, args, files, &options)?;
 
-    let tmp = TempDir::new().context("cannot create a temporary directory for the helper VM")?;
+    let tmp = new_temp_dir().context("cannot create a temporary directory for the helper VM")?;
     let initrd = tmp.path().join("initrd.img");
     write_initrd(&base_initramfs, &entries, &initrd)?;
     let status_path = tmp.path().join("status");
@@ -1090,32 +1089,13 @@ fn shared_libraries(exe: &Path) -> Result<Vec<PathBuf>> {
 /// A private temporary directory, removed with its contents on drop (kept, and named on
 /// stderr, when `DETVISOR_HELPER_VM_KEEP_TMP` is set: it holds the L1 console log, QEMU's
 /// messages and the assembled initrd).
-struct TempDir(PathBuf);
-
 const TEMP_PREFIX: &str = "detvisor-helper-vm-";
 
-impl TempDir {
-    fn new() -> io::Result<Self> {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let base = std::env::temp_dir();
-        remove_stale_temp_dirs(&base);
-        loop {
-            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos());
-            let path = base.join(format!("{TEMP_PREFIX}{}-{nanos:x}-{n}", std::process::id()));
-            match fs::DirBuilder::new().mode(0o700).create(&path) {
-                Ok(()) => return Ok(Self(path)),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 1000 => continue,
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
+/// The launcher's private temporary directory (`detvisor-helper-vm-<pid>-*`),
+/// made after clearing those of launchers that died without cleaning up.
+fn new_temp_dir() -> io::Result<crate::tempdir::TempDir> {
+    remove_stale_temp_dirs(&std::env::temp_dir());
+    crate::tempdir::TempDir::new(TEMP_PREFIX)
 }
 
 /// Removes the temporary directories of launchers that died without cleaning up (SIGKILL):
@@ -1142,16 +1122,6 @@ fn remove_stale_temp_dirs(base: &Path) {
             && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
         if gone {
             let _ = fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::env::var_os("DETVISOR_HELPER_VM_KEEP_TMP").is_some() {
-            eprintln!("helper VM: kept {}", self.0.display());
-        } else {
-            let _ = fs::remove_dir_all(&self.0);
         }
     }
 }
@@ -1215,7 +1185,7 @@ mod tests {
     fn sh_encoding_round_trips_through_a_shell() {
         let args = tricky_args();
         let script = encode_args_sh(&args).unwrap();
-        let dir = TempDir::new().unwrap();
+        let dir = new_temp_dir().unwrap();
         let file = dir.path().join("args.sh");
         fs::write(&file, &script).unwrap();
         let mut shells = vec![vec!["/bin/sh"]];
@@ -1289,7 +1259,7 @@ mod tests {
 
     #[test]
     fn payload_archive_parses_back() {
-        let dir = TempDir::new().unwrap();
+        let dir = new_temp_dir().unwrap();
         let exe = dir.path().join("prog");
         fs::write(&exe, b"#!/bin/sh\necho hi\n").unwrap();
         fs::set_permissions(&exe, fs::Permissions::from_mode(0o700)).unwrap();
@@ -1352,7 +1322,7 @@ mod tests {
 
     #[test]
     fn payload_rejects_bad_input() {
-        let dir = TempDir::new().unwrap();
+        let dir = new_temp_dir().unwrap();
         let exe = dir.path().join("prog");
         fs::write(&exe, b"x").unwrap();
         let file = |name: &str| PayloadFile {
@@ -1437,7 +1407,7 @@ mod tests {
 
     #[test]
     fn stale_temp_dirs_are_removed() {
-        let base = TempDir::new().unwrap();
+        let base = new_temp_dir().unwrap();
         let dead = base.path().join(format!("{TEMP_PREFIX}{}-1-0", i32::MAX));
         let alive = base
             .path()
@@ -1534,7 +1504,7 @@ mod tests {
 
     #[test]
     fn shared_dir_checks() {
-        let tmp = TempDir::new().unwrap();
+        let tmp = new_temp_dir().unwrap();
         let base = fs::canonicalize(tmp.path()).unwrap();
         let (a, b, nested) = (base.join("a"), base.join("b"), base.join("a/n"));
         for d in [&a, &b, &nested] {
@@ -1577,7 +1547,7 @@ mod tests {
 
     #[test]
     fn payload_mounts_and_workdir() {
-        let dir = TempDir::new().unwrap();
+        let dir = new_temp_dir().unwrap();
         let exe = dir.path().join("prog");
         fs::write(&exe, b"x").unwrap();
         let plain = payload_entries(&exe, &[], &[], &PayloadOptions::default()).unwrap();
@@ -1609,7 +1579,7 @@ mod tests {
 
     #[test]
     fn shares_need_assets_that_support_them() {
-        let dir = TempDir::new().unwrap();
+        let dir = new_temp_dir().unwrap();
         fs::write(dir.path().join(KERNEL_FILE), b"k").unwrap();
         fs::write(dir.path().join(INITRAMFS_FILE), b"i").unwrap();
         fs::write(
@@ -1661,7 +1631,7 @@ mod tests {
         use std::os::unix::fs::{FileExt, MetadataExt};
         let assets = ensure_assets(None).expect("helper VM assets");
         // busybox picks its applet from argv[0], so wrap it: /payload/detvisor is this script.
-        let dir = TempDir::new().unwrap();
+        let dir = new_temp_dir().unwrap();
         let exe = dir.path().join("wrapper");
         fs::write(&exe, b"#!/bin/sh\nexec /bin/busybox \"$@\"\n").unwrap();
         fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
@@ -1761,7 +1731,7 @@ mod tests {
     #[ignore = "boots the helper VM (~7 s under TCG); builds its assets on first use"]
     fn helper_vm_missing_workdir() {
         let assets = ensure_assets(None).expect("helper VM assets");
-        let dir = TempDir::new().unwrap();
+        let dir = new_temp_dir().unwrap();
         let share = fs::canonicalize(dir.path()).unwrap();
         let config = HelperVmConfig {
             assets_dir: assets,
@@ -1794,7 +1764,7 @@ mod tests {
 
     #[test]
     fn missing_assets_and_qemu_are_named() {
-        let dir = TempDir::new().unwrap();
+        let dir = new_temp_dir().unwrap();
         let config = HelperVmConfig {
             assets_dir: dir.path().to_path_buf(),
             ..HelperVmConfig::default()
