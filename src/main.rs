@@ -217,6 +217,10 @@ struct RunSummary {
     exits: u64,
     exits_by_kind: std::collections::BTreeMap<String, u64>,
     injected_interrupts: u64,
+    /// Interrupt-window exits found after an `STI` byte and single-stepped
+    /// to the true window (a diagnostic: the helper VM loses STI shadows).
+    irq_windows_stepped: u64,
+    single_steps: u64,
     wall_ms: u64,
     wall_setup_ms: u64,
     wall_finish_ms: u64,
@@ -252,6 +256,8 @@ impl RunSummary {
             exits: outcome.exits,
             exits_by_kind: outcome.exits_by_kind.clone(),
             injected_interrupts: outcome.injected_interrupts,
+            irq_windows_stepped: outcome.irq_windows_stepped,
+            single_steps: outcome.single_steps,
             wall_ms,
             wall_setup_ms: outcome.wall_setup.as_millis() as u64,
             wall_finish_ms: outcome.wall_finish.as_millis() as u64,

@@ -85,6 +85,10 @@ pub enum Exit {
     },
     Hlt,
     IrqWindowOpen,
+    /// KVM_EXIT_DEBUG after a single step: the loop's own business while it
+    /// finds where an interrupt window opens (see `irq_window`); it never
+    /// reaches the machine as an exit.
+    SingleStep,
     /// Triple fault or an explicit shutdown: how `reboot=t` ends the guest.
     Shutdown,
     /// KVM_EXIT_INTR: the KVM_RUN was interrupted by a signal (not guest-caused).
@@ -97,9 +101,17 @@ pub enum Exit {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ExitFailure {
-    InternalError { suberror: u32 },
-    FailEntry { reason: u64 },
-    Unexpected { exit_reason: u32 },
+    InternalError {
+        suberror: u32,
+    },
+    FailEntry {
+        reason: u64,
+    },
+    Unexpected {
+        exit_reason: u32,
+    },
+    /// A single-step trap reached the machine: the loop lost track of stepping.
+    StraySingleStep,
 }
 
 /// Small numeric code per exit kind, for records.
@@ -117,6 +129,7 @@ pub enum ExitKind {
     Shutdown = 9,
     Interrupted = 10,
     Fatal = 11,
+    SingleStep = 12,
 }
 
 impl Exit {
@@ -133,6 +146,7 @@ impl Exit {
             Exit::Shutdown => ExitKind::Shutdown,
             Exit::Interrupted => ExitKind::Interrupted,
             Exit::Fatal { .. } => ExitKind::Fatal,
+            Exit::SingleStep => ExitKind::SingleStep,
         }
     }
 
@@ -326,6 +340,11 @@ impl Machine {
             Exit::Shutdown => return ExitAction::Stop(StopReason::GuestReset),
             Exit::Fatal { reason } => {
                 return ExitAction::Stop(StopReason::Failure { failure: reason })
+            }
+            Exit::SingleStep => {
+                return ExitAction::Stop(StopReason::Failure {
+                    failure: ExitFailure::StraySingleStep,
+                })
             }
         };
         if let Some(event) = self.devices.take_event() {

@@ -14,6 +14,7 @@ use crate::exit::{
     AccessData, Completion, Exit, ExitAction, ExitFailure, InterruptAction, Machine, Perturbation,
     StopReason,
 };
+use crate::irq_window::{self, WindowGuard};
 use crate::kvm_util;
 use crate::record::RecorderState;
 use crate::record::{self, ChainHash, ExitRecord, RecordConfig, Recorder, NO_HASH, NO_VECTOR};
@@ -34,7 +35,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use thiserror::Error;
-use vm_memory::{GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
 #[derive(Debug, Error)]
 pub enum VmError {
@@ -104,6 +105,11 @@ pub struct RunOutcome {
     pub exits: u64,
     pub exits_by_kind: std::collections::BTreeMap<String, u64>,
     pub injected_interrupts: u64,
+    /// Interrupt-window exits that followed an `STI` byte and were stepped
+    /// past (host-dependent: not part of the digest).
+    pub irq_windows_stepped: u64,
+    /// Instructions single-stepped for them.
+    pub single_steps: u64,
     pub wall: Duration,
     /// Wall time spent creating the VM and writing boot data.
     pub wall_setup: Duration,
@@ -223,6 +229,7 @@ fn convert_exit(exit: VcpuExit<'_>) -> (Exit, ResponseSlot<'_>) {
         VcpuExit::Shutdown => (Exit::Shutdown, ResponseSlot::None),
         VcpuExit::SystemEvent(_, _) => (Exit::Shutdown, ResponseSlot::None),
         VcpuExit::Intr => (Exit::Interrupted, ResponseSlot::None),
+        VcpuExit::Debug(_) => (Exit::SingleStep, ResponseSlot::None),
         VcpuExit::InternalError => (
             Exit::Fatal {
                 reason: ExitFailure::InternalError { suberror: 0 },
@@ -252,11 +259,41 @@ fn convert_exit(exit: VcpuExit<'_>) -> (Exit, ResponseSlot<'_>) {
     }
 }
 
+/// Whether the byte before `rip` is `STI`'s opcode, i.e. whether the guest
+/// may be in an STI shadow at this boundary. The guest runs with flat code
+/// segments (base 0, 64-bit or compatibility mode), so RIP is the linear
+/// address; a byte that is not mapped cannot have just executed.
+fn follows_sti(vcpu: &VcpuFd, memory: &GuestMemoryMmap, rip: u64) -> bool {
+    let Some(linear) = rip.checked_sub(1) else {
+        return false;
+    };
+    match vcpu.translate_gva(linear) {
+        Ok(t) if t.valid != 0 => memory
+            .read_obj::<u8>(GuestAddress(t.physical_address))
+            .is_ok_and(|byte| byte == irq_window::STI_OPCODE),
+        _ => false,
+    }
+}
+
+/// Turns KVM's single-stepping of the guest on or off.
+fn set_single_step(vcpu: &VcpuFd, on: bool) -> Result<(), VmError> {
+    let control = if on {
+        kvm_bindings::KVM_GUESTDBG_ENABLE | kvm_bindings::KVM_GUESTDBG_SINGLESTEP
+    } else {
+        0
+    };
+    let debug = kvm_bindings::kvm_guest_debug {
+        control,
+        ..Default::default()
+    };
+    vcpu.set_guest_debug(&debug)
+        .map_err(kvm_err("KVM_SET_GUEST_DEBUG"))
+}
+
 fn exit_reason_code(exit: &VcpuExit<'_>) -> u32 {
     match exit {
         VcpuExit::Unknown => kvm_bindings::KVM_EXIT_UNKNOWN,
         VcpuExit::Exception => kvm_bindings::KVM_EXIT_EXCEPTION,
-        VcpuExit::Debug(_) => kvm_bindings::KVM_EXIT_DEBUG,
         VcpuExit::Hypercall(_) => kvm_bindings::KVM_EXIT_HYPERCALL,
         _ => u32::MAX,
     }
@@ -422,6 +459,7 @@ fn check_caps(kvm: &Kvm) -> Result<(), VmError> {
         (Cap::X86MsrFilter, "KVM_CAP_X86_MSR_FILTER"),
         (Cap::SyncRegs, "KVM_CAP_SYNC_REGS"),
         (Cap::UserMemory, "KVM_CAP_USER_MEMORY"),
+        (Cap::SetGuestDebug, "KVM_CAP_SET_GUEST_DEBUG"),
     ] {
         if !kvm.check_extension(cap) {
             return Err(VmError::MissingCapability(name));
@@ -579,6 +617,9 @@ pub struct Session {
     console: Arc<Mutex<ConsoleCapture>>,
     input: Option<ConsoleInput>,
     injected_total: u64,
+    /// Finds where interrupt windows really open (not saved: it is idle
+    /// between exits, and its counters are per process).
+    window: WindowGuard,
     started: Instant,
     wall_setup: Duration,
 }
@@ -657,6 +698,7 @@ impl Session {
             console,
             input,
             injected_total: 0,
+            window: WindowGuard::default(),
             wall_setup: started.elapsed(),
             started,
         })
@@ -678,12 +720,33 @@ impl Session {
             if exit == Exit::Interrupted {
                 continue;
             }
+            let stop = match exit {
+                Exit::IrqWindowOpen => irq_window::Stop::WindowOpen,
+                Exit::SingleStep => irq_window::Stop::SingleStep,
+                _ => irq_window::Stop::Other,
+            };
+            // A guest exit (`Other`) keeps its response slot; the guard hears
+            // of it after the response is written (below).
+            let (exit, slot) = if stop == irq_window::Stop::Other {
+                (exit, slot)
+            } else {
+                match self.check_window(stop)? {
+                    irq_window::Verdict::Deliver => (Exit::IrqWindowOpen, ResponseSlot::None),
+                    irq_window::Verdict::Step | irq_window::Verdict::WaitForWindow => continue,
+                    irq_window::Verdict::Unexpected => (Exit::SingleStep, ResponseSlot::None),
+                }
+            };
             if let Some(input) = &self.input {
                 feed_console_input(&mut self.machine, input, exit == Exit::Hlt);
             }
             let action = self.machine.handle_exit(&exit);
             if let ExitAction::Resume(completion) = &action {
                 complete(slot, completion);
+            }
+            if stop == irq_window::Stop::Other && self.window.stepping() {
+                // The stepped instruction exited on its own: the exit is the
+                // guest's, and stepping ends with it.
+                self.check_window(stop)?;
             }
             break (exit, action);
         };
@@ -693,6 +756,32 @@ impl Session {
         };
         self.record(&exit, &action, injected);
         Ok(action)
+    }
+
+    /// Asks the window guard about a stop that may be (or end) the search
+    /// for an interrupt window, and sets single-stepping and the window
+    /// request to match its verdict.
+    fn check_window(&mut self, stop: irq_window::Stop) -> Result<irq_window::Verdict, VmError> {
+        let was_stepping = self.window.stepping();
+        let interrupts_enabled = self.vm.vcpu.get_kvm_run().if_flag != 0;
+        let rip = self.vm.vcpu.sync_regs().regs.rip;
+        let vcpu = &self.vm.vcpu;
+        let memory = &self.vm.memory;
+        let verdict = self
+            .window
+            .on_stop(stop, interrupts_enabled, || follows_sti(vcpu, memory, rip));
+        let stepping = self.window.stepping();
+        if stepping != was_stepping {
+            set_single_step(&self.vm.vcpu, stepping)?;
+        }
+        let run = self.vm.vcpu.get_kvm_run();
+        match verdict {
+            // While stepping, a window request would end the step early.
+            irq_window::Verdict::Step => run.request_interrupt_window = 0,
+            irq_window::Verdict::WaitForWindow => run.request_interrupt_window = 1,
+            irq_window::Verdict::Deliver | irq_window::Verdict::Unexpected => {}
+        }
+        Ok(verdict)
     }
 
     /// Injects a pending interrupt if the guest can take it, else asks KVM
@@ -954,6 +1043,7 @@ impl Session {
             console,
             input,
             injected_total: state.injected_interrupts,
+            window: WindowGuard::default(),
             wall_setup: started.elapsed(),
             started,
         })
@@ -998,6 +1088,8 @@ impl Session {
             exits,
             exits_by_kind,
             injected_interrupts: self.injected_total,
+            irq_windows_stepped: self.window.corrected_windows,
+            single_steps: self.window.steps,
             wall: self.started.elapsed(),
             wall_setup: self.wall_setup,
             wall_finish: finishing.elapsed(),
