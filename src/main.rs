@@ -235,6 +235,19 @@ struct RunSummary {
     cpu_model_version: u32,
 }
 
+/// For the audit's per-run line: the interrupt windows that were stepped past
+/// a possible STI shadow (differs between runs on hosts that lose shadows;
+/// the histories must not).
+fn stepped_note(outcome: &RunOutcome) -> String {
+    match outcome.irq_windows_stepped {
+        0 => String::new(),
+        n => format!(
+            " ({n} interrupt windows stepped, {} steps)",
+            outcome.single_steps
+        ),
+    }
+}
+
 /// VmHWM (peak resident set) of this process, in KiB.
 fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -584,8 +597,12 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
         }
         let outcome = vmm::vm::run(&config, Box::new(std::io::sink()), None)?;
         eprintln!(
-            "detvisor audit: run {run}/{}: {} exits, virtual {}, digest {}",
-            args.runs, outcome.exits, outcome.virtual_time, outcome.digest
+            "detvisor audit: run {run}/{}: {} exits, virtual {}, digest {}{}",
+            args.runs,
+            outcome.exits,
+            outcome.virtual_time,
+            outcome.digest,
+            stepped_note(&outcome)
         );
         summary.exits.push(outcome.exits);
         summary.digests.push(outcome.digest.clone());

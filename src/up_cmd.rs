@@ -230,8 +230,12 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
         let status = run_status(&conductor, &manifest, stop);
         if args.runs > 1 {
             eprintln!(
-                "detvisor up: run {run}/{}: {} exits, virtual {}, digest {}",
-                args.runs, outcome.exits, outcome.virtual_time, outcome.digest
+                "detvisor up: run {run}/{}: {} exits, virtual {}, digest {}{}",
+                args.runs,
+                outcome.exits,
+                outcome.virtual_time,
+                outcome.digest,
+                crate::stepped_note(&outcome)
             );
         }
         match &reference {
