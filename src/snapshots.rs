@@ -29,8 +29,14 @@ pub struct Snapshotter {
     every: Option<VirtNanos>,
     at_exits: Vec<u64>,
     last_id: Option<String>,
+    /// Snapshots written since the last full one (0: the next is full).
+    chain_len: usize,
     pub taken: Vec<snapshot::SnapshotInfo>,
 }
+
+/// Every this many snapshots one is full, which bounds the chain a restore
+/// maps (the others store only the pages dirtied since the previous one).
+const FULL_SNAPSHOT_EVERY: usize = 32;
 
 impl Snapshotter {
     pub fn new(args: &SnapshotArgs, parent: Option<String>) -> Result<Option<Snapshotter>> {
@@ -56,6 +62,7 @@ impl Snapshotter {
             every,
             at_exits,
             last_id: parent,
+            chain_len: 0,
             taken: Vec::new(),
         }))
     }
@@ -76,6 +83,9 @@ impl Snapshotter {
         }
     }
 
+    /// Writes one snapshot: full the first time (and every
+    /// `FULL_SNAPSHOT_EVERY`), else incremental over the previous one, with
+    /// the pages KVM's dirty log and the VMM's bitmap saw written since.
     fn take(&mut self, session: &mut Session) -> Result<()> {
         let state = session.capture().context("capturing the VM state")?;
         let id = format!("exit-{:012}", session.exits());
@@ -87,8 +97,26 @@ impl Snapshotter {
             state.seed,
         );
         meta.parent = self.last_id.clone();
-        let info = snapshot::write_snapshot(&self.root, &meta, &state, session.memory())
-            .with_context(|| format!("writing snapshot {id}"))?;
+        let info = if self.chain_len == 0 {
+            // Dirty pages are counted from this full snapshot on.
+            session
+                .start_dirty_log()
+                .context("starting the dirty log")?;
+            snapshot::write_snapshot(&self.root, &meta, &state, session.memory())
+        } else {
+            let dirty = session
+                .take_dirty_pages()
+                .context("reading the dirty log")?;
+            snapshot::write_incremental_snapshot(
+                &self.root,
+                &meta,
+                &state,
+                session.memory(),
+                &dirty,
+            )
+        }
+        .with_context(|| format!("writing snapshot {id}"))?;
+        self.chain_len = (self.chain_len + 1) % FULL_SNAPSHOT_EVERY;
         self.last_id = Some(id);
         self.taken.push(info);
         Ok(())
@@ -206,14 +234,24 @@ pub fn restore(
     let resolved = snapshot::resolve(spec).with_context(|| format!("resolving {spec:?}"))?;
     let dir = &resolved.snapshot.dir;
     let (_, state): (SnapshotMeta, SessionState) = snapshot::read_snapshot(dir)?;
-    let (file, len) = snapshot::memory_file(dir)?;
     // The pages the snapshot stores, from its checksummed index (SEEK_DATA
     // is not available on every file system, e.g. 9p).
     let data_ranges: Vec<(u64, u64)> = snapshot::memory_chain(dir)?
         .iter()
         .flat_map(|layer| layer.runs.iter().map(|run| run.byte_range()))
         .collect();
-    let memory = vmm::vm::memory_from_file(file, len)?;
+    let memory = match snapshot::memory_file(dir) {
+        Ok((file, len)) => vmm::vm::memory_from_file(file, len)?,
+        // An incremental snapshot: its base image with each layer's pages
+        // mapped over it, all private and lazy.
+        Err(snapshot::SnapshotError::Incremental { .. }) => {
+            let (ptr, len) = snapshot::map_memory_private(dir)?.into_raw();
+            // SAFETY: `into_raw` handed the mapping over; it is never unmapped
+            // and nothing else refers to it.
+            unsafe { vmm::vm::memory_from_mapping(ptr, len as u64)? }
+        }
+        Err(e) => return Err(e.into()),
+    };
     let mut session = Session::resume(resume, &state, memory, data_ranges, console, input)?;
     let stopped_early = match resolved.target {
         Target::ExitIndex(n) => session.run_until(Some(n), None)?,

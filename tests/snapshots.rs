@@ -55,6 +55,31 @@ fn test_snapshot_restore_in_new_process_continues_identical_history() {
         .map(|r| r["exit_index"].as_u64().unwrap())
         .collect();
     assert_eq!(listed, vec![t1, t2]);
+    // The first is full; the second holds only the pages dirtied since the
+    // first (KVM's dirty log plus the VMM's own writes) over it.
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows[0]["incremental"], false);
+    assert_eq!(rows[1]["incremental"], true);
+    assert_eq!(rows[1]["parent"], rows[0]["id"]);
+    let (full_pages, dirty_pages) = (
+        rows[0]["memory_pages_stored"].as_u64().unwrap(),
+        rows[1]["memory_pages_stored"].as_u64().unwrap(),
+    );
+    assert!(
+        dirty_pages > 0 && dirty_pages * 2 < full_pages,
+        "incremental snapshot stores {dirty_pages} pages, the full one {full_pages}"
+    );
+
+    // C': resume the incremental snapshot (its parent's image with its own
+    // pages over it) in a new process: the same history too.
+    let second = format!("{snaps}/exit-{t2:012}");
+    let resumed = detvisor(&["branch", &second, "--json"]);
+    assert_eq!(resumed.status.code(), Some(0));
+    assert_eq!(
+        summary(&resumed)["digest"],
+        a["digest"],
+        "resumed history differs"
+    );
 
     // C: resume the first snapshot in a new process and run to the end.
     let first = format!("{snaps}/exit-{t1:012}");

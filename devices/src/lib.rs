@@ -35,3 +35,9 @@ pub use switch::{
     LatencyDist, NetworkConfig, PortCounters, PortId, Switch, SwitchError, SwitchState,
 };
 pub use time::VirtNanos;
+
+/// Guest RAM as the devices and the VMM see it: one mmap'ed region with a
+/// dirty bitmap, so the pages the VMM itself writes (virtqueue used rings,
+/// receive buffers) are known to incremental snapshots beside KVM's dirty
+/// log of the guest's own writes.
+pub type GuestMemory = vm_memory::GuestMemoryMmap<vm_memory::bitmap::AtomicBitmap>;

@@ -49,9 +49,9 @@ use crate::virtio::{
     RxOutcome, VirtioConsole, VirtioConsoleState, VirtioMmioState, VirtioMmioTransport, VirtioNet,
     VirtioNetCounters, VirtioNetState, VirtioRng, VirtioRngState, VirtioViolation,
 };
+use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-use vm_memory::GuestMemoryMmap;
 
 /// Number of 16550 registers at COM1.
 const COM1_LEN: u64 = 8;
@@ -140,7 +140,7 @@ impl VirtioSlotDevice {
         &self,
         slot: usize,
         state: &VirtioDeviceState,
-        memory: &GuestMemoryMmap,
+        memory: &GuestMemory,
     ) -> Result<(), DevicesError> {
         match (self, &state.backend) {
             (VirtioSlotDevice::Rng(transport), VirtioBackendState::Rng(_)) => {
@@ -160,7 +160,7 @@ impl VirtioSlotDevice {
         &mut self,
         slot: usize,
         state: &VirtioDeviceState,
-        memory: &GuestMemoryMmap,
+        memory: &GuestMemory,
     ) -> Result<(), DevicesError> {
         match (self, &state.backend) {
             (VirtioSlotDevice::Rng(transport), VirtioBackendState::Rng(backend)) => {
@@ -183,7 +183,7 @@ impl VirtioSlotDevice {
 
 /// The virtio devices and the guest memory their queues live in.
 struct VirtioDevices {
-    memory: GuestMemoryMmap,
+    memory: GuestMemory,
     slots: Vec<VirtioSlotDevice>,
 }
 
@@ -350,7 +350,7 @@ impl Devices {
     /// Gives the devices the guest memory virtio queues live in. Call it
     /// once, before attaching virtio devices; a later call replaces the
     /// handle and keeps the devices.
-    pub fn attach_guest_memory(&mut self, memory: GuestMemoryMmap) {
+    pub fn attach_guest_memory(&mut self, memory: GuestMemory) {
         match &mut self.virtio {
             Some(virtio) => virtio.memory = memory,
             None => {
@@ -1483,7 +1483,7 @@ mod tests {
     /// initialized, and the PIC set up with IRQ5 and IRQ6 unmasked.
     struct VirtioMachine {
         devices: Devices,
-        mem: GuestMemoryMmap,
+        mem: GuestMemory,
         rng_queue: DriverQueue,
         receiveq: DriverQueue,
         transmitq: DriverQueue,
@@ -1860,7 +1860,7 @@ mod tests {
     /// joined by a switch with a fixed latency unless `switch` is false.
     struct NetMachine {
         devices: Devices,
-        mem: GuestMemoryMmap,
+        mem: GuestMemory,
         nics: [Nic; 2],
     }
 

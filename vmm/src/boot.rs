@@ -9,6 +9,7 @@
 //! - the initrd at the top of RAM.
 
 use crate::acpi;
+use devices::GuestMemory;
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
 use linux_loader::loader::elf::Elf;
@@ -16,7 +17,7 @@ use linux_loader::loader::KernelLoader;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 pub const GDT_ADDR: u64 = 0x500;
 pub const ZERO_PAGE_ADDR: u64 = 0x7000;
@@ -80,7 +81,7 @@ pub struct LoadedKernel {
     pub kernel_end: u64,
 }
 
-fn write(mem: &GuestMemoryMmap, addr: u64, bytes: &[u8]) -> Result<(), BootError> {
+fn write(mem: &GuestMemory, addr: u64, bytes: &[u8]) -> Result<(), BootError> {
     mem.write_slice(bytes, GuestAddress(addr))
         .map_err(|e| BootError::GuestMemory {
             addr,
@@ -89,7 +90,7 @@ fn write(mem: &GuestMemoryMmap, addr: u64, bytes: &[u8]) -> Result<(), BootError
 }
 
 /// Loads the vmlinux ELF at its physical addresses.
-pub fn load_kernel(mem: &GuestMemoryMmap, path: &Path) -> Result<LoadedKernel, BootError> {
+pub fn load_kernel(mem: &GuestMemory, path: &Path) -> Result<LoadedKernel, BootError> {
     let mut file = File::open(path).map_err(|source| BootError::OpenKernel {
         path: path.to_owned(),
         source,
@@ -150,7 +151,7 @@ pub struct BootInputs<'a> {
 
 /// Writes the command line, initrd, RNG seed, ACPI tables, page tables, GDT and zero page.
 pub fn write_boot_data(
-    mem: &GuestMemoryMmap,
+    mem: &GuestMemory,
     kernel: &LoadedKernel,
     inputs: &BootInputs<'_>,
 ) -> Result<(), BootError> {
@@ -216,7 +217,7 @@ pub fn write_boot_data(
 }
 
 /// Identity map of the first 4 GiB with 2 MiB pages.
-fn write_page_tables(mem: &GuestMemoryMmap) -> Result<(), BootError> {
+fn write_page_tables(mem: &GuestMemory) -> Result<(), BootError> {
     const PRESENT_WRITABLE: u64 = 0x3;
     const PAGE_SIZE_2M: u64 = 0x80;
     write(

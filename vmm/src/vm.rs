@@ -20,6 +20,7 @@ use crate::record::RecorderState;
 use crate::record::{self, ChainHash, ExitRecord, RecordConfig, Recorder, NO_HASH, NO_VECTOR};
 use crate::vcpu_state::{self, VcpuState};
 use devices::DevicesState;
+use devices::GuestMemory;
 use devices::{Devices, DevicesConfig, NetworkConfig, VirtNanos};
 use kvm_bindings::{
     kvm_msr_entry, kvm_userspace_memory_region, Msrs, KVM_MSR_EXIT_REASON_FILTER,
@@ -35,7 +36,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use thiserror::Error;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::bitmap::AtomicBitmap;
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
 #[derive(Debug, Error)]
 pub enum VmError {
@@ -57,6 +59,8 @@ pub enum VmError {
     Boot(#[from] BootError),
     #[error(transparent)]
     VcpuState(#[from] vcpu_state::VcpuStateError),
+    #[error("dirty pages were asked for, but dirty logging was never started")]
+    DirtyLogOff,
     #[error("cannot resume this snapshot: {0}")]
     Incompatible(String),
     #[error("setting up devices: {0}")]
@@ -263,7 +267,7 @@ fn convert_exit(exit: VcpuExit<'_>) -> (Exit, ResponseSlot<'_>) {
 /// may be in an STI shadow at this boundary. The guest runs with flat code
 /// segments (base 0, 64-bit or compatibility mode), so RIP is the linear
 /// address; a byte that is not mapped cannot have just executed.
-fn follows_sti(vcpu: &VcpuFd, memory: &GuestMemoryMmap, rip: u64) -> bool {
+fn follows_sti(vcpu: &VcpuFd, memory: &GuestMemory, rip: u64) -> bool {
     let Some(linear) = rip.checked_sub(1) else {
         return false;
     };
@@ -357,12 +361,12 @@ const PAGE_SIZE: usize = 4096;
 /// skipped too, so the hash depends only on contents, never on which pages
 /// the host happened to populate (transparent huge pages, read faults).
 /// Cost is proportional to the memory the guest and VMM actually touched.
-fn memory_hash(mem: &GuestMemoryMmap, backing: &MemoryBacking) -> u64 {
+fn memory_hash(mem: &GuestMemory, backing: &MemoryBacking) -> u64 {
     memory_hash_and_residency(mem, backing).0
 }
 
 /// The memory hash, and how many bytes of guest RAM the host has backed.
-fn memory_hash_and_residency(mem: &GuestMemoryMmap, backing: &MemoryBacking) -> (u64, u64) {
+fn memory_hash_and_residency(mem: &GuestMemory, backing: &MemoryBacking) -> (u64, u64) {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     let mut resident_pages = 0u64;
     for region in mem.iter() {
@@ -448,9 +452,11 @@ fn devices_hash(devices: &Devices) -> u64 {
 
 /// A created, booted-but-not-started VM.
 struct Vm {
-    _vm: VmFd,
+    vm: VmFd,
     vcpu: VcpuFd,
-    memory: GuestMemoryMmap,
+    memory: GuestMemory,
+    /// Whether KVM logs the guest's writes to RAM (see `Session::start_dirty_log`).
+    dirty_log: bool,
 }
 
 fn check_caps(kvm: &Kvm) -> Result<(), VmError> {
@@ -468,25 +474,31 @@ fn check_caps(kvm: &Kvm) -> Result<(), VmError> {
     Ok(())
 }
 
-/// Creates the VM over `memory`, the fixed CPU model and MSR filter.
-fn create_vm(kvm: &Kvm, memory: GuestMemoryMmap) -> Result<Vm, VmError> {
-    check_caps(kvm)?;
-    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
-    vm.set_tss_address(0xfffb_d000)
-        .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+/// Gives KVM guest RAM (one slot per region) with the given slot flags.
+fn register_memory(vm: &VmFd, memory: &GuestMemory, flags: u32) -> Result<(), VmError> {
     for (slot, region) in memory.iter().enumerate() {
         let region_desc = kvm_userspace_memory_region {
             slot: slot as u32,
-            flags: 0,
+            flags,
             guest_phys_addr: region.start_addr().0,
             memory_size: region.len(),
             userspace_addr: region.as_ptr() as u64,
         };
-        // SAFETY: the region is a live mapping of `memory`, which the returned
-        // `Vm` owns together with the VM fd, so it outlives the VM's use of it.
+        // SAFETY: the region is a live mapping of `memory`, which the `Vm`
+        // owns together with the VM fd, so it outlives the VM's use of it.
         unsafe { vm.set_user_memory_region(region_desc) }
             .map_err(kvm_err("KVM_SET_USER_MEMORY_REGION"))?;
     }
+    Ok(())
+}
+
+/// Creates the VM over `memory`, the fixed CPU model and MSR filter.
+fn create_vm(kvm: &Kvm, memory: GuestMemory) -> Result<Vm, VmError> {
+    check_caps(kvm)?;
+    let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
+    vm.set_tss_address(0xfffb_d000)
+        .map_err(kvm_err("KVM_SET_TSS_ADDR"))?;
+    register_memory(&vm, &memory, 0)?;
 
     // Every MSR outside the allow-list exits to us (default deny + user-space exits).
     let user_msr = kvm_bindings::kvm_enable_cap {
@@ -536,9 +548,10 @@ fn create_vm(kvm: &Kvm, memory: GuestMemoryMmap) -> Result<Vm, VmError> {
     vcpu.set_msrs(&msrs).map_err(kvm_err("KVM_SET_MSRS"))?;
     vcpu.set_sync_valid_reg(SyncReg::Register);
     Ok(Vm {
-        _vm: vm,
+        vm,
         vcpu,
         memory,
+        dirty_log: false,
     })
 }
 
@@ -635,12 +648,11 @@ impl Session {
             return Err(BootError::RamSize(config.ram_bytes).into());
         }
         let started = Instant::now();
-        let memory =
-            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), config.ram_bytes as usize)])
-                .map_err(|e| VmError::Memory {
-                    bytes: config.ram_bytes,
-                    reason: e.to_string(),
-                })?;
+        let memory = GuestMemory::from_ranges(&[(GuestAddress(0), config.ram_bytes as usize)])
+            .map_err(|e| VmError::Memory {
+                bytes: config.ram_bytes,
+                reason: e.to_string(),
+            })?;
         // Bad input (not a kernel, an initrd too large) is found before KVM is touched.
         let kernel = boot::load_kernel(&memory, &config.kernel)?;
         let (devices, console) = build_devices(
@@ -955,6 +967,57 @@ impl Session {
         unsafe { std::slice::from_raw_parts(region.as_ptr(), region.len() as usize) }
     }
 
+    /// Starts tracking which guest pages change: KVM logs the guest's own
+    /// writes, and the memory's bitmap the VMM's (device) writes. From here
+    /// on, `take_dirty_pages` tells what changed since the previous call (or
+    /// since now). Costs the guest a write fault per page per interval.
+    pub fn start_dirty_log(&mut self) -> Result<(), VmError> {
+        if !self.vm.dirty_log {
+            register_memory(
+                &self.vm.vm,
+                &self.vm.memory,
+                kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES,
+            )?;
+            self.vm.dirty_log = true;
+        }
+        self.take_dirty_pages().map(drop)
+    }
+
+    /// The guest pages (page numbers, ascending) written since the previous
+    /// call or `start_dirty_log`, by the guest or by the VMM; resets the log.
+    /// May include a few pages that were only touched (KVM's own page-table
+    /// walks), never misses a written one.
+    pub fn take_dirty_pages(&mut self) -> Result<Vec<u64>, VmError> {
+        if !self.vm.dirty_log {
+            return Err(VmError::DirtyLogOff);
+        }
+        let mut pages = Vec::new();
+        let mut first_page = 0u64;
+        for (slot, region) in self.vm.memory.iter().enumerate() {
+            let len = region.len() as usize;
+            let guest_writes = self
+                .vm
+                .vm
+                .get_dirty_log(slot as u32, len)
+                .map_err(kvm_err("KVM_GET_DIRTY_LOG"))?;
+            let mapping: &vm_memory::mmap::MmapRegion<AtomicBitmap> = region;
+            let vmm_writes = mapping.bitmap().get_and_reset();
+            let words = guest_writes.len().max(vmm_writes.len());
+            for w in 0..words {
+                let word = guest_writes.get(w).copied().unwrap_or(0)
+                    | vmm_writes.get(w).copied().unwrap_or(0);
+                let mut bits = word;
+                while bits != 0 {
+                    let bit = u64::from(bits.trailing_zeros());
+                    pages.push(first_page + w as u64 * 64 + bit);
+                    bits &= bits - 1;
+                }
+            }
+            first_page += region.len() / PAGE_SIZE as u64;
+        }
+        Ok(pages)
+    }
+
     /// Captures the complete state between two exits (the pending exit is
     /// completed first, so a restored copy neither repeats nor skips it).
     pub fn capture(&mut self) -> Result<SessionState, VmError> {
@@ -987,7 +1050,7 @@ impl Session {
     pub fn resume(
         config: &ResumeConfig,
         state: &SessionState,
-        memory: GuestMemoryMmap,
+        memory: GuestMemory,
         data_ranges: Vec<(u64, u64)>,
         console: Box<dyn Write + Send>,
         input: Option<ConsoleInput>,
@@ -1122,7 +1185,7 @@ pub fn nic_mac(index: u8) -> [u8; 6] {
 fn build_devices(
     console: ConsoleCapture,
     rtc_epoch_unix_secs: i64,
-    memory: GuestMemoryMmap,
+    memory: GuestMemory,
     seed: u64,
     network: Option<&NetworkSpec>,
     agent_channel: bool,
@@ -1146,7 +1209,7 @@ fn build_devices(
 /// between them.
 fn attach_virtio(
     devices: &mut Devices,
-    memory: GuestMemoryMmap,
+    memory: GuestMemory,
     seed: u64,
     network: Option<&NetworkSpec>,
     agent_channel: bool,
@@ -1177,9 +1240,11 @@ fn attach_virtio(
 /// Guest RAM mapped private (copy-on-write) from a snapshot's memory file:
 /// nothing is read up front; pages fault in from the file as the guest
 /// touches them, and guest writes never reach the file.
-pub fn memory_from_file(file: std::fs::File, len: u64) -> Result<GuestMemoryMmap, VmError> {
+pub fn memory_from_file(file: std::fs::File, len: u64) -> Result<GuestMemory, VmError> {
     let bad = |reason: String| VmError::Memory { bytes: len, reason };
-    let region = vm_memory::mmap::MmapRegionBuilder::new(len as usize)
+    // With a dirty bitmap of the region's size: what the VMM writes is tracked.
+    let bitmap = <AtomicBitmap as vm_memory::bitmap::NewBitmap>::with_len(len as usize);
+    let region = vm_memory::mmap::MmapRegionBuilder::new_with_bitmap(len as usize, bitmap)
         .with_file_offset(vm_memory::FileOffset::new(file, 0))
         .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
         .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
@@ -1187,7 +1252,34 @@ pub fn memory_from_file(file: std::fs::File, len: u64) -> Result<GuestMemoryMmap
         .map_err(|e| bad(format!("mapping the snapshot memory: {e}")))?;
     let region = vm_memory::GuestRegionMmap::new(region, GuestAddress(0))
         .ok_or_else(|| bad("the snapshot memory does not fit the guest address space".into()))?;
-    GuestMemoryMmap::from_regions(vec![region]).map_err(|e| bad(e.to_string()))
+    GuestMemory::from_regions(vec![region]).map_err(|e| bad(e.to_string()))
+}
+
+/// Guest RAM over an existing mapping of `len` bytes at `ptr` (e.g. a
+/// snapshot chain mapped private, base image plus overlays), with a dirty
+/// bitmap like all guest RAM. The mapping is never unmapped: it must stay
+/// valid for the rest of the process (a resumed session is its process's
+/// guest for the process's lifetime).
+///
+/// # Safety
+/// `ptr..ptr+len` must be a readable and writable mapping that nothing else
+/// unmaps or reuses for the rest of the process.
+pub unsafe fn memory_from_mapping(ptr: *mut u8, len: u64) -> Result<GuestMemory, VmError> {
+    let bad = |reason: String| VmError::Memory { bytes: len, reason };
+    let bitmap = <AtomicBitmap as vm_memory::bitmap::NewBitmap>::with_len(len as usize);
+    // SAFETY: the caller guarantees the mapping is valid, PROT_READ|PROT_WRITE
+    // and outlives the region (it is never unmapped).
+    let region = unsafe {
+        vm_memory::mmap::MmapRegionBuilder::new_with_bitmap(len as usize, bitmap)
+            .with_raw_mmap_pointer(ptr)
+            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+            .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+            .build()
+    }
+    .map_err(|e| bad(format!("adopting the snapshot memory: {e}")))?;
+    let region = vm_memory::GuestRegionMmap::new(region, GuestAddress(0))
+        .ok_or_else(|| bad("the snapshot memory does not fit the guest address space".into()))?;
+    GuestMemory::from_regions(vec![region]).map_err(|e| bad(e.to_string()))
 }
 
 /// Boots and runs a guest to completion.

@@ -23,10 +23,10 @@
 use super::mmio::VirtioMmioTransport;
 use super::{QueueFault, VirtioDevice, Virtqueue};
 use crate::time::VirtNanos;
+use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use virtio_bindings::virtio_ids::VIRTIO_ID_CONSOLE;
-use vm_memory::GuestMemoryMmap;
 
 /// Queue indexes of port 0.
 pub const RECEIVEQ: usize = 0;
@@ -96,7 +96,7 @@ impl VirtioConsole {
     fn deliver_input(
         &mut self,
         queue: &mut Virtqueue,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
     ) -> Result<(), QueueFault> {
         while !self.pending_input.is_empty() {
             let Some(chain) = queue.pop(mem)? else {
@@ -115,7 +115,7 @@ impl VirtioConsole {
     fn collect_output(
         &mut self,
         queue: &mut Virtqueue,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
     ) -> Result<(), QueueFault> {
         while let Some(chain) = queue.pop(mem)? {
             chain.require_device_readable()?;
@@ -150,7 +150,7 @@ impl VirtioDevice for VirtioConsole {
         &mut self,
         queue_index: usize,
         queue: &mut Virtqueue,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
         _now: VirtNanos,
     ) -> Result<(), QueueFault> {
         match queue_index {
@@ -165,7 +165,7 @@ impl VirtioMmioTransport<VirtioConsole> {
     /// Delivers pending input into the receive buffers the guest has posted,
     /// raising the used-buffer interrupt if any were filled. Call only at
     /// deterministic points.
-    pub fn deliver(&mut self, mem: &GuestMemoryMmap, now: VirtNanos) {
+    pub fn deliver(&mut self, mem: &GuestMemory, now: VirtNanos) {
         self.process_queue(RECEIVEQ, mem, now);
     }
 }

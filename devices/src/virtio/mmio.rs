@@ -29,6 +29,7 @@
 use super::{QueueFault, RingPart, VirtioDevice, VirtioViolation, Virtqueue, VirtqueueState};
 use crate::error::DevicesError;
 use crate::time::VirtNanos;
+use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER, VIRTIO_CONFIG_S_DRIVER_OK,
@@ -47,7 +48,6 @@ use virtio_bindings::virtio_mmio::{
     VIRTIO_MMIO_SHM_BASE_LOW, VIRTIO_MMIO_SHM_LEN_HIGH, VIRTIO_MMIO_SHM_LEN_LOW,
     VIRTIO_MMIO_STATUS, VIRTIO_MMIO_VENDOR_ID, VIRTIO_MMIO_VERSION,
 };
-use vm_memory::GuestMemoryMmap;
 
 /// "virt" in little-endian.
 pub const MMIO_MAGIC: u32 = 0x7472_6976;
@@ -251,7 +251,7 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
 
     /// An MMIO write at `offset` within the window. Queue work it triggers
     /// (QueueNotify, DRIVER_OK) is done before this returns.
-    pub fn write(&mut self, offset: u64, data: &[u8], mem: &GuestMemoryMmap, now: VirtNanos) {
+    pub fn write(&mut self, offset: u64, data: &[u8], mem: &GuestMemory, now: VirtNanos) {
         if offset >= CONFIG_SPACE {
             self.device.write_config(offset - CONFIG_SPACE, data);
             return;
@@ -327,7 +327,7 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
         self.configure_selected_queue(|queue| queue.set_address_half(part, high_half, value));
     }
 
-    fn notify(&mut self, value: u32, mem: &GuestMemoryMmap, now: VirtNanos) {
+    fn notify(&mut self, value: u32, mem: &GuestMemory, now: VirtNanos) {
         // Without VIRTIO_F_NOTIFICATION_DATA the value is the queue index.
         match usize::try_from(value) {
             Ok(index) if index < self.queues.len() => self.process_queue(index, mem, now),
@@ -335,7 +335,7 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
         }
     }
 
-    fn write_status(&mut self, value: u32, mem: &GuestMemoryMmap, now: VirtNanos) {
+    fn write_status(&mut self, value: u32, mem: &GuestMemory, now: VirtNanos) {
         if value == 0 {
             self.reset();
             return;
@@ -385,7 +385,7 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
 
     /// Processes what the driver made available on queue `index`, if the
     /// device is live and the queue ready. Call only at deterministic points.
-    pub fn process_queue(&mut self, index: usize, mem: &GuestMemoryMmap, now: VirtNanos) {
+    pub fn process_queue(&mut self, index: usize, mem: &GuestMemory, now: VirtNanos) {
         if !self.is_live() {
             return;
         }
@@ -409,7 +409,7 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
     }
 
     /// Processes every queue in order (see [`Self::process_queue`]).
-    pub fn process_all_queues(&mut self, mem: &GuestMemoryMmap, now: VirtNanos) {
+    pub fn process_all_queues(&mut self, mem: &GuestMemory, now: VirtNanos) {
         for index in 0..self.queues.len() {
             self.process_queue(index, mem, now);
         }
@@ -457,7 +457,7 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
     fn restored_queues(
         &self,
         state: &VirtioMmioState,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
     ) -> Result<Vec<Virtqueue>, DevicesError> {
         let max_sizes = self.device.queue_max_sizes();
         if state.queues.len() != max_sizes.len() {
@@ -493,7 +493,7 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
     pub fn validate_state(
         &self,
         state: &VirtioMmioState,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
     ) -> Result<(), DevicesError> {
         self.restored_queues(state, mem).map(|_| ())
     }
@@ -503,7 +503,7 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
     pub fn restore(
         &mut self,
         state: &VirtioMmioState,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
     ) -> Result<(), DevicesError> {
         self.queues = self.restored_queues(state, mem)?;
         self.status = state.status;

@@ -34,9 +34,9 @@ pub use queue::{BufferSegment, DescriptorChain, Virtqueue, VirtqueueState};
 pub use rng::{VirtioRng, VirtioRngState};
 
 use crate::time::VirtNanos;
+use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use vm_memory::GuestMemoryMmap;
 
 /// A device backend behind the virtio-mmio transport.
 ///
@@ -75,7 +75,7 @@ pub trait VirtioDevice {
         &mut self,
         queue_index: usize,
         queue: &mut Virtqueue,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
         now: VirtNanos,
     ) -> Result<(), QueueFault>;
 

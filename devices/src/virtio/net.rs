@@ -37,10 +37,10 @@
 use super::mmio::VirtioMmioTransport;
 use super::{QueueFault, VirtioDevice, Virtqueue};
 use crate::time::VirtNanos;
+use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_ids::VIRTIO_ID_NET;
 use virtio_bindings::virtio_net::{VIRTIO_NET_F_MAC, VIRTIO_NET_HDR_GSO_NONE};
-use vm_memory::GuestMemoryMmap;
 
 pub const RECEIVEQ: usize = 0;
 pub const TRANSMITQ: usize = 1;
@@ -157,7 +157,7 @@ impl VirtioNet {
         self.rx_outcome = None;
     }
 
-    fn transmit(&mut self, queue: &mut Virtqueue, mem: &GuestMemoryMmap) -> Result<(), QueueFault> {
+    fn transmit(&mut self, queue: &mut Virtqueue, mem: &GuestMemory) -> Result<(), QueueFault> {
         while let Some(chain) = queue.pop(mem)? {
             chain.require_device_readable()?;
             let head = chain.head_index();
@@ -194,7 +194,7 @@ impl VirtioNet {
     }
 
     /// Writes the frame being delivered (if any) into the next receive buffer.
-    fn receive(&mut self, queue: &mut Virtqueue, mem: &GuestMemoryMmap) -> Result<(), QueueFault> {
+    fn receive(&mut self, queue: &mut Virtqueue, mem: &GuestMemory) -> Result<(), QueueFault> {
         let Some(frame) = self.rx_frame.take() else {
             return Ok(());
         };
@@ -264,7 +264,7 @@ impl VirtioDevice for VirtioNet {
         &mut self,
         queue_index: usize,
         queue: &mut Virtqueue,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
         _now: VirtNanos,
     ) -> Result<(), QueueFault> {
         match queue_index {
@@ -280,7 +280,7 @@ impl VirtioMmioTransport<VirtioNet> {
     /// `now`: it is written into the next receive buffer the guest posted,
     /// raising the used-buffer interrupt, or dropped and counted (see the
     /// module documentation). Call only at deterministic points.
-    pub fn deliver(&mut self, frame: Vec<u8>, mem: &GuestMemoryMmap, now: VirtNanos) -> RxOutcome {
+    pub fn deliver(&mut self, frame: Vec<u8>, mem: &GuestMemory, now: VirtNanos) -> RxOutcome {
         let frame_len = frame.len();
         let outcome = if (MIN_FRAME_LEN..=MAX_FRAME_LEN).contains(&frame_len) {
             let device = self.device_mut();

@@ -15,11 +15,12 @@
 
 use super::{QueueFault, RingPart};
 use crate::error::DevicesError;
+use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Error as QueueError, Queue, QueueOwnedT, QueueState, QueueT};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
 /// Size in bytes of one descriptor table entry.
 const DESCRIPTOR_SIZE: u64 = 16;
@@ -156,7 +157,7 @@ impl Virtqueue {
     /// The driver's QueueReady write. A queue only becomes ready if all
     /// three rings lie inside guest memory, so that no later ring access
     /// can leave it.
-    pub fn set_ready(&mut self, ready: bool, mem: &GuestMemoryMmap) -> Result<(), QueueFault> {
+    pub fn set_ready(&mut self, ready: bool, mem: &GuestMemory) -> Result<(), QueueFault> {
         if !ready || self.queue.ready() {
             self.queue.set_ready(ready);
             return Ok(());
@@ -172,7 +173,7 @@ impl Virtqueue {
     /// Whether the rings lie inside `mem`. virtio-queue treats an available
     /// ring at address 0 as an unconfigured queue and refuses to use it, so
     /// such a queue is refused here too.
-    fn rings_in_memory(&self, mem: &GuestMemoryMmap) -> bool {
+    fn rings_in_memory(&self, mem: &GuestMemory) -> bool {
         self.queue.avail_ring() != 0 && self.queue.is_valid(mem)
     }
 
@@ -184,7 +185,7 @@ impl Virtqueue {
 
     /// The next chain the driver made available, checked; `None` if the
     /// driver has made nothing more available.
-    pub fn pop(&mut self, mem: &GuestMemoryMmap) -> Result<Option<DescriptorChain>, QueueFault> {
+    pub fn pop(&mut self, mem: &GuestMemory) -> Result<Option<DescriptorChain>, QueueFault> {
         let size = self.queue.size();
         let next_avail = self.queue.next_avail();
         // `iter` checks that the available index moved by at most the queue
@@ -216,7 +217,7 @@ impl Virtqueue {
     /// length, flags, total size), then that every buffer lies inside guest
     /// memory, so a chain that is malformed is reported as such wherever its
     /// buffers point.
-    fn walk_chain(&self, mem: &GuestMemoryMmap, head: u16) -> Result<DescriptorChain, QueueFault> {
+    fn walk_chain(&self, mem: &GuestMemory, head: u16) -> Result<DescriptorChain, QueueFault> {
         let segments = self.read_chain(mem, head)?;
         for segment in &segments {
             // An empty buffer is never accessed, so its address does not matter.
@@ -245,11 +246,7 @@ impl Virtqueue {
         })
     }
 
-    fn read_chain(
-        &self,
-        mem: &GuestMemoryMmap,
-        head: u16,
-    ) -> Result<Vec<BufferSegment>, QueueFault> {
+    fn read_chain(&self, mem: &GuestMemory, head: u16) -> Result<Vec<BufferSegment>, QueueFault> {
         let size = self.queue.size();
         let table = self.queue.desc_table();
         let mut segments = Vec::new();
@@ -302,7 +299,7 @@ impl Virtqueue {
     /// Returns a chain to the driver, `len` bytes of it written by the device.
     pub fn add_used(
         &mut self,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
         head_index: u16,
         len: u32,
     ) -> Result<(), QueueFault> {
@@ -338,7 +335,7 @@ impl Virtqueue {
 
     /// A queue from a saved state, checked as the driver's writes would
     /// have been: a valid size, aligned rings, and rings inside `mem` if ready.
-    pub fn from_state(state: &VirtqueueState, mem: &GuestMemoryMmap) -> Result<Self, DevicesError> {
+    pub fn from_state(state: &VirtqueueState, mem: &GuestMemory) -> Result<Self, DevicesError> {
         let invalid = |reason: String| DevicesError::VirtqueueState { reason };
         let queue = Queue::try_from(QueueState {
             max_size: state.max_size,
@@ -414,11 +411,7 @@ impl DescriptorChain {
 
     /// The first `limit` bytes (at most) of the device-readable buffers, in
     /// chain order.
-    pub fn read_readable(
-        &self,
-        mem: &GuestMemoryMmap,
-        limit: usize,
-    ) -> Result<Vec<u8>, QueueFault> {
+    pub fn read_readable(&self, mem: &GuestMemory, limit: usize) -> Result<Vec<u8>, QueueFault> {
         let mut bytes = Vec::new();
         for segment in self.segments.iter().filter(|s| !s.device_writable) {
             let room = limit - bytes.len();
@@ -438,7 +431,7 @@ impl DescriptorChain {
 
     /// Writes `bytes` into the device-writable buffers in chain order, as
     /// far as they reach; returns how many bytes were written.
-    pub fn write_writable(&self, mem: &GuestMemoryMmap, bytes: &[u8]) -> Result<u32, QueueFault> {
+    pub fn write_writable(&self, mem: &GuestMemory, bytes: &[u8]) -> Result<u32, QueueFault> {
         let mut written = 0usize;
         for segment in self.segments.iter().filter(|s| s.device_writable) {
             let rest = &bytes[written..];

@@ -11,11 +11,11 @@
 
 use super::{QueueFault, VirtioDevice, Virtqueue};
 use crate::time::VirtNanos;
+use crate::GuestMemory;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use serde::{Deserialize, Serialize};
 use virtio_bindings::virtio_ids::VIRTIO_ID_RNG;
-use vm_memory::GuestMemoryMmap;
 
 /// The queue size offered; Linux's driver keeps one request in flight.
 pub const RNG_QUEUE_SIZE: u16 = 64;
@@ -79,7 +79,7 @@ impl VirtioDevice for VirtioRng {
         &mut self,
         _queue_index: usize,
         queue: &mut Virtqueue,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
         _now: VirtNanos,
     ) -> Result<(), QueueFault> {
         while let Some(chain) = queue.pop(mem)? {

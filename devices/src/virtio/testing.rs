@@ -8,8 +8,9 @@ use super::mmio::{
 };
 use super::VirtioDevice;
 use crate::time::VirtNanos;
+use crate::GuestMemory;
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress};
 
 pub const MEMORY_SIZE: u64 = 0x10_0000;
 /// Where the tests put their queues and their data buffers.
@@ -45,17 +46,17 @@ pub const REG_CONFIG: u64 = 0x100;
 pub const STATUS_UP_TO_FEATURES_OK: u32 = STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK;
 pub const STATUS_LIVE: u32 = STATUS_UP_TO_FEATURES_OK | STATUS_DRIVER_OK;
 
-pub fn test_memory() -> GuestMemoryMmap {
-    GuestMemoryMmap::from_ranges(&[(GuestAddress(0), MEMORY_SIZE as usize)]).unwrap()
+pub fn test_memory() -> GuestMemory {
+    GuestMemory::from_ranges(&[(GuestAddress(0), MEMORY_SIZE as usize)]).unwrap()
 }
 
-pub fn read_bytes(mem: &GuestMemoryMmap, address: u64, len: usize) -> Vec<u8> {
+pub fn read_bytes(mem: &GuestMemory, address: u64, len: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; len];
     mem.read_slice(&mut bytes, GuestAddress(address)).unwrap();
     bytes
 }
 
-pub fn write_bytes(mem: &GuestMemoryMmap, address: u64, bytes: &[u8]) {
+pub fn write_bytes(mem: &GuestMemory, address: u64, bytes: &[u8]) {
     mem.write_slice(bytes, GuestAddress(address)).unwrap();
 }
 
@@ -114,7 +115,7 @@ impl DriverQueue {
 
     pub fn write_descriptor(
         &self,
-        mem: &GuestMemoryMmap,
+        mem: &GuestMemory,
         index: u16,
         address: u64,
         len: u32,
@@ -130,21 +131,21 @@ impl DriverQueue {
     }
 
     /// Puts `head` in the next available-ring entry and publishes it.
-    pub fn make_available(&mut self, mem: &GuestMemoryMmap, head: u16) {
+    pub fn make_available(&mut self, mem: &GuestMemory, head: u16) {
         let slot = u64::from(self.avail_idx % self.size);
         write_bytes(mem, self.avail + 4 + 2 * slot, &head.to_le_bytes());
         self.avail_idx = self.avail_idx.wrapping_add(1);
         self.set_avail_idx(mem, self.avail_idx);
     }
 
-    pub fn set_avail_idx(&mut self, mem: &GuestMemoryMmap, idx: u16) {
+    pub fn set_avail_idx(&mut self, mem: &GuestMemory, idx: u16) {
         self.avail_idx = idx;
         write_bytes(mem, self.avail + 2, &idx.to_le_bytes());
     }
 
     /// Writes `buffers` as a chain into fresh descriptors, makes it
     /// available and returns its head.
-    pub fn add_chain(&mut self, mem: &GuestMemoryMmap, buffers: &[Buffer]) -> u16 {
+    pub fn add_chain(&mut self, mem: &GuestMemory, buffers: &[Buffer]) -> u16 {
         let head = self.next_descriptor;
         for (i, buffer) in buffers.iter().enumerate() {
             let index = head + i as u16;
@@ -160,13 +161,13 @@ impl DriverQueue {
         head
     }
 
-    pub fn used_idx(&self, mem: &GuestMemoryMmap) -> u16 {
+    pub fn used_idx(&self, mem: &GuestMemory) -> u16 {
         let bytes = read_bytes(mem, self.used + 2, 2);
         u16::from_le_bytes([bytes[0], bytes[1]])
     }
 
     /// Used element `i`: (descriptor head, bytes written).
-    pub fn used_element(&self, mem: &GuestMemoryMmap, i: u16) -> (u32, u32) {
+    pub fn used_element(&self, mem: &GuestMemory, i: u16) -> (u32, u32) {
         let slot = u64::from(i % self.size);
         let bytes = read_bytes(mem, self.used + 4 + 8 * slot, 8);
         (
@@ -176,7 +177,7 @@ impl DriverQueue {
     }
 
     /// The used elements added since the last call.
-    pub fn take_used(&mut self, mem: &GuestMemoryMmap) -> Vec<(u32, u32)> {
+    pub fn take_used(&mut self, mem: &GuestMemory) -> Vec<(u32, u32)> {
         let used_idx = self.used_idx(mem);
         let mut elements = Vec::new();
         while self.used_seen != used_idx {
@@ -196,7 +197,7 @@ pub trait Registers {
 /// A transport driven directly, with its guest memory.
 pub struct DirectTransport<D> {
     pub transport: VirtioMmioTransport<D>,
-    pub mem: GuestMemoryMmap,
+    pub mem: GuestMemory,
     pub now: VirtNanos,
 }
 
