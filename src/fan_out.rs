@@ -1,5 +1,8 @@
 //! `branch --seeds A..B`: many alternate histories from one moment, each in
-//! its own process (one vCPU each), several at a time.
+//! its own process (one vCPU each), several at a time; or, with `--in-place`,
+//! each worker restores the moment once and returns to it in memory between
+//! seeds (`Session::reset_to`: cost proportional to the pages the previous
+//! history dirtied).
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
@@ -98,11 +101,97 @@ fn failed(seed: u64, error: String) -> Outcome {
     }
 }
 
+/// One in-place worker: restores `spec` once, keeps it as a checkpoint, and
+/// runs one seed after another from it, resetting in between.
+fn in_place_worker(
+    spec: &str,
+    until: Option<&str>,
+    next_seed: &dyn Fn() -> Option<u64>,
+    done: &dyn Fn(Outcome),
+) {
+    let first = next_seed();
+    let Some(mut seed) = first else { return };
+    let setup = || -> Result<(vmm::vm::Session, vmm::vm::Checkpoint)> {
+        let until = until
+            .map(crate::units::parse_duration)
+            .transpose()
+            .context("--until")?;
+        let resume = vmm::vm::ResumeConfig {
+            until,
+            record: vmm::record::RecordConfig::default(),
+        };
+        let mut restored =
+            crate::snapshots::restore(spec, &resume, Box::new(std::io::sink()), None)?;
+        if let Some(stop) = restored.stopped_early {
+            bail!("the guest stopped before the branch point: {stop:?}");
+        }
+        let checkpoint = restored.session.checkpoint()?;
+        Ok((restored.session, checkpoint))
+    };
+    let (mut session, checkpoint) = match setup() {
+        Ok(ready) => ready,
+        Err(e) => {
+            // This worker cannot run any seed: report each it takes.
+            done(failed(seed, format!("{e:#}")));
+            while let Some(seed) = next_seed() {
+                done(failed(seed, format!("{e:#}")));
+            }
+            return;
+        }
+    };
+    loop {
+        session.set_seed(seed);
+        let outcome = match session.run_to_end() {
+            Ok(stop) => {
+                let run = session.outcome(stop);
+                Outcome {
+                    seed,
+                    exit_status: match run.stop {
+                        vmm::exit::StopReason::GuestExit { status } => Some(i64::from(status)),
+                        _ => None,
+                    },
+                    stop: stop_kind(&run.stop),
+                    virtual_ns: Some(run.virtual_time.0),
+                    exits: Some(run.exits),
+                    digest: Some(run.digest),
+                    error: None,
+                }
+            }
+            Err(e) => failed(seed, format!("{e:#}")),
+        };
+        done(outcome);
+        let Some(next) = next_seed() else { return };
+        if let Err(e) = session.reset_to(&checkpoint) {
+            done(failed(
+                next,
+                format!("resetting to the branch point: {e:#}"),
+            ));
+            while let Some(seed) = next_seed() {
+                done(failed(
+                    seed,
+                    format!("resetting to the branch point: {e:#}"),
+                ));
+            }
+            return;
+        }
+        seed = next;
+    }
+}
+
+/// The stop's `kind` as `run --json` spells it.
+fn stop_kind(stop: &vmm::exit::StopReason) -> String {
+    serde_json::to_value(stop)
+        .ok()
+        .and_then(|v| v["kind"].as_str().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
+}
+
 pub fn branch_seeds(
     spec: &str,
     range: &str,
     jobs: usize,
     until: Option<&str>,
+    in_place: bool,
     json: bool,
 ) -> Result<u8> {
     let seeds = parse_seed_range(range)?;
@@ -120,14 +209,21 @@ pub fn branch_seeds(
         for _ in 0..jobs {
             let queue = queue.clone();
             let results = results.clone();
-            scope.spawn(move || loop {
-                let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
-                let Some(seed) = next else { break };
-                let outcome = run_one(spec, seed, until);
-                results
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(outcome);
+            scope.spawn(move || {
+                let next_seed = || queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                let done = |outcome: Outcome| {
+                    results
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(outcome)
+                };
+                if in_place {
+                    in_place_worker(spec, until, &next_seed, &done);
+                } else {
+                    while let Some(seed) = next_seed() {
+                        done(run_one(spec, seed, until));
+                    }
+                }
             });
         }
     });

@@ -90,6 +90,11 @@ struct BranchArgs {
     /// Parallel branches with --seeds (0: one per core).
     #[arg(long, default_value_t = 0)]
     jobs: usize,
+    /// With --seeds: each worker restores the moment once and returns to it
+    /// in memory between seeds (cost proportional to the pages the previous
+    /// history wrote) instead of starting a process per seed.
+    #[arg(long, requires = "seeds")]
+    in_place: bool,
     /// Take snapshots of the branch too.
     #[command(flatten)]
     snapshots: snapshots::SnapshotArgs,
@@ -678,6 +683,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
             range,
             args.jobs,
             args.until.as_deref(),
+            args.in_place,
             args.json,
         );
     }

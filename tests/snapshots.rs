@@ -164,6 +164,34 @@ fn test_branch_with_seed_gives_alternate_history_reproducibly() {
     assert_ne!(last_line(&alt1), last_line(&alt2));
     assert_eq!(summary(&alt1)["digest"], summary(&alt1_again)["digest"]);
     assert_eq!(last_line(&alt1), last_line(&alt1_again));
+
+    // In place: one process restores the moment once and returns to it in
+    // memory between seeds (seed 2 runs after a reset from seed 1's history):
+    // each seed's history is the one its own process gave.
+    let in_place = detvisor(&[
+        "branch",
+        &snap,
+        "--seeds",
+        "1..2",
+        "--jobs",
+        "1",
+        "--in-place",
+        "--json",
+    ]);
+    assert_eq!(in_place.status.code(), Some(0));
+    let report: serde_json::Value = serde_json::from_str(
+        stdout(&in_place)
+            .lines()
+            .rev()
+            .find(|l| l.starts_with('{'))
+            .expect("a JSON report"),
+    )
+    .unwrap();
+    let branches = report["branches"].as_array().unwrap();
+    assert_eq!(branches[0]["seed"], 1);
+    assert_eq!(branches[0]["digest"], summary(&alt1)["digest"]);
+    assert_eq!(branches[1]["seed"], 2);
+    assert_eq!(branches[1]["digest"], summary(&alt2)["digest"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -375,12 +375,7 @@ fn memory_hash_and_residency(mem: &GuestMemory, backing: &MemoryBacking) -> (u64
         // SAFETY: `ptr` and `len` describe a live mapping owned by `mem`, which
         // outlives this borrow; the vCPU is stopped, so nothing writes to it meanwhile.
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
-        let candidates = match backing {
-            MemoryBacking::Anonymous => resident_pages_of(ptr, len),
-            MemoryBacking::File { data_ranges } => {
-                file_backed_candidates(ptr, len, region.start_addr().0, data_ranges)
-            }
-        };
+        let candidates = candidate_pages(region, backing);
         for (page, chunk) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
             if !candidates[page] {
                 continue;
@@ -395,6 +390,21 @@ fn memory_hash_and_residency(mem: &GuestMemory, backing: &MemoryBacking) -> (u64
         }
     }
     (hasher.digest(), resident_pages * PAGE_SIZE as u64)
+}
+
+/// Per page of `region`: whether it may be non-zero (the others are zero and
+/// are best not touched).
+fn candidate_pages(
+    region: &vm_memory::GuestRegionMmap<AtomicBitmap>,
+    backing: &MemoryBacking,
+) -> Vec<bool> {
+    let (ptr, len) = (region.as_ptr(), region.len() as usize);
+    match backing {
+        MemoryBacking::Anonymous => resident_pages_of(ptr, len),
+        MemoryBacking::File { data_ranges } => {
+            file_backed_candidates(ptr, len, region.start_addr().0, data_ranges)
+        }
+    }
 }
 
 /// Pages of an anonymous mapping the host has backed (mincore); the others
@@ -607,6 +617,28 @@ pub struct SessionState {
     pub injected_interrupts: u64,
     /// kvm_run.request_interrupt_window as the loop left it.
     pub request_interrupt_window: u8,
+}
+
+/// A moment of a session kept in host memory, to return to in place
+/// (`Session::reset_to`) as often as wanted: the fuzzing loop's reset.
+pub struct Checkpoint {
+    state: SessionState,
+    /// Guest RAM at the checkpoint (zero pages are never written, so the
+    /// host backs only the non-zero ones).
+    memory: Vec<u8>,
+}
+
+impl Checkpoint {
+    pub fn exits(&self) -> u64 {
+        self.state.machine.exits
+    }
+}
+
+/// What one in-place reset did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ResetStats {
+    /// Pages written since the checkpoint (or the previous reset), copied back.
+    pub pages_copied: u64,
 }
 
 /// How guest RAM is backed, which decides how pages are found for hashing.
@@ -1018,6 +1050,98 @@ impl Session {
         Ok(pages)
     }
 
+    /// Keeps this moment in memory for `reset_to`: the complete state and a
+    /// copy of guest RAM (costs the non-zero pages once). Starts the dirty
+    /// log, so a reset costs only the pages written since; a session that is
+    /// reset must not also take incremental snapshots (they share the log).
+    pub fn checkpoint(&mut self) -> Result<Checkpoint, VmError> {
+        let state = self.capture()?;
+        self.start_dirty_log()?;
+        let len = self.vm.memory.iter().map(|r| r.len() as usize).sum();
+        let mut memory = vec![0u8; len];
+        let mut offset = 0usize;
+        for region in self.vm.memory.iter() {
+            let candidates = candidate_pages(region, &self.backing);
+            let rlen = region.len() as usize;
+            // SAFETY: a live mapping of `rlen` bytes owned by the session; the
+            // vCPU is not running (we hold `&mut self`).
+            let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), rlen) };
+            for (page, chunk) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
+                if candidates[page] && chunk.iter().any(|b| *b != 0) {
+                    let at = offset + page * PAGE_SIZE;
+                    memory[at..at + PAGE_SIZE].copy_from_slice(chunk);
+                }
+            }
+            offset += rlen;
+        }
+        Ok(Checkpoint { state, memory })
+    }
+
+    /// Returns this session, in place, to `checkpoint` (taken from it): the
+    /// pages written since the checkpoint or the previous reset are copied
+    /// back, and the vCPU, devices, clock, records and console digest are
+    /// restored. What runs next is exactly what ran after the checkpoint
+    /// (or, after `set_seed`, an alternate history from it).
+    pub fn reset_to(&mut self, checkpoint: &Checkpoint) -> Result<ResetStats, VmError> {
+        let state = &checkpoint.state;
+        if checkpoint.memory.len() as u64 != state.ram_bytes
+            || self.vm.memory.iter().map(|r| r.len()).sum::<u64>() != state.ram_bytes
+        {
+            return Err(VmError::Incompatible(
+                "the checkpoint is of another machine (RAM size differs)".into(),
+            ));
+        }
+        // A pending I/O completion would otherwise run after the restore and
+        // change the restored registers.
+        vcpu_state::complete_pending_exit(&mut self.vm.vcpu)?;
+        let dirty = self.take_dirty_pages()?;
+        let base = self
+            .vm
+            .memory
+            .iter()
+            .next()
+            .expect("guest memory has one region")
+            .as_ptr();
+        for &page in &dirty {
+            let at = page as usize * PAGE_SIZE;
+            if at + PAGE_SIZE > checkpoint.memory.len() {
+                continue;
+            }
+            // SAFETY: `at..at+PAGE_SIZE` lies inside the single guest RAM
+            // region (checked against its length above), a live writable
+            // mapping owned by the session; the vCPU is not running, and the
+            // source is a separate host buffer.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    checkpoint.memory.as_ptr().add(at),
+                    base.add(at),
+                    PAGE_SIZE,
+                );
+            }
+        }
+        vcpu_state::restore(&self.vm.vcpu, &state.vcpu)?;
+        self.vm.vcpu.get_kvm_run().request_interrupt_window = state.request_interrupt_window;
+        self.machine
+            .devices
+            .restore(&state.devices)
+            .map_err(|e| VmError::Incompatible(format!("device state: {e}")))?;
+        self.machine.restore(&state.machine);
+        self.recorder.restore(&state.recorder);
+        {
+            let mut capture = self.console.lock().unwrap_or_else(|e| e.into_inner());
+            capture.hash = state.console_hash;
+            capture.bytes = state.console_bytes;
+        }
+        self.injected_total = state.injected_interrupts;
+        self.seed = state.seed;
+        self.window = WindowGuard::default();
+        self.started = Instant::now();
+        self.wall_setup = Duration::ZERO;
+        Ok(ResetStats {
+            pages_copied: dirty.len() as u64,
+        })
+    }
+
     /// Captures the complete state between two exits (the pending exit is
     /// completed first, so a restored copy neither repeats nor skips it).
     pub fn capture(&mut self) -> Result<SessionState, VmError> {
@@ -1122,7 +1246,13 @@ impl Session {
     }
 
     /// Hashes the final state and reports the run.
-    pub fn finish(self, stop: StopReason) -> RunOutcome {
+    pub fn finish(mut self, stop: StopReason) -> RunOutcome {
+        self.outcome(stop)
+    }
+
+    /// Hashes the current state and reports the run so far, leaving the
+    /// session usable (for `reset_to`); its kept records move to the outcome.
+    pub fn outcome(&mut self, stop: StopReason) -> RunOutcome {
         let finishing = Instant::now();
         let (final_memory, guest_resident_bytes) =
             memory_hash_and_residency(&self.vm.memory, &self.backing);
@@ -1142,9 +1272,10 @@ impl Session {
             devices: format!("{final_devices:016x}"),
             console: hex(&console_hash[..8]),
         };
-        let (digest, records) = self
-            .recorder
-            .finish(final_memory, final_devices, console_hash);
+        let fresh = Recorder::new(self.recorder.config);
+        let recorder = std::mem::replace(&mut self.recorder, fresh);
+        self.recorder.restore(&recorder.state());
+        let (digest, records) = recorder.finish(final_memory, final_devices, console_hash);
         RunOutcome {
             stop,
             virtual_time: self.machine.now(),
