@@ -115,6 +115,24 @@ pub fn shell_quote(arg: &str) -> String {
     format!("'{}'", arg.replace('\'', r"'\''"))
 }
 
+/// Marks the end of a fork shell on the shell channel (after it, nothing).
+pub const FORK_SHELL_END: &str = "\x1edetvisor-fork-shell-end";
+
+/// First line of every command script: a listener on the virtio console
+/// (`/dev/hvc0`, the machine's control channel) that turns echo and output
+/// processing off (plain newlines) and stays blocked on a read for the whole
+/// run, so it changes no history (and prints nothing on the console). Only `detvisor shell`, in a
+/// fork, ever writes to it: its first line makes the listener freeze every
+/// process of the system under test (SIGSTOP to all but init and itself), so
+/// the shell sees that moment, then read command lines from the channel, run
+/// each with `eval` (output back on the channel, stdin /dev/null) after a
+/// `# ` prompt, and at `exit` send the end marker. (An interactive `sh -i`
+/// on the channel hung in the fork; the listener's own `read` does not.)
+pub const FORK_SHELL_LISTENER: &str = "[ -c /dev/hvc0 ] && ( stty -echo -opost; read -r _ && \
+{ kill -STOP -1; while printf '# '; IFS= read -r l; do [ \"$l\" = exit ] && break; \
+eval \"$l\" 2>&1 </dev/null; done; printf '\\036detvisor-fork-shell-end\\n'; } ) \
+<>/dev/hvc0 >&0 2>/dev/null &\n";
+
 /// The initrd the guest gets: the image's initramfs, then (when a command is
 /// given) an uncompressed newc archive holding `/detvisor/cmd`, which the
 /// kernel unpacks on top and the guest init runs.
@@ -124,11 +142,12 @@ pub fn initrd_with_command(initrd: &Path, command: &[String]) -> Result<Vec<u8>>
     if command.is_empty() {
         return Ok(bytes);
     }
-    let script: String = command
-        .iter()
-        .map(|a| shell_quote(a))
-        .collect::<Vec<_>>()
-        .join(" ")
+    let script: String = FORK_SHELL_LISTENER.to_string()
+        + &command
+            .iter()
+            .map(|a| shell_quote(a))
+            .collect::<Vec<_>>()
+            .join(" ")
         + "\n";
     while bytes.len() % 4 != 0 {
         bytes.push(0);

@@ -40,6 +40,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread;
 
 /// QEMU binary used when none is configured.
@@ -90,6 +92,10 @@ const TAIL_BYTES: usize = 4096;
 /// How to start the helper VM.
 #[derive(Debug, Clone)]
 pub struct HelperVmConfig {
+    /// Forward our stdin to the payload even when it is not a terminal (a
+    /// pipe, a file), and mark its end with an EOT byte (0x04): the payload
+    /// reads a raw serial line, which has no end of file of its own.
+    pub forward_stdin_always: bool,
     /// QEMU binary (default `qemu-system-x86_64`, looked up in `PATH`).
     pub qemu: PathBuf,
     /// Directory holding `vmlinuz` (and optionally `vmlinux`) and `initramfs.cpio.gz`
@@ -115,6 +121,7 @@ pub struct HelperVmConfig {
 impl Default for HelperVmConfig {
     fn default() -> Self {
         Self {
+            forward_stdin_always: false,
             qemu: PathBuf::from(DEFAULT_QEMU),
             assets_dir: default_assets_dir(),
             memory_mib: DEFAULT_MEMORY_MIB,
@@ -292,7 +299,7 @@ fn run_to(
             );
         }
     }
-    let forward_stdin = stdin_is_foreground_terminal();
+    let forward_stdin = config.forward_stdin_always || stdin_is_foreground_terminal();
     let options = PayloadOptions {
         stdin_tty: forward_stdin,
         shares: &shares,
@@ -374,10 +381,24 @@ fn run_to(
     drop(cmd);
     drop(err_w);
 
-    let out_thread = thread::spawn(move || pump(out_r, out_target));
-    let err_thread = thread::spawn(move || pump(err_r, err_target));
+    // Set once the payload has written anything: L1's serial line is ready
+    // (raw, no echo) by then, so forwarded input is neither echoed nor
+    // flushed by L1's boot.
+    let payload_spoke = Arc::new(AtomicBool::new(false));
+    let (out_spoke, err_spoke) = (payload_spoke.clone(), payload_spoke.clone());
+    let out_thread = thread::spawn(move || pump(out_r, out_target, &out_spoke));
+    let err_thread = thread::spawn(move || pump(err_r, err_target, &err_spoke));
     let stdin_stop = match stdin_writer {
-        Some(w) => Some(StdinForwarder::start(w)?),
+        Some(w) => {
+            // A terminal's user types after seeing output anyway; piped input
+            // must wait for the payload explicitly.
+            let wait_for = config.forward_stdin_always.then_some(payload_spoke);
+            Some(StdinForwarder::start(
+                w,
+                config.forward_stdin_always,
+                wait_for,
+            )?)
+        }
         None => None,
     };
 
@@ -599,6 +620,9 @@ fn qemu_opt_bytes(v: &[u8]) -> Vec<u8> {
     out
 }
 
+/// End of transmission: how the end of forwarded stdin reaches the payload.
+pub const EOT: u8 = 0x04;
+
 /// Whether stdin is a terminal whose foreground process group is ours. Only then is it
 /// forwarded to the payload: reading it from a background group (e.g. under `timeout`, which
 /// runs its command in a process group of its own) would stop us with SIGTTIN.
@@ -618,9 +642,28 @@ struct StdinForwarder {
 }
 
 impl StdinForwarder {
-    fn start(mut to_qemu: io::PipeWriter) -> Result<Self> {
+    /// With `eot_at_end`, the end of our stdin is passed on as one EOT byte;
+    /// with `wait_for`, nothing is forwarded before that flag is set.
+    fn start(
+        mut to_qemu: io::PipeWriter,
+        eot_at_end: bool,
+        wait_for: Option<Arc<AtomicBool>>,
+    ) -> Result<Self> {
         let (stop_r, stop_w) = io::pipe().context("pipe")?;
         let thread = thread::spawn(move || {
+            if let Some(flag) = wait_for {
+                while !flag.load(Ordering::Acquire) {
+                    let mut fds = [libc::pollfd {
+                        fd: stop_r.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    }];
+                    // SAFETY: fds is a valid array of one pollfd that outlives the call.
+                    if unsafe { libc::poll(fds.as_mut_ptr(), 1, 50) } > 0 {
+                        return; // stopped before the payload spoke
+                    }
+                }
+            }
             let stdin = io::stdin();
             let mut buf = [0u8; 4096];
             loop {
@@ -660,8 +703,14 @@ impl StdinForwarder {
                     }
                     return;
                 }
-                if got == 0 || to_qemu.write_all(&buf[..got as usize]).is_err() {
-                    return; // end of our input, or QEMU is gone
+                if got == 0 {
+                    if eot_at_end {
+                        let _ = to_qemu.write_all(&[EOT]);
+                    }
+                    return; // end of our input
+                }
+                if to_qemu.write_all(&buf[..got as usize]).is_err() {
+                    return; // QEMU is gone
                 }
             }
         });
@@ -685,7 +734,7 @@ enum Target {
 
 /// Copies `from` to our stdout or stderr as data arrives; returns the last [`TAIL_BYTES`].
 /// Keeps draining (and discarding) when our side is closed so QEMU never blocks.
-fn pump(mut from: io::PipeReader, to: Target) -> Vec<u8> {
+fn pump(mut from: io::PipeReader, to: Target, spoke: &AtomicBool) -> Vec<u8> {
     let mut buf = vec![0u8; 64 * 1024];
     let mut last = Vec::new();
     let mut broken = false;
@@ -697,6 +746,7 @@ fn pump(mut from: io::PipeReader, to: Target) -> Vec<u8> {
             Err(_) => break,
         };
         let chunk = &buf[..n];
+        spoke.store(true, Ordering::Release);
         last.extend_from_slice(chunk);
         if last.len() > 2 * TAIL_BYTES {
             last.drain(..last.len() - TAIL_BYTES);

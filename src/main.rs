@@ -7,6 +7,7 @@ mod guest;
 mod hostvm;
 mod image_cmd;
 mod manifest;
+mod shell_cmd;
 mod snapshots;
 mod tempdir;
 mod terminal;
@@ -53,6 +54,9 @@ enum Command {
     Branch(BranchArgs),
     /// Replay to an exact moment (DIR@12.5s, DIR@exit:N) and report the machine state there.
     Seek(SeekArgs),
+    /// An interactive shell inside the guest at a saved moment (DIR@12.5s,
+    /// DIR@exit:N, DIR/ID), in a fork: the saved history is untouched
+    Shell(ShellArgs),
     /// Build node images for multi-node guests.
     #[command(subcommand)]
     Image(image_cmd::ImageCommand),
@@ -110,6 +114,14 @@ struct SeekArgs {
     spec: String,
     #[arg(long)]
     json: bool,
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    host_vm: HostVmMode,
+}
+
+#[derive(Args, Debug)]
+struct ShellArgs {
+    /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
+    spec: String,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
 }
@@ -408,7 +420,8 @@ fn vm_config(guest: &GuestArgs, record: RecordConfig) -> Result<VmConfig> {
         record,
         perturbation: None,
         network: network_spec(guest)?,
-        agent_channel: false,
+        // The fork-shell channel (see `guest::FORK_SHELL_LISTENER`).
+        agent_channel: true,
     })
 }
 
@@ -675,7 +688,7 @@ fn compare_runs(reference: &RunOutcome, outcome: &RunOutcome, run: u32) -> Optio
 
 fn cmd_branch(args: BranchArgs) -> Result<u8> {
     if let Placement::HelperVm { reason } = placement(args.host_vm) {
-        return reexec_with_snapshot_dirs(&reason, &args.spec, &args.snapshots);
+        return reexec_with_snapshot_dirs(&reason, &args.spec, &args.snapshots, false);
     }
     if let Some(range) = &args.seeds {
         return fan_out::branch_seeds(
@@ -717,9 +730,16 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
     print_summary(seed, &outcome, args.json)
 }
 
+fn cmd_shell(args: ShellArgs) -> Result<u8> {
+    if let Placement::HelperVm { reason } = placement(args.host_vm) {
+        return reexec_with_snapshot_dirs(&reason, &args.spec, &Default::default(), true);
+    }
+    shell_cmd::run(&args.spec)
+}
+
 fn cmd_seek(args: SeekArgs) -> Result<u8> {
     if let Placement::HelperVm { reason } = placement(args.host_vm) {
-        return reexec_with_snapshot_dirs(&reason, &args.spec, &Default::default());
+        return reexec_with_snapshot_dirs(&reason, &args.spec, &Default::default(), false);
     }
     snapshots::seek(&args.spec, args.json)
 }
@@ -758,6 +778,7 @@ fn reexec_with_snapshot_dirs(
     reason: &str,
     spec: &str,
     taking: &snapshots::SnapshotArgs,
+    forward_stdin: bool,
 ) -> Result<u8> {
     let absolute = absolute_spec(spec)?;
     let mut shared = vec![spec_root(&absolute)];
@@ -786,6 +807,7 @@ fn reexec_with_snapshot_dirs(
     let config = hostvm::HelperVmConfig {
         assets_dir: hostvm::ensure_assets(None)?,
         shared_dirs: shared,
+        forward_stdin_always: forward_stdin,
         ..hostvm::HelperVmConfig::default()
     };
     let exe = std::env::current_exe().context("locating the detvisor executable")?;
@@ -896,6 +918,7 @@ fn main() -> ExitCode {
         Command::Snapshot(SnapshotCommand::Info { dir }) => snapshots::info(&dir),
         Command::Branch(args) => cmd_branch(args),
         Command::Seek(args) => cmd_seek(args),
+        Command::Shell(args) => cmd_shell(args),
         Command::Up(args) => up_cmd::cmd_up(args),
         Command::Image(cmd) => image_cmd::run(cmd),
     };

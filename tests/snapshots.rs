@@ -255,3 +255,59 @@ fn test_snapshots_with_frames_in_flight_resume_to_the_same_history() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `detvisor shell DIR@T`: commands run inside the guest at that moment (the
+/// workload's file is there, its processes are frozen), and the saved
+/// history is untouched (a branch from the same moment still ends with the
+/// straight run's digest).
+#[test]
+fn test_shell_in_a_fork_sees_that_moment_and_leaves_the_history_alone() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let dir = std::env::temp_dir().join(format!("detvisor-shell-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let snaps = dir.to_str().unwrap();
+    let workload =
+        "echo fork-marker-42 > /tmp/marker; for i in 1 2 3; do sleep 1; echo tick $i; done";
+    let straight = detvisor(&[
+        "run",
+        "--json",
+        "--seed",
+        "2",
+        "--snapshots",
+        snaps,
+        "--snapshot-every",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        workload,
+    ]);
+    assert_eq!(straight.status.code(), Some(0));
+    let moment = format!("{snaps}@1.5s");
+    let mut shell = Command::new(env!("CARGO_BIN_EXE_detvisor"))
+        .args(["shell", &moment])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("detvisor starts");
+    shell
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"cat /tmp/marker\necho via-fork-$((6*7))\nps -o stat,comm | grep -c '^T *sleep$'\nexit\n")
+        .unwrap();
+    let out = shell.wait_with_output().unwrap();
+    let text = stdout(&out);
+    eprintln!("--- shell stdout:\n{text}\n--- stderr:\n{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text.contains("fork-marker-42"), "{text}");
+    assert!(text.contains("via-fork-42"), "{text}");
+    // The workload's sleep is there, stopped.
+    assert!(text.contains("# 1\n"), "{text}");
+
+    let branch = detvisor(&["branch", &moment, "--json"]);
+    assert_eq!(summary(&branch)["digest"], summary(&straight)["digest"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -95,8 +95,9 @@ pub struct VmConfig {
     pub perturbation: Option<Perturbation>,
     /// NICs and the switch between them (none: no network devices).
     pub network: Option<NetworkSpec>,
-    /// A virtio console as the control channel to the in-guest agent
-    /// (`/dev/hvc0`), driven through [`Session::send_to_agent`] and
+    /// A virtio console as the machine's control channel (`/dev/hvc0`):
+    /// the in-guest agent's under `up`, the fork-shell listener's under
+    /// `run`; driven through [`Session::send_to_agent`] and
     /// [`Session::take_agent_output`].
     pub agent_channel: bool,
 }
@@ -604,7 +605,7 @@ pub struct SessionState {
     /// The NICs and switch the machine was built with (attached again, then
     /// restored from `devices`).
     pub network: Option<NetworkSpec>,
-    /// Whether the machine has the agent's control channel (a virtio console).
+    /// Whether the machine has the control channel (a virtio console).
     #[serde(default)]
     pub agent_channel: bool,
     pub cpu_model_version: u32,
@@ -969,6 +970,12 @@ impl Session {
     /// same wake-ups are identical.
     pub fn set_wakeup(&mut self, at: Option<VirtNanos>) {
         self.machine.wakeup = at;
+    }
+
+    /// Whether the machine has a control channel (the virtio console the
+    /// agent, or a fork shell, talks over).
+    pub fn has_control_channel(&self) -> bool {
+        self.agent_channel
     }
 
     /// The devices, for scheduling network faults.
