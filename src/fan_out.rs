@@ -131,11 +131,9 @@ fn in_place_worker(
     let (mut session, checkpoint) = match setup() {
         Ok(ready) => ready,
         Err(e) => {
-            // This worker cannot run any seed: report each it takes.
+            // Only this seed fails; seeds this worker would have taken go to
+            // the others (or are reported as not run at the end).
             done(failed(seed, format!("{e:#}")));
-            while let Some(seed) = next_seed() {
-                done(failed(seed, format!("{e:#}")));
-            }
             return;
         }
     };
@@ -160,20 +158,18 @@ fn in_place_worker(
             Err(e) => failed(seed, format!("{e:#}")),
         };
         done(outcome);
-        let Some(next) = next_seed() else { return };
         if let Err(e) = session.reset_to(&checkpoint) {
-            done(failed(
-                next,
-                format!("resetting to the branch point: {e:#}"),
-            ));
-            while let Some(seed) = next_seed() {
+            // The next seed cannot start from the branch point here; this
+            // worker stops, the others go on.
+            if let Some(next) = next_seed() {
                 done(failed(
-                    seed,
+                    next,
                     format!("resetting to the branch point: {e:#}"),
                 ));
             }
             return;
         }
+        let Some(next) = next_seed() else { return };
         seed = next;
     }
 }
@@ -228,6 +224,15 @@ pub fn branch_seeds(
         }
     });
     let mut outcomes = results.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    // Seeds no worker got to (every worker stopped early).
+    let left: Vec<u64> = queue
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .by_ref()
+        .collect();
+    for seed in left {
+        outcomes.push(failed(seed, "not run: every worker stopped".into()));
+    }
     outcomes.sort_by_key(|o| o.seed);
     let failures = outcomes.iter().filter(|o| o.error.is_some()).count();
     let mut digests: Vec<&str> = outcomes

@@ -84,8 +84,11 @@ pub fn run(spec: &str) -> Result<u8> {
         .send_to_agent(b"\n")
         .context("waking the guest's shell listener")?;
     let mut stdout = std::io::stdout();
-    let mut seen = Vec::new();
+    // Output not yet printed: it might be the start of the end marker.
+    let mut held = Vec::new();
     let mut input_ended = false;
+    let woken_at = session.now();
+    let mut listener_answered = false;
     loop {
         // Input is delivered whenever it arrives: in a fork the moment of
         // delivery needs to be deterministic no more.
@@ -101,16 +104,21 @@ pub fn run(spec: &str) -> Result<u8> {
         let stop = session.step_one()?;
         let out = session.take_agent_output();
         if !out.is_empty() {
-            seen.extend_from_slice(&out);
-            let text = strip_end_marker(&out);
-            stdout.write_all(text)?;
+            listener_answered = true;
+            held.extend_from_slice(&out);
+            let (print, ended) = split_output(&held);
+            stdout.write_all(&held[..print])?;
             stdout.flush()?;
-            if contains(&seen, FORK_SHELL_END.as_bytes()) {
+            if ended {
                 return Ok(0);
             }
-            // Only the tail can still be the start of the marker.
-            let keep = seen.len().saturating_sub(FORK_SHELL_END.len());
-            seen.drain(..keep);
+            held.drain(..print);
+        } else if !listener_answered && session.now().0 > woken_at.0 + LISTENER_BUDGET.0 {
+            bail!(
+                "no fork-shell listener answered in this guest (a `run` without a command has \
+                 none: its shell is on the console; or the snapshot was taken before the \
+                 listener started)"
+            );
         }
         match stop {
             None => {}
@@ -135,17 +143,22 @@ pub fn run(spec: &str) -> Result<u8> {
     }
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
+/// How much virtual time the listener has to answer the wake-up line.
+const LISTENER_BUDGET: vmm::VirtNanos = vmm::VirtNanos(30_000_000_000);
 
-/// The output without the end marker's line (if it is in this chunk).
-fn strip_end_marker(out: &[u8]) -> &[u8] {
+/// How many bytes of `held` can be printed, and whether the end marker is
+/// there (then everything before it is printed and nothing after). Bytes at
+/// the end that could begin the marker are held back.
+fn split_output(held: &[u8]) -> (usize, bool) {
     let marker = FORK_SHELL_END.as_bytes();
-    match out.windows(marker.len()).position(|w| w == marker) {
-        Some(at) => &out[..at],
-        None => out,
+    if let Some(at) = held.windows(marker.len()).position(|w| w == marker) {
+        return (at, true);
     }
+    let keep = (1..marker.len().min(held.len() + 1))
+        .rev()
+        .find(|&n| held.ends_with(&marker[..n]))
+        .unwrap_or(0);
+    (held.len() - keep, false)
 }
 
 #[cfg(test)]
@@ -155,8 +168,20 @@ mod tests {
     #[test]
     fn the_end_marker_is_found_and_not_printed() {
         let out = format!("hello\n{FORK_SHELL_END}\n");
-        assert_eq!(strip_end_marker(out.as_bytes()), b"hello\n");
-        assert!(contains(out.as_bytes(), FORK_SHELL_END.as_bytes()));
-        assert_eq!(strip_end_marker(b"plain"), b"plain");
+        assert_eq!(split_output(out.as_bytes()), (6, true));
+        assert_eq!(split_output(b"plain"), (5, false));
+    }
+
+    #[test]
+    fn a_marker_split_across_chunks_is_held_back_not_printed() {
+        let marker = FORK_SHELL_END.as_bytes();
+        let mut held = b"# out\n".to_vec();
+        held.extend_from_slice(&marker[..5]);
+        // Only the text before the possible marker start is printed.
+        assert_eq!(split_output(&held), (6, false));
+        held.drain(..6);
+        held.extend_from_slice(&marker[5..]);
+        held.push(b'\n');
+        assert_eq!(split_output(&held), (0, true));
     }
 }

@@ -126,6 +126,16 @@ expect4:
 	call	puts
 	incb	failures(%rip)
 1:
+	/* Case 5: a port write right in the STI shadow: its exit comes before
+	 * the instruction completes; the interrupt waits until after it (a host
+	 * that loses the shadow must not inject at that exit). */
+	ARM_AND_WAIT
+	sti
+	outb	%al, $0x80
+expect5:
+	nop
+	CHECK 5, expect5
+
 	mov	failures(%rip), %al
 	mov	$0x610, %dx
 	outb	%al, (%dx)
@@ -176,6 +186,7 @@ name1:	.asciz	"case1 "
 name2:	.asciz	"case2 "
 name3:	.asciz	"case3 "
 name4:	.asciz	"case4 "
+name5:	.asciz	"case5 "
 lost:	.asciz	"case4 read lost its data\n"
 ok:	.asciz	"ok\n"
 bad:	.asciz	"bad\n"

@@ -61,6 +61,8 @@ pub enum VmError {
     VcpuState(#[from] vcpu_state::VcpuStateError),
     #[error("dirty pages were asked for, but dirty logging was never started")]
     DirtyLogOff,
+    #[error("this checkpoint is not the session's live one (another checkpoint or a snapshot read the dirty log since, or it is of another session): take a new one")]
+    StaleCheckpoint,
     #[error("cannot resume this snapshot: {0}")]
     Incompatible(String),
     #[error("setting up devices: {0}")]
@@ -280,6 +282,16 @@ fn follows_sti(vcpu: &VcpuFd, memory: &GuestMemory, rip: u64) -> bool {
     }
 }
 
+/// `follows_sti`, for kernel code only (CPL 0): user space cannot execute
+/// `STI` (IOPL 0), and stepping user code could leave the trap flag in a
+/// frame it saves (SYSCALL's R11, PUSHF), which would later trap for real.
+fn follows_sti_in_kernel(vcpu: &VcpuFd, memory: &GuestMemory, rip: u64) -> bool {
+    follows_sti(vcpu, memory, rip)
+        && vcpu
+            .get_sregs()
+            .is_ok_and(|sregs| sregs.cs.selector & 3 == 0)
+}
+
 /// Turns KVM's single-stepping of the guest on or off.
 fn set_single_step(vcpu: &VcpuFd, on: bool) -> Result<(), VmError> {
     let control = if on {
@@ -357,7 +369,7 @@ const PAGE_SIZE: usize = 4096;
 
 /// Hash of guest RAM: every non-zero 4 KiB page, with its page number.
 ///
-/// Pages the host never backed (per `mincore`) are zero by construction and
+/// Pages the host never backed (per /proc/self/pagemap) are zero by construction and
 /// are skipped without being touched, and zero pages that are backed are
 /// skipped too, so the hash depends only on contents, never on which pages
 /// the host happened to populate (transparent huge pages, read faults).
@@ -408,14 +420,36 @@ fn candidate_pages(
     }
 }
 
-/// Pages of an anonymous mapping the host has backed (mincore); the others
-/// are zero. If mincore fails, every page is a candidate.
+/// Pages of an anonymous mapping the host has backed: present or swapped out
+/// in /proc/self/pagemap (mincore would miss swapped pages); the others are
+/// zero. If pagemap cannot be read, every page is a candidate.
 fn resident_pages_of(ptr: *mut u8, len: usize) -> Vec<bool> {
-    let mut resident = vec![0u8; len / PAGE_SIZE];
-    // SAFETY: `ptr` is page-aligned (an mmap), `len` lies within the mapping,
-    // and `resident` has one byte per page as mincore(2) requires.
-    let rc = unsafe { libc::mincore(ptr as *mut libc::c_void, len, resident.as_mut_ptr()) };
-    resident.iter().map(|r| rc != 0 || r & 1 != 0).collect()
+    match pagemap_entries(ptr, len) {
+        Some(entries) => entries
+            .iter()
+            .map(|e| e & (PAGEMAP_PRESENT | PAGEMAP_SWAPPED) != 0)
+            .collect(),
+        None => vec![true; len / PAGE_SIZE],
+    }
+}
+
+const PAGEMAP_PRESENT: u64 = 1 << 63;
+const PAGEMAP_SWAPPED: u64 = 1 << 62;
+const PAGEMAP_FILE_OR_SHARED: u64 = 1 << 61;
+
+/// This process's /proc/self/pagemap entries for the pages of `ptr..ptr+len`.
+fn pagemap_entries(ptr: *mut u8, len: usize) -> Option<Vec<u64>> {
+    use std::os::unix::fs::FileExt;
+    let pages = len / PAGE_SIZE;
+    let mut raw = vec![0u8; pages * 8];
+    std::fs::File::open("/proc/self/pagemap")
+        .and_then(|f| f.read_exact_at(&mut raw, (ptr as u64 / PAGE_SIZE as u64) * 8))
+        .ok()?;
+    Some(
+        raw.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunk")))
+            .collect(),
+    )
 }
 
 /// Pages of a private file mapping that may be non-zero: those inside the
@@ -429,9 +463,6 @@ fn file_backed_candidates(
     guest_base: u64,
     data_ranges: &[(u64, u64)],
 ) -> Vec<bool> {
-    use std::os::unix::fs::FileExt;
-    const PRESENT: u64 = 1 << 63;
-    const FILE_OR_SHARED: u64 = 1 << 61;
     let pages = len / PAGE_SIZE;
     let mut candidates = vec![false; pages];
     for &(start, end) in data_ranges {
@@ -441,15 +472,12 @@ fn file_backed_candidates(
             *flag = true;
         }
     }
-    let mut entries = vec![0u8; pages * 8];
-    let read = std::fs::File::open("/proc/self/pagemap")
-        .and_then(|f| f.read_exact_at(&mut entries, (ptr as u64 / PAGE_SIZE as u64) * 8));
-    if read.is_err() {
+    let Some(entries) = pagemap_entries(ptr, len) else {
         return vec![true; pages];
-    }
-    for (flag, entry) in candidates.iter_mut().zip(entries.chunks_exact(8)) {
-        let entry = u64::from_le_bytes(entry.try_into().expect("8-byte chunk"));
-        if entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0 {
+    };
+    for (flag, entry) in candidates.iter_mut().zip(entries) {
+        // Copy-on-write copies the guest made: present or swapped, anonymous.
+        if entry & (PAGEMAP_PRESENT | PAGEMAP_SWAPPED) != 0 && entry & PAGEMAP_FILE_OR_SHARED == 0 {
             *flag = true;
         }
     }
@@ -623,6 +651,9 @@ pub struct SessionState {
 /// A moment of a session kept in host memory, to return to in place
 /// (`Session::reset_to`) as often as wanted: the fuzzing loop's reset.
 pub struct Checkpoint {
+    /// Unique in the process: `reset_to` accepts only the session's live
+    /// checkpoint (the dirty log counts from it).
+    id: u64,
     state: SessionState,
     /// Guest RAM at the checkpoint (zero pages are never written, so the
     /// host backs only the non-zero ones).
@@ -634,6 +665,9 @@ impl Checkpoint {
         self.state.machine.exits
     }
 }
+
+/// Source of `Checkpoint::id`.
+static NEXT_CHECKPOINT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// What one in-place reset did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -666,6 +700,9 @@ pub struct Session {
     /// Finds where interrupt windows really open (not saved: it is idle
     /// between exits, and its counters are per process).
     window: WindowGuard,
+    /// The checkpoint the dirty log counts from, if any: any other reader of
+    /// the log (a snapshot, a newer checkpoint) makes it stale.
+    live_checkpoint: Option<u64>,
     started: Instant,
     wall_setup: Duration,
 }
@@ -744,6 +781,7 @@ impl Session {
             input,
             injected_total: 0,
             window: WindowGuard::default(),
+            live_checkpoint: None,
             wall_setup: started.elapsed(),
             started,
         })
@@ -796,7 +834,7 @@ impl Session {
             break (exit, action);
         };
         let injected = match action {
-            ExitAction::Resume(_) => self.decide_interrupt()?,
+            ExitAction::Resume(_) => self.decide_interrupt(&exit)?,
             ExitAction::Stop(_) => NO_VECTOR,
         };
         self.record(&exit, &action, injected);
@@ -812,11 +850,13 @@ impl Session {
         let rip = self.vm.vcpu.sync_regs().regs.rip;
         let vcpu = &self.vm.vcpu;
         let memory = &self.vm.memory;
-        let verdict = self
-            .window
-            .on_stop(stop, interrupts_enabled, || follows_sti(vcpu, memory, rip));
+        let verdict = self.window.on_stop(stop, interrupts_enabled, || {
+            follows_sti_in_kernel(vcpu, memory, rip)
+        });
         let stepping = self.window.stepping();
-        if stepping != was_stepping {
+        // Armed again for every step: KVM paths that rewrite RFLAGS (its own
+        // instruction emulation) may drop the trap flag it set.
+        if stepping || was_stepping {
             set_single_step(&self.vm.vcpu, stepping)?;
         }
         let run = self.vm.vcpu.get_kvm_run();
@@ -831,9 +871,30 @@ impl Session {
 
     /// Injects a pending interrupt if the guest can take it, else asks KVM
     /// for an exit as soon as it can. Returns the injected vector or NO_VECTOR.
-    fn decide_interrupt(&mut self) -> Result<u16, VmError> {
+    ///
+    /// An exit whose instruction completes only at the next entry (port,
+    /// MMIO, MSR) and that follows an `STI` opcode byte may sit in the STI
+    /// shadow: a correct host reports it not ready, a host that lost the
+    /// shadow reports it ready. It counts as not ready on every host, so the
+    /// interrupt waits for the window after the instruction either way.
+    fn decide_interrupt(&mut self, exit: &Exit) -> Result<u16, VmError> {
         let run = self.vm.vcpu.get_kvm_run();
-        let ready = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
+        let mut ready = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
+        let incomplete = matches!(
+            exit,
+            Exit::IoIn { .. }
+                | Exit::IoOut { .. }
+                | Exit::MmioRead { .. }
+                | Exit::MmioWrite { .. }
+                | Exit::RdMsr { .. }
+                | Exit::WrMsr { .. }
+        );
+        if ready && incomplete && self.machine.devices.has_pending_interrupt() {
+            let rip = self.vm.vcpu.sync_regs().regs.rip;
+            if follows_sti_in_kernel(&self.vm.vcpu, &self.vm.memory, rip) {
+                ready = false;
+            }
+        }
         let (window, injected) = match self.machine.interrupt_action(ready) {
             InterruptAction::Inject(vector) => {
                 kvm_util::inject_interrupt(&self.vm.vcpu, vector).map_err(VmError::Inject)?;
@@ -1022,11 +1083,27 @@ impl Session {
         self.take_dirty_pages().map(drop)
     }
 
+    /// Guest RAM as the single region it is (checked when a session resets).
+    fn single_region(&self) -> Result<&vm_memory::GuestRegionMmap<AtomicBitmap>, VmError> {
+        match self.vm.memory.num_regions() {
+            1 => Ok(self.vm.memory.iter().next().expect("one region")),
+            n => Err(VmError::Incompatible(format!(
+                "in-place resets need guest RAM in one region, this machine has {n}"
+            ))),
+        }
+    }
+
     /// The guest pages (page numbers, ascending) written since the previous
     /// call or `start_dirty_log`, by the guest or by the VMM; resets the log.
     /// May include a few pages that were only touched (KVM's own page-table
     /// walks), never misses a written one.
     pub fn take_dirty_pages(&mut self) -> Result<Vec<u64>, VmError> {
+        // The log restarts here: a checkpoint counting from earlier is stale.
+        self.live_checkpoint = None;
+        self.read_dirty_log()
+    }
+
+    fn read_dirty_log(&mut self) -> Result<Vec<u64>, VmError> {
         if !self.vm.dirty_log {
             return Err(VmError::DirtyLogOff);
         }
@@ -1064,24 +1141,22 @@ impl Session {
     pub fn checkpoint(&mut self) -> Result<Checkpoint, VmError> {
         let state = self.capture()?;
         self.start_dirty_log()?;
-        let len = self.vm.memory.iter().map(|r| r.len() as usize).sum();
+        let region = self.single_region()?;
+        let len = region.len() as usize;
         let mut memory = vec![0u8; len];
-        let mut offset = 0usize;
-        for region in self.vm.memory.iter() {
-            let candidates = candidate_pages(region, &self.backing);
-            let rlen = region.len() as usize;
-            // SAFETY: a live mapping of `rlen` bytes owned by the session; the
-            // vCPU is not running (we hold `&mut self`).
-            let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), rlen) };
-            for (page, chunk) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
-                if candidates[page] && chunk.iter().any(|b| *b != 0) {
-                    let at = offset + page * PAGE_SIZE;
-                    memory[at..at + PAGE_SIZE].copy_from_slice(chunk);
-                }
+        let candidates = candidate_pages(region, &self.backing);
+        // SAFETY: a live mapping of `len` bytes owned by the session; the
+        // vCPU is not running (we hold `&mut self`).
+        let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), len) };
+        for (page, chunk) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
+            if candidates[page] && chunk.iter().any(|b| *b != 0) {
+                let at = page * PAGE_SIZE;
+                memory[at..at + PAGE_SIZE].copy_from_slice(chunk);
             }
-            offset += rlen;
         }
-        Ok(Checkpoint { state, memory })
+        let id = NEXT_CHECKPOINT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.live_checkpoint = Some(id);
+        Ok(Checkpoint { id, state, memory })
     }
 
     /// Returns this session, in place, to `checkpoint` (taken from it): the
@@ -1091,33 +1166,33 @@ impl Session {
     /// (or, after `set_seed`, an alternate history from it).
     pub fn reset_to(&mut self, checkpoint: &Checkpoint) -> Result<ResetStats, VmError> {
         let state = &checkpoint.state;
-        if checkpoint.memory.len() as u64 != state.ram_bytes
-            || self.vm.memory.iter().map(|r| r.len()).sum::<u64>() != state.ram_bytes
-        {
-            return Err(VmError::Incompatible(
-                "the checkpoint is of another machine (RAM size differs)".into(),
-            ));
+        if self.live_checkpoint != Some(checkpoint.id) {
+            return Err(VmError::StaleCheckpoint);
+        }
+        let (base, len) = {
+            let region = self.single_region()?;
+            (region.as_ptr(), region.len() as usize)
+        };
+        if checkpoint.memory.len() != len {
+            return Err(VmError::StaleCheckpoint);
+        }
+        if self.window.stepping() {
+            // Only after a failed step: never leave the guest single-stepped.
+            set_single_step(&self.vm.vcpu, false)?;
         }
         // A pending I/O completion would otherwise run after the restore and
         // change the restored registers.
         vcpu_state::complete_pending_exit(&mut self.vm.vcpu)?;
-        let dirty = self.take_dirty_pages()?;
-        let base = self
-            .vm
-            .memory
-            .iter()
-            .next()
-            .expect("guest memory has one region")
-            .as_ptr();
+        let dirty = self.read_dirty_log()?;
         for &page in &dirty {
             let at = page as usize * PAGE_SIZE;
-            if at + PAGE_SIZE > checkpoint.memory.len() {
+            if at + PAGE_SIZE > len {
                 continue;
             }
             // SAFETY: `at..at+PAGE_SIZE` lies inside the single guest RAM
-            // region (checked against its length above), a live writable
-            // mapping owned by the session; the vCPU is not running, and the
-            // source is a separate host buffer.
+            // region (`len` is its length), a live writable mapping owned by
+            // the session; the vCPU is not running, and the source is a
+            // separate host buffer of the same length.
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     checkpoint.memory.as_ptr().add(at),
@@ -1133,6 +1208,8 @@ impl Session {
             .restore(&state.devices)
             .map_err(|e| VmError::Incompatible(format!("device state: {e}")))?;
         self.machine.restore(&state.machine);
+        // Not part of the state: a wake-up belongs to the run that set it.
+        self.machine.wakeup = None;
         self.recorder.restore(&state.recorder);
         {
             let mut capture = self.console.lock().unwrap_or_else(|e| e.into_inner());
@@ -1238,6 +1315,7 @@ impl Session {
             input,
             injected_total: state.injected_interrupts,
             window: WindowGuard::default(),
+            live_checkpoint: None,
             wall_setup: started.elapsed(),
             started,
         })
