@@ -8,6 +8,7 @@
 use anyhow::{bail, Context, Result};
 use std::io::{Read, Write};
 use std::sync::mpsc;
+use std::time::Duration;
 
 use crate::guest::FORK_SHELL_END;
 use crate::hostvm::EOT;
@@ -101,8 +102,24 @@ pub fn run(spec: &str) -> Result<u8> {
                 }
             }
         }
+        let before = session.now();
         let stop = session.step_one()?;
         let out = session.take_agent_output();
+        // An idle guest jumps to its next timer: pace such jumps by the wall
+        // clock (at most 50 ms at a time) while waiting for input, instead of
+        // racing through virtual time on a spinning host CPU.
+        let jumped = session.now().0.saturating_sub(before.0);
+        if jumped > IDLE_JUMP_NS && out.is_empty() && !input_ended {
+            let wait = Duration::from_nanos(jumped.min(MAX_IDLE_WAIT_NS));
+            match input.recv_timeout(wait) {
+                Ok(Input::Bytes(bytes)) => session.send_to_agent(&bytes)?,
+                Ok(Input::End) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    input_ended = true;
+                    session.send_to_agent(b"\nexit\n")?;
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+        }
         if !out.is_empty() {
             listener_answered = true;
             held.extend_from_slice(&out);
@@ -142,6 +159,11 @@ pub fn run(spec: &str) -> Result<u8> {
         }
     }
 }
+
+/// A step that advanced virtual time by more than this was an idle jump.
+const IDLE_JUMP_NS: u64 = 1_000_000;
+/// Longest wall-clock wait for input after one idle jump.
+const MAX_IDLE_WAIT_NS: u64 = 50_000_000;
 
 /// How much virtual time the listener has to answer the wake-up line.
 const LISTENER_BUDGET: vmm::VirtNanos = vmm::VirtNanos(30_000_000_000);
