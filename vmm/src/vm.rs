@@ -383,26 +383,36 @@ fn memory_hash_and_residency(mem: &GuestMemory, backing: &MemoryBacking) -> (u64
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     let mut resident_pages = 0u64;
     for region in mem.iter() {
-        let len = region.len() as usize;
-        let ptr = region.as_ptr();
-        // SAFETY: `ptr` and `len` describe a live mapping owned by `mem`, which
-        // outlives this borrow; the vCPU is stopped, so nothing writes to it meanwhile.
-        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
-        let candidates = candidate_pages(region, backing);
-        for (page, chunk) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
-            if !candidates[page] {
-                continue;
-            }
+        visit_candidate_pages(region, backing, |page, chunk| {
             resident_pages += 1;
             if chunk.iter().all(|b| *b == 0) {
-                continue;
+                return;
             }
             let gpa = region.start_addr().0 + (page * PAGE_SIZE) as u64;
             hasher.update(&gpa.to_le_bytes());
             hasher.update(chunk);
-        }
+        });
     }
     (hasher.digest(), resident_pages * PAGE_SIZE as u64)
+}
+
+/// Calls `f(page index, page bytes)` for each page of `region` that may be
+/// non-zero (`candidate_pages`), in order; the other pages are not touched.
+fn visit_candidate_pages(
+    region: &vm_memory::GuestRegionMmap<AtomicBitmap>,
+    backing: &MemoryBacking,
+    mut f: impl FnMut(usize, &[u8]),
+) {
+    let candidates = candidate_pages(region, backing);
+    // SAFETY: `as_ptr()..+len()` is a live mapping owned by the guest memory,
+    // which outlives this borrow; the vCPU is stopped (callers hold the
+    // session), so nothing writes to it meanwhile.
+    let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), region.len() as usize) };
+    for (page, chunk) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
+        if candidates[page] {
+            f(page, chunk);
+        }
+    }
 }
 
 /// Per page of `region`: whether it may be non-zero (the others are zero and
@@ -1142,18 +1152,13 @@ impl Session {
         let state = self.capture()?;
         self.start_dirty_log()?;
         let region = self.single_region()?;
-        let len = region.len() as usize;
-        let mut memory = vec![0u8; len];
-        let candidates = candidate_pages(region, &self.backing);
-        // SAFETY: a live mapping of `len` bytes owned by the session; the
-        // vCPU is not running (we hold `&mut self`).
-        let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), len) };
-        for (page, chunk) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
-            if candidates[page] && chunk.iter().any(|b| *b != 0) {
+        let mut memory = vec![0u8; region.len() as usize];
+        visit_candidate_pages(region, &self.backing, |page, chunk| {
+            if chunk.iter().any(|b| *b != 0) {
                 let at = page * PAGE_SIZE;
                 memory[at..at + PAGE_SIZE].copy_from_slice(chunk);
             }
-        }
+        });
         let id = NEXT_CHECKPOINT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.live_checkpoint = Some(id);
         Ok(Checkpoint { id, state, memory })
@@ -1457,18 +1462,11 @@ fn attach_virtio(
 /// nothing is read up front; pages fault in from the file as the guest
 /// touches them, and guest writes never reach the file.
 pub fn memory_from_file(file: std::fs::File, len: u64) -> Result<GuestMemory, VmError> {
-    let bad = |reason: String| VmError::Memory { bytes: len, reason };
-    // With a dirty bitmap of the region's size: what the VMM writes is tracked.
-    let bitmap = <AtomicBitmap as vm_memory::bitmap::NewBitmap>::with_len(len as usize);
-    let region = vm_memory::mmap::MmapRegionBuilder::new_with_bitmap(len as usize, bitmap)
+    let region = private_region_builder(len)
         .with_file_offset(vm_memory::FileOffset::new(file, 0))
-        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-        .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
         .build()
-        .map_err(|e| bad(format!("mapping the snapshot memory: {e}")))?;
-    let region = vm_memory::GuestRegionMmap::new(region, GuestAddress(0))
-        .ok_or_else(|| bad("the snapshot memory does not fit the guest address space".into()))?;
-    GuestMemory::from_regions(vec![region]).map_err(|e| bad(e.to_string()))
+        .map_err(|e| memory_error(len, format!("mapping the snapshot memory: {e}")))?;
+    single_region_memory(region, len)
 }
 
 /// Guest RAM over an existing mapping of `len` bytes at `ptr` (e.g. a
@@ -1481,21 +1479,42 @@ pub fn memory_from_file(file: std::fs::File, len: u64) -> Result<GuestMemory, Vm
 /// `ptr..ptr+len` must be a readable and writable mapping that nothing else
 /// unmaps or reuses for the rest of the process.
 pub unsafe fn memory_from_mapping(ptr: *mut u8, len: u64) -> Result<GuestMemory, VmError> {
-    let bad = |reason: String| VmError::Memory { bytes: len, reason };
-    let bitmap = <AtomicBitmap as vm_memory::bitmap::NewBitmap>::with_len(len as usize);
     // SAFETY: the caller guarantees the mapping is valid, PROT_READ|PROT_WRITE
     // and outlives the region (it is never unmapped).
     let region = unsafe {
-        vm_memory::mmap::MmapRegionBuilder::new_with_bitmap(len as usize, bitmap)
+        private_region_builder(len)
             .with_raw_mmap_pointer(ptr)
-            .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
-            .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
             .build()
     }
-    .map_err(|e| bad(format!("adopting the snapshot memory: {e}")))?;
-    let region = vm_memory::GuestRegionMmap::new(region, GuestAddress(0))
-        .ok_or_else(|| bad("the snapshot memory does not fit the guest address space".into()))?;
-    GuestMemory::from_regions(vec![region]).map_err(|e| bad(e.to_string()))
+    .map_err(|e| memory_error(len, format!("adopting the snapshot memory: {e}")))?;
+    single_region_memory(region, len)
+}
+
+fn memory_error(bytes: u64, reason: String) -> VmError {
+    VmError::Memory { bytes, reason }
+}
+
+/// A private, read-write mapping of `len` bytes of snapshot memory, with a
+/// dirty bitmap of its size: what the VMM writes is tracked.
+fn private_region_builder(len: u64) -> vm_memory::mmap::MmapRegionBuilder<AtomicBitmap> {
+    let bitmap = <AtomicBitmap as vm_memory::bitmap::NewBitmap>::with_len(len as usize);
+    vm_memory::mmap::MmapRegionBuilder::new_with_bitmap(len as usize, bitmap)
+        .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
+        .with_mmap_flags(libc::MAP_PRIVATE | libc::MAP_NORESERVE)
+}
+
+/// Guest RAM made of `region` alone, at guest address 0.
+fn single_region_memory(
+    region: vm_memory::mmap::MmapRegion<AtomicBitmap>,
+    len: u64,
+) -> Result<GuestMemory, VmError> {
+    let region = vm_memory::GuestRegionMmap::new(region, GuestAddress(0)).ok_or_else(|| {
+        memory_error(
+            len,
+            "the snapshot memory does not fit the guest address space".into(),
+        )
+    })?;
+    GuestMemory::from_regions(vec![region]).map_err(|e| memory_error(len, e.to_string()))
 }
 
 /// Boots and runs a guest to completion.
