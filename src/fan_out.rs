@@ -111,7 +111,7 @@ fn in_place_worker(
 ) {
     let first = next_seed();
     let Some(mut seed) = first else { return };
-    let setup = || -> Result<(vmm::vm::Session, vmm::vm::Checkpoint)> {
+    let setup = || -> Result<(crate::snapshots::Driven, crate::snapshots::DrivenCheckpoint)> {
         let until = until
             .map(crate::units::parse_duration)
             .transpose()
@@ -120,15 +120,20 @@ fn in_place_worker(
             until,
             record: vmm::record::RecordConfig::default(),
         };
-        let mut restored =
-            crate::snapshots::restore(spec, &resume, Box::new(std::io::sink()), None)?;
+        let mut restored = crate::snapshots::restore(
+            spec,
+            &resume,
+            Box::new(std::io::sink()),
+            None,
+            crate::snapshots::NodeOutput::discard(),
+        )?;
         if let Some(stop) = restored.stopped_early {
             bail!("the guest stopped before the branch point: {stop:?}");
         }
-        let checkpoint = restored.session.checkpoint()?;
-        Ok((restored.session, checkpoint))
+        let checkpoint = restored.driven.checkpoint()?;
+        Ok((restored.driven, checkpoint))
     };
-    let (mut session, checkpoint) = match setup() {
+    let (mut driven, checkpoint) = match setup() {
         Ok(ready) => ready,
         Err(e) => {
             // Only this seed fails; seeds this worker would have taken go to
@@ -138,27 +143,25 @@ fn in_place_worker(
         }
     };
     loop {
-        session.set_seed(seed);
-        let outcome = match session.run_to_end() {
-            Ok(stop) => {
-                let run = session.outcome(stop);
-                Outcome {
-                    seed,
-                    exit_status: match run.stop {
-                        vmm::exit::StopReason::GuestExit { status } => Some(i64::from(status)),
-                        _ => None,
-                    },
-                    stop: stop_kind(&run.stop),
-                    virtual_ns: Some(run.virtual_time.0),
-                    exits: Some(run.exits),
-                    digest: Some(run.digest),
-                    error: None,
-                }
-            }
+        driven.session.set_seed(seed);
+        let run = driven.run_to_end().and_then(|stop| {
+            let exit_status = driven.exit_status(stop);
+            Ok((exit_status, driven.outcome(stop)?))
+        });
+        let outcome = match run {
+            Ok((exit_status, run)) => Outcome {
+                seed,
+                exit_status: exit_status.map(i64::from),
+                stop: stop_kind(&run.stop),
+                virtual_ns: Some(run.virtual_time.0),
+                exits: Some(run.exits),
+                digest: Some(run.digest),
+                error: None,
+            },
             Err(e) => failed(seed, format!("{e:#}")),
         };
         done(outcome);
-        if let Err(e) = session.reset_to(&checkpoint) {
+        if let Err(e) = driven.reset_to(&checkpoint) {
             // The next seed cannot start from the branch point here; this
             // worker stops, the others go on.
             if let Some(next) = next_seed() {

@@ -20,8 +20,10 @@
 use crate::units::parse_duration;
 use anyhow::{bail, Context, Result};
 use devices::VirtNanos;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum FaultAction {
     /// Groups of node names that can talk among themselves only.
     Partition(Vec<Vec<String>>),
@@ -71,7 +73,8 @@ impl std::fmt::Display for FaultAction {
 }
 
 /// One action at one virtual time.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TimedFault {
     pub at: VirtNanos,
     pub action: FaultAction,

@@ -122,6 +122,10 @@ struct SeekArgs {
 struct ShellArgs {
     /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
     spec: String,
+    /// For a snapshot of an `up` run: open the shell inside this node (its
+    /// namespaces and root, its `/bin/sh`) instead of beside the nodes.
+    #[arg(long)]
+    node: Option<String>,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
 }
@@ -302,12 +306,31 @@ impl RunSummary {
         }
     }
 
+    /// The run's status where the guest's own is not it (an `up` run's is
+    /// its workload's).
+    fn with_exit_status(mut self, status: Option<u8>) -> Self {
+        self.exit_status = status;
+        self
+    }
+
     fn process_status(&self) -> u8 {
-        match self.stop {
-            StopReason::GuestExit { status } => status,
+        self.exit_status.unwrap_or(match self.stop {
             StopReason::TimeLimit => EXIT_TIME_LIMIT,
             _ => EXIT_NO_STATUS,
+        })
+    }
+
+    /// Prints the summary (JSON on stdout, or a line on stderr) and returns
+    /// the process's exit status.
+    fn print(&self, json: bool) -> Result<u8> {
+        if json {
+            let mut out = std::io::stdout().lock();
+            writeln!(out)?;
+            writeln!(out, "{}", serde_json::to_string(self)?)?;
+        } else {
+            eprintln!("{}", self.human());
         }
+        Ok(self.process_status())
     }
 
     fn human(&self) -> String {
@@ -504,16 +527,8 @@ fn cmd_run(args: RunArgs) -> Result<u8> {
             vec![]
         };
         let mut shared = Vec::new();
-        if let Some(dir) = &args.snapshots.snapshots {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-            let dir = dir.canonicalize()?;
-            extra.extend(["--snapshots".into(), dir.display().to_string()]);
-            if let Some(every) = &args.snapshots.snapshot_every {
-                extra.extend(["--snapshot-every".into(), every.clone()]);
-            }
-            for exit in &args.snapshots.snapshot_at_exit {
-                extra.extend(["--snapshot-at-exit".into(), exit.to_string()]);
-            }
+        if let Some((options, dir)) = args.snapshots.forwarded()? {
+            extra.extend(options);
             shared.push(dir);
         }
         // Keystrokes pass through to the guest's shell unchanged.
@@ -528,17 +543,11 @@ fn cmd_run(args: RunArgs) -> Result<u8> {
     let outcome = match snapshots::Snapshotter::new(&args.snapshots, None)? {
         None => vmm::vm::run(&config, Box::new(std::io::stdout()), input)?,
         Some(mut snapshotter) => {
-            let mut session = vmm::vm::Session::boot(&config, Box::new(std::io::stdout()), input)?;
-            let stop = snapshotter.run(&mut session)?;
-            eprintln!(
-                "detvisor: {} snapshot(s) written to {}",
-                snapshotter.taken.len(),
-                args.snapshots
-                    .snapshots
-                    .as_deref()
-                    .unwrap_or(Path::new("."))
-                    .display()
-            );
+            let session = vmm::vm::Session::boot(&config, Box::new(std::io::stdout()), input)?;
+            let mut driven = snapshots::Driven::plain(session);
+            let stop = snapshotter.run(&mut driven)?;
+            let session = driven.session;
+            snapshotter.report();
             session.finish(stop)
         }
     };
@@ -546,15 +555,7 @@ fn cmd_run(args: RunArgs) -> Result<u8> {
 }
 
 fn print_summary(seed: u64, outcome: &RunOutcome, json: bool) -> Result<u8> {
-    let summary = RunSummary::new(seed, outcome);
-    if json {
-        let mut out = std::io::stdout().lock();
-        writeln!(out)?;
-        writeln!(out, "{}", serde_json::to_string(&summary)?)?;
-    } else {
-        eprintln!("{}", summary.human());
-    }
-    Ok(summary.process_status())
+    RunSummary::new(seed, outcome).print(json)
 }
 
 #[derive(Serialize)]
@@ -710,10 +711,23 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         until,
         record: RecordConfig::default(),
     };
-    let mut restored = snapshots::restore(&args.spec, &resume, Box::new(std::io::stdout()), None)?;
+    // An `up` snapshot's node output goes to stdout as under `up` (events
+    // to stderr); a `run` snapshot's guest console to stdout.
+    let node_output = snapshots::NodeOutput {
+        out: Box::new(std::io::stdout()),
+        events: !args.json,
+    };
+    let mut restored = snapshots::restore(
+        &args.spec,
+        &resume,
+        Box::new(std::io::stdout()),
+        None,
+        node_output,
+    )?;
+    let driven = &mut restored.driven;
     if let Some(seed) = args.seed {
         // Every seeded stream is re-keyed from here on: an alternate history.
-        restored.session.set_seed(seed);
+        driven.session.set_seed(seed);
     }
     let stop = match restored.stopped_early {
         Some(stop) => stop,
@@ -721,20 +735,26 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
             &args.snapshots,
             Some(restored.snapshot.meta.id.clone()),
         )? {
-            Some(mut snapshotter) => snapshotter.run(&mut restored.session)?,
-            None => restored.session.run_to_end()?,
+            Some(mut snapshotter) => snapshotter.run(driven)?,
+            None => driven.run_to_end()?,
         },
     };
-    let seed = restored.session.seed();
-    let outcome = restored.session.finish(stop);
-    print_summary(seed, &outcome, args.json)
+    let seed = driven.session.seed();
+    let exit_status = driven.exit_status(stop);
+    let outcome = driven.outcome(stop)?;
+    let summary = RunSummary::new(seed, &outcome).with_exit_status(exit_status);
+    summary.print(args.json)
 }
 
 fn cmd_shell(args: ShellArgs) -> Result<u8> {
     if let Placement::HelperVm { reason } = placement(args.host_vm) {
+        // An `up` fork's shell is on a pseudo-terminal in the guest, which
+        // echoes and edits lines: keystrokes pass through unchanged.
+        let interactive = std::io::stdin().is_terminal() && snapshots::is_up(&args.spec)?;
+        let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
         return reexec_with_snapshot_dirs(&reason, &args.spec, &Default::default(), true);
     }
-    shell_cmd::run(&args.spec)
+    shell_cmd::run(&args.spec, args.node.as_deref())
 }
 
 fn cmd_seek(args: SeekArgs) -> Result<u8> {

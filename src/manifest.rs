@@ -7,7 +7,7 @@
 //! addresses, exactly one image source per node, a workload node that exists.
 
 use anyhow::{bail, Context, Result};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -105,7 +105,8 @@ struct WorkloadSection {
 }
 
 /// Where a node's root filesystem comes from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum RootSource {
     /// A node image from `detvisor image build`.
     Image(PathBuf),
@@ -125,7 +126,8 @@ impl std::fmt::Display for RootSource {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub struct NodePlan {
     pub name: String,
     pub source: RootSource,
@@ -137,7 +139,8 @@ pub struct NodePlan {
     pub env: BTreeMap<String, String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
 pub enum WorkloadPlan {
     /// Runs inside a node's namespaces and root (like `nsenter`).
     InNode {

@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use crate::guest::FORK_SHELL_END;
 use crate::hostvm::EOT;
-use crate::snapshots;
+use crate::snapshots::{self, Driven};
+use crate::up::ShellEvent;
+use detvisor_agent::protocol::HostToAgent;
+use std::io::IsTerminal;
 use vmm::exit::StopReason;
 
 /// What the stdin reader passes on.
@@ -49,93 +52,280 @@ fn spawn_stdin_reader() -> mpsc::Receiver<Input> {
     rx
 }
 
-/// Runs the shell; returns the exit status for the process (0 when the shell
-/// ended, 1 when the guest stopped under it).
-pub fn run(spec: &str) -> Result<u8> {
+/// How the user's bytes reach a shell in the fork, and its output comes back.
+trait ShellChannel {
+    /// Starts the shell (at the restored moment).
+    fn open(&mut self, driven: &mut Driven) -> Result<()>;
+    fn input(&mut self, driven: &mut Driven, bytes: &[u8]) -> Result<()>;
+    fn end_of_input(&mut self, driven: &mut Driven) -> Result<()>;
+    /// Output to print since the last call, and the shell's status once it
+    /// ended. `answered` is set once the shell has shown a sign of life.
+    fn output(&mut self, driven: &mut Driven) -> Result<(Vec<u8>, Option<u8>)>;
+    fn answered(&self) -> bool;
+    /// Why nothing answered, for the user.
+    fn silence(&self) -> &'static str;
+}
+
+/// A `run` guest's fork-shell listener on the control channel: raw lines in,
+/// output up to an end marker back (see `guest::FORK_SHELL_LISTENER`).
+struct Listener {
+    /// Output not yet printed: it might be the start of the end marker.
+    held: Vec<u8>,
+    answered: bool,
+}
+
+impl ShellChannel for Listener {
+    fn open(&mut self, driven: &mut Driven) -> Result<()> {
+        // The listener's first line wakes it; the user's lines follow.
+        driven
+            .session
+            .send_to_agent(b"\n")
+            .context("waking the guest's shell listener")
+    }
+
+    fn input(&mut self, driven: &mut Driven, bytes: &[u8]) -> Result<()> {
+        Ok(driven.session.send_to_agent(bytes)?)
+    }
+
+    fn end_of_input(&mut self, driven: &mut Driven) -> Result<()> {
+        Ok(driven.session.send_to_agent(b"\nexit\n")?)
+    }
+
+    fn output(&mut self, driven: &mut Driven) -> Result<(Vec<u8>, Option<u8>)> {
+        let out = driven.session.take_agent_output();
+        if out.is_empty() {
+            return Ok((out, None));
+        }
+        self.answered = true;
+        self.held.extend_from_slice(&out);
+        let (print, ended) = split_output(&self.held);
+        let printable = self.held.drain(..print).collect();
+        Ok((printable, ended.then_some(0)))
+    }
+
+    fn answered(&self) -> bool {
+        self.answered
+    }
+
+    fn silence(&self) -> &'static str {
+        "no fork-shell listener answered in this guest (a `run` without a command has \
+         none: its shell is on the console; or the snapshot was taken before the \
+         listener started)"
+    }
+}
+
+/// An `up` guest's agent: it pauses the nodes and runs `sh` on a
+/// pseudo-terminal, whose bytes travel in the agent's frames.
+struct AgentShell {
+    node: Option<String>,
+    answered: bool,
+    /// Input held back until the shell has shown its first prompt (the
+    /// agent's PS1 ends in `# `): typed ahead, the terminal would echo it
+    /// once before `sh` takes over the line, and `sh` once more.
+    typed_ahead: Option<Vec<u8>>,
+}
+
+impl AgentShell {
+    fn up(driven: &mut Driven) -> Result<&mut crate::up::UpDriver> {
+        driven
+            .up
+            .as_mut()
+            .context("an agent shell needs an `up` snapshot")
+    }
+}
+
+impl ShellChannel for AgentShell {
+    fn open(&mut self, driven: &mut Driven) -> Result<()> {
+        let (rows, cols) = terminal_size();
+        let message = HostToAgent::OpenShell {
+            node: self.node.clone(),
+            rows,
+            cols,
+            term: std::env::var("TERM").ok().filter(|t| !t.is_empty()),
+        };
+        // The fork is for looking: no scheduled fault may resume a node.
+        Self::up(driven)?.conductor_mut().forget_faults();
+        crate::up::send_message(&mut driven.session, &message)
+    }
+
+    fn input(&mut self, driven: &mut Driven, bytes: &[u8]) -> Result<()> {
+        if let Some(held) = &mut self.typed_ahead {
+            held.extend_from_slice(bytes);
+            return Ok(());
+        }
+        let message = HostToAgent::ShellInput {
+            data: bytes.to_vec(),
+        };
+        crate::up::send_message(&mut driven.session, &message)
+    }
+
+    fn end_of_input(&mut self, driven: &mut Driven) -> Result<()> {
+        // The terminal's end-of-file character: `sh` ends at an empty line.
+        self.input(driven, &[EOT])
+    }
+
+    fn output(&mut self, driven: &mut Driven) -> Result<(Vec<u8>, Option<u8>)> {
+        let mut out = Vec::new();
+        let mut status = None;
+        for event in Self::up(driven)?.take_shell_events() {
+            self.answered = true;
+            match event {
+                ShellEvent::Opened { .. } => {}
+                ShellEvent::Output(bytes) => out.extend_from_slice(&bytes),
+                ShellEvent::Failed { context, message } => {
+                    bail!("the guest's agent: {context}: {message}")
+                }
+                ShellEvent::Exited(exit) => {
+                    status = Some(u8::try_from(exit.shell_code()).unwrap_or(crate::EXIT_NO_STATUS))
+                }
+            }
+        }
+        if out.windows(2).any(|w| w == b"# ") {
+            if let Some(held) = self.typed_ahead.take() {
+                if !held.is_empty() {
+                    self.input(driven, &held)?;
+                }
+            }
+        }
+        Ok((out, status))
+    }
+
+    fn answered(&self) -> bool {
+        self.answered
+    }
+
+    fn silence(&self) -> &'static str {
+        "the guest's agent did not open a shell (is the snapshot from an older detvisor \
+         whose agent has no shell? see the agent's errors above)"
+    }
+}
+
+/// The user's terminal size (rows, columns), 24x80 when unknown.
+fn terminal_size() -> (u16, u16) {
+    // SAFETY: winsize is plain old data; all-zero is valid.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes one winsize into `size`; on a descriptor
+    // that is not a terminal it fails and leaves it zero.
+    let known = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
+    if known && size.ws_row > 0 && size.ws_col > 0 {
+        (size.ws_row, size.ws_col)
+    } else {
+        (24, 80)
+    }
+}
+
+/// Runs the shell; returns the exit status for the process (the shell's
+/// under `up`, 0 when a `run` guest's listener ended, 1 when the guest
+/// stopped under it).
+pub fn run(spec: &str, node: Option<&str>) -> Result<u8> {
     let resume = vmm::vm::ResumeConfig {
         until: None,
         record: vmm::record::RecordConfig::default(),
     };
-    // The guest's own console (the workload's output) goes to stderr, the
-    // shell to stdout.
-    let mut restored = snapshots::restore(spec, &resume, Box::new(std::io::stderr()), None)?;
+    // The guest's own console (and an `up` run's node output) goes to
+    // stderr, the shell to stdout.
+    let node_output = snapshots::NodeOutput {
+        out: Box::new(std::io::stderr()),
+        events: true,
+    };
+    let mut restored = snapshots::restore(
+        spec,
+        &resume,
+        Box::new(std::io::stderr()),
+        None,
+        node_output,
+    )?;
     if let Some(stop) = restored.stopped_early {
         bail!(
             "the guest stopped before that moment ({stop:?}): there is nothing to open a shell in"
         );
     }
-    let session = &mut restored.session;
-    if !session.has_control_channel() {
-        bail!(
-            "snapshot {} was taken of a machine without a shell channel (a virtio console): \
-             take it again with this detvisor",
-            restored.snapshot.meta.id
-        );
-    }
+    let id = restored.snapshot.meta.id.clone();
+    let driven = &mut restored.driven;
+    let mut channel: Box<dyn ShellChannel> = if driven.up.is_some() {
+        Box::new(AgentShell {
+            node: node.map(str::to_string),
+            answered: false,
+            typed_ahead: Some(Vec::new()),
+        })
+    } else {
+        if node.is_some() {
+            bail!("--node: snapshot {id} is of a `run`, which has no nodes");
+        }
+        if !driven.session.has_control_channel() {
+            bail!(
+                "snapshot {id} was taken of a machine without a shell channel (a virtio \
+                 console): take it again with this detvisor"
+            );
+        }
+        Box::new(Listener {
+            held: Vec::new(),
+            answered: false,
+        })
+    };
+    let what = match (&driven.up, node) {
+        (None, _) => "every process of the guest is stopped",
+        (Some(_), None) => "every node is paused; the shell runs outside them",
+        (Some(_), Some(_)) => "every node is paused; the shell runs inside that node",
+    };
     eprintln!(
-        "detvisor shell: a fork of {} at exit {}, virtual time {}; every process of the \
-         guest is stopped while you look (end with `exit` or end of input)",
-        restored.snapshot.meta.id,
-        session.exits(),
-        session.now()
+        "detvisor shell: a fork of {id} at exit {}, virtual time {}; {what} \
+         (end with `exit` or end of input)",
+        driven.session.exits(),
+        driven.session.now()
     );
+    // A pseudo-terminal in the guest does the echo and line editing.
+    let _raw = (driven.up.is_some() && std::io::stdin().is_terminal())
+        .then(crate::terminal::RawMode::enter)
+        .transpose()?;
     let input = spawn_stdin_reader();
-    // The listener's first line wakes it; the user's lines follow.
-    session
-        .send_to_agent(b"\n")
-        .context("waking the guest's shell listener")?;
+    channel.open(driven)?;
     let mut stdout = std::io::stdout();
-    // Output not yet printed: it might be the start of the end marker.
-    let mut held = Vec::new();
     let mut input_ended = false;
-    let woken_at = session.now();
-    let mut listener_answered = false;
-    loop {
-        // Input is delivered whenever it arrives: in a fork the moment of
-        // delivery needs to be deterministic no more.
-        while let Ok(message) = input.try_recv() {
-            match message {
-                Input::Bytes(bytes) => session.send_to_agent(&bytes)?,
-                Input::End => {
-                    input_ended = true;
-                    session.send_to_agent(b"\nexit\n")?;
-                }
+    let opened_at = driven.session.now();
+    // Input is delivered whenever it arrives: in a fork the moment of
+    // delivery needs to be deterministic no more.
+    let deliver = |message: Input,
+                   channel: &mut Box<dyn ShellChannel>,
+                   driven: &mut Driven,
+                   input_ended: &mut bool|
+     -> Result<()> {
+        match message {
+            Input::Bytes(bytes) => channel.input(driven, &bytes),
+            Input::End => {
+                *input_ended = true;
+                channel.end_of_input(driven)
             }
         }
-        let before = session.now();
-        let stop = session.step_one()?;
-        let out = session.take_agent_output();
+    };
+    loop {
+        while let Ok(message) = input.try_recv() {
+            deliver(message, &mut channel, driven, &mut input_ended)?;
+        }
+        let before = driven.session.now();
+        let stop = driven.step()?;
+        let (out, ended) = channel.output(driven)?;
         // An idle guest jumps to its next timer: pace such jumps by the wall
         // clock (at most 50 ms at a time) while waiting for input, instead of
         // racing through virtual time on a spinning host CPU.
-        let jumped = session.now().0.saturating_sub(before.0);
+        let jumped = driven.session.now().0.saturating_sub(before.0);
         if jumped > IDLE_JUMP_NS && out.is_empty() && !input_ended {
             let wait = Duration::from_nanos(jumped.min(MAX_IDLE_WAIT_NS));
             match input.recv_timeout(wait) {
-                Ok(Input::Bytes(bytes)) => session.send_to_agent(&bytes)?,
-                Ok(Input::End) | Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    input_ended = true;
-                    session.send_to_agent(b"\nexit\n")?;
+                Ok(message) => deliver(message, &mut channel, driven, &mut input_ended)?,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    deliver(Input::End, &mut channel, driven, &mut input_ended)?
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
             }
         }
-        if !out.is_empty() {
-            listener_answered = true;
-            held.extend_from_slice(&out);
-            let (print, ended) = split_output(&held);
-            stdout.write_all(&held[..print])?;
-            stdout.flush()?;
-            if ended {
-                return Ok(0);
-            }
-            held.drain(..print);
-        } else if !listener_answered && session.now().0 > woken_at.0 + LISTENER_BUDGET.0 {
-            bail!(
-                "no fork-shell listener answered in this guest (a `run` without a command has \
-                 none: its shell is on the console; or the snapshot was taken before the \
-                 listener started)"
-            );
+        stdout.write_all(&out)?;
+        stdout.flush()?;
+        if let Some(status) = ended {
+            return Ok(status);
+        }
+        if !channel.answered() && driven.session.now().0 > opened_at.0 + LISTENER_BUDGET.0 {
+            bail!("{}", channel.silence());
         }
         match stop {
             None => {}
@@ -144,13 +334,8 @@ pub fn run(spec: &str) -> Result<u8> {
                 if input_ended {
                     bail!("the guest went idle without ending the shell");
                 }
-                match input.recv() {
-                    Ok(Input::Bytes(bytes)) => session.send_to_agent(&bytes)?,
-                    Ok(Input::End) | Err(_) => {
-                        input_ended = true;
-                        session.send_to_agent(b"\nexit\n")?;
-                    }
-                }
+                let message = input.recv().unwrap_or(Input::End);
+                deliver(message, &mut channel, driven, &mut input_ended)?;
             }
             Some(other) => {
                 eprintln!("detvisor shell: the guest stopped under the shell: {other:?}");
@@ -165,7 +350,7 @@ const IDLE_JUMP_NS: u64 = 1_000_000;
 /// Longest wall-clock wait for input after one idle jump.
 const MAX_IDLE_WAIT_NS: u64 = 50_000_000;
 
-/// How much virtual time the listener has to answer the wake-up line.
+/// How much virtual time the shell has to answer its opening.
 const LISTENER_BUDGET: vmm::VirtNanos = vmm::VirtNanos(30_000_000_000);
 
 /// How many bytes of `held` can be printed, and whether the end marker is

@@ -1,13 +1,135 @@
 //! Snapshots from the command line: taking them during `run`, listing them,
 //! and resuming (`branch`) or inspecting (`seek`) a moment of a saved history.
 
+use crate::up::{self, UpDriver, UpOutput, UpState};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use serde::Deserialize;
 use serde::Serialize;
 use snapshot::{SnapshotMeta, Target};
 use std::path::{Path, PathBuf};
-use vmm::vm::{ResumeConfig, Session, SessionState};
+use vmm::exit::StopReason;
+use vmm::vm::{Checkpoint, ResumeConfig, RunOutcome, Session, SessionState};
 use vmm::VirtNanos;
+
+/// What a snapshot's `state.bin` holds: the machine's state and, for an `up`
+/// run, the host side of its agent conversation (`None` for `run`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedState {
+    pub session: SessionState,
+    pub up: Option<UpState>,
+}
+
+impl SavedState {
+    /// The state of a plain `run` (no host-side driver).
+    pub fn of_run(session: SessionState) -> Self {
+        SavedState { session, up: None }
+    }
+}
+
+/// A session with whatever runs it between exits: nothing for `run`, the
+/// agent conversation for `up`. Everything that continues a saved history
+/// (`branch`, `seek`, snapshots) steps it this way, so a resumed run takes
+/// exactly the steps the original took.
+pub struct Driven {
+    pub session: Session,
+    pub up: Option<UpDriver>,
+}
+
+/// A [`Driven`] moment in host memory, to return to in place.
+pub struct DrivenCheckpoint {
+    session: Checkpoint,
+    up: Option<UpState>,
+}
+
+impl Driven {
+    pub fn plain(session: Session) -> Self {
+        Driven { session, up: None }
+    }
+
+    /// One exit (`Some` when the guest stopped there).
+    pub fn step(&mut self) -> Result<Option<StopReason>> {
+        match &mut self.up {
+            Some(up) => up.step(&mut self.session),
+            None => Ok(self.session.step_one()?),
+        }
+    }
+
+    /// As [`Session::run_until`]: to an exit index or a virtual time, or
+    /// until the guest stops.
+    pub fn run_until(
+        &mut self,
+        exit_limit: Option<u64>,
+        time_limit: Option<VirtNanos>,
+    ) -> Result<Option<StopReason>> {
+        if self.up.is_none() {
+            return Ok(self.session.run_until(exit_limit, time_limit)?);
+        }
+        loop {
+            if exit_limit.is_some_and(|limit| self.session.exits() >= limit)
+                || time_limit.is_some_and(|limit| self.session.now() >= limit)
+            {
+                return Ok(None);
+            }
+            if let Some(stop) = self.step()? {
+                return Ok(Some(stop));
+            }
+        }
+    }
+
+    pub fn run_to_end(&mut self) -> Result<StopReason> {
+        loop {
+            if let Some(stop) = self.run_until(None, None)? {
+                return Ok(stop);
+            }
+        }
+    }
+
+    /// The state to save between two exits.
+    pub fn capture(&mut self) -> Result<SavedState> {
+        Ok(SavedState {
+            session: self.session.capture().context("capturing the VM state")?,
+            up: self.up.as_ref().map(UpDriver::save),
+        })
+    }
+
+    pub fn checkpoint(&mut self) -> Result<DrivenCheckpoint> {
+        Ok(DrivenCheckpoint {
+            session: self.session.checkpoint()?,
+            up: self.up.as_ref().map(UpDriver::save),
+        })
+    }
+
+    /// Back to `checkpoint`, in place (see [`Session::reset_to`]).
+    pub fn reset_to(&mut self, checkpoint: &DrivenCheckpoint) -> Result<()> {
+        self.session.reset_to(&checkpoint.session)?;
+        if let (Some(up), Some(state)) = (&mut self.up, &checkpoint.up) {
+            up.reset(state);
+        }
+        Ok(())
+    }
+
+    /// The run's exit status once it stopped with `stop`: the guest's, or
+    /// under `up` the workload's (`None`: the guest reported none).
+    pub fn exit_status(&self, stop: StopReason) -> Option<u8> {
+        match &self.up {
+            Some(up) => Some(up::run_status(up.conductor(), stop)),
+            None => match stop {
+                StopReason::GuestExit { status } => Some(status),
+                _ => None,
+            },
+        }
+    }
+
+    /// The outcome so far (the session stays usable, e.g. for a reset).
+    pub fn outcome(&mut self, stop: StopReason) -> Result<RunOutcome> {
+        if let Some(up) = &mut self.up {
+            up.flush()?;
+        }
+        Ok(self.session.outcome(stop))
+    }
+}
 
 /// When `run` takes snapshots.
 #[derive(Args, Debug, Clone, Default)]
@@ -21,6 +143,30 @@ pub struct SnapshotArgs {
     /// Take a snapshot once this many exits have been handled (repeatable).
     #[arg(long, requires = "snapshots")]
     pub snapshot_at_exit: Vec<u64>,
+}
+
+impl SnapshotArgs {
+    /// For a run inside the helper VM: these options with the directory
+    /// created and made absolute, and that directory, which the helper shares
+    /// at the same path (so the snapshots outlive it). `None` without
+    /// `--snapshots`.
+    pub fn forwarded(&self) -> Result<Option<(Vec<String>, PathBuf)>> {
+        let Some(dir) = &self.snapshots else {
+            return Ok(None);
+        };
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("snapshot directory {}", dir.display()))?;
+        let mut args = vec!["--snapshots".to_string(), dir.display().to_string()];
+        if let Some(every) = &self.snapshot_every {
+            args.extend(["--snapshot-every".into(), every.clone()]);
+        }
+        for exit in &self.snapshot_at_exit {
+            args.extend(["--snapshot-at-exit".into(), exit.to_string()]);
+        }
+        Ok(Some((args, dir)))
+    }
 }
 
 /// Takes snapshots at the requested points while running a session to its end.
@@ -67,34 +213,44 @@ impl Snapshotter {
         }))
     }
 
-    /// Runs `session` to its end, stopping at each snapshot point to write one.
-    pub fn run(&mut self, session: &mut Session) -> Result<vmm::exit::StopReason> {
+    /// Says how many snapshots were written, and where.
+    pub fn report(&self) {
+        eprintln!(
+            "detvisor: {} snapshot(s) written to {}",
+            self.taken.len(),
+            self.root.display()
+        );
+    }
+
+    /// Runs to the end, stopping at each snapshot point to write one.
+    pub fn run(&mut self, driven: &mut Driven) -> Result<StopReason> {
         loop {
-            let exits = session.exits();
+            let exits = driven.session.exits();
             let next_exit = self.at_exits.iter().copied().find(|&e| e > exits);
             let next_time = self.every.map(|every| {
-                let now = session.now().0;
+                let now = driven.session.now().0;
                 VirtNanos((now / every.0 + 1) * every.0)
             });
-            if let Some(stop) = session.run_until(next_exit, next_time)? {
+            if let Some(stop) = driven.run_until(next_exit, next_time)? {
                 return Ok(stop);
             }
-            self.take(session)?;
+            self.take(driven)?;
         }
     }
 
     /// Writes one snapshot: full the first time (and every
     /// `FULL_SNAPSHOT_EVERY`), else incremental over the previous one, with
     /// the pages KVM's dirty log and the VMM's bitmap saw written since.
-    fn take(&mut self, session: &mut Session) -> Result<()> {
-        let state = session.capture().context("capturing the VM state")?;
+    fn take(&mut self, driven: &mut Driven) -> Result<()> {
+        let state = driven.capture()?;
+        let session = &mut driven.session;
         let id = format!("exit-{:012}", session.exits());
         let mut meta = SnapshotMeta::new(
             id.clone(),
             session.now().0,
             session.exits(),
-            state.ram_bytes,
-            state.seed,
+            state.session.ram_bytes,
+            state.session.seed,
         );
         meta.parent = self.last_id.clone();
         let info = if self.chain_len == 0 {
@@ -121,6 +277,13 @@ impl Snapshotter {
         self.taken.push(info);
         Ok(())
     }
+}
+
+/// Whether the snapshot `spec` names is of an `up` run.
+pub fn is_up(spec: &str) -> Result<bool> {
+    let resolved = snapshot::resolve(spec).with_context(|| format!("resolving {spec:?}"))?;
+    let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(&resolved.snapshot.dir)?;
+    Ok(saved.up.is_some())
 }
 
 /// `detvisor snapshot ls DIR`.
@@ -186,9 +349,15 @@ impl From<&snapshot::SnapshotInfo> for SnapshotRow {
 /// `detvisor snapshot info DIR/ID`: metadata plus a summary of the saved state.
 pub fn info(dir: &Path) -> Result<u8> {
     let info = snapshot::info(dir).with_context(|| format!("reading {}", dir.display()))?;
-    let (_, state): (SnapshotMeta, SessionState) = snapshot::read_snapshot(dir)?;
+    let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(dir)?;
+    let state = &saved.session;
     #[derive(Serialize)]
     struct Info {
+        /// `run` or `up` (a multi-node run driven by the agent).
+        kind: &'static str,
+        /// The nodes of an `up` run.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        nodes: Vec<String>,
         #[serde(flatten)]
         row: SnapshotRow,
         rip: u64,
@@ -200,6 +369,12 @@ pub fn info(dir: &Path) -> Result<u8> {
         frames_in_flight: usize,
     }
     let out = Info {
+        kind: if saved.up.is_some() { "up" } else { "run" },
+        nodes: saved
+            .up
+            .as_ref()
+            .map(|up| up.node_names.clone())
+            .unwrap_or_default(),
         row: SnapshotRow::from(&info),
         rip: state.vcpu.regs.rip,
         rsp: state.vcpu.regs.rsp,
@@ -218,11 +393,28 @@ pub fn info(dir: &Path) -> Result<u8> {
 
 /// A session restored from a snapshot spec and replayed to the exact target.
 pub struct Restored {
-    pub session: Session,
+    pub driven: Driven,
     pub snapshot: snapshot::SnapshotInfo,
     pub target: Target,
     /// Set when the guest stopped before the target was reached.
     pub stopped_early: Option<vmm::exit::StopReason>,
+}
+
+/// Where a restored `up` run's node output and events go (unused for `run`
+/// snapshots, whose guest console is the `console` of [`restore`]).
+pub struct NodeOutput {
+    pub out: Box<dyn std::io::Write>,
+    /// Print events (node started, faults, ...) to stderr.
+    pub events: bool,
+}
+
+impl NodeOutput {
+    pub fn discard() -> Self {
+        NodeOutput {
+            out: Box::new(std::io::sink()),
+            events: false,
+        }
+    }
 }
 
 pub fn restore(
@@ -230,10 +422,11 @@ pub fn restore(
     resume: &ResumeConfig,
     console: Box<dyn std::io::Write + Send>,
     input: Option<vmm::vm::ConsoleInput>,
+    node_output: NodeOutput,
 ) -> Result<Restored> {
     let resolved = snapshot::resolve(spec).with_context(|| format!("resolving {spec:?}"))?;
     let dir = &resolved.snapshot.dir;
-    let (_, state): (SnapshotMeta, SessionState) = snapshot::read_snapshot(dir)?;
+    let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(dir)?;
     // The pages the snapshot stores, from its checksummed index (SEEK_DATA
     // is not available on every file system, e.g. 9p).
     let data_ranges: Vec<(u64, u64)> = snapshot::memory_chain(dir)?
@@ -252,14 +445,22 @@ pub fn restore(
         }
         Err(e) => return Err(e.into()),
     };
-    let mut session = Session::resume(resume, &state, memory, data_ranges, console, input)?;
+    let session = Session::resume(resume, &saved.session, memory, data_ranges, console, input)?;
+    let up = match saved.up {
+        Some(state) => {
+            let output = UpOutput::plain(&state.node_names, node_output.out, node_output.events)?;
+            Some(UpDriver::restore(state, output))
+        }
+        None => None,
+    };
+    let mut driven = Driven { session, up };
     let stopped_early = match resolved.target {
-        Target::ExitIndex(n) => session.run_until(Some(n), None)?,
-        Target::VirtualTime(t) => session.run_until(None, Some(VirtNanos(t)))?,
+        Target::ExitIndex(n) => driven.run_until(Some(n), None)?,
+        Target::VirtualTime(t) => driven.run_until(None, Some(VirtNanos(t)))?,
         Target::Snapshot | Target::Latest => None,
     };
     Ok(Restored {
-        session,
+        driven,
         snapshot: resolved.snapshot,
         target: resolved.target,
         stopped_early,
@@ -289,13 +490,15 @@ pub fn seek(spec: &str, json: bool) -> Result<u8> {
         &ResumeConfig::default(),
         Box::new(std::io::sink()),
         None,
+        NodeOutput::discard(),
     )?;
-    let state = restored.session.capture()?;
+    let session = &mut restored.driven.session;
+    let state = session.capture()?;
     let report = SeekReport {
         snapshot: restored.snapshot.meta.id.clone(),
         target: restored.target.to_string(),
-        exit_index: restored.session.exits(),
-        virtual_ns: restored.session.now().0,
+        exit_index: session.exits(),
+        virtual_ns: session.now().0,
         rip: state.vcpu.regs.rip,
         rsp: state.vcpu.regs.rsp,
         rflags: state.vcpu.regs.rflags,

@@ -16,6 +16,7 @@ use detvisor_agent::protocol::{
 };
 use devices::VirtNanos;
 use image_builder::{ImageConfig, RootFs};
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -45,9 +46,28 @@ pub enum Note {
         stream: Stream,
         data: Vec<u8>,
     },
+    /// News of a shell opened in a fork (`detvisor shell`).
+    Shell(ShellEvent),
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What the agent reports about a fork's shell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShellEvent {
+    Opened {
+        pid: i32,
+    },
+    /// Terminal output.
+    Output(Vec<u8>),
+    Exited(ExitStatus),
+    /// `open_shell` or `shell_input` failed.
+    Failed {
+        context: String,
+        message: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 enum Phase {
     /// Waiting for `booted`.
     Booting,
@@ -61,7 +81,10 @@ enum Phase {
     ShuttingDown,
 }
 
-/// The host side of the agent conversation.
+/// The host side of the agent conversation. It is its own saved state (a
+/// snapshot of an `up` run holds it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Conductor {
     nodes: Vec<NodeSpec>,
     workload: Option<WorkloadPlan>,
@@ -109,6 +132,17 @@ impl Conductor {
     /// [`SETUP_FAILED`]; `None` while it runs or without a workload.
     pub fn status(&self) -> Option<i32> {
         self.status
+    }
+
+    /// Whether the run has a workload (whose end is the run's end).
+    pub fn has_workload(&self) -> bool {
+        self.workload.is_some()
+    }
+
+    /// Drops the agent-side faults still to come: in a fork opened for a
+    /// shell, nothing should resume or restart the nodes it paused.
+    pub fn forget_faults(&mut self) {
+        self.faults.clear();
     }
 
     /// The next virtual time at which [`Conductor::due`] has something to do.
@@ -199,9 +233,19 @@ impl Conductor {
                 )));
                 self.finish(status.shell_code(), send);
             }
+            AgentToHost::ShellOpened { pid } => notes.push(Note::Shell(ShellEvent::Opened { pid })),
+            AgentToHost::ShellOutput { data } => notes.push(Note::Shell(ShellEvent::Output(data))),
+            AgentToHost::ShellExited { status } => {
+                notes.push(Note::Shell(ShellEvent::Exited(status)))
+            }
             AgentToHost::Paused { node } => notes.push(Note::Event(format!("node {node} paused"))),
             AgentToHost::Resumed { node } => {
                 notes.push(Note::Event(format!("node {node} resumed")))
+            }
+            AgentToHost::Error { context, message }
+                if context == "open_shell" || context == "shell_input" =>
+            {
+                notes.push(Note::Shell(ShellEvent::Failed { context, message }));
             }
             AgentToHost::Error { context, message } => {
                 notes.push(Note::Event(format!("agent: {context}: {message}")));
@@ -377,6 +421,17 @@ impl OutputSink {
         })
     }
 
+    /// A sink that drops everything.
+    pub fn discard() -> Self {
+        OutputSink {
+            width: 8,
+            partial: BTreeMap::new(),
+            logs: None,
+            files: BTreeMap::new(),
+            out: Box::new(std::io::sink()),
+        }
+    }
+
     pub fn output(&mut self, node: &str, stream: Stream, data: &[u8]) -> Result<()> {
         if let Some(dir) = &self.logs {
             if !self.files.contains_key(node) {
@@ -413,90 +468,241 @@ impl OutputSink {
     }
 }
 
-/// Runs a booted session with the agent conversation and the fault schedule
-/// until the guest stops. Returns the stop reason and the run's status.
-pub fn drive(
-    session: &mut vmm::vm::Session,
-    conductor: &mut Conductor,
-    network_faults: &[TimedFault],
-    node_names: &[String],
-    sink: &mut OutputSink,
-    events: &mut dyn FnMut(VirtNanos, &str),
-) -> Result<vmm::exit::StopReason> {
-    // Partitions and heals are timed events of the switch itself.
-    let ports = session.devices_mut().nic_ports();
-    for fault in network_faults {
-        let result = match &fault.action {
-            FaultAction::Partition(groups) => {
-                let groups = groups
-                    .iter()
-                    .map(|group| {
-                        group
-                            .iter()
-                            .map(|name| {
-                                let index = node_names
-                                    .iter()
-                                    .position(|n| n == name)
-                                    .expect("fault names were checked against the manifest");
-                                ports[index]
-                            })
-                            .collect()
-                    })
-                    .collect();
-                session.devices_mut().schedule_partition(fault.at, groups)
-            }
-            FaultAction::Heal => session.devices_mut().schedule_heal(fault.at),
-            _ => continue,
-        };
-        result.with_context(|| format!("scheduling the fault {}", fault.action))?;
+/// The run's exit status: the workload's; without a workload, 0 when the
+/// run reached its time limit (the nodes ran as long as asked).
+pub fn run_status(conductor: &Conductor, stop: vmm::exit::StopReason) -> u8 {
+    use vmm::exit::StopReason;
+    if let Some(status) = conductor.status() {
+        return u8::try_from(status).unwrap_or(crate::EXIT_NO_STATUS);
     }
-    let mut decoder = FrameDecoder::new(MAX_FRAME_LEN);
-    let mut send = Vec::new();
-    let mut notes = Vec::new();
-    let mut network_events: VecDeque<&TimedFault> = network_faults.iter().collect();
-    loop {
-        session.set_wakeup(conductor.next_fault_time());
+    match stop {
+        StopReason::TimeLimit if !conductor.has_workload() => 0,
+        StopReason::TimeLimit => crate::EXIT_TIME_LIMIT,
+        StopReason::GuestExit { status } => status,
+        _ => crate::EXIT_NO_STATUS,
+    }
+}
+
+/// Sends `message` to the agent now (at this exit). Outside the conductor's
+/// loop only in forks (`detvisor shell`): a recorded run's messages come
+/// from the conductor alone.
+pub fn send_message(session: &mut vmm::vm::Session, message: &HostToAgent) -> Result<()> {
+    let frame = encode_frame(message).context("encoding a message for the agent")?;
+    session.send_to_agent(&frame)?;
+    Ok(())
+}
+
+/// What an `up` run keeps on the host besides the VM, saved with its
+/// snapshots: the conversation's state, the agent's unfinished frame and the
+/// network faults still to announce. Restored, it continues the very run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpState {
+    pub conductor: Conductor,
+    /// The start of an agent frame not complete yet.
+    pub agent_frame_bytes: Vec<u8>,
+    /// The nodes, in manifest order (output goes by these names).
+    pub node_names: Vec<String>,
+    /// Partitions and heals not announced yet (the switch carries them out;
+    /// its own state holds the schedule).
+    pub network_events: Vec<TimedFault>,
+}
+
+/// Called with each event line (node started, fault, ...) and its time.
+pub type EventSink = Box<dyn FnMut(VirtNanos, &str)>;
+
+/// Where an `up` run's node output and events go.
+pub struct UpOutput {
+    pub sink: OutputSink,
+    pub events: EventSink,
+}
+
+impl UpOutput {
+    /// Node output to `out` (prefixed lines, no logs); events to stderr
+    /// when `events` is set.
+    pub fn plain(node_names: &[String], out: Box<dyn Write>, events: bool) -> Result<Self> {
+        Ok(UpOutput {
+            sink: OutputSink::new(node_names, None, out)?,
+            events: Box::new(move |at, text| {
+                if events {
+                    eprintln!("detvisor: [{at}] {text}");
+                }
+            }),
+        })
+    }
+}
+
+/// Runs a session as an `up` run: after every exit, the agent's output goes
+/// to the conductor and its answers to the agent; network faults are
+/// announced as the switch carries them out.
+pub struct UpDriver {
+    conductor: Conductor,
+    decoder: FrameDecoder,
+    node_names: Vec<String>,
+    network_events: VecDeque<TimedFault>,
+    output: UpOutput,
+    send: Vec<HostToAgent>,
+    notes: Vec<Note>,
+    /// Shell news not taken yet (see [`UpDriver::take_shell_events`]).
+    shell_events: Vec<ShellEvent>,
+}
+
+impl UpDriver {
+    /// A run from boot: schedules the partitions and heals on the switch.
+    pub fn start(
+        session: &mut vmm::vm::Session,
+        conductor: Conductor,
+        network_faults: &[TimedFault],
+        node_names: &[String],
+        output: UpOutput,
+    ) -> Result<Self> {
+        let ports = session.devices_mut().nic_ports();
+        for fault in network_faults {
+            let result = match &fault.action {
+                FaultAction::Partition(groups) => {
+                    let groups = groups
+                        .iter()
+                        .map(|group| {
+                            group
+                                .iter()
+                                .map(|name| {
+                                    let index = node_names
+                                        .iter()
+                                        .position(|n| n == name)
+                                        .expect("fault names were checked against the manifest");
+                                    ports[index]
+                                })
+                                .collect()
+                        })
+                        .collect();
+                    session.devices_mut().schedule_partition(fault.at, groups)
+                }
+                FaultAction::Heal => session.devices_mut().schedule_heal(fault.at),
+                _ => continue,
+            };
+            result.with_context(|| format!("scheduling the fault {}", fault.action))?;
+        }
+        Ok(Self::restore(
+            UpState {
+                conductor,
+                agent_frame_bytes: Vec::new(),
+                node_names: node_names.to_vec(),
+                network_events: network_faults.to_vec(),
+            },
+            output,
+        ))
+    }
+
+    /// Continues a saved run (the session restored from the same snapshot).
+    pub fn restore(state: UpState, output: UpOutput) -> Self {
+        let mut decoder = FrameDecoder::new(MAX_FRAME_LEN);
+        decoder.push(&state.agent_frame_bytes);
+        UpDriver {
+            conductor: state.conductor,
+            decoder,
+            node_names: state.node_names,
+            network_events: state.network_events.into(),
+            output,
+            send: Vec::new(),
+            notes: Vec::new(),
+            shell_events: Vec::new(),
+        }
+    }
+
+    /// Back to a saved state in place (the session reset to the same moment).
+    pub fn reset(&mut self, state: &UpState) {
+        let output = std::mem::replace(
+            &mut self.output,
+            UpOutput {
+                sink: OutputSink::discard(),
+                events: Box::new(|_, _| {}),
+            },
+        );
+        let mut output = output;
+        // Unfinished lines belong to the history being left.
+        output.sink.partial.clear();
+        *self = Self::restore(state.clone(), output);
+    }
+
+    /// The state to save between two steps.
+    pub fn save(&self) -> UpState {
+        UpState {
+            conductor: self.conductor.clone(),
+            agent_frame_bytes: self.decoder.buffered().to_vec(),
+            node_names: self.node_names.clone(),
+            network_events: self.network_events.iter().cloned().collect(),
+        }
+    }
+
+    pub fn conductor(&self) -> &Conductor {
+        &self.conductor
+    }
+
+    pub fn conductor_mut(&mut self) -> &mut Conductor {
+        &mut self.conductor
+    }
+
+    /// What the agent reported about a fork's shell since the last call.
+    pub fn take_shell_events(&mut self) -> Vec<ShellEvent> {
+        std::mem::take(&mut self.shell_events)
+    }
+
+    /// Prints the node output still held back (lines without an end).
+    pub fn flush(&mut self) -> Result<()> {
+        self.output.sink.flush()
+    }
+
+    /// One exit and the conversation after it (`Some` when the guest stopped).
+    pub fn step(
+        &mut self,
+        session: &mut vmm::vm::Session,
+    ) -> Result<Option<vmm::exit::StopReason>> {
+        session.set_wakeup(self.conductor.next_fault_time());
         if let Some(stop) = session.step_one()? {
-            return Ok(stop);
+            return Ok(Some(stop));
         }
         let now = session.now();
-        while network_events.front().is_some_and(|f| f.at <= now) {
-            let fault = network_events.pop_front().expect("checked above");
-            events(fault.at, &format!("fault: {}", fault.action));
+        while self.network_events.front().is_some_and(|f| f.at <= now) {
+            let fault = self.network_events.pop_front().expect("checked above");
+            (self.output.events)(fault.at, &format!("fault: {}", fault.action));
         }
         let bytes = session.take_agent_output();
         if !bytes.is_empty() {
-            decoder.push(&bytes);
+            self.decoder.push(&bytes);
             loop {
-                match decoder.next_message::<AgentToHost>() {
-                    Ok(Some(message)) => conductor.on_message(message, &mut send, &mut notes),
+                match self.decoder.next_message::<AgentToHost>() {
+                    Ok(Some(message)) => {
+                        self.conductor
+                            .on_message(message, &mut self.send, &mut self.notes)
+                    }
                     Ok(None) => break,
                     Err(e) if e.is_fatal() => bail!("the agent's channel broke: {e}"),
-                    Err(e) => notes.push(Note::Event(format!("agent channel: {e}"))),
+                    Err(e) => self.notes.push(Note::Event(format!("agent channel: {e}"))),
                 }
             }
         }
-        conductor.due(now, &mut send, &mut notes);
-        for note in notes.drain(..) {
+        self.conductor.due(now, &mut self.send, &mut self.notes);
+        for note in std::mem::take(&mut self.notes) {
             match note {
-                Note::Event(text) => events(now, &text),
+                Note::Event(text) => (self.output.events)(now, &text),
+                Note::Shell(event) => self.shell_events.push(event),
                 Note::Output { node, stream, data } => match node {
-                    None => sink.output(WORKLOAD_LOG, stream, &data)?,
-                    Some(name) if node_names.contains(&name) => {
-                        sink.output(&name, stream, &data)?
+                    None => self.output.sink.output(WORKLOAD_LOG, stream, &data)?,
+                    Some(name) if self.node_names.contains(&name) => {
+                        self.output.sink.output(&name, stream, &data)?
                     }
                     // The name becomes a log file's name: only declared nodes.
-                    Some(name) => events(
+                    Some(name) => (self.output.events)(
                         now,
                         &format!("agent: output for unknown node {name:?} dropped"),
                     ),
                 },
             }
         }
-        for message in send.drain(..) {
-            let frame = encode_frame(&message).context("encoding a message for the agent")?;
-            session.send_to_agent(&frame)?;
+        for message in std::mem::take(&mut self.send) {
+            send_message(session, &message)?;
         }
+        Ok(None)
     }
 }
 
@@ -869,5 +1075,61 @@ mod tests {
             b"hello\nworoops\n"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn test_up_state_round_trips_and_a_restored_driver_continues_the_frame() {
+        let names = vec!["n1".to_string(), "n2".to_string()];
+        let mut running = conductor(
+            Some(WorkloadPlan::InNode {
+                node: "n2".into(),
+                command: vec!["true".into()],
+                env: BTreeMap::new(),
+            }),
+            &["at=5s pause n1 for=1s"],
+        );
+        boot(&mut running);
+        let frame = encode_frame(&AgentToHost::NodeStarted {
+            name: "n1".into(),
+            pid: 7,
+        })
+        .unwrap();
+        let state = UpState {
+            conductor: running,
+            agent_frame_bytes: frame[..6].to_vec(),
+            node_names: names.clone(),
+            network_events: schedule(&["at=3s partition n1 | n2 for=2s".into()], &names).unwrap(),
+        };
+        let text = serde_json::to_string(&state).unwrap();
+        let back: UpState = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, state);
+
+        let output = UpOutput::plain(&names, Box::new(std::io::sink()), false).unwrap();
+        let mut driver = UpDriver::restore(back, output);
+        assert_eq!(driver.save(), state);
+        // Reset to another moment and back: each save is that moment.
+        let other = UpState {
+            conductor: conductor(None, &[]),
+            agent_frame_bytes: Vec::new(),
+            node_names: names.clone(),
+            network_events: Vec::new(),
+        };
+        driver.reset(&other);
+        assert_eq!(driver.save(), other);
+        driver.reset(&state);
+        assert_eq!(driver.save(), state);
+        // The rest of the frame completes the message begun before the save.
+        driver.decoder.push(&frame[6..]);
+        assert_eq!(
+            driver.decoder.next_message::<AgentToHost>().unwrap(),
+            Some(AgentToHost::NodeStarted {
+                name: "n1".into(),
+                pid: 7
+            })
+        );
+        // Unknown fields are refused, as everywhere in saved state.
+        let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
+        value["extra"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<UpState>(value).is_err());
     }
 }

@@ -3,10 +3,11 @@
 
 use crate::faults::{schedule, TimedFault};
 use crate::manifest::{self, Manifest};
-use crate::up::{self, Conductor, OutputSink};
+use crate::snapshots::{Driven, SnapshotArgs, Snapshotter};
+use crate::up::{self, Conductor, OutputSink, UpDriver, UpOutput};
 use crate::{
     compare_runs, guest, hostvm, placement, units, HostVmMode, Placement, RunSummary,
-    EXIT_NO_STATUS, EXIT_TIME_LIMIT,
+    EXIT_NO_STATUS,
 };
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -15,7 +16,6 @@ use serde::Serialize;
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use vmm::exit::StopReason;
 use vmm::record::RecordConfig;
 use vmm::vm::{NetworkSpec, VmConfig};
 
@@ -62,6 +62,9 @@ pub struct UpArgs {
     node_specs: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
+    /// Snapshots of the (first) run, to branch, seek or open a shell in later.
+    #[command(flatten)]
+    snapshots: SnapshotArgs,
 }
 
 #[derive(Serialize)]
@@ -195,39 +198,55 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
         .collect();
 
     let mut reference: Option<(vmm::vm::RunOutcome, u8)> = None;
-    let mut workload_start: Option<(std::time::Duration, vmm::VirtNanos)> = None;
+    let workload_start: std::rc::Rc<
+        std::cell::RefCell<Option<(std::time::Duration, vmm::VirtNanos)>>,
+    > = Default::default();
     let mut divergence = None;
     for run in 1..=args.runs {
         let first = run == 1;
-        let mut conductor = Conductor::new(guest.specs.clone(), manifest.workload.clone(), &faults);
+        let conductor = Conductor::new(guest.specs.clone(), manifest.workload.clone(), &faults);
         let out: Box<dyn Write> = if first && !args.quiet && !args.json {
             Box::new(std::io::stdout())
         } else {
             Box::new(std::io::sink())
         };
-        let mut sink = OutputSink::new(&names, first.then(|| args.logs.clone()), out)?;
+        let sink = OutputSink::new(&names, first.then(|| args.logs.clone()), out)?;
         let started = std::time::Instant::now();
         let mut session = vmm::vm::Session::boot(&config, Box::new(std::io::sink()), None)?;
-        let mut events = |at: vmm::VirtNanos, text: &str| {
+        let workload_started = std::rc::Rc::clone(&workload_start);
+        let events = move |at: vmm::VirtNanos, text: &str| {
             if first {
                 eprintln!("detvisor: [{at}] {text}");
                 if text.starts_with("workload started") || text.starts_with("node workload started")
                 {
-                    workload_start.get_or_insert((started.elapsed(), at));
+                    let mut start = workload_started.borrow_mut();
+                    start.get_or_insert((started.elapsed(), at));
                 }
             }
         };
-        let stop = up::drive(
-            &mut session,
-            &mut conductor,
-            &network_faults,
-            &names,
-            &mut sink,
-            &mut events,
-        )?;
-        sink.flush()?;
-        let outcome = session.finish(stop);
-        let status = run_status(&conductor, &manifest, stop);
+        let output = UpOutput {
+            sink,
+            events: Box::new(events),
+        };
+        let driver = UpDriver::start(&mut session, conductor, &network_faults, &names, output)?;
+        let mut driven = Driven {
+            session,
+            up: Some(driver),
+        };
+        // Snapshots are taken in the first run (an audit's later runs check
+        // that they did not perturb it).
+        let stop = match Snapshotter::new(&args.snapshots, None)?.filter(|_| first) {
+            Some(mut snapshotter) => {
+                let stop = snapshotter.run(&mut driven)?;
+                snapshotter.report();
+                stop
+            }
+            None => driven.run_to_end()?,
+        };
+        let status = driven
+            .exit_status(stop)
+            .expect("an up run always has a status");
+        let outcome = driven.outcome(stop)?;
         if args.runs > 1 {
             eprintln!(
                 "detvisor up: run {run}/{}: {} exits, virtual {}, digest {}{}",
@@ -255,8 +274,10 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
         runs: args.runs,
         identical: divergence.is_none(),
         divergence,
-        boot_to_workload_wall_ms: workload_start.map(|(wall, _)| wall.as_millis() as u64),
-        boot_to_workload_virtual_ns: workload_start.map(|(_, at)| at.0),
+        boot_to_workload_wall_ms: workload_start
+            .borrow()
+            .map(|(wall, _)| wall.as_millis() as u64),
+        boot_to_workload_virtual_ns: workload_start.borrow().map(|(_, at)| at.0),
     };
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
@@ -279,20 +300,6 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
         return Ok(1);
     }
     Ok(status)
-}
-
-/// The run's exit status: the workload's; without a workload, 0 when the
-/// run reached its time limit (the nodes ran as long as asked).
-fn run_status(conductor: &Conductor, manifest: &Manifest, stop: StopReason) -> u8 {
-    if let Some(status) = conductor.status() {
-        return u8::try_from(status).unwrap_or(EXIT_NO_STATUS);
-    }
-    match stop {
-        StopReason::TimeLimit if manifest.workload.is_none() => 0,
-        StopReason::TimeLimit => EXIT_TIME_LIMIT,
-        StopReason::GuestExit { status } => status,
-        _ => EXIT_NO_STATUS,
-    }
 }
 
 /// Assembles the guest here (the images are on this host), then runs
@@ -359,6 +366,11 @@ fn up_in_helper_vm(args: &UpArgs, manifest: &Manifest, mem: &str, reason: &str) 
     if args.json {
         inner.push("--json".into());
     }
+    let mut shared_dirs = vec![logs];
+    if let Some((options, dir)) = args.snapshots.forwarded()? {
+        inner.extend(options.into_iter().map(OsString::from));
+        shared_dirs.push(dir);
+    }
     let ram = units::parse_size(mem)?;
     let config = hostvm::HelperVmConfig {
         assets_dir: assets,
@@ -368,7 +380,7 @@ fn up_in_helper_vm(args: &UpArgs, manifest: &Manifest, mem: &str, reason: &str) 
             .saturating_add(1536)
             .saturating_add(((3 * guest.initrd.len()) >> 20) as u32)
             .max(2048),
-        shared_dirs: vec![logs],
+        shared_dirs,
         ..hostvm::HelperVmConfig::default()
     };
     let exe = std::env::current_exe().context("locating the detvisor executable")?;

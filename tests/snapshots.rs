@@ -262,8 +262,6 @@ fn test_snapshots_with_frames_in_flight_resume_to_the_same_history() {
 /// straight run's digest).
 #[test]
 fn test_shell_in_a_fork_sees_that_moment_and_leaves_the_history_alone() {
-    use std::io::Write;
-    use std::process::{Command, Stdio};
     let dir = std::env::temp_dir().join(format!("detvisor-shell-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let snaps = dir.to_str().unwrap();
@@ -285,22 +283,11 @@ fn test_shell_in_a_fork_sees_that_moment_and_leaves_the_history_alone() {
     ]);
     assert_eq!(straight.status.code(), Some(0));
     let moment = format!("{snaps}@1.5s");
-    let mut shell = Command::new(env!("CARGO_BIN_EXE_detvisor"))
-        .args(["shell", &moment])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("detvisor starts");
-    shell
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"cat /tmp/marker\necho via-fork-$((6*7))\nps -o stat,comm | grep -c '^T *sleep$'\nexit\n")
-        .unwrap();
-    let out = shell.wait_with_output().unwrap();
+    let out = detvisor_with_input(
+        &["shell", &moment],
+        b"cat /tmp/marker\necho via-fork-$((6*7))\nps -o stat,comm | grep -c '^T *sleep$'\nexit\n",
+    );
     let text = stdout(&out);
-    eprintln!("--- shell stdout:\n{text}\n--- stderr:\n{}", stderr(&out));
     assert_eq!(out.status.code(), Some(0));
     assert!(text.contains("fork-marker-42"), "{text}");
     assert!(text.contains("via-fork-42"), "{text}");

@@ -303,3 +303,132 @@ fn test_up_bad_manifests_get_errors_naming_the_problem() {
         stderr(&out)
     );
 }
+
+/// Snapshots of an `up` run: taking them leaves the run as it was; a shell
+/// opens in a fork of one (beside the nodes or inside one); and a branch
+/// from one, in a new process (at the snapshot, or replayed forward from it,
+/// with frames in flight in the switch and the agent conversation under
+/// way), ends with the straight run's status, digest and node output. Other
+/// seeds from that moment, in place or one process each, agree.
+#[test]
+fn test_up_snapshots_branch_to_the_straight_runs_history() {
+    let cluster = Cluster::new("snapshots", TWO_NODES);
+    let straight = cluster.up(&["--seed", "3", "--json", "--quiet"]);
+    assert_eq!(straight.status.code(), Some(3), "{}", stderr(&straight));
+    let straight = summary(&straight);
+    let exits = straight["exits"].as_u64().unwrap();
+
+    // Snapshots every 25 exits through the middle of the run (incremental
+    // after the first).
+    let snaps = cluster.dir.join("snaps").display().to_string();
+    let points: Vec<String> = (exits / 2..exits * 95 / 100)
+        .step_by(25)
+        .map(|e| e.to_string())
+        .collect();
+    let mut args = vec!["--seed", "3", "--json", "--quiet", "--snapshots", &snaps];
+    for point in &points {
+        args.extend(["--snapshot-at-exit", point.as_str()]);
+    }
+    let with = cluster.up(&args);
+    assert_eq!(with.status.code(), Some(3), "{}", stderr(&with));
+    assert_eq!(
+        summary(&with)["digest"],
+        straight["digest"],
+        "taking snapshots perturbed the run"
+    );
+
+    // One with frames in flight, taken while the workload talks to n1.
+    let listed = detvisor(&["snapshot", "ls", &snaps, "--json"]);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(stdout(&listed).trim()).unwrap();
+    assert_eq!(rows.len(), points.len());
+    let (id, exit_index) = rows
+        .iter()
+        .map(|row| {
+            (
+                row["id"].as_str().unwrap().to_string(),
+                row["exit_index"].as_u64().unwrap(),
+            )
+        })
+        .find(|(id, _)| {
+            let info = detvisor(&["snapshot", "info", &format!("{snaps}/{id}")]);
+            let info: serde_json::Value = serde_json::from_str(&stdout(&info)).unwrap();
+            assert_eq!(info["kind"], "up");
+            assert_eq!(info["nodes"], serde_json::json!(["n1", "n2"]));
+            info["frames_in_flight"].as_u64().unwrap() > 0
+        })
+        .expect("a snapshot with frames in flight");
+
+    // A shell in a fork of that moment, on a pseudo-terminal the agent
+    // opens: beside the nodes (they are paused), then inside n2; its exit
+    // status is the command's. The branches below show the history untouched.
+    let moment = format!("{snaps}/{id}");
+    let out = detvisor_with_input(
+        &["shell", &moment],
+        b"ls /nodes; echo via-fork-$((6*7))\nexit 7\n",
+    );
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("n1  n2\r\n"), "{text}");
+    assert!(text.contains("via-fork-42\r\n"), "{text}");
+    assert!(stderr(&out).contains("node n1 paused"), "{}", stderr(&out));
+    let out = detvisor_with_input(
+        &["shell", &moment, "--node", "n2"],
+        b"hostname; echo $GREETING; grep State /proc/1/status\n",
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("(fork) n2:/ # "), "{text}");
+    assert!(text.contains("\r\nn2\r\n"), "{text}");
+    // The node's PID 1 (its command), frozen at that moment.
+    assert!(text.contains("State:\tT (stopped)"), "{text}");
+    let out = detvisor(&["shell", &moment, "--node", "n9"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(stderr(&out).contains("open_shell"), "{}", stderr(&out));
+
+    for spec in [
+        format!("{snaps}/{id}"),
+        format!("{snaps}@exit:{}", exit_index + 7),
+    ] {
+        let out = detvisor(&["branch", &spec, "--json"]);
+        assert_eq!(out.status.code(), Some(3), "{spec}: {}", stderr(&out));
+        let branch = summary(&out);
+        assert_eq!(branch["exit_status"], 3, "{spec}");
+        assert_eq!(branch["digest"], straight["digest"], "{spec}");
+        assert_eq!(branch["exits"], straight["exits"], "{spec}");
+        // Node output after the moment, prefixed as under `up`.
+        assert!(
+            stdout(&out).contains("workload | workload on n2\n"),
+            "{spec}: {}",
+            stdout(&out)
+        );
+    }
+
+    // Alternate histories from that moment: every one still completes, and
+    // resetting in place gives each seed the history its own process gives.
+    let spec = format!("{snaps}/{id}");
+    let alone: Vec<serde_json::Value> = ["1", "2"]
+        .iter()
+        .map(|seed| {
+            let out = detvisor(&["branch", &spec, "--seed", seed, "--json"]);
+            assert_eq!(out.status.code(), Some(3), "seed {seed}: {}", stderr(&out));
+            summary(&out)
+        })
+        .collect();
+    let in_place = detvisor(&[
+        "branch",
+        &spec,
+        "--seeds",
+        "1..2",
+        "--jobs",
+        "1",
+        "--in-place",
+        "--json",
+    ]);
+    assert_eq!(in_place.status.code(), Some(0), "{}", stderr(&in_place));
+    let report = summary(&in_place);
+    let branches = report["branches"].as_array().unwrap();
+    for (branch, alone) in branches.iter().zip(&alone) {
+        assert_eq!(branch["exit_status"], 3);
+        assert_eq!(branch["digest"], alone["digest"], "seed {}", branch["seed"]);
+    }
+}

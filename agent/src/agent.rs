@@ -84,6 +84,16 @@ enum Ready {
     Sigchld,
     Channel,
     Pipe(Owner, Stream),
+    Shell,
+}
+
+/// The shell a user opened in a fork, on a pseudo-terminal.
+#[derive(Debug)]
+struct Shell {
+    pid: libc::pid_t,
+    /// The terminal's master side (non-blocking); `None` once it reported
+    /// the end (every process holding the slave side has gone).
+    master: Option<OwnedFd>,
 }
 
 pub struct Agent {
@@ -99,6 +109,7 @@ pub struct Agent {
     nodes: BTreeMap<String, Node>,
     workload: Option<Workload>,
     workload_status: Option<ExitStatus>,
+    shell: Option<Shell>,
 }
 
 fn context_error(what: &str) -> impl Fn(io::Error) -> String + '_ {
@@ -123,6 +134,7 @@ impl Agent {
             nodes: BTreeMap::new(),
             workload: None,
             workload_status: None,
+            shell: None,
         })
     }
 
@@ -168,6 +180,9 @@ impl Agent {
                     }
                 }
             }
+            if let Some(master) = self.shell.as_ref().and_then(|s| s.master.as_ref()) {
+                interest.push((master.as_fd(), Ready::Shell));
+            }
             let mut pollfds: Vec<libc::pollfd> = interest
                 .iter()
                 .map(|(fd, _)| libc::pollfd {
@@ -185,8 +200,14 @@ impl Agent {
                 .collect();
 
             for item in &ready {
-                if let Ready::Pipe(owner, stream) = item {
-                    self.read_output(owner, *stream, &mut buffer, 1);
+                match item {
+                    Ready::Pipe(owner, stream) => {
+                        self.read_output(owner, *stream, &mut buffer, 1);
+                    }
+                    Ready::Shell => {
+                        self.read_shell(&mut buffer, 1);
+                    }
+                    Ready::Sigchld | Ready::Channel => {}
                 }
             }
             if ready.iter().any(|r| matches!(r, Ready::Sigchld)) {
@@ -200,7 +221,9 @@ impl Agent {
     }
 
     fn nothing_running(&self) -> bool {
-        self.workload.is_none() && self.nodes.values().all(|node| node.running.is_none())
+        self.workload.is_none()
+            && self.shell.is_none()
+            && self.nodes.values().all(|node| node.running.is_none())
     }
 
     fn running_mut(&mut self, owner: &Owner) -> Option<&mut Running> {
@@ -269,8 +292,39 @@ impl Agent {
         }
     }
 
+    /// Reads up to `max_chunks` chunks of the shell's terminal output and
+    /// sends each. Returns whether the terminal may hold more.
+    fn read_shell(&mut self, buffer: &mut [u8], max_chunks: usize) -> bool {
+        for _ in 0..max_chunks {
+            let Some(master) = self.shell.as_ref().and_then(|s| s.master.as_ref()) else {
+                return false;
+            };
+            match sys::read(master.as_fd(), buffer) {
+                Ok(n) if n > 0 => self.send(&AgentToHost::ShellOutput {
+                    data: buffer[..n].to_vec(),
+                }),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                // EOF, or EIO: no process holds the terminal any more.
+                _ => {
+                    if let Some(shell) = &mut self.shell {
+                        shell.master = None;
+                    }
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
     fn reap_children(&mut self, buffer: &mut [u8]) -> io::Result<()> {
         while let Some((pid, status)) = sys::reap_any()? {
+            if self.shell.as_ref().is_some_and(|s| s.pid == pid) {
+                const MAX_DRAIN_CHUNKS: usize = 64;
+                self.read_shell(buffer, MAX_DRAIN_CHUNKS);
+                self.shell = None;
+                self.send(&AgentToHost::ShellExited { status });
+                continue;
+            }
             if self.workload.as_ref().is_some_and(|w| w.running.pid == pid) {
                 self.drain_and_close(&Owner::Workload, buffer);
                 self.workload = None;
@@ -377,6 +431,8 @@ impl Agent {
             HostToAgent::Kill { node, .. } => format!("kill {node}"),
             HostToAgent::Restart { node } => format!("restart {node}"),
             HostToAgent::Shutdown => "shutdown".to_string(),
+            HostToAgent::OpenShell { .. } => "open_shell".to_string(),
+            HostToAgent::ShellInput { .. } => "shell_input".to_string(),
         };
         let result = if self.shutting_down {
             Err("the agent is shutting down".to_string())
@@ -399,6 +455,13 @@ impl Agent {
                     self.begin_shutdown();
                     Ok(())
                 }
+                HostToAgent::OpenShell {
+                    node,
+                    rows,
+                    cols,
+                    term,
+                } => self.open_shell(node, rows, cols, term),
+                HostToAgent::ShellInput { data } => self.shell_input(&data),
             }
         };
         if let Err(message) = result {
@@ -513,7 +576,7 @@ impl Agent {
             plan: &node.plan,
             netns: node.netns.as_fd(),
         };
-        let spawned = container::spawn(&node.command, &setup, self.devnull.as_fd())?;
+        let spawned = container::spawn(&node.command, &setup, self.devnull.as_fd(), None)?;
         node.pidns = sys::ns_id(Path::new(&format!("/proc/{}/ns/pid", spawned.pid))).ok();
         node.running = Some(Running {
             pid: spawned.pid,
@@ -551,7 +614,7 @@ impl Agent {
         }
         let command = Command::new(command, env).map_err(|e| e.to_string())?;
         let spawned = match &node {
-            None => container::spawn(&command, &Setup::Root, self.devnull.as_fd())?,
+            None => container::spawn(&command, &Setup::Root, self.devnull.as_fd(), None)?,
             Some(name) => {
                 let (_, pid) = self.running_node(name)?;
                 let namespaces = NodeNamespaces::of(pid).map_err(|e| e.to_string())?;
@@ -559,7 +622,7 @@ impl Agent {
                     namespaces: &namespaces,
                     own_pidns: self.own_pidns.as_fd(),
                 };
-                container::spawn(&command, &setup, self.devnull.as_fd())?
+                container::spawn(&command, &setup, self.devnull.as_fd(), None)?
             }
         };
         let pid = spawned.pid;
@@ -629,8 +692,91 @@ impl Agent {
         }
     }
 
+    /// Pauses every running node, then starts `sh` on a new pseudo-terminal
+    /// (in the root namespaces, or inside `node`).
+    fn open_shell(
+        &mut self,
+        node: Option<String>,
+        rows: u16,
+        cols: u16,
+        term: Option<String>,
+    ) -> Result<(), String> {
+        if self.shell.is_some() {
+            return Err("a shell is already open".to_string());
+        }
+        let namespaces = match &node {
+            Some(name) => {
+                let (_, pid) = self.running_node(name)?;
+                Some(NodeNamespaces::of(pid).map_err(context_error("the node's namespaces"))?)
+            }
+            None => None,
+        };
+        let running: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, node)| node.running.is_some())
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in running {
+            self.pause(&name, true)?;
+        }
+        let (master, slave) = sys::open_pty(rows, cols).map_err(context_error("open a pty"))?;
+        let mut env = BTreeMap::new();
+        env.insert("TERM".to_string(), term.unwrap_or_else(|| "vt100".into()));
+        env.insert("HOME".to_string(), "/".to_string());
+        let prompt = match &node {
+            Some(name) => format!("(fork) {name}:\\w # "),
+            None => "(fork) \\w # ".to_string(),
+        };
+        env.insert("PS1".to_string(), prompt);
+        let command =
+            Command::new(&["sh".to_string(), "-i".to_string()], &env).map_err(|e| e.to_string())?;
+        let spawned = match &namespaces {
+            None => container::spawn(
+                &command,
+                &Setup::Root,
+                self.devnull.as_fd(),
+                Some(slave.as_fd()),
+            )?,
+            Some(namespaces) => {
+                let setup = Setup::EnterNode {
+                    namespaces,
+                    own_pidns: self.own_pidns.as_fd(),
+                };
+                container::spawn(&command, &setup, self.devnull.as_fd(), Some(slave.as_fd()))?
+            }
+        };
+        drop(slave);
+        sys::set_nonblocking(master.as_fd()).map_err(context_error("fcntl"))?;
+        self.shell = Some(Shell {
+            pid: spawned.pid,
+            master: Some(master),
+        });
+        self.send(&AgentToHost::ShellOpened { pid: spawned.pid });
+        Ok(())
+    }
+
+    fn shell_input(&mut self, data: &[u8]) -> Result<(), String> {
+        let master = self
+            .shell
+            .as_ref()
+            .and_then(|s| s.master.as_ref())
+            .ok_or_else(|| "no shell is open".to_string())?;
+        sys::write_all(master.as_fd(), data).map_err(|e| {
+            if e.kind() == io::ErrorKind::WouldBlock {
+                "the shell's terminal is full: input dropped".to_string()
+            } else {
+                format!("write to the shell's terminal: {e}")
+            }
+        })
+    }
+
     fn begin_shutdown(&mut self) {
         self.shutting_down = true;
+        if let Some(shell) = &self.shell {
+            let _ = sys::kill(-shell.pid, libc::SIGKILL);
+            let _ = sys::kill(shell.pid, libc::SIGKILL);
+        }
         for node in self.nodes.values_mut() {
             node.restart_pending = false;
             if let Some(running) = &node.running {

@@ -387,18 +387,25 @@ struct ChildContext<'a> {
     envp: &'a [*const libc::c_char],
     candidates: &'a [CString],
     devnull: libc::c_int,
+    /// A terminal (pty slave) for stdin, stdout and stderr, made the
+    /// process's controlling terminal; -1: /dev/null and the pipes.
+    terminal: libc::c_int,
     stdout: libc::c_int,
     stderr: libc::c_int,
     status: libc::c_int,
     setup: &'a Setup<'a>,
 }
 
-/// Starts `command` as described by `setup`. On failure the message names
-/// the step that failed, e.g. `mount proc on "/n1/proc": Operation not permitted`.
+/// Starts `command` as described by `setup`, with stdin from `devnull` and
+/// output to pipes, or everything on `terminal` (which becomes its
+/// controlling terminal; the pipes then stay empty). On failure the message
+/// names the step that failed, e.g. `mount proc on "/n1/proc": Operation not
+/// permitted`.
 pub fn spawn(
     command: &Command,
     setup: &Setup<'_>,
     devnull: BorrowedFd<'_>,
+    terminal: Option<BorrowedFd<'_>>,
 ) -> Result<Spawned, String> {
     let io_error = |what: &str, e: io::Error| format!("{what}: {e}");
     let (stdout_r, stdout_w) = sys::pipe().map_err(|e| io_error("pipe", e))?;
@@ -418,6 +425,7 @@ pub fn spawn(
         envp: &envp,
         candidates: &command.candidates,
         devnull: devnull.as_raw_fd(),
+        terminal: terminal.map_or(-1, |fd| fd.as_raw_fd()),
         stdout: stdout_w.as_raw_fd(),
         stderr: stderr_w.as_raw_fd(),
         status: status_w.as_raw_fd(),
@@ -578,7 +586,15 @@ unsafe fn child_main(context: &ChildContext<'_>) -> ! {
         {
             fail(context, STEP_PDEATHSIG);
         }
-        if libc::dup2(context.devnull, 0) < 0
+        if context.terminal >= 0 {
+            if libc::dup2(context.terminal, 0) < 0
+                || libc::dup2(context.terminal, 1) < 0
+                || libc::dup2(context.terminal, 2) < 0
+                || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0
+            {
+                fail(context, STEP_STDIO);
+            }
+        } else if libc::dup2(context.devnull, 0) < 0
             || libc::dup2(context.stdout, 1) < 0
             || libc::dup2(context.stderr, 2) < 0
         {

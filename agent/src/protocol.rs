@@ -90,6 +90,28 @@ pub enum HostToAgent {
     Restart { node: String },
     /// Kill everything and end the agent.
     Shutdown,
+    /// An interactive shell on a new pseudo-terminal, for a user looking
+    /// into a fork of a run (`detvisor shell`). Every running node is paused
+    /// first (SIGSTOP), so what the user sees stays that moment. In the root
+    /// namespaces (`node: None`) or inside a running node (its `/bin/sh`).
+    /// One shell at a time; `shell_input` feeds it.
+    OpenShell {
+        #[serde(default)]
+        node: Option<String>,
+        /// The user's terminal size (0: leave the default).
+        #[serde(default)]
+        rows: u16,
+        #[serde(default)]
+        cols: u16,
+        /// `TERM` for the shell (default `vt100`).
+        #[serde(default)]
+        term: Option<String>,
+    },
+    /// Bytes typed into the open shell's terminal.
+    ShellInput {
+        #[serde(with = "base64")]
+        data: Vec<u8>,
+    },
 }
 
 /// One node: a container with its own namespaces and root directory.
@@ -152,6 +174,15 @@ pub enum AgentToHost {
     Paused { node: String },
     /// Answer to `resume`: every process of the node has been sent SIGCONT.
     Resumed { node: String },
+    /// Answer to `open_shell`: the shell runs; `pid` in the agent's namespace.
+    ShellOpened { pid: i32 },
+    /// What the shell's terminal printed (echo of the input included).
+    ShellOutput {
+        #[serde(with = "base64")]
+        data: Vec<u8>,
+    },
+    /// The shell ended (all of its terminal's output was sent before this).
+    ShellExited { status: ExitStatus },
     /// A request failed, or something went wrong on the agent's side.
     /// `context` names the request (e.g. `create_node n1`) or the subsystem.
     Error { context: String, message: String },
@@ -258,6 +289,12 @@ impl FrameDecoder {
     /// Bytes buffered that do not form a complete frame yet.
     pub fn buffered_len(&self) -> usize {
         self.buffer.len()
+    }
+
+    /// The bytes buffered (a frame's beginning), to save with a snapshot:
+    /// a new decoder fed with them continues exactly where this one is.
+    pub fn buffered(&self) -> &[u8] {
+        &self.buffer
     }
 
     /// Whether an oversized frame has made the stream undecodable.
@@ -421,6 +458,15 @@ mod tests {
             },
             HostToAgent::Restart { node: "n1".into() },
             HostToAgent::Shutdown,
+            HostToAgent::OpenShell {
+                node: Some("n1".into()),
+                rows: 24,
+                cols: 80,
+                term: Some("xterm".into()),
+            },
+            HostToAgent::ShellInput {
+                data: b"ls\r\x04".to_vec(),
+            },
         ]
     }
 
@@ -447,6 +493,13 @@ mod tests {
             },
             AgentToHost::Paused { node: "n1".into() },
             AgentToHost::Resumed { node: "n1".into() },
+            AgentToHost::ShellOpened { pid: 9 },
+            AgentToHost::ShellOutput {
+                data: b"# \x1b[0m".to_vec(),
+            },
+            AgentToHost::ShellExited {
+                status: ExitStatus::Code(0),
+            },
             AgentToHost::Error {
                 context: "kill n9".into(),
                 message: "no such node".into(),

@@ -105,6 +105,48 @@ pub fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// A new pseudo-terminal: (master, slave), neither our controlling
+/// terminal, the slave sized `rows` x `cols` when both are non-zero.
+pub fn open_pty(rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
+    // SAFETY: posix_openpt only returns a new descriptor (or -1).
+    let master =
+        cvt(unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) })?;
+    // SAFETY: `master` was just returned to us and nothing else owns it.
+    let master = unsafe { OwnedFd::from_raw_fd(master) };
+    // SAFETY: plain calls on the master descriptor.
+    cvt(unsafe { libc::grantpt(master.as_raw_fd()) })?;
+    // SAFETY: as above.
+    cvt(unsafe { libc::unlockpt(master.as_raw_fd()) })?;
+    let mut name = [0 as libc::c_char; 64];
+    // SAFETY: `name` is writable for its whole length, which we pass.
+    let result = unsafe { libc::ptsname_r(master.as_raw_fd(), name.as_mut_ptr(), name.len()) };
+    if result != 0 {
+        return Err(io::Error::from_raw_os_error(result));
+    }
+    // SAFETY: ptsname_r wrote a NUL-terminated string into `name`.
+    let path = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) };
+    // SAFETY: `path` is NUL-terminated; open returns a new descriptor or -1.
+    let slave = cvt(unsafe {
+        libc::open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: `slave` was just returned to us and nothing else owns it.
+    let slave = unsafe { OwnedFd::from_raw_fd(slave) };
+    if rows > 0 && cols > 0 {
+        let size = libc::winsize {
+            ws_row: rows,
+            ws_col: cols,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads one winsize from the pointer.
+        cvt(unsafe { libc::ioctl(slave.as_raw_fd(), libc::TIOCSWINSZ, &size) })?;
+    }
+    Ok((master, slave))
+}
+
 /// `poll` with no timeout: sleeps until one descriptor is ready or a signal
 /// arrives (`EINTR` is retried). Never spins.
 pub fn poll_forever(fds: &mut [libc::pollfd]) -> io::Result<()> {

@@ -952,3 +952,79 @@ fn test_pty_channel_is_raw_in_both_directions() {
     let (status, _) = agent.shutdown();
     assert!(status.success());
 }
+
+#[test]
+fn test_shell_pauses_the_nodes_and_runs_sh_on_a_terminal_inside_a_node() {
+    if !can_run() {
+        return;
+    }
+    // Arrange: a node whose PID 1 ticks.
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = AgentProcess::start();
+    agent.hello();
+    agent.send(&HostToAgent::CreateNode(node(
+        "n1",
+        &make_rootfs(dir.path(), "n1"),
+        "while :; do echo a; sleep 0.05; done",
+    )));
+    let pid = agent.started("n1");
+
+    // Act: open a shell inside n1, wait for its prompt, type.
+    agent.send(&HostToAgent::OpenShell {
+        node: Some("n1".into()),
+        rows: 30,
+        cols: 100,
+        term: None,
+    });
+    agent.wait_for("paused", |m| matches!(m, AgentToHost::Paused { .. }));
+    agent.wait_for("shell opened", |m| {
+        matches!(m, AgentToHost::ShellOpened { .. })
+    });
+    agent.send(&HostToAgent::OpenShell {
+        node: None,
+        rows: 0,
+        cols: 0,
+        term: None,
+    });
+    let second = agent.error("open_shell");
+    let shell_output = |agent: &AgentProcess| -> String {
+        agent
+            .log
+            .iter()
+            .filter_map(|m| match m {
+                AgentToHost::ShellOutput { data } => {
+                    Some(String::from_utf8_lossy(data).into_owned())
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + TIMEOUT;
+    while !shell_output(&agent).contains("# ") && Instant::now() < deadline {
+        agent.collect_for(Duration::from_millis(50));
+    }
+    agent.send(&HostToAgent::ShellInput {
+        data: b"echo via-$((6*7)); [ -t 0 ] && stty size; hostname\nexit 4\n".to_vec(),
+    });
+    let exited = agent.wait_for("shell exited", |m| {
+        matches!(m, AgentToHost::ShellExited { .. })
+    });
+    let text = shell_output(&agent);
+
+    // Assert
+    assert_eq!(second, "a shell is already open");
+    assert_eq!(process_state(pid), 'T', "the node stays paused");
+    assert!(text.contains("(fork) n1:/ # "), "{text}");
+    assert!(text.contains("via-42\r\n"), "{text}");
+    // A terminal, sized as asked.
+    assert!(text.contains("30 100\r\n"), "{text}");
+    assert!(text.contains("\r\nn1\r\n"), "{text}");
+    assert_eq!(
+        exited,
+        AgentToHost::ShellExited {
+            status: ExitStatus::Code(4)
+        }
+    );
+    let (status, _) = agent.shutdown();
+    assert!(status.success());
+}

@@ -2,6 +2,7 @@
 //! the guest and let it dirty its RAM, snapshot it against the baselines, restore it (in
 //! process and in child processes), then forks and resets.
 
+use crate::snapshots::SavedState;
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::fs;
@@ -365,13 +366,13 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
     // One untimed warm-up per store: the first writes into memory the machine has not used yet
     // pay for it once (under the helper VM, QEMU backing L1's RAM on first touch).
     for loc in &mut result.locations {
-        let warm = session.capture().context("capturing the VM state")?;
+        let warm = SavedState::of_run(session.capture().context("capturing the VM state")?);
         let meta = SnapshotMeta::new(
             "warm-up",
             session.now().0,
             session.exits(),
-            warm.ram_bytes,
-            warm.seed,
+            warm.session.ram_bytes,
+            warm.session.seed,
         );
         if let Err(e) = snapshot::write_snapshot(&loc.dir, &meta, &warm, session.memory()) {
             loc.error = Some(format!("writing the warm-up snapshot: {e}"));
@@ -401,14 +402,14 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
             }
             let id = format!("run-{run}");
             let t0 = Instant::now();
-            let state = session.capture().context("capturing the VM state")?;
+            let state = SavedState::of_run(session.capture().context("capturing the VM state")?);
             let t1 = Instant::now();
             let meta = SnapshotMeta::new(
                 id.clone(),
                 session.now().0,
                 session.exits(),
-                state.ram_bytes,
-                state.seed,
+                state.session.ram_bytes,
+                state.session.seed,
             );
             let written = snapshot::write_snapshot(&loc.dir, &meta, &state, session.memory());
             let t2 = Instant::now();

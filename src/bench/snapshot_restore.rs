@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use snapshot::SnapshotMeta;
-use vmm::vm::{Session as VmSession, SessionState};
+use vmm::vm::Session as VmSession;
 
 use super::machine::fs_type;
 use super::process::{run_timed, ErrMode, Watch};
@@ -66,8 +66,9 @@ pub enum Staging {
 /// staging on 9p, memory_from_file, Session::resume) and handles the first exit after resume.
 pub fn restore_to_first_exit(dir: &Path, staging: Staging) -> Result<(VmSession, RestorePhases)> {
     let t0 = Instant::now();
-    let (_, state): (SnapshotMeta, SessionState) = snapshot::read_snapshot(dir)
+    let (_, saved): (SnapshotMeta, crate::snapshots::SavedState) = snapshot::read_snapshot(dir)
         .with_context(|| format!("reading snapshot {}", dir.display()))?;
+    let state = saved.session;
     let t_read = Instant::now();
     let (file, len) = snapshot::memory_file(dir)?;
     let ranges: Vec<(u64, u64)> = snapshot::memory_chain(dir)?

@@ -19,6 +19,34 @@ pub fn detvisor(args: &[&str]) -> Output {
     out
 }
 
+/// Runs the detvisor binary with `input` on its stdin (then end of input).
+pub fn detvisor_with_input(args: &[&str], input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_detvisor"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("detvisor starts");
+    child
+        .stdin
+        .take()
+        .expect("piped stdin")
+        .write_all(input)
+        .expect("writing detvisor's stdin");
+    let out = child.wait_with_output().expect("detvisor ends");
+    eprintln!(
+        "$ detvisor {} < {:?}\n--- status: {:?}\n--- stdout:\n{}\n--- stderr:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(input),
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
