@@ -148,15 +148,24 @@ pub struct ResetResult {
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
 pub struct InPlaceResets {
-    /// `Session::checkpoint` once: capture + copy of the non-zero pages.
+    /// `Session::checkpoint` once: capture + copy of the pages written since
+    /// the restore (the others are the snapshot file's, shared).
     pub checkpoint_ms: f64,
+    /// Pages the checkpoint copied.
+    #[serde(default)]
+    pub checkpoint_pages: u64,
     pub total_ms: f64,
     pub per_sec: f64,
     /// Medians per iteration.
     pub reset_ms: f64,
     pub burst_ms: f64,
-    /// Pages `reset_to` copied back (KVM dirty log + the VMM's bitmap), median.
+    /// Pages `reset_to` copied back from the checkpoint (written since the
+    /// restore and again since the checkpoint), median ...
     pub pages_copied: f64,
+    /// ... and dropped back to the snapshot file's page (`MADV_DONTNEED`),
+    /// median; together the pages KVM's dirty log and the VMM's bitmap saw.
+    #[serde(default)]
+    pub pages_dropped: f64,
     /// Two more bursts after resets ended with the same digest (records,
     /// memory, devices, console): the reset is exact.
     pub identical: bool,
@@ -633,15 +642,18 @@ fn resets(plan: &CellPlan, store: &str, dir: &Path) -> Result<ResetResult> {
     );
     let p = in_place_resets(plan, dir, start + burst)?;
     eprintln!(
-        "{tag}: in-place resets: checkpoint {:.1} ms; {} resets in {:.0} ms: {:.1} resets/s \
-         (burst {:.1} + reset {:.1} ms, {:.0} pages copied back), identical: {}",
+        "{tag}: in-place resets: checkpoint {:.1} ms ({} pages kept); {} resets in {:.0} ms: \
+         {:.1} resets/s (burst {:.1} + reset {:.1} ms, {:.0} pages copied back, {:.0} dropped \
+         to the file's), identical: {}",
         p.checkpoint_ms,
+        p.checkpoint_pages,
         plan.resets,
         p.total_ms,
         p.per_sec,
         p.burst_ms,
         p.reset_ms,
         p.pages_copied,
+        p.pages_dropped,
         p.identical
     );
     r.in_place = Some(p);
@@ -656,9 +668,11 @@ fn in_place_resets(plan: &CellPlan, dir: &Path, burst_end: u64) -> Result<InPlac
     let checkpoint = s.checkpoint()?;
     let mut p = InPlaceResets {
         checkpoint_ms: ms(c.elapsed()),
+        checkpoint_pages: checkpoint.pages_kept(),
         ..InPlaceResets::default()
     };
-    let (mut reset_t, mut burst_t, mut copied) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut reset_t, mut burst_t) = (Vec::new(), Vec::new());
+    let (mut copied, mut dropped) = (Vec::new(), Vec::new());
     let t = Instant::now();
     for _ in 0..plan.resets {
         let b = Instant::now();
@@ -670,12 +684,14 @@ fn in_place_resets(plan: &CellPlan, dir: &Path, burst_end: u64) -> Result<InPlac
         reset_t.push(ms(r.elapsed()));
         burst_t.push(ms(r - b));
         copied.push(stats.pages_copied as f64);
+        dropped.push(stats.pages_dropped as f64);
     }
     p.total_ms = ms(t.elapsed());
     p.per_sec = f64::from(plan.resets) / (p.total_ms / 1000.0);
     p.reset_ms = median(&mut reset_t).unwrap_or(0.0);
     p.burst_ms = median(&mut burst_t).unwrap_or(0.0);
     p.pages_copied = median(&mut copied).unwrap_or(0.0);
+    p.pages_dropped = median(&mut dropped).unwrap_or(0.0);
     // Untimed: two more bursts must end in the same state.
     let mut digest_of_burst = || -> Result<String> {
         if let Some(stop) = s.run_until(Some(burst_end), None)? {

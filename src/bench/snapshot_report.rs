@@ -193,11 +193,13 @@ pub fn snap_definitions() -> BTreeMap<&'static str, &'static str> {
         (
             "in_place",
             "the same loop with Session::reset_to: one restore and Session::checkpoint (copy \
-             of the non-zero pages), then per iteration the burst and an in-place reset (the \
-             pages KVM's dirty log and the VMM's bitmap saw written are copied back; vCPU, \
-             devices, clock, records restored; no new VM); in place/s = resets / total time; \
-             reset, copied = medians; ratio = in place/s over resets/s; identical = two more \
-             bursts after resets end with the same run digest",
+             of the pages written since the restore only), then per iteration the burst and an \
+             in-place reset (of the pages KVM's dirty log and the VMM's bitmap saw written, \
+             those the checkpoint kept are copied back, the others dropped back to the \
+             snapshot file's page with MADV_DONTNEED; vCPU, devices, clock, records restored; \
+             no new VM); in place/s = resets / total time; reset, copied/dropped = medians; \
+             ratio = in place/s over resets/s; identical = two more bursts after resets end \
+             with the same run digest",
         ),
         (
             "memory_revert",
@@ -472,7 +474,7 @@ pub fn print_snap_report(r: &SnapBenchReport) -> Result<()> {
     )?;
     writeln!(
         o,
-        "{:<6} {:>6} {:<9} {:>7} {:>11} {:>9} {:>9} {:>8} {:>9} {:>24}   {:>10} {:>8} {:>7} {:>7} {:>9}",
+        "{:<6} {:>6} {:<9} {:>7} {:>11} {:>9} {:>9} {:>8} {:>9} {:>24}   {:>10} {:>8} {:>14} {:>7} {:>9}",
         "RAM",
         "dirty",
         "store",
@@ -485,7 +487,7 @@ pub fn print_snap_report(r: &SnapBenchReport) -> Result<()> {
         "memory-only revert",
         "in place/s",
         "reset",
-        "copied",
+        "copied/dropped",
         "ratio",
         "identical"
     )?;
@@ -501,7 +503,7 @@ pub fn print_snap_report(r: &SnapBenchReport) -> Result<()> {
             Some(p) => (
                 format!("{:.1}", p.per_sec),
                 fmt_ms(Some(p.reset_ms)),
-                format!("{:.0}", p.pages_copied),
+                format!("{:.0}/{:.0}", p.pages_copied, p.pages_dropped),
                 format!("{:.1}x", p.per_sec / s.per_sec.max(1e-9)),
                 if p.identical { "yes" } else { "NO" }.to_string(),
             ),
@@ -509,7 +511,7 @@ pub fn print_snap_report(r: &SnapBenchReport) -> Result<()> {
         };
         writeln!(
             o,
-            "{:<6} {:>5}% {:<9} {:>7} {:>11} {:>9.1} {:>9} {:>8} {:>9} {:>24}   {:>10} {:>8} {:>7} {:>7} {:>9}",
+            "{:<6} {:>5}% {:<9} {:>7} {:>11} {:>9.1} {:>9} {:>8} {:>9} {:>24}   {:>10} {:>8} {:>14} {:>7} {:>9}",
             c.mem,
             c.dirty_pct,
             s.store,

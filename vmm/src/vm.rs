@@ -65,6 +65,12 @@ pub enum VmError {
     StaleCheckpoint,
     #[error("cannot resume this snapshot: {0}")]
     Incompatible(String),
+    #[error("returning guest page {page} to its checkpoint: {source}")]
+    ResetPage {
+        page: u64,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("setting up devices: {0}")]
     Devices(#[source] devices::DevicesError),
     #[error("setting up the network: {0}")]
@@ -482,16 +488,27 @@ fn file_backed_candidates(
             *flag = true;
         }
     }
-    let Some(entries) = pagemap_entries(ptr, len) else {
+    let Some(copies) = private_copies(ptr, len) else {
         return vec![true; pages];
     };
-    for (flag, entry) in candidates.iter_mut().zip(entries) {
-        // Copy-on-write copies the guest made: present or swapped, anonymous.
-        if entry & (PAGEMAP_PRESENT | PAGEMAP_SWAPPED) != 0 && entry & PAGEMAP_FILE_OR_SHARED == 0 {
-            *flag = true;
-        }
+    for (flag, copied) in candidates.iter_mut().zip(copies) {
+        *flag |= copied;
     }
     candidates
+}
+
+/// Per page of a private file mapping: whether it is a copy-on-write copy
+/// (written since the mapping was made: present or swapped, anonymous in
+/// /proc/self/pagemap). `None` if pagemap cannot be read.
+fn private_copies(ptr: *mut u8, len: usize) -> Option<Vec<bool>> {
+    Some(
+        pagemap_entries(ptr, len)?
+            .iter()
+            .map(|e| {
+                e & (PAGEMAP_PRESENT | PAGEMAP_SWAPPED) != 0 && e & PAGEMAP_FILE_OR_SHARED == 0
+            })
+            .collect(),
+    )
 }
 
 fn devices_hash(devices: &Devices) -> u64 {
@@ -665,14 +682,31 @@ pub struct Checkpoint {
     /// checkpoint (the dirty log counts from it).
     id: u64,
     state: SessionState,
-    /// Guest RAM at the checkpoint (zero pages are never written, so the
-    /// host backs only the non-zero ones).
-    memory: Vec<u8>,
+    /// The pages of guest RAM that differ from what the backing gives back
+    /// after `MADV_DONTNEED` (zeros for fresh memory; the snapshot file's
+    /// bytes for a restored session), sorted by page number ...
+    pages: Vec<u64>,
+    /// ... and their bytes, `PAGE_SIZE` each, in that order.
+    bytes: Vec<u8>,
+    /// Length of the guest RAM region it was taken of.
+    ram_len: usize,
 }
 
 impl Checkpoint {
     pub fn exits(&self) -> u64 {
         self.state.machine.exits
+    }
+
+    /// Pages it keeps a copy of: for a session restored from a snapshot,
+    /// those written since the restore; for a fresh one, the non-zero pages.
+    pub fn pages_kept(&self) -> u64 {
+        self.pages.len() as u64
+    }
+
+    /// The kept copy of `page`, if any.
+    fn page(&self, page: u64) -> Option<&[u8]> {
+        let index = self.pages.binary_search(&page).ok()?;
+        Some(&self.bytes[index * PAGE_SIZE..(index + 1) * PAGE_SIZE])
     }
 }
 
@@ -682,8 +716,12 @@ static NEXT_CHECKPOINT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::Ato
 /// What one in-place reset did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ResetStats {
-    /// Pages written since the checkpoint (or the previous reset), copied back.
+    /// Pages written since the checkpoint (or the previous reset) copied back
+    /// from the checkpoint ...
     pub pages_copied: u64,
+    /// ... and dropped instead, back to the backing's page (the snapshot
+    /// file's, or zeros), which is what they were at the checkpoint.
+    pub pages_dropped: u64,
 }
 
 /// How guest RAM is backed, which decides how pages are found for hashing.
@@ -1145,23 +1183,52 @@ impl Session {
     }
 
     /// Keeps this moment in memory for `reset_to`: the complete state and a
-    /// copy of guest RAM (costs the non-zero pages once). Starts the dirty
-    /// log, so a reset costs only the pages written since; a session that is
-    /// reset must not also take incremental snapshots (they share the log).
+    /// copy of the pages the backing cannot give back by itself. Restored
+    /// from a snapshot, those are only the pages written since the restore
+    /// (the others are the file's, shared copy-on-write); fresh from boot,
+    /// the non-zero pages. Starts the dirty log, so a reset costs only the
+    /// pages written since; a session that is reset must not also take
+    /// incremental snapshots (they share the log).
     pub fn checkpoint(&mut self) -> Result<Checkpoint, VmError> {
         let state = self.capture()?;
         self.start_dirty_log()?;
         let region = self.single_region()?;
-        let mut memory = vec![0u8; region.len() as usize];
-        visit_candidate_pages(region, &self.backing, |page, chunk| {
-            if chunk.iter().any(|b| *b != 0) {
-                let at = page * PAGE_SIZE;
-                memory[at..at + PAGE_SIZE].copy_from_slice(chunk);
+        let (ptr, ram_len) = (region.as_ptr(), region.len() as usize);
+        let mut pages = Vec::new();
+        let mut bytes = Vec::new();
+        let mut keep = |page: usize, chunk: &[u8]| {
+            pages.push(page as u64);
+            bytes.extend_from_slice(chunk);
+        };
+        match (&self.backing, private_copies(ptr, ram_len)) {
+            (MemoryBacking::File { .. }, Some(copies)) => {
+                // SAFETY: `ptr..ptr+ram_len` is the live guest RAM mapping,
+                // owned by the session, which outlives this borrow; the vCPU
+                // is stopped (we hold the session).
+                let ram = unsafe { std::slice::from_raw_parts(ptr, ram_len) };
+                for (page, chunk) in ram.chunks_exact(PAGE_SIZE).enumerate() {
+                    if copies[page] {
+                        keep(page, chunk);
+                    }
+                }
             }
-        });
+            // Fresh memory (or no pagemap): what `DONTNEED` cannot give back
+            // is every non-zero page (file holes are zero too).
+            _ => visit_candidate_pages(region, &self.backing, |page, chunk| {
+                if chunk.iter().any(|b| *b != 0) {
+                    keep(page, chunk);
+                }
+            }),
+        }
         let id = NEXT_CHECKPOINT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.live_checkpoint = Some(id);
-        Ok(Checkpoint { id, state, memory })
+        Ok(Checkpoint {
+            id,
+            state,
+            pages,
+            bytes,
+            ram_len,
+        })
     }
 
     /// Returns this session, in place, to `checkpoint` (taken from it): the
@@ -1178,7 +1245,7 @@ impl Session {
             let region = self.single_region()?;
             (region.as_ptr(), region.len() as usize)
         };
-        if checkpoint.memory.len() != len {
+        if checkpoint.ram_len != len {
             return Err(VmError::StaleCheckpoint);
         }
         if self.window.stepping() {
@@ -1189,21 +1256,38 @@ impl Session {
         // change the restored registers.
         vcpu_state::complete_pending_exit(&mut self.vm.vcpu)?;
         let dirty = self.read_dirty_log()?;
+        let mut pages_dropped = 0;
         for &page in &dirty {
             let at = page as usize * PAGE_SIZE;
             if at + PAGE_SIZE > len {
                 continue;
             }
-            // SAFETY: `at..at+PAGE_SIZE` lies inside the single guest RAM
-            // region (`len` is its length), a live writable mapping owned by
-            // the session; the vCPU is not running, and the source is a
-            // separate host buffer of the same length.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    checkpoint.memory.as_ptr().add(at),
-                    base.add(at),
-                    PAGE_SIZE,
-                );
+            match checkpoint.page(page) {
+                // SAFETY: `at..at+PAGE_SIZE` lies inside the single guest RAM
+                // region (`len` is its length), a live writable mapping owned
+                // by the session; the vCPU is not running, and the source is
+                // the checkpoint's own buffer.
+                Some(kept) => unsafe {
+                    std::ptr::copy_nonoverlapping(kept.as_ptr(), base.add(at), PAGE_SIZE)
+                },
+                None => {
+                    // The page was the backing's at the checkpoint: drop the
+                    // private copy, and the next access sees the file's page
+                    // (or a zero page) again, shared, without copying.
+                    // SAFETY: the range is one page inside the guest RAM
+                    // mapping (see above); DONTNEED on a private mapping only
+                    // discards our copy of it, KVM's mappings follow.
+                    let result = unsafe {
+                        libc::madvise(base.add(at).cast(), PAGE_SIZE, libc::MADV_DONTNEED)
+                    };
+                    if result != 0 {
+                        return Err(VmError::ResetPage {
+                            page,
+                            source: std::io::Error::last_os_error(),
+                        });
+                    }
+                    pages_dropped += 1;
+                }
             }
         }
         vcpu_state::restore(&self.vm.vcpu, &state.vcpu)?;
@@ -1227,7 +1311,8 @@ impl Session {
         self.started = Instant::now();
         self.wall_setup = Duration::ZERO;
         Ok(ResetStats {
-            pages_copied: dirty.len() as u64,
+            pages_copied: dirty.len() as u64 - pages_dropped,
+            pages_dropped,
         })
     }
 
