@@ -133,7 +133,7 @@ fn in_place_worker(
         let checkpoint = restored.driven.checkpoint()?;
         Ok((restored.driven, checkpoint))
     };
-    let (mut driven, checkpoint) = match setup() {
+    let (mut driven, mut checkpoint) = match setup() {
         Ok(ready) => ready,
         Err(e) => {
             // Only this seed fails; seeds this worker would have taken go to
@@ -161,7 +161,7 @@ fn in_place_worker(
             Err(e) => failed(seed, format!("{e:#}")),
         };
         done(outcome);
-        if let Err(e) = driven.reset_to(&checkpoint) {
+        if let Err(e) = driven.reset_to(&mut checkpoint) {
             // The next seed cannot start from the branch point here; this
             // worker stops, the others go on.
             if let Some(next) = next_seed() {

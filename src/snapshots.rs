@@ -102,8 +102,8 @@ impl Driven {
     }
 
     /// Back to `checkpoint`, in place (see [`Session::reset_to`]).
-    pub fn reset_to(&mut self, checkpoint: &DrivenCheckpoint) -> Result<()> {
-        self.session.reset_to(&checkpoint.session)?;
+    pub fn reset_to(&mut self, checkpoint: &mut DrivenCheckpoint) -> Result<()> {
+        self.session.reset_to(&mut checkpoint.session)?;
         if let (Some(up), Some(state)) = (&mut self.up, &checkpoint.up) {
             up.reset(state);
         }

@@ -159,13 +159,16 @@ pub struct InPlaceResets {
     /// Medians per iteration.
     pub reset_ms: f64,
     pub burst_ms: f64,
-    /// Pages `reset_to` copied back from the checkpoint (written since the
-    /// restore and again since the checkpoint), median ...
+    /// Pages `reset_to` copied back from the checkpoint, median ...
     pub pages_copied: f64,
-    /// ... and dropped back to the snapshot file's page (`MADV_DONTNEED`),
-    /// median; together the pages KVM's dirty log and the VMM's bitmap saw.
+    /// ... and fetched instead: returned to the snapshot file's page
+    /// (`MADV_DONTNEED`), kept by the checkpoint from then on (after the
+    /// first reset, 0); together the pages the dirty log saw written.
     #[serde(default)]
-    pub pages_dropped: f64,
+    pub pages_fetched: f64,
+    /// Pages the checkpoint kept after the last reset.
+    #[serde(default)]
+    pub checkpoint_pages_at_end: u64,
     /// Two more bursts after resets ended with the same digest (records,
     /// memory, devices, console): the reset is exact.
     pub identical: bool,
@@ -643,8 +646,8 @@ fn resets(plan: &CellPlan, store: &str, dir: &Path) -> Result<ResetResult> {
     let p = in_place_resets(plan, dir, start + burst)?;
     eprintln!(
         "{tag}: in-place resets: checkpoint {:.1} ms ({} pages kept); {} resets in {:.0} ms: \
-         {:.1} resets/s (burst {:.1} + reset {:.1} ms, {:.0} pages copied back, {:.0} dropped \
-         to the file's), identical: {}",
+         {:.1} resets/s (burst {:.1} + reset {:.1} ms, {:.0} pages copied back, {:.0} fetched \
+         from the file; {} pages kept at the end), identical: {}",
         p.checkpoint_ms,
         p.checkpoint_pages,
         plan.resets,
@@ -653,7 +656,8 @@ fn resets(plan: &CellPlan, store: &str, dir: &Path) -> Result<ResetResult> {
         p.burst_ms,
         p.reset_ms,
         p.pages_copied,
-        p.pages_dropped,
+        p.pages_fetched,
+        p.checkpoint_pages_at_end,
         p.identical
     );
     r.in_place = Some(p);
@@ -665,14 +669,14 @@ fn resets(plan: &CellPlan, store: &str, dir: &Path) -> Result<ResetResult> {
 fn in_place_resets(plan: &CellPlan, dir: &Path, burst_end: u64) -> Result<InPlaceResets> {
     let (mut s, _) = restore_to_first_exit(dir, Staging::On9p)?;
     let c = Instant::now();
-    let checkpoint = s.checkpoint()?;
+    let mut checkpoint = s.checkpoint()?;
     let mut p = InPlaceResets {
         checkpoint_ms: ms(c.elapsed()),
         checkpoint_pages: checkpoint.pages_kept(),
         ..InPlaceResets::default()
     };
     let (mut reset_t, mut burst_t) = (Vec::new(), Vec::new());
-    let (mut copied, mut dropped) = (Vec::new(), Vec::new());
+    let (mut copied, mut fetched) = (Vec::new(), Vec::new());
     let t = Instant::now();
     for _ in 0..plan.resets {
         let b = Instant::now();
@@ -680,25 +684,26 @@ fn in_place_resets(plan: &CellPlan, dir: &Path, burst_end: u64) -> Result<InPlac
             bail!("the guest stopped during an in-place burst: {stop:?}");
         }
         let r = Instant::now();
-        let stats = s.reset_to(&checkpoint)?;
+        let stats = s.reset_to(&mut checkpoint)?;
         reset_t.push(ms(r.elapsed()));
         burst_t.push(ms(r - b));
         copied.push(stats.pages_copied as f64);
-        dropped.push(stats.pages_dropped as f64);
+        fetched.push(stats.pages_fetched as f64);
     }
     p.total_ms = ms(t.elapsed());
     p.per_sec = f64::from(plan.resets) / (p.total_ms / 1000.0);
     p.reset_ms = median(&mut reset_t).unwrap_or(0.0);
     p.burst_ms = median(&mut burst_t).unwrap_or(0.0);
     p.pages_copied = median(&mut copied).unwrap_or(0.0);
-    p.pages_dropped = median(&mut dropped).unwrap_or(0.0);
+    p.pages_fetched = median(&mut fetched).unwrap_or(0.0);
+    p.checkpoint_pages_at_end = checkpoint.pages_kept();
     // Untimed: two more bursts must end in the same state.
     let mut digest_of_burst = || -> Result<String> {
         if let Some(stop) = s.run_until(Some(burst_end), None)? {
             bail!("the guest stopped during an in-place burst: {stop:?}");
         }
         let digest = s.outcome(vmm::exit::StopReason::TimeLimit).digest;
-        s.reset_to(&checkpoint)?;
+        s.reset_to(&mut checkpoint)?;
         Ok(digest)
     };
     p.identical = digest_of_burst()? == digest_of_burst()?;

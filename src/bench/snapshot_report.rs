@@ -195,9 +195,10 @@ pub fn snap_definitions() -> BTreeMap<&'static str, &'static str> {
             "the same loop with Session::reset_to: one restore and Session::checkpoint (copy \
              of the pages written since the restore only), then per iteration the burst and an \
              in-place reset (of the pages KVM's dirty log and the VMM's bitmap saw written, \
-             those the checkpoint kept are copied back, the others dropped back to the \
-             snapshot file's page with MADV_DONTNEED; vCPU, devices, clock, records restored; \
-             no new VM); in place/s = resets / total time; reset, copied/dropped = medians; \
+             those the checkpoint keeps are copied back; the others are returned to the \
+             snapshot file's page with MADV_DONTNEED and kept from then on; vCPU, devices, \
+             clock, records restored; no new VM); in place/s = resets / total time; reset, \
+             copied/fetched = medians; \
              ratio = in place/s over resets/s; identical = two more bursts after resets end \
              with the same run digest",
         ),
@@ -487,7 +488,7 @@ pub fn print_snap_report(r: &SnapBenchReport) -> Result<()> {
         "memory-only revert",
         "in place/s",
         "reset",
-        "copied/dropped",
+        "copied/fetched",
         "ratio",
         "identical"
     )?;
@@ -503,7 +504,7 @@ pub fn print_snap_report(r: &SnapBenchReport) -> Result<()> {
             Some(p) => (
                 format!("{:.1}", p.per_sec),
                 fmt_ms(Some(p.reset_ms)),
-                format!("{:.0}/{:.0}", p.pages_copied, p.pages_dropped),
+                format!("{:.0}/{:.0}", p.pages_copied, p.pages_fetched),
                 format!("{:.1}x", p.per_sec / s.per_sec.max(1e-9)),
                 if p.identical { "yes" } else { "NO" }.to_string(),
             ),

@@ -682,11 +682,13 @@ pub struct Checkpoint {
     /// checkpoint (the dirty log counts from it).
     id: u64,
     state: SessionState,
-    /// The pages of guest RAM that differ from what the backing gives back
-    /// after `MADV_DONTNEED` (zeros for fresh memory; the snapshot file's
-    /// bytes for a restored session), sorted by page number ...
-    pages: Vec<u64>,
-    /// ... and their bytes, `PAGE_SIZE` each, in that order.
+    /// Guest pages kept, by page number: where each one's bytes are in
+    /// `bytes` (slot `i` is `bytes[i * PAGE_SIZE..][..PAGE_SIZE]`). At first
+    /// the pages that differ from what the backing gives back after
+    /// `MADV_DONTNEED` (zeros for fresh memory; the snapshot file's bytes for
+    /// a restored session); resets add each other page the first time they
+    /// return it, so later resets copy it without a page fault.
+    slots: std::collections::BTreeMap<u64, usize>,
     bytes: Vec<u8>,
     /// Length of the guest RAM region it was taken of.
     ram_len: usize,
@@ -697,16 +699,22 @@ impl Checkpoint {
         self.state.machine.exits
     }
 
-    /// Pages it keeps a copy of: for a session restored from a snapshot,
-    /// those written since the restore; for a fresh one, the non-zero pages.
+    /// Pages it keeps a copy of: when taken, for a session restored from a
+    /// snapshot, those written since the restore; for a fresh one, the
+    /// non-zero pages. Resets add the pages they return (see `reset_to`).
     pub fn pages_kept(&self) -> u64 {
-        self.pages.len() as u64
+        self.slots.len() as u64
     }
 
     /// The kept copy of `page`, if any.
     fn page(&self, page: u64) -> Option<&[u8]> {
-        let index = self.pages.binary_search(&page).ok()?;
-        Some(&self.bytes[index * PAGE_SIZE..(index + 1) * PAGE_SIZE])
+        let slot = *self.slots.get(&page)?;
+        Some(&self.bytes[slot * PAGE_SIZE..(slot + 1) * PAGE_SIZE])
+    }
+
+    fn keep(&mut self, page: u64, bytes: &[u8]) {
+        self.slots.insert(page, self.slots.len());
+        self.bytes.extend_from_slice(bytes);
     }
 }
 
@@ -719,9 +727,10 @@ pub struct ResetStats {
     /// Pages written since the checkpoint (or the previous reset) copied back
     /// from the checkpoint ...
     pub pages_copied: u64,
-    /// ... and dropped instead, back to the backing's page (the snapshot
-    /// file's, or zeros), which is what they were at the checkpoint.
-    pub pages_dropped: u64,
+    /// ... and returned to the backing's page instead (the snapshot file's,
+    /// or zeros: what they were at the checkpoint), which the checkpoint
+    /// keeps from now on.
+    pub pages_fetched: u64,
 }
 
 /// How guest RAM is backed, which decides how pages are found for hashing.
@@ -1194,12 +1203,15 @@ impl Session {
         self.start_dirty_log()?;
         let region = self.single_region()?;
         let (ptr, ram_len) = (region.as_ptr(), region.len() as usize);
-        let mut pages = Vec::new();
-        let mut bytes = Vec::new();
-        let mut keep = |page: usize, chunk: &[u8]| {
-            pages.push(page as u64);
-            bytes.extend_from_slice(chunk);
+        let id = NEXT_CHECKPOINT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut checkpoint = Checkpoint {
+            id,
+            state,
+            slots: std::collections::BTreeMap::new(),
+            bytes: Vec::new(),
+            ram_len,
         };
+        let mut keep = |page: usize, chunk: &[u8]| checkpoint.keep(page as u64, chunk);
         match (&self.backing, private_copies(ptr, ram_len)) {
             (MemoryBacking::File { .. }, Some(copies)) => {
                 // SAFETY: `ptr..ptr+ram_len` is the live guest RAM mapping,
@@ -1220,15 +1232,8 @@ impl Session {
                 }
             }),
         }
-        let id = NEXT_CHECKPOINT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.live_checkpoint = Some(id);
-        Ok(Checkpoint {
-            id,
-            state,
-            pages,
-            bytes,
-            ram_len,
-        })
+        Ok(checkpoint)
     }
 
     /// Returns this session, in place, to `checkpoint` (taken from it): the
@@ -1236,8 +1241,7 @@ impl Session {
     /// back, and the vCPU, devices, clock, records and console digest are
     /// restored. What runs next is exactly what ran after the checkpoint
     /// (or, after `set_seed`, an alternate history from it).
-    pub fn reset_to(&mut self, checkpoint: &Checkpoint) -> Result<ResetStats, VmError> {
-        let state = &checkpoint.state;
+    pub fn reset_to(&mut self, checkpoint: &mut Checkpoint) -> Result<ResetStats, VmError> {
         if self.live_checkpoint != Some(checkpoint.id) {
             return Err(VmError::StaleCheckpoint);
         }
@@ -1256,40 +1260,43 @@ impl Session {
         // change the restored registers.
         vcpu_state::complete_pending_exit(&mut self.vm.vcpu)?;
         let dirty = self.read_dirty_log()?;
-        let mut pages_dropped = 0;
+        let mut pages_fetched = 0;
         for &page in &dirty {
             let at = page as usize * PAGE_SIZE;
             if at + PAGE_SIZE > len {
                 continue;
             }
-            match checkpoint.page(page) {
-                // SAFETY: `at..at+PAGE_SIZE` lies inside the single guest RAM
-                // region (`len` is its length), a live writable mapping owned
-                // by the session; the vCPU is not running, and the source is
-                // the checkpoint's own buffer.
-                Some(kept) => unsafe {
-                    std::ptr::copy_nonoverlapping(kept.as_ptr(), base.add(at), PAGE_SIZE)
-                },
-                None => {
-                    // The page was the backing's at the checkpoint: drop the
-                    // private copy, and the next access sees the file's page
-                    // (or a zero page) again, shared, without copying.
-                    // SAFETY: the range is one page inside the guest RAM
-                    // mapping (see above); DONTNEED on a private mapping only
-                    // discards our copy of it, KVM's mappings follow.
-                    let result = unsafe {
-                        libc::madvise(base.add(at).cast(), PAGE_SIZE, libc::MADV_DONTNEED)
-                    };
-                    if result != 0 {
-                        return Err(VmError::ResetPage {
-                            page,
-                            source: std::io::Error::last_os_error(),
-                        });
-                    }
-                    pages_dropped += 1;
-                }
+            // SAFETY: `at..at+PAGE_SIZE` lies inside the single guest RAM
+            // region (`len` is its length), a live writable mapping owned by
+            // the session, and the vCPU is not running.
+            let target = unsafe { std::slice::from_raw_parts_mut(base.add(at), PAGE_SIZE) };
+            if let Some(kept) = checkpoint.page(page) {
+                target.copy_from_slice(kept);
+                continue;
             }
+            // The page was the backing's at the checkpoint: drop our private
+            // copy, so reading it now gives the file's page (or zeros) ...
+            // SAFETY: one page inside the guest RAM mapping (see above);
+            // DONTNEED on a private mapping only discards our copy of it, and
+            // KVM's mappings of it follow (MMU notifier).
+            let dropped =
+                unsafe { libc::madvise(base.add(at).cast(), PAGE_SIZE, libc::MADV_DONTNEED) };
+            if dropped != 0 {
+                return Err(VmError::ResetPage {
+                    page,
+                    source: std::io::Error::last_os_error(),
+                });
+            }
+            // ... which is kept from now on, and written back at once: the
+            // guest, which wrote this page in this loop and likely will
+            // again, finds a private copy instead of faulting on it, and the
+            // next reset copies it back like any kept page.
+            checkpoint.keep(page, target);
+            let kept = checkpoint.page(page).expect("just kept");
+            target.copy_from_slice(kept);
+            pages_fetched += 1;
         }
+        let state = &checkpoint.state;
         vcpu_state::restore(&self.vm.vcpu, &state.vcpu)?;
         self.vm.vcpu.get_kvm_run().request_interrupt_window = state.request_interrupt_window;
         self.machine
@@ -1311,8 +1318,8 @@ impl Session {
         self.started = Instant::now();
         self.wall_setup = Duration::ZERO;
         Ok(ResetStats {
-            pages_copied: dirty.len() as u64 - pages_dropped,
-            pages_dropped,
+            pages_copied: dirty.len() as u64 - pages_fetched,
+            pages_fetched,
         })
     }
 
