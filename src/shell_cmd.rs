@@ -120,10 +120,18 @@ struct AgentShell {
     node: Option<String>,
     answered: bool,
     /// Input held back until the shell has shown its first prompt (the
-    /// agent's PS1 ends in `# `): typed ahead, the terminal would echo it
-    /// once before `sh` takes over the line, and `sh` once more.
+    /// agent's PS1 ends in `# `), or for at most `PROMPT_WAIT` after it
+    /// opened: typed ahead, the terminal would echo it once before `sh`
+    /// takes over the line, and `sh` once more.
     typed_ahead: Option<Vec<u8>>,
+    /// The last byte of output so far (a prompt may end across two chunks).
+    last_byte: Option<u8>,
+    /// When the agent reported the shell open.
+    opened_at: Option<vmm::VirtNanos>,
 }
+
+/// How long typed-ahead input waits for the first prompt, in virtual time.
+const PROMPT_WAIT: vmm::VirtNanos = vmm::VirtNanos(2_000_000_000);
 
 impl AgentShell {
     fn up(driven: &mut Driven) -> Result<&mut crate::up::UpDriver> {
@@ -143,8 +151,9 @@ impl ShellChannel for AgentShell {
             cols,
             term: std::env::var("TERM").ok().filter(|t| !t.is_empty()),
         };
-        // The fork is for looking: no scheduled fault may resume a node.
-        Self::up(driven)?.conductor_mut().forget_faults();
+        // The fork is for looking: nothing the conductor would send next
+        // (a fault resuming a node, a shutdown) may change it.
+        Self::up(driven)?.hold_conductor();
         crate::up::send_message(&mut driven.session, &message)
     }
 
@@ -160,27 +169,47 @@ impl ShellChannel for AgentShell {
     }
 
     fn end_of_input(&mut self, driven: &mut Driven) -> Result<()> {
-        // The terminal's end-of-file character: `sh` ends at an empty line.
-        self.input(driven, &[EOT])
+        // The terminal's end-of-file character, twice: the first ends a last
+        // line without a newline, and `sh` ends at an empty line.
+        self.input(driven, &[EOT, EOT])
     }
 
     fn output(&mut self, driven: &mut Driven) -> Result<(Vec<u8>, Option<u8>)> {
         let mut out = Vec::new();
         let mut status = None;
+        let now = driven.session.now();
+        let mut prompt_seen = false;
         for event in Self::up(driven)?.take_shell_events() {
             self.answered = true;
             match event {
-                ShellEvent::Opened { .. } => {}
-                ShellEvent::Output(bytes) => out.extend_from_slice(&bytes),
+                ShellEvent::Opened { .. } => {
+                    self.opened_at.get_or_insert(now);
+                }
+                ShellEvent::Output(bytes) => {
+                    let mut previous = self.last_byte;
+                    for &byte in &bytes {
+                        prompt_seen |= previous == Some(b'#') && byte == b' ';
+                        previous = Some(byte);
+                    }
+                    self.last_byte = previous;
+                    out.extend_from_slice(&bytes);
+                }
+                ShellEvent::Failed { context, message } if context == "open_shell" => {
+                    bail!("the guest's agent could not open a shell: {message}")
+                }
+                // Lost input is worth saying, not worth ending the shell for.
                 ShellEvent::Failed { context, message } => {
-                    bail!("the guest's agent: {context}: {message}")
+                    eprintln!("detvisor shell: the guest's agent: {context}: {message}")
                 }
                 ShellEvent::Exited(exit) => {
                     status = Some(u8::try_from(exit.shell_code()).unwrap_or(crate::EXIT_NO_STATUS))
                 }
             }
         }
-        if out.windows(2).any(|w| w == b"# ") {
+        let waited_enough = self
+            .opened_at
+            .is_some_and(|at| now.0 > at.0.saturating_add(PROMPT_WAIT.0));
+        if prompt_seen || waited_enough {
             if let Some(held) = self.typed_ahead.take() {
                 if !held.is_empty() {
                     self.input(driven, &held)?;
@@ -247,6 +276,8 @@ pub fn run(spec: &str, node: Option<&str>) -> Result<u8> {
             node: node.map(str::to_string),
             answered: false,
             typed_ahead: Some(Vec::new()),
+            last_byte: None,
+            opened_at: None,
         })
     } else {
         if node.is_some() {
@@ -265,8 +296,8 @@ pub fn run(spec: &str, node: Option<&str>) -> Result<u8> {
     };
     let what = match (&driven.up, node) {
         (None, _) => "every process of the guest is stopped",
-        (Some(_), None) => "every node is paused; the shell runs outside them",
-        (Some(_), Some(_)) => "every node is paused; the shell runs inside that node",
+        (Some(_), None) => "every running node is paused; the shell runs beside them",
+        (Some(_), Some(_)) => "every running node is paused; the shell runs inside that node",
     };
     eprintln!(
         "detvisor shell: a fork of {id} at exit {}, virtual time {}; {what} \
@@ -282,6 +313,7 @@ pub fn run(spec: &str, node: Option<&str>) -> Result<u8> {
     channel.open(driven)?;
     let mut stdout = std::io::stdout();
     let mut input_ended = false;
+    let mut input_ended_at: Option<vmm::VirtNanos> = None;
     let opened_at = driven.session.now();
     // Input is delivered whenever it arrives: in a fork the moment of
     // delivery needs to be deterministic no more.
@@ -324,8 +356,17 @@ pub fn run(spec: &str, node: Option<&str>) -> Result<u8> {
         if let Some(status) = ended {
             return Ok(status);
         }
-        if !channel.answered() && driven.session.now().0 > opened_at.0 + LISTENER_BUDGET.0 {
+        let now = driven.session.now();
+        if !channel.answered() && now.0 > opened_at.0 + LISTENER_BUDGET.0 {
             bail!("{}", channel.silence());
+        }
+        if input_ended {
+            let since = *input_ended_at.get_or_insert(now);
+            if now.0 > since.0 + LISTENER_BUDGET.0 {
+                bail!(
+                    "the shell did not end within {LISTENER_BUDGET} (virtual) after the end of input"
+                );
+            }
         }
         match stop {
             None => {}
@@ -350,7 +391,8 @@ const IDLE_JUMP_NS: u64 = 1_000_000;
 /// Longest wall-clock wait for input after one idle jump.
 const MAX_IDLE_WAIT_NS: u64 = 50_000_000;
 
-/// How much virtual time the shell has to answer its opening.
+/// How much virtual time the shell has to answer its opening, and to end
+/// after the end of input.
 const LISTENER_BUDGET: vmm::VirtNanos = vmm::VirtNanos(30_000_000_000);
 
 /// How many bytes of `held` can be printed, and whether the end marker is

@@ -80,7 +80,7 @@ impl Driven {
 
     pub fn run_to_end(&mut self) -> Result<StopReason> {
         loop {
-            if let Some(stop) = self.run_until(None, None)? {
+            if let Some(stop) = self.step()? {
                 return Ok(stop);
             }
         }

@@ -139,12 +139,6 @@ impl Conductor {
         self.workload.is_some()
     }
 
-    /// Drops the agent-side faults still to come: in a fork opened for a
-    /// shell, nothing should resume or restart the nodes it paused.
-    pub fn forget_faults(&mut self) {
-        self.faults.clear();
-    }
-
     /// The next virtual time at which [`Conductor::due`] has something to do.
     pub fn next_fault_time(&self) -> Option<VirtNanos> {
         if self.phase == Phase::ShuttingDown {
@@ -423,13 +417,8 @@ impl OutputSink {
 
     /// A sink that drops everything.
     pub fn discard() -> Self {
-        OutputSink {
-            width: 8,
-            partial: BTreeMap::new(),
-            logs: None,
-            files: BTreeMap::new(),
-            out: Box::new(std::io::sink()),
-        }
+        Self::new(&[], None, Box::new(std::io::sink()))
+            .expect("without a log directory nothing can fail")
     }
 
     pub fn output(&mut self, node: &str, stream: Stream, data: &[u8]) -> Result<()> {
@@ -525,11 +514,16 @@ impl UpOutput {
             sink: OutputSink::new(node_names, None, out)?,
             events: Box::new(move |at, text| {
                 if events {
-                    eprintln!("detvisor: [{at}] {text}");
+                    print_event(at, text);
                 }
             }),
         })
     }
+}
+
+/// An event line on stderr, with its virtual time.
+pub fn print_event(at: VirtNanos, text: &str) {
+    eprintln!("detvisor: [{at}] {text}");
 }
 
 /// Runs a session as an `up` run: after every exit, the agent's output goes
@@ -545,6 +539,8 @@ pub struct UpDriver {
     notes: Vec<Note>,
     /// Shell news not taken yet (see [`UpDriver::take_shell_events`]).
     shell_events: Vec<ShellEvent>,
+    /// See [`UpDriver::hold_conductor`]; never part of a recorded run.
+    held: bool,
 }
 
 impl UpDriver {
@@ -606,6 +602,7 @@ impl UpDriver {
             send: Vec::new(),
             notes: Vec::new(),
             shell_events: Vec::new(),
+            held: false,
         }
     }
 
@@ -618,8 +615,8 @@ impl UpDriver {
                 events: Box::new(|_, _| {}),
             },
         );
-        let mut output = output;
         // Unfinished lines belong to the history being left.
+        let mut output = output;
         output.sink.partial.clear();
         *self = Self::restore(state.clone(), output);
     }
@@ -638,8 +635,11 @@ impl UpDriver {
         &self.conductor
     }
 
-    pub fn conductor_mut(&mut self) -> &mut Conductor {
-        &mut self.conductor
+    /// From now on the conductor's answers and faults are not sent: in a
+    /// fork opened for a shell nothing may start, resume, restart or shut
+    /// down what the user is looking at. (It still follows the agent.)
+    pub fn hold_conductor(&mut self) {
+        self.held = true;
     }
 
     /// What the agent reported about a fork's shell since the last call.
@@ -700,7 +700,9 @@ impl UpDriver {
             }
         }
         for message in std::mem::take(&mut self.send) {
-            send_message(session, &message)?;
+            if !self.held {
+                send_message(session, &message)?;
+            }
         }
         Ok(None)
     }

@@ -216,7 +216,7 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
         let workload_started = std::rc::Rc::clone(&workload_start);
         let events = move |at: vmm::VirtNanos, text: &str| {
             if first {
-                eprintln!("detvisor: [{at}] {text}");
+                up::print_event(at, text);
                 if text.starts_with("workload started") || text.starts_with("node workload started")
                 {
                     let mut start = workload_started.borrow_mut();

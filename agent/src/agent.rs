@@ -85,6 +85,7 @@ enum Ready {
     Channel,
     Pipe(Owner, Stream),
     Shell,
+    ShellWritable,
 }
 
 /// The shell a user opened in a fork, on a pseudo-terminal.
@@ -94,6 +95,8 @@ struct Shell {
     /// The terminal's master side (non-blocking); `None` once it reported
     /// the end (every process holding the slave side has gone).
     master: Option<OwnedFd>,
+    /// Typed bytes the terminal has not taken yet.
+    input: Vec<u8>,
 }
 
 pub struct Agent {
@@ -111,6 +114,9 @@ pub struct Agent {
     workload_status: Option<ExitStatus>,
     shell: Option<Shell>,
 }
+
+/// Chunks read at most from a finished process's pipes (or terminal).
+const MAX_DRAIN_CHUNKS: usize = 64;
 
 fn context_error(what: &str) -> impl Fn(io::Error) -> String + '_ {
     move |e| format!("{what}: {e}")
@@ -180,14 +186,22 @@ impl Agent {
                     }
                 }
             }
-            if let Some(master) = self.shell.as_ref().and_then(|s| s.master.as_ref()) {
-                interest.push((master.as_fd(), Ready::Shell));
+            if let Some(shell) = &self.shell {
+                if let Some(master) = &shell.master {
+                    interest.push((master.as_fd(), Ready::Shell));
+                    if !shell.input.is_empty() {
+                        interest.push((master.as_fd(), Ready::ShellWritable));
+                    }
+                }
             }
             let mut pollfds: Vec<libc::pollfd> = interest
                 .iter()
-                .map(|(fd, _)| libc::pollfd {
+                .map(|(fd, ready)| libc::pollfd {
                     fd: std::os::fd::AsRawFd::as_raw_fd(fd),
-                    events: libc::POLLIN,
+                    events: match ready {
+                        Ready::ShellWritable => libc::POLLOUT,
+                        _ => libc::POLLIN,
+                    },
                     revents: 0,
                 })
                 .collect();
@@ -206,6 +220,11 @@ impl Agent {
                     }
                     Ready::Shell => {
                         self.read_shell(&mut buffer, 1);
+                    }
+                    Ready::ShellWritable => {
+                        if let Err(message) = self.write_shell_input() {
+                            self.send_error("shell_input", message);
+                        }
                     }
                     Ready::Sigchld | Ready::Channel => {}
                 }
@@ -283,7 +302,6 @@ impl Agent {
     /// for the root workload's background children) may keep a pipe open
     /// and writing; what it writes after this is lost (EPIPE).
     fn drain_and_close(&mut self, owner: &Owner, buffer: &mut [u8]) {
-        const MAX_DRAIN_CHUNKS: usize = 64;
         for stream in [Stream::Stdout, Stream::Stderr] {
             self.read_output(owner, stream, buffer, MAX_DRAIN_CHUNKS);
             if let Some(running) = self.running_mut(owner) {
@@ -319,7 +337,6 @@ impl Agent {
     fn reap_children(&mut self, buffer: &mut [u8]) -> io::Result<()> {
         while let Some((pid, status)) = sys::reap_any()? {
             if self.shell.as_ref().is_some_and(|s| s.pid == pid) {
-                const MAX_DRAIN_CHUNKS: usize = 64;
                 self.read_shell(buffer, MAX_DRAIN_CHUNKS);
                 self.shell = None;
                 self.send(&AgentToHost::ShellExited { status });
@@ -711,16 +728,8 @@ impl Agent {
             }
             None => None,
         };
-        let running: Vec<String> = self
-            .nodes
-            .iter()
-            .filter(|(_, node)| node.running.is_some())
-            .map(|(name, _)| name.clone())
-            .collect();
-        for name in running {
-            self.pause(&name, true)?;
-        }
         let (master, slave) = sys::open_pty(rows, cols).map_err(context_error("open a pty"))?;
+        sys::set_nonblocking(master.as_fd()).map_err(context_error("fcntl"))?;
         let mut env = BTreeMap::new();
         env.insert("TERM".to_string(), term.unwrap_or_else(|| "vt100".into()));
         env.insert("HOME".to_string(), "/".to_string());
@@ -731,44 +740,89 @@ impl Agent {
         env.insert("PS1".to_string(), prompt);
         let command =
             Command::new(&["sh".to_string(), "-i".to_string()], &env).map_err(|e| e.to_string())?;
+        // What the user looks at stays that moment: every running node is
+        // stopped, and none restarts behind the shell's back.
+        let running: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, node)| node.running.is_some())
+            .map(|(name, _)| name.clone())
+            .collect();
+        for node in self.nodes.values_mut() {
+            node.restart_pending = false;
+        }
+        for name in &running {
+            self.pause(name, true)?;
+        }
         let spawned = match &namespaces {
             None => container::spawn(
                 &command,
                 &Setup::Root,
                 self.devnull.as_fd(),
                 Some(slave.as_fd()),
-            )?,
+            ),
             Some(namespaces) => {
                 let setup = Setup::EnterNode {
                     namespaces,
                     own_pidns: self.own_pidns.as_fd(),
                 };
-                container::spawn(&command, &setup, self.devnull.as_fd(), Some(slave.as_fd()))?
+                container::spawn(&command, &setup, self.devnull.as_fd(), Some(slave.as_fd()))
+            }
+        };
+        let spawned = match spawned {
+            Ok(spawned) => spawned,
+            Err(message) => {
+                // No shell: leave the nodes as they were.
+                for name in &running {
+                    let _ = self.pause(name, false);
+                }
+                return Err(message);
             }
         };
         drop(slave);
-        sys::set_nonblocking(master.as_fd()).map_err(context_error("fcntl"))?;
         self.shell = Some(Shell {
             pid: spawned.pid,
             master: Some(master),
+            input: Vec::new(),
         });
         self.send(&AgentToHost::ShellOpened { pid: spawned.pid });
         Ok(())
     }
 
+    /// Queues typed bytes for the shell's terminal and writes what it takes
+    /// now; the rest goes out as the terminal drains (POLLOUT).
     fn shell_input(&mut self, data: &[u8]) -> Result<(), String> {
-        let master = self
+        let shell = self
             .shell
-            .as_ref()
-            .and_then(|s| s.master.as_ref())
+            .as_mut()
+            .filter(|s| s.master.is_some())
             .ok_or_else(|| "no shell is open".to_string())?;
-        sys::write_all(master.as_fd(), data).map_err(|e| {
-            if e.kind() == io::ErrorKind::WouldBlock {
-                "the shell's terminal is full: input dropped".to_string()
-            } else {
-                format!("write to the shell's terminal: {e}")
+        shell.input.extend_from_slice(data);
+        self.write_shell_input()
+    }
+
+    /// Writes queued input to the shell's terminal until it would block.
+    fn write_shell_input(&mut self) -> Result<(), String> {
+        let Some(shell) = self.shell.as_mut() else {
+            return Ok(());
+        };
+        let Some(master) = shell.master.as_ref() else {
+            shell.input.clear();
+            return Ok(());
+        };
+        while !shell.input.is_empty() {
+            match sys::write(master.as_fd(), &shell.input) {
+                Ok(n) => {
+                    shell.input.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    shell.input.clear();
+                    return Err(format!("write to the shell's terminal: {e}"));
+                }
             }
-        })
+        }
+        Ok(())
     }
 
     fn begin_shutdown(&mut self) {

@@ -181,7 +181,8 @@ pub enum AgentToHost {
         #[serde(with = "base64")]
         data: Vec<u8>,
     },
-    /// The shell ended (all of its terminal's output was sent before this).
+    /// The shell ended (its terminal's output was sent before this, up to
+    /// 64 reads of what was still buffered at the end).
     ShellExited { status: ExitStatus },
     /// A request failed, or something went wrong on the agent's side.
     /// `context` names the request (e.g. `create_node n1`) or the subsystem.

@@ -85,18 +85,23 @@ pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     })
 }
 
+/// One `write` (`EINTR` retried): how many bytes the descriptor took.
+pub fn write(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
+    retry(|| {
+        // SAFETY: `buf` is valid for reads of `buf.len()` bytes.
+        let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    })
+}
+
 /// Writes all of `buf` (blocking descriptor).
 pub fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
     while !buf.is_empty() {
-        let n = retry(|| {
-            // SAFETY: `buf` is valid for reads of `buf.len()` bytes.
-            let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
-            if n < 0 {
-                Err(io::Error::last_os_error())
-            } else {
-                Ok(n as usize)
-            }
-        })?;
+        let n = write(fd, buf)?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }

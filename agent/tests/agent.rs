@@ -1003,9 +1003,10 @@ fn test_shell_pauses_the_nodes_and_runs_sh_on_a_terminal_inside_a_node() {
     while !shell_output(&agent).contains("# ") && Instant::now() < deadline {
         agent.collect_for(Duration::from_millis(50));
     }
-    agent.send(&HostToAgent::ShellInput {
-        data: b"echo via-$((6*7)); [ -t 0 ] && stty size; hostname\nexit 4\n".to_vec(),
-    });
+    // More than the terminal takes at once (4 KiB): the agent queues it.
+    let mut typed = b": filler-line\n".repeat(1000);
+    typed.extend_from_slice(b"echo via-$((6*7)); [ -t 0 ] && stty size; hostname\nexit 4\n");
+    agent.send(&HostToAgent::ShellInput { data: typed });
     let exited = agent.wait_for("shell exited", |m| {
         matches!(m, AgentToHost::ShellExited { .. })
     });

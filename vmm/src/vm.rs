@@ -700,8 +700,9 @@ impl Checkpoint {
     }
 
     /// Pages it keeps a copy of: when taken, for a session restored from a
-    /// snapshot, those written since the restore; for a fresh one, the
-    /// non-zero pages. Resets add the pages they return (see `reset_to`).
+    /// snapshot, its private copies (pages written since the restore, and
+    /// layers read in rather than mapped); for a fresh one, the non-zero
+    /// pages. Resets add the pages they return (see `reset_to`).
     pub fn pages_kept(&self) -> u64 {
         self.slots.len() as u64
     }
@@ -1212,25 +1213,32 @@ impl Session {
             ram_len,
         };
         let mut keep = |page: usize, chunk: &[u8]| checkpoint.keep(page as u64, chunk);
-        match (&self.backing, private_copies(ptr, ram_len)) {
-            (MemoryBacking::File { .. }, Some(copies)) => {
-                // SAFETY: `ptr..ptr+ram_len` is the live guest RAM mapping,
-                // owned by the session, which outlives this borrow; the vCPU
-                // is stopped (we hold the session).
-                let ram = unsafe { std::slice::from_raw_parts(ptr, ram_len) };
-                for (page, chunk) in ram.chunks_exact(PAGE_SIZE).enumerate() {
-                    if copies[page] {
-                        keep(page, chunk);
+        match &self.backing {
+            MemoryBacking::File { .. } => match private_copies(ptr, ram_len) {
+                Some(copies) => {
+                    // SAFETY: `ptr..ptr+ram_len` is the live guest RAM
+                    // mapping, owned by the session, which outlives this
+                    // borrow; the vCPU is stopped (we hold the session).
+                    let ram = unsafe { std::slice::from_raw_parts(ptr, ram_len) };
+                    for (page, chunk) in ram.chunks_exact(PAGE_SIZE).enumerate() {
+                        if copies[page] {
+                            keep(page, chunk);
+                        }
                     }
                 }
+                // Without pagemap a page the guest zeroed cannot be told from
+                // the file's: keep every page that may be non-zero, zero or not.
+                None => visit_candidate_pages(region, &self.backing, keep),
+            },
+            // Fresh memory: `DONTNEED` gives back zeros, so every non-zero
+            // page is kept.
+            MemoryBacking::Anonymous => {
+                visit_candidate_pages(region, &self.backing, |page, chunk| {
+                    if chunk.iter().any(|b| *b != 0) {
+                        keep(page, chunk);
+                    }
+                })
             }
-            // Fresh memory (or no pagemap): what `DONTNEED` cannot give back
-            // is every non-zero page (file holes are zero too).
-            _ => visit_candidate_pages(region, &self.backing, |page, chunk| {
-                if chunk.iter().any(|b| *b != 0) {
-                    keep(page, chunk);
-                }
-            }),
         }
         self.live_checkpoint = Some(id);
         Ok(checkpoint)
@@ -1260,7 +1268,7 @@ impl Session {
         // change the restored registers.
         vcpu_state::complete_pending_exit(&mut self.vm.vcpu)?;
         let dirty = self.read_dirty_log()?;
-        let mut pages_fetched = 0;
+        let (mut pages_copied, mut pages_fetched) = (0, 0);
         for &page in &dirty {
             let at = page as usize * PAGE_SIZE;
             if at + PAGE_SIZE > len {
@@ -1269,32 +1277,34 @@ impl Session {
             // SAFETY: `at..at+PAGE_SIZE` lies inside the single guest RAM
             // region (`len` is its length), a live writable mapping owned by
             // the session, and the vCPU is not running.
-            let target = unsafe { std::slice::from_raw_parts_mut(base.add(at), PAGE_SIZE) };
-            if let Some(kept) = checkpoint.page(page) {
-                target.copy_from_slice(kept);
-                continue;
+            let page_ptr = unsafe { base.add(at) };
+            if checkpoint.page(page).is_none() {
+                // The page was the backing's at the checkpoint: drop our
+                // private copy, so reading it now gives the file's page (or
+                // zeros), and keep that from now on.
+                // SAFETY: one page inside the guest RAM mapping (see above),
+                // no reference to it alive; DONTNEED on a private mapping only
+                // discards our copy, and KVM's mappings follow (MMU notifier).
+                if unsafe { libc::madvise(page_ptr.cast(), PAGE_SIZE, libc::MADV_DONTNEED) } != 0 {
+                    return Err(VmError::ResetPage {
+                        page,
+                        source: std::io::Error::last_os_error(),
+                    });
+                }
+                // SAFETY: as above; the slice lives only for this call.
+                let backing = unsafe { std::slice::from_raw_parts(page_ptr, PAGE_SIZE) };
+                checkpoint.keep(page, backing);
+                pages_fetched += 1;
+            } else {
+                pages_copied += 1;
             }
-            // The page was the backing's at the checkpoint: drop our private
-            // copy, so reading it now gives the file's page (or zeros) ...
-            // SAFETY: one page inside the guest RAM mapping (see above);
-            // DONTNEED on a private mapping only discards our copy of it, and
-            // KVM's mappings of it follow (MMU notifier).
-            let dropped =
-                unsafe { libc::madvise(base.add(at).cast(), PAGE_SIZE, libc::MADV_DONTNEED) };
-            if dropped != 0 {
-                return Err(VmError::ResetPage {
-                    page,
-                    source: std::io::Error::last_os_error(),
-                });
-            }
-            // ... which is kept from now on, and written back at once: the
-            // guest, which wrote this page in this loop and likely will
-            // again, finds a private copy instead of faulting on it, and the
-            // next reset copies it back like any kept page.
-            checkpoint.keep(page, target);
-            let kept = checkpoint.page(page).expect("just kept");
-            target.copy_from_slice(kept);
-            pages_fetched += 1;
+            // Written back even when just fetched: the guest, which wrote
+            // this page in this loop and likely will again, then finds a
+            // private copy instead of faulting on it.
+            let kept = checkpoint.page(page).expect("kept above");
+            // SAFETY: `page_ptr` is one writable page of guest RAM (see
+            // above); `kept` is the checkpoint's own buffer, not guest RAM.
+            unsafe { std::ptr::copy_nonoverlapping(kept.as_ptr(), page_ptr, PAGE_SIZE) };
         }
         let state = &checkpoint.state;
         vcpu_state::restore(&self.vm.vcpu, &state.vcpu)?;
@@ -1318,7 +1328,7 @@ impl Session {
         self.started = Instant::now();
         self.wall_setup = Duration::ZERO;
         Ok(ResetStats {
-            pages_copied: dirty.len() as u64 - pages_fetched,
+            pages_copied,
             pages_fetched,
         })
     }
