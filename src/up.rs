@@ -735,6 +735,22 @@ mod tests {
         )
     }
 
+    /// The workload `true`, inside `node`.
+    fn in_node(node: &str) -> WorkloadPlan {
+        WorkloadPlan::InNode {
+            node: node.into(),
+            command: vec!["true".into()],
+            env: BTreeMap::new(),
+        }
+    }
+
+    fn started(name: &str, pid: i32) -> AgentToHost {
+        AgentToHost::NodeStarted {
+            name: name.into(),
+            pid,
+        }
+    }
+
     fn feed(c: &mut Conductor, m: AgentToHost) -> Vec<HostToAgent> {
         let mut send = Vec::new();
         let mut notes = Vec::new();
@@ -770,29 +786,12 @@ mod tests {
 
     #[test]
     fn test_conversation_starts_nodes_then_workload_then_shuts_down() {
-        let workload = WorkloadPlan::InNode {
-            node: "n2".into(),
-            command: vec!["true".into()],
-            env: BTreeMap::new(),
-        };
+        let workload = in_node("n2");
         let mut c = conductor(Some(workload), &[]);
         boot(&mut c);
-        assert!(feed(
-            &mut c,
-            AgentToHost::NodeStarted {
-                name: "n2".into(),
-                pid: 3
-            }
-        )
-        .is_empty());
+        assert!(feed(&mut c, started("n2", 3)).is_empty());
         assert_eq!(
-            feed(
-                &mut c,
-                AgentToHost::NodeStarted {
-                    name: "n1".into(),
-                    pid: 2
-                }
-            ),
+            feed(&mut c, started("n1", 2)),
             vec![HostToAgent::StartWorkload {
                 node: Some("n2".into()),
                 command: vec!["true".into()],
@@ -842,20 +841,10 @@ mod tests {
 
     #[test]
     fn test_a_node_that_ends_before_the_last_starts_still_counts_as_started() {
-        let workload = WorkloadPlan::InNode {
-            node: "n2".into(),
-            command: vec!["true".into()],
-            env: BTreeMap::new(),
-        };
+        let workload = in_node("n2");
         let mut c = conductor(Some(workload), &[]);
         boot(&mut c);
-        feed(
-            &mut c,
-            AgentToHost::NodeStarted {
-                name: "n1".into(),
-                pid: 2,
-            },
-        );
+        feed(&mut c, started("n1", 2));
         feed(
             &mut c,
             AgentToHost::Exited {
@@ -863,13 +852,7 @@ mod tests {
                 status: ExitStatus::Code(0),
             },
         );
-        let sent = feed(
-            &mut c,
-            AgentToHost::NodeStarted {
-                name: "n2".into(),
-                pid: 3,
-            },
-        );
+        let sent = feed(&mut c, started("n2", 3));
         assert!(
             matches!(sent[..], [HostToAgent::StartWorkload { .. }]),
             "{sent:?}"
@@ -880,20 +863,8 @@ mod tests {
     fn test_without_a_workload_the_run_ends_when_every_node_has_ended() {
         let mut c = conductor(None, &[]);
         boot(&mut c);
-        feed(
-            &mut c,
-            AgentToHost::NodeStarted {
-                name: "n1".into(),
-                pid: 2,
-            },
-        );
-        feed(
-            &mut c,
-            AgentToHost::NodeStarted {
-                name: "n2".into(),
-                pid: 3,
-            },
-        );
+        feed(&mut c, started("n1", 2));
+        feed(&mut c, started("n2", 3));
         assert!(feed(
             &mut c,
             AgentToHost::Exited {
@@ -919,27 +890,11 @@ mod tests {
 
     #[test]
     fn test_a_workload_that_cannot_start_ends_the_run() {
-        let workload = WorkloadPlan::InNode {
-            node: "n1".into(),
-            command: vec!["true".into()],
-            env: BTreeMap::new(),
-        };
+        let workload = in_node("n1");
         let mut c = conductor(Some(workload), &[]);
         boot(&mut c);
-        feed(
-            &mut c,
-            AgentToHost::NodeStarted {
-                name: "n1".into(),
-                pid: 2,
-            },
-        );
-        feed(
-            &mut c,
-            AgentToHost::NodeStarted {
-                name: "n2".into(),
-                pid: 3,
-            },
-        );
+        feed(&mut c, started("n1", 2));
+        feed(&mut c, started("n2", 3));
         let error = AgentToHost::Error {
             context: "start_workload".into(),
             message: "node \"n1\" is not running".into(),
@@ -965,20 +920,8 @@ mod tests {
         c.due(VirtNanos(5_000_000_000), &mut send, &mut notes);
         assert!(send.is_empty());
         boot(&mut c);
-        feed(
-            &mut c,
-            AgentToHost::NodeStarted {
-                name: "n1".into(),
-                pid: 2,
-            },
-        );
-        feed(
-            &mut c,
-            AgentToHost::NodeStarted {
-                name: "n2".into(),
-                pid: 3,
-            },
-        );
+        feed(&mut c, started("n1", 2));
+        feed(&mut c, started("n2", 3));
         c.due(VirtNanos(2_000_000_000), &mut send, &mut notes);
         assert_eq!(
             send,
@@ -1082,20 +1025,9 @@ mod tests {
     #[test]
     fn test_up_state_round_trips_and_a_restored_driver_continues_the_frame() {
         let names = vec!["n1".to_string(), "n2".to_string()];
-        let mut running = conductor(
-            Some(WorkloadPlan::InNode {
-                node: "n2".into(),
-                command: vec!["true".into()],
-                env: BTreeMap::new(),
-            }),
-            &["at=5s pause n1 for=1s"],
-        );
+        let mut running = conductor(Some(in_node("n2")), &["at=5s pause n1 for=1s"]);
         boot(&mut running);
-        let frame = encode_frame(&AgentToHost::NodeStarted {
-            name: "n1".into(),
-            pid: 7,
-        })
-        .unwrap();
+        let frame = encode_frame(&started("n1", 7)).unwrap();
         let state = UpState {
             conductor: running,
             agent_frame_bytes: frame[..6].to_vec(),
@@ -1124,10 +1056,7 @@ mod tests {
         driver.decoder.push(&frame[6..]);
         assert_eq!(
             driver.decoder.next_message::<AgentToHost>().unwrap(),
-            Some(AgentToHost::NodeStarted {
-                name: "n1".into(),
-                pid: 7
-            })
+            Some(started("n1", 7))
         );
         // Unknown fields are refused, as everywhere in saved state.
         let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
