@@ -127,15 +127,14 @@ fn test_snapshot_with_frames_in_flight_resumes_identically() {
         rows.len()
     );
     // Resume, in new processes, from snapshots taken while frames were in
-    // flight in the switch (read from the snapshot's state: 32-byte header, then JSON).
+    // flight in the switch (as `snapshot info` reads them from the state).
     let in_flight: Vec<String> = rows
         .iter()
         .map(|row| format!("{snaps}/{}", row["id"].as_str().unwrap()))
         .filter(|path| {
-            let bytes = std::fs::read(format!("{path}/state.bin")).unwrap();
-            let state: serde_json::Value = serde_json::from_slice(&bytes[32..]).unwrap();
-            let frames = &state["state"]["devices"]["switch"]["in_flight"];
-            frames.as_object().is_some_and(|f| !f.is_empty())
+            let info = detvisor(&["snapshot", "info", path]);
+            let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+            info["frames_in_flight"].as_u64().unwrap() > 0
         })
         .collect();
     assert!(

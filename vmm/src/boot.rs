@@ -33,8 +33,13 @@ pub const SETUP_DATA_ADDR: u64 = 0x2_1000;
 pub const HIGH_RAM_START: u64 = 0x10_0000;
 /// End of conventional memory below the EBDA.
 pub const LOW_RAM_END: u64 = 0x9_fc00;
-/// The largest RAM size the single-region layout supports (below the 32-bit MMIO hole).
-pub const MAX_RAM: u64 = 3 << 30;
+/// Where the 32-bit MMIO hole starts (virtio-mmio, HPET, the TSS KVM
+/// needs): RAM below it is one region at guest address 0 ...
+pub const LOW_RAM_LIMIT: u64 = 3 << 30;
+/// ... and RAM beyond it continues at 4 GiB.
+pub const HIGH_RAM_BASE: u64 = 1 << 32;
+/// The largest RAM detvisor gives a guest.
+pub const MAX_RAM: u64 = 64 << 30;
 /// The smallest RAM a kernel and initramfs can boot in.
 pub const MIN_RAM: u64 = 64 << 20;
 /// Bytes of seed handed to the kernel RNG.
@@ -108,29 +113,52 @@ pub fn load_kernel(mem: &GuestMemory, path: &Path) -> Result<LoadedKernel, BootE
     })
 }
 
-/// The e820 map for a single RAM region of `ram` bytes.
+/// Where `ram` bytes of guest RAM go: `(guest address, offset in the host
+/// mapping, length)` per region, in host order. Up to [`LOW_RAM_LIMIT`] one
+/// region at 0; the rest at [`HIGH_RAM_BASE`], right after it on the host
+/// (the host mapping, and so a snapshot's memory file, is contiguous).
+pub fn ram_layout(ram: u64) -> Vec<(u64, u64, u64)> {
+    let low = ram.min(LOW_RAM_LIMIT);
+    let mut layout = vec![(0, 0, low)];
+    if ram > LOW_RAM_LIMIT {
+        layout.push((HIGH_RAM_BASE, LOW_RAM_LIMIT, ram - LOW_RAM_LIMIT));
+    }
+    layout
+}
+
+/// The e820 map for `ram` bytes laid out as [`ram_layout`] says.
 pub fn e820_map(ram: u64) -> Vec<boot_e820_entry> {
     let entry = |addr: u64, end: u64, kind: u32| boot_e820_entry {
         addr,
         size: end - addr,
         r#type: kind,
     };
-    vec![
+    let mut map = vec![
         entry(0, LOW_RAM_END, E820_RAM),
         entry(LOW_RAM_END, 0xa_0000, E820_RESERVED),
         entry(acpi::ACPI_TABLES_ADDR, acpi::ACPI_TABLES_END, E820_RESERVED),
-        entry(HIGH_RAM_START, ram, E820_RAM),
-    ]
+        entry(HIGH_RAM_START, ram.min(LOW_RAM_LIMIT), E820_RAM),
+    ];
+    if ram > LOW_RAM_LIMIT {
+        map.push(entry(
+            HIGH_RAM_BASE,
+            HIGH_RAM_BASE + (ram - LOW_RAM_LIMIT),
+            E820_RAM,
+        ));
+    }
+    map
 }
 
-/// Page-aligned address for an initrd of `len` bytes at the top of RAM.
+/// Page-aligned address for an initrd of `len` bytes at the top of the RAM
+/// below the MMIO hole (the kernel reads it from there early, before it
+/// maps memory above 4 GiB).
 pub fn initrd_address(ram: u64, kernel_end: u64, len: u64) -> Result<u64, BootError> {
     let too_large = BootError::InitrdTooLarge {
         initrd: len,
         ram,
         kernel_end,
     };
-    let start = ram.checked_sub(len).ok_or(too_large)? & !0xfff;
+    let start = ram.min(LOW_RAM_LIMIT).checked_sub(len).ok_or(too_large)? & !0xfff;
     if start < kernel_end {
         return Err(BootError::InitrdTooLarge {
             initrd: len,
@@ -325,6 +353,33 @@ pub fn initial_regs(entry: u64) -> kvm_regs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_ram_beyond_the_mmio_hole_continues_at_4_gib() {
+        assert_eq!(ram_layout(1 << 30), vec![(0, 0, 1 << 30)]);
+        assert_eq!(ram_layout(LOW_RAM_LIMIT), vec![(0, 0, LOW_RAM_LIMIT)]);
+        assert_eq!(
+            ram_layout(4 << 30),
+            vec![(0, 0, 3 << 30), (HIGH_RAM_BASE, 3 << 30, 1 << 30)]
+        );
+        let map = e820_map(4 << 30);
+        let ram: u64 = map
+            .iter()
+            .filter(|e| e.r#type == E820_RAM)
+            .map(|e| e.size)
+            .sum();
+        // All of it but the legacy hole below 1 MiB.
+        assert_eq!(ram, (4 << 30) - (HIGH_RAM_START - LOW_RAM_END));
+        assert!(map
+            .iter()
+            .any(|e| e.addr == HIGH_RAM_BASE && e.size == 1 << 30 && e.r#type == E820_RAM));
+        assert!(map
+            .iter()
+            .all(|e| e.addr + e.size <= LOW_RAM_LIMIT || e.addr >= HIGH_RAM_BASE));
+        // The initrd stays below the hole.
+        let initrd = initrd_address(4 << 30, 0x200_0000, 1 << 20).unwrap();
+        assert_eq!(initrd, LOW_RAM_LIMIT - (1 << 20));
+    }
 
     #[test]
     fn test_e820_map_covers_ram_and_reserves_acpi() {

@@ -388,8 +388,14 @@ fn memory_hash(mem: &GuestMemory, backing: &MemoryBacking) -> u64 {
 fn memory_hash_and_residency(mem: &GuestMemory, backing: &MemoryBacking) -> (u64, u64) {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     let mut resident_pages = 0u64;
+    let base = mem
+        .iter()
+        .next()
+        .map_or(std::ptr::null_mut(), |r| r.as_ptr());
     for region in mem.iter() {
-        visit_candidate_pages(region, backing, |page, chunk| {
+        let (ptr, len) = (region.as_ptr(), region.len() as usize);
+        let host_offset = (ptr as usize).wrapping_sub(base as usize) as u64;
+        visit_candidate_pages(ptr, len, host_offset, backing, |page, chunk| {
             resident_pages += 1;
             if chunk.iter().all(|b| *b == 0) {
                 return;
@@ -402,18 +408,22 @@ fn memory_hash_and_residency(mem: &GuestMemory, backing: &MemoryBacking) -> (u64
     (hasher.digest(), resident_pages * PAGE_SIZE as u64)
 }
 
-/// Calls `f(page index, page bytes)` for each page of `region` that may be
-/// non-zero (`candidate_pages`), in order; the other pages are not touched.
+/// Calls `f(page index, page bytes)` for each page of guest RAM at
+/// `ptr..ptr+len` (at `host_offset` in the RAM's host mapping, i.e. in a
+/// snapshot's memory file) that may be non-zero (`candidate_pages`), in
+/// order; the other pages are not touched.
 fn visit_candidate_pages(
-    region: &vm_memory::GuestRegionMmap<AtomicBitmap>,
+    ptr: *mut u8,
+    len: usize,
+    host_offset: u64,
     backing: &MemoryBacking,
     mut f: impl FnMut(usize, &[u8]),
 ) {
-    let candidates = candidate_pages(region, backing);
-    // SAFETY: `as_ptr()..+len()` is a live mapping owned by the guest memory,
-    // which outlives this borrow; the vCPU is stopped (callers hold the
-    // session), so nothing writes to it meanwhile.
-    let bytes = unsafe { std::slice::from_raw_parts(region.as_ptr(), region.len() as usize) };
+    let candidates = candidate_pages(ptr, len, host_offset, backing);
+    // SAFETY: callers pass (part of) the live guest RAM mapping, owned by
+    // the session, which outlives this borrow; the vCPU is stopped (callers
+    // hold the session), so nothing writes to it meanwhile.
+    let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
     for (page, chunk) in bytes.chunks_exact(PAGE_SIZE).enumerate() {
         if candidates[page] {
             f(page, chunk);
@@ -421,17 +431,19 @@ fn visit_candidate_pages(
     }
 }
 
-/// Per page of `region`: whether it may be non-zero (the others are zero and
-/// are best not touched).
+/// Per page of `ptr..ptr+len` (guest RAM at `host_offset` of its host
+/// mapping): whether it may be non-zero (the others are zero and are best
+/// not touched).
 fn candidate_pages(
-    region: &vm_memory::GuestRegionMmap<AtomicBitmap>,
+    ptr: *mut u8,
+    len: usize,
+    host_offset: u64,
     backing: &MemoryBacking,
 ) -> Vec<bool> {
-    let (ptr, len) = (region.as_ptr(), region.len() as usize);
     match backing {
         MemoryBacking::Anonymous => resident_pages_of(ptr, len),
         MemoryBacking::File { data_ranges } => {
-            file_backed_candidates(ptr, len, region.start_addr().0, data_ranges)
+            file_backed_candidates(ptr, len, host_offset, data_ranges)
         }
     }
 }
@@ -476,14 +488,17 @@ fn pagemap_entries(ptr: *mut u8, len: usize) -> Option<Vec<u64>> {
 fn file_backed_candidates(
     ptr: *mut u8,
     len: usize,
-    guest_base: u64,
+    host_offset: u64,
     data_ranges: &[(u64, u64)],
 ) -> Vec<bool> {
     let pages = len / PAGE_SIZE;
     let mut candidates = vec![false; pages];
     for &(start, end) in data_ranges {
-        let first = start.saturating_sub(guest_base) as usize / PAGE_SIZE;
-        let last = (end.saturating_sub(guest_base) as usize).div_ceil(PAGE_SIZE);
+        if end <= host_offset {
+            continue;
+        }
+        let first = start.saturating_sub(host_offset) as usize / PAGE_SIZE;
+        let last = (end.saturating_sub(host_offset) as usize).div_ceil(PAGE_SIZE);
         for flag in candidates.iter_mut().take(last).skip(first) {
             *flag = true;
         }
@@ -523,6 +538,126 @@ struct Vm {
     memory: GuestMemory,
     /// Whether KVM logs the guest's writes to RAM (see `Session::start_dirty_log`).
     dirty_log: bool,
+    /// The host mapping behind `memory` when the VMM made it (RAM split
+    /// around the MMIO hole); dropped after everything that uses it.
+    _mapping: Option<HostMapping>,
+}
+
+/// Guest RAM: the regions KVM and the devices see, host-contiguous in
+/// region order (so page `n` of RAM is at byte `n * 4096` of one mapping and
+/// of a snapshot's memory file), and the mapping behind them when the VMM
+/// made it itself.
+pub struct GuestRam {
+    memory: GuestMemory,
+    mapping: Option<HostMapping>,
+}
+
+impl GuestRam {
+    fn unowned(memory: GuestMemory) -> Self {
+        GuestRam {
+            memory,
+            mapping: None,
+        }
+    }
+}
+
+/// A mapping the VMM made for guest RAM larger than the space below the
+/// MMIO hole; its regions point into it without owning it. Unmapped on drop.
+struct HostMapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value alone; the raw
+// pointer is only used to unmap it on drop.
+unsafe impl Send for HostMapping {}
+// SAFETY: as above; `&HostMapping` gives no access to the memory.
+unsafe impl Sync for HostMapping {}
+
+impl Drop for HostMapping {
+    fn drop(&mut self) {
+        // SAFETY: `ptr..ptr+len` was mapped by `HostMapping::map` and is
+        // unmapped once, here; the regions over it are gone (the `Vm` drops
+        // its memory before this field).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+impl HostMapping {
+    /// A private read-write mapping of `len` bytes: anonymous (zeros), or of
+    /// `file` from its start (copy-on-write, read lazily).
+    fn map(len: u64, file: Option<&std::fs::File>) -> Result<Self, VmError> {
+        use std::os::fd::AsRawFd;
+        let (flags, fd) = match file {
+            Some(file) => (libc::MAP_PRIVATE | libc::MAP_NORESERVE, file.as_raw_fd()),
+            None => (
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+            ),
+        };
+        // SAFETY: a new mapping at an address of the kernel's choosing; it
+        // aliases nothing. `fd` is open for the duration of the call.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                fd,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(memory_error(
+                len,
+                format!("mmap: {}", std::io::Error::last_os_error()),
+            ));
+        }
+        Ok(HostMapping {
+            ptr: ptr.cast(),
+            len: len as usize,
+        })
+    }
+}
+
+/// The host mapping of all guest RAM: its start and length. Every
+/// `GuestMemory` this module builds is host-contiguous in region order (one
+/// region, or two split from one mapping by `split_guest_memory`).
+fn host_ram(memory: &GuestMemory) -> (*mut u8, usize) {
+    let mut regions = memory.iter();
+    let Some(first) = regions.next() else {
+        return (std::ptr::null_mut(), 0);
+    };
+    let mut len = first.len() as usize;
+    for region in regions {
+        debug_assert_eq!(region.as_ptr() as usize, first.as_ptr() as usize + len);
+        len += region.len() as usize;
+    }
+    (first.as_ptr(), len)
+}
+
+/// Guest RAM over `len` bytes at `ptr`, split as `boot::ram_layout` says,
+/// each region with a dirty bitmap.
+///
+/// # Safety
+/// `ptr..ptr+len` must be a readable and writable mapping that stays valid
+/// as long as the returned memory (and every clone of it) is in use.
+unsafe fn split_guest_memory(ptr: *mut u8, len: u64) -> Result<GuestMemory, VmError> {
+    let mut regions = Vec::new();
+    for (guest_addr, host_offset, size) in boot::ram_layout(len) {
+        // SAFETY: `host_offset + size <= len` by `ram_layout`, so the region
+        // lies inside the caller's mapping, which outlives it.
+        let region = unsafe {
+            private_region_builder(size)
+                .with_raw_mmap_pointer(ptr.add(host_offset as usize))
+                .build()
+        }
+        .map_err(|e| memory_error(len, format!("a guest RAM region: {e}")))?;
+        let region = vm_memory::GuestRegionMmap::new(region, GuestAddress(guest_addr))
+            .ok_or_else(|| memory_error(len, "a guest RAM region does not fit".into()))?;
+        regions.push(region);
+    }
+    GuestMemory::from_regions(regions).map_err(|e| memory_error(len, e.to_string()))
 }
 
 fn check_caps(kvm: &Kvm) -> Result<(), VmError> {
@@ -559,7 +694,8 @@ fn register_memory(vm: &VmFd, memory: &GuestMemory, flags: u32) -> Result<(), Vm
 }
 
 /// Creates the VM over `memory`, the fixed CPU model and MSR filter.
-fn create_vm(kvm: &Kvm, memory: GuestMemory) -> Result<Vm, VmError> {
+fn create_vm(kvm: &Kvm, ram: GuestRam) -> Result<Vm, VmError> {
+    let GuestRam { memory, mapping } = ram;
     check_caps(kvm)?;
     let vm = kvm.create_vm().map_err(kvm_err("KVM_CREATE_VM"))?;
     vm.set_tss_address(0xfffb_d000)
@@ -618,6 +754,7 @@ fn create_vm(kvm: &Kvm, memory: GuestMemory) -> Result<Vm, VmError> {
         vcpu,
         memory,
         dirty_log: false,
+        _mapping: mapping,
     })
 }
 
@@ -776,11 +913,8 @@ impl Session {
             return Err(BootError::RamSize(config.ram_bytes).into());
         }
         let started = Instant::now();
-        let memory = GuestMemory::from_ranges(&[(GuestAddress(0), config.ram_bytes as usize)])
-            .map_err(|e| VmError::Memory {
-                bytes: config.ram_bytes,
-                reason: e.to_string(),
-            })?;
+        let ram = fresh_ram(config.ram_bytes)?;
+        let memory = ram.memory.clone();
         // Bad input (not a kernel, an initrd too large) is found before KVM is touched.
         let kernel = boot::load_kernel(&memory, &config.kernel)?;
         let (devices, console) = build_devices(
@@ -810,7 +944,7 @@ impl Session {
             },
         )?;
         let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
-        let vm = create_vm(&kvm, memory)?;
+        let vm = create_vm(&kvm, ram)?;
         let sregs = vm.vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
         vm.vcpu
             .set_sregs(&boot::initial_sregs(sregs))
@@ -1113,16 +1247,12 @@ impl Session {
 
     /// Guest RAM, for writing a snapshot. The vCPU is not running while borrowed.
     pub fn memory(&self) -> &[u8] {
-        let region = self
-            .vm
-            .memory
-            .iter()
-            .next()
-            .expect("guest memory has one region");
-        // SAFETY: the region is a live mapping of `len` bytes owned by the
-        // session, which the returned borrow cannot outlive; the vCPU only runs
-        // inside `&mut self` methods, so the memory does not change meanwhile.
-        unsafe { std::slice::from_raw_parts(region.as_ptr(), region.len() as usize) }
+        let (ptr, len) = host_ram(&self.vm.memory);
+        // SAFETY: `host_ram` gives the live host mapping of all guest RAM,
+        // owned by the session, which the returned borrow cannot outlive; the
+        // vCPU only runs inside `&mut self` methods, so the memory does not
+        // change meanwhile.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
     }
 
     /// Starts tracking which guest pages change: KVM logs the guest's own
@@ -1139,16 +1269,6 @@ impl Session {
             self.vm.dirty_log = true;
         }
         self.take_dirty_pages().map(drop)
-    }
-
-    /// Guest RAM as the single region it is (checked when a session resets).
-    fn single_region(&self) -> Result<&vm_memory::GuestRegionMmap<AtomicBitmap>, VmError> {
-        match self.vm.memory.num_regions() {
-            1 => Ok(self.vm.memory.iter().next().expect("one region")),
-            n => Err(VmError::Incompatible(format!(
-                "in-place resets need guest RAM in one region, this machine has {n}"
-            ))),
-        }
     }
 
     /// The guest pages (page numbers, ascending) written since the previous
@@ -1202,8 +1322,7 @@ impl Session {
     pub fn checkpoint(&mut self) -> Result<Checkpoint, VmError> {
         let state = self.capture()?;
         self.start_dirty_log()?;
-        let region = self.single_region()?;
-        let (ptr, ram_len) = (region.as_ptr(), region.len() as usize);
+        let (ptr, ram_len) = host_ram(&self.vm.memory);
         let id = NEXT_CHECKPOINT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut checkpoint = Checkpoint {
             id,
@@ -1228,12 +1347,12 @@ impl Session {
                 }
                 // Without pagemap a page the guest zeroed cannot be told from
                 // the file's: keep every page that may be non-zero, zero or not.
-                None => visit_candidate_pages(region, &self.backing, keep),
+                None => visit_candidate_pages(ptr, ram_len, 0, &self.backing, keep),
             },
             // Fresh memory: `DONTNEED` gives back zeros, so every non-zero
             // page is kept.
             MemoryBacking::Anonymous => {
-                visit_candidate_pages(region, &self.backing, |page, chunk| {
+                visit_candidate_pages(ptr, ram_len, 0, &self.backing, |page, chunk| {
                     if chunk.iter().any(|b| *b != 0) {
                         keep(page, chunk);
                     }
@@ -1253,10 +1372,7 @@ impl Session {
         if self.live_checkpoint != Some(checkpoint.id) {
             return Err(VmError::StaleCheckpoint);
         }
-        let (base, len) = {
-            let region = self.single_region()?;
-            (region.as_ptr(), region.len() as usize)
-        };
+        let (base, len) = host_ram(&self.vm.memory);
         if checkpoint.ram_len != len {
             return Err(VmError::StaleCheckpoint);
         }
@@ -1365,7 +1481,7 @@ impl Session {
     pub fn resume(
         config: &ResumeConfig,
         state: &SessionState,
-        memory: GuestMemory,
+        ram: GuestRam,
         data_ranges: Vec<(u64, u64)>,
         console: Box<dyn Write + Send>,
         input: Option<ConsoleInput>,
@@ -1378,16 +1494,16 @@ impl Session {
                 cpu_model::CPU_MODEL_VERSION
             )));
         }
-        let ram: u64 = memory.iter().map(|r| r.len()).sum();
-        if ram != state.ram_bytes {
+        let ram_bytes: u64 = ram.memory.iter().map(|r| r.len()).sum();
+        if ram_bytes != state.ram_bytes {
             return Err(VmError::Incompatible(format!(
-                "snapshot memory is {ram} bytes, its state says {}",
+                "snapshot memory is {ram_bytes} bytes, its state says {}",
                 state.ram_bytes
             )));
         }
         let kvm = Kvm::new().map_err(VmError::OpenKvm)?;
-        let devices_memory = memory.clone();
-        let mut vm = create_vm(&kvm, memory)?;
+        let devices_memory = ram.memory.clone();
+        let mut vm = create_vm(&kvm, ram)?;
         vcpu_state::restore(&vm.vcpu, &state.vcpu)?;
         vm.vcpu.get_kvm_run().request_interrupt_window = state.request_interrupt_window;
         // The RTC epoch is part of the saved device state.
@@ -1563,12 +1679,38 @@ fn attach_virtio(
 /// Guest RAM mapped private (copy-on-write) from a snapshot's memory file:
 /// nothing is read up front; pages fault in from the file as the guest
 /// touches them, and guest writes never reach the file.
-pub fn memory_from_file(file: std::fs::File, len: u64) -> Result<GuestMemory, VmError> {
+pub fn memory_from_file(file: std::fs::File, len: u64) -> Result<GuestRam, VmError> {
+    if len > boot::LOW_RAM_LIMIT {
+        let mapping = HostMapping::map(len, Some(&file))?;
+        // SAFETY: the mapping is read-write and lives in the returned value,
+        // beside the memory over it (and the `Vm` drops it last).
+        let memory = unsafe { split_guest_memory(mapping.ptr, len)? };
+        return Ok(GuestRam {
+            memory,
+            mapping: Some(mapping),
+        });
+    }
     let region = private_region_builder(len)
         .with_file_offset(vm_memory::FileOffset::new(file, 0))
         .build()
         .map_err(|e| memory_error(len, format!("mapping the snapshot memory: {e}")))?;
-    single_region_memory(region, len)
+    single_region_memory(region, len).map(GuestRam::unowned)
+}
+
+/// Fresh, zeroed guest RAM of `len` bytes.
+fn fresh_ram(len: u64) -> Result<GuestRam, VmError> {
+    if len > boot::LOW_RAM_LIMIT {
+        let mapping = HostMapping::map(len, None)?;
+        // SAFETY: as in `memory_from_file`.
+        let memory = unsafe { split_guest_memory(mapping.ptr, len)? };
+        return Ok(GuestRam {
+            memory,
+            mapping: Some(mapping),
+        });
+    }
+    GuestMemory::from_ranges(&[(GuestAddress(0), len as usize)])
+        .map(GuestRam::unowned)
+        .map_err(|e| memory_error(len, e.to_string()))
 }
 
 /// Guest RAM over an existing mapping of `len` bytes at `ptr` (e.g. a
@@ -1580,7 +1722,12 @@ pub fn memory_from_file(file: std::fs::File, len: u64) -> Result<GuestMemory, Vm
 /// # Safety
 /// `ptr..ptr+len` must be a readable and writable mapping that nothing else
 /// unmaps or reuses for the rest of the process.
-pub unsafe fn memory_from_mapping(ptr: *mut u8, len: u64) -> Result<GuestMemory, VmError> {
+pub unsafe fn memory_from_mapping(ptr: *mut u8, len: u64) -> Result<GuestRam, VmError> {
+    if len > boot::LOW_RAM_LIMIT {
+        // SAFETY: the caller guarantees the mapping is valid, read-write and
+        // never unmapped.
+        return unsafe { split_guest_memory(ptr, len) }.map(GuestRam::unowned);
+    }
     // SAFETY: the caller guarantees the mapping is valid, PROT_READ|PROT_WRITE
     // and outlives the region (it is never unmapped).
     let region = unsafe {
@@ -1589,7 +1736,7 @@ pub unsafe fn memory_from_mapping(ptr: *mut u8, len: u64) -> Result<GuestMemory,
             .build()
     }
     .map_err(|e| memory_error(len, format!("adopting the snapshot memory: {e}")))?;
-    single_region_memory(region, len)
+    single_region_memory(region, len).map(GuestRam::unowned)
 }
 
 fn memory_error(bytes: u64, reason: String) -> VmError {
