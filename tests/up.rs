@@ -418,19 +418,7 @@ fn test_up_snapshots_branch_to_the_straight_runs_history() {
             summary(&out)
         })
         .collect();
-    let in_place = detvisor(&[
-        "branch",
-        &spec,
-        "--seeds",
-        "1..2",
-        "--jobs",
-        "1",
-        "--in-place",
-        "--json",
-    ]);
-    assert_eq!(in_place.status.code(), Some(0), "{}", stderr(&in_place));
-    let report = summary(&in_place);
-    let branches = report["branches"].as_array().unwrap();
+    let branches = branch_seeds_1_2_in_place(&spec);
     for (branch, alone) in branches.iter().zip(&alone) {
         assert_eq!(branch["exit_status"], 3);
         assert_eq!(branch["digest"], alone["digest"], "seed {}", branch["seed"]);

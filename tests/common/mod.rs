@@ -47,6 +47,31 @@ pub fn detvisor_with_input(args: &[&str], input: &[u8]) -> Output {
     out
 }
 
+/// `branch SPEC --seeds 1..2 --in-place` in one worker (seed 2 runs after a
+/// reset from seed 1's history); checks it succeeded and returns its report's
+/// `branches`, in seed order.
+pub fn branch_seeds_1_2_in_place(spec: &str) -> Vec<serde_json::Value> {
+    let out = detvisor(&[
+        "branch",
+        spec,
+        "--seeds",
+        "1..2",
+        "--jobs",
+        "1",
+        "--in-place",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let branches = summary(&out)["branches"]
+        .as_array()
+        .expect("a report with branches")
+        .clone();
+    assert_eq!(branches.len(), 2);
+    assert_eq!(branches[0]["seed"], 1);
+    assert_eq!(branches[1]["seed"], 2);
+    branches
+}
+
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
