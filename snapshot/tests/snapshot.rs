@@ -231,24 +231,25 @@ fn foreign_file_is_bad_magic() {
 
 #[test]
 fn wrong_version_is_unsupported() {
-    let root = tempfile::tempdir().unwrap();
-    let dir = small_snapshot(root.path());
-    let path = dir.join(STATE_FILE);
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
-    std::fs::write(&path, bytes).unwrap();
-    let err = read(&dir).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            SnapshotError::UnsupportedVersion {
-                found: 2,
-                supported: 1,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    // An older format (version 1 held the machine's state alone) and a newer
+    // one are both refused, naming both versions.
+    for version in [FORMAT_VERSION - 1, FORMAT_VERSION + 1] {
+        let root = tempfile::tempdir().unwrap();
+        let dir = small_snapshot(root.path());
+        let path = dir.join(STATE_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[8..12].copy_from_slice(&version.to_le_bytes());
+        std::fs::write(&path, bytes).unwrap();
+        let err = read(&dir).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SnapshotError::UnsupportedVersion { found, supported, .. }
+                    if found == version && supported == FORMAT_VERSION
+            ),
+            "{err}"
+        );
+    }
 }
 
 #[test]
