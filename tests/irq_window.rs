@@ -43,9 +43,13 @@ fn test_interrupts_land_after_the_sti_shadow_and_its_look_alikes() {
     assert_eq!(out.status.code(), Some(0), "{text}");
     let summary = summary(&out);
     assert!(!text.contains("lost its data"), "{text}");
-    // Cases 1-4 each need one step past a boundary that follows 0xFB.
+    // Cases 1-4 each need stepping past a boundary that follows 0xFB: one
+    // step at least (nested under TCG, KVM now and then ends a step early,
+    // before the instruction ran, so a window may take a second one; the
+    // history does not change, see the audit below).
     assert_eq!(summary["irq_windows_stepped"], 4, "{summary}");
-    assert_eq!(summary["single_steps"], 4, "{summary}");
+    let steps = summary["single_steps"].as_u64().unwrap();
+    assert!((4..=8).contains(&steps), "{summary}");
     assert_eq!(summary["injected_interrupts"], 6, "{summary}");
 
     // The steps are no exits: the same guest gives the same records every time.
