@@ -63,9 +63,6 @@ impl Driven {
         exit_limit: Option<u64>,
         time_limit: Option<VirtNanos>,
     ) -> Result<Option<StopReason>> {
-        if self.up.is_none() {
-            return Ok(self.session.run_until(exit_limit, time_limit)?);
-        }
         loop {
             if exit_limit.is_some_and(|limit| self.session.exits() >= limit)
                 || time_limit.is_some_and(|limit| self.session.now() >= limit)

@@ -559,6 +559,19 @@ impl GuestRam {
             mapping: None,
         }
     }
+
+    /// RAM of `len` bytes split around the MMIO hole over a new mapping
+    /// (anonymous, or of `file`) that it owns.
+    fn split_over_new_mapping(len: u64, file: Option<&std::fs::File>) -> Result<Self, VmError> {
+        let mapping = HostMapping::map(len, file)?;
+        // SAFETY: the mapping is read-write and lives in the returned value,
+        // beside the memory over it (and the `Vm` drops it last).
+        let memory = unsafe { split_guest_memory(mapping.ptr, len)? };
+        Ok(GuestRam {
+            memory,
+            mapping: Some(mapping),
+        })
+    }
 }
 
 /// A mapping the VMM made for guest RAM larger than the space below the
@@ -1681,14 +1694,7 @@ fn attach_virtio(
 /// touches them, and guest writes never reach the file.
 pub fn memory_from_file(file: std::fs::File, len: u64) -> Result<GuestRam, VmError> {
     if len > boot::LOW_RAM_LIMIT {
-        let mapping = HostMapping::map(len, Some(&file))?;
-        // SAFETY: the mapping is read-write and lives in the returned value,
-        // beside the memory over it (and the `Vm` drops it last).
-        let memory = unsafe { split_guest_memory(mapping.ptr, len)? };
-        return Ok(GuestRam {
-            memory,
-            mapping: Some(mapping),
-        });
+        return GuestRam::split_over_new_mapping(len, Some(&file));
     }
     let region = private_region_builder(len)
         .with_file_offset(vm_memory::FileOffset::new(file, 0))
@@ -1700,13 +1706,7 @@ pub fn memory_from_file(file: std::fs::File, len: u64) -> Result<GuestRam, VmErr
 /// Fresh, zeroed guest RAM of `len` bytes.
 fn fresh_ram(len: u64) -> Result<GuestRam, VmError> {
     if len > boot::LOW_RAM_LIMIT {
-        let mapping = HostMapping::map(len, None)?;
-        // SAFETY: as in `memory_from_file`.
-        let memory = unsafe { split_guest_memory(mapping.ptr, len)? };
-        return Ok(GuestRam {
-            memory,
-            mapping: Some(mapping),
-        });
+        return GuestRam::split_over_new_mapping(len, None);
     }
     GuestMemory::from_ranges(&[(GuestAddress(0), len as usize)])
         .map(GuestRam::unowned)
