@@ -1,30 +1,26 @@
 //! detvisor: a deterministic hypervisor for testing distributed systems under faults.
 
 mod bench;
-mod fan_out;
-mod faults;
-mod guest;
 mod hostvm;
 mod image_cmd;
-mod manifest;
-mod shell_cmd;
-mod snapshots;
+mod print;
 mod tempdir;
 mod terminal;
-mod units;
-mod up;
 mod up_cmd;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use run::api::{Controller, Request, Response};
+use run::exit_status::NO_STATUS as EXIT_NO_STATUS;
+use run::plain::{GuestSpec, PlainNetwork};
+use run::snapshots::SnapshotPlan;
+use run::units;
 use serde::Serialize;
 use std::ffi::OsString;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use vmm::exit::{Perturbation, StopReason};
-use vmm::record::{first_divergence, Divergence, RecordConfig};
-use vmm::vm::{RunOutcome, VmConfig};
+use terminal::StdStreams;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -101,7 +97,7 @@ struct BranchArgs {
     in_place: bool,
     /// Take snapshots of the branch too.
     #[command(flatten)]
-    snapshots: snapshots::SnapshotArgs,
+    snapshots: SnapshotArgs,
     #[arg(long)]
     json: bool,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
@@ -185,7 +181,7 @@ struct RunArgs {
     #[command(flatten)]
     guest: GuestArgs,
     #[command(flatten)]
-    snapshots: snapshots::SnapshotArgs,
+    snapshots: SnapshotArgs,
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -224,132 +220,68 @@ struct CheckArgs {
     host_vm: HostVmMode,
 }
 
-/// Exit status for a run stopped by its virtual-time limit (as timeout(1)).
-const EXIT_TIME_LIMIT: u8 = 124;
-/// Exit status for a guest that ended without reporting one.
-const EXIT_NO_STATUS: u8 = 125;
-
-#[derive(Serialize)]
-struct RunSummary {
-    exit_status: Option<u8>,
-    stop: StopReason,
-    seed: u64,
-    virtual_ns: u64,
-    exits: u64,
-    exits_by_kind: std::collections::BTreeMap<String, u64>,
-    injected_interrupts: u64,
-    /// Interrupt-window exits found after an `STI` byte and single-stepped
-    /// to the true window (a diagnostic: the helper VM loses STI shadows).
-    irq_windows_stepped: u64,
-    single_steps: u64,
-    wall_ms: u64,
-    wall_setup_ms: u64,
-    wall_finish_ms: u64,
-    exits_per_sec: u64,
-    digest: String,
-    digest_parts: vmm::vm::DigestParts,
-    console_bytes: u64,
-    unhandled_accesses: u64,
-    /// Peak resident memory of this process, minus the guest RAM the host
-    /// backed: what the VMM itself costs.
-    vmm_peak_rss_beyond_guest_kib: Option<u64>,
-    cpu_model_version: u32,
+/// When a run takes snapshots.
+#[derive(Args, Debug, Clone, Default)]
+pub struct SnapshotArgs {
+    /// Directory to write snapshots into (created if missing).
+    #[arg(long)]
+    pub snapshots: Option<PathBuf>,
+    /// Take a snapshot every this much virtual time (e.g. 500ms).
+    #[arg(long, requires = "snapshots")]
+    pub snapshot_every: Option<String>,
+    /// Take a snapshot once this many exits have been handled (repeatable).
+    #[arg(long, requires = "snapshots")]
+    pub snapshot_at_exit: Vec<u64>,
 }
 
-/// For the audit's per-run line: the interrupt windows that were stepped past
-/// a possible STI shadow (differs between runs on hosts that lose shadows;
-/// the histories must not).
-fn stepped_note(outcome: &RunOutcome) -> String {
-    match outcome.irq_windows_stepped {
-        0 => String::new(),
-        n => format!(
-            " ({n} interrupt windows stepped, {} steps)",
-            outcome.single_steps
-        ),
-    }
-}
-
-/// VmHWM (peak resident set) of this process, in KiB.
-fn peak_rss_kib() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-impl RunSummary {
-    fn new(seed: u64, outcome: &RunOutcome) -> Self {
-        let wall_ms = outcome.wall.as_millis() as u64;
-        RunSummary {
-            exit_status: match outcome.stop {
-                StopReason::GuestExit { status } => Some(status),
-                _ => None,
-            },
-            stop: outcome.stop,
-            seed,
-            virtual_ns: outcome.virtual_time.0,
-            exits: outcome.exits,
-            exits_by_kind: outcome.exits_by_kind.clone(),
-            injected_interrupts: outcome.injected_interrupts,
-            irq_windows_stepped: outcome.irq_windows_stepped,
-            single_steps: outcome.single_steps,
-            wall_ms,
-            wall_setup_ms: outcome.wall_setup.as_millis() as u64,
-            wall_finish_ms: outcome.wall_finish.as_millis() as u64,
-            exits_per_sec: (outcome.exits as f64 / outcome.wall.as_secs_f64().max(1e-9)) as u64,
-            digest: outcome.digest.clone(),
-            digest_parts: outcome.digest_parts.clone(),
-            console_bytes: outcome.console_bytes,
-            unhandled_accesses: outcome.unhandled_accesses,
-            vmm_peak_rss_beyond_guest_kib: peak_rss_kib()
-                .map(|peak| peak.saturating_sub(outcome.guest_resident_bytes / 1024)),
-            cpu_model_version: vmm::cpu_model::CPU_MODEL_VERSION,
-        }
-    }
-
-    /// The run's status where the guest's own is not it (an `up` run's is
-    /// its workload's).
-    fn with_exit_status(mut self, status: Option<u8>) -> Self {
-        self.exit_status = status;
-        self
-    }
-
-    fn process_status(&self) -> u8 {
-        self.exit_status.unwrap_or(match self.stop {
-            StopReason::TimeLimit => EXIT_TIME_LIMIT,
-            _ => EXIT_NO_STATUS,
-        })
-    }
-
-    /// Prints the summary (JSON on stdout, or a line on stderr) and returns
-    /// the process's exit status.
-    fn print(&self, json: bool) -> Result<u8> {
-        if json {
-            let mut out = std::io::stdout().lock();
-            writeln!(out)?;
-            writeln!(out, "{}", serde_json::to_string(self)?)?;
-        } else {
-            eprintln!("{}", self.human());
-        }
-        Ok(self.process_status())
-    }
-
-    fn human(&self) -> String {
-        let status = match self.stop {
-            StopReason::GuestExit { status } => format!("exit {status}"),
-            StopReason::TimeLimit => "virtual-time limit reached".into(),
-            StopReason::GuestReset => "guest reset without reporting a status".into(),
-            StopReason::HaltedForever => "guest halted with nothing left to wake it".into(),
-            StopReason::Failure { failure } => format!("KVM failure: {failure:?}"),
+impl SnapshotArgs {
+    /// The plan these options describe (`None` without `--snapshots`).
+    pub fn plan(&self) -> Result<Option<SnapshotPlan>> {
+        let Some(dir) = &self.snapshots else {
+            return Ok(None);
         };
-        format!(
-            "detvisor: {status}; virtual {}, {} exits, wall {:.2}s, {} exits/s, digest {}",
-            vmm::VirtNanos(self.virtual_ns),
-            self.exits,
-            self.wall_ms as f64 / 1000.0,
-            self.exits_per_sec,
-            self.digest
-        )
+        let every = self
+            .snapshot_every
+            .as_deref()
+            .map(units::parse_duration)
+            .transpose()
+            .context("--snapshot-every")?;
+        if every == Some(vmm::VirtNanos::ZERO) {
+            bail!("--snapshot-every must be longer than zero");
+        }
+        Ok(Some(SnapshotPlan {
+            dir: dir.clone(),
+            every,
+            at_exits: self.snapshot_at_exit.clone(),
+        }))
     }
+
+    /// For a run inside the helper VM: these options with the directory
+    /// created and made absolute, and that directory, which the helper shares
+    /// at the same path (so the snapshots outlive it). `None` without
+    /// `--snapshots`.
+    pub fn forwarded(&self) -> Result<Option<(Vec<String>, PathBuf)>> {
+        let Some(dir) = &self.snapshots else {
+            return Ok(None);
+        };
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let dir = dir
+            .canonicalize()
+            .with_context(|| format!("snapshot directory {}", dir.display()))?;
+        let mut args = vec!["--snapshots".to_string(), dir.display().to_string()];
+        if let Some(every) = &self.snapshot_every {
+            args.extend(["--snapshot-every".into(), every.clone()]);
+        }
+        for exit in &self.snapshot_at_exit {
+            args.extend(["--snapshot-at-exit".into(), exit.to_string()]);
+        }
+        Ok(Some((args, dir)))
+    }
+}
+
+/// Carries out one request with this process's stdio as its streams.
+fn handle(request: Request, streams: StdStreams) -> Result<Response> {
+    Ok(Controller::new(streams).handle(request)?)
 }
 
 /// Where guests of this invocation run.
@@ -374,78 +306,37 @@ fn placement(mode: HostVmMode) -> Placement {
     }
 }
 
-struct ResolvedGuest {
-    kernel: PathBuf,
-    initrd: PathBuf,
-}
-
-fn resolve_image(guest: &GuestArgs) -> Result<ResolvedGuest> {
-    let (kernel, initrd) = match (&guest.kernel, &guest.initrd) {
-        (Some(k), Some(i)) => (k.clone(), i.clone()),
-        (k, i) => {
-            let image = guest::default_image()?;
-            (
-                k.clone().unwrap_or(image.kernel),
-                i.clone().unwrap_or(image.initrd),
-            )
-        }
+/// The guest `run` and `audit` boot, from their flags.
+fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
+    let network = if guest.nics == 0 {
+        None
+    } else {
+        let latency = units::parse_latency(&guest.net_latency).context("--net-latency")?;
+        let mut config = devices::NetworkConfig::reliable(latency);
+        config.loss = guest.net_loss;
+        Some(PlainNetwork {
+            nics: guest.nics,
+            config,
+        })
     };
-    for (what, path) in [("kernel", &kernel), ("initrd", &initrd)] {
-        if !path.is_file() {
-            bail!("{what} {} does not exist or is not a file", path.display());
-        }
-    }
-    Ok(ResolvedGuest { kernel, initrd })
-}
-
-/// The simulated network from `--nics`, `--net-latency` and `--net-loss`.
-fn network_spec(guest: &GuestArgs) -> Result<Option<vmm::vm::NetworkSpec>> {
-    if guest.nics == 0 {
-        return Ok(None);
-    }
-    if usize::from(guest.nics) > devices::layout::VIRTIO_MMIO_IRQS.len() - 1 {
-        bail!(
-            "--nics {} is more than this machine has interrupt lines for ({})",
-            guest.nics,
-            devices::layout::VIRTIO_MMIO_IRQS.len() - 1
-        );
-    }
-    let latency = units::parse_latency(&guest.net_latency).context("--net-latency")?;
-    let mut config = devices::NetworkConfig::reliable(latency);
-    config.loss = guest.net_loss;
-    config
-        .validate()
-        .map_err(|e| anyhow::anyhow!("network settings: {e}"))?;
-    Ok(Some(vmm::vm::NetworkSpec {
-        nics: guest.nics,
-        config,
-    }))
-}
-
-fn vm_config(guest: &GuestArgs, record: RecordConfig) -> Result<VmConfig> {
-    let ram_bytes = units::parse_size(&guest.mem).context("--mem")?;
-    let until = guest
-        .until
-        .as_deref()
-        .map(units::parse_duration)
-        .transpose()
-        .context("--until")?;
-    let image = resolve_image(guest)?;
-    let initrd = guest::initrd_with_command(&image.initrd, &guest.command)?;
-    Ok(VmConfig {
-        kernel: image.kernel,
-        initrd,
-        cmdline: guest.cmdline.clone().unwrap_or_else(guest::default_cmdline),
-        ram_bytes,
+    let spec = GuestSpec {
         seed: guest.seed,
-        until,
+        kernel: guest.kernel.clone(),
+        initrd: guest.initrd.clone(),
+        cmdline: guest.cmdline.clone(),
+        ram_bytes: units::parse_size(&guest.mem).context("--mem")?,
+        until: guest
+            .until
+            .as_deref()
+            .map(units::parse_duration)
+            .transpose()
+            .context("--until")?,
         rtc_epoch_unix_secs: guest.rtc_epoch,
-        record,
-        perturbation: None,
-        network: network_spec(guest)?,
-        // The fork-shell channel (see `guest::FORK_SHELL_LISTENER`).
-        agent_channel: true,
-    })
+        network,
+        command: guest.command.clone(),
+    };
+    spec.validate().context("--nics")?;
+    Ok(spec)
 }
 
 /// Re-runs this invocation inside the helper VM, with the guest's files shipped along.
@@ -457,12 +348,7 @@ fn run_in_helper_vm(
     reason: &str,
 ) -> Result<u8> {
     // Validate what can be validated before paying for the helper VM.
-    units::parse_size(&guest.mem).context("--mem")?;
-    network_spec(guest)?;
-    if let Some(u) = &guest.until {
-        units::parse_duration(u).context("--until")?;
-    }
-    let image = resolve_image(guest)?;
+    let image = guest_spec(guest)?.image_files()?;
     eprintln!("detvisor: running inside a helper VM (QEMU TCG with nested SVM) because {reason}");
     let assets = hostvm::ensure_assets(None)?;
     let files = vec![
@@ -520,6 +406,8 @@ fn run_in_helper_vm(
 }
 
 fn cmd_run(args: RunArgs) -> Result<u8> {
+    // Keystrokes pass through to the guest's shell unchanged.
+    let interactive = args.guest.command.is_empty() && std::io::stdin().is_terminal();
     if let Placement::HelperVm { reason } = placement(args.guest.host_vm) {
         let mut extra: Vec<String> = if args.json {
             vec!["--json".into()]
@@ -531,40 +419,19 @@ fn cmd_run(args: RunArgs) -> Result<u8> {
             extra.extend(options);
             shared.push(dir);
         }
-        // Keystrokes pass through to the guest's shell unchanged.
-        let interactive = args.guest.command.is_empty() && std::io::stdin().is_terminal();
         let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
         return run_in_helper_vm("run", &args.guest, &extra, shared, &reason);
     }
-    let config = vm_config(&args.guest, RecordConfig::default())?;
-    let interactive = args.guest.command.is_empty() && std::io::stdin().is_terminal();
-    let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
-    let input = interactive.then(terminal::spawn_stdin_reader);
-    let outcome = match snapshots::Snapshotter::new(&args.snapshots, None)? {
-        None => vmm::vm::run(&config, Box::new(std::io::stdout()), input)?,
-        Some(mut snapshotter) => {
-            let session = vmm::vm::Session::boot(&config, Box::new(std::io::stdout()), input)?;
-            let mut driven = snapshots::Driven::plain(session);
-            let stop = snapshotter.run(&mut driven)?;
-            let session = driven.session;
-            snapshotter.report();
-            session.finish(stop)
-        }
+    let request = Request::Run {
+        guest: guest_spec(&args.guest)?,
+        snapshots: args.snapshots.plan()?,
     };
-    print_summary(args.guest.seed, &outcome, args.json)
-}
-
-fn print_summary(seed: u64, outcome: &RunOutcome, json: bool) -> Result<u8> {
-    RunSummary::new(seed, outcome).print(json)
-}
-
-#[derive(Serialize)]
-struct AuditSummary {
-    identical: bool,
-    runs: u32,
-    exits: Vec<u64>,
-    digests: Vec<String>,
-    divergence: Option<String>,
+    let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
+    let streams = StdStreams::with_input(interactive.then_some(terminal::StdinEnd::Never));
+    match handle(request, streams)? {
+        Response::Summary(summary) => print::summary(&summary, args.json),
+        other => print::unexpected(&other),
+    }
 }
 
 fn cmd_audit(args: AuditArgs) -> Result<u8> {
@@ -593,97 +460,18 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
         }
         return run_in_helper_vm("audit", &args.guest, &extra, Vec::new(), &reason);
     }
-    let record = RecordConfig {
-        keep_records: true,
-        device_state_every: args.devices_every,
-        memory_every: args.memory_every,
+    let request = Request::Audit {
+        guest: guest_spec(&args.guest)?,
+        options: run::audit::AuditOptions {
+            runs: args.runs,
+            memory_every: args.memory_every,
+            devices_every: args.devices_every,
+            perturb: args.perturb_run.map(|run| (run, args.perturb_exit)),
+        },
     };
-    let base = vm_config(&args.guest, record)?;
-    let mut first: Option<RunOutcome> = None;
-    let mut summary = AuditSummary {
-        identical: true,
-        runs: args.runs,
-        exits: Vec::new(),
-        digests: Vec::new(),
-        divergence: None,
-    };
-    for run in 1..=args.runs {
-        let mut config = base.clone();
-        if args.perturb_run == Some(run) {
-            config.perturbation = Some(Perturbation {
-                at_exit: args.perturb_exit,
-            });
-        }
-        let outcome = vmm::vm::run(&config, Box::new(std::io::sink()), None)?;
-        eprintln!(
-            "detvisor audit: run {run}/{}: {} exits, virtual {}, digest {}{}",
-            args.runs,
-            outcome.exits,
-            outcome.virtual_time,
-            outcome.digest,
-            stepped_note(&outcome)
-        );
-        summary.exits.push(outcome.exits);
-        summary.digests.push(outcome.digest.clone());
-        match &first {
-            None => first = Some(outcome),
-            Some(reference) => {
-                let text = compare_runs(reference, &outcome, run);
-                if let Some(text) = text {
-                    summary.identical = false;
-                    summary.divergence = Some(text);
-                    break;
-                }
-            }
-        }
-    }
-    if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
-    } else if summary.identical {
-        println!(
-            "identical: {} runs, {} exits each, digest {}",
-            args.runs, summary.exits[0], summary.digests[0]
-        );
-    } else {
-        println!("DIVERGED: {}", summary.divergence.as_deref().unwrap_or(""));
-    }
-    Ok(if summary.identical { 0 } else { 1 })
-}
-
-/// How run `run` differs from the reference run 1, if it does: the first
-/// differing exit, or else which part of the final state differs.
-fn compare_runs(reference: &RunOutcome, outcome: &RunOutcome, run: u32) -> Option<String> {
-    match first_divergence(&reference.records, &outcome.records) {
-        Some(Divergence::Record {
-            position,
-            left,
-            right,
-        }) => Some(format!(
-            "runs 1 and {run} diverge at exit {position}:\n  run 1: {left}\n  run {run}: {right}"
-        )),
-        Some(Divergence::Length { left, right, next }) => Some(format!(
-            "runs 1 and {run} diverge in length: {left} vs {right} exits; first extra: {}",
-            next.map(|r| r.to_string()).unwrap_or_default()
-        )),
-        None if reference.digest != outcome.digest => {
-            let (a, b) = (&reference.digest_parts, &outcome.digest_parts);
-            let differing: Vec<&str> = [
-                ("memory", a.memory != b.memory),
-                ("devices", a.devices != b.devices),
-                ("console", a.console != b.console),
-            ]
-            .iter()
-            .filter(|(_, differs)| *differs)
-            .map(|(name, _)| *name)
-            .collect();
-            Some(format!(
-                "runs 1 and {run} have equal exits but different final state (digest {} vs {}): {} differ",
-                reference.digest,
-                outcome.digest,
-                differing.join(", ")
-            ))
-        }
-        None => None,
+    match handle(request, StdStreams::default())? {
+        Response::Audit(summary) => print::audit(&summary, args.json),
+        other => print::unexpected(&other),
     }
 }
 
@@ -691,77 +479,104 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
     if let Placement::HelperVm { reason } = placement(args.host_vm) {
         return reexec_with_snapshot_dirs(&reason, &args.spec, &args.snapshots, false);
     }
-    if let Some(range) = &args.seeds {
-        return fan_out::branch_seeds(
-            &args.spec,
-            range,
-            args.jobs,
-            args.until.as_deref(),
-            args.in_place,
-            args.json,
-        );
-    }
     let until = args
         .until
         .as_deref()
         .map(units::parse_duration)
         .transpose()
         .context("--until")?;
-    let resume = vmm::vm::ResumeConfig {
-        until,
-        record: RecordConfig::default(),
-    };
-    // An `up` snapshot's node output goes to stdout as under `up` (events
-    // to stderr); a `run` snapshot's guest console to stdout.
-    let node_output = snapshots::NodeOutput {
-        out: Box::new(std::io::stdout()),
-        events: !args.json,
-    };
-    let mut restored = snapshots::restore(
-        &args.spec,
-        &resume,
-        Box::new(std::io::stdout()),
-        None,
-        node_output,
-    )?;
-    let driven = &mut restored.driven;
-    if let Some(seed) = args.seed {
-        // Every seeded stream is re-keyed from here on: an alternate history.
-        driven.session.set_seed(seed);
+    if let Some(range) = &args.seeds {
+        let request = Request::BranchSeeds(run::seeds::SeedsRequest {
+            spec: args.spec.clone(),
+            seeds: range.parse()?,
+            jobs: args.jobs,
+            until,
+            in_place: args.in_place,
+        });
+        return match handle(request, StdStreams::default())? {
+            Response::Seeds(report) => print::seeds(&report, args.json),
+            other => print::unexpected(&other),
+        };
     }
-    let stop = match restored.stopped_early {
-        Some(stop) => stop,
-        None => match snapshots::Snapshotter::new(
-            &args.snapshots,
-            Some(restored.snapshot.meta.id.clone()),
-        )? {
-            Some(mut snapshotter) => snapshotter.run(driven)?,
-            None => driven.run_to_end()?,
-        },
-    };
-    let seed = driven.session.seed();
-    let exit_status = driven.exit_status(stop);
-    let outcome = driven.outcome(stop)?;
-    let summary = RunSummary::new(seed, &outcome).with_exit_status(exit_status);
-    summary.print(args.json)
+    let request = Request::Branch(run::branch::BranchRequest {
+        spec: args.spec.clone(),
+        until,
+        seed: args.seed,
+        snapshots: args.snapshots.plan()?,
+        // An `up` snapshot's node output goes to stdout as under `up`
+        // (events to stderr); a `run` snapshot's guest console to stdout.
+        events: !args.json,
+    });
+    match handle(request, StdStreams::default())? {
+        Response::Summary(summary) => print::summary(&summary, args.json),
+        other => print::unexpected(&other),
+    }
 }
 
 fn cmd_shell(args: ShellArgs) -> Result<u8> {
+    // An `up` fork's shell is on a pseudo-terminal in the guest, which
+    // echoes and edits lines: keystrokes pass through unchanged.
+    let interactive = std::io::stdin().is_terminal() && is_up_snapshot(&args.spec)?;
+    let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
     if let Placement::HelperVm { reason } = placement(args.host_vm) {
-        // An `up` fork's shell is on a pseudo-terminal in the guest, which
-        // echoes and edits lines: keystrokes pass through unchanged.
-        let interactive = std::io::stdin().is_terminal() && snapshots::is_up(&args.spec)?;
-        let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
         return reexec_with_snapshot_dirs(&reason, &args.spec, &Default::default(), true);
     }
-    shell_cmd::run(&args.spec, args.node.as_deref())
+    let (rows, cols) = terminal::size();
+    let request = Request::Shell(run::shell::ShellRequest {
+        spec: args.spec.clone(),
+        node: args.node.clone(),
+        rows,
+        cols,
+        term: std::env::var("TERM").ok().filter(|t| !t.is_empty()),
+    });
+    // The end of a stdin forwarded through the helper VM's serial line is
+    // an EOT byte.
+    match handle(
+        request,
+        StdStreams::with_input(Some(terminal::StdinEnd::AtEot)),
+    )? {
+        Response::Shell { status } => Ok(status),
+        other => print::unexpected(&other),
+    }
+}
+
+/// Whether the snapshot `spec` names is of an `up` run.
+fn is_up_snapshot(spec: &str) -> Result<bool> {
+    let dir = snapshot::resolve(spec)
+        .with_context(|| format!("resolving {spec:?}"))?
+        .snapshot
+        .dir;
+    match handle(Request::SnapshotInfo { dir }, StdStreams::default())? {
+        Response::SnapshotDetails(details) => Ok(details.kind == "up"),
+        _ => Ok(false),
+    }
 }
 
 fn cmd_seek(args: SeekArgs) -> Result<u8> {
     if let Placement::HelperVm { reason } = placement(args.host_vm) {
         return reexec_with_snapshot_dirs(&reason, &args.spec, &Default::default(), false);
     }
-    snapshots::seek(&args.spec, args.json)
+    match handle(Request::Seek { spec: args.spec }, StdStreams::default())? {
+        Response::Seek(report) => print::seek(&report, args.json),
+        other => print::unexpected(&other),
+    }
+}
+
+fn cmd_snapshot(command: SnapshotCommand) -> Result<u8> {
+    match command {
+        SnapshotCommand::Ls { dir, json } => {
+            match handle(Request::ListSnapshots { dir }, StdStreams::default())? {
+                Response::Snapshots { rows } => print::snapshot_rows(&rows, json),
+                other => print::unexpected(&other),
+            }
+        }
+        SnapshotCommand::Info { dir } => {
+            match handle(Request::SnapshotInfo { dir }, StdStreams::default())? {
+                Response::SnapshotDetails(details) => print::snapshot_details(&details),
+                other => print::unexpected(&other),
+            }
+        }
+    }
 }
 
 /// Makes a snapshot spec (DIR@..., DIR/ID) absolute, creating nothing.
@@ -797,7 +612,7 @@ fn spec_root(spec: &str) -> PathBuf {
 fn reexec_with_snapshot_dirs(
     reason: &str,
     spec: &str,
-    taking: &snapshots::SnapshotArgs,
+    taking: &SnapshotArgs,
     forward_stdin: bool,
 ) -> Result<u8> {
     let absolute = absolute_spec(spec)?;
@@ -934,8 +749,7 @@ fn main() -> ExitCode {
         Command::Audit(args) => cmd_audit(args),
         Command::Check(args) => cmd_check(args),
         Command::Bench(args) => bench::run(args),
-        Command::Snapshot(SnapshotCommand::Ls { dir, json }) => snapshots::list(&dir, json),
-        Command::Snapshot(SnapshotCommand::Info { dir }) => snapshots::info(&dir),
+        Command::Snapshot(command) => cmd_snapshot(command),
         Command::Branch(args) => cmd_branch(args),
         Command::Seek(args) => cmd_seek(args),
         Command::Shell(args) => cmd_shell(args),
@@ -946,7 +760,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("detvisor: error: {e:#}");
-            ExitCode::from(2)
+            ExitCode::from(run::exit_status::BAD_INPUT)
         }
     }
 }

@@ -40,17 +40,35 @@ impl Drop for RawMode {
     }
 }
 
-/// Reads stdin on a thread and hands each chunk to the VMM.
-pub fn spawn_stdin_reader() -> vmm::vm::ConsoleInput {
+/// Where the user's input ends besides the end of stdin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StdinEnd {
+    /// Only at the end of stdin (bytes pass through unchanged, Ctrl-D too).
+    Never,
+    /// Also at an EOT byte: how the end of a stdin forwarded through the
+    /// helper VM's serial line arrives.
+    AtEot,
+}
+
+/// Reads stdin on a thread, chunk by chunk; the channel closes at its end.
+pub fn spawn_stdin_reader(end: StdinEnd) -> run::streams::Input {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin();
-        let mut buf = [0u8; 256];
+        let mut buf = [0u8; 4096];
         loop {
             match stdin.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if tx.send(buf[..n].to_vec()).is_err() {
+                    let chunk = &buf[..n];
+                    let eot = (end == StdinEnd::AtEot)
+                        .then(|| chunk.iter().position(|&b| b == crate::hostvm::EOT))
+                        .flatten();
+                    if let Some(at) = eot {
+                        let _ = tx.send(chunk[..at].to_vec());
+                        break;
+                    }
+                    if tx.send(chunk.to_vec()).is_err() {
                         break;
                     }
                 }
@@ -58,4 +76,45 @@ pub fn spawn_stdin_reader() -> vmm::vm::ConsoleInput {
         }
     });
     rx
+}
+
+/// This process's stdio as a request's streams.
+#[derive(Default)]
+pub struct StdStreams {
+    input: std::cell::Cell<Option<StdinEnd>>,
+}
+
+impl StdStreams {
+    /// With stdin as input (read from the first request that asks for it).
+    pub fn with_input(input: Option<StdinEnd>) -> Self {
+        StdStreams {
+            input: std::cell::Cell::new(input),
+        }
+    }
+}
+
+impl run::streams::Streams for StdStreams {
+    fn stdout(&self) -> Box<dyn std::io::Write + Send> {
+        Box::new(std::io::stdout())
+    }
+    fn stderr(&self) -> Box<dyn std::io::Write + Send> {
+        Box::new(std::io::stderr())
+    }
+    fn stdin(&self) -> Option<run::streams::Input> {
+        self.input.take().map(spawn_stdin_reader)
+    }
+}
+
+/// The user's terminal size (rows, columns), 24x80 when unknown.
+pub fn size() -> (u16, u16) {
+    // SAFETY: winsize is plain old data; all-zero is valid.
+    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes one winsize into `size`; on a descriptor
+    // that is not a terminal it fails and leaves it zero.
+    let known = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
+    if known && size.ws_row > 0 && size.ws_col > 0 {
+        (size.ws_row, size.ws_col)
+    } else {
+        (24, 80)
+    }
 }

@@ -1,27 +1,15 @@
 //! The `detvisor up` command: arguments, guest assembly, placement (host or
 //! helper VM), the runs (one, or several compared as an audit) and the summary.
 
-use crate::faults::{schedule, TimedFault};
-use crate::manifest::{self, Manifest};
-use crate::snapshots::{Driven, SnapshotArgs, Snapshotter};
-use crate::up::{self, Conductor, OutputSink, UpDriver, UpOutput};
-use crate::{
-    compare_runs, guest, hostvm, placement, units, HostVmMode, Placement, RunSummary,
-    EXIT_NO_STATUS,
-};
+use crate::{hostvm, placement, HostVmMode, Placement, SnapshotArgs, EXIT_NO_STATUS};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use detvisor_agent::protocol::NodeSpec;
-use serde::Serialize;
+use run::api::{Request, Response};
+use run::manifest::{self, Manifest};
+use run::units;
+use run::up::{Initrd, PreparedUp, UpOptions};
 use std::ffi::OsString;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use vmm::record::RecordConfig;
-use vmm::vm::{NetworkSpec, VmConfig};
-
-/// Guest RAM unless the manifest or --mem says otherwise.
-const DEFAULT_MEM: &str = "512M";
-const DEFAULT_RTC_EPOCH: i64 = 1_704_067_200;
 
 #[derive(Args, Debug)]
 pub struct UpArgs {
@@ -67,46 +55,31 @@ pub struct UpArgs {
     snapshots: SnapshotArgs,
 }
 
-#[derive(Serialize)]
-struct UpSummary {
-    #[serde(flatten)]
-    run: RunSummary,
-    /// The run's status: the workload's, or 124 at the time limit with a
-    /// workload still running.
-    status: u8,
-    runs: u32,
-    identical: bool,
-    divergence: Option<String>,
-    /// Wall time from the start of the (first) run to the workload's start:
-    /// boot plus bringing every node up.
-    boot_to_workload_wall_ms: Option<u64>,
-    /// Virtual time at the workload's start.
-    boot_to_workload_virtual_ns: Option<u64>,
-}
-
-/// The guest as the VMM needs it: kernel, initrd, what the agent is asked.
-struct Guest {
-    kernel: PathBuf,
-    initrd: Vec<u8>,
-    specs: Vec<NodeSpec>,
-}
-
-fn assemble_guest(manifest: &Manifest, kernel: Option<&Path>) -> Result<Guest> {
-    let image = guest::default_image()?;
-    let agent = guest::agent_binary()?;
-    let (specs, overlay) = up::assemble(manifest, &agent)?;
-    let mut initrd = std::fs::read(&image.initrd)
-        .with_context(|| format!("cannot read {}", image.initrd.display()))?;
-    // Archives in an initrd start on a 4-byte boundary.
-    while initrd.len() % 4 != 0 {
-        initrd.push(0);
+impl UpArgs {
+    /// Guest RAM from --mem, if given.
+    fn ram_bytes(&self) -> Result<Option<u64>> {
+        self.mem
+            .as_deref()
+            .map(units::parse_size)
+            .transpose()
+            .context("--mem")
     }
-    image_builder::write_initramfs(&overlay, &mut initrd).context("packing the guest initramfs")?;
-    Ok(Guest {
-        kernel: kernel.map(Path::to_path_buf).unwrap_or(image.kernel),
-        initrd,
-        specs,
-    })
+
+    fn options(&self) -> Result<UpOptions> {
+        Ok(UpOptions {
+            seed: self.seed,
+            until: self
+                .until
+                .as_deref()
+                .map(units::parse_duration)
+                .transpose()
+                .context("--until")?,
+            runs: self.runs,
+            logs: Some(self.logs.clone()),
+            stream_output: !self.quiet && !self.json,
+            snapshots: self.snapshots.plan()?,
+        })
+    }
 }
 
 pub fn cmd_up(args: UpArgs) -> Result<u8> {
@@ -114,204 +87,97 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
         bail!("--runs must be at least 1");
     }
     let manifest = manifest::load(&args.manifest)?;
+    let options = args.options()?;
+    if let Placement::HelperVm { reason } = placement(args.host_vm) {
+        // Everything is checked here, before paying for the helper VM.
+        run::faults::schedule(
+            &manifest
+                .faults
+                .iter()
+                .chain(&args.faults)
+                .cloned()
+                .collect::<Vec<_>>(),
+            &manifest.node_names(),
+        )?;
+        return up_in_helper_vm(&args, &manifest, &reason);
+    }
+    let prepared = match (&args.initrd, &args.node_specs) {
+        // Inside the helper VM: the guest was assembled on the host.
+        (Some(initrd), Some(specs)) => {
+            let mut prepared = prepare_without_images(&manifest, &args)?;
+            prepared.initrd = Initrd::File(initrd.clone());
+            prepared.specs = serde_json::from_slice(
+                &std::fs::read(specs)
+                    .with_context(|| format!("cannot read {}", specs.display()))?,
+            )
+            .with_context(|| format!("node specs {}", specs.display()))?;
+            prepared
+        }
+        _ => run::up::prepare(
+            &manifest,
+            &args.faults,
+            args.ram_bytes()?,
+            args.kernel.as_deref(),
+        )?,
+    };
+    match crate::handle(
+        Request::Up { prepared, options },
+        crate::StdStreams::default(),
+    )? {
+        Response::Up(summary) => crate::print::up(&summary, args.json),
+        other => crate::print::unexpected(&other),
+    }
+}
+
+/// The run's plan where the assembled guest comes from the host.
+fn prepare_without_images(manifest: &Manifest, args: &UpArgs) -> Result<PreparedUp> {
+    let kernel = match &args.kernel {
+        Some(k) => k.clone(),
+        None => run::guest::default_image()?.kernel,
+    };
     let names = manifest.node_names();
-    let fault_texts: Vec<String> = manifest
+    let texts: Vec<String> = manifest
         .faults
         .iter()
         .chain(&args.faults)
         .cloned()
         .collect();
-    let faults = schedule(&fault_texts, &names)?;
-    if let Some(manifest::WorkloadPlan::OwnNode(node)) = &manifest.workload {
-        if let Some(fault) = faults
-            .iter()
-            .find(|f| !f.action.is_network() && f.action.nodes().contains(&node.name.as_str()))
-        {
-            bail!(
-                "fault {}: the workload's own node can be partitioned, not paused, killed or restarted (its end is the run's end)",
-                fault.action
-            );
-        }
-    }
-    let mem = args
-        .mem
-        .clone()
-        .or(manifest.mem.clone())
-        .unwrap_or_else(|| DEFAULT_MEM.into());
-    let ram_bytes = units::parse_size(&mem).context("--mem")?;
-    let until = args
-        .until
-        .as_deref()
-        .map(units::parse_duration)
-        .transpose()
-        .context("--until")?;
-
-    if let Placement::HelperVm { reason } = placement(args.host_vm) {
-        return up_in_helper_vm(&args, &manifest, &mem, &reason);
-    }
-    let guest = match (&args.initrd, &args.node_specs) {
-        (Some(initrd), Some(specs)) => Guest {
-            kernel: match &args.kernel {
-                Some(k) => k.clone(),
-                None => guest::default_image()?.kernel,
-            },
-            initrd: std::fs::read(initrd)
-                .with_context(|| format!("cannot read initrd {}", initrd.display()))?,
-            specs: serde_json::from_slice(
-                &std::fs::read(specs)
-                    .with_context(|| format!("cannot read {}", specs.display()))?,
-            )
-            .with_context(|| format!("node specs {}", specs.display()))?,
+    Ok(PreparedUp {
+        kernel,
+        initrd: Initrd::Bytes(Vec::new()),
+        specs: Vec::new(),
+        faults: run::faults::schedule(&texts, &names)?,
+        node_names: names,
+        workload: manifest.workload.clone(),
+        network: manifest.network,
+        rtc_epoch_unix_secs: manifest.rtc_epoch.unwrap_or(run::plain::DEFAULT_RTC_EPOCH),
+        ram_bytes: match (args.ram_bytes()?, &manifest.mem) {
+            (Some(bytes), _) => bytes,
+            (None, Some(mem)) => units::parse_size(mem).context("machine.mem")?,
+            (None, None) => run::up::DEFAULT_RAM_BYTES,
         },
-        _ => assemble_guest(&manifest, args.kernel.as_deref())?,
-    };
-    let config = VmConfig {
-        kernel: guest.kernel.clone(),
-        initrd: guest.initrd,
-        // The node roots live in the initramfs. As ramfs rather than tmpfs it
-        // has no size cap (half of RAM) and no fallocate, so preallocating
-        // programs (etcd's 64 MB WAL segments) get sparse files instead of
-        // pinning RAM they never write.
-        cmdline: format!(
-            "{} rootfstype=ramfs rdinit=/detvisor-agent",
-            guest::default_cmdline()
-        ),
-        ram_bytes,
-        seed: args.seed,
-        until,
-        rtc_epoch_unix_secs: manifest.rtc_epoch.unwrap_or(DEFAULT_RTC_EPOCH),
-        record: RecordConfig {
-            keep_records: args.runs > 1,
-            ..RecordConfig::default()
-        },
-        perturbation: None,
-        network: Some(NetworkSpec {
-            nics: names.len() as u8,
-            config: manifest.network,
-        }),
-        agent_channel: true,
-    };
-    let network_faults: Vec<TimedFault> = faults
-        .iter()
-        .filter(|f| f.action.is_network())
-        .cloned()
-        .collect();
-
-    let mut reference: Option<(vmm::vm::RunOutcome, u8)> = None;
-    let workload_start: std::rc::Rc<
-        std::cell::RefCell<Option<(std::time::Duration, vmm::VirtNanos)>>,
-    > = Default::default();
-    let mut divergence = None;
-    for run in 1..=args.runs {
-        let first = run == 1;
-        let conductor = Conductor::new(guest.specs.clone(), manifest.workload.clone(), &faults);
-        let out: Box<dyn Write> = if first && !args.quiet && !args.json {
-            Box::new(std::io::stdout())
-        } else {
-            Box::new(std::io::sink())
-        };
-        let sink = OutputSink::new(&names, first.then(|| args.logs.clone()), out)?;
-        let started = std::time::Instant::now();
-        let mut session = vmm::vm::Session::boot(&config, Box::new(std::io::sink()), None)?;
-        let workload_started = std::rc::Rc::clone(&workload_start);
-        let events = move |at: vmm::VirtNanos, text: &str| {
-            if first {
-                up::print_event(at, text);
-                if text.starts_with("workload started") || text.starts_with("node workload started")
-                {
-                    let mut start = workload_started.borrow_mut();
-                    start.get_or_insert((started.elapsed(), at));
-                }
-            }
-        };
-        let output = UpOutput {
-            sink,
-            events: Box::new(events),
-        };
-        let driver = UpDriver::start(&mut session, conductor, &network_faults, &names, output)?;
-        let mut driven = Driven {
-            session,
-            up: Some(driver),
-        };
-        // Snapshots are taken in the first run (an audit's later runs check
-        // that they did not perturb it).
-        let stop = match Snapshotter::new(&args.snapshots, None)?.filter(|_| first) {
-            Some(mut snapshotter) => {
-                let stop = snapshotter.run(&mut driven)?;
-                snapshotter.report();
-                stop
-            }
-            None => driven.run_to_end()?,
-        };
-        let status = driven
-            .exit_status(stop)
-            .expect("an up run always has a status");
-        let outcome = driven.outcome(stop)?;
-        if args.runs > 1 {
-            eprintln!(
-                "detvisor up: run {run}/{}: {} exits, virtual {}, digest {}{}",
-                args.runs,
-                outcome.exits,
-                outcome.virtual_time,
-                outcome.digest,
-                crate::stepped_note(&outcome)
-            );
-        }
-        match &reference {
-            None => reference = Some((outcome, status)),
-            Some((first_outcome, _)) => {
-                if let Some(text) = compare_runs(first_outcome, &outcome, run) {
-                    divergence = Some(text);
-                    break;
-                }
-            }
-        }
-    }
-    let (outcome, status) = reference.expect("at least one run");
-    let summary = UpSummary {
-        run: RunSummary::new(args.seed, &outcome),
-        status,
-        runs: args.runs,
-        identical: divergence.is_none(),
-        divergence,
-        boot_to_workload_wall_ms: workload_start
-            .borrow()
-            .map(|(wall, _)| wall.as_millis() as u64),
-        boot_to_workload_virtual_ns: workload_start.borrow().map(|(_, at)| at.0),
-    };
-    if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
-    } else {
-        // The run's status is the workload's, whatever way the guest ended.
-        let human = summary.run.human();
-        let details = human.split_once("; ").map_or(human.as_str(), |(_, d)| d);
-        eprintln!("detvisor: exit {status}; {details}");
-        if args.runs > 1 {
-            match &summary.divergence {
-                None => println!(
-                    "identical: {} runs, {} exits each, digest {}",
-                    args.runs, outcome.exits, outcome.digest
-                ),
-                Some(text) => println!("DIVERGED: {text}"),
-            }
-        }
-    }
-    if !summary.identical {
-        return Ok(1);
-    }
-    Ok(status)
+    })
 }
 
 /// Assembles the guest here (the images are on this host), then runs
 /// `detvisor up` inside the helper VM on the assembled files.
-fn up_in_helper_vm(args: &UpArgs, manifest: &Manifest, mem: &str, reason: &str) -> Result<u8> {
-    let guest = assemble_guest(manifest, args.kernel.as_deref())?;
+fn up_in_helper_vm(args: &UpArgs, manifest: &Manifest, reason: &str) -> Result<u8> {
+    let guest = run::up::prepare(
+        manifest,
+        &args.faults,
+        args.ram_bytes()?,
+        args.kernel.as_deref(),
+    )?;
+    let Initrd::Bytes(initrd_bytes) = &guest.initrd else {
+        bail!("internal error: a prepared guest's initrd is in memory");
+    };
+    let mem = format!("{}", guest.ram_bytes);
     // Removed with its files when this function returns.
     let staging_dir = crate::tempdir::TempDir::new("detvisor-up-")
         .context("creating a staging directory for the helper VM's files")?;
     let staging = staging_dir.path();
     let initrd = staging.join("initrd");
-    std::fs::write(&initrd, &guest.initrd)
+    std::fs::write(&initrd, initrd_bytes)
         .with_context(|| format!("writing {}", initrd.display()))?;
     let specs = staging.join("specs.json");
     std::fs::write(&specs, serde_json::to_vec(&guest.specs)?)
@@ -348,7 +214,7 @@ fn up_in_helper_vm(args: &UpArgs, manifest: &Manifest, mem: &str, reason: &str) 
         "--seed".into(),
         args.seed.to_string().into(),
         "--mem".into(),
-        mem.into(),
+        mem.clone().into(),
         "--logs".into(),
         logs.clone().into(),
         "--runs".into(),
@@ -371,14 +237,14 @@ fn up_in_helper_vm(args: &UpArgs, manifest: &Manifest, mem: &str, reason: &str) 
         inner.extend(options.into_iter().map(OsString::from));
         shared_dirs.push(dir);
     }
-    let ram = units::parse_size(mem)?;
+    let ram = guest.ram_bytes;
     let config = hostvm::HelperVmConfig {
         assets_dir: assets,
         // The initrd is shipped in the helper's own initramfs and then read
         // into the VMM: count it about three times over.
         memory_mib: ((ram >> 20) as u32)
             .saturating_add(1536)
-            .saturating_add(((3 * guest.initrd.len()) >> 20) as u32)
+            .saturating_add(((3 * initrd_bytes.len()) >> 20) as u32)
             .max(2048),
         shared_dirs,
         ..hostvm::HelperVmConfig::default()

@@ -49,7 +49,8 @@ use super::process::{run_timed, ErrMode, Watch};
 use super::qemu::{discover_qemu, Accel, QemuFiles, QemuInstall, QemuRun, QEMU_MACHINE};
 use super::stats::ratio;
 use super::{check_runs_and_timeout, BenchHostVm, BootArgs};
-use crate::{guest, hostvm, units};
+use crate::hostvm;
+use run::{guest, units};
 
 /// The command the guest runs.
 pub const GUEST_COMMAND: &str = "true";

@@ -36,7 +36,8 @@ use super::machine::{loadavg, uptime, TempDir};
 use super::process::{last_lines, run_timed, ErrMode, Finished, Watch};
 use super::stats::ms;
 use super::{check_runs_and_timeout, BenchHostVm};
-use crate::{guest, hostvm, manifest, units, up};
+use crate::hostvm;
+use run::{guest, manifest, units, up};
 
 /// Guest RAM when the manifest says nothing.
 const DEFAULT_MEM: &str = "1G";

@@ -37,8 +37,8 @@ use std::time::Duration;
 use super::EtcdRun;
 use crate::bench::process::{last_lines, run_timed, ErrMode, Watch};
 use crate::bench::stats::ms;
-use crate::guest::shell_quote;
-use crate::manifest::WorkloadPlan;
+use run::guest::shell_quote;
+use run::manifest::WorkloadPlan;
 
 /// `PATH` of a command whose environment has none (as the agent does).
 const DEFAULT_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";

@@ -38,7 +38,8 @@ use super::snapshot_report::{
 };
 use super::stats::ms;
 use super::{check_runs_and_timeout, SnapStore, SnapshotBenchArgs};
-use crate::{guest, hostvm, units};
+use crate::hostvm;
+use run::{guest, units};
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
 pub struct SnapWorkerPlan {

@@ -2,8 +2,8 @@
 //! the guest and let it dirty its RAM, snapshot it against the baselines, restore it (in
 //! process and in child processes), then forks and resets.
 
-use crate::snapshots::SavedState;
 use anyhow::{bail, Context, Result};
+use run::driven::SavedState;
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::io::{self, Write};
@@ -24,7 +24,7 @@ use super::snapshot_restore::{
     Staging,
 };
 use super::stats::{median, ms};
-use crate::guest;
+use run::guest;
 
 /// Printed by the guest once the dirtying command has finished.
 const SNAP_MARKER: &[u8] = b"detvisor-bench-dirtied";

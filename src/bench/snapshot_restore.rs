@@ -66,7 +66,7 @@ pub enum Staging {
 /// staging on 9p, memory_from_file, Session::resume) and handles the first exit after resume.
 pub fn restore_to_first_exit(dir: &Path, staging: Staging) -> Result<(VmSession, RestorePhases)> {
     let t0 = Instant::now();
-    let (_, saved): (SnapshotMeta, crate::snapshots::SavedState) = snapshot::read_snapshot(dir)
+    let (_, saved): (SnapshotMeta, run::driven::SavedState) = snapshot::read_snapshot(dir)
         .with_context(|| format!("reading snapshot {}", dir.display()))?;
     let state = saved.session;
     let t_read = Instant::now();

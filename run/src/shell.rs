@@ -6,50 +6,60 @@
 //! fork never touches the snapshot files: the saved history is unchanged.
 
 use anyhow::{bail, Context, Result};
-use std::io::{Read, Write};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use crate::driven::Driven;
 use crate::guest::FORK_SHELL_END;
-use crate::hostvm::EOT;
-use crate::snapshots::{self, Driven};
+use crate::snapshots;
+use crate::streams::{say, Streams};
 use crate::up::ShellEvent;
 use detvisor_agent::protocol::HostToAgent;
-use std::io::IsTerminal;
 use vmm::exit::StopReason;
 
-/// What the stdin reader passes on.
+/// The terminal's end-of-file character (Ctrl-D).
+const TERMINAL_EOF: u8 = 0x04;
+
+/// A shell in a fork of a saved moment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShellRequest {
+    /// The moment: DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
+    pub spec: String,
+    /// For an `up` snapshot: open the shell inside this node.
+    pub node: Option<String>,
+    /// The user's terminal: rows, columns and `$TERM` (for an `up` fork's
+    /// pseudo-terminal).
+    pub rows: u16,
+    pub cols: u16,
+    pub term: Option<String>,
+}
+
+/// What the input stream passes on.
 enum Input {
     Bytes(Vec<u8>),
     End,
 }
 
-/// Reads stdin on a thread of its own: bytes as they come, then `End` (at end
-/// of file, or at an EOT byte, which is how the end of a forwarded stdin
-/// arrives through the helper VM's serial line).
-fn spawn_stdin_reader() -> mpsc::Receiver<Input> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut stdin = std::io::stdin().lock();
-        let mut buf = [0u8; 4096];
-        loop {
-            match stdin.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let chunk = &buf[..n];
-                    if let Some(end) = chunk.iter().position(|&b| b == EOT) {
-                        let _ = tx.send(Input::Bytes(chunk[..end].to_vec()));
-                        break;
-                    }
-                    if tx.send(Input::Bytes(chunk.to_vec())).is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-        let _ = tx.send(Input::End);
-    });
-    rx
+/// The next input: without waiting (`None`), for at most `wait`, or until
+/// there is some (`Duration::MAX`). A closed or missing stream is the end.
+fn next_input(input: Option<&crate::streams::Input>, wait: Option<Duration>) -> Option<Input> {
+    let Some(input) = input else {
+        return Some(Input::End);
+    };
+    let received = match wait {
+        None => match input.try_recv() {
+            Err(mpsc::TryRecvError::Empty) => return None,
+            other => other.ok(),
+        },
+        Some(Duration::MAX) => input.recv().ok(),
+        Some(wait) => match input.recv_timeout(wait) {
+            Err(mpsc::RecvTimeoutError::Timeout) => return None,
+            other => other.ok(),
+        },
+    };
+    Some(received.map_or(Input::End, Input::Bytes))
 }
 
 /// How the user's bytes reach a shell in the fork, and its output comes back.
@@ -64,6 +74,10 @@ trait ShellChannel {
     fn answered(&self) -> bool;
     /// Why nothing answered, for the user.
     fn silence(&self) -> &'static str;
+    /// Lines for the user since the last call.
+    fn take_notices(&mut self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A `run` guest's fork-shell listener on the control channel: raw lines in,
@@ -128,6 +142,11 @@ struct AgentShell {
     last_byte: Option<u8>,
     /// When the agent reported the shell open.
     opened_at: Option<vmm::VirtNanos>,
+    rows: u16,
+    cols: u16,
+    term: Option<String>,
+    /// Lines for the user not printed yet (lost input, ...).
+    notices: Vec<String>,
 }
 
 /// How long typed-ahead input waits for the first prompt, in virtual time.
@@ -144,12 +163,11 @@ impl AgentShell {
 
 impl ShellChannel for AgentShell {
     fn open(&mut self, driven: &mut Driven) -> Result<()> {
-        let (rows, cols) = terminal_size();
         let message = HostToAgent::OpenShell {
             node: self.node.clone(),
-            rows,
-            cols,
-            term: std::env::var("TERM").ok().filter(|t| !t.is_empty()),
+            rows: self.rows,
+            cols: self.cols,
+            term: self.term.clone(),
         };
         // The fork is for looking: nothing the conductor would send next
         // (a fault resuming a node, a shutdown) may change it.
@@ -171,7 +189,7 @@ impl ShellChannel for AgentShell {
     fn end_of_input(&mut self, driven: &mut Driven) -> Result<()> {
         // The terminal's end-of-file character, twice: the first ends a last
         // line without a newline, and `sh` ends at an empty line.
-        self.input(driven, &[EOT, EOT])
+        self.input(driven, &[TERMINAL_EOF, TERMINAL_EOF])
     }
 
     fn output(&mut self, driven: &mut Driven) -> Result<(Vec<u8>, Option<u8>)> {
@@ -198,11 +216,13 @@ impl ShellChannel for AgentShell {
                     bail!("the guest's agent could not open a shell: {message}")
                 }
                 // Lost input is worth saying, not worth ending the shell for.
-                ShellEvent::Failed { context, message } => {
-                    eprintln!("detvisor shell: the guest's agent: {context}: {message}")
-                }
+                ShellEvent::Failed { context, message } => self.notices.push(format!(
+                    "detvisor shell: the guest's agent: {context}: {message}"
+                )),
                 ShellEvent::Exited(exit) => {
-                    status = Some(u8::try_from(exit.shell_code()).unwrap_or(crate::EXIT_NO_STATUS))
+                    status = Some(
+                        u8::try_from(exit.shell_code()).unwrap_or(crate::exit_status::NO_STATUS),
+                    )
                 }
             }
         }
@@ -223,30 +243,20 @@ impl ShellChannel for AgentShell {
         self.answered
     }
 
+    fn take_notices(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notices)
+    }
+
     fn silence(&self) -> &'static str {
         "the guest's agent did not open a shell (is the snapshot from an older detvisor \
          whose agent has no shell? see the agent's errors above)"
     }
 }
 
-/// The user's terminal size (rows, columns), 24x80 when unknown.
-fn terminal_size() -> (u16, u16) {
-    // SAFETY: winsize is plain old data; all-zero is valid.
-    let mut size: libc::winsize = unsafe { std::mem::zeroed() };
-    // SAFETY: TIOCGWINSZ writes one winsize into `size`; on a descriptor
-    // that is not a terminal it fails and leaves it zero.
-    let known = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut size) } == 0;
-    if known && size.ws_row > 0 && size.ws_col > 0 {
-        (size.ws_row, size.ws_col)
-    } else {
-        (24, 80)
-    }
-}
-
-/// Runs the shell; returns the exit status for the process (the shell's
-/// under `up`, 0 when a `run` guest's listener ended, 1 when the guest
-/// stopped under it).
-pub fn run(spec: &str, node: Option<&str>) -> Result<u8> {
+/// Runs the shell, its terminal on `streams`' stdout and input from its
+/// stdin; returns the exit status for the process (the shell's under `up`,
+/// 0 when a `run` guest's listener ended, 1 when the guest stopped under it).
+pub fn run(request: &ShellRequest, streams: &dyn Streams) -> Result<u8> {
     let resume = vmm::vm::ResumeConfig {
         until: None,
         record: vmm::record::RecordConfig::default(),
@@ -254,16 +264,11 @@ pub fn run(spec: &str, node: Option<&str>) -> Result<u8> {
     // The guest's own console (and an `up` run's node output) goes to
     // stderr, the shell to stdout.
     let node_output = snapshots::NodeOutput {
-        out: Box::new(std::io::stderr()),
-        events: true,
+        out: Box::new(streams.stderr()),
+        events: Some(Box::new(streams.stderr())),
     };
-    let mut restored = snapshots::restore(
-        spec,
-        &resume,
-        Box::new(std::io::stderr()),
-        None,
-        node_output,
-    )?;
+    let mut restored =
+        snapshots::restore(&request.spec, &resume, streams.stderr(), None, node_output)?;
     if let Some(stop) = restored.stopped_early {
         bail!(
             "the guest stopped before that moment ({stop:?}): there is nothing to open a shell in"
@@ -271,6 +276,7 @@ pub fn run(spec: &str, node: Option<&str>) -> Result<u8> {
     }
     let id = restored.snapshot.meta.id.clone();
     let driven = &mut restored.driven;
+    let node = request.node.as_deref();
     let mut channel: Box<dyn ShellChannel> = if driven.up.is_some() {
         Box::new(AgentShell {
             node: node.map(str::to_string),
@@ -278,6 +284,10 @@ pub fn run(spec: &str, node: Option<&str>) -> Result<u8> {
             typed_ahead: Some(Vec::new()),
             last_byte: None,
             opened_at: None,
+            rows: request.rows,
+            cols: request.cols,
+            term: request.term.clone(),
+            notices: Vec::new(),
         })
     } else {
         if node.is_some() {
@@ -299,19 +309,19 @@ pub fn run(spec: &str, node: Option<&str>) -> Result<u8> {
         (Some(_), None) => "every running node is paused; the shell runs beside them",
         (Some(_), Some(_)) => "every running node is paused; the shell runs inside that node",
     };
-    eprintln!(
-        "detvisor shell: a fork of {id} at exit {}, virtual time {}; {what} \
-         (end with `exit` or end of input)",
-        driven.session.exits(),
-        driven.session.now()
+    say(
+        streams,
+        &format!(
+            "detvisor shell: a fork of {id} at exit {}, virtual time {}; {what} \
+             (end with `exit` or end of input)",
+            driven.session.exits(),
+            driven.session.now()
+        ),
     );
-    // A pseudo-terminal in the guest does the echo and line editing.
-    let _raw = (driven.up.is_some() && std::io::stdin().is_terminal())
-        .then(crate::terminal::RawMode::enter)
-        .transpose()?;
-    let input = spawn_stdin_reader();
+    let input = streams.stdin();
+    let input = input.as_ref();
     channel.open(driven)?;
-    let mut stdout = std::io::stdout();
+    let mut stdout = streams.stdout();
     let mut input_ended = false;
     let mut input_ended_at: Option<vmm::VirtNanos> = None;
     let opened_at = driven.session.now();
@@ -331,24 +341,26 @@ pub fn run(spec: &str, node: Option<&str>) -> Result<u8> {
         }
     };
     loop {
-        while let Ok(message) = input.try_recv() {
+        while !input_ended {
+            let Some(message) = next_input(input, None) else {
+                break;
+            };
             deliver(message, &mut channel, driven, &mut input_ended)?;
         }
         let before = driven.session.now();
         let stop = driven.step()?;
         let (out, ended) = channel.output(driven)?;
+        for notice in channel.take_notices() {
+            say(streams, &notice);
+        }
         // An idle guest jumps to its next timer: pace such jumps by the wall
         // clock (at most 50 ms at a time) while waiting for input, instead of
         // racing through virtual time on a spinning host CPU.
         let jumped = driven.session.now().0.saturating_sub(before.0);
         if jumped > IDLE_JUMP_NS && out.is_empty() && !input_ended {
             let wait = Duration::from_nanos(jumped.min(MAX_IDLE_WAIT_NS));
-            match input.recv_timeout(wait) {
-                Ok(message) => deliver(message, &mut channel, driven, &mut input_ended)?,
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    deliver(Input::End, &mut channel, driven, &mut input_ended)?
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            if let Some(message) = next_input(input, Some(wait)) {
+                deliver(message, &mut channel, driven, &mut input_ended)?;
             }
         }
         stdout.write_all(&out)?;
@@ -375,11 +387,14 @@ pub fn run(spec: &str, node: Option<&str>) -> Result<u8> {
                 if input_ended {
                     bail!("the guest went idle without ending the shell");
                 }
-                let message = input.recv().unwrap_or(Input::End);
+                let message = next_input(input, Some(Duration::MAX)).unwrap_or(Input::End);
                 deliver(message, &mut channel, driven, &mut input_ended)?;
             }
             Some(other) => {
-                eprintln!("detvisor shell: the guest stopped under the shell: {other:?}");
+                say(
+                    streams,
+                    &format!("detvisor shell: the guest stopped under the shell: {other:?}"),
+                );
                 return Ok(1);
             }
         }

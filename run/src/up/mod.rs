@@ -9,13 +9,18 @@
 
 use crate::faults::{FaultAction, TimedFault};
 use crate::manifest::{Manifest, NodePlan, RootSource, WorkloadPlan};
+
+mod event;
+mod launch;
 use anyhow::{bail, Context, Result};
 use detvisor_agent::protocol::{
     encode_frame, AgentToHost, ExitStatus, FrameDecoder, HostToAgent, NodeSpec, Stream,
     MAX_FRAME_LEN, PROTOCOL_VERSION,
 };
 use devices::VirtNanos;
+pub use event::UpEvent;
 use image_builder::{ImageConfig, RootFs};
+pub use launch::{prepare, run, Initrd, PreparedUp, UpOptions, UpSummary, DEFAULT_RAM_BYTES};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::Write;
@@ -38,8 +43,8 @@ pub const WORKLOAD_LOG: &str = crate::manifest::WORKLOAD_NODE;
 /// What the conductor reports to the loop besides messages to send.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Note {
-    /// A line for the user (events, not node output).
-    Event(String),
+    /// Something to tell the user (not node output).
+    Event(UpEvent),
     /// Output of a node (`None`: the workload running inside a node).
     Output {
         node: Option<String>,
@@ -104,7 +109,7 @@ pub struct Conductor {
 }
 
 /// Exit status when the guest could not be set up (a node failed to start).
-pub const SETUP_FAILED: i32 = 125;
+pub const SETUP_FAILED: i32 = crate::exit_status::NO_STATUS as i32;
 
 impl Conductor {
     pub fn new(
@@ -139,6 +144,12 @@ impl Conductor {
         self.workload.is_some()
     }
 
+    /// Adds an agent-side fault to the schedule (after those at the same time).
+    pub fn add_fault(&mut self, fault: TimedFault) {
+        let at = self.faults.partition_point(|f| f.at <= fault.at);
+        self.faults.insert(at, fault);
+    }
+
     /// The next virtual time at which [`Conductor::due`] has something to do.
     pub fn next_fault_time(&self) -> Option<VirtNanos> {
         if self.phase == Phase::ShuttingDown {
@@ -157,13 +168,14 @@ impl Conductor {
         match message {
             AgentToHost::Booted { version } => {
                 if self.phase != Phase::Booting {
-                    notes.push(Note::Event("agent: booted twice".into()));
+                    notes.push(Note::Event(UpEvent::AgentBootedTwice));
                     return;
                 }
                 if version != PROTOCOL_VERSION {
-                    notes.push(Note::Event(format!(
-                        "agent speaks protocol {version}, this detvisor {PROTOCOL_VERSION}"
-                    )));
+                    notes.push(Note::Event(UpEvent::ProtocolMismatch {
+                        agent: version,
+                        host: PROTOCOL_VERSION,
+                    }));
                 }
                 send.push(HostToAgent::Hello {
                     version: PROTOCOL_VERSION,
@@ -181,7 +193,10 @@ impl Conductor {
                 }
             }
             AgentToHost::NodeStarted { name, pid } => {
-                notes.push(Note::Event(format!("node {name} started (pid {pid})")));
+                notes.push(Note::Event(UpEvent::NodeStarted {
+                    node: name.clone(),
+                    pid,
+                }));
                 self.running.insert(name.clone());
                 self.ever_started.insert(name);
                 if self.phase == Phase::Starting
@@ -194,20 +209,17 @@ impl Conductor {
                 }
             }
             AgentToHost::WorkloadStarted { node, .. } => {
-                notes.push(Note::Event(match node {
-                    Some(node) => format!("workload started in node {node}"),
-                    None => "workload started".into(),
-                }));
+                notes.push(Note::Event(UpEvent::WorkloadStarted { node }));
             }
             AgentToHost::Output { node, stream, data } => {
                 notes.push(Note::Output { node, stream, data });
             }
             AgentToHost::Exited { node, status } => {
                 self.running.remove(&node);
-                notes.push(Note::Event(format!(
-                    "node {node} exited ({})",
-                    describe(status)
-                )));
+                notes.push(Note::Event(UpEvent::NodeExited {
+                    node: node.clone(),
+                    status,
+                }));
                 if matches!(&self.workload, Some(WorkloadPlan::OwnNode(w)) if w.name == node) {
                     self.finish(status.shell_code(), send);
                 } else if self.workload.is_none() {
@@ -221,10 +233,7 @@ impl Conductor {
                 }
             }
             AgentToHost::WorkloadExited { status } => {
-                notes.push(Note::Event(format!(
-                    "workload exited ({})",
-                    describe(status)
-                )));
+                notes.push(Note::Event(UpEvent::WorkloadExited { status }));
                 self.finish(status.shell_code(), send);
             }
             AgentToHost::ShellOpened { pid } => notes.push(Note::Shell(ShellEvent::Opened { pid })),
@@ -232,17 +241,18 @@ impl Conductor {
             AgentToHost::ShellExited { status } => {
                 notes.push(Note::Shell(ShellEvent::Exited(status)))
             }
-            AgentToHost::Paused { node } => notes.push(Note::Event(format!("node {node} paused"))),
-            AgentToHost::Resumed { node } => {
-                notes.push(Note::Event(format!("node {node} resumed")))
-            }
+            AgentToHost::Paused { node } => notes.push(Note::Event(UpEvent::NodePaused { node })),
+            AgentToHost::Resumed { node } => notes.push(Note::Event(UpEvent::NodeResumed { node })),
             AgentToHost::Error { context, message }
                 if context == "open_shell" || context == "shell_input" =>
             {
                 notes.push(Note::Shell(ShellEvent::Failed { context, message }));
             }
             AgentToHost::Error { context, message } => {
-                notes.push(Note::Event(format!("agent: {context}: {message}")));
+                notes.push(Note::Event(UpEvent::AgentError {
+                    context: context.clone(),
+                    message,
+                }));
                 // Setting up failed: a node could not be made, or the
                 // workload could not start (so nothing would ever end the run).
                 let setup = ["hello", "create_node", "channel"]
@@ -264,7 +274,9 @@ impl Conductor {
         }
         while self.faults.front().is_some_and(|f| f.at <= now) {
             let fault = self.faults.pop_front().expect("checked above");
-            notes.push(Note::Event(format!("fault: {}", fault.action)));
+            notes.push(Note::Event(UpEvent::Fault {
+                action: fault.action.clone(),
+            }));
             send.push(match fault.action {
                 FaultAction::Pause(node) => HostToAgent::Pause { node },
                 FaultAction::Resume(node) => HostToAgent::Resume { node },
@@ -301,13 +313,6 @@ impl Conductor {
         self.status = Some(status);
         self.phase = Phase::ShuttingDown;
         send.push(HostToAgent::Shutdown);
-    }
-}
-
-fn describe(status: ExitStatus) -> String {
-    match status {
-        ExitStatus::Code(code) => format!("status {code}"),
-        ExitStatus::Signal(signal) => format!("signal {signal}"),
     }
 }
 
@@ -462,13 +467,13 @@ impl OutputSink {
 pub fn run_status(conductor: &Conductor, stop: vmm::exit::StopReason) -> u8 {
     use vmm::exit::StopReason;
     if let Some(status) = conductor.status() {
-        return u8::try_from(status).unwrap_or(crate::EXIT_NO_STATUS);
+        return u8::try_from(status).unwrap_or(crate::exit_status::NO_STATUS);
     }
     match stop {
         StopReason::TimeLimit if !conductor.has_workload() => 0,
-        StopReason::TimeLimit => crate::EXIT_TIME_LIMIT,
+        StopReason::TimeLimit => crate::exit_status::TIME_LIMIT,
         StopReason::GuestExit { status } => status,
-        _ => crate::EXIT_NO_STATUS,
+        _ => crate::exit_status::NO_STATUS,
     }
 }
 
@@ -497,8 +502,8 @@ pub struct UpState {
     pub network_events: Vec<TimedFault>,
 }
 
-/// Called with each event line (node started, fault, ...) and its time.
-pub type EventSink = Box<dyn FnMut(VirtNanos, &str)>;
+/// Called with each event (node started, fault, ...) and its time.
+pub type EventSink = Box<dyn FnMut(VirtNanos, &UpEvent)>;
 
 /// Where an `up` run's node output and events go.
 pub struct UpOutput {
@@ -507,23 +512,61 @@ pub struct UpOutput {
 }
 
 impl UpOutput {
-    /// Node output to `out` (prefixed lines, no logs); events to stderr
-    /// when `events` is set.
-    pub fn plain(node_names: &[String], out: Box<dyn Write>, events: bool) -> Result<Self> {
+    /// Node output to `out` (prefixed lines, no logs); event lines to
+    /// `events` when given.
+    pub fn plain(
+        node_names: &[String],
+        out: Box<dyn Write>,
+        events: Option<Box<dyn Write>>,
+    ) -> Result<Self> {
+        let mut events = events;
         Ok(UpOutput {
             sink: OutputSink::new(node_names, None, out)?,
-            events: Box::new(move |at, text| {
-                if events {
-                    print_event(at, text);
+            events: Box::new(move |at, event| {
+                if let Some(w) = &mut events {
+                    // Event lines are for people; a closed stream loses none of the run.
+                    let _ = writeln!(w, "{}", event_line(at, event));
                 }
             }),
         })
     }
 }
 
-/// An event line on stderr, with its virtual time.
-pub fn print_event(at: VirtNanos, text: &str) {
-    eprintln!("detvisor: [{at}] {text}");
+/// An event as one line for people, with its virtual time.
+pub fn event_line(at: VirtNanos, event: &UpEvent) -> String {
+    format!("detvisor: [{at}] {event}")
+}
+
+/// Puts a partition or heal on the switch's schedule (other faults are the
+/// agent's: nothing to do here).
+fn schedule_network_fault(
+    session: &mut vmm::vm::Session,
+    node_names: &[String],
+    fault: &TimedFault,
+) -> Result<()> {
+    let ports = session.devices_mut().nic_ports();
+    let result = match &fault.action {
+        FaultAction::Partition(groups) => {
+            let mut port_groups = Vec::new();
+            for group in groups {
+                let mut ports_of_group = Vec::new();
+                for name in group {
+                    let index = node_names
+                        .iter()
+                        .position(|n| n == name)
+                        .with_context(|| format!("fault {}: no node {name:?}", fault.action))?;
+                    ports_of_group.push(ports[index]);
+                }
+                port_groups.push(ports_of_group);
+            }
+            session
+                .devices_mut()
+                .schedule_partition(fault.at, port_groups)
+        }
+        FaultAction::Heal => session.devices_mut().schedule_heal(fault.at),
+        _ => return Ok(()),
+    };
+    result.with_context(|| format!("scheduling the fault {}", fault.action))
 }
 
 /// Runs a session as an `up` run: after every exit, the agent's output goes
@@ -552,31 +595,8 @@ impl UpDriver {
         node_names: &[String],
         output: UpOutput,
     ) -> Result<Self> {
-        let ports = session.devices_mut().nic_ports();
         for fault in network_faults {
-            let result = match &fault.action {
-                FaultAction::Partition(groups) => {
-                    let groups = groups
-                        .iter()
-                        .map(|group| {
-                            group
-                                .iter()
-                                .map(|name| {
-                                    let index = node_names
-                                        .iter()
-                                        .position(|n| n == name)
-                                        .expect("fault names were checked against the manifest");
-                                    ports[index]
-                                })
-                                .collect()
-                        })
-                        .collect();
-                    session.devices_mut().schedule_partition(fault.at, groups)
-                }
-                FaultAction::Heal => session.devices_mut().schedule_heal(fault.at),
-                _ => continue,
-            };
-            result.with_context(|| format!("scheduling the fault {}", fault.action))?;
+            schedule_network_fault(session, node_names, fault)?;
         }
         Ok(Self::restore(
             UpState {
@@ -631,6 +651,37 @@ impl UpDriver {
         }
     }
 
+    /// Adds `fault` to the run from now on: partitions and heals go to the
+    /// switch, the rest to the conductor's schedule. A fault before `now`
+    /// is refused.
+    pub fn inject(&mut self, session: &mut vmm::vm::Session, fault: TimedFault) -> Result<()> {
+        let now = session.now();
+        if fault.at < now {
+            bail!(
+                "fault {} at {}: that is before the run's present, {now}",
+                fault.action,
+                fault.at
+            );
+        }
+        for name in fault.action.nodes() {
+            if !self.node_names.iter().any(|n| n == name) {
+                bail!(
+                    "fault {}: no node is named {name:?} (nodes: {})",
+                    fault.action,
+                    self.node_names.join(", ")
+                );
+            }
+        }
+        if fault.action.is_network() {
+            schedule_network_fault(session, &self.node_names, &fault)?;
+            let at = self.network_events.partition_point(|f| f.at <= fault.at);
+            self.network_events.insert(at, fault);
+        } else {
+            self.conductor.add_fault(fault);
+        }
+        Ok(())
+    }
+
     pub fn conductor(&self) -> &Conductor {
         &self.conductor
     }
@@ -664,7 +715,12 @@ impl UpDriver {
         let now = session.now();
         while self.network_events.front().is_some_and(|f| f.at <= now) {
             let fault = self.network_events.pop_front().expect("checked above");
-            (self.output.events)(fault.at, &format!("fault: {}", fault.action));
+            (self.output.events)(
+                fault.at,
+                &UpEvent::Fault {
+                    action: fault.action,
+                },
+            );
         }
         let bytes = session.take_agent_output();
         if !bytes.is_empty() {
@@ -677,14 +733,16 @@ impl UpDriver {
                     }
                     Ok(None) => break,
                     Err(e) if e.is_fatal() => bail!("the agent's channel broke: {e}"),
-                    Err(e) => self.notes.push(Note::Event(format!("agent channel: {e}"))),
+                    Err(e) => self.notes.push(Note::Event(UpEvent::ChannelError {
+                        message: e.to_string(),
+                    })),
                 }
             }
         }
         self.conductor.due(now, &mut self.send, &mut self.notes);
         for note in std::mem::take(&mut self.notes) {
             match note {
-                Note::Event(text) => (self.output.events)(now, &text),
+                Note::Event(event) => (self.output.events)(now, &event),
                 Note::Shell(event) => self.shell_events.push(event),
                 Note::Output { node, stream, data } => match node {
                     None => self.output.sink.output(WORKLOAD_LOG, stream, &data)?,
@@ -692,10 +750,9 @@ impl UpDriver {
                         self.output.sink.output(&name, stream, &data)?
                     }
                     // The name becomes a log file's name: only declared nodes.
-                    Some(name) => (self.output.events)(
-                        now,
-                        &format!("agent: output for unknown node {name:?} dropped"),
-                    ),
+                    Some(name) => {
+                        (self.output.events)(now, &UpEvent::UnknownNodeOutput { node: name })
+                    }
                 },
             }
         }
@@ -1038,7 +1095,7 @@ mod tests {
         let back: UpState = serde_json::from_str(&text).unwrap();
         assert_eq!(back, state);
 
-        let output = UpOutput::plain(&names, Box::new(std::io::sink()), false).unwrap();
+        let output = UpOutput::plain(&names, Box::new(std::io::sink()), None).unwrap();
         let mut driver = UpDriver::restore(back, output);
         assert_eq!(driver.save(), state);
         // Reset to another moment and back: each save is that moment.

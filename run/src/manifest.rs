@@ -434,11 +434,11 @@ command = ["sh", "-c", "true"]
         for (name, text) in [
             (
                 "cluster.toml",
-                include_str!("../examples/etcd/cluster.toml"),
+                include_str!("../../examples/etcd/cluster.toml"),
             ),
             (
                 "partition.toml",
-                include_str!("../examples/etcd/partition.toml"),
+                include_str!("../../examples/etcd/partition.toml"),
             ),
         ] {
             let m = parse(text, Path::new("/ex")).unwrap_or_else(|e| panic!("{name}: {e:#}"));

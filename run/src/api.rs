@@ -1,0 +1,370 @@
+//! The run library's one typed request API: every verb of the CLI, and every
+//! step a campaign engine or a server takes on a live run, is a [`Request`]
+//! answered by a [`Response`] from a [`Controller`]. The same enum crosses
+//! into the helper VM serialized, so no caller reaches a run any other way.
+
+use crate::audit::{self, AuditOptions, AuditSummary};
+use crate::branch::{self, BranchRequest};
+use crate::driven::{Driven, DrivenCheckpoint};
+use crate::faults::TimedFault;
+use crate::outcome::RunSummary;
+use crate::plain::{self, GuestSpec};
+use crate::seeds::{self, SeedsReport, SeedsRequest};
+use crate::shell::{self, ShellRequest};
+use crate::snapshots::{self, NodeOutput, SeekReport, SnapshotDetails, SnapshotPlan, SnapshotRow};
+use crate::streams::Streams;
+use crate::up::{self, PreparedUp, UpOptions, UpOutput, UpSummary};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use vmm::exit::StopReason;
+use vmm::record::RecordConfig;
+use vmm::vm::ResumeConfig;
+use vmm::VirtNanos;
+
+/// A live run held by a [`Controller`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RunId(pub u64);
+
+/// A moment of a live run kept in memory (see [`Request::Checkpoint`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct CheckpointId(pub u64);
+
+/// How far [`Request::RunUntil`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Until {
+    /// Until this many exits have been handled.
+    Exit(u64),
+    /// Until this virtual time.
+    Time(VirtNanos),
+    /// This many more exits.
+    Steps(u64),
+    /// Until the guest stops.
+    End,
+}
+
+/// Everything the run library does, as one request.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "request")]
+pub enum Request {
+    /// Boot a plain run and run it to its end (`detvisor run`).
+    Run {
+        guest: GuestSpec,
+        snapshots: Option<SnapshotPlan>,
+    },
+    /// Run a configuration several times and compare (`detvisor audit`).
+    Audit {
+        guest: GuestSpec,
+        options: AuditOptions,
+    },
+    /// A multi-node run, assembled by [`up::prepare`] (`detvisor up`).
+    Up {
+        prepared: PreparedUp,
+        options: UpOptions,
+    },
+    /// One alternate history from a saved moment (`detvisor branch`).
+    Branch(BranchRequest),
+    /// Many, one per seed (`detvisor branch --seeds`).
+    BranchSeeds(SeedsRequest),
+    /// The machine at an exact saved moment (`detvisor seek`).
+    Seek { spec: String },
+    /// A shell in a fork of a saved moment (`detvisor shell`).
+    Shell(ShellRequest),
+    /// The snapshots in a directory (`detvisor snapshot ls`).
+    ListSnapshots { dir: PathBuf },
+    /// One snapshot in detail (`detvisor snapshot info`).
+    SnapshotInfo { dir: PathBuf },
+
+    /// Boot a plain run and hold it, stopped before its first exit.
+    Boot { guest: GuestSpec },
+    /// Boot an `up` run and hold it (node output to the stdout stream when
+    /// `options.stream_output`, events to stderr).
+    BootUp {
+        prepared: PreparedUp,
+        options: UpOptions,
+    },
+    /// Restore a saved moment (replayed exactly to it) and hold it.
+    Restore {
+        spec: String,
+        until: Option<VirtNanos>,
+    },
+    /// Run a held run on.
+    RunUntil { run: RunId, until: Until },
+    /// Keep the run's present moment in memory, to return to in place.
+    /// A run keeps one checkpoint: a newer one, or a snapshot chain started
+    /// by the run's own plan, makes older ones stale (refused by `Reset`).
+    Checkpoint { run: RunId },
+    /// Return the run in place to a checkpoint of it.
+    Reset {
+        run: RunId,
+        checkpoint: CheckpointId,
+    },
+    /// Write a full snapshot of the run's present into `dir`.
+    Snapshot { run: RunId, dir: PathBuf },
+    /// Add a fault to an `up` run (at or after its present).
+    InjectFault { run: RunId, fault: TimedFault },
+    /// Re-key every seeded stream from here on: an alternate history.
+    Rekey { run: RunId, seed: u64 },
+    /// The run's outcome so far (the run stays held).
+    Outcome { run: RunId },
+    /// Let a held run go.
+    Close { run: RunId },
+}
+
+/// Where a held run stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Position {
+    pub exits: u64,
+    pub virtual_ns: u64,
+    /// Set once the guest stopped (it runs no further).
+    pub stop: Option<StopReason>,
+}
+
+/// The answer to a [`Request`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "response")]
+pub enum Response {
+    /// `Run`, `Branch`, `Outcome`.
+    Summary(RunSummary),
+    Audit(AuditSummary),
+    Up(UpSummary),
+    Seeds(SeedsReport),
+    Seek(SeekReport),
+    /// The shell's exit status.
+    Shell {
+        status: u8,
+    },
+    Snapshots {
+        rows: Vec<SnapshotRow>,
+    },
+    SnapshotDetails(SnapshotDetails),
+    /// `Boot`, `BootUp`, `Restore`.
+    Started {
+        run: RunId,
+        position: Position,
+    },
+    /// `RunUntil`, `Reset`, `Rekey`, `InjectFault`.
+    Position(Position),
+    Checkpoint {
+        checkpoint: CheckpointId,
+        position: Position,
+    },
+    Snapshot(SnapshotRow),
+    Closed,
+}
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("no run {0:?} is held (it was closed, or never started)")]
+    UnknownRun(RunId),
+    #[error("run {run:?} has no checkpoint {checkpoint:?}")]
+    UnknownCheckpoint {
+        run: RunId,
+        checkpoint: CheckpointId,
+    },
+    #[error("run {0:?} has stopped; it runs no further (reset it to a checkpoint, or close it)")]
+    Stopped(RunId),
+    #[error("run {0:?} is a plain run: it has no nodes, so no fault can name one")]
+    NoNodes(RunId),
+    #[error(transparent)]
+    Run(#[from] anyhow::Error),
+}
+
+/// A run the controller holds.
+struct Held {
+    driven: Driven,
+    checkpoints: BTreeMap<CheckpointId, DrivenCheckpoint>,
+    stop: Option<StopReason>,
+}
+
+impl Held {
+    fn position(&self) -> Position {
+        Position {
+            exits: self.driven.session.exits(),
+            virtual_ns: self.driven.session.now().0,
+            stop: self.stop,
+        }
+    }
+}
+
+/// Answers [`Request`]s, holding live runs between them. Output goes to the
+/// [`Streams`] it was made with.
+pub struct Controller<S: Streams> {
+    streams: S,
+    runs: BTreeMap<RunId, Held>,
+    next_id: u64,
+}
+
+impl<S: Streams> Controller<S> {
+    pub fn new(streams: S) -> Self {
+        Controller {
+            streams,
+            runs: BTreeMap::new(),
+            next_id: 1,
+        }
+    }
+
+    pub fn streams(&self) -> &S {
+        &self.streams
+    }
+
+    fn next_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    fn held(&mut self, run: RunId) -> Result<&mut Held, ApiError> {
+        self.runs.get_mut(&run).ok_or(ApiError::UnknownRun(run))
+    }
+
+    fn hold(&mut self, driven: Driven, stop: Option<StopReason>) -> Response {
+        let run = RunId(self.next_id());
+        let held = Held {
+            driven,
+            checkpoints: BTreeMap::new(),
+            stop,
+        };
+        let position = held.position();
+        self.runs.insert(run, held);
+        Response::Started { run, position }
+    }
+
+    /// Carries out one request.
+    pub fn handle(&mut self, request: Request) -> Result<Response, ApiError> {
+        let streams = &self.streams;
+        Ok(match request {
+            Request::Run { guest, snapshots } => {
+                let input = if guest.command.is_empty() {
+                    streams.stdin()
+                } else {
+                    None
+                };
+                let mut report = |line: &str| crate::streams::say(streams, line);
+                Response::Summary(plain::run(
+                    &guest,
+                    snapshots.as_ref(),
+                    streams.stdout(),
+                    input,
+                    &mut report,
+                )?)
+            }
+            Request::Audit { guest, options } => {
+                let mut progress = |line: &str| crate::streams::say(streams, line);
+                Response::Audit(audit::audit(&guest, &options, &mut progress)?)
+            }
+            Request::Up { prepared, options } => {
+                Response::Up(up::run(&prepared, &options, streams)?)
+            }
+            Request::Branch(request) => Response::Summary(branch::branch(&request, streams)?),
+            Request::BranchSeeds(request) => Response::Seeds(seeds::branch_seeds(&request)),
+            Request::Seek { spec } => Response::Seek(snapshots::seek(&spec)?),
+            Request::Shell(request) => Response::Shell {
+                status: shell::run(&request, streams)?,
+            },
+            Request::ListSnapshots { dir } => Response::Snapshots {
+                rows: snapshots::list(&dir)?,
+            },
+            Request::SnapshotInfo { dir } => Response::SnapshotDetails(snapshots::info(&dir)?),
+
+            Request::Boot { guest } => {
+                let config = guest.vm_config(RecordConfig::default())?;
+                let session = vmm::vm::Session::boot(&config, streams.stdout(), None)
+                    .map_err(anyhow::Error::from)?;
+                self.hold(Driven::plain(session), None)
+            }
+            Request::BootUp { prepared, options } => {
+                let config = prepared.vm_config(&options)?;
+                let out: Box<dyn std::io::Write> = if options.stream_output {
+                    Box::new(streams.stdout())
+                } else {
+                    Box::new(std::io::sink())
+                };
+                let output =
+                    UpOutput::plain(&prepared.node_names, out, Some(Box::new(streams.stderr())))?;
+                let driven = prepared.boot(&config, output)?;
+                self.hold(driven, None)
+            }
+            Request::Restore { spec, until } => {
+                let resume = ResumeConfig {
+                    until,
+                    record: RecordConfig::default(),
+                };
+                let node_output = NodeOutput {
+                    out: Box::new(streams.stdout()),
+                    events: Some(Box::new(streams.stderr())),
+                };
+                let restored =
+                    snapshots::restore(&spec, &resume, streams.stdout(), None, node_output)?;
+                self.hold(restored.driven, restored.stopped_early)
+            }
+            Request::RunUntil { run, until } => {
+                let held = self.held(run)?;
+                if held.stop.is_some() {
+                    return Err(ApiError::Stopped(run));
+                }
+                let exits = held.driven.session.exits();
+                let (exit_limit, time_limit) = match until {
+                    Until::Exit(n) => (Some(n), None),
+                    Until::Steps(n) => (Some(exits.saturating_add(n)), None),
+                    Until::Time(t) => (None, Some(t)),
+                    Until::End => (None, None),
+                };
+                held.stop = held.driven.run_until(exit_limit, time_limit)?;
+                Response::Position(held.position())
+            }
+            Request::Checkpoint { run } => {
+                let id = CheckpointId(self.next_id());
+                let held = self.held(run)?;
+                let checkpoint = held.driven.checkpoint()?;
+                held.checkpoints.insert(id, checkpoint);
+                Response::Checkpoint {
+                    checkpoint: id,
+                    position: held.position(),
+                }
+            }
+            Request::Reset { run, checkpoint } => {
+                let held = self.held(run)?;
+                let saved = held
+                    .checkpoints
+                    .get_mut(&checkpoint)
+                    .ok_or(ApiError::UnknownCheckpoint { run, checkpoint })?;
+                held.driven.reset_to(saved)?;
+                held.stop = None;
+                Response::Position(held.position())
+            }
+            Request::Snapshot { run, dir } => {
+                let held = self.held(run)?;
+                let info = snapshots::write_full_snapshot(&dir, &mut held.driven, None)?;
+                Response::Snapshot(SnapshotRow::from(&info))
+            }
+            Request::InjectFault { run, fault } => {
+                let held = self.held(run)?;
+                let Driven { session, up } = &mut held.driven;
+                let up = up.as_mut().ok_or(ApiError::NoNodes(run))?;
+                up.inject(session, fault)?;
+                Response::Position(held.position())
+            }
+            Request::Rekey { run, seed } => {
+                let held = self.held(run)?;
+                held.driven.session.set_seed(seed);
+                Response::Position(held.position())
+            }
+            Request::Outcome { run } => {
+                let held = self.held(run)?;
+                // A run still going is summed up as it stands.
+                let stop = held.stop.unwrap_or(StopReason::TimeLimit);
+                let seed = held.driven.session.seed();
+                let exit_status = held.driven.exit_status(stop);
+                let outcome = held.driven.outcome(stop)?;
+                Response::Summary(RunSummary::new(seed, &outcome).with_exit_status(exit_status))
+            }
+            Request::Close { run } => {
+                self.runs.remove(&run).ok_or(ApiError::UnknownRun(run))?;
+                Response::Closed
+            }
+        })
+    }
+}

@@ -1,0 +1,64 @@
+//! One alternate history from a saved moment (`detvisor branch DIR@T`):
+//! the moment restored and replayed exactly, optionally re-keyed, run on to
+//! its end (taking snapshots of the branch too, if asked).
+
+use crate::outcome::RunSummary;
+use crate::snapshots::{self, NodeOutput, SnapshotPlan, Snapshotter};
+use crate::streams::Streams;
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+use vmm::record::RecordConfig;
+use vmm::vm::ResumeConfig;
+use vmm::VirtNanos;
+
+/// What `branch` asks for.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BranchRequest {
+    /// The moment: DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
+    pub spec: String,
+    /// Stop at this virtual time (absolute).
+    pub until: Option<VirtNanos>,
+    /// Re-key every seeded stream from this seed at the branch point.
+    pub seed: Option<u64>,
+    /// Snapshots of the branch.
+    pub snapshots: Option<SnapshotPlan>,
+    /// Print an `up` snapshot's events (node started, faults) on stderr.
+    pub events: bool,
+}
+
+/// Runs the branch: the guest's console (or an `up` run's node output) to
+/// `streams`' stdout.
+pub fn branch(request: &BranchRequest, streams: &dyn Streams) -> Result<RunSummary> {
+    let resume = ResumeConfig {
+        until: request.until,
+        record: RecordConfig::default(),
+    };
+    let node_output = NodeOutput {
+        out: Box::new(streams.stdout()),
+        events: request
+            .events
+            .then(|| Box::new(streams.stderr()) as Box<dyn std::io::Write>),
+    };
+    let mut restored =
+        snapshots::restore(&request.spec, &resume, streams.stdout(), None, node_output)?;
+    let driven = &mut restored.driven;
+    if let Some(seed) = request.seed {
+        // An alternate history from here on.
+        driven.session.set_seed(seed);
+    }
+    let stop = match restored.stopped_early {
+        Some(stop) => stop,
+        None => match &request.snapshots {
+            Some(plan) => {
+                let mut snapshotter =
+                    Snapshotter::new(plan, Some(restored.snapshot.meta.id.clone()))?;
+                snapshotter.run(driven)?
+            }
+            None => driven.run_to_end()?,
+        },
+    };
+    let seed = driven.session.seed();
+    let exit_status = driven.exit_status(stop);
+    let outcome = driven.outcome(stop)?;
+    Ok(RunSummary::new(seed, &outcome).with_exit_status(exit_status))
+}

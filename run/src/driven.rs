@@ -1,0 +1,128 @@
+//! A run between two exits: the session plus whatever drives it (nothing
+//! for a plain run, the agent conversation for `up`), its saved state and its
+//! in-memory checkpoints. Everything that continues a history (snapshots,
+//! `branch`, `seek`, in-place resets, the fork shell, the request API) steps
+//! a [`Driven`], so a resumed run takes exactly the steps the original took.
+
+use crate::up::{self, UpDriver, UpState};
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use vmm::exit::StopReason;
+use vmm::vm::{Checkpoint, RunOutcome, Session, SessionState};
+use vmm::VirtNanos;
+
+/// What a snapshot's `state.bin` holds: the machine's state and, for an `up`
+/// run, the host side of its agent conversation (`None` for `run`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SavedState {
+    pub session: SessionState,
+    pub up: Option<UpState>,
+}
+
+impl SavedState {
+    /// The state of a plain `run` (no host-side driver).
+    pub fn of_run(session: SessionState) -> Self {
+        SavedState { session, up: None }
+    }
+}
+
+/// A session with whatever runs it between exits: nothing for `run`, the
+/// agent conversation for `up`. Everything that continues a saved history
+/// (`branch`, `seek`, snapshots) steps it this way, so a resumed run takes
+/// exactly the steps the original took.
+pub struct Driven {
+    pub session: Session,
+    pub up: Option<UpDriver>,
+}
+
+/// A [`Driven`] moment in host memory, to return to in place.
+pub struct DrivenCheckpoint {
+    session: Checkpoint,
+    up: Option<UpState>,
+}
+
+impl Driven {
+    pub fn plain(session: Session) -> Self {
+        Driven { session, up: None }
+    }
+
+    /// One exit (`Some` when the guest stopped there).
+    pub fn step(&mut self) -> Result<Option<StopReason>> {
+        match &mut self.up {
+            Some(up) => up.step(&mut self.session),
+            None => Ok(self.session.step_one()?),
+        }
+    }
+
+    /// As [`Session::run_until`]: to an exit index or a virtual time, or
+    /// until the guest stops.
+    pub fn run_until(
+        &mut self,
+        exit_limit: Option<u64>,
+        time_limit: Option<VirtNanos>,
+    ) -> Result<Option<StopReason>> {
+        loop {
+            if exit_limit.is_some_and(|limit| self.session.exits() >= limit)
+                || time_limit.is_some_and(|limit| self.session.now() >= limit)
+            {
+                return Ok(None);
+            }
+            if let Some(stop) = self.step()? {
+                return Ok(Some(stop));
+            }
+        }
+    }
+
+    pub fn run_to_end(&mut self) -> Result<StopReason> {
+        loop {
+            if let Some(stop) = self.step()? {
+                return Ok(stop);
+            }
+        }
+    }
+
+    /// The state to save between two exits.
+    pub fn capture(&mut self) -> Result<SavedState> {
+        Ok(SavedState {
+            session: self.session.capture().context("capturing the VM state")?,
+            up: self.up.as_ref().map(UpDriver::save),
+        })
+    }
+
+    pub fn checkpoint(&mut self) -> Result<DrivenCheckpoint> {
+        Ok(DrivenCheckpoint {
+            session: self.session.checkpoint()?,
+            up: self.up.as_ref().map(UpDriver::save),
+        })
+    }
+
+    /// Back to `checkpoint`, in place (see [`Session::reset_to`]).
+    pub fn reset_to(&mut self, checkpoint: &mut DrivenCheckpoint) -> Result<()> {
+        self.session.reset_to(&mut checkpoint.session)?;
+        if let (Some(up), Some(state)) = (&mut self.up, &checkpoint.up) {
+            up.reset(state);
+        }
+        Ok(())
+    }
+
+    /// The run's exit status once it stopped with `stop`: the guest's, or
+    /// under `up` the workload's (`None`: the guest reported none).
+    pub fn exit_status(&self, stop: StopReason) -> Option<u8> {
+        match &self.up {
+            Some(up) => Some(up::run_status(up.conductor(), stop)),
+            None => match stop {
+                StopReason::GuestExit { status } => Some(status),
+                _ => None,
+            },
+        }
+    }
+
+    /// The outcome so far (the session stays usable, e.g. for a reset).
+    pub fn outcome(&mut self, stop: StopReason) -> Result<RunOutcome> {
+        if let Some(up) = &mut self.up {
+            up.flush()?;
+        }
+        Ok(self.session.outcome(stop))
+    }
+}

@@ -1,0 +1,29 @@
+//! detvisor's run library: everything that owns a run, between the VMM
+//! (`vmm`) and whatever drives runs (the CLI today; a campaign engine and an
+//! agent-facing server later).
+//!
+//! A run boots or is restored, steps exit by exit, runs until a time, an exit
+//! or its end, returns in memory to a checkpoint, writes snapshots, takes
+//! faults and new seeds, and reports one [`RunSummary`]. The `up` conductor
+//! (the host side of the in-guest agent's conversation), manifests and fault
+//! schedules live here too. Callers speak one typed request API,
+//! [`api::Request`] / [`api::Response`], through an [`api::Controller`]; the
+//! same enum crosses into the helper VM serialized.
+
+pub mod api;
+pub mod audit;
+pub mod branch;
+pub mod driven;
+pub mod faults;
+pub mod guest;
+pub mod manifest;
+pub mod outcome;
+pub mod plain;
+pub mod seeds;
+pub mod shell;
+pub mod snapshots;
+pub mod streams;
+pub mod units;
+pub mod up;
+
+pub use outcome::{exit_status, RunSummary};

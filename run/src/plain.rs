@@ -1,0 +1,160 @@
+//! A plain run (`detvisor run`): one guest booted from a kernel and an
+//! initramfs, running one command, with an optional simulated network.
+
+use crate::driven::Driven;
+use crate::guest;
+use crate::outcome::RunSummary;
+use crate::snapshots::{SnapshotPlan, Snapshotter};
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use vmm::record::RecordConfig;
+use vmm::vm::{ConsoleInput, VmConfig};
+use vmm::VirtNanos;
+
+/// Guest RAM of a plain run unless told otherwise (256 MiB).
+pub const DEFAULT_RAM_BYTES: u64 = 256 << 20;
+/// The guest's CMOS clock at boot unless told otherwise: 2024-01-01 UTC.
+pub const DEFAULT_RTC_EPOCH: i64 = 1_704_067_200;
+
+/// Everything a plain run's guest is made of.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GuestSpec {
+    /// Seed of every source of nondeterminism the guest can observe.
+    pub seed: u64,
+    /// Kernel (uncompressed vmlinux ELF); `None`: the default guest image's.
+    pub kernel: Option<PathBuf>,
+    /// Initramfs; `None`: the default guest image's.
+    pub initrd: Option<PathBuf>,
+    /// Kernel command line replacing [`guest::default_cmdline`].
+    pub cmdline: Option<String>,
+    pub ram_bytes: u64,
+    /// Stop after this much virtual time.
+    pub until: Option<VirtNanos>,
+    /// Wall-clock date the guest's CMOS clock starts at, as unix seconds.
+    pub rtc_epoch_unix_secs: i64,
+    /// Virtio NICs joined by the simulated switch (none: no network).
+    pub network: Option<PlainNetwork>,
+    /// The command to run inside the guest (empty: a shell on the console).
+    pub command: Vec<String>,
+}
+
+impl Default for GuestSpec {
+    fn default() -> Self {
+        GuestSpec {
+            seed: 0,
+            kernel: None,
+            initrd: None,
+            cmdline: None,
+            ram_bytes: DEFAULT_RAM_BYTES,
+            until: None,
+            rtc_epoch_unix_secs: DEFAULT_RTC_EPOCH,
+            network: None,
+            command: Vec::new(),
+        }
+    }
+}
+
+/// NICs (eth0..) and the switch between them.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct PlainNetwork {
+    pub nics: u8,
+    pub config: devices::NetworkConfig,
+}
+
+/// The kernel and initramfs files a guest boots from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageFiles {
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+}
+
+impl GuestSpec {
+    /// The kernel and initramfs, the default image's where none is given
+    /// (building it on first use). Both must be files.
+    pub fn image_files(&self) -> Result<ImageFiles> {
+        let (kernel, initrd) = match (&self.kernel, &self.initrd) {
+            (Some(k), Some(i)) => (k.clone(), i.clone()),
+            (k, i) => {
+                let image = guest::default_image()?;
+                (
+                    k.clone().unwrap_or(image.kernel),
+                    i.clone().unwrap_or(image.initrd),
+                )
+            }
+        };
+        for (what, path) in [("kernel", &kernel), ("initrd", &initrd)] {
+            if !path.is_file() {
+                bail!("{what} {} does not exist or is not a file", path.display());
+            }
+        }
+        Ok(ImageFiles { kernel, initrd })
+    }
+
+    /// Checks what can be checked without building anything.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(network) = &self.network {
+            let most = devices::layout::VIRTIO_MMIO_IRQS.len() - 1;
+            if network.nics == 0 || usize::from(network.nics) > most {
+                bail!(
+                    "{} NICs: this machine has interrupt lines for 1 to {most}",
+                    network.nics
+                );
+            }
+            network
+                .config
+                .validate()
+                .map_err(|e| anyhow::anyhow!("network settings: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The VMM's configuration for this guest.
+    pub fn vm_config(&self, record: RecordConfig) -> Result<VmConfig> {
+        self.validate()?;
+        let image = self.image_files()?;
+        let initrd = guest::initrd_with_command(&image.initrd, &self.command)?;
+        Ok(VmConfig {
+            kernel: image.kernel,
+            initrd,
+            cmdline: self.cmdline.clone().unwrap_or_else(guest::default_cmdline),
+            ram_bytes: self.ram_bytes,
+            seed: self.seed,
+            until: self.until,
+            rtc_epoch_unix_secs: self.rtc_epoch_unix_secs,
+            record,
+            perturbation: None,
+            network: self.network.as_ref().map(|n| vmm::vm::NetworkSpec {
+                nics: n.nics,
+                config: n.config,
+            }),
+            // The fork-shell channel (see `guest::FORK_SHELL_LISTENER`).
+            agent_channel: true,
+        })
+    }
+}
+
+/// Boots `spec`'s guest and runs it to its end, taking snapshots as
+/// `snapshots` asks; the console goes to `console`, `input` (when given)
+/// to the guest's console.
+pub fn run(
+    spec: &GuestSpec,
+    snapshots: Option<&SnapshotPlan>,
+    console: Box<dyn std::io::Write + Send>,
+    input: Option<ConsoleInput>,
+    report: &mut dyn FnMut(&str),
+) -> Result<RunSummary> {
+    let config = spec.vm_config(RecordConfig::default())?;
+    let outcome = match snapshots {
+        None => vmm::vm::run(&config, console, input)?,
+        Some(plan) => {
+            let mut snapshotter = Snapshotter::new(plan, None)?;
+            let session = vmm::vm::Session::boot(&config, console, input)?;
+            let mut driven = Driven::plain(session);
+            let stop = snapshotter.run(&mut driven)?;
+            report(&snapshotter.report());
+            driven.session.finish(stop)
+        }
+    };
+    Ok(RunSummary::new(spec.seed, &outcome))
+}

@@ -1,0 +1,297 @@
+//! Many alternate histories from one moment (`branch --seeds A..B`): each
+//! seed is the same saved moment re-keyed, run to its end. Workers run on
+//! threads of this process, one vCPU each, several at a time. Each worker
+//! either restores the moment afresh for every seed, or (in place) restores
+//! it once and returns to it in memory between seeds
+//! (`Session::reset_to`: cost proportional to the pages the previous
+//! history dirtied).
+
+use crate::driven::{Driven, DrivenCheckpoint};
+use crate::outcome::stop_kind;
+use crate::snapshots::{restore, NodeOutput};
+use anyhow::{bail, Result};
+use serde::{Deserialize, Serialize};
+use std::sync::Mutex;
+use vmm::record::RecordConfig;
+use vmm::vm::ResumeConfig;
+use vmm::VirtNanos;
+
+/// The most seeds one request may ask for.
+pub const MAX_SEEDS: u64 = 100_000;
+
+/// An inclusive range of seeds: `1..64` (or `1..=64`), or one seed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeedRange {
+    pub first: u64,
+    pub last: u64,
+}
+
+impl SeedRange {
+    pub fn seeds(&self) -> impl Iterator<Item = u64> {
+        self.first..=self.last
+    }
+
+    pub fn len(&self) -> u64 {
+        self.last - self.first + 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl std::str::FromStr for SeedRange {
+    type Err = anyhow::Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        let (first, last) = match text.split_once("..") {
+            Some((a, b)) => (a.trim(), b.trim_start_matches('=').trim()),
+            None => (text.trim(), text.trim()),
+        };
+        let number = |part: &str| -> Result<u64> {
+            part.parse()
+                .map_err(|_| anyhow::anyhow!("bad seed range {text:?}: {part:?} is not a number"))
+        };
+        let (first, last) = (number(first)?, number(last)?);
+        if last < first {
+            bail!("bad seed range {text:?}: it is empty");
+        }
+        if last - first >= MAX_SEEDS {
+            bail!("seed range {text:?} has more than {MAX_SEEDS} seeds");
+        }
+        Ok(SeedRange { first, last })
+    }
+}
+
+impl std::fmt::Display for SeedRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}..{}", self.first, self.last)
+        }
+    }
+}
+
+/// What `branch --seeds` asks for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeedsRequest {
+    /// The moment: DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
+    pub spec: String,
+    pub seeds: SeedRange,
+    /// Workers at a time (0: one per core).
+    pub jobs: usize,
+    /// Stop each branch at this virtual time (absolute).
+    pub until: Option<VirtNanos>,
+    /// Restore once per worker and reset in memory between seeds.
+    pub in_place: bool,
+}
+
+/// One branch's outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BranchOutcome {
+    pub seed: u64,
+    pub exit_status: Option<u8>,
+    /// The stop's kind (`guest_exit`, `time_limit`, ...), or `error`.
+    pub stop: String,
+    pub virtual_ns: Option<u64>,
+    pub exits: Option<u64>,
+    pub digest: Option<String>,
+    pub error: Option<String>,
+}
+
+impl BranchOutcome {
+    fn failed(seed: u64, error: String) -> Self {
+        BranchOutcome {
+            seed,
+            exit_status: None,
+            stop: "error".into(),
+            virtual_ns: None,
+            exits: None,
+            digest: None,
+            error: Some(error),
+        }
+    }
+}
+
+/// Every branch's outcome, in seed order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SeedsReport {
+    pub spec: String,
+    pub jobs: usize,
+    pub distinct_histories: usize,
+    pub failures: usize,
+    pub branches: Vec<BranchOutcome>,
+}
+
+/// Restores `spec` (replayed to its target) for one branch.
+fn restore_branch_point(spec: &str, until: Option<VirtNanos>) -> Result<Driven> {
+    let resume = ResumeConfig {
+        until,
+        record: RecordConfig::default(),
+    };
+    let restored = restore(
+        spec,
+        &resume,
+        Box::new(std::io::sink()),
+        None,
+        NodeOutput::discard(),
+    )?;
+    if let Some(stop) = restored.stopped_early {
+        bail!("the guest stopped before the branch point: {stop:?}");
+    }
+    Ok(restored.driven)
+}
+
+/// Re-keys `driven` with `seed` and runs it to its end.
+fn run_branch(driven: &mut Driven, seed: u64) -> BranchOutcome {
+    driven.session.set_seed(seed);
+    let run = driven.run_to_end().and_then(|stop| {
+        let exit_status = driven.exit_status(stop);
+        Ok((exit_status, driven.outcome(stop)?))
+    });
+    match run {
+        Ok((exit_status, run)) => BranchOutcome {
+            seed,
+            exit_status,
+            stop: stop_kind(&run.stop).into(),
+            virtual_ns: Some(run.virtual_time.0),
+            exits: Some(run.exits),
+            digest: Some(run.digest),
+            error: None,
+        },
+        Err(e) => BranchOutcome::failed(seed, format!("{e:#}")),
+    }
+}
+
+/// One worker that restores the moment afresh for each seed it takes.
+fn fresh_worker(
+    spec: &str,
+    until: Option<VirtNanos>,
+    next_seed: &dyn Fn() -> Option<u64>,
+    done: &dyn Fn(BranchOutcome),
+) {
+    while let Some(seed) = next_seed() {
+        done(match restore_branch_point(spec, until) {
+            Ok(mut driven) => run_branch(&mut driven, seed),
+            Err(e) => BranchOutcome::failed(seed, format!("{e:#}")),
+        });
+    }
+}
+
+/// One in-place worker: restores `spec` once, keeps it as a checkpoint, and
+/// runs one seed after another from it, resetting in between.
+fn in_place_worker(
+    spec: &str,
+    until: Option<VirtNanos>,
+    next_seed: &dyn Fn() -> Option<u64>,
+    done: &dyn Fn(BranchOutcome),
+) {
+    let Some(mut seed) = next_seed() else { return };
+    let setup = || -> Result<(Driven, DrivenCheckpoint)> {
+        let mut driven = restore_branch_point(spec, until)?;
+        let checkpoint = driven.checkpoint()?;
+        Ok((driven, checkpoint))
+    };
+    let (mut driven, mut checkpoint) = match setup() {
+        Ok(ready) => ready,
+        Err(e) => {
+            // Only this seed fails; seeds this worker would have taken go to
+            // the others (or are reported as not run at the end).
+            done(BranchOutcome::failed(seed, format!("{e:#}")));
+            return;
+        }
+    };
+    loop {
+        done(run_branch(&mut driven, seed));
+        if let Err(e) = driven.reset_to(&mut checkpoint) {
+            // The next seed cannot start from the branch point here; this
+            // worker stops, the others go on.
+            if let Some(next) = next_seed() {
+                done(BranchOutcome::failed(
+                    next,
+                    format!("resetting to the branch point: {e:#}"),
+                ));
+            }
+            return;
+        }
+        let Some(next) = next_seed() else { return };
+        seed = next;
+    }
+}
+
+/// Runs every seed of `request` and reports them in seed order.
+pub fn branch_seeds(request: &SeedsRequest) -> SeedsReport {
+    let jobs = if request.jobs == 0 {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    } else {
+        request.jobs
+    }
+    .min(usize::try_from(request.seeds.len()).unwrap_or(usize::MAX));
+    let queue = Mutex::new(request.seeds.seeds());
+    let results = Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..jobs {
+            scope.spawn(|| {
+                let next_seed = || queue.lock().unwrap_or_else(|e| e.into_inner()).next();
+                let done = |outcome: BranchOutcome| {
+                    results
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(outcome)
+                };
+                let spec = request.spec.as_str();
+                if request.in_place {
+                    in_place_worker(spec, request.until, &next_seed, &done);
+                } else {
+                    fresh_worker(spec, request.until, &next_seed, &done);
+                }
+            });
+        }
+    });
+    let mut branches = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    // Seeds no worker got to (every worker stopped early).
+    for seed in queue.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        branches.push(BranchOutcome::failed(
+            seed,
+            "not run: every worker stopped".into(),
+        ));
+    }
+    branches.sort_by_key(|o| o.seed);
+    let failures = branches.iter().filter(|o| o.error.is_some()).count();
+    let mut digests: Vec<&str> = branches
+        .iter()
+        .filter_map(|o| o.digest.as_deref())
+        .collect();
+    digests.sort_unstable();
+    digests.dedup();
+    SeedsReport {
+        spec: request.spec.clone(),
+        jobs,
+        distinct_histories: digests.len(),
+        failures,
+        branches,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_seed_range_inclusive_single_and_round_trip() {
+        let range: SeedRange = "1..4".parse().unwrap();
+        assert_eq!(range.seeds().collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+        assert_eq!(range.to_string().parse::<SeedRange>().unwrap(), range);
+        let one: SeedRange = "7".parse().unwrap();
+        assert_eq!(one.seeds().collect::<Vec<_>>(), vec![7]);
+        assert_eq!(one.to_string(), "7");
+        let inclusive: SeedRange = "1..=2".parse().unwrap();
+        assert_eq!(inclusive.len(), 2);
+        assert!("5..1".parse::<SeedRange>().is_err());
+        assert!("a..b".parse::<SeedRange>().is_err());
+        assert!("0..100000".parse::<SeedRange>().is_err());
+    }
+}

@@ -1,0 +1,390 @@
+//! Snapshots of runs: taking them while a run goes on, listing and
+//! describing them, and resuming (`branch`) or inspecting (`seek`) a moment
+//! of a saved history.
+
+use crate::driven::{Driven, SavedState};
+use crate::up::{UpDriver, UpOutput};
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+use serde::Serialize;
+use snapshot::{SnapshotMeta, Target};
+use std::path::{Path, PathBuf};
+use vmm::exit::StopReason;
+use vmm::vm::{ResumeConfig, Session};
+use vmm::VirtNanos;
+
+/// When a run takes snapshots, and where they go.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotPlan {
+    /// Directory to write snapshots into (created if missing).
+    pub dir: PathBuf,
+    /// A snapshot every this much virtual time.
+    pub every: Option<VirtNanos>,
+    /// A snapshot once this many exits have been handled.
+    pub at_exits: Vec<u64>,
+}
+
+/// Takes snapshots at the requested points while running a session to its end.
+pub struct Snapshotter {
+    root: PathBuf,
+    every: Option<VirtNanos>,
+    at_exits: Vec<u64>,
+    last_id: Option<String>,
+    /// Snapshots written since the last full one (0: the next is full).
+    chain_len: usize,
+    pub taken: Vec<snapshot::SnapshotInfo>,
+}
+
+/// Every this many snapshots one is full, which bounds the chain a restore
+/// maps (the others store only the pages dirtied since the previous one).
+const FULL_SNAPSHOT_EVERY: usize = 32;
+
+impl Snapshotter {
+    pub fn new(plan: &SnapshotPlan, parent: Option<String>) -> Result<Snapshotter> {
+        let root = &plan.dir;
+        std::fs::create_dir_all(root)
+            .with_context(|| format!("creating snapshot directory {}", root.display()))?;
+        let every = plan.every;
+        if every == Some(VirtNanos::ZERO) {
+            bail!("the snapshot interval must be longer than zero");
+        }
+        let mut at_exits = plan.at_exits.clone();
+        at_exits.sort_unstable();
+        at_exits.dedup();
+        Ok(Snapshotter {
+            root: root.clone(),
+            every,
+            at_exits,
+            last_id: parent,
+            chain_len: 0,
+            taken: Vec::new(),
+        })
+    }
+
+    /// How many snapshots were written, and where.
+    pub fn report(&self) -> String {
+        format!(
+            "detvisor: {} snapshot(s) written to {}",
+            self.taken.len(),
+            self.root.display()
+        )
+    }
+
+    /// Runs to the end, stopping at each snapshot point to write one.
+    pub fn run(&mut self, driven: &mut Driven) -> Result<StopReason> {
+        loop {
+            let exits = driven.session.exits();
+            let next_exit = self.at_exits.iter().copied().find(|&e| e > exits);
+            let next_time = self.every.map(|every| {
+                let now = driven.session.now().0;
+                VirtNanos((now / every.0 + 1) * every.0)
+            });
+            if let Some(stop) = driven.run_until(next_exit, next_time)? {
+                return Ok(stop);
+            }
+            self.take(driven)?;
+        }
+    }
+
+    /// Writes one snapshot: full the first time (and every
+    /// `FULL_SNAPSHOT_EVERY`), else incremental over the previous one, with
+    /// the pages KVM's dirty log and the VMM's bitmap saw written since.
+    fn take(&mut self, driven: &mut Driven) -> Result<()> {
+        let id = snapshot_id(driven);
+        let parent = self.last_id.clone();
+        let info = if self.chain_len == 0 {
+            // Dirty pages are counted from this full snapshot on.
+            driven
+                .session
+                .start_dirty_log()
+                .context("starting the dirty log")?;
+            write_full_snapshot(&self.root, driven, parent)?
+        } else {
+            let dirty = driven
+                .session
+                .take_dirty_pages()
+                .context("reading the dirty log")?;
+            let (meta, state) = snapshot_meta(driven, parent)?;
+            snapshot::write_incremental_snapshot(
+                &self.root,
+                &meta,
+                &state,
+                driven.session.memory(),
+                &dirty,
+            )
+            .with_context(|| format!("writing snapshot {id}"))?
+        };
+        self.chain_len = (self.chain_len + 1) % FULL_SNAPSHOT_EVERY;
+        self.last_id = Some(id);
+        self.taken.push(info);
+        Ok(())
+    }
+}
+
+/// A snapshot's id: the exit it was taken at.
+fn snapshot_id(driven: &Driven) -> String {
+    format!("exit-{:012}", driven.session.exits())
+}
+
+/// The state to save now and the metadata describing it.
+fn snapshot_meta(
+    driven: &mut Driven,
+    parent: Option<String>,
+) -> Result<(SnapshotMeta, SavedState)> {
+    let state = driven.capture()?;
+    let session = &driven.session;
+    let mut meta = SnapshotMeta::new(
+        snapshot_id(driven),
+        session.now().0,
+        session.exits(),
+        state.session.ram_bytes,
+        state.session.seed,
+    );
+    meta.parent = parent;
+    Ok((meta, state))
+}
+
+/// Writes a full snapshot of `driven` now into `root` (its id is the exit
+/// index). The dirty log is left alone, so a live checkpoint stays usable.
+pub fn write_full_snapshot(
+    root: &Path,
+    driven: &mut Driven,
+    parent: Option<String>,
+) -> Result<snapshot::SnapshotInfo> {
+    let (meta, state) = snapshot_meta(driven, parent)?;
+    std::fs::create_dir_all(root)
+        .with_context(|| format!("creating snapshot directory {}", root.display()))?;
+    snapshot::write_snapshot(root, &meta, &state, driven.session.memory())
+        .with_context(|| format!("writing snapshot {}", meta.id))
+}
+
+/// Whether the snapshot `spec` names is of an `up` run.
+pub fn is_up(spec: &str) -> Result<bool> {
+    let resolved = snapshot::resolve(spec).with_context(|| format!("resolving {spec:?}"))?;
+    let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(&resolved.snapshot.dir)?;
+    Ok(saved.up.is_some())
+}
+
+/// The snapshots in `root`, oldest first (`detvisor snapshot ls`).
+pub fn list(root: &Path) -> Result<Vec<SnapshotRow>> {
+    let infos =
+        snapshot::list(root).with_context(|| format!("listing snapshots in {}", root.display()))?;
+    Ok(infos.iter().map(SnapshotRow::from).collect())
+}
+
+/// One snapshot as listings show it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotRow {
+    pub id: String,
+    pub parent: Option<String>,
+    pub virtual_ns: u64,
+    pub exit_index: u64,
+    pub ram_bytes: u64,
+    pub seed: u64,
+    pub incremental: bool,
+    pub state_bytes: u64,
+    pub memory_pages_stored: u64,
+    pub disk_bytes: u64,
+    pub dir: PathBuf,
+}
+
+impl From<&snapshot::SnapshotInfo> for SnapshotRow {
+    fn from(info: &snapshot::SnapshotInfo) -> Self {
+        SnapshotRow {
+            id: info.meta.id.clone(),
+            parent: info.meta.parent.clone(),
+            virtual_ns: info.meta.virtual_ns,
+            exit_index: info.meta.exit_index,
+            ram_bytes: info.meta.ram_bytes,
+            seed: info.meta.seed,
+            incremental: info.incremental,
+            state_bytes: info.state_bytes,
+            memory_pages_stored: info.memory_pages_stored,
+            disk_bytes: info.disk_bytes,
+            dir: info.dir.clone(),
+        }
+    }
+}
+
+/// One snapshot in detail (`detvisor snapshot info`): its metadata and a
+/// summary of the saved state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotDetails {
+    /// `run` or `up` (a multi-node run driven by the agent).
+    pub kind: String,
+    /// The nodes of an `up` run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<String>,
+    #[serde(flatten)]
+    pub row: SnapshotRow,
+    pub rip: u64,
+    pub rsp: u64,
+    pub console_bytes: u64,
+    pub injected_interrupts: u64,
+    pub cpu_model_version: u32,
+    /// Frames the switch holds, not yet delivered (none without a network).
+    pub frames_in_flight: usize,
+}
+
+/// The snapshot in `dir` (DIR/ID) in detail.
+pub fn info(dir: &Path) -> Result<SnapshotDetails> {
+    let info = snapshot::info(dir).with_context(|| format!("reading {}", dir.display()))?;
+    let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(dir)?;
+    let state = &saved.session;
+    Ok(SnapshotDetails {
+        kind: if saved.up.is_some() { "up" } else { "run" }.into(),
+        nodes: saved
+            .up
+            .as_ref()
+            .map(|up| up.node_names.clone())
+            .unwrap_or_default(),
+        row: SnapshotRow::from(&info),
+        rip: state.vcpu.regs.rip,
+        rsp: state.vcpu.regs.rsp,
+        console_bytes: state.console_bytes,
+        injected_interrupts: state.injected_interrupts,
+        cpu_model_version: state.cpu_model_version,
+        frames_in_flight: state
+            .devices
+            .switch
+            .as_ref()
+            .map_or(0, |switch| switch.in_flight.len()),
+    })
+}
+
+/// A session restored from a snapshot spec and replayed to the exact target.
+pub struct Restored {
+    pub driven: Driven,
+    pub snapshot: snapshot::SnapshotInfo,
+    pub target: Target,
+    /// Set when the guest stopped before the target was reached.
+    pub stopped_early: Option<vmm::exit::StopReason>,
+}
+
+/// Where a restored `up` run's node output and events go (unused for `run`
+/// snapshots, whose guest console is the `console` of [`restore`]).
+pub struct NodeOutput {
+    pub out: Box<dyn std::io::Write>,
+    /// Where event lines (node started, faults, ...) go, if anywhere.
+    pub events: Option<Box<dyn std::io::Write>>,
+}
+
+impl NodeOutput {
+    pub fn discard() -> Self {
+        NodeOutput {
+            out: Box::new(std::io::sink()),
+            events: None,
+        }
+    }
+}
+
+pub fn restore(
+    spec: &str,
+    resume: &ResumeConfig,
+    console: Box<dyn std::io::Write + Send>,
+    input: Option<vmm::vm::ConsoleInput>,
+    node_output: NodeOutput,
+) -> Result<Restored> {
+    let resolved = snapshot::resolve(spec).with_context(|| format!("resolving {spec:?}"))?;
+    let dir = &resolved.snapshot.dir;
+    let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(dir)?;
+    // The pages the snapshot stores, from its checksummed index (SEEK_DATA
+    // is not available on every file system, e.g. 9p).
+    let data_ranges: Vec<(u64, u64)> = snapshot::memory_chain(dir)?
+        .iter()
+        .flat_map(|layer| layer.runs.iter().map(|run| run.byte_range()))
+        .collect();
+    let memory = match snapshot::memory_file(dir) {
+        Ok((file, len)) => vmm::vm::memory_from_file(file, len)?,
+        // An incremental snapshot: its base image with each layer's pages
+        // mapped over it, all private and lazy.
+        Err(snapshot::SnapshotError::Incremental { .. }) => {
+            let (ptr, len) = snapshot::map_memory_private(dir)?.into_raw();
+            // SAFETY: `into_raw` handed the mapping over; it is never unmapped
+            // and nothing else refers to it.
+            unsafe { vmm::vm::memory_from_mapping(ptr, len as u64)? }
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let session = Session::resume(resume, &saved.session, memory, data_ranges, console, input)?;
+    let up = match saved.up {
+        Some(state) => {
+            let output = UpOutput::plain(&state.node_names, node_output.out, node_output.events)?;
+            Some(UpDriver::restore(state, output))
+        }
+        None => None,
+    };
+    let mut driven = Driven { session, up };
+    let stopped_early = match resolved.target {
+        Target::ExitIndex(n) => driven.run_until(Some(n), None)?,
+        Target::VirtualTime(t) => driven.run_until(None, Some(VirtNanos(t)))?,
+        Target::Snapshot | Target::Latest => None,
+    };
+    Ok(Restored {
+        driven,
+        snapshot: resolved.snapshot,
+        target: resolved.target,
+        stopped_early,
+    })
+}
+
+/// What `seek` reports about a moment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeekReport {
+    pub snapshot: String,
+    pub target: String,
+    pub exit_index: u64,
+    pub virtual_ns: u64,
+    pub rip: u64,
+    pub rsp: u64,
+    pub rflags: u64,
+    pub cr3: u64,
+    pub console_bytes: u64,
+    pub injected_interrupts: u64,
+    pub devices_state_bytes: usize,
+    pub stopped_early: Option<vmm::exit::StopReason>,
+}
+
+impl SeekReport {
+    /// One line for people.
+    pub fn human(&self) -> String {
+        format!(
+            "{} (from snapshot {}): exit {}, virtual {}, rip={:#x} rsp={:#x} rflags={:#x} cr3={:#x}",
+            self.target,
+            self.snapshot,
+            self.exit_index,
+            VirtNanos(self.virtual_ns),
+            self.rip,
+            self.rsp,
+            self.rflags,
+            self.cr3
+        )
+    }
+}
+
+/// Replays to the moment `spec` names and reports the machine there.
+pub fn seek(spec: &str) -> Result<SeekReport> {
+    let mut restored = restore(
+        spec,
+        &ResumeConfig::default(),
+        Box::new(std::io::sink()),
+        None,
+        NodeOutput::discard(),
+    )?;
+    let session = &mut restored.driven.session;
+    let state = session.capture()?;
+    Ok(SeekReport {
+        snapshot: restored.snapshot.meta.id.clone(),
+        target: restored.target.to_string(),
+        exit_index: session.exits(),
+        virtual_ns: session.now().0,
+        rip: state.vcpu.regs.rip,
+        rsp: state.vcpu.regs.rsp,
+        rflags: state.vcpu.regs.rflags,
+        cr3: state.vcpu.sregs.cr3,
+        console_bytes: state.console_bytes,
+        injected_interrupts: state.injected_interrupts,
+        devices_state_bytes: serde_json::to_vec(&state.devices)?.len(),
+        stopped_early: restored.stopped_early,
+    })
+}

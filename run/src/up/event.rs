@@ -1,0 +1,163 @@
+//! What happens in an `up` run that users are told about (a node started, a
+//! fault, the workload exited...): one typed event, printed in one place.
+
+use crate::faults::FaultAction;
+use detvisor_agent::protocol::ExitStatus;
+use serde::{Deserialize, Serialize};
+
+/// One event of an `up` run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "event")]
+pub enum UpEvent {
+    NodeStarted {
+        node: String,
+        pid: i32,
+    },
+    /// The workload was started inside `node` (`None`: on its own).
+    WorkloadStarted {
+        node: Option<String>,
+    },
+    NodeExited {
+        node: String,
+        status: ExitStatus,
+    },
+    WorkloadExited {
+        status: ExitStatus,
+    },
+    NodePaused {
+        node: String,
+    },
+    NodeResumed {
+        node: String,
+    },
+    /// A fault was carried out (by the switch or the agent).
+    Fault {
+        action: FaultAction,
+    },
+    /// The agent reported an error.
+    AgentError {
+        context: String,
+        message: String,
+    },
+    /// The agent said `booted` a second time.
+    AgentBootedTwice,
+    /// The agent speaks another protocol version.
+    ProtocolMismatch {
+        agent: u32,
+        host: u32,
+    },
+    /// A frame on the agent's channel could not be read.
+    ChannelError {
+        message: String,
+    },
+    /// Output for a node the manifest does not declare, dropped.
+    UnknownNodeOutput {
+        node: String,
+    },
+}
+
+impl UpEvent {
+    /// Whether the workload starts here: it was started inside a node, or
+    /// its own node (named [`crate::manifest::WORKLOAD_NODE`]) started.
+    pub fn is_workload_start(&self) -> bool {
+        match self {
+            UpEvent::WorkloadStarted { .. } => true,
+            UpEvent::NodeStarted { node, .. } => node == crate::manifest::WORKLOAD_NODE,
+            _ => false,
+        }
+    }
+}
+
+fn describe(status: &ExitStatus) -> String {
+    match status {
+        ExitStatus::Code(code) => format!("status {code}"),
+        ExitStatus::Signal(signal) => format!("signal {signal}"),
+    }
+}
+
+impl std::fmt::Display for UpEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UpEvent::NodeStarted { node, pid } => write!(f, "node {node} started (pid {pid})"),
+            UpEvent::WorkloadStarted { node: Some(node) } => {
+                write!(f, "workload started in node {node}")
+            }
+            UpEvent::WorkloadStarted { node: None } => write!(f, "workload started"),
+            UpEvent::NodeExited { node, status } => {
+                write!(f, "node {node} exited ({})", describe(status))
+            }
+            UpEvent::WorkloadExited { status } => {
+                write!(f, "workload exited ({})", describe(status))
+            }
+            UpEvent::NodePaused { node } => write!(f, "node {node} paused"),
+            UpEvent::NodeResumed { node } => write!(f, "node {node} resumed"),
+            UpEvent::Fault { action } => write!(f, "fault: {action}"),
+            UpEvent::AgentError { context, message } => write!(f, "agent: {context}: {message}"),
+            UpEvent::AgentBootedTwice => write!(f, "agent: booted twice"),
+            UpEvent::ProtocolMismatch { agent, host } => {
+                write!(f, "agent speaks protocol {agent}, this detvisor {host}")
+            }
+            UpEvent::ChannelError { message } => write!(f, "agent channel: {message}"),
+            UpEvent::UnknownNodeOutput { node } => {
+                write!(f, "agent: output for unknown node {node:?} dropped")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_events_print_as_before_and_round_trip() {
+        let cases = [
+            (
+                UpEvent::NodeStarted {
+                    node: "n1".into(),
+                    pid: 12,
+                },
+                "node n1 started (pid 12)",
+            ),
+            (
+                UpEvent::WorkloadStarted {
+                    node: Some("n2".into()),
+                },
+                "workload started in node n2",
+            ),
+            (
+                UpEvent::NodeExited {
+                    node: "n3".into(),
+                    status: ExitStatus::Signal(9),
+                },
+                "node n3 exited (signal 9)",
+            ),
+            (
+                UpEvent::Fault {
+                    action: FaultAction::Pause("n2".into()),
+                },
+                "fault: pause n2",
+            ),
+        ];
+        for (event, text) in cases {
+            assert_eq!(event.to_string(), text);
+            let json = serde_json::to_string(&event).unwrap();
+            assert_eq!(serde_json::from_str::<UpEvent>(&json).unwrap(), event);
+        }
+    }
+
+    #[test]
+    fn test_workload_start_is_typed() {
+        assert!(UpEvent::WorkloadStarted { node: None }.is_workload_start());
+        assert!(UpEvent::NodeStarted {
+            node: crate::manifest::WORKLOAD_NODE.into(),
+            pid: 1
+        }
+        .is_workload_start());
+        assert!(!UpEvent::NodeStarted {
+            node: "n1".into(),
+            pid: 1
+        }
+        .is_workload_start());
+    }
+}

@@ -1,0 +1,305 @@
+//! An `up` run from its manifest to its summary: the guest assembled on the
+//! host ([`prepare`]), then booted and conducted to its end, once or several
+//! times compared as an audit ([`run`]).
+
+use super::{assemble, Conductor, OutputSink, UpDriver, UpEvent, UpOutput};
+use crate::audit::compare_runs;
+use crate::driven::Driven;
+use crate::faults::{schedule, TimedFault};
+use crate::guest;
+use crate::manifest::{Manifest, WorkloadPlan};
+use crate::outcome::{stepped_note, RunSummary};
+use crate::snapshots::{SnapshotPlan, Snapshotter};
+use crate::streams::{say, Streams};
+use anyhow::{bail, Context, Result};
+use detvisor_agent::protocol::NodeSpec;
+use serde::{Deserialize, Serialize};
+use std::cell::Cell;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use vmm::record::RecordConfig;
+use vmm::vm::{NetworkSpec, VmConfig};
+use vmm::VirtNanos;
+
+/// Guest RAM of an `up` run unless the manifest or the caller says otherwise.
+pub const DEFAULT_RAM_BYTES: u64 = 512 << 20;
+
+/// The guest's initramfs: in memory, or in a file (to cross into the helper VM).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Initrd {
+    Bytes(Vec<u8>),
+    File(PathBuf),
+}
+
+/// An `up` run ready to boot: the guest assembled (agent plus every node's
+/// tree), the fault schedule checked against the nodes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PreparedUp {
+    pub kernel: PathBuf,
+    pub initrd: Initrd,
+    /// What the agent is asked to start, in manifest order.
+    pub specs: Vec<NodeSpec>,
+    pub node_names: Vec<String>,
+    pub workload: Option<WorkloadPlan>,
+    pub network: devices::NetworkConfig,
+    pub rtc_epoch_unix_secs: i64,
+    pub ram_bytes: u64,
+    /// Every fault, in time order.
+    pub faults: Vec<TimedFault>,
+}
+
+/// Assembles `manifest`'s guest and schedules its faults plus `extra_faults`
+/// (`--fault` texts). `ram_bytes` overrides the manifest's `machine.mem`.
+pub fn prepare(
+    manifest: &Manifest,
+    extra_faults: &[String],
+    ram_bytes: Option<u64>,
+    kernel: Option<&Path>,
+) -> Result<PreparedUp> {
+    let node_names = manifest.node_names();
+    let fault_texts: Vec<String> = manifest
+        .faults
+        .iter()
+        .chain(extra_faults)
+        .cloned()
+        .collect();
+    let faults = schedule(&fault_texts, &node_names)?;
+    if let Some(WorkloadPlan::OwnNode(node)) = &manifest.workload {
+        if let Some(fault) = faults
+            .iter()
+            .find(|f| !f.action.is_network() && f.action.nodes().contains(&node.name.as_str()))
+        {
+            bail!(
+                "fault {}: the workload's own node can be partitioned, not paused, killed or restarted (its end is the run's end)",
+                fault.action
+            );
+        }
+    }
+    let ram_bytes = match (ram_bytes, &manifest.mem) {
+        (Some(bytes), _) => bytes,
+        (None, Some(mem)) => crate::units::parse_size(mem).context("machine.mem")?,
+        (None, None) => DEFAULT_RAM_BYTES,
+    };
+    let image = guest::default_image()?;
+    let agent = guest::agent_binary()?;
+    let (specs, overlay) = assemble(manifest, &agent)?;
+    let mut initrd = std::fs::read(&image.initrd)
+        .with_context(|| format!("cannot read {}", image.initrd.display()))?;
+    // Archives in an initrd start on a 4-byte boundary.
+    while initrd.len() % 4 != 0 {
+        initrd.push(0);
+    }
+    image_builder::write_initramfs(&overlay, &mut initrd).context("packing the guest initramfs")?;
+    Ok(PreparedUp {
+        kernel: kernel.map(Path::to_path_buf).unwrap_or(image.kernel),
+        initrd: Initrd::Bytes(initrd),
+        specs,
+        node_names,
+        workload: manifest.workload.clone(),
+        network: manifest.network,
+        rtc_epoch_unix_secs: manifest
+            .rtc_epoch
+            .unwrap_or(crate::plain::DEFAULT_RTC_EPOCH),
+        ram_bytes,
+        faults,
+    })
+}
+
+/// How an `up` run runs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct UpOptions {
+    pub seed: u64,
+    /// Stop after this much virtual time.
+    pub until: Option<VirtNanos>,
+    /// Run this many times and compare every exit (an audit); 0 or 1: once.
+    pub runs: u32,
+    /// Directory for per-node logs (`<node>.log`), written by the first run.
+    pub logs: Option<PathBuf>,
+    /// Stream the first run's node output to stdout.
+    pub stream_output: bool,
+    /// Snapshots of the first run.
+    pub snapshots: Option<SnapshotPlan>,
+}
+
+/// What an `up` run reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UpSummary {
+    #[serde(flatten)]
+    pub run: RunSummary,
+    /// The run's status: the workload's, or 124 at the time limit with a
+    /// workload still running.
+    pub status: u8,
+    pub runs: u32,
+    pub identical: bool,
+    pub divergence: Option<String>,
+    /// Wall time from the start of the (first) run to the workload's start:
+    /// boot plus bringing every node up.
+    pub boot_to_workload_wall_ms: Option<u64>,
+    /// Virtual time at the workload's start.
+    pub boot_to_workload_virtual_ns: Option<u64>,
+}
+
+impl UpSummary {
+    /// The status a process running this run exits with (1 for an audit
+    /// whose runs diverged).
+    pub fn process_status(&self) -> u8 {
+        if self.identical {
+            self.status
+        } else {
+            1
+        }
+    }
+}
+
+impl PreparedUp {
+    /// The VMM's configuration for this guest.
+    pub fn vm_config(&self, options: &UpOptions) -> Result<VmConfig> {
+        let initrd = match &self.initrd {
+            Initrd::Bytes(bytes) => bytes.clone(),
+            Initrd::File(path) => std::fs::read(path)
+                .with_context(|| format!("cannot read initrd {}", path.display()))?,
+        };
+        Ok(VmConfig {
+            kernel: self.kernel.clone(),
+            initrd,
+            // The node roots live in the initramfs. As ramfs rather than tmpfs it
+            // has no size cap (half of RAM) and no fallocate, so preallocating
+            // programs (etcd's 64 MB WAL segments) get sparse files instead of
+            // pinning RAM they never write.
+            cmdline: format!(
+                "{} rootfstype=ramfs rdinit=/detvisor-agent",
+                guest::default_cmdline()
+            ),
+            ram_bytes: self.ram_bytes,
+            seed: options.seed,
+            until: options.until,
+            rtc_epoch_unix_secs: self.rtc_epoch_unix_secs,
+            record: RecordConfig {
+                keep_records: options.runs > 1,
+                ..RecordConfig::default()
+            },
+            perturbation: None,
+            network: Some(NetworkSpec {
+                nics: self.node_names.len() as u8,
+                config: self.network,
+            }),
+            agent_channel: true,
+        })
+    }
+
+    /// The partitions and heals (the switch carries them out).
+    pub fn network_faults(&self) -> Vec<TimedFault> {
+        self.faults
+            .iter()
+            .filter(|f| f.action.is_network())
+            .cloned()
+            .collect()
+    }
+
+    /// Boots this guest as a [`Driven`] `up` run, its node output and events
+    /// going to `output`.
+    pub fn boot(&self, config: &VmConfig, output: UpOutput) -> Result<Driven> {
+        let conductor = Conductor::new(self.specs.clone(), self.workload.clone(), &self.faults);
+        let mut session = vmm::vm::Session::boot(config, Box::new(std::io::sink()), None)?;
+        let driver = UpDriver::start(
+            &mut session,
+            conductor,
+            &self.network_faults(),
+            &self.node_names,
+            output,
+        )?;
+        Ok(Driven {
+            session,
+            up: Some(driver),
+        })
+    }
+}
+
+/// Runs `prepared` as `options` say: node output (first run) to `streams`'
+/// stdout, events and per-run lines to its stderr.
+pub fn run(prepared: &PreparedUp, options: &UpOptions, streams: &dyn Streams) -> Result<UpSummary> {
+    let runs = options.runs.max(1);
+    let config = prepared.vm_config(options)?;
+    let mut reference: Option<(vmm::vm::RunOutcome, u8)> = None;
+    let workload_start: Rc<Cell<Option<(std::time::Duration, VirtNanos)>>> = Rc::default();
+    let mut divergence = None;
+    for run in 1..=runs {
+        let first = run == 1;
+        let out: Box<dyn Write> = if first && options.stream_output {
+            Box::new(streams.stdout())
+        } else {
+            Box::new(std::io::sink())
+        };
+        let sink = OutputSink::new(
+            &prepared.node_names,
+            options.logs.clone().filter(|_| first),
+            out,
+        )?;
+        let started = std::time::Instant::now();
+        let workload_started = Rc::clone(&workload_start);
+        let mut event_lines = first.then(|| streams.stderr());
+        let events = move |at: VirtNanos, event: &UpEvent| {
+            if let Some(w) = &mut event_lines {
+                // Event lines are for people; a closed stream loses none of the run.
+                let _ = writeln!(w, "{}", super::event_line(at, event));
+                if event.is_workload_start() && workload_started.get().is_none() {
+                    workload_started.set(Some((started.elapsed(), at)));
+                }
+            }
+        };
+        let output = UpOutput {
+            sink,
+            events: Box::new(events),
+        };
+        let mut driven = prepared.boot(&config, output)?;
+        // Snapshots are taken in the first run (an audit's later runs check
+        // that they did not perturb it).
+        let stop = match options.snapshots.as_ref().filter(|_| first) {
+            Some(plan) => {
+                let mut snapshotter = Snapshotter::new(plan, None)?;
+                let stop = snapshotter.run(&mut driven)?;
+                say(streams, &snapshotter.report());
+                stop
+            }
+            None => driven.run_to_end()?,
+        };
+        let status = driven
+            .exit_status(stop)
+            .context("an up run ended without a status")?;
+        let outcome = driven.outcome(stop)?;
+        if runs > 1 {
+            say(
+                streams,
+                &format!(
+                    "detvisor up: run {run}/{runs}: {} exits, virtual {}, digest {}{}",
+                    outcome.exits,
+                    outcome.virtual_time,
+                    outcome.digest,
+                    stepped_note(&outcome)
+                ),
+            );
+        }
+        match &reference {
+            None => reference = Some((outcome, status)),
+            Some((first_outcome, _)) => {
+                if let Some(text) = compare_runs(first_outcome, &outcome, run) {
+                    divergence = Some(text);
+                    break;
+                }
+            }
+        }
+    }
+    let (outcome, status) = reference.context("an up run ran no run")?;
+    let start = workload_start.get();
+    Ok(UpSummary {
+        run: RunSummary::new(options.seed, &outcome),
+        status,
+        runs,
+        identical: divergence.is_none(),
+        divergence,
+        boot_to_workload_wall_ms: start.map(|(wall, _)| wall.as_millis() as u64),
+        boot_to_workload_virtual_ns: start.map(|(_, at)| at.0),
+    })
+}

@@ -1,0 +1,132 @@
+//! How the CLI prints what the run library answers: one line for people on
+//! stderr, or JSON on stdout with `--json`; and the process exit status.
+
+use anyhow::{bail, Result};
+use run::api::Response;
+use run::audit::AuditSummary;
+use run::seeds::SeedsReport;
+use run::snapshots::{SeekReport, SnapshotDetails, SnapshotRow};
+use run::up::UpSummary;
+use run::RunSummary;
+use std::io::Write;
+use vmm::VirtNanos;
+
+/// A run's summary (JSON on stdout after an empty line, or a line on
+/// stderr); returns the process's exit status.
+pub fn summary(summary: &RunSummary, json: bool) -> Result<u8> {
+    if json {
+        let mut out = std::io::stdout().lock();
+        writeln!(out)?;
+        writeln!(out, "{}", serde_json::to_string(summary)?)?;
+    } else {
+        eprintln!("{}", summary.human());
+    }
+    Ok(summary.process_status())
+}
+
+/// An `up` run's summary (its status is the workload's).
+pub fn up(summary: &UpSummary, json: bool) -> Result<u8> {
+    if json {
+        println!("{}", serde_json::to_string(summary)?);
+    } else {
+        eprintln!(
+            "detvisor: exit {}; {}",
+            summary.status,
+            summary.run.details()
+        );
+        if summary.runs > 1 {
+            match &summary.divergence {
+                None => println!(
+                    "identical: {} runs, {} exits each, digest {}",
+                    summary.runs, summary.run.exits, summary.run.digest
+                ),
+                Some(text) => println!("DIVERGED: {text}"),
+            }
+        }
+    }
+    Ok(summary.process_status())
+}
+
+pub fn audit(summary: &AuditSummary, json: bool) -> Result<u8> {
+    if json {
+        println!("{}", serde_json::to_string(summary)?);
+    } else {
+        println!("{}", summary.verdict());
+    }
+    Ok(if summary.identical { 0 } else { 1 })
+}
+
+/// `branch --seeds`: a table of outcomes (or JSON); 1 if any branch failed.
+pub fn seeds(report: &SeedsReport, json: bool) -> Result<u8> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        println!(
+            "{:>8} {:>6} {:<14} {:>16} {:>10}  DIGEST",
+            "SEED", "STATUS", "STOP", "VIRTUAL TIME", "EXITS"
+        );
+        for o in &report.branches {
+            println!(
+                "{:>8} {:>6} {:<14} {:>16} {:>10}  {}",
+                o.seed,
+                o.exit_status.map(|s| s.to_string()).unwrap_or("-".into()),
+                o.stop,
+                o.virtual_ns
+                    .map(|v| VirtNanos(v).to_string())
+                    .unwrap_or("-".into()),
+                o.exits.map(|e| e.to_string()).unwrap_or("-".into()),
+                o.digest.clone().or(o.error.clone()).unwrap_or_default()
+            );
+        }
+        println!(
+            "{} branches ({} at a time): {} distinct histories, {} failed",
+            report.branches.len(),
+            report.jobs,
+            report.distinct_histories,
+            report.failures
+        );
+    }
+    Ok(if report.failures == 0 { 0 } else { 1 })
+}
+
+pub fn seek(report: &SeekReport, json: bool) -> Result<u8> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        println!("{}", report.human());
+    }
+    Ok(0)
+}
+
+pub fn snapshot_rows(rows: &[SnapshotRow], json: bool) -> Result<u8> {
+    if json {
+        println!("{}", serde_json::to_string(rows)?);
+        return Ok(0);
+    }
+    println!(
+        "{:<20} {:<20} {:>16} {:>12} {:>10} {:>8}",
+        "ID", "PARENT", "VIRTUAL TIME", "EXIT", "DISK", "PAGES"
+    );
+    for row in rows {
+        println!(
+            "{:<20} {:<20} {:>16} {:>12} {:>9}K {:>8}",
+            row.id,
+            row.parent.as_deref().unwrap_or("-"),
+            VirtNanos(row.virtual_ns).to_string(),
+            row.exit_index,
+            row.disk_bytes / 1024,
+            row.memory_pages_stored
+        );
+    }
+    Ok(0)
+}
+
+pub fn snapshot_details(details: &SnapshotDetails) -> Result<u8> {
+    println!("{}", serde_json::to_string_pretty(details)?);
+    Ok(0)
+}
+
+/// A response of the wrong kind: a bug between the CLI and the library.
+pub fn unexpected(response: &Response) -> Result<u8> {
+    bail!("internal error: unexpected response {response:?}")
+}
