@@ -295,13 +295,7 @@ mod tests {
         ram.set(0, 9);
         ram.set(3, 8);
         let stats = pages.reset(&[0, 3], &mut ram).expect("reset");
-        assert_eq!(
-            stats,
-            ResetStats {
-                pages_copied: 1,
-                pages_fetched: 1
-            }
-        );
+        assert_eq!((stats.pages_copied, stats.pages_fetched), (1, 1));
         assert_eq!(ram.bytes(), [1, 0, 3, 0]);
         // Only the page the checkpoint did not keep went back to the backing.
         assert_eq!(ram.discarded, [3]);
@@ -309,13 +303,7 @@ mod tests {
         assert_eq!(kept_pages(&pages), [(0, 1), (2, 3), (3, 0)]);
         ram.set(3, 7);
         let stats = pages.reset(&[3], &mut ram).expect("second reset");
-        assert_eq!(
-            stats,
-            ResetStats {
-                pages_copied: 1,
-                pages_fetched: 0
-            }
-        );
+        assert_eq!((stats.pages_copied, stats.pages_fetched), (1, 0));
         assert_eq!(ram.bytes(), [1, 0, 3, 0]);
         assert_eq!(ram.discarded, [3]);
     }

@@ -168,11 +168,7 @@ unsafe fn split_guest_memory(ptr: *mut u8, len: u64) -> Result<GuestMemory, Memo
                 .with_raw_mmap_pointer(ptr.add(host_offset as usize))
                 .build()
         }
-        .map_err(|source| MemoryError::Region {
-            bytes: len,
-            what: "a guest RAM region",
-            source,
-        })?;
+        .map_err(region_err(len, "a guest RAM region"))?;
         let region = vm_memory::GuestRegionMmap::new(region, GuestAddress(guest_addr)).ok_or(
             MemoryError::DoesNotFit {
                 bytes: len,
@@ -194,11 +190,7 @@ pub fn memory_from_file(file: std::fs::File, len: u64) -> Result<GuestRam, Memor
     let region = private_region_builder(len)
         .with_file_offset(vm_memory::FileOffset::new(file, 0))
         .build()
-        .map_err(|source| MemoryError::Region {
-            bytes: len,
-            what: "mapping the snapshot memory",
-            source,
-        })?;
+        .map_err(region_err(len, "mapping the snapshot memory"))?;
     single_region_memory(region, len).map(GuestRam::unowned)
 }
 
@@ -237,12 +229,21 @@ pub unsafe fn memory_from_mapping(ptr: *mut u8, len: u64) -> Result<GuestRam, Me
             .with_raw_mmap_pointer(ptr)
             .build()
     }
-    .map_err(|source| MemoryError::Region {
-        bytes: len,
-        what: "adopting the snapshot memory",
-        source,
-    })?;
+    .map_err(region_err(len, "adopting the snapshot memory"))?;
     single_region_memory(region, len).map(GuestRam::unowned)
+}
+
+/// Maps a failure to build a region (for `what`) of guest RAM of `bytes`
+/// bytes to a [`MemoryError`].
+fn region_err(
+    bytes: u64,
+    what: &'static str,
+) -> impl FnOnce(vm_memory::mmap::MmapRegionError) -> MemoryError {
+    move |source| MemoryError::Region {
+        bytes,
+        what,
+        source,
+    }
 }
 
 /// A private, read-write mapping of `len` bytes of snapshot memory, with a
