@@ -55,7 +55,7 @@ const KERNEL_MIN_ALIGNMENT: u32 = 0x100_0000;
 
 #[derive(Debug, Error)]
 pub enum BootError {
-    #[error("cannot open kernel {path}: {source}")]
+    #[error("cannot open kernel {path}")]
     OpenKernel {
         path: PathBuf,
         #[source]

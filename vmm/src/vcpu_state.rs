@@ -17,7 +17,7 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum VcpuStateError {
-    #[error("KVM call {call} failed: {source}")]
+    #[error("KVM call {call} failed")]
     Kvm {
         call: &'static str,
         #[source]

@@ -1,0 +1,167 @@
+//! The VM's errors: one enum per operation where the operation stands on its
+//! own (setting the machine up, resuming a snapshot; guest memory and
+//! checkpoints have theirs beside their code), and [`VmError`] over all of
+//! them for the session's operations.
+//!
+//! A variant with an underlying error either marks it `#[source]` or prints
+//! it in its message, never both: the CLI prints the whole chain (`{:#}`),
+//! so both would show the source twice.
+
+use super::kept_pages::CheckpointError;
+use super::memory::MemoryError;
+use crate::boot::BootError;
+use crate::vcpu_state::VcpuStateError;
+use thiserror::Error;
+
+/// The machine could not be set up: KVM itself, or its devices.
+#[derive(Debug, Error)]
+pub enum SetupError {
+    #[error("cannot open /dev/kvm")]
+    OpenKvm(#[source] kvm_ioctls::Error),
+    #[error("KVM lacks a capability detvisor needs: {0}")]
+    MissingCapability(&'static str),
+    #[error("setting up devices")]
+    Devices(#[source] devices::DevicesError),
+    #[error("setting up the network")]
+    Network(#[source] devices::SwitchError),
+}
+
+/// A saved state does not fit this detvisor or the memory given with it.
+#[derive(Debug, Error)]
+pub enum IncompatibleState {
+    #[error("cannot resume this snapshot: snapshot was taken with CPU model version {snapshot}, this detvisor has {ours}")]
+    CpuModel { snapshot: u32, ours: u32 },
+    #[error(
+        "cannot resume this snapshot: snapshot memory is {memory} bytes, its state says {state}"
+    )]
+    RamSize { memory: u64, state: u64 },
+    #[error("cannot resume this snapshot: device state")]
+    Devices(#[source] devices::DevicesError),
+}
+
+#[derive(Debug, Error)]
+pub enum VmError {
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+    #[error("KVM call {call} failed")]
+    Kvm {
+        call: &'static str,
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    #[error("injecting an interrupt failed")]
+    Inject(#[source] std::io::Error),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Boot(#[from] BootError),
+    #[error(transparent)]
+    VcpuState(#[from] VcpuStateError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Incompatible(#[from] IncompatibleState),
+    #[error("writing to the control channel")]
+    ControlChannel(#[source] devices::DevicesError),
+}
+
+/// Maps a failed KVM call named `call` to a [`VmError`].
+pub(super) fn kvm_err(call: &'static str) -> impl FnOnce(kvm_ioctls::Error) -> VmError {
+    move |source| VmError::Kvm { call, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error;
+
+    /// The error and its sources joined by ": ", as `anyhow`'s `{:#}` (what
+    /// the CLI prints) shows them.
+    fn chain(error: &dyn Error) -> String {
+        let mut text = error.to_string();
+        let mut source = error.source();
+        while let Some(inner) = source {
+            text += &format!(": {inner}");
+            source = inner.source();
+        }
+        text
+    }
+
+    fn assert_source_once(error: &dyn Error, source_text: &str) {
+        let text = chain(error);
+        assert_eq!(
+            text.matches(source_text).count(),
+            1,
+            "{source_text:?} should appear once in {text:?}"
+        );
+    }
+
+    fn eisdir() -> std::io::Error {
+        std::io::Error::from_raw_os_error(libc::EISDIR)
+    }
+
+    #[test]
+    fn every_error_prints_its_source_once() {
+        let io_text = eisdir().to_string();
+        let kvm_text = kvm_ioctls::Error::new(libc::EBADF).to_string();
+        let cases: Vec<(VmError, &str)> = vec![
+            (
+                SetupError::OpenKvm(kvm_ioctls::Error::new(libc::EBADF)).into(),
+                &kvm_text,
+            ),
+            (
+                kvm_err("KVM_RUN")(kvm_ioctls::Error::new(libc::EBADF)),
+                &kvm_text,
+            ),
+            (VmError::Inject(eisdir()), &io_text),
+            (
+                MemoryError::Mmap {
+                    bytes: 4096,
+                    source: eisdir(),
+                }
+                .into(),
+                &io_text,
+            ),
+            (
+                CheckpointError::ResetPage {
+                    page: 3,
+                    source: eisdir(),
+                }
+                .into(),
+                &io_text,
+            ),
+            (
+                BootError::OpenKernel {
+                    path: "/boot".into(),
+                    source: eisdir(),
+                }
+                .into(),
+                &io_text,
+            ),
+            (
+                VcpuStateError::Kvm {
+                    call: "KVM_GET_REGS",
+                    source: kvm_ioctls::Error::new(libc::EBADF),
+                }
+                .into(),
+                &kvm_text,
+            ),
+        ];
+        for (error, source_text) in &cases {
+            assert_source_once(error, source_text);
+        }
+    }
+
+    #[test]
+    fn a_chain_reads_outer_to_inner() {
+        let error: VmError = CheckpointError::ResetPage {
+            page: 3,
+            source: eisdir(),
+        }
+        .into();
+        assert_eq!(
+            chain(&error),
+            format!("returning guest page 3 to its checkpoint: {}", eisdir())
+        );
+    }
+}

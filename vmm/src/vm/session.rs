@@ -1,0 +1,403 @@
+//! The session: a booted (or resumed) guest with everything needed to run
+//! it one exit at a time, its complete state between exits
+//! ([`SessionState`]), and the report of a run ([`RunOutcome`]).
+//!
+//! Running it (the exit loop) is in `stepping`, in-place checkpoints in
+//! `checkpoint`.
+
+use super::console::{self, ConsoleCapture, ConsoleInput};
+use super::kept_pages::LiveCheckpoint;
+use super::kvm_vm::{create_vm, Vm};
+use super::memory::{fresh_ram, host_ram, GuestRam};
+use super::memory_scan::{memory_hash_and_residency, MemoryBacking};
+use super::wiring::{build_devices, NetworkSpec};
+use super::{kvm_err, DigestParts, IncompatibleState, ResumeConfig, RunOutcome, VmConfig, VmError};
+use crate::boot::{self, BootError, BootInputs};
+use crate::cpu_model;
+use crate::entropy::{self, stream, EntropyStream};
+use crate::exit::{Machine, MachineState, StopReason};
+use crate::irq_window::WindowGuard;
+use crate::record::{self, ChainHash, Recorder, RecorderState};
+use crate::vcpu_state::{self, VcpuState};
+use devices::{Devices, DevicesState, VirtNanos};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
+
+/// Everything a snapshot needs besides guest RAM: the vCPU, the devices, the
+/// clock, the record stream's position and the console hash.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionState {
+    pub ram_bytes: u64,
+    pub seed: u64,
+    /// The NICs and switch the machine was built with (attached again, then
+    /// restored from `devices`).
+    pub network: Option<NetworkSpec>,
+    /// Whether the machine has the control channel (a virtio console).
+    #[serde(default)]
+    pub agent_channel: bool,
+    pub cpu_model_version: u32,
+    pub vcpu: VcpuState,
+    pub devices: DevicesState,
+    pub machine: MachineState,
+    pub recorder: RecorderState,
+    pub console_hash: ChainHash,
+    pub console_bytes: u64,
+    pub injected_interrupts: u64,
+    /// kvm_run.request_interrupt_window as the loop left it.
+    pub request_interrupt_window: u8,
+}
+
+/// A booted guest and everything needed to run it one exit at a time.
+pub struct Session {
+    pub(super) vm: Vm,
+    pub(super) backing: MemoryBacking,
+    pub(super) seed: u64,
+    pub(super) network: Option<NetworkSpec>,
+    pub(super) agent_channel: bool,
+    pub(super) machine: Machine,
+    pub(super) recorder: Recorder,
+    pub(super) console: Arc<Mutex<ConsoleCapture>>,
+    pub(super) input: Option<ConsoleInput>,
+    pub(super) injected_total: u64,
+    /// Finds where interrupt windows really open (not saved: it is idle
+    /// between exits, and its counters are per process).
+    pub(super) window: WindowGuard,
+    /// The checkpoint the dirty log counts from, if any: any other reader of
+    /// the log (a snapshot, a newer checkpoint) makes it stale.
+    pub(super) live_checkpoint: LiveCheckpoint,
+    pub(super) started: Instant,
+    pub(super) wall_setup: Duration,
+}
+
+impl Session {
+    /// Loads the kernel and boot data, creates the VM, and stops before the first instruction.
+    pub fn boot(
+        config: &VmConfig,
+        console: Box<dyn Write + Send>,
+        input: Option<ConsoleInput>,
+    ) -> Result<Session, VmError> {
+        if !(boot::MIN_RAM..=boot::MAX_RAM).contains(&config.ram_bytes) {
+            return Err(BootError::RamSize(config.ram_bytes).into());
+        }
+        let started = Instant::now();
+        let ram = fresh_ram(config.ram_bytes)?;
+        let memory = ram.memory.clone();
+        // Bad input (not a kernel, an initrd too large) is found before KVM is touched.
+        let kernel = boot::load_kernel(&memory, &config.kernel)?;
+        let (devices, console) = build_devices(
+            ConsoleCapture {
+                out: console,
+                hash: ChainHash::default(),
+                bytes: 0,
+            },
+            config.rtc_epoch_unix_secs,
+            memory.clone(),
+            config.seed,
+            config.network.as_ref(),
+            config.agent_channel,
+        )?;
+        // The virtio devices are declared on the kernel command line.
+        let cmdline = format!("{} {}", config.cmdline, devices.virtio_cmdline());
+        let mut rng_seed = [0u8; boot::RNG_SEED_LEN];
+        EntropyStream::new(config.seed, stream::KERNEL_RNG_SEED).fill(&mut rng_seed);
+        boot::write_boot_data(
+            &memory,
+            &kernel,
+            &BootInputs {
+                ram: config.ram_bytes,
+                cmdline: &cmdline,
+                initrd: &config.initrd,
+                rng_seed,
+            },
+        )?;
+        let vm = create_vm(ram)?;
+        let sregs = vm.vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
+        vm.vcpu
+            .set_sregs(&boot::initial_sregs(sregs))
+            .map_err(kvm_err("KVM_SET_SREGS"))?;
+        vm.vcpu
+            .set_regs(&boot::initial_regs(kernel.entry))
+            .map_err(kvm_err("KVM_SET_REGS"))?;
+        let fpu = kvm_bindings::kvm_fpu {
+            fcw: 0x37f,
+            mxcsr: 0x1f80,
+            ..Default::default()
+        };
+        vm.vcpu.set_fpu(&fpu).map_err(kvm_err("KVM_SET_FPU"))?;
+
+        let mut machine = Machine::new(devices, config.until);
+        machine.set_perturbation(config.perturbation);
+        Ok(Session {
+            vm,
+            backing: MemoryBacking::Anonymous,
+            seed: config.seed,
+            network: config.network.clone(),
+            agent_channel: config.agent_channel,
+            machine,
+            recorder: Recorder::new(config.record),
+            console,
+            input,
+            injected_total: 0,
+            window: WindowGuard::default(),
+            live_checkpoint: LiveCheckpoint::default(),
+            wall_setup: started.elapsed(),
+            started,
+        })
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Re-keys every seeded stream the guest still draws from (today the
+    /// virtio-rng device) from `seed`: an alternate history from this moment.
+    /// The stream is keyed by the seed and the exit index, so branching the
+    /// same moment with the same seed twice gives the same history.
+    pub fn set_seed(&mut self, seed: u64) {
+        self.seed = seed;
+        let name = format!("{}@exit{}", stream::VIRTIO_RNG, self.machine.exits());
+        self.machine
+            .devices
+            .rekey_virtio_rng(entropy::stream_key(seed, &name));
+    }
+
+    /// Queues a message for the agent on its control channel, delivered now
+    /// (at this exit) as far as the guest has posted receive buffers. Call it
+    /// only at points the run decides deterministically (after an exit chosen
+    /// by guest output or virtual time).
+    pub fn send_to_agent(&mut self, bytes: &[u8]) -> Result<(), VmError> {
+        let now = self.machine.now();
+        self.machine
+            .devices
+            .enqueue_virtio_console_input(now, bytes)
+            .map_err(VmError::ControlChannel)
+    }
+
+    /// What the agent wrote on its control channel since the last call. The
+    /// bytes are folded into the console digest, so a run's digest covers the
+    /// agent's conversation too.
+    pub fn take_agent_output(&mut self) -> Vec<u8> {
+        let bytes = self.machine.devices.take_virtio_console_output();
+        if !bytes.is_empty() {
+            console::lock(&self.console).absorb(&bytes);
+        }
+        bytes
+    }
+
+    /// Makes an idle guest wake at `at` at the latest (instead of jumping past
+    /// it to the next device deadline), so a host-side event scheduled for
+    /// `at` happens on time. Part of the run's definition: two runs with the
+    /// same wake-ups are identical.
+    pub fn set_wakeup(&mut self, at: Option<VirtNanos>) {
+        self.machine.wakeup = at;
+    }
+
+    /// Whether the machine has a control channel (the virtio console the
+    /// agent, or a fork shell, talks over).
+    pub fn has_control_channel(&self) -> bool {
+        self.agent_channel
+    }
+
+    /// The devices, for scheduling network faults.
+    pub fn devices_mut(&mut self) -> &mut devices::Devices {
+        &mut self.machine.devices
+    }
+
+    /// Exits handled so far.
+    pub fn exits(&self) -> u64 {
+        self.machine.exits()
+    }
+
+    pub fn now(&self) -> VirtNanos {
+        self.machine.now()
+    }
+
+    /// Guest RAM, for writing a snapshot. The vCPU is not running while borrowed.
+    pub fn memory(&self) -> &[u8] {
+        let (ptr, len) = host_ram(&self.vm.memory);
+        // SAFETY: `host_ram` gives the live host mapping of all guest RAM,
+        // owned by the session, which the returned borrow cannot outlive; the
+        // vCPU only runs inside `&mut self` methods, so the memory does not
+        // change meanwhile.
+        unsafe { std::slice::from_raw_parts(ptr, len) }
+    }
+
+    /// Captures the complete state between two exits (the pending exit is
+    /// completed first, so a restored copy neither repeats nor skips it).
+    pub fn capture(&mut self) -> Result<SessionState, VmError> {
+        vcpu_state::complete_pending_exit(&mut self.vm.vcpu)?;
+        let vcpu = vcpu_state::capture(&self.vm.vcpu)?;
+        let (console_hash, console_bytes) = {
+            let capture = console::lock(&self.console);
+            (capture.hash, capture.bytes)
+        };
+        Ok(SessionState {
+            ram_bytes: self.vm.memory.iter().map(|r| r.len()).sum(),
+            seed: self.seed,
+            network: self.network.clone(),
+            agent_channel: self.agent_channel,
+            cpu_model_version: cpu_model::CPU_MODEL_VERSION,
+            vcpu,
+            devices: self.machine.devices.state(),
+            machine: self.machine.state(),
+            recorder: self.recorder.state(),
+            console_hash,
+            console_bytes,
+            injected_interrupts: self.injected_total,
+            request_interrupt_window: self.vm.vcpu.get_kvm_run().request_interrupt_window,
+        })
+    }
+
+    /// Resumes a captured session over `memory` (the snapshot's RAM, typically
+    /// mapped private from its file, with `data_ranges` the file's non-hole
+    /// byte ranges). `config` supplies the new run's limit, records and seed.
+    pub fn resume(
+        config: &ResumeConfig,
+        state: &SessionState,
+        ram: GuestRam,
+        data_ranges: Vec<(u64, u64)>,
+        console: Box<dyn Write + Send>,
+        input: Option<ConsoleInput>,
+    ) -> Result<Session, VmError> {
+        let started = Instant::now();
+        if state.cpu_model_version != cpu_model::CPU_MODEL_VERSION {
+            return Err(IncompatibleState::CpuModel {
+                snapshot: state.cpu_model_version,
+                ours: cpu_model::CPU_MODEL_VERSION,
+            }
+            .into());
+        }
+        let ram_bytes: u64 = ram.memory.iter().map(|r| r.len()).sum();
+        if ram_bytes != state.ram_bytes {
+            return Err(IncompatibleState::RamSize {
+                memory: ram_bytes,
+                state: state.ram_bytes,
+            }
+            .into());
+        }
+        let devices_memory = ram.memory.clone();
+        let mut vm = create_vm(ram)?;
+        vcpu_state::restore(&vm.vcpu, &state.vcpu)?;
+        vm.vcpu.get_kvm_run().request_interrupt_window = state.request_interrupt_window;
+        // The RTC epoch is part of the saved device state.
+        let (mut devices, console) = build_devices(
+            ConsoleCapture {
+                out: console,
+                hash: state.console_hash,
+                bytes: state.console_bytes,
+            },
+            0,
+            devices_memory,
+            state.seed,
+            state.network.as_ref(),
+            state.agent_channel,
+        )?;
+        devices
+            .restore(&state.devices)
+            .map_err(IncompatibleState::Devices)?;
+        let mut machine = Machine::new(devices, config.until);
+        machine.restore(&state.machine);
+        let mut recorder = Recorder::new(config.record);
+        recorder.restore(&state.recorder);
+        Ok(Session {
+            vm,
+            backing: MemoryBacking::File { data_ranges },
+            seed: state.seed,
+            network: state.network.clone(),
+            agent_channel: state.agent_channel,
+            machine,
+            recorder,
+            console,
+            input,
+            injected_total: state.injected_interrupts,
+            window: WindowGuard::default(),
+            live_checkpoint: LiveCheckpoint::default(),
+            wall_setup: started.elapsed(),
+            started,
+        })
+    }
+
+    /// Hashes the final state and reports the run.
+    pub fn finish(mut self, stop: StopReason) -> RunOutcome {
+        self.outcome(stop)
+    }
+
+    /// Hashes the current state and reports the run so far, leaving the
+    /// session usable (for `reset_to`); its kept records move to the outcome.
+    pub fn outcome(&mut self, stop: StopReason) -> RunOutcome {
+        let finishing = Instant::now();
+        let (final_memory, guest_resident_bytes) =
+            memory_hash_and_residency(&self.vm.memory, &self.backing);
+
+        let final_devices = devices_hash(&self.machine.devices);
+        let (console_hash, console_bytes) = {
+            let mut capture = console::lock(&self.console);
+            let _ = capture.out.flush();
+            (capture.hash.0, capture.bytes)
+        };
+        let exits = self.recorder.count();
+        let exits_by_kind = self.recorder.counts_by_kind();
+        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let digest_parts = DigestParts {
+            records: hex(&self.recorder.state().digest.0[..8]),
+            memory: format!("{final_memory:016x}"),
+            devices: format!("{final_devices:016x}"),
+            console: hex(&console_hash[..8]),
+        };
+        let fresh = Recorder::new(self.recorder.config);
+        let recorder = std::mem::replace(&mut self.recorder, fresh);
+        self.recorder.restore(&recorder.state());
+        let (digest, records) = recorder.finish(final_memory, final_devices, console_hash);
+        RunOutcome {
+            stop,
+            virtual_time: self.machine.now(),
+            exits,
+            exits_by_kind,
+            injected_interrupts: self.injected_total,
+            irq_windows_stepped: self.window.corrected_windows,
+            single_steps: self.window.steps,
+            wall: self.started.elapsed(),
+            wall_setup: self.wall_setup,
+            wall_finish: finishing.elapsed(),
+            digest,
+            digest_parts,
+            console_bytes,
+            unhandled_accesses: self.machine.devices.unhandled_accesses(),
+            guest_resident_bytes,
+            records,
+        }
+    }
+
+    /// Puts the vCPU, devices, clock, records and console digest back as
+    /// `state` says, in place (guest RAM is the caller's business).
+    pub(super) fn restore_state(&mut self, state: &SessionState) -> Result<(), VmError> {
+        vcpu_state::restore(&self.vm.vcpu, &state.vcpu)?;
+        self.vm.vcpu.get_kvm_run().request_interrupt_window = state.request_interrupt_window;
+        self.machine
+            .devices
+            .restore(&state.devices)
+            .map_err(IncompatibleState::Devices)?;
+        self.machine.restore(&state.machine);
+        // Not part of the state: a wake-up belongs to the run that set it.
+        self.machine.wakeup = None;
+        self.recorder.restore(&state.recorder);
+        {
+            let mut capture = console::lock(&self.console);
+            capture.hash = state.console_hash;
+            capture.bytes = state.console_bytes;
+        }
+        self.injected_total = state.injected_interrupts;
+        self.seed = state.seed;
+        Ok(())
+    }
+}
+
+/// Hash of the complete device state.
+pub(super) fn devices_hash(devices: &Devices) -> u64 {
+    let bytes = serde_json::to_vec(&devices.state()).unwrap_or_default();
+    record::hash64(&bytes)
+}

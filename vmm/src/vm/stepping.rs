@@ -1,0 +1,270 @@
+//! The exit loop: entering the guest, handing each guest-caused exit to the
+//! machine, placing interrupts, and recording the exit; and the ways to run
+//! a session (one exit, up to a limit, to the end).
+//!
+//! Interrupt windows are not taken on trust: a window that may sit in an
+//! STI shadow is single-stepped past first (see `irq_window` and
+//! determinism.md), so where an interrupt lands depends on the guest alone.
+
+use super::console::feed_console_input;
+use super::kvm_exit::{complete, convert_exit, regs_hash, ResponseSlot};
+use super::memory_scan::memory_hash;
+use super::session::devices_hash;
+use super::{kvm_err, Session, VmError};
+use crate::cpu_model::MsrAccess;
+use crate::exit::{AccessData, Completion, Exit, ExitAction, InterruptAction, StopReason};
+use crate::irq_window;
+use crate::kvm_util;
+use crate::record::{ExitRecord, NO_HASH, NO_VECTOR};
+use devices::{GuestMemory, VirtNanos};
+use kvm_ioctls::VcpuFd;
+use vm_memory::{Bytes, GuestAddress};
+
+/// Whether the byte before `rip` is `STI`'s opcode, i.e. whether the guest
+/// may be in an STI shadow at this boundary. The guest runs with flat code
+/// segments (base 0, 64-bit or compatibility mode), so RIP is the linear
+/// address; a byte that is not mapped cannot have just executed.
+fn follows_sti(vcpu: &VcpuFd, memory: &GuestMemory, rip: u64) -> bool {
+    let Some(linear) = rip.checked_sub(1) else {
+        return false;
+    };
+    match vcpu.translate_gva(linear) {
+        Ok(t) if t.valid != 0 => memory
+            .read_obj::<u8>(GuestAddress(t.physical_address))
+            .is_ok_and(|byte| byte == irq_window::STI_OPCODE),
+        _ => false,
+    }
+}
+
+/// `follows_sti`, for kernel code only (CPL 0): user space cannot execute
+/// `STI` (IOPL 0), and stepping user code could leave the trap flag in a
+/// frame it saves (SYSCALL's R11, PUSHF), which would later trap for real.
+fn follows_sti_in_kernel(vcpu: &VcpuFd, memory: &GuestMemory, rip: u64) -> bool {
+    follows_sti(vcpu, memory, rip)
+        && vcpu
+            .get_sregs()
+            .is_ok_and(|sregs| sregs.cs.selector & 3 == 0)
+}
+
+/// Turns KVM's single-stepping of the guest on or off.
+pub(super) fn set_single_step(vcpu: &VcpuFd, on: bool) -> Result<(), VmError> {
+    let control = if on {
+        kvm_bindings::KVM_GUESTDBG_ENABLE | kvm_bindings::KVM_GUESTDBG_SINGLESTEP
+    } else {
+        0
+    };
+    let debug = kvm_bindings::kvm_guest_debug {
+        control,
+        ..Default::default()
+    };
+    vcpu.set_guest_debug(&debug)
+        .map_err(kvm_err("KVM_SET_GUEST_DEBUG"))
+}
+
+impl Session {
+    /// Enters the guest until it makes an exit of its own and handles that exit.
+    fn step(&mut self) -> Result<ExitAction, VmError> {
+        let (exit, action) = loop {
+            let (exit, slot) = match self.vm.vcpu.run() {
+                Ok(vcpu_exit) => convert_exit(vcpu_exit),
+                Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
+                    (Exit::Interrupted, ResponseSlot::None)
+                }
+                Err(e) => return Err(kvm_err("KVM_RUN")(e)),
+            };
+            // A signal to this thread is a host event, not a guest-caused
+            // exit: it must not be counted or recorded, move the clock, feed
+            // input or give an interrupt a chance to be injected. Enter again.
+            if exit == Exit::Interrupted {
+                continue;
+            }
+            let stop = match exit {
+                Exit::IrqWindowOpen => irq_window::Stop::WindowOpen,
+                Exit::SingleStep => irq_window::Stop::SingleStep,
+                _ => irq_window::Stop::Other,
+            };
+            // A guest exit (`Other`) keeps its response slot; the guard hears
+            // of it after the response is written (below).
+            let (exit, slot) = if stop == irq_window::Stop::Other {
+                (exit, slot)
+            } else {
+                match self.check_window(stop)? {
+                    irq_window::Verdict::Deliver => (Exit::IrqWindowOpen, ResponseSlot::None),
+                    irq_window::Verdict::Step | irq_window::Verdict::WaitForWindow => continue,
+                    irq_window::Verdict::Unexpected => (Exit::SingleStep, ResponseSlot::None),
+                }
+            };
+            if let Some(input) = &self.input {
+                feed_console_input(&mut self.machine, input, exit == Exit::Hlt);
+            }
+            let action = self.machine.handle_exit(&exit);
+            if let ExitAction::Resume(completion) = &action {
+                complete(slot, completion);
+            }
+            if stop == irq_window::Stop::Other && self.window.stepping() {
+                // The stepped instruction exited on its own: the exit is the
+                // guest's, and stepping ends with it.
+                self.check_window(stop)?;
+            }
+            break (exit, action);
+        };
+        let injected = match action {
+            ExitAction::Resume(_) => self.decide_interrupt(&exit)?,
+            ExitAction::Stop(_) => NO_VECTOR,
+        };
+        self.record(&exit, &action, injected);
+        Ok(action)
+    }
+
+    /// Asks the window guard about a stop that may be (or end) the search
+    /// for an interrupt window, and sets single-stepping and the window
+    /// request to match its verdict.
+    fn check_window(&mut self, stop: irq_window::Stop) -> Result<irq_window::Verdict, VmError> {
+        let was_stepping = self.window.stepping();
+        let interrupts_enabled = self.vm.vcpu.get_kvm_run().if_flag != 0;
+        let rip = self.vm.vcpu.sync_regs().regs.rip;
+        let vcpu = &self.vm.vcpu;
+        let memory = &self.vm.memory;
+        let verdict = self.window.on_stop(stop, interrupts_enabled, || {
+            follows_sti_in_kernel(vcpu, memory, rip)
+        });
+        let stepping = self.window.stepping();
+        // Armed again for every step: KVM paths that rewrite RFLAGS (its own
+        // instruction emulation) may drop the trap flag it set.
+        if stepping || was_stepping {
+            set_single_step(&self.vm.vcpu, stepping)?;
+        }
+        let run = self.vm.vcpu.get_kvm_run();
+        match verdict {
+            // While stepping, a window request would end the step early.
+            irq_window::Verdict::Step => run.request_interrupt_window = 0,
+            irq_window::Verdict::WaitForWindow => run.request_interrupt_window = 1,
+            irq_window::Verdict::Deliver | irq_window::Verdict::Unexpected => {}
+        }
+        Ok(verdict)
+    }
+
+    /// Injects a pending interrupt if the guest can take it, else asks KVM
+    /// for an exit as soon as it can. Returns the injected vector or NO_VECTOR.
+    ///
+    /// An exit whose instruction completes only at the next entry (port,
+    /// MMIO, MSR) and that follows an `STI` opcode byte may sit in the STI
+    /// shadow: a correct host reports it not ready, a host that lost the
+    /// shadow reports it ready. It counts as not ready on every host, so the
+    /// interrupt waits for the window after the instruction either way.
+    fn decide_interrupt(&mut self, exit: &Exit) -> Result<u16, VmError> {
+        let run = self.vm.vcpu.get_kvm_run();
+        let mut ready = run.ready_for_interrupt_injection != 0 && run.if_flag != 0;
+        let incomplete = matches!(
+            exit,
+            Exit::IoIn { .. }
+                | Exit::IoOut { .. }
+                | Exit::MmioRead { .. }
+                | Exit::MmioWrite { .. }
+                | Exit::RdMsr { .. }
+                | Exit::WrMsr { .. }
+        );
+        if ready && incomplete && self.machine.devices.has_pending_interrupt() {
+            let rip = self.vm.vcpu.sync_regs().regs.rip;
+            if follows_sti_in_kernel(&self.vm.vcpu, &self.vm.memory, rip) {
+                ready = false;
+            }
+        }
+        let (window, injected) = match self.machine.interrupt_action(ready) {
+            InterruptAction::Inject(vector) => {
+                kvm_util::inject_interrupt(&self.vm.vcpu, vector).map_err(VmError::Inject)?;
+                self.injected_total += 1;
+                (0, u16::from(vector))
+            }
+            InterruptAction::RequestWindow => (1, NO_VECTOR),
+            InterruptAction::None => (0, NO_VECTOR),
+        };
+        self.vm.vcpu.get_kvm_run().request_interrupt_window = window;
+        Ok(injected)
+    }
+
+    fn record(&mut self, exit: &Exit, action: &ExitAction, injected: u16) {
+        let regs = self.vm.vcpu.sync_regs().regs;
+        let index = self.machine.exits() - 1;
+        let data = match (exit, action) {
+            (Exit::IoOut { data, .. } | Exit::MmioWrite { data, .. }, _) => *data,
+            (_, ExitAction::Resume(Completion::Data(data))) => *data,
+            (Exit::WrMsr { value, .. }, _) => AccessData::new(&value.to_le_bytes()),
+            (_, ExitAction::Resume(Completion::Msr(MsrAccess::Value(v)))) => {
+                AccessData::new(&v.to_le_bytes())
+            }
+            _ => AccessData::default(),
+        };
+        let device_hash = if self.recorder.wants_device_hash(index) {
+            devices_hash(&self.machine.devices)
+        } else {
+            NO_HASH
+        };
+        let memory_hash = if self.recorder.wants_memory_hash(index) {
+            memory_hash(&self.vm.memory, &self.backing)
+        } else {
+            NO_HASH
+        };
+        self.recorder.push(ExitRecord {
+            index,
+            time: self.machine.now(),
+            kind: exit.kind(),
+            address: exit.address(),
+            data: data.as_u64(),
+            size: data.len() as u8,
+            rip: regs.rip,
+            regs_hash: regs_hash(&regs),
+            injected,
+            device_hash,
+            memory_hash,
+        });
+    }
+
+    /// Runs until the guest stops, or until `exit_limit` exits have been
+    /// handled in all (`None` when the limit was reached first).
+    pub fn run_until_exit(&mut self, exit_limit: u64) -> Result<Option<StopReason>, VmError> {
+        while self.machine.exits() < exit_limit {
+            if let ExitAction::Stop(reason) = self.step()? {
+                return Ok(Some(reason));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Runs until the guest stops, or until `exit_limit` exits have been
+    /// handled, or until virtual time reaches `time_limit`, whichever is first
+    /// (`None` when a limit was reached before the guest stopped).
+    pub fn run_until(
+        &mut self,
+        exit_limit: Option<u64>,
+        time_limit: Option<VirtNanos>,
+    ) -> Result<Option<StopReason>, VmError> {
+        loop {
+            if exit_limit.is_some_and(|limit| self.machine.exits() >= limit)
+                || time_limit.is_some_and(|limit| self.machine.now() >= limit)
+            {
+                return Ok(None);
+            }
+            if let ExitAction::Stop(reason) = self.step()? {
+                return Ok(Some(reason));
+            }
+        }
+    }
+
+    /// Runs one exit (`Some` when the guest stopped there).
+    pub fn step_one(&mut self) -> Result<Option<StopReason>, VmError> {
+        match self.step()? {
+            ExitAction::Stop(reason) => Ok(Some(reason)),
+            ExitAction::Resume(_) => Ok(None),
+        }
+    }
+
+    /// Runs until the guest stops.
+    pub fn run_to_end(&mut self) -> Result<StopReason, VmError> {
+        loop {
+            if let ExitAction::Stop(reason) = self.step()? {
+                return Ok(reason);
+            }
+        }
+    }
+}
