@@ -1,6 +1,6 @@
 //! Saving and restoring device state: one trait, [`Persist`], for every
 //! stateful device, one error, [`RestoreError`], and one round-trip test
-//! macro, [`persist_round_trip_tests!`].
+//! macro for the tests, `persist_round_trip_tests!`.
 //!
 //! A device's state is a plain serde value (its `...State` type); snapshots
 //! store it as JSON and the run digest hashes that JSON, so a state type's
@@ -153,7 +153,7 @@ macro_rules! persist_round_trip_tests {
 #[cfg(test)]
 pub(crate) use persist_round_trip_tests;
 
-/// The checks behind [`persist_round_trip_tests!`].
+/// The checks behind `persist_round_trip_tests!`.
 #[cfg(test)]
 pub(crate) mod round_trip {
     use super::Persist;
