@@ -10,6 +10,7 @@
 //! The PM timer counts at 3.579545 MHz from virtual time zero:
 //! `ticks = now_ns * 3_579_545 / 1e9` (exact, in u128), masked to 24 bits.
 
+use crate::persist::{Persist, RestoreError};
 use crate::time::VirtNanos;
 use serde::{Deserialize, Serialize};
 
@@ -132,8 +133,12 @@ impl AcpiPm {
             self.write_byte(block, offset.saturating_add(i as u64), byte);
         }
     }
+}
 
-    pub fn state(&self) -> AcpiPmState {
+impl Persist for AcpiPm {
+    type State = AcpiPmState;
+
+    fn save(&self) -> AcpiPmState {
         AcpiPmState {
             now: self.now,
             pm1_status: self.pm1_status,
@@ -142,11 +147,12 @@ impl AcpiPm {
         }
     }
 
-    pub fn restore(&mut self, state: &AcpiPmState) {
+    fn restore(&mut self, state: &AcpiPmState) -> Result<(), RestoreError> {
         self.now = state.now;
         self.pm1_status = state.pm1_status;
         self.pm1_enable = state.pm1_enable;
         self.pm1_control = state.pm1_control;
+        Ok(())
     }
 }
 
@@ -278,26 +284,26 @@ mod tests {
 
         // Assert
         assert_eq!(control_wide, 0xffff_0001);
-        assert_eq!(pm.state(), AcpiPmState::default());
+        assert_eq!(pm.save(), AcpiPmState::default());
     }
 
-    #[test]
-    fn test_acpi_pm_state_round_trip() {
-        // Arrange
+    /// A timer past zero and PM1 registers written.
+    fn used_pm() -> AcpiPm {
         let mut pm = AcpiPm::new();
         pm.advance_to(VirtNanos::from_secs(5));
         pm.write(AcpiPmBlock::Pm1Event, 2, &[0x01, 0x01]);
         pm.write(AcpiPmBlock::Pm1Control, 0, &[0x02, 0x14]);
-        let saved = pm.state();
-        let json = serde_json::to_string(&saved).unwrap();
+        pm
+    }
 
-        // Act
-        pm.advance_to(VirtNanos::from_secs(50));
-        pm.write(AcpiPmBlock::Pm1Event, 0, &[0xff, 0xff, 0x00, 0x00]);
-        pm.restore(&serde_json::from_str(&json).unwrap());
-
-        // Assert
-        assert_eq!(pm.state(), saved);
-        assert_eq!(pm.timer_value(), (3_579_545 * 5) & 0xff_ffff);
+    crate::persist::persist_round_trip_tests! {
+        mod acpi_pm_persist {
+            fresh: AcpiPm::new(),
+            saved: used_pm(),
+            mutate: |pm: &mut AcpiPm| {
+                pm.advance_to(VirtNanos::from_secs(50));
+                pm.write(AcpiPmBlock::Pm1Event, 0, &[0xff, 0xff, 0x00, 0x00]);
+            },
+        }
     }
 }

@@ -33,8 +33,8 @@
 //! that bit rises; the PIC lines they drive are edge-triggered on a PC.
 
 use crate::bus::BusDevice;
-use crate::error::DevicesError;
 use crate::layout::{IRQ_RTC, IRQ_TIMER};
+use crate::persist::{Persist, RestoreError};
 use crate::time::VirtNanos;
 use serde::{Deserialize, Serialize};
 
@@ -114,18 +114,6 @@ pub struct HpetState {
     pub timers: Vec<HpetTimerState>,
     /// PIC lines with an edge not yet collected by the owner (bit n = IRQn).
     pub pending_irq_edges: u16,
-}
-
-impl HpetState {
-    pub fn validate(&self) -> Result<(), DevicesError> {
-        if self.timers.len() != HPET_NUM_TIMERS {
-            return Err(DevicesError::HpetTimerCount {
-                len: self.timers.len(),
-                expected: HPET_NUM_TIMERS,
-            });
-        }
-        Ok(())
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -407,8 +395,12 @@ impl Hpet {
         };
         aligned.then_some((offset & !7, ((offset & 4) * 8) as u32))
     }
+}
 
-    pub fn state(&self) -> HpetState {
+impl Persist for Hpet {
+    type State = HpetState;
+
+    fn save(&self) -> HpetState {
         HpetState {
             now: self.now,
             config: self.config,
@@ -420,8 +412,18 @@ impl Hpet {
         }
     }
 
-    pub fn restore(&mut self, state: &HpetState) -> Result<(), DevicesError> {
-        state.validate()?;
+    fn validate(&self, state: &HpetState) -> Result<(), RestoreError> {
+        if state.timers.len() != HPET_NUM_TIMERS {
+            return Err(RestoreError::HpetTimerCount {
+                len: state.timers.len(),
+                expected: HPET_NUM_TIMERS,
+            });
+        }
+        Ok(())
+    }
+
+    fn restore(&mut self, state: &HpetState) -> Result<(), RestoreError> {
+        self.validate(state)?;
         self.now = state.now;
         self.config = state.config;
         self.int_status = state.int_status;
@@ -840,7 +842,7 @@ mod tests {
         // Arrange
         let mut hpet = Hpet::new();
         linux_enable(&mut hpet);
-        let before = hpet.state();
+        let before = hpet.save();
         let mut byte = [0xaau8; 1];
         let mut misaligned = [0xaau8; 8];
 
@@ -856,35 +858,14 @@ mod tests {
         // Assert
         assert_eq!(byte, [0]);
         assert_eq!(misaligned, [0; 8]);
-        assert_eq!(hpet.state(), before);
-    }
-
-    #[test]
-    fn test_hpet_state_round_trip() {
-        // Arrange
-        let mut hpet = Hpet::new();
-        linux_enable(&mut hpet);
-        linux_set_oneshot(&mut hpet, TIMER0_CONFIG);
-        hpet.advance_to(VirtNanos(777));
-        linux_set_next_event(&mut hpet, 1_000);
-        let saved = hpet.state();
-        let json = serde_json::to_string(&saved).unwrap();
-
-        // Act
-        hpet.advance_to(VirtNanos(1_000_000));
-        writel(&mut hpet, 0x010, 0);
-        hpet.restore(&serde_json::from_str(&json).unwrap()).unwrap();
-
-        // Assert
-        assert_eq!(hpet.state(), saved);
-        assert_eq!(hpet.next_deadline(), Some(VirtNanos(770 + 10_000)));
+        assert_eq!(hpet.save(), before);
     }
 
     #[test]
     fn test_hpet_restore_rejects_wrong_timer_count() {
         // Arrange
         let mut hpet = Hpet::new();
-        let mut state = hpet.state();
+        let mut state = hpet.save();
         state.timers.pop();
 
         // Act
@@ -893,10 +874,44 @@ mod tests {
         // Assert
         assert_eq!(
             result,
-            Err(DevicesError::HpetTimerCount {
+            Err(RestoreError::HpetTimerCount {
                 len: 2,
                 expected: 3
             })
         );
+    }
+
+    /// Enabled as Linux does, timer 0 one-shot and armed.
+    fn armed_hpet() -> Hpet {
+        let mut hpet = Hpet::new();
+        linux_enable(&mut hpet);
+        linux_set_oneshot(&mut hpet, TIMER0_CONFIG);
+        hpet.advance_to(VirtNanos(777));
+        linux_set_next_event(&mut hpet, 1_000);
+        hpet
+    }
+
+    crate::persist::persist_round_trip_tests! {
+        mod hpet_persist {
+            fresh: Hpet::new(),
+            saved: armed_hpet(),
+            mutate: |hpet: &mut Hpet| {
+                hpet.advance_to(VirtNanos(1_000_000));
+                writel(hpet, 0x010, 0);
+            },
+        }
+    }
+
+    #[test]
+    fn test_hpet_restored_timer_fires_when_saved() {
+        // Arrange
+        let saved = armed_hpet().save();
+        let mut hpet = Hpet::new();
+
+        // Act
+        hpet.restore(&saved).unwrap();
+
+        // Assert
+        assert_eq!(hpet.next_deadline(), Some(VirtNanos(770 + 10_000)));
     }
 }

@@ -2,8 +2,9 @@
 //!
 //! Every device here is a side-effect-free state machine: it sees virtual time
 //! only as a `VirtNanos` passed in, raises interrupts only through the PIC model,
-//! and never reads host time or host randomness. Each has a serde `...State`
-//! and a `restore`, so the VMM can capture and compare it. Virtio devices
+//! and never reads host time or host randomness. Each implements
+//! [`Persist`]: a serde `...State` it saves and restores, so the VMM can
+//! capture and compare it. Virtio devices
 //! (see `virtio`) also read and write guest memory, through the handle the
 //! VMM attaches, and only inside the access or call that makes them.
 //!
@@ -17,6 +18,7 @@ pub mod error;
 pub mod hpet;
 pub mod layout;
 pub mod machine;
+pub mod persist;
 pub mod pic;
 pub mod rtc;
 pub mod serial;
@@ -30,6 +32,7 @@ pub use error::DevicesError;
 pub use machine::{
     Devices, DevicesConfig, DevicesState, VirtioBackendState, VirtioDeviceState, VirtioSlot,
 };
+pub use persist::{Persist, RestoreError};
 pub use status::GuestEvent;
 pub use switch::{
     LatencyDist, NetworkConfig, PortCounters, PortId, Switch, SwitchError, SwitchState,

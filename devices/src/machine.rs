@@ -37,6 +37,7 @@ use crate::bus::{Bus, BusDevice};
 use crate::error::DevicesError;
 use crate::hpet::{Hpet, HpetState};
 use crate::layout;
+use crate::persist::{Persist, RestoreError};
 use crate::pic::{Pic, PicPorts, PicState};
 use crate::rtc::{Rtc, RtcState};
 use crate::serial::{ConsoleWriter, SerialPort, SerialState};
@@ -46,8 +47,9 @@ use crate::status::{
 use crate::switch::{NetworkConfig, PortId, Switch, SwitchError, SwitchState};
 use crate::time::VirtNanos;
 use crate::virtio::{
-    RxOutcome, VirtioConsole, VirtioConsoleState, VirtioMmioState, VirtioMmioTransport, VirtioNet,
-    VirtioNetCounters, VirtioNetState, VirtioRng, VirtioRngState, VirtioViolation,
+    RxOutcome, VirtioConsole, VirtioConsoleState, VirtioDevice, VirtioMmioState,
+    VirtioMmioTransport, VirtioNet, VirtioNetCounters, VirtioNetState, VirtioRng, VirtioRngState,
+    VirtioViolation,
 };
 use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
@@ -118,66 +120,85 @@ impl VirtioSlotDevice {
             VirtioSlotDevice::Net(_) => "net",
         }
     }
+}
 
-    fn state(&self) -> VirtioDeviceState {
-        match self {
-            VirtioSlotDevice::Rng(transport) => VirtioDeviceState {
-                transport: transport.state(),
-                backend: VirtioBackendState::Rng(transport.device().state()),
-            },
-            VirtioSlotDevice::Console(transport) => VirtioDeviceState {
-                transport: transport.state(),
-                backend: VirtioBackendState::Console(transport.device().state()),
-            },
-            VirtioSlotDevice::Net(transport) => VirtioDeviceState {
-                transport: transport.state(),
-                backend: VirtioBackendState::Net(transport.device().state()),
-            },
+/// Checks a transport's and its backend's states against them.
+fn validate_virtio_device<D: VirtioDevice + Persist>(
+    transport: &VirtioMmioTransport<D>,
+    transport_state: &VirtioMmioState,
+    backend_state: &D::State,
+) -> Result<(), RestoreError> {
+    transport.validate(transport_state)?;
+    transport.device().validate(backend_state)
+}
+
+/// Restores a transport and its backend, once both states are validated.
+fn restore_virtio_device<D: VirtioDevice + Persist>(
+    transport: &mut VirtioMmioTransport<D>,
+    transport_state: &VirtioMmioState,
+    backend_state: &D::State,
+) -> Result<(), RestoreError> {
+    transport.restore(transport_state)?;
+    transport.device_mut().restore(backend_state)
+}
+
+/// The transport and the backend; the rings are checked against guest
+/// memory by [`VirtioDevices`].
+impl Persist for VirtioSlotDevice {
+    type State = VirtioDeviceState;
+
+    fn save(&self) -> VirtioDeviceState {
+        let backend = match self {
+            VirtioSlotDevice::Rng(transport) => VirtioBackendState::Rng(transport.device().save()),
+            VirtioSlotDevice::Console(transport) => {
+                VirtioBackendState::Console(transport.device().save())
+            }
+            VirtioSlotDevice::Net(transport) => VirtioBackendState::Net(transport.device().save()),
+        };
+        VirtioDeviceState {
+            transport: with_transport!(self, transport => transport.save()),
+            backend,
         }
     }
 
-    fn validate_state(
-        &self,
-        slot: usize,
-        state: &VirtioDeviceState,
-        memory: &GuestMemory,
-    ) -> Result<(), DevicesError> {
-        match (self, &state.backend) {
-            (VirtioSlotDevice::Rng(transport), VirtioBackendState::Rng(_)) => {
-                transport.validate_state(&state.transport, memory)
-            }
-            (VirtioSlotDevice::Console(transport), VirtioBackendState::Console(_)) => {
-                transport.validate_state(&state.transport, memory)
-            }
-            (VirtioSlotDevice::Net(transport), VirtioBackendState::Net(_)) => {
-                transport.validate_state(&state.transport, memory)
-            }
-            _ => Err(DevicesError::VirtioDeviceKind { slot }),
-        }
-    }
-
-    fn restore(
-        &mut self,
-        slot: usize,
-        state: &VirtioDeviceState,
-        memory: &GuestMemory,
-    ) -> Result<(), DevicesError> {
+    fn validate(&self, state: &VirtioDeviceState) -> Result<(), RestoreError> {
+        let transport_state = &state.transport;
         match (self, &state.backend) {
             (VirtioSlotDevice::Rng(transport), VirtioBackendState::Rng(backend)) => {
-                transport.restore(&state.transport, memory)?;
-                transport.device_mut().restore(backend);
+                validate_virtio_device(transport, transport_state, backend)
             }
             (VirtioSlotDevice::Console(transport), VirtioBackendState::Console(backend)) => {
-                transport.restore(&state.transport, memory)?;
-                transport.device_mut().restore(backend);
+                validate_virtio_device(transport, transport_state, backend)
             }
             (VirtioSlotDevice::Net(transport), VirtioBackendState::Net(backend)) => {
-                transport.restore(&state.transport, memory)?;
-                transport.device_mut().restore(backend);
+                validate_virtio_device(transport, transport_state, backend)
             }
-            _ => return Err(DevicesError::VirtioDeviceKind { slot }),
+            (device, backend) => Err(RestoreError::VirtioDeviceKind {
+                found: backend.kind_name(),
+                expected: device.kind_name(),
+            }),
         }
-        Ok(())
+    }
+
+    fn restore(&mut self, state: &VirtioDeviceState) -> Result<(), RestoreError> {
+        self.validate(state)?;
+        let transport_state = &state.transport;
+        match (self, &state.backend) {
+            (VirtioSlotDevice::Rng(transport), VirtioBackendState::Rng(backend)) => {
+                restore_virtio_device(transport, transport_state, backend)
+            }
+            (VirtioSlotDevice::Console(transport), VirtioBackendState::Console(backend)) => {
+                restore_virtio_device(transport, transport_state, backend)
+            }
+            (VirtioSlotDevice::Net(transport), VirtioBackendState::Net(backend)) => {
+                restore_virtio_device(transport, transport_state, backend)
+            }
+            // Refused by `validate`.
+            (device, backend) => Err(RestoreError::VirtioDeviceKind {
+                found: backend.kind_name(),
+                expected: device.kind_name(),
+            }),
+        }
     }
 }
 
@@ -185,6 +206,42 @@ impl VirtioSlotDevice {
 struct VirtioDevices {
     memory: GuestMemory,
     slots: Vec<VirtioSlotDevice>,
+}
+
+/// The devices slot by slot, each state checked against its slot's device
+/// and its rings against guest memory.
+impl Persist for VirtioDevices {
+    type State = Vec<VirtioDeviceState>;
+
+    fn save(&self) -> Vec<VirtioDeviceState> {
+        self.slots.iter().map(VirtioSlotDevice::save).collect()
+    }
+
+    fn validate(&self, states: &Vec<VirtioDeviceState>) -> Result<(), RestoreError> {
+        if states.len() != self.slots.len() {
+            return Err(RestoreError::VirtioDeviceCount {
+                len: states.len(),
+                expected: self.slots.len(),
+            });
+        }
+        for (slot, (device, state)) in self.slots.iter().zip(states).enumerate() {
+            device
+                .validate(state)
+                .and_then(|()| state.transport.check_rings_in(&self.memory))
+                .map_err(|error| error.in_virtio_slot(slot))?;
+        }
+        Ok(())
+    }
+
+    fn restore(&mut self, states: &Vec<VirtioDeviceState>) -> Result<(), RestoreError> {
+        self.validate(states)?;
+        for (slot, (device, state)) in self.slots.iter_mut().zip(states).enumerate() {
+            device
+                .restore(state)
+                .map_err(|error| error.in_virtio_slot(slot))?;
+        }
+        Ok(())
+    }
 }
 
 /// The virtio console among `slots`, if one is attached.
@@ -231,6 +288,16 @@ pub enum VirtioBackendState {
     Rng(VirtioRngState),
     Console(VirtioConsoleState),
     Net(VirtioNetState),
+}
+
+impl VirtioBackendState {
+    fn kind_name(&self) -> &'static str {
+        match self {
+            VirtioBackendState::Rng(_) => "rng",
+            VirtioBackendState::Console(_) => "console",
+            VirtioBackendState::Net(_) => "net",
+        }
+    }
 }
 
 /// Saved state of one virtio device: its transport (status, features,
@@ -844,31 +911,10 @@ impl Devices {
         self.unhandled_accesses
     }
 
-    pub fn state(&self) -> DevicesState {
-        DevicesState {
-            now: self.now,
-            pic: self.pic.state(),
-            hpet: self.hpet.state(),
-            rtc: self.rtc.state(),
-            acpi_pm: self.acpi_pm.state(),
-            serial: self.serial.state(),
-            status_port: self.status_port.state(),
-            i8042: self.i8042.state(),
-            pending_events: self.pending_events.iter().copied().collect(),
-            unhandled_accesses: self.unhandled_accesses,
-            virtio: self.virtio.as_ref().map_or_else(Vec::new, |virtio| {
-                virtio.slots.iter().map(VirtioSlotDevice::state).collect()
-            }),
-            switch: self.switch.as_ref().map(Switch::state),
-        }
-    }
-
     /// Checks that `state`'s switch (if any) has exactly the state's NICs
     /// as ports, with their addresses, and carries frames between them only.
-    /// (Every other switch state is valid, see [`Switch::from_state`].) A
-    /// port or frame naming a slot that holds no such NIC is reported as
-    /// that slot holding another kind of device.
-    fn validate_switch(state: &DevicesState) -> Result<(), DevicesError> {
+    /// (Every other switch state is valid, see [`Switch::from_state`].)
+    fn validate_switch(state: &DevicesState) -> Result<(), RestoreError> {
         let Some(switch) = &state.switch else {
             return Ok(());
         };
@@ -891,7 +937,7 @@ impl Devices {
             .find(|port| !nics.contains(port))
             .or_else(|| nics.iter().find(|nic| !ports.contains(nic)))
         {
-            return Err(DevicesError::VirtioDeviceKind { slot: port.0 });
+            return Err(RestoreError::SwitchPortMismatch { port: port.0 });
         }
         let is_port = |port: &PortId| switch.ports.contains_key(port);
         let named = switch
@@ -906,54 +952,75 @@ impl Devices {
             );
         for port in named {
             if !is_port(&port) {
-                return Err(DevicesError::VirtioDeviceKind { slot: port.0 });
+                return Err(RestoreError::SwitchUnknownPort { port: port.0 });
             }
         }
         Ok(())
     }
+}
 
-    /// Checks that `states` describes the attached virtio devices, slot by slot.
-    fn validate_virtio(&self, states: &[VirtioDeviceState]) -> Result<(), DevicesError> {
-        let Some(virtio) = &self.virtio else {
-            return match states.len() {
-                0 => Ok(()),
-                len => Err(DevicesError::VirtioDeviceCount { len, expected: 0 }),
-            };
-        };
-        if states.len() != virtio.slots.len() {
-            return Err(DevicesError::VirtioDeviceCount {
-                len: states.len(),
-                expected: virtio.slots.len(),
-            });
+/// Every device, the machine's own state (time, events not yet taken, the
+/// count of unhandled accesses) and the switch. The console writer is kept.
+impl Persist for Devices {
+    type State = DevicesState;
+
+    fn save(&self) -> DevicesState {
+        DevicesState {
+            now: self.now,
+            pic: self.pic.save(),
+            hpet: self.hpet.save(),
+            rtc: self.rtc.save(),
+            acpi_pm: self.acpi_pm.save(),
+            serial: self.serial.save(),
+            status_port: self.status_port.save(),
+            i8042: self.i8042.save(),
+            pending_events: self.pending_events.iter().copied().collect(),
+            unhandled_accesses: self.unhandled_accesses,
+            virtio: self
+                .virtio
+                .as_ref()
+                .map_or_else(Vec::new, VirtioDevices::save),
+            switch: self.switch.as_ref().map(Switch::save),
         }
-        for (slot, (device, state)) in virtio.slots.iter().zip(states).enumerate() {
-            device.validate_state(slot, state, &virtio.memory)?;
+    }
+
+    fn validate(&self, state: &DevicesState) -> Result<(), RestoreError> {
+        self.pic.validate(&state.pic)?;
+        self.hpet.validate(&state.hpet)?;
+        self.rtc.validate(&state.rtc)?;
+        self.acpi_pm.validate(&state.acpi_pm)?;
+        self.serial.validate(&state.serial)?;
+        self.status_port.validate(&state.status_port)?;
+        self.i8042.validate(&state.i8042)?;
+        match &self.virtio {
+            Some(virtio) => virtio.validate(&state.virtio)?,
+            None if state.virtio.is_empty() => {}
+            None => {
+                return Err(RestoreError::VirtioDeviceCount {
+                    len: state.virtio.len(),
+                    expected: 0,
+                })
+            }
         }
-        Ok(())
+        Self::validate_switch(state)
     }
 
     /// Restores every device. The state is checked first, so on error
-    /// nothing has changed. The console writer is kept.
-    pub fn restore(&mut self, state: &DevicesState) -> Result<(), DevicesError> {
-        state.hpet.validate()?;
-        state.rtc.validate()?;
-        state.serial.validate()?;
-        self.validate_virtio(&state.virtio)?;
-        Self::validate_switch(state)?;
+    /// nothing has changed.
+    fn restore(&mut self, state: &DevicesState) -> Result<(), RestoreError> {
+        self.validate(state)?;
         self.now = state.now;
-        self.pic.restore(&state.pic);
+        self.pic.restore(&state.pic)?;
         self.hpet.restore(&state.hpet)?;
         self.rtc.restore(&state.rtc)?;
-        self.acpi_pm.restore(&state.acpi_pm);
+        self.acpi_pm.restore(&state.acpi_pm)?;
         self.serial.restore(&state.serial)?;
-        self.status_port.restore(&state.status_port);
-        self.i8042.restore(&state.i8042);
+        self.status_port.restore(&state.status_port)?;
+        self.i8042.restore(&state.i8042)?;
         self.pending_events = state.pending_events.iter().copied().collect();
         self.unhandled_accesses = state.unhandled_accesses;
-        if let Some(VirtioDevices { memory, slots }) = &mut self.virtio {
-            for (slot, (device, device_state)) in slots.iter_mut().zip(&state.virtio).enumerate() {
-                device.restore(slot, device_state, memory)?;
-            }
+        if let Some(virtio) = &mut self.virtio {
+            virtio.restore(&state.virtio)?;
         }
         // The switch holds no host resource: the state describes all of it,
         // so a state without one leaves the machine without one.
@@ -1372,37 +1439,59 @@ mod tests {
         assert_eq!(u32::from_le_bytes(data), (2 * 3_579_545) & 0xff_ffff);
     }
 
-    #[test]
-    fn test_devices_state_round_trip() {
-        // Arrange
-        let (mut devices, output) = new_devices();
-        init_pic(&mut devices, 0xea, 0xfe);
-        enable_hpet_oneshot(&mut devices, 1_000);
-        writel(&mut devices, 2_000, 0x108, 5_000);
-        outb(&mut devices, 3_000, 0x3f9, 0x03);
+    /// Every legacy device in use: interrupts unmasked, the HPET armed,
+    /// serial input pending, CMOS written, an exit and an unhandled access.
+    fn use_devices(devices: &mut Devices) {
+        init_pic(devices, 0xea, 0xfe);
+        enable_hpet_oneshot(devices, 1_000);
+        writel(devices, 2_000, 0x108, 5_000);
+        outb(devices, 3_000, 0x3f9, 0x03);
         devices.enqueue_console_input(b"input");
-        outb(&mut devices, 3_000, 0x70, 0x40);
-        outb(&mut devices, 3_000, 0x71, 0x99);
-        outb(&mut devices, 3_000, layout::STATUS_PORT, 3);
+        outb(devices, 3_000, 0x70, 0x40);
+        outb(devices, 3_000, 0x71, 0x99);
+        outb(devices, 3_000, layout::STATUS_PORT, 3);
         devices.pio_read(VirtNanos(3_000), 0x61, &mut [0u8]);
-        let saved = devices.state();
-        let json = serde_json::to_string(&saved).unwrap();
+    }
 
-        // Act
+    fn used_devices() -> Devices {
+        let (mut devices, _output) = new_devices();
+        use_devices(&mut devices);
+        devices
+    }
+
+    /// Time moved on, the interrupt and exit taken, serial input read,
+    /// CMOS and the HPET written.
+    fn change_devices(devices: &mut Devices) {
         devices.advance_to(VirtNanos::from_secs(100));
         devices.acknowledge_interrupt();
         devices.take_event();
-        inb(&mut devices, 100, 0x3f8);
-        outb(&mut devices, 100, 0x70, 0x40);
-        outb(&mut devices, 100, 0x71, 0x00);
-        writel(&mut devices, 100, 0x010, 0);
-        devices
-            .restore(&serde_json::from_str(&json).unwrap())
-            .unwrap();
+        inb(devices, 100, 0x3f8);
+        outb(devices, 100, 0x70, 0x40);
+        outb(devices, 100, 0x71, 0x00);
+        writel(devices, 100, 0x010, 0);
+    }
+
+    crate::persist::persist_round_trip_tests! {
+        mod devices_persist {
+            fresh: new_devices().0,
+            saved: used_devices(),
+            mutate: change_devices,
+        }
+    }
+
+    #[test]
+    fn test_devices_restore_keeps_the_console_writer() {
+        // Arrange
+        let (mut devices, output) = new_devices();
+        use_devices(&mut devices);
+        let saved = devices.save();
+        change_devices(&mut devices);
+
+        // Act
+        devices.restore(&saved).unwrap();
+        outb(&mut devices, 3_000, 0x3f8, b'!');
 
         // Assert
-        assert_eq!(devices.state(), saved);
-        outb(&mut devices, 3_000, 0x3f8, b'!');
         assert_eq!(output.0.lock().unwrap().as_slice(), b"!");
     }
 
@@ -1412,8 +1501,8 @@ mod tests {
         let (mut devices, _output) = new_devices();
         outb(&mut devices, 5, 0x70, 0x40);
         outb(&mut devices, 5, 0x71, 0x77);
-        let before = devices.state();
-        let mut invalid = devices.state();
+        let before = devices.save();
+        let mut invalid = devices.save();
         invalid.pic.master.imr = 0x00;
         invalid.serial.in_buffer = vec![0; 1_000];
 
@@ -1423,9 +1512,9 @@ mod tests {
         // Assert
         assert!(matches!(
             result,
-            Err(DevicesError::SerialFifoOverflow { len: 1_000, .. })
+            Err(RestoreError::SerialFifoOverflow { len: 1_000, .. })
         ));
-        assert_eq!(devices.state(), before);
+        assert_eq!(devices.save(), before);
     }
 
     // Virtio devices.
@@ -1527,7 +1616,7 @@ mod tests {
         // Assert
         assert_eq!(result, Err(DevicesError::NoGuestMemory));
         assert_eq!(devices.virtio_cmdline(), "");
-        assert!(devices.state().virtio.is_empty());
+        assert!(devices.save().virtio.is_empty());
     }
 
     #[test]
@@ -1719,7 +1808,7 @@ mod tests {
             .devices
             .enqueue_virtio_console_input(VirtNanos(2_000), b"pending")
             .unwrap();
-        let saved = machine.devices.state();
+        let saved = machine.devices.save();
         let json = serde_json::to_string(&saved).unwrap();
         let (rng_queue, transmitq) = (machine.rng_queue.clone(), machine.transmitq.clone());
         let memory_at_save = read_bytes(&machine.mem, 0, virtio_testing::MEMORY_SIZE as usize);
@@ -1731,7 +1820,7 @@ mod tests {
             .devices
             .restore(&serde_json::from_str(&json).unwrap())
             .unwrap();
-        let restored_state = machine.devices.state();
+        let restored_state = machine.devices.save();
         write_bytes(&machine.mem, 0, &memory_at_save);
         machine.rng_queue = rng_queue;
         machine.transmitq = transmitq;
@@ -1754,7 +1843,7 @@ mod tests {
     fn test_devices_virtio_restore_of_mismatched_state_changes_nothing() {
         // Arrange
         let mut machine = virtio_machine();
-        let before = machine.devices.state();
+        let before = machine.devices.save();
         let mut too_few = before.clone();
         too_few.virtio.pop();
         let mut swapped = before.clone();
@@ -1773,27 +1862,32 @@ mod tests {
         // Assert
         assert_eq!(
             results[0],
-            Err(DevicesError::VirtioDeviceCount {
+            Err(RestoreError::VirtioDeviceCount {
                 len: 1,
                 expected: 2
             })
         );
-        assert!(matches!(
+        assert_eq!(
             results[1],
-            Err(DevicesError::VirtioDeviceKind { .. })
-        ));
-        assert!(matches!(
-            results[2],
-            Err(DevicesError::VirtqueueState { .. })
-        ));
-        assert_eq!(machine.devices.state(), before);
+            Err(RestoreError::VirtioDeviceKind {
+                found: "console",
+                expected: "rng"
+            }
+            .in_virtio_slot(0))
+        );
+        let bad_queue_message = results[2].as_ref().unwrap_err().to_string();
+        assert!(
+            bad_queue_message.starts_with("virtio slot 1: queue 1: virtqueue state is invalid: "),
+            "{bad_queue_message}"
+        );
+        assert_eq!(machine.devices.save(), before);
     }
 
     #[test]
     fn test_devices_state_saved_without_virtio_still_restores() {
         // Arrange
         let (mut devices, _output) = new_devices();
-        let mut json: serde_json::Value = serde_json::to_value(devices.state()).unwrap();
+        let mut json: serde_json::Value = serde_json::to_value(devices.save()).unwrap();
         json.as_object_mut().unwrap().remove("virtio");
 
         // Act
@@ -1830,9 +1924,9 @@ mod tests {
         }
 
         // Assert: the machine still works and its state still round-trips.
-        let state = machine.devices.state();
+        let state = machine.devices.save();
         machine.devices.restore(&state).unwrap();
-        assert_eq!(machine.devices.state(), state);
+        assert_eq!(machine.devices.save(), state);
         let _ = machine.devices.acknowledge_interrupt();
     }
 
@@ -2053,7 +2147,7 @@ mod tests {
         assert_eq!(machine.devices.next_deadline(), None);
         assert!(machine.received(1).is_empty());
         assert_eq!(machine.devices.virtio_net_counters(0).unwrap().tx_frames, 1);
-        assert!(machine.devices.state().virtio[0].transport.queues[1].ready);
+        assert!(machine.devices.save().virtio[0].transport.queues[1].ready);
         assert_eq!(
             machine.devices.schedule_heal(VirtNanos(0)),
             Err(SwitchError::NotAttached)
@@ -2090,24 +2184,24 @@ mod tests {
         let mut machine = net_machine(true);
         machine.post_receive_buffer(1, 1_000);
         machine.send(0, 2_000, &ethernet_frame(MAC_B, MAC_A, b"in flight"));
-        let saved = machine.devices.state();
+        let saved = machine.devices.save();
         let json = serde_json::to_string(&saved).unwrap();
         let receiveq = machine.nics[1].receiveq.clone();
         let memory_at_save = read_bytes(&machine.mem, 0, virtio_testing::MEMORY_SIZE as usize);
         machine.devices.advance_to(VirtNanos(2_000 + LATENCY));
-        let first_run = (machine.received(1), machine.devices.state());
+        let first_run = (machine.received(1), machine.devices.save());
 
         // Act
         machine
             .devices
             .restore(&serde_json::from_str(&json).unwrap())
             .unwrap();
-        let restored_state = machine.devices.state();
+        let restored_state = machine.devices.save();
         write_bytes(&machine.mem, 0, &memory_at_save);
         machine.nics[1].receiveq = receiveq;
         let deadline = machine.devices.next_deadline();
         machine.devices.advance_to(VirtNanos(2_000 + LATENCY));
-        let second_run = (machine.received(1), machine.devices.state());
+        let second_run = (machine.received(1), machine.devices.save());
 
         // Assert
         assert_eq!(restored_state, saved);
@@ -2122,7 +2216,7 @@ mod tests {
         // Arrange
         let mut machine = net_machine(true);
         machine.send(0, 2_000, &ethernet_frame(MAC_B, MAC_A, b"x"));
-        let before = machine.devices.state();
+        let before = machine.devices.save();
         let mut other_mac = before.clone();
         other_mac
             .switch
@@ -2161,19 +2255,19 @@ mod tests {
         assert_eq!(
             results,
             [
-                Err(DevicesError::VirtioDeviceKind { slot: 1 }),
-                Err(DevicesError::VirtioDeviceKind { slot: 0 }),
-                Err(DevicesError::VirtioDeviceKind { slot: 5 }),
+                Err(RestoreError::SwitchPortMismatch { port: 1 }),
+                Err(RestoreError::SwitchPortMismatch { port: 0 }),
+                Err(RestoreError::SwitchUnknownPort { port: 5 }),
             ]
         );
-        assert_eq!(machine.devices.state(), before);
+        assert_eq!(machine.devices.save(), before);
     }
 
     #[test]
     fn test_devices_state_without_switch_restores_and_detaches_it() {
         // Arrange
         let mut machine = net_machine(true);
-        let mut json: serde_json::Value = serde_json::to_value(machine.devices.state()).unwrap();
+        let mut json: serde_json::Value = serde_json::to_value(machine.devices.save()).unwrap();
         json.as_object_mut().unwrap().remove("switch");
 
         // Act
@@ -2183,5 +2277,45 @@ mod tests {
         // Assert
         assert_eq!(result, Ok(()));
         assert!(machine.devices.switch().is_none());
+    }
+
+    /// The virtio machine after its workload, console input pending.
+    fn used_virtio_devices() -> Devices {
+        let mut machine = virtio_machine();
+        virtio_workload(&mut machine, DATA_BASE);
+        machine
+            .devices
+            .enqueue_virtio_console_input(VirtNanos(2_000), b"pending")
+            .unwrap();
+        machine.devices
+    }
+
+    crate::persist::persist_round_trip_tests! {
+        mod virtio_devices_persist {
+            fresh: virtio_machine().devices,
+            saved: used_virtio_devices(),
+            mutate: |devices: &mut Devices| {
+                devices
+                    .enqueue_virtio_console_input(VirtNanos(3_000), b"more")
+                    .unwrap();
+            },
+        }
+    }
+
+    /// Two NICs on the switch, frames in flight.
+    fn used_net_devices() -> Devices {
+        let mut machine = net_machine(true);
+        machine.send(0, 1_000, &ethernet_frame(MAC_B, MAC_A, b"ping"));
+        machine.devices
+    }
+
+    crate::persist::persist_round_trip_tests! {
+        mod net_devices_persist {
+            fresh: net_machine(true).devices,
+            saved: used_net_devices(),
+            mutate: |devices: &mut Devices| {
+                devices.advance_to(VirtNanos::from_secs(1));
+            },
+        }
     }
 }

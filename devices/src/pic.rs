@@ -17,6 +17,7 @@
 //! still performed), ICW1's LTIM bit (the PIIX ignores it too: trigger mode
 //! comes from the ELCR only), buffered mode and 8080 mode.
 
+use crate::persist::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 
 /// The master input the slave's INTR output is wired to.
@@ -437,17 +438,44 @@ impl Pic {
             _ => {}
         }
     }
+}
 
-    pub fn state(&self) -> PicState {
+fn role(is_master: bool) -> &'static str {
+    if is_master {
+        "master"
+    } else {
+        "slave"
+    }
+}
+
+impl Persist for Pic {
+    type State = PicState;
+
+    fn save(&self) -> PicState {
         PicState {
             master: self.master.clone(),
             slave: self.slave.clone(),
         }
     }
 
-    pub fn restore(&mut self, state: &PicState) {
+    /// Each chip's state must be for its own role (master or slave).
+    fn validate(&self, state: &PicState) -> Result<(), RestoreError> {
+        for (chip, expected) in [(&state.master, true), (&state.slave, false)] {
+            if chip.is_master != expected {
+                return Err(RestoreError::PicRole {
+                    found: role(chip.is_master),
+                    expected: role(expected),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn restore(&mut self, state: &PicState) -> Result<(), RestoreError> {
+        self.validate(state)?;
         self.master = state.master.clone();
         self.slave = state.slave.clone();
+        Ok(())
     }
 }
 
@@ -525,7 +553,7 @@ mod tests {
         linux_init(&mut pic);
 
         // Assert
-        let state = pic.state();
+        let state = pic.save();
         assert_eq!(state.master.vector_base, MASTER_VECTOR_BASE);
         assert_eq!(state.slave.vector_base, SLAVE_VECTOR_BASE);
         assert_eq!(state.master.cascade_config, 0x04);
@@ -567,8 +595,8 @@ mod tests {
         // Assert
         assert!(pending);
         assert_eq!(vector, Some(MASTER_VECTOR_BASE));
-        assert_eq!(pic.state().master.isr, 0x01);
-        assert_eq!(pic.state().master.irr & 0x01, 0);
+        assert_eq!(pic.save().master.isr, 0x01);
+        assert_eq!(pic.save().master.irr & 0x01, 0);
         assert!(!pic.has_pending_interrupt());
     }
 
@@ -625,7 +653,7 @@ mod tests {
         // Assert
         assert!(pic.has_pending_interrupt());
         assert_eq!(pic.acknowledge(), Some(MASTER_VECTOR_BASE));
-        assert_eq!(pic.state().master.isr, 0x11);
+        assert_eq!(pic.save().master.isr, 0x11);
     }
 
     #[test]
@@ -643,7 +671,7 @@ mod tests {
         out(&mut pic, 0x20, 0x20);
 
         // Assert
-        assert_eq!(pic.state().master.isr, 0x10);
+        assert_eq!(pic.save().master.isr, 0x10);
     }
 
     #[test]
@@ -661,8 +689,8 @@ mod tests {
         // Assert
         assert!(pending);
         assert_eq!(vector, Some(SLAVE_VECTOR_BASE));
-        assert_eq!(pic.state().master.isr, 1 << 2);
-        assert_eq!(pic.state().slave.isr, 0x01);
+        assert_eq!(pic.save().master.isr, 1 << 2);
+        assert_eq!(pic.save().slave.isr, 0x01);
         assert!(!pic.has_pending_interrupt());
     }
 
@@ -699,7 +727,7 @@ mod tests {
 
         // Assert
         assert_eq!(vector, Some(MASTER_VECTOR_BASE + 7));
-        assert_eq!(pic.state().master.isr, 0);
+        assert_eq!(pic.save().master.isr, 0);
     }
 
     #[test]
@@ -807,7 +835,7 @@ mod tests {
 
         // Assert
         assert_eq!(vector, Some(MASTER_VECTOR_BASE));
-        assert_eq!(pic.state().master.isr, 0);
+        assert_eq!(pic.save().master.isr, 0);
     }
 
     #[test]
@@ -827,7 +855,7 @@ mod tests {
         // Assert
         assert_eq!(polled, 0x84);
         assert_eq!(polled_again, 0x00);
-        assert_eq!(pic.state().master.isr, 0x10);
+        assert_eq!(pic.save().master.isr, 0x10);
         assert_eq!(inb(&mut pic, 0x21), 0xea);
     }
 
@@ -842,7 +870,7 @@ mod tests {
         linux_init(&mut pic);
 
         // Assert
-        assert_eq!(pic.state().master.irr, 0);
+        assert_eq!(pic.save().master.irr, 0);
     }
 
     #[test]
@@ -864,7 +892,7 @@ mod tests {
         // Arrange
         let mut pic = Pic::new();
         linux_init(&mut pic);
-        let before = pic.state();
+        let before = pic.save();
         let mut wide = [0u8; 8];
 
         // Act
@@ -874,28 +902,52 @@ mod tests {
         pic.write(PicPorts::Master, 5, &[0xff; 8]);
 
         // Assert
-        assert_eq!(pic.state(), before);
+        assert_eq!(pic.save(), before);
         assert_eq!(wide, [0xff; 8]);
     }
 
-    #[test]
-    fn test_pic_state_round_trip() {
-        // Arrange
+    /// Initialized as Linux does, with lines unmasked, one interrupt in
+    /// service and one requested.
+    fn used_pic() -> Pic {
         let mut pic = Pic::new();
         linux_init(&mut pic);
         unmask(&mut pic, 0xea, 0xfe);
         pic.pulse_irq(4);
         pic.pulse_irq(8);
         pic.acknowledge();
-        let saved = pic.state();
-        let json = serde_json::to_string(&saved).unwrap();
+        pic
+    }
+
+    crate::persist::persist_round_trip_tests! {
+        mod pic_persist {
+            fresh: Pic::new(),
+            saved: used_pic(),
+            mutate: |pic: &mut Pic| {
+                pic.pulse_irq(0);
+                out(pic, 0x21, 0x00);
+            },
+        }
+    }
+
+    #[test]
+    fn test_pic_restore_rejects_chips_in_each_others_place() {
+        // Arrange
+        let mut pic = used_pic();
+        let before = pic.save();
+        let mut swapped = before.clone();
+        std::mem::swap(&mut swapped.master, &mut swapped.slave);
 
         // Act
-        pic.pulse_irq(0);
-        out(&mut pic, 0x21, 0x00);
-        pic.restore(&serde_json::from_str(&json).unwrap());
+        let result = pic.restore(&swapped);
 
         // Assert
-        assert_eq!(pic.state(), saved);
+        assert_eq!(
+            result,
+            Err(RestoreError::PicRole {
+                found: "slave",
+                expected: "master"
+            })
+        );
+        assert_eq!(pic.save(), before);
     }
 }

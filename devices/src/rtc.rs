@@ -27,7 +27,7 @@
 //! alarm compares time of day only, so that covers every possible match).
 
 use crate::bus::BusDevice;
-use crate::error::DevicesError;
+use crate::persist::{Persist, RestoreError};
 use crate::time::VirtNanos;
 use serde::{Deserialize, Serialize};
 
@@ -99,18 +99,6 @@ pub struct RtcState {
     pub base_time: VirtNanos,
     pub now: VirtNanos,
     pub pending_irq_edge: bool,
-}
-
-impl RtcState {
-    pub fn validate(&self) -> Result<(), DevicesError> {
-        if self.cmos.len() != CMOS_RAM_SIZE {
-            return Err(DevicesError::CmosRamLength {
-                len: self.cmos.len(),
-                expected: CMOS_RAM_SIZE,
-            });
-        }
-        Ok(())
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -512,8 +500,12 @@ impl Rtc {
             (true, true) => {}
         }
     }
+}
 
-    pub fn state(&self) -> RtcState {
+impl Persist for Rtc {
+    type State = RtcState;
+
+    fn save(&self) -> RtcState {
         RtcState {
             index: self.index,
             cmos: self.cmos.to_vec(),
@@ -524,8 +516,26 @@ impl Rtc {
         }
     }
 
-    pub fn restore(&mut self, state: &RtcState) -> Result<(), DevicesError> {
-        state.validate()?;
+    /// The CMOS RAM must be whole and the selected register inside it (the
+    /// index port keeps 7 bits).
+    fn validate(&self, state: &RtcState) -> Result<(), RestoreError> {
+        if state.cmos.len() != CMOS_RAM_SIZE {
+            return Err(RestoreError::CmosRamLength {
+                len: state.cmos.len(),
+                expected: CMOS_RAM_SIZE,
+            });
+        }
+        if usize::from(state.index) >= CMOS_RAM_SIZE {
+            return Err(RestoreError::CmosIndexOutOfRange {
+                index: state.index,
+                count: CMOS_RAM_SIZE,
+            });
+        }
+        Ok(())
+    }
+
+    fn restore(&mut self, state: &RtcState) -> Result<(), RestoreError> {
+        self.validate(state)?;
         self.index = state.index;
         self.cmos.copy_from_slice(&state.cmos);
         self.base_unix_secs = state.base_unix_secs;
@@ -881,30 +891,10 @@ mod tests {
     }
 
     #[test]
-    fn test_rtc_state_round_trip() {
-        // Arrange
-        let mut rtc = Rtc::new(EPOCH_2024);
-        write_cmos(&mut rtc, 0x50, 0x42);
-        write_cmos(&mut rtc, REG_B, B_24H | B_UIE);
-        rtc.advance_to(VirtNanos::from_secs(3));
-        let saved = rtc.state();
-        let json = serde_json::to_string(&saved).unwrap();
-
-        // Act
-        write_cmos(&mut rtc, 0x50, 0x00);
-        write_cmos(&mut rtc, REG_B, B_SET);
-        rtc.advance_to(VirtNanos::from_secs(30));
-        rtc.restore(&serde_json::from_str(&json).unwrap()).unwrap();
-
-        // Assert
-        assert_eq!(rtc.state(), saved);
-    }
-
-    #[test]
     fn test_rtc_restore_rejects_short_cmos() {
         // Arrange
         let mut rtc = Rtc::new(EPOCH_2024);
-        let mut state = rtc.state();
+        let mut state = rtc.save();
         state.cmos.truncate(64);
 
         // Act
@@ -913,10 +903,53 @@ mod tests {
         // Assert
         assert_eq!(
             result,
-            Err(DevicesError::CmosRamLength {
+            Err(RestoreError::CmosRamLength {
                 len: 64,
                 expected: 128
             })
         );
+    }
+
+    /// CMOS RAM written, 24-hour mode with update interrupts, 3 s in.
+    fn used_rtc() -> Rtc {
+        let mut rtc = Rtc::new(EPOCH_2024);
+        write_cmos(&mut rtc, 0x50, 0x42);
+        write_cmos(&mut rtc, REG_B, B_24H | B_UIE);
+        rtc.advance_to(VirtNanos::from_secs(3));
+        rtc
+    }
+
+    crate::persist::persist_round_trip_tests! {
+        mod rtc_persist {
+            fresh: Rtc::new(EPOCH_2024),
+            saved: used_rtc(),
+            mutate: |rtc: &mut Rtc| {
+                write_cmos(rtc, 0x50, 0x00);
+                write_cmos(rtc, REG_B, B_SET);
+                rtc.advance_to(VirtNanos::from_secs(30));
+            },
+        }
+    }
+
+    #[test]
+    fn test_rtc_restore_rejects_index_beyond_cmos() {
+        // Arrange
+        let mut rtc = used_rtc();
+        let before = rtc.save();
+        let mut state = before.clone();
+        state.index = 0x80;
+
+        // Act
+        let result = rtc.restore(&state);
+
+        // Assert
+        assert_eq!(
+            result,
+            Err(RestoreError::CmosIndexOutOfRange {
+                index: 0x80,
+                count: 128
+            })
+        );
+        assert_eq!(rtc.save(), before);
     }
 }

@@ -17,7 +17,7 @@
 //! change guest-visible behaviour would make runs depend on the host.
 
 use crate::bus::BusDevice;
-use crate::error::DevicesError;
+use crate::persist::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -79,16 +79,6 @@ pub struct SerialState {
 }
 
 impl SerialState {
-    pub fn validate(&self) -> Result<(), DevicesError> {
-        if self.in_buffer.len() > UART_FIFO_SIZE {
-            return Err(DevicesError::SerialFifoOverflow {
-                len: self.in_buffer.len(),
-                capacity: UART_FIFO_SIZE,
-            });
-        }
-        Ok(())
-    }
-
     fn to_vm_superio(&self) -> vm_superio::serial::SerialState {
         vm_superio::serial::SerialState {
             baud_divisor_low: self.baud_divisor_low,
@@ -142,8 +132,12 @@ impl SerialPort {
     pub fn take_interrupt(&mut self) -> bool {
         self.uart.interrupt_evt().take()
     }
+}
 
-    pub fn state(&self) -> SerialState {
+impl Persist for SerialPort {
+    type State = SerialState;
+
+    fn save(&self) -> SerialState {
         let uart = self.uart.state();
         SerialState {
             baud_divisor_low: uart.baud_divisor_low,
@@ -160,10 +154,20 @@ impl SerialPort {
         }
     }
 
+    fn validate(&self, state: &SerialState) -> Result<(), RestoreError> {
+        if state.in_buffer.len() > UART_FIFO_SIZE {
+            return Err(RestoreError::SerialFifoOverflow {
+                len: state.in_buffer.len(),
+                capacity: UART_FIFO_SIZE,
+            });
+        }
+        Ok(())
+    }
+
     /// Restores the registers and queues; the console writer stays. No
     /// interrupt is produced: the PIC's saved state already holds any edge.
-    pub fn restore(&mut self, state: &SerialState) -> Result<(), DevicesError> {
-        state.validate()?;
+    fn restore(&mut self, state: &SerialState) -> Result<(), RestoreError> {
+        self.validate(state)?;
         let placeholder: ConsoleWriter = Box::new(std::io::sink());
         let previous = std::mem::replace(
             &mut self.uart,
@@ -180,7 +184,7 @@ impl SerialPort {
             // Unreachable after `validate` (the FIFO fits and the trigger is
             // infallible), but report rather than panic.
             Err(_) => {
-                return Err(DevicesError::SerialFifoOverflow {
+                return Err(RestoreError::SerialFifoOverflow {
                     len: state.in_buffer.len(),
                     capacity: UART_FIFO_SIZE,
                 })
@@ -330,7 +334,7 @@ mod tests {
         // Assert
         assert!(interrupt);
         assert_eq!(received, input);
-        assert!(port.state().pending_input.is_empty());
+        assert!(port.save().pending_input.is_empty());
     }
 
     #[test]
@@ -352,7 +356,7 @@ mod tests {
     fn test_serial_out_of_range_offsets_are_ignored() {
         // Arrange
         let mut port = SerialPort::new(Box::new(std::io::sink()));
-        let before = port.state();
+        let before = port.save();
         let mut wide = [0u8; 4];
 
         // Act
@@ -362,7 +366,7 @@ mod tests {
 
         // Assert
         assert_eq!(wide[2..], [0xff, 0xff]);
-        assert_eq!(port.state(), before);
+        assert_eq!(port.save(), before);
     }
 
     #[test]
@@ -378,29 +382,20 @@ mod tests {
     }
 
     #[test]
-    fn test_serial_state_round_trip_keeps_writer() {
+    fn test_serial_restore_keeps_writer_and_raises_nothing() {
         // Arrange
         let output = SharedBuffer::default();
         let mut port = SerialPort::new(Box::new(output.clone()));
-        port.write(LCR, &[0x83]);
-        port.write(THR, &[0x01]);
-        port.write(LCR, &[0x03]);
-        port.write(IER, &[IER_RDA | IER_THRE]);
-        port.enqueue_input(&[7u8; 100]);
-        port.take_interrupt();
-        let saved = port.state();
-        let json = serde_json::to_string(&saved).unwrap();
+        use_port(&mut port);
+        let saved = port.save();
+        change_port(&mut port);
 
         // Act
-        read_byte(&mut port, THR);
-        port.write(IER, &[0]);
-        port.restore(&serde_json::from_str(&json).unwrap()).unwrap();
-        let restored = port.state();
+        port.restore(&saved).unwrap();
         let interrupt_after_restore = port.take_interrupt();
         port.write(THR, b"z");
 
         // Assert
-        assert_eq!(restored, saved);
         assert!(!interrupt_after_restore);
         assert_eq!(output.0.lock().unwrap().as_slice(), b"z");
     }
@@ -409,7 +404,7 @@ mod tests {
     fn test_serial_restore_rejects_oversized_fifo() {
         // Arrange
         let mut port = SerialPort::new(Box::new(std::io::sink()));
-        let mut state = port.state();
+        let mut state = port.save();
         state.in_buffer = vec![0; UART_FIFO_SIZE + 1];
 
         // Act
@@ -418,10 +413,39 @@ mod tests {
         // Assert
         assert_eq!(
             result,
-            Err(DevicesError::SerialFifoOverflow {
+            Err(RestoreError::SerialFifoOverflow {
                 len: 65,
                 capacity: 64
             })
         );
+    }
+
+    /// 115200 baud, interrupts enabled, the FIFO full and more input waiting.
+    fn use_port(port: &mut SerialPort) {
+        port.write(LCR, &[0x83]);
+        port.write(THR, &[0x01]);
+        port.write(LCR, &[0x03]);
+        port.write(IER, &[IER_RDA | IER_THRE]);
+        port.enqueue_input(&[7u8; 100]);
+        port.take_interrupt();
+    }
+
+    fn used_port() -> SerialPort {
+        let mut port = SerialPort::new(Box::new(std::io::sink()));
+        use_port(&mut port);
+        port
+    }
+
+    fn change_port(port: &mut SerialPort) {
+        read_byte(port, THR);
+        port.write(IER, &[0]);
+    }
+
+    crate::persist::persist_round_trip_tests! {
+        mod serial_persist {
+            fresh: SerialPort::new(Box::new(std::io::sink())),
+            saved: used_port(),
+            mutate: change_port,
+        }
     }
 }

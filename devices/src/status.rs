@@ -2,6 +2,7 @@
 //! detvisor's status port, the i8042's CPU-reset command, and the POST port.
 
 use crate::bus::BusDevice;
+use crate::persist::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 
 /// Something the guest asked of the machine, reported to the VMM.
@@ -36,15 +37,20 @@ impl StatusPort {
     pub fn take_event(&mut self) -> Option<GuestEvent> {
         self.pending_event.take()
     }
+}
 
-    pub fn state(&self) -> StatusPortState {
+impl Persist for StatusPort {
+    type State = StatusPortState;
+
+    fn save(&self) -> StatusPortState {
         StatusPortState {
             pending_event: self.pending_event,
         }
     }
 
-    pub fn restore(&mut self, state: &StatusPortState) {
+    fn restore(&mut self, state: &StatusPortState) -> Result<(), RestoreError> {
         self.pending_event = state.pending_event;
+        Ok(())
     }
 }
 
@@ -112,15 +118,20 @@ impl I8042 {
     pub fn take_event(&mut self) -> Option<GuestEvent> {
         self.pending_event.take()
     }
+}
 
-    pub fn state(&self) -> I8042State {
+impl Persist for I8042 {
+    type State = I8042State;
+
+    fn save(&self) -> I8042State {
         I8042State {
             pending_event: self.pending_event,
         }
     }
 
-    pub fn restore(&mut self, state: &I8042State) {
+    fn restore(&mut self, state: &I8042State) -> Result<(), RestoreError> {
         self.pending_event = state.pending_event;
+        Ok(())
     }
 }
 
@@ -235,25 +246,35 @@ mod tests {
         assert_eq!(data, [0xff]);
     }
 
-    #[test]
-    fn test_status_and_i8042_state_round_trip() {
-        // Arrange
+    fn exited_port() -> StatusPort {
         let mut port = StatusPort::new();
-        let mut i8042 = I8042::new();
         port.write(0, &[3]);
+        port
+    }
+
+    fn resetting_i8042() -> I8042 {
+        let mut i8042 = I8042::new();
         i8042.write(I8042Port::Command, 0, &[0xfe]);
-        let saved = (port.state(), i8042.state());
-        let json = serde_json::to_string(&saved).unwrap();
+        i8042
+    }
 
-        // Act
-        port.take_event();
-        i8042.take_event();
-        let (port_state, i8042_state): (StatusPortState, I8042State) =
-            serde_json::from_str(&json).unwrap();
-        port.restore(&port_state);
-        i8042.restore(&i8042_state);
+    crate::persist::persist_round_trip_tests! {
+        mod status_port_persist {
+            fresh: StatusPort::new(),
+            saved: exited_port(),
+            mutate: |port: &mut StatusPort| {
+                port.take_event();
+            },
+        }
+    }
 
-        // Assert
-        assert_eq!((port.state(), i8042.state()), saved);
+    crate::persist::persist_round_trip_tests! {
+        mod i8042_persist {
+            fresh: I8042::new(),
+            saved: resetting_i8042(),
+            mutate: |i8042: &mut I8042| {
+                i8042.take_event();
+            },
+        }
     }
 }

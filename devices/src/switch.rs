@@ -66,6 +66,7 @@
 //! back exactly (a JSON number is accepted too), so a restored switch
 //! behaves bit for bit like the saved one.
 
+use crate::persist::{Persist, RestoreError};
 use crate::time::VirtNanos;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -672,70 +673,6 @@ impl Switch {
         delivered
     }
 
-    pub fn state(&self) -> SwitchState {
-        let mut link_configs: BTreeMap<PortId, BTreeMap<PortId, NetworkConfig>> = BTreeMap::new();
-        for (&(from, to), &config) in &self.link_configs {
-            link_configs.entry(from).or_default().insert(to, config);
-        }
-        let mut link_floors: BTreeMap<PortId, BTreeMap<PortId, VirtNanos>> = BTreeMap::new();
-        for (&(from, to), &floor) in &self.link_floors {
-            link_floors.entry(from).or_default().insert(to, floor);
-        }
-        SwitchState {
-            key: self.rng.get_seed(),
-            stream: self.rng.get_stream(),
-            word_pos: self.rng.get_word_pos(),
-            now: self.now,
-            config: self.config,
-            link_configs,
-            ports: self
-                .ports
-                .iter()
-                .map(|(&id, port)| {
-                    (
-                        id,
-                        PortState {
-                            mac: port.mac,
-                            counters: port.counters,
-                        },
-                    )
-                })
-                .collect(),
-            partition: self.partition.clone(),
-            faults: self
-                .faults
-                .iter()
-                .map(|(&(at, seq), fault)| {
-                    (
-                        seq,
-                        ScheduledFault {
-                            at,
-                            fault: fault.clone(),
-                        },
-                    )
-                })
-                .collect(),
-            next_fault_seq: self.next_fault_seq,
-            in_flight: self
-                .in_flight
-                .iter()
-                .map(|(&(deliver_at, seq), frame)| {
-                    (
-                        seq,
-                        InFlightFrame {
-                            deliver_at,
-                            from: frame.from,
-                            to: frame.to,
-                            frame: frame.bytes.clone(),
-                        },
-                    )
-                })
-                .collect(),
-            next_seq: self.next_seq,
-            link_floors,
-        }
-    }
-
     /// The switch `state` describes. Every state describes one: keys are
     /// unique by construction, configurations have total semantics (see
     /// [`LatencyDist`]; a probability outside 0..=1 saturates, NaN never
@@ -800,10 +737,80 @@ impl Switch {
             link_floors: pairs(&state.link_floors),
         }
     }
+}
 
-    /// Replaces this switch with the one `state` describes.
-    pub fn restore(&mut self, state: &SwitchState) {
+impl Persist for Switch {
+    type State = SwitchState;
+
+    fn save(&self) -> SwitchState {
+        let mut link_configs: BTreeMap<PortId, BTreeMap<PortId, NetworkConfig>> = BTreeMap::new();
+        for (&(from, to), &config) in &self.link_configs {
+            link_configs.entry(from).or_default().insert(to, config);
+        }
+        let mut link_floors: BTreeMap<PortId, BTreeMap<PortId, VirtNanos>> = BTreeMap::new();
+        for (&(from, to), &floor) in &self.link_floors {
+            link_floors.entry(from).or_default().insert(to, floor);
+        }
+        SwitchState {
+            key: self.rng.get_seed(),
+            stream: self.rng.get_stream(),
+            word_pos: self.rng.get_word_pos(),
+            now: self.now,
+            config: self.config,
+            link_configs,
+            ports: self
+                .ports
+                .iter()
+                .map(|(&id, port)| {
+                    (
+                        id,
+                        PortState {
+                            mac: port.mac,
+                            counters: port.counters,
+                        },
+                    )
+                })
+                .collect(),
+            partition: self.partition.clone(),
+            faults: self
+                .faults
+                .iter()
+                .map(|(&(at, seq), fault)| {
+                    (
+                        seq,
+                        ScheduledFault {
+                            at,
+                            fault: fault.clone(),
+                        },
+                    )
+                })
+                .collect(),
+            next_fault_seq: self.next_fault_seq,
+            in_flight: self
+                .in_flight
+                .iter()
+                .map(|(&(deliver_at, seq), frame)| {
+                    (
+                        seq,
+                        InFlightFrame {
+                            deliver_at,
+                            from: frame.from,
+                            to: frame.to,
+                            frame: frame.bytes.clone(),
+                        },
+                    )
+                })
+                .collect(),
+            next_seq: self.next_seq,
+            link_floors,
+        }
+    }
+
+    /// Replaces this switch with the one `state` describes (every state
+    /// describes one, see [`Switch::from_state`]).
+    fn restore(&mut self, state: &SwitchState) -> Result<(), RestoreError> {
         *self = Switch::from_state(state);
+        Ok(())
     }
 }
 
@@ -992,7 +999,7 @@ mod tests {
 
         // Assert
         assert_eq!(first_schedule, second_schedule);
-        assert_eq!(first.state(), second.state());
+        assert_eq!(first.save(), second.save());
         let counters = first.counters(A).unwrap();
         assert_eq!(counters.sent, 67);
         assert!(counters.dropped_loss > 0);
@@ -1121,7 +1128,7 @@ mod tests {
         // Assert
         let tags: Vec<u32> = delivered.iter().map(|(_, f)| tag(f)).collect();
         assert_eq!(tags, [0, 1, 2, 3, 4]);
-        let state = switch.state();
+        let state = switch.save();
         assert_eq!(state.next_seq, 5);
     }
 
@@ -1432,13 +1439,13 @@ mod tests {
             .partition(VirtNanos::from_micros(700), vec![vec![A], vec![B, C]])
             .unwrap();
         original.heal(VirtNanos::from_micros(900)).unwrap();
-        let saved = original.state();
+        let saved = original.save();
         let json = serde_json::to_string(&saved).unwrap();
         assert!(saved.in_flight.len() > 3);
 
         // Act
         let mut restored = Switch::from_state(&serde_json::from_str(&json).unwrap());
-        let restored_state = restored.state();
+        let restored_state = restored.save();
         let continue_run = |switch: &mut Switch| {
             let mut schedule = Vec::new();
             for i in 30..60u32 {
@@ -1456,7 +1463,7 @@ mod tests {
         // Assert
         assert_eq!(restored_state, saved);
         assert_eq!(restored_schedule, original_schedule);
-        assert_eq!(restored.state(), original.state());
+        assert_eq!(restored.save(), original.save());
         let early: Vec<u32> = original_schedule
             .iter()
             .filter(|&&(_, _, t)| t < 30)
@@ -1502,7 +1509,7 @@ mod tests {
         // sequence counter behind the frames in flight.
         let mut switch = switch_with(KEY, fixed(MICROS_100));
         switch.submit(VirtNanos(0), A, frame(MAC_B, A, 1)).unwrap();
-        let mut state = switch.state();
+        let mut state = switch.save();
         state.config = NetworkConfig {
             latency: LatencyDist::Normal {
                 min: VirtNanos(9),
@@ -1533,6 +1540,32 @@ mod tests {
         assert!((13..=19).contains(&deadline.0), "{deadline}");
         let tags: Vec<u32> = delivered.iter().map(|(_, f)| tag(f)).collect();
         assert_eq!(tags, [2, 2, 1]);
-        assert_eq!(restored.state().next_seq, 3);
+        assert_eq!(restored.save().next_seq, 3);
+    }
+
+    /// Frames in flight, a partition and a heal scheduled, the stream read.
+    fn busy_switch() -> Switch {
+        let mut switch = switch_with(KEY, lossy());
+        for i in 0..10u32 {
+            let now = VirtNanos::from_micros(20 * u64::from(i));
+            switch.due(now);
+            let (from, to) = [(A, MAC_B), (B, BROADCAST_MAC), (C, MAC_A)][i as usize % 3];
+            switch.submit(now, from, frame(to, from, i)).unwrap();
+        }
+        switch
+            .partition(VirtNanos::from_micros(700), vec![vec![A], vec![B, C]])
+            .unwrap();
+        switch.heal(VirtNanos::from_micros(900)).unwrap();
+        switch
+    }
+
+    crate::persist::persist_round_trip_tests! {
+        mod switch_persist {
+            fresh: switch_with([0; 32], fixed(MICROS_100)),
+            saved: busy_switch(),
+            mutate: |switch: &mut Switch| {
+                drain(switch);
+            },
+        }
     }
 }

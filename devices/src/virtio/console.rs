@@ -22,6 +22,7 @@
 
 use super::mmio::VirtioMmioTransport;
 use super::{QueueFault, VirtioDevice, Virtqueue};
+use crate::persist::{Persist, RestoreError};
 use crate::time::VirtNanos;
 use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
@@ -79,20 +80,6 @@ impl VirtioConsole {
         self.dropped_output_bytes
     }
 
-    pub fn state(&self) -> VirtioConsoleState {
-        VirtioConsoleState {
-            pending_input: self.pending_input.iter().copied().collect(),
-            output: self.output.clone(),
-            dropped_output_bytes: self.dropped_output_bytes,
-        }
-    }
-
-    pub fn restore(&mut self, state: &VirtioConsoleState) {
-        self.pending_input = state.pending_input.iter().copied().collect();
-        self.output = state.output.clone();
-        self.dropped_output_bytes = state.dropped_output_bytes;
-    }
-
     fn deliver_input(
         &mut self,
         queue: &mut Virtqueue,
@@ -127,6 +114,25 @@ impl VirtioConsole {
             // The device wrote nothing into a transmit buffer.
             queue.add_used(mem, chain.head_index(), 0)?;
         }
+        Ok(())
+    }
+}
+
+impl Persist for VirtioConsole {
+    type State = VirtioConsoleState;
+
+    fn save(&self) -> VirtioConsoleState {
+        VirtioConsoleState {
+            pending_input: self.pending_input.iter().copied().collect(),
+            output: self.output.clone(),
+            dropped_output_bytes: self.dropped_output_bytes,
+        }
+    }
+
+    fn restore(&mut self, state: &VirtioConsoleState) -> Result<(), RestoreError> {
+        self.pending_input = state.pending_input.iter().copied().collect();
+        self.output = state.output.clone();
+        self.dropped_output_bytes = state.dropped_output_bytes;
         Ok(())
     }
 }
@@ -440,25 +446,6 @@ mod tests {
     }
 
     #[test]
-    fn test_console_state_round_trip() {
-        // Arrange
-        let mut console = live_console();
-        console.transmit(&[(DATA_BASE, b"out")]);
-        console.device.transport.device_mut().enqueue_input(b"in");
-        let saved = console.device.transport.device().state();
-        let json = serde_json::to_string(&saved).unwrap();
-
-        // Act
-        let mut restored = VirtioConsole::new();
-        restored.restore(&serde_json::from_str(&json).unwrap());
-
-        // Assert
-        assert_eq!(restored.state(), saved);
-        assert_eq!(saved.pending_input, b"in");
-        assert_eq!(saved.output, b"out");
-    }
-
-    #[test]
     fn test_console_config_space_reads_zero() {
         // Arrange
         let mut device = DirectTransport::new(VirtioConsole::new());
@@ -473,5 +460,25 @@ mod tests {
         // Assert
         assert_eq!(config, [0; 12]);
         assert_eq!(device.read32(REG_CONFIG + 8), 0);
+    }
+
+    /// Output not yet taken and input not yet delivered.
+    fn used_console() -> VirtioConsole {
+        let mut console = live_console();
+        console.transmit(&[(DATA_BASE, b"out")]);
+        let mut backend = console.device.transport.device().clone();
+        backend.enqueue_input(b"in");
+        backend
+    }
+
+    crate::persist::persist_round_trip_tests! {
+        mod console_persist {
+            fresh: VirtioConsole::new(),
+            saved: used_console(),
+            mutate: |console: &mut VirtioConsole| {
+                console.take_output();
+                console.enqueue_input(b"more");
+            },
+        }
     }
 }

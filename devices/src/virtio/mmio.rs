@@ -28,6 +28,7 @@
 
 use super::{QueueFault, RingPart, VirtioDevice, VirtioViolation, Virtqueue, VirtqueueState};
 use crate::error::DevicesError;
+use crate::persist::{Persist, RestoreError};
 use crate::time::VirtNanos;
 use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
@@ -439,8 +440,27 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
         self.interrupt_status = 0;
         self.violation = None;
     }
+}
 
-    pub fn state(&self) -> VirtioMmioState {
+impl VirtioMmioState {
+    /// Checks that the ready queues have their rings inside `mem` (see
+    /// [`VirtqueueState::check_rings_in`]): whoever holds guest memory calls
+    /// it before [`Persist::restore`], which cannot.
+    pub fn check_rings_in(&self, mem: &GuestMemory) -> Result<(), RestoreError> {
+        for (index, queue) in self.queues.iter().enumerate() {
+            queue
+                .check_rings_in(mem)
+                .map_err(|error| error.in_queue(index))?;
+        }
+        Ok(())
+    }
+}
+
+/// The transport's registers and queues; the backend saves its own state.
+impl<D: VirtioDevice> Persist for VirtioMmioTransport<D> {
+    type State = VirtioMmioState;
+
+    fn save(&self) -> VirtioMmioState {
         VirtioMmioState {
             status: self.status,
             device_features_select: self.device_features_select,
@@ -449,63 +469,43 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
             queue_select: self.queue_select,
             interrupt_status: self.interrupt_status,
             config_generation: self.config_generation,
-            queues: self.queues.iter().map(Virtqueue::state).collect(),
+            queues: self.queues.iter().map(Virtqueue::save).collect(),
             violation: self.violation,
         }
     }
 
-    fn restored_queues(
-        &self,
-        state: &VirtioMmioState,
-        mem: &GuestMemory,
-    ) -> Result<Vec<Virtqueue>, DevicesError> {
-        let max_sizes = self.device.queue_max_sizes();
-        if state.queues.len() != max_sizes.len() {
-            return Err(DevicesError::VirtqueueCount {
+    /// One state per queue of the device, each valid for it, and a status
+    /// made of device status bits.
+    fn validate(&self, state: &VirtioMmioState) -> Result<(), RestoreError> {
+        if state.queues.len() != self.queues.len() {
+            return Err(RestoreError::VirtqueueCount {
                 len: state.queues.len(),
-                expected: max_sizes.len(),
+                expected: self.queues.len(),
             });
         }
         if state.status & !(DRIVER_STATUS_BITS | STATUS_NEEDS_RESET) != 0 {
-            return Err(DevicesError::VirtioStatus {
+            return Err(RestoreError::VirtioStatus {
                 status: state.status,
             });
         }
-        state
-            .queues
-            .iter()
-            .zip(max_sizes)
-            .map(|(queue, &max_size)| {
-                if queue.max_size != max_size {
-                    return Err(DevicesError::VirtqueueState {
-                        reason: format!(
-                            "maximum size {} differs from the device's {max_size}",
-                            queue.max_size
-                        ),
-                    });
-                }
-                Virtqueue::from_state(queue, mem)
-            })
-            .collect()
+        for (index, (queue, queue_state)) in self.queues.iter().zip(&state.queues).enumerate() {
+            queue
+                .validate(queue_state)
+                .map_err(|error| error.in_queue(index))?;
+        }
+        Ok(())
     }
 
-    /// Checks that `state` describes this device in `mem`.
-    pub fn validate_state(
-        &self,
-        state: &VirtioMmioState,
-        mem: &GuestMemory,
-    ) -> Result<(), DevicesError> {
-        self.restored_queues(state, mem).map(|_| ())
-    }
-
-    /// Restores the transport; the backend is restored by its owner. On
-    /// error nothing has changed.
-    pub fn restore(
-        &mut self,
-        state: &VirtioMmioState,
-        mem: &GuestMemory,
-    ) -> Result<(), DevicesError> {
-        self.queues = self.restored_queues(state, mem)?;
+    /// Restores the transport; the backend is restored by its owner, and
+    /// the rings are checked against guest memory by its holder
+    /// ([`VirtioMmioState::check_rings_in`]).
+    fn restore(&mut self, state: &VirtioMmioState) -> Result<(), RestoreError> {
+        self.validate(state)?;
+        for (index, (queue, queue_state)) in self.queues.iter_mut().zip(&state.queues).enumerate() {
+            queue
+                .restore(queue_state)
+                .map_err(|error| error.in_queue(index))?;
+        }
         self.status = state.status;
         self.device_features_select = state.device_features_select;
         self.driver_features_select = state.driver_features_select;
@@ -618,7 +618,7 @@ mod tests {
         assert_eq!(device.read32(REG_STATUS), STATUS_LIVE);
         device.write32(REG_QUEUE_SEL, 0);
         assert_eq!(device.read32(REG_QUEUE_READY), 1);
-        let saved = device.transport.state().queues[0];
+        let saved = device.transport.save().queues[0];
         assert_eq!(
             (
                 saved.size,
@@ -1357,7 +1357,7 @@ mod tests {
         let (mut device, mut queue) = live_rng();
         queue.add_chain(&device.mem, &[writable(DATA_BASE, 8)]);
         device.write32(REG_QUEUE_NOTIFY, 0);
-        let saved = device.transport.state();
+        let saved = device.transport.save();
         let json = serde_json::to_string(&saved).unwrap();
 
         // Act
@@ -1365,7 +1365,7 @@ mod tests {
         restored.mem = device.mem.clone();
         restored
             .transport
-            .restore(&serde_json::from_str(&json).unwrap(), &restored.mem)
+            .restore(&serde_json::from_str(&json).unwrap())
             .unwrap();
         queue.add_chain(&restored.mem, &[writable(DATA_BASE + 8, 8)]);
         restored.write32(REG_QUEUE_NOTIFY, 0);
@@ -1375,7 +1375,7 @@ mod tests {
         assert_eq!(saved.queues[0].next_used, 1);
         assert_eq!(saved.status, STATUS_LIVE);
         assert_eq!(queue.used_idx(&restored.mem), 2);
-        assert_eq!(restored.transport.state().queues[0].next_avail, 2);
+        assert_eq!(restored.transport.save().queues[0].next_avail, 2);
         assert_eq!(restored.transport.violation(), None);
     }
 
@@ -1383,7 +1383,7 @@ mod tests {
     fn test_mmio_restore_rejects_state_no_device_could_have() {
         // Arrange
         let (mut device, _queue) = live_rng();
-        let before = device.transport.state();
+        let before = device.transport.save();
         let mut bad_size = before.clone();
         bad_size.queues[0].size = 3;
         let mut outside_memory = before.clone();
@@ -1404,12 +1404,78 @@ mod tests {
             bad_status,
         ]
         .iter()
-        .map(|state| device.transport.restore(state, &device.mem))
+        .map(|state| {
+            state
+                .check_rings_in(&device.mem)
+                .and_then(|()| device.transport.restore(state))
+        })
         .collect();
 
         // Assert
         assert!(results.iter().all(Result::is_err));
-        assert_eq!(device.transport.state(), before);
+        assert_eq!(device.transport.save(), before);
         assert_eq!(device.read32(REG_STATUS), STATUS_LIVE);
+    }
+
+    /// A live rng that used one buffer.
+    fn used_rng() -> VirtioMmioTransport<VirtioRng> {
+        let (mut device, mut queue) = live_rng();
+        queue.add_chain(&device.mem, &[writable(DATA_BASE, 8)]);
+        device.write32(REG_QUEUE_NOTIFY, 0);
+        device.transport
+    }
+
+    crate::persist::persist_round_trip_tests! {
+        mod transport_persist {
+            fresh: new_rng().transport,
+            saved: used_rng(),
+            mutate: |transport: &mut VirtioMmioTransport<VirtioRng>| {
+                transport.reset();
+            },
+        }
+    }
+
+    /// A queue configured and ready, as the driver leaves it.
+    fn configured_queue() -> Virtqueue {
+        let mem = test_memory();
+        let driver = DriverQueue::new(QUEUE0_BASE, QUEUE_SIZE);
+        let mut queue = Virtqueue::new(RNG_QUEUE_SIZE).unwrap();
+        queue.set_size(u32::from(QUEUE_SIZE)).unwrap();
+        for (part, address) in [
+            (RingPart::DescriptorTable, driver.desc),
+            (RingPart::AvailRing, driver.avail),
+            (RingPart::UsedRing, driver.used),
+        ] {
+            queue.set_address_half(part, false, address as u32).unwrap();
+        }
+        queue.set_ready(true, &mem).unwrap();
+        queue
+    }
+
+    crate::persist::persist_round_trip_tests! {
+        mod virtqueue_persist {
+            fresh: Virtqueue::new(RNG_QUEUE_SIZE).unwrap(),
+            saved: configured_queue(),
+            mutate: Virtqueue::reset,
+        }
+    }
+
+    #[test]
+    fn test_virtqueue_restore_rejects_another_maximum_size() {
+        // Arrange
+        let mut queue = Virtqueue::new(QUEUE_SIZE).unwrap();
+        let state = configured_queue().save();
+
+        // Act
+        let result = queue.restore(&state);
+
+        // Assert
+        assert_eq!(
+            result,
+            Err(RestoreError::VirtqueueMaxSize {
+                max_size: RNG_QUEUE_SIZE,
+                expected: QUEUE_SIZE
+            })
+        );
     }
 }

@@ -15,6 +15,7 @@
 
 use super::{QueueFault, RingPart};
 use crate::error::DevicesError;
+use crate::persist::{Persist, RestoreError};
 use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
@@ -318,8 +319,48 @@ impl Virtqueue {
     pub fn take_used_added(&mut self) -> bool {
         std::mem::take(&mut self.used_added)
     }
+}
 
-    pub fn state(&self) -> VirtqueueState {
+impl VirtqueueState {
+    /// The queue this state describes, checked as the driver's writes would
+    /// have been: a valid size and aligned rings.
+    fn to_queue(self) -> Result<Queue, RestoreError> {
+        Queue::try_from(QueueState {
+            max_size: self.max_size,
+            next_avail: self.next_avail,
+            next_used: self.next_used,
+            event_idx_enabled: false,
+            size: self.size,
+            ready: self.ready,
+            desc_table: self.desc_table,
+            avail_ring: self.avail_ring,
+            used_ring: self.used_ring,
+        })
+        .map_err(|e| RestoreError::VirtqueueState {
+            reason: e.to_string(),
+        })
+    }
+
+    /// Checks that, if the queue is ready, its rings lie inside `mem`, as
+    /// the driver's QueueReady write was checked. Guest memory is not part
+    /// of a queue, so [`Persist::restore`] cannot check this: whoever holds
+    /// the memory does, before restoring.
+    pub fn check_rings_in(&self, mem: &GuestMemory) -> Result<(), RestoreError> {
+        let queue = Virtqueue {
+            queue: self.to_queue()?,
+            used_added: false,
+        };
+        if queue.ready() && !queue.rings_in_memory(mem) {
+            return Err(RestoreError::RingsOutsideMemory);
+        }
+        Ok(())
+    }
+}
+
+impl Persist for Virtqueue {
+    type State = VirtqueueState;
+
+    fn save(&self) -> VirtqueueState {
         let state = self.queue.state();
         VirtqueueState {
             max_size: state.max_size,
@@ -333,32 +374,23 @@ impl Virtqueue {
         }
     }
 
-    /// A queue from a saved state, checked as the driver's writes would
-    /// have been: a valid size, aligned rings, and rings inside `mem` if ready.
-    pub fn from_state(state: &VirtqueueState, mem: &GuestMemory) -> Result<Self, DevicesError> {
-        let invalid = |reason: String| DevicesError::VirtqueueState { reason };
-        let queue = Queue::try_from(QueueState {
-            max_size: state.max_size,
-            next_avail: state.next_avail,
-            next_used: state.next_used,
-            event_idx_enabled: false,
-            size: state.size,
-            ready: state.ready,
-            desc_table: state.desc_table,
-            avail_ring: state.avail_ring,
-            used_ring: state.used_ring,
-        })
-        .map_err(|e| invalid(e.to_string()))?;
-        let restored = Virtqueue {
-            queue,
-            used_added: false,
-        };
-        if restored.ready() && !restored.rings_in_memory(mem) {
-            return Err(invalid(
-                "a ready queue's rings are not inside guest memory".into(),
-            ));
+    /// The maximum size must be this queue's (it is the device's, not the
+    /// driver's), the size valid and the rings aligned.
+    fn validate(&self, state: &VirtqueueState) -> Result<(), RestoreError> {
+        if state.max_size != self.max_size() {
+            return Err(RestoreError::VirtqueueMaxSize {
+                max_size: state.max_size,
+                expected: self.max_size(),
+            });
         }
-        Ok(restored)
+        state.to_queue().map(drop)
+    }
+
+    fn restore(&mut self, state: &VirtqueueState) -> Result<(), RestoreError> {
+        self.validate(state)?;
+        self.queue = state.to_queue()?;
+        self.used_added = false;
+        Ok(())
     }
 }
 

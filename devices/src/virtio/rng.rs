@@ -10,6 +10,7 @@
 //! does not change what it receives.
 
 use super::{QueueFault, VirtioDevice, Virtqueue};
+use crate::persist::{Persist, RestoreError};
 use crate::time::VirtNanos;
 use crate::GuestMemory;
 use rand_chacha::ChaCha20Rng;
@@ -49,8 +50,12 @@ impl VirtioRng {
     pub fn from_rng(rng: ChaCha20Rng) -> Self {
         VirtioRng { rng }
     }
+}
 
-    pub fn state(&self) -> VirtioRngState {
+impl Persist for VirtioRng {
+    type State = VirtioRngState;
+
+    fn save(&self) -> VirtioRngState {
         VirtioRngState {
             key: self.rng.get_seed(),
             stream: self.rng.get_stream(),
@@ -58,11 +63,13 @@ impl VirtioRng {
         }
     }
 
-    pub fn restore(&mut self, state: &VirtioRngState) {
+    /// Every key, stream and position is a valid place in a stream.
+    fn restore(&mut self, state: &VirtioRngState) -> Result<(), RestoreError> {
         let mut rng = ChaCha20Rng::from_seed(state.key);
         rng.set_stream(state.stream);
         rng.set_word_pos(state.word_pos);
         self.rng = rng;
+        Ok(())
     }
 }
 
@@ -200,12 +207,14 @@ mod tests {
         driver.add_chain(&mem, &[writable(DATA_BASE, 12)]);
         rng.process_queue(0, &mut queue, &mem, VirtNanos::ZERO)
             .unwrap();
-        let saved = rng.state();
+        let saved = rng.save();
         let json = serde_json::to_string(&saved).unwrap();
 
         // Act
         let mut restored = VirtioRng::new([0; 32]);
-        restored.restore(&serde_json::from_str(&json).unwrap());
+        restored
+            .restore(&serde_json::from_str(&json).unwrap())
+            .unwrap();
         driver.add_chain(&mem, &[writable(DATA_BASE + 0x100, 20)]);
         restored
             .process_queue(0, &mut queue, &mem, VirtNanos::ZERO)
@@ -214,7 +223,7 @@ mod tests {
         // Assert: 12 bytes took 3 words; the next request starts at word 3.
         assert_eq!(saved.word_pos, 3);
         assert_eq!(saved.key, KEY);
-        assert_eq!(restored.state().word_pos, 8);
+        assert_eq!(restored.save().word_pos, 8);
         assert_eq!(
             read_bytes(&mem, DATA_BASE + 0x100, 20),
             expected_stream(32)[12..]
@@ -231,7 +240,7 @@ mod tests {
         let rng = VirtioRng::from_rng(stream);
 
         // Assert
-        assert_eq!(rng.state().word_pos, 100);
+        assert_eq!(rng.save().word_pos, 100);
     }
 
     #[test]
@@ -253,5 +262,20 @@ mod tests {
             read_bytes(&device.mem, DATA_BASE + 0x100, 16),
             expected_stream(32)[16..]
         );
+    }
+
+    /// 100 bytes into the stream.
+    fn read_rng() -> VirtioRng {
+        let mut rng = VirtioRng::new(KEY);
+        rng.rng.fill_bytes(&mut [0u8; 100]);
+        rng
+    }
+
+    crate::persist::persist_round_trip_tests! {
+        mod rng_persist {
+            fresh: VirtioRng::new([0; 32]),
+            saved: read_rng(),
+            mutate: |rng: &mut VirtioRng| rng.rng.fill_bytes(&mut [0u8; 8]),
+        }
     }
 }
