@@ -36,7 +36,7 @@ pub enum IncompatibleState {
     )]
     RamSize { memory: u64, state: u64 },
     #[error("cannot resume this snapshot: device state")]
-    Devices(#[source] devices::DevicesError),
+    Devices(#[source] devices::RestoreError),
 }
 
 #[derive(Debug, Error)]

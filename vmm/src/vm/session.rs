@@ -19,7 +19,7 @@ use crate::exit::{Machine, MachineState, StopReason};
 use crate::irq_window::WindowGuard;
 use crate::record::{self, ChainHash, Recorder, RecorderState};
 use crate::vcpu_state::{self, VcpuState};
-use devices::{Devices, DevicesState, VirtNanos};
+use devices::{Devices, DevicesState, Persist, VirtNanos};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -242,7 +242,7 @@ impl Session {
             agent_channel: self.agent_channel,
             cpu_model_version: cpu_model::CPU_MODEL_VERSION,
             vcpu,
-            devices: self.machine.devices.state(),
+            devices: self.machine.devices.save(),
             machine: self.machine.state(),
             recorder: self.recorder.state(),
             console_hash,
@@ -398,6 +398,6 @@ impl Session {
 
 /// Hash of the complete device state.
 pub(super) fn devices_hash(devices: &Devices) -> u64 {
-    let bytes = serde_json::to_vec(&devices.state()).unwrap_or_default();
+    let bytes = serde_json::to_vec(&devices.save()).unwrap_or_default();
     record::hash64(&bytes)
 }
