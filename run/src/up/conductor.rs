@@ -1,0 +1,586 @@
+//! The host side of the agent conversation: a pure state machine fed with
+//! the agent's messages and the virtual time, answering with the messages
+//! to send (hello, create_node, start_workload, faults, shutdown).
+
+use super::UpEvent;
+use crate::faults::{FaultAction, TimedFault};
+use crate::manifest::WorkloadPlan;
+use detvisor_agent::protocol::{
+    AgentToHost, ExitStatus, HostToAgent, NodeSpec, Stream, PROTOCOL_VERSION,
+};
+use devices::VirtNanos;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, VecDeque};
+
+/// What the conductor reports to the loop besides messages to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Note {
+    /// Something to tell the user (not node output).
+    Event(UpEvent),
+    /// Output of a node (`None`: the workload running inside a node).
+    Output {
+        node: Option<String>,
+        stream: Stream,
+        data: Vec<u8>,
+    },
+    /// News of a shell opened in a fork (`detvisor shell`).
+    Shell(ShellEvent),
+}
+
+/// What the agent reports about a fork's shell.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShellEvent {
+    Opened {
+        pid: i32,
+    },
+    /// Terminal output.
+    Output(Vec<u8>),
+    Exited(ExitStatus),
+    /// `open_shell` or `shell_input` failed.
+    Failed {
+        context: String,
+        message: String,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Phase {
+    /// Waiting for `booted`.
+    Booting,
+    /// `hello` sent, waiting for `ready`.
+    Greeting,
+    /// Nodes requested, waiting for each `node_started`.
+    Starting,
+    /// Every node runs (and the workload, if any, was started).
+    Running,
+    /// `shutdown` sent.
+    ShuttingDown,
+}
+
+/// The host side of the agent conversation. It is its own saved state (a
+/// snapshot of an `up` run holds it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Conductor {
+    nodes: Vec<NodeSpec>,
+    workload: Option<WorkloadPlan>,
+    /// Agent-side faults still to do, in time order.
+    faults: VecDeque<TimedFault>,
+    phase: Phase,
+    /// Nodes running now.
+    running: BTreeSet<String>,
+    /// Nodes that have started at least once (a node may exit before the
+    /// last one starts; it still counts as started).
+    ever_started: BTreeSet<String>,
+    /// Without a workload: the first node that ended badly, whose status
+    /// becomes the run's once every node has ended.
+    first_failure: Option<i32>,
+    /// The run's status once the workload ended (or a setup step failed).
+    status: Option<i32>,
+}
+
+/// Exit status when the guest could not be set up (a node failed to start).
+pub const SETUP_FAILED: i32 = crate::exit_status::NO_STATUS as i32;
+
+impl Conductor {
+    pub fn new(
+        nodes: Vec<NodeSpec>,
+        workload: Option<WorkloadPlan>,
+        faults: &[TimedFault],
+    ) -> Self {
+        Conductor {
+            nodes,
+            workload,
+            faults: faults
+                .iter()
+                .filter(|f| !f.action.is_network())
+                .cloned()
+                .collect(),
+            phase: Phase::Booting,
+            running: BTreeSet::new(),
+            ever_started: BTreeSet::new(),
+            first_failure: None,
+            status: None,
+        }
+    }
+
+    /// The run's status: the workload's (shell convention), or
+    /// [`SETUP_FAILED`]; `None` while it runs or without a workload.
+    pub fn status(&self) -> Option<i32> {
+        self.status
+    }
+
+    /// Whether the run has a workload (whose end is the run's end).
+    pub fn has_workload(&self) -> bool {
+        self.workload.is_some()
+    }
+
+    /// Adds an agent-side fault to the schedule (after those at the same time).
+    pub fn add_fault(&mut self, fault: TimedFault) {
+        let at = self.faults.partition_point(|f| f.at <= fault.at);
+        self.faults.insert(at, fault);
+    }
+
+    /// The next virtual time at which [`Conductor::due`] has something to do.
+    pub fn next_fault_time(&self) -> Option<VirtNanos> {
+        if self.phase == Phase::ShuttingDown {
+            return None;
+        }
+        self.faults.front().map(|f| f.at)
+    }
+
+    /// Handles one message from the agent.
+    pub fn on_message(
+        &mut self,
+        message: AgentToHost,
+        send: &mut Vec<HostToAgent>,
+        notes: &mut Vec<Note>,
+    ) {
+        match message {
+            AgentToHost::Booted { version } => {
+                if self.phase != Phase::Booting {
+                    notes.push(Note::Event(UpEvent::AgentBootedTwice));
+                    return;
+                }
+                if version != PROTOCOL_VERSION {
+                    notes.push(Note::Event(UpEvent::ProtocolMismatch {
+                        agent: version,
+                        host: PROTOCOL_VERSION,
+                    }));
+                }
+                send.push(HostToAgent::Hello {
+                    version: PROTOCOL_VERSION,
+                });
+                self.phase = Phase::Greeting;
+            }
+            AgentToHost::Ready { .. } => {
+                if self.phase != Phase::Greeting {
+                    return;
+                }
+                send.extend(self.nodes.iter().cloned().map(HostToAgent::CreateNode));
+                self.phase = Phase::Starting;
+                if self.nodes.is_empty() {
+                    self.all_started(send);
+                }
+            }
+            AgentToHost::NodeStarted { name, pid } => {
+                notes.push(Note::Event(UpEvent::NodeStarted {
+                    node: name.clone(),
+                    pid,
+                }));
+                self.running.insert(name.clone());
+                self.ever_started.insert(name);
+                if self.phase == Phase::Starting
+                    && self
+                        .nodes
+                        .iter()
+                        .all(|n| self.ever_started.contains(&n.name))
+                {
+                    self.all_started(send);
+                }
+            }
+            AgentToHost::WorkloadStarted { node, .. } => {
+                notes.push(Note::Event(UpEvent::WorkloadStarted { node }));
+            }
+            AgentToHost::Output { node, stream, data } => {
+                notes.push(Note::Output { node, stream, data });
+            }
+            AgentToHost::Exited { node, status } => {
+                self.running.remove(&node);
+                notes.push(Note::Event(UpEvent::NodeExited {
+                    node: node.clone(),
+                    status,
+                }));
+                if matches!(&self.workload, Some(WorkloadPlan::OwnNode(w)) if w.name == node) {
+                    self.finish(status.shell_code(), send);
+                } else if self.workload.is_none() {
+                    if status != ExitStatus::Code(0) {
+                        self.first_failure.get_or_insert(status.shell_code());
+                    }
+                    // Nothing left to run: the run is over.
+                    if self.phase == Phase::Running && self.running.is_empty() {
+                        self.finish(self.first_failure.unwrap_or(0), send);
+                    }
+                }
+            }
+            AgentToHost::WorkloadExited { status } => {
+                notes.push(Note::Event(UpEvent::WorkloadExited { status }));
+                self.finish(status.shell_code(), send);
+            }
+            AgentToHost::ShellOpened { pid } => notes.push(Note::Shell(ShellEvent::Opened { pid })),
+            AgentToHost::ShellOutput { data } => notes.push(Note::Shell(ShellEvent::Output(data))),
+            AgentToHost::ShellExited { status } => {
+                notes.push(Note::Shell(ShellEvent::Exited(status)))
+            }
+            AgentToHost::Paused { node } => notes.push(Note::Event(UpEvent::NodePaused { node })),
+            AgentToHost::Resumed { node } => notes.push(Note::Event(UpEvent::NodeResumed { node })),
+            AgentToHost::Error { context, message }
+                if context == "open_shell" || context == "shell_input" =>
+            {
+                notes.push(Note::Shell(ShellEvent::Failed { context, message }));
+            }
+            AgentToHost::Error { context, message } => {
+                notes.push(Note::Event(UpEvent::AgentError {
+                    context: context.clone(),
+                    message,
+                }));
+                // Setting up failed: a node could not be made, or the
+                // workload could not start (so nothing would ever end the run).
+                let setup = ["hello", "create_node", "channel"]
+                    .iter()
+                    .any(|step| context.starts_with(step))
+                    && self.phase != Phase::Running;
+                if setup || context.starts_with("start_workload") {
+                    self.finish(SETUP_FAILED, send);
+                }
+            }
+        }
+    }
+
+    /// Agent-side faults due at `now`. Faults that fall before every node
+    /// runs wait until they do (an agent cannot pause a node it has not made).
+    pub fn due(&mut self, now: VirtNanos, send: &mut Vec<HostToAgent>, notes: &mut Vec<Note>) {
+        if self.phase != Phase::Running {
+            return;
+        }
+        while self.faults.front().is_some_and(|f| f.at <= now) {
+            let fault = self.faults.pop_front().expect("checked above");
+            notes.push(Note::Event(UpEvent::Fault {
+                action: fault.action.clone(),
+            }));
+            send.push(match fault.action {
+                FaultAction::Pause(node) => HostToAgent::Pause { node },
+                FaultAction::Resume(node) => HostToAgent::Resume { node },
+                FaultAction::Kill { node, signal } => HostToAgent::Kill { node, signal },
+                FaultAction::Restart(node) => HostToAgent::Restart { node },
+                FaultAction::Partition(_) | FaultAction::Heal => continue,
+            });
+        }
+    }
+
+    fn all_started(&mut self, send: &mut Vec<HostToAgent>) {
+        self.phase = Phase::Running;
+        if let Some(WorkloadPlan::InNode { node, command, env }) = &self.workload {
+            // The node's environment (its image's PATH among it) under the workload's own.
+            let mut merged = self
+                .nodes
+                .iter()
+                .find(|n| &n.name == node)
+                .map(|n| n.env.clone())
+                .unwrap_or_default();
+            merged.extend(env.clone());
+            send.push(HostToAgent::StartWorkload {
+                node: Some(node.clone()),
+                command: command.clone(),
+                env: merged,
+            });
+        }
+    }
+
+    fn finish(&mut self, status: i32, send: &mut Vec<HostToAgent>) {
+        if self.phase == Phase::ShuttingDown {
+            return;
+        }
+        self.status = Some(status);
+        self.phase = Phase::ShuttingDown;
+        send.push(HostToAgent::Shutdown);
+    }
+}
+
+/// The run's exit status: the workload's; without a workload, 0 when the
+/// run reached its time limit (the nodes ran as long as asked).
+pub fn run_status(conductor: &Conductor, stop: vmm::exit::StopReason) -> u8 {
+    use vmm::exit::StopReason;
+    if let Some(status) = conductor.status() {
+        return u8::try_from(status).unwrap_or(crate::exit_status::NO_STATUS);
+    }
+    match stop {
+        StopReason::TimeLimit if !conductor.has_workload() => 0,
+        StopReason::TimeLimit => crate::exit_status::TIME_LIMIT,
+        StopReason::GuestExit { status } => status,
+        _ => crate::exit_status::NO_STATUS,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::faults::schedule;
+    use crate::manifest::{NodePlan, RootSource};
+    use crate::up::node_root;
+    use std::collections::BTreeMap;
+
+    pub(crate) fn spec(name: &str) -> NodeSpec {
+        NodeSpec {
+            name: name.into(),
+            rootfs: node_root(name),
+            hostname: None,
+            nic: None,
+            address: None,
+            env: BTreeMap::new(),
+            command: vec!["sleep".into(), "100".into()],
+        }
+    }
+
+    pub(crate) fn conductor(workload: Option<WorkloadPlan>, faults: &[&str]) -> Conductor {
+        let names = vec!["n1".to_string(), "n2".to_string()];
+        let faults: Vec<String> = faults.iter().map(|s| s.to_string()).collect();
+        Conductor::new(
+            vec![spec("n1"), spec("n2")],
+            workload,
+            &schedule(&faults, &names).unwrap(),
+        )
+    }
+
+    /// The workload `true`, inside `node`.
+    pub(crate) fn in_node(node: &str) -> WorkloadPlan {
+        WorkloadPlan::InNode {
+            node: node.into(),
+            command: vec!["true".into()],
+            env: BTreeMap::new(),
+        }
+    }
+
+    pub(crate) fn started(name: &str, pid: i32) -> AgentToHost {
+        AgentToHost::NodeStarted {
+            name: name.into(),
+            pid,
+        }
+    }
+
+    pub(crate) fn feed(c: &mut Conductor, m: AgentToHost) -> Vec<HostToAgent> {
+        let mut send = Vec::new();
+        let mut notes = Vec::new();
+        c.on_message(m, &mut send, &mut notes);
+        send
+    }
+
+    pub(crate) fn boot(c: &mut Conductor) {
+        assert_eq!(
+            feed(
+                c,
+                AgentToHost::Booted {
+                    version: PROTOCOL_VERSION
+                }
+            ),
+            vec![HostToAgent::Hello {
+                version: PROTOCOL_VERSION
+            }]
+        );
+        assert_eq!(
+            feed(
+                c,
+                AgentToHost::Ready {
+                    version: PROTOCOL_VERSION
+                }
+            ),
+            vec![
+                HostToAgent::CreateNode(spec("n1")),
+                HostToAgent::CreateNode(spec("n2"))
+            ]
+        );
+    }
+
+    #[test]
+    fn test_conversation_starts_nodes_then_workload_then_shuts_down() {
+        let workload = in_node("n2");
+        let mut c = conductor(Some(workload), &[]);
+        boot(&mut c);
+        assert!(feed(&mut c, started("n2", 3)).is_empty());
+        assert_eq!(
+            feed(&mut c, started("n1", 2)),
+            vec![HostToAgent::StartWorkload {
+                node: Some("n2".into()),
+                command: vec!["true".into()],
+                env: BTreeMap::new()
+            }]
+        );
+        assert_eq!(c.status(), None);
+        assert_eq!(
+            feed(
+                &mut c,
+                AgentToHost::WorkloadExited {
+                    status: ExitStatus::Signal(9)
+                }
+            ),
+            vec![HostToAgent::Shutdown]
+        );
+        assert_eq!(c.status(), Some(137));
+        // Exits during shutdown change nothing.
+        assert!(feed(
+            &mut c,
+            AgentToHost::Exited {
+                node: "n1".into(),
+                status: ExitStatus::Signal(9)
+            }
+        )
+        .is_empty());
+        assert_eq!(c.status(), Some(137));
+    }
+
+    #[test]
+    fn test_nothing_is_sent_before_booted_and_setup_errors_end_the_run() {
+        let mut c = conductor(None, &[]);
+        assert!(feed(&mut c, AgentToHost::Ready { version: 1 }).is_empty());
+        boot(&mut c);
+        assert_eq!(
+            feed(
+                &mut c,
+                AgentToHost::Error {
+                    context: "create_node n2".into(),
+                    message: "exec \"sleep\": No such file or directory".into()
+                }
+            ),
+            vec![HostToAgent::Shutdown]
+        );
+        assert_eq!(c.status(), Some(SETUP_FAILED));
+    }
+
+    #[test]
+    fn test_a_node_that_ends_before_the_last_starts_still_counts_as_started() {
+        let workload = in_node("n2");
+        let mut c = conductor(Some(workload), &[]);
+        boot(&mut c);
+        feed(&mut c, started("n1", 2));
+        feed(
+            &mut c,
+            AgentToHost::Exited {
+                node: "n1".into(),
+                status: ExitStatus::Code(0),
+            },
+        );
+        let sent = feed(&mut c, started("n2", 3));
+        assert!(
+            matches!(sent[..], [HostToAgent::StartWorkload { .. }]),
+            "{sent:?}"
+        );
+    }
+
+    #[test]
+    fn test_without_a_workload_the_run_ends_when_every_node_has_ended() {
+        let mut c = conductor(None, &[]);
+        boot(&mut c);
+        feed(&mut c, started("n1", 2));
+        feed(&mut c, started("n2", 3));
+        assert!(feed(
+            &mut c,
+            AgentToHost::Exited {
+                node: "n2".into(),
+                status: ExitStatus::Signal(9)
+            }
+        )
+        .is_empty());
+        assert_eq!(
+            feed(
+                &mut c,
+                AgentToHost::Exited {
+                    node: "n1".into(),
+                    status: ExitStatus::Code(0)
+                }
+            ),
+            vec![HostToAgent::Shutdown]
+        );
+        assert_eq!(c.status(), Some(137));
+        // A hostile status does not overflow.
+        assert_eq!(ExitStatus::Signal(i32::MAX).shell_code(), i32::MAX);
+    }
+
+    #[test]
+    fn test_a_workload_that_cannot_start_ends_the_run() {
+        let workload = in_node("n1");
+        let mut c = conductor(Some(workload), &[]);
+        boot(&mut c);
+        feed(&mut c, started("n1", 2));
+        feed(&mut c, started("n2", 3));
+        let error = AgentToHost::Error {
+            context: "start_workload".into(),
+            message: "node \"n1\" is not running".into(),
+        };
+        assert_eq!(feed(&mut c, error), vec![HostToAgent::Shutdown]);
+        assert_eq!(c.status(), Some(SETUP_FAILED));
+    }
+
+    #[test]
+    fn test_faults_wait_for_the_nodes_and_go_in_time_order() {
+        let mut c = conductor(
+            None,
+            &[
+                "at=1s pause n1 for=2s",
+                "at=2s kill n2",
+                "at=1s partition n1 | n2",
+            ],
+        );
+        assert_eq!(c.next_fault_time(), Some(VirtNanos(1_000_000_000)));
+        let mut send = Vec::new();
+        let mut notes = Vec::new();
+        // Due, but the nodes are not up yet.
+        c.due(VirtNanos(5_000_000_000), &mut send, &mut notes);
+        assert!(send.is_empty());
+        boot(&mut c);
+        feed(&mut c, started("n1", 2));
+        feed(&mut c, started("n2", 3));
+        c.due(VirtNanos(2_000_000_000), &mut send, &mut notes);
+        assert_eq!(
+            send,
+            vec![
+                HostToAgent::Pause { node: "n1".into() },
+                HostToAgent::Kill {
+                    node: "n2".into(),
+                    signal: 9
+                }
+            ]
+        );
+        assert_eq!(c.next_fault_time(), Some(VirtNanos(3_000_000_000)));
+        send.clear();
+        c.due(VirtNanos(3_000_000_000), &mut send, &mut notes);
+        assert_eq!(send, vec![HostToAgent::Resume { node: "n1".into() }]);
+        assert_eq!(c.next_fault_time(), None);
+    }
+
+    #[test]
+    fn test_own_node_workload_ends_the_run_when_it_exits() {
+        let mut own = spec("workload");
+        own.command = vec!["true".into()];
+        let plan = WorkloadPlan::OwnNode(NodePlan {
+            name: "workload".into(),
+            source: RootSource::Rootfs("/r".into()),
+            address: "192.0.2.3/24".into(),
+            hostname: None,
+            command: vec!["true".into()],
+            env: BTreeMap::new(),
+        });
+        let mut c = Conductor::new(vec![spec("n1"), own], Some(plan), &[]);
+        feed(
+            &mut c,
+            AgentToHost::Booted {
+                version: PROTOCOL_VERSION,
+            },
+        );
+        feed(
+            &mut c,
+            AgentToHost::Ready {
+                version: PROTOCOL_VERSION,
+            },
+        );
+        assert!(feed(
+            &mut c,
+            AgentToHost::Exited {
+                node: "n1".into(),
+                status: ExitStatus::Code(1)
+            }
+        )
+        .is_empty());
+        assert_eq!(
+            feed(
+                &mut c,
+                AgentToHost::Exited {
+                    node: "workload".into(),
+                    status: ExitStatus::Code(3)
+                }
+            ),
+            vec![HostToAgent::Shutdown]
+        );
+        assert_eq!(c.status(), Some(3));
+    }
+}

@@ -1,0 +1,158 @@
+//! Where an `up` run's node output and events go: prefixed lines on one
+//! stream, raw bytes in per-node logs, event lines with their virtual time.
+
+use super::UpEvent;
+use anyhow::{Context, Result};
+use detvisor_agent::protocol::Stream;
+use devices::VirtNanos;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+
+/// Prints node output line by line with the node's name in front, and keeps
+/// each node's raw output in `<logs>/<node>.log`.
+pub struct OutputSink {
+    width: usize,
+    partial: BTreeMap<(String, bool), Vec<u8>>,
+    logs: Option<PathBuf>,
+    files: BTreeMap<String, std::fs::File>,
+    out: Box<dyn Write>,
+}
+
+impl OutputSink {
+    pub fn new(names: &[String], logs: Option<PathBuf>, out: Box<dyn Write>) -> Result<Self> {
+        if let Some(dir) = &logs {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating the log directory {}", dir.display()))?;
+        }
+        Ok(OutputSink {
+            width: names.iter().map(String::len).max().unwrap_or(0).max(8),
+            partial: BTreeMap::new(),
+            logs,
+            files: BTreeMap::new(),
+            out,
+        })
+    }
+
+    /// A sink that drops everything.
+    pub fn discard() -> Self {
+        Self::new(&[], None, Box::new(std::io::sink()))
+            .expect("without a log directory nothing can fail")
+    }
+
+    pub fn output(&mut self, node: &str, stream: Stream, data: &[u8]) -> Result<()> {
+        if let Some(dir) = &self.logs {
+            if !self.files.contains_key(node) {
+                let path = dir.join(format!("{node}.log"));
+                let file = std::fs::File::create(&path)
+                    .with_context(|| format!("creating {}", path.display()))?;
+                self.files.insert(node.to_string(), file);
+            }
+            let file = self.files.get_mut(node).expect("inserted above");
+            file.write_all(data).context("writing a node log")?;
+        }
+        let key = (node.to_string(), stream == Stream::Stderr);
+        let buffer = self.partial.entry(key).or_default();
+        buffer.extend_from_slice(data);
+        while let Some(end) = buffer.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = buffer.drain(..=end).collect();
+            write!(self.out, "{node:>width$} | ", width = self.width)?;
+            self.out.write_all(&line)?;
+        }
+        Ok(())
+    }
+
+    /// Forgets lines not complete yet (they belong to a history being left).
+    pub fn drop_partial_lines(&mut self) {
+        self.partial.clear();
+    }
+
+    /// Prints what is left without a final newline.
+    pub fn flush(&mut self) -> Result<()> {
+        for ((node, _), rest) in std::mem::take(&mut self.partial) {
+            if !rest.is_empty() {
+                write!(self.out, "{node:>width$} | ", width = self.width)?;
+                self.out.write_all(&rest)?;
+                writeln!(self.out)?;
+            }
+        }
+        self.out.flush()?;
+        Ok(())
+    }
+}
+
+/// Called with each event (node started, fault, ...) and its time.
+pub type EventSink = Box<dyn FnMut(VirtNanos, &UpEvent)>;
+
+/// Where an `up` run's node output and events go.
+pub struct UpOutput {
+    pub sink: OutputSink,
+    pub events: EventSink,
+}
+
+impl UpOutput {
+    /// Node output to `out` (prefixed lines, no logs); event lines to
+    /// `events` when given.
+    pub fn plain(
+        node_names: &[String],
+        out: Box<dyn Write>,
+        events: Option<Box<dyn Write>>,
+    ) -> Result<Self> {
+        let mut events = events;
+        Ok(UpOutput {
+            sink: OutputSink::new(node_names, None, out)?,
+            events: Box::new(move |at, event| {
+                if let Some(w) = &mut events {
+                    // Event lines are for people; a closed stream loses none of the run.
+                    let _ = writeln!(w, "{}", event_line(at, event));
+                }
+            }),
+        })
+    }
+}
+
+/// An event as one line for people, with its virtual time.
+pub fn event_line(at: VirtNanos, event: &UpEvent) -> String {
+    format!("detvisor: [{at}] {event}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_output_sink_prefixes_whole_lines_and_logs_raw_bytes() {
+        let dir = std::env::temp_dir().join(format!("detvisor-sink-{}", std::process::id()));
+        let shared = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        struct Shared(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl Write for Shared {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut sink = OutputSink::new(
+            &["n1".into()],
+            Some(dir.clone()),
+            Box::new(Shared(shared.clone())),
+        )
+        .unwrap();
+        sink.output("n1", Stream::Stdout, b"hel").unwrap();
+        sink.output("n1", Stream::Stdout, b"lo\nwor").unwrap();
+        sink.output("n1", Stream::Stderr, b"oops\n").unwrap();
+        sink.flush().unwrap();
+        let printed = String::from_utf8(shared.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            printed,
+            "      n1 | hello\n      n1 | oops\n      n1 | wor\n"
+        );
+        assert_eq!(
+            std::fs::read(dir.join("n1.log")).unwrap(),
+            b"hello\nworoops\n"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
