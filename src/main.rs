@@ -16,7 +16,8 @@ mod up;
 mod up_cmd;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
+use helper_vm::{placement, HostVmMode, Placement};
 use serde::Serialize;
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
@@ -128,16 +129,6 @@ struct ShellArgs {
     node: Option<String>,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum HostVmMode {
-    /// Use the helper VM only when the host's KVM cannot run the guest.
-    Auto,
-    /// Always run inside the helper VM.
-    Always,
-    /// Never: use the host's /dev/kvm directly.
-    Never,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -349,28 +340,6 @@ impl RunSummary {
             self.exits_per_sec,
             self.digest
         )
-    }
-}
-
-/// Where guests of this invocation run.
-enum Placement {
-    Host,
-    HelperVm { reason: String },
-}
-
-fn placement(mode: HostVmMode) -> Placement {
-    match mode {
-        HostVmMode::Never => Placement::Host,
-        HostVmMode::Always => Placement::HelperVm {
-            reason: "--host-vm always".into(),
-        },
-        HostVmMode::Auto => {
-            let report = vmm::probe::host_report();
-            match report.reason {
-                None => Placement::Host,
-                Some(reason) => Placement::HelperVm { reason },
-            }
-        }
     }
 }
 
