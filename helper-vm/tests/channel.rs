@@ -10,7 +10,10 @@ use std::path::PathBuf;
 use std::thread;
 use std::time::Instant;
 
-use helper_vm::channel::{serve_on, CallError, Client, HelperVm, StdinSource};
+use helper_vm::channel::{
+    serve_on, write_frame, CallError, Client, Frame, FrameError, HandshakeError, HelperVm,
+    StdinSource, PROTOCOL_VERSION,
+};
 use helper_vm::{ensure_assets, HelperVmConfig};
 use toy::{Reply, ToyError, ToyReq, ToyResp};
 
@@ -64,39 +67,17 @@ fn toy_protocol_over_a_socket_pair() {
 
     // Stdin: bytes up front (more than one frame), none, one the handler ignores, a pipe.
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
-    let sum = data.iter().map(|&b| u64::from(b)).sum();
     let resp = call(&mut c, ToyReq::ReadStdin, Some(StdinSource::Bytes(&data))).0;
-    assert_eq!(
-        resp,
-        Ok(ToyResp::Stdin {
-            len: data.len(),
-            sum,
-            head: data[..16].to_vec()
-        })
-    );
+    assert_eq!(resp, Ok(toy::stdin_summary(&data)));
     let resp = call(&mut c, ToyReq::ReadStdin, None).0;
-    assert_eq!(
-        resp,
-        Ok(ToyResp::Stdin {
-            len: 0,
-            sum: 0,
-            head: vec![]
-        })
-    );
+    assert_eq!(resp, Ok(toy::stdin_summary(b"")));
     let resp = call(&mut c, ToyReq::IgnoreStdin, Some(StdinSource::Bytes(&data))).0;
     assert_eq!(resp, Ok(ToyResp::Ignored));
     let (r, mut w) = std::io::pipe().unwrap();
     let writer = thread::spawn(move || w.write_all(b"piped"));
     let resp = call(&mut c, ToyReq::ReadStdin, Some(StdinSource::Fd(r.as_fd()))).0;
     writer.join().unwrap().unwrap();
-    assert_eq!(
-        resp,
-        Ok(ToyResp::Stdin {
-            len: 5,
-            sum: b"piped".iter().map(|&b| u64::from(b)).sum(),
-            head: b"piped".to_vec()
-        })
-    );
+    assert_eq!(resp, Ok(toy::stdin_summary(b"piped")));
     // A pipe that never ends: the call ends with the response anyway.
     let (r, _w) = std::io::pipe().unwrap();
     let resp = call(
@@ -115,66 +96,47 @@ fn toy_protocol_over_a_socket_pair() {
     server.join().unwrap().unwrap();
 }
 
-#[test]
-fn a_closed_or_garbled_channel_is_an_error_not_a_hang() {
-    // The payload went away before answering.
-    let (host, guest) = UnixStream::pair().unwrap();
-    let mut g = guest.try_clone().unwrap();
-    helper_vm::channel::write_frame(
-        &mut g,
-        &helper_vm::channel::Frame::<()>::Hello {
-            version: helper_vm::channel::PROTOCOL_VERSION,
-        },
-    )
-    .unwrap();
-    let mut c = Client::handshake(host).unwrap();
-    drop((g, guest));
-    let err = c.call::<_, Reply>(
+/// A client whose "payload" is the returned stream, after a hello with `version`.
+fn greeted(version: u32) -> (Result<Client, HandshakeError>, UnixStream) {
+    let (host, mut guest) = UnixStream::pair().unwrap();
+    write_frame(&mut guest, &Frame::<()>::Hello { version }).unwrap();
+    (Client::handshake(host), guest)
+}
+
+fn echo(c: &mut Client) -> Result<Reply, CallError> {
+    c.call(
         &ToyReq::Echo("x".into()),
         &mut Vec::new(),
         &mut Vec::new(),
         None,
-    );
+    )
+}
+
+#[test]
+fn a_closed_or_garbled_channel_is_an_error_not_a_hang() {
+    // The payload went away before answering.
+    let (c, guest) = greeted(PROTOCOL_VERSION);
+    let mut c = c.unwrap();
+    drop(guest);
+    let err = echo(&mut c);
     assert!(
         matches!(err, Err(CallError::Receive(_)) | Err(CallError::Send(_))),
         "{err:?}"
     );
 
     // Garbage instead of a response.
-    let (host, mut guest) = UnixStream::pair().unwrap();
-    helper_vm::channel::write_frame(
-        &mut guest,
-        &helper_vm::channel::Frame::<()>::Hello {
-            version: helper_vm::channel::PROTOCOL_VERSION,
-        },
-    )
-    .unwrap();
-    let mut c = Client::handshake(host).unwrap();
+    let (c, mut guest) = greeted(PROTOCOL_VERSION);
+    let mut c = c.unwrap();
     guest.write_all(b"\xff\xff\xff\x7fgarbage").unwrap();
-    let err = c
-        .call::<_, Reply>(
-            &ToyReq::Echo("x".into()),
-            &mut Vec::new(),
-            &mut Vec::new(),
-            None,
-        )
-        .unwrap_err();
+    let err = echo(&mut c).unwrap_err();
     assert!(
-        matches!(
-            err,
-            CallError::Receive(helper_vm::channel::FrameError::BadLength { .. })
-        ),
+        matches!(err, CallError::Receive(FrameError::BadLength { .. })),
         "{err:?}"
     );
 
     // A wrong protocol version.
-    let (host, mut guest) = UnixStream::pair().unwrap();
-    helper_vm::channel::write_frame(
-        &mut guest,
-        &helper_vm::channel::Frame::<()>::Hello { version: 999 },
-    )
-    .unwrap();
-    assert!(Client::handshake(host).is_err());
+    let (c, _guest) = greeted(999);
+    assert!(matches!(c, Err(HandshakeError::Version { got: 999, .. })));
 }
 
 /// `target/<profile>/examples/toy_payload`, built by `cargo test` with the tests.
@@ -231,16 +193,8 @@ fn one_helper_vm_many_calls() {
         Err(ToyError::Refused("nope".into()))
     );
     let data = b"stdin through the channel".repeat(1000);
-    let sum = data.iter().map(|&b| u64::from(b)).sum();
     let resp = call(ToyReq::ReadStdin, Some(StdinSource::Bytes(&data))).0;
-    assert_eq!(
-        resp,
-        Ok(ToyResp::Stdin {
-            len: data.len(),
-            sum,
-            head: data[..16].to_vec()
-        })
-    );
+    assert_eq!(resp, Ok(toy::stdin_summary(&data)));
     let t = Instant::now();
     let status = vm.shutdown().unwrap();
     assert_eq!(status, 0);

@@ -16,7 +16,7 @@ pub enum ToyReq {
         times: usize,
         err: String,
     },
-    /// Reads all of stdin; returns its length and SHA-like checksum (sum of bytes).
+    /// Reads all of stdin; answers [`stdin_summary`] of it.
     ReadStdin,
     /// Reads nothing of stdin.
     IgnoreStdin,
@@ -43,6 +43,15 @@ pub enum ToyError {
 
 pub type Reply = Result<ToyResp, ToyError>;
 
+/// What `ReadStdin` answers for `data`.
+pub fn stdin_summary(data: &[u8]) -> ToyResp {
+    ToyResp::Stdin {
+        len: data.len(),
+        sum: data.iter().map(|&b| u64::from(b)).sum(),
+        head: data.iter().take(16).copied().collect(),
+    }
+}
+
 /// The toy handler.
 pub fn handle(req: ToyReq, io: &mut CallIo<'_, ToyReq>) -> Reply {
     match req {
@@ -58,11 +67,7 @@ pub fn handle(req: ToyReq, io: &mut CallIo<'_, ToyReq>) -> Reply {
         ToyReq::ReadStdin => {
             let mut all = Vec::new();
             io.stdin.read_to_end(&mut all).unwrap();
-            Ok(ToyResp::Stdin {
-                len: all.len(),
-                sum: all.iter().map(|&b| u64::from(b)).sum(),
-                head: all.iter().take(16).copied().collect(),
-            })
+            Ok(stdin_summary(&all))
         }
         ToyReq::IgnoreStdin => Ok(ToyResp::Ignored),
         ToyReq::Fail(why) => Err(ToyError::Refused(why)),
