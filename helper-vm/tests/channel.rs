@@ -139,17 +139,9 @@ fn a_closed_or_garbled_channel_is_an_error_not_a_hang() {
     assert!(matches!(c, Err(HandshakeError::Version { got: 999, .. })));
 }
 
-/// `target/<profile>/examples/toy_payload`, built by `cargo test` with the tests.
+/// The payload that serves the toy protocol (this crate's `toy_payload` bin).
 fn toy_payload() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
-    let payload = dir.join("examples/toy_payload");
-    assert!(
-        payload.is_file(),
-        "{} missing: build it with cargo test -p helper-vm --examples (or cargo build -p helper-vm --example toy_payload)",
-        payload.display()
-    );
-    payload
+    PathBuf::from(env!("CARGO_BIN_EXE_toy_payload"))
 }
 
 /// One helper VM, several calls: `cargo test -p helper-vm --test channel -- --ignored
@@ -169,7 +161,9 @@ fn one_helper_vm_many_calls() {
         let (mut out, mut err) = (Vec::new(), Vec::new());
         let t = Instant::now();
         let resp: Reply = vm.call(&req, &mut out, &mut err, stdin).unwrap();
-        eprintln!("{req:?}: {:.3} s", t.elapsed().as_secs_f64());
+        let mut what = format!("{req:?}");
+        what.truncate(60);
+        eprintln!("{what}: {:.3} s", t.elapsed().as_secs_f64());
         (resp, out, err)
     };
     assert_eq!(

@@ -47,6 +47,18 @@ fn ended(running: Running, context: &str) -> VmFailed {
     ended.left.failure(format!("{context}: {what}"))
 }
 
+/// `e` and its sources, `: `-separated.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 impl HelperVm {
     /// Boots the helper VM running `exe` with `args` (a program that calls
     /// [`super::serve`]; `files` as for [`crate::run`]) and waits until it has opened the
@@ -160,7 +172,7 @@ impl HelperVm {
                     CallError::Receive(FrameError::Closed) => {
                         "the channel closed during a call".to_string()
                     }
-                    other => format!("the channel broke during a call ({other})"),
+                    other => format!("the channel broke during a call ({})", chain(other)),
                 };
                 Err(ended(running, &context).into())
             }

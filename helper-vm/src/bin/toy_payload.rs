@@ -1,8 +1,9 @@
 //! A long-lived helper VM payload that serves the toy protocol of `tests/toy` on the channel:
-//! what `tests/channel.rs` boots in the helper VM. Run inside L1 only (it opens
-//! /dev/virtio-ports/detvisor.0); `serve` is its only argument.
+//! what `tests/channel.rs` boots in the helper VM (a bin target so that the test finds it as
+//! `CARGO_BIN_EXE_toy_payload`). Run inside L1 only (it opens /dev/virtio-ports/detvisor.0);
+//! `serve` is its only argument.
 
-#[path = "../tests/toy/mod.rs"]
+#[path = "../../tests/toy/mod.rs"]
 mod toy;
 
 fn main() -> std::process::ExitCode {
