@@ -25,9 +25,13 @@ root_modules=(irqbypass ccp kvm kvm_amd)
 # of these roots is virtio, virtio_ring, virtio_pci_{legacy,modern}_dev, virtio_pci, 9pnet,
 # 9pnet_virtio, netfs, fscache, 9p.
 share_modules=(virtio_pci 9pnet_virtio 9p)
-# What these assets support; the launcher (src/hostvm.rs) rebuilds assets that lack a feature
-# it needs (`features` line of build-info).
-features="kvm 9p workdir"
+# Loaded only when the launcher opens the channel (a virtio-serial port over PCI; Debian's 6.1
+# kernel has CONFIG_VIRTIO_CONSOLE=m). Each group's closure is computed on top of the KVM
+# modules alone, so that either group loads without the other.
+channel_modules=(virtio_pci virtio_console)
+# What these assets support; the launcher (the helper-vm crate, src/assets.rs) rebuilds assets
+# that lack a feature it needs (`features` line of build-info).
+features="kvm 9p workdir channel"
 # Fixed timestamp for every file of the initramfs (reproducible output).
 epoch=0
 
@@ -176,10 +180,15 @@ find_module() {
 	local a=${1//_/-} b=${1//-/_}
 	find "$moddir" -type f \( -name "$a.ko" -o -name "$a.ko.*" -o -name "$b.ko" -o -name "$b.ko.*" \) | LC_ALL=C sort | head -n 1
 }
+builtin() { # is module $1 built into the kernel?
+	local a=${1//_/-} b=${1//-/_}
+	grep -q -E "/($a|$b)\.ko\$" "$moddir/modules.builtin" 2>/dev/null
+}
 visit() {
 	local name=${1//-/_} path base dst deps d
 	[ -z "${seen[$name]:-}" ] || return 0
 	seen[$name]=1
+	builtin "$name" && return 0
 	path=$(find_module "$name")
 	[ -n "$path" ] || die "module $name not found in $kpkg"
 	base=$(basename "$path")
@@ -202,13 +211,23 @@ for m in "${root_modules[@]}"; do
 	visit "$m"
 done
 kvm_order=("${order[@]}")
-order=()
-for m in "${share_modules[@]}"; do
-	visit "$m" # skips modules already in kvm_order (shared `seen`)
-done
+kvm_seen=("${!seen[@]}")
+group_closure() { # the closure of the given roots beyond the KVM modules, into `order`
+	seen=()
+	for k in "${kvm_seen[@]}"; do
+		seen[$k]=1
+	done
+	order=()
+	for m in "$@"; do
+		visit "$m"
+	done
+}
+group_closure "${share_modules[@]}"
 share_order=("${order[@]}")
-order=("${kvm_order[@]}" "${share_order[@]}")
-log "modules: ${kvm_order[*]}; for shared directories: ${share_order[*]}"
+group_closure "${channel_modules[@]}"
+channel_order=("${order[@]}")
+order=("${kvm_order[@]}" "${share_order[@]}" "${channel_order[@]}")
+log "modules: ${kvm_order[*]}; for shared directories: ${share_order[*]}; for the channel: ${channel_order[*]}"
 
 # The initramfs tree.
 root="$tmp/root"
@@ -225,6 +244,7 @@ for m in "${order[@]}"; do
 done
 printf '%s\n' "${kvm_order[@]}" >"$root/etc/helper-vm/modules"
 printf '%s\n' "${share_order[@]}" >"$root/etc/helper-vm/modules-9p"
+printf '%s\n' "${channel_order[@]}" >"$root/etc/helper-vm/modules-channel"
 # The kernel opens /dev/console for init before devtmpfs is mounted. Its built-in initramfs has
 # the node too; make it anyway when we can (root).
 mknod -m 600 "$root/dev/console" c 5 1 2>/dev/null || log "note: cannot mknod dev/console (not root); relying on the kernel's built-in initramfs"
@@ -257,6 +277,7 @@ fi
 	echo "busybox-static $bbver"
 	echo "modules ${kvm_order[*]}"
 	echo "modules-9p ${share_order[*]}"
+	echo "modules-channel ${channel_order[*]}"
 	echo "features $features"
 } >"$tmp/out/build-info"
 chmod 0644 "$tmp/out"/*

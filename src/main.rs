@@ -9,7 +9,8 @@ mod terminal;
 mod up_cmd;
 
 use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
+use helper_vm::{placement, HostVmMode, Placement};
 use run::api::{Controller, Request, Response};
 use run::exit_status::NO_STATUS as EXIT_NO_STATUS;
 use run::plain::{GuestSpec, PlainNetwork};
@@ -124,16 +125,6 @@ struct ShellArgs {
     node: Option<String>,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum HostVmMode {
-    /// Use the helper VM only when the host's KVM cannot run the guest.
-    Auto,
-    /// Always run inside the helper VM.
-    Always,
-    /// Never: use the host's /dev/kvm directly.
-    Never,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -282,28 +273,6 @@ impl SnapshotArgs {
 /// Carries out one request with this process's stdio as its streams.
 fn handle(request: Request, streams: StdStreams) -> Result<Response> {
     Ok(Controller::new(streams).handle(request)?)
-}
-
-/// Where guests of this invocation run.
-enum Placement {
-    Host,
-    HelperVm { reason: String },
-}
-
-fn placement(mode: HostVmMode) -> Placement {
-    match mode {
-        HostVmMode::Never => Placement::Host,
-        HostVmMode::Always => Placement::HelperVm {
-            reason: "--host-vm always".into(),
-        },
-        HostVmMode::Auto => {
-            let report = vmm::probe::host_report();
-            match report.reason {
-                None => Placement::Host,
-                Some(reason) => Placement::HelperVm { reason },
-            }
-        }
-    }
 }
 
 /// The guest `run` and `audit` boot, from their flags.

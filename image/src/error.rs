@@ -205,6 +205,15 @@ pub enum ImageError {
     )]
     CpioTooLarge { path: String, size: u64 },
 
+    /// The data of an archive member could not be read, or ended before its declared size
+    /// ([`crate::NewcWriter::append`]).
+    #[error("cannot read the data of {path:?} for the archive")]
+    CpioBody {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+
     /// Writing the archive failed.
     #[error("cannot write the initramfs: {0}")]
     Write(#[source] io::Error),

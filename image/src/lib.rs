@@ -98,7 +98,7 @@ pub use digest::sha256_digest;
 pub use error::ImageError;
 pub use flatten::{flatten, flatten_with, DevicePolicy, FlattenOptions};
 pub use hostdir::DirOptions;
-pub use initramfs::{write_cpio, write_initramfs, GZIP_LEVEL};
+pub use initramfs::{write_cpio, write_initramfs, NewcEntry, NewcWriter, GZIP_LEVEL};
 pub use layout::{
     read_image, read_image_with, Compression, ImageConfig, LayerBlob, ReadOptions,
     CONTAINERD_NAME_ANNOTATION, REF_NAME_ANNOTATION,

@@ -1,0 +1,55 @@
+//! Where guests run: on the host's KVM, or inside the helper VM when the host's KVM cannot run
+//! a Linux guest (the CPUID probe guest of [`vmm::probe::host_report`] says why).
+
+/// The user's choice (`--host-vm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum HostVmMode {
+    /// Use the helper VM only when the host's KVM cannot run the guest.
+    Auto,
+    /// Always run inside the helper VM.
+    Always,
+    /// Never: use the host's /dev/kvm directly.
+    Never,
+}
+
+/// Where guests of this invocation run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    Host,
+    /// In the helper VM, because of `reason` (`--host-vm always`, or what the host probe found).
+    HelperVm {
+        reason: String,
+    },
+}
+
+/// Decides where guests run; `Auto` probes the host (opens `/dev/kvm`, may boot the CPUID
+/// probe guest).
+pub fn placement(mode: HostVmMode) -> Placement {
+    match mode {
+        HostVmMode::Never => Placement::Host,
+        HostVmMode::Always => Placement::HelperVm {
+            reason: "--host-vm always".into(),
+        },
+        HostVmMode::Auto => match vmm::probe::host_report().reason {
+            None => Placement::Host,
+            Some(reason) => Placement::HelperVm { reason },
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_modes_need_no_probe() {
+        assert_eq!(placement(HostVmMode::Never), Placement::Host);
+        assert_eq!(
+            placement(HostVmMode::Always),
+            Placement::HelperVm {
+                reason: "--host-vm always".into()
+            }
+        );
+    }
+}
