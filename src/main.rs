@@ -1,9 +1,11 @@
 //! detvisor: a deterministic hypervisor for testing distributed systems under faults.
 
 mod bench;
+mod helper;
 mod hostvm;
 mod image_cmd;
 mod print;
+mod serve;
 mod tempdir;
 mod terminal;
 mod up_cmd;
@@ -12,12 +14,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use helper_vm::{placement, HostVmMode, Placement};
 use run::api::{Controller, Request, Response};
-use run::exit_status::NO_STATUS as EXIT_NO_STATUS;
 use run::plain::{GuestSpec, PlainNetwork};
 use run::snapshots::SnapshotPlan;
 use run::units;
 use serde::Serialize;
-use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -60,6 +60,9 @@ enum Command {
     /// Boot a multi-node system under test from a manifest, run its workload
     /// (with scheduled faults), and exit with the workload's status.
     Up(up_cmd::UpArgs),
+    /// Inside the helper VM: answer run requests on its channel.
+    #[command(hide = true)]
+    ServeChannel,
 }
 
 #[derive(Subcommand, Debug)]
@@ -270,9 +273,77 @@ impl SnapshotArgs {
     }
 }
 
-/// Carries out one request with this process's stdio as its streams.
+/// Carries out one request here, with this process's stdio as its streams.
 fn handle(request: Request, streams: StdStreams) -> Result<Response> {
-    Ok(Controller::new(streams).handle(request)?)
+    Ok(Controller::new().handle(request, &streams)?)
+}
+
+/// What a request reads from this process's stdin.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stdin {
+    /// Nothing.
+    None,
+    /// Every byte (an interactive console).
+    Raw,
+    /// Bytes up to Ctrl-D (a fork's shell).
+    UntilEot,
+}
+
+/// Carries out `request` where this invocation's guests run: here, or in a
+/// helper VM holding what `needs` says (which also rewrites the request's
+/// host paths to where they are inside it).
+fn dispatch(
+    mode: HostVmMode,
+    mut request: Request,
+    stdin: Stdin,
+    needs: impl FnOnce(&mut Request) -> Result<helper::Needs>,
+) -> Result<Response> {
+    match placement(mode) {
+        Placement::Host => {
+            let input = match stdin {
+                Stdin::None => None,
+                Stdin::Raw => Some(terminal::StdinEnd::Never),
+                Stdin::UntilEot => Some(terminal::StdinEnd::AtEot),
+            };
+            handle(request, StdStreams::with_input(input))
+        }
+        Placement::HelperVm { reason } => {
+            let needs = needs(&mut request)?;
+            helper::call_once(&reason, needs, &request, stdin != Stdin::None)
+        }
+    }
+}
+
+/// A plain run's files in the helper VM: kernel and initrd shipped along,
+/// the snapshot directory shared.
+fn guest_needs(
+    guest: &mut GuestSpec,
+    snapshots: Option<&mut SnapshotPlan>,
+) -> Result<helper::Needs> {
+    let mut needs = helper::Needs::default();
+    let image = guest.image_files()?;
+    guest.kernel = Some(needs.file(&image.kernel, "vmlinux"));
+    guest.initrd = Some(needs.file(&image.initrd, "initrd"));
+    if let Some(plan) = snapshots {
+        plan.dir = needs.share(&plan.dir)?;
+    }
+    needs.memory_mib = ((guest.ram_bytes >> 20) as u32)
+        .saturating_add(1024)
+        .max(2048);
+    Ok(needs)
+}
+
+/// A saved moment in the helper VM: its snapshot directory shared (and the
+/// directory new snapshots go to), the spec made absolute.
+fn snapshot_needs(spec: &mut String, taking: Option<&mut SnapshotPlan>) -> Result<helper::Needs> {
+    let mut needs = helper::Needs::default();
+    let absolute = absolute_spec(spec)?;
+    needs.share(&spec_root(&absolute))?;
+    *spec = absolute;
+    if let Some(plan) = taking {
+        plan.dir = needs.share(&plan.dir)?;
+    }
+    Ok(needs)
 }
 
 /// The guest `run` and `audit` boot, from their flags.
@@ -308,96 +379,25 @@ fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
     Ok(spec)
 }
 
-/// Re-runs this invocation inside the helper VM, with the guest's files shipped along.
-fn run_in_helper_vm(
-    subcommand: &str,
-    guest: &GuestArgs,
-    extra: &[String],
-    shared_dirs: Vec<PathBuf>,
-    reason: &str,
-) -> Result<u8> {
-    // Validate what can be validated before paying for the helper VM.
-    let image = guest_spec(guest)?.image_files()?;
-    eprintln!("detvisor: running inside a helper VM (QEMU TCG with nested SVM) because {reason}");
-    let assets = hostvm::ensure_assets(None)?;
-    let files = vec![
-        hostvm::PayloadFile {
-            host_path: image.kernel.clone(),
-            payload_name: "vmlinux".into(),
-        },
-        hostvm::PayloadFile {
-            host_path: image.initrd.clone(),
-            payload_name: "initrd".into(),
-        },
-    ];
-    let mut args: Vec<OsString> = vec![
-        subcommand.into(),
-        "--host-vm".into(),
-        "never".into(),
-        "--kernel".into(),
-        hostvm::payload_path("vmlinux").into(),
-        "--initrd".into(),
-        hostvm::payload_path("initrd").into(),
-        "--seed".into(),
-        guest.seed.to_string().into(),
-        "--mem".into(),
-        guest.mem.clone().into(),
-        "--rtc-epoch".into(),
-        guest.rtc_epoch.to_string().into(),
-        "--nics".into(),
-        guest.nics.to_string().into(),
-        "--net-latency".into(),
-        guest.net_latency.clone().into(),
-        "--net-loss".into(),
-        guest.net_loss.to_string().into(),
-    ];
-    if let Some(c) = &guest.cmdline {
-        args.push("--cmdline".into());
-        args.push(c.into());
-    }
-    if let Some(u) = &guest.until {
-        args.push("--until".into());
-        args.push(u.into());
-    }
-    args.extend(extra.iter().map(OsString::from));
-    args.push("--".into());
-    args.extend(guest.command.iter().map(OsString::from));
-    let ram = units::parse_size(&guest.mem)?;
-    let config = hostvm::HelperVmConfig {
-        assets_dir: assets,
-        memory_mib: ((ram >> 20) as u32).saturating_add(1024).max(2048),
-        shared_dirs,
-        ..hostvm::HelperVmConfig::default()
-    };
-    let exe = std::env::current_exe().context("locating the detvisor executable")?;
-    let status = hostvm::run(&config, &exe, &args, &files)?;
-    Ok(u8::try_from(status).unwrap_or(EXIT_NO_STATUS))
-}
-
 fn cmd_run(args: RunArgs) -> Result<u8> {
     // Keystrokes pass through to the guest's shell unchanged.
     let interactive = args.guest.command.is_empty() && std::io::stdin().is_terminal();
-    if let Placement::HelperVm { reason } = placement(args.guest.host_vm) {
-        let mut extra: Vec<String> = if args.json {
-            vec!["--json".into()]
-        } else {
-            vec![]
-        };
-        let mut shared = Vec::new();
-        if let Some((options, dir)) = args.snapshots.forwarded()? {
-            extra.extend(options);
-            shared.push(dir);
-        }
-        let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
-        return run_in_helper_vm("run", &args.guest, &extra, shared, &reason);
-    }
     let request = Request::Run {
         guest: guest_spec(&args.guest)?,
         snapshots: args.snapshots.plan()?,
     };
     let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
-    let streams = StdStreams::with_input(interactive.then_some(terminal::StdinEnd::Never));
-    match handle(request, streams)? {
+    let stdin = if interactive { Stdin::Raw } else { Stdin::None };
+    let response = dispatch(
+        args.guest.host_vm,
+        request,
+        stdin,
+        |request| match request {
+            Request::Run { guest, snapshots } => guest_needs(guest, snapshots.as_mut()),
+            _ => unreachable!("a run request"),
+        },
+    )?;
+    match response {
         Response::Summary(summary) => print::summary(&summary, args.json),
         other => print::unexpected(&other),
     }
@@ -406,28 +406,6 @@ fn cmd_run(args: RunArgs) -> Result<u8> {
 fn cmd_audit(args: AuditArgs) -> Result<u8> {
     if args.runs < 2 {
         bail!("--runs must be at least 2 to compare anything");
-    }
-    if let Placement::HelperVm { reason } = placement(args.guest.host_vm) {
-        let mut extra = vec![
-            "--runs".to_string(),
-            args.runs.to_string(),
-            "--memory-every".into(),
-            args.memory_every.to_string(),
-            "--devices-every".into(),
-            args.devices_every.to_string(),
-        ];
-        if args.json {
-            extra.push("--json".into());
-        }
-        if let Some(k) = args.perturb_run {
-            extra.extend([
-                "--perturb-run".into(),
-                k.to_string(),
-                "--perturb-exit".into(),
-                args.perturb_exit.to_string(),
-            ]);
-        }
-        return run_in_helper_vm("audit", &args.guest, &extra, Vec::new(), &reason);
     }
     let request = Request::Audit {
         guest: guest_spec(&args.guest)?,
@@ -438,16 +416,22 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
             perturb: args.perturb_run.map(|run| (run, args.perturb_exit)),
         },
     };
-    match handle(request, StdStreams::default())? {
+    let response = dispatch(
+        args.guest.host_vm,
+        request,
+        Stdin::None,
+        |request| match request {
+            Request::Audit { guest, .. } => guest_needs(guest, None),
+            _ => unreachable!("an audit request"),
+        },
+    )?;
+    match response {
         Response::Audit(summary) => print::audit(&summary, args.json),
         other => print::unexpected(&other),
     }
 }
 
 fn cmd_branch(args: BranchArgs) -> Result<u8> {
-    if let Placement::HelperVm { reason } = placement(args.host_vm) {
-        return reexec_with_snapshot_dirs(&reason, &args.spec, &args.snapshots, false);
-    }
     let until = args
         .until
         .as_deref()
@@ -462,7 +446,16 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
             until,
             in_place: args.in_place,
         });
-        return match handle(request, StdStreams::default())? {
+        let response = dispatch(
+            args.host_vm,
+            request,
+            Stdin::None,
+            |request| match request {
+                Request::BranchSeeds(seeds) => snapshot_needs(&mut seeds.spec, None),
+                _ => unreachable!("a seeds request"),
+            },
+        )?;
+        return match response {
             Response::Seeds(report) => print::seeds(&report, args.json),
             other => print::unexpected(&other),
         };
@@ -476,7 +469,16 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         // (events to stderr); a `run` snapshot's guest console to stdout.
         events: !args.json,
     });
-    match handle(request, StdStreams::default())? {
+    let response = dispatch(
+        args.host_vm,
+        request,
+        Stdin::None,
+        |request| match request {
+            Request::Branch(branch) => snapshot_needs(&mut branch.spec, branch.snapshots.as_mut()),
+            _ => unreachable!("a branch request"),
+        },
+    )?;
+    match response {
         Response::Summary(summary) => print::summary(&summary, args.json),
         other => print::unexpected(&other),
     }
@@ -487,9 +489,6 @@ fn cmd_shell(args: ShellArgs) -> Result<u8> {
     // echoes and edits lines: keystrokes pass through unchanged.
     let interactive = std::io::stdin().is_terminal() && is_up_snapshot(&args.spec)?;
     let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
-    if let Placement::HelperVm { reason } = placement(args.host_vm) {
-        return reexec_with_snapshot_dirs(&reason, &args.spec, &Default::default(), true);
-    }
     let (rows, cols) = terminal::size();
     let request = Request::Shell(run::shell::ShellRequest {
         spec: args.spec.clone(),
@@ -498,12 +497,16 @@ fn cmd_shell(args: ShellArgs) -> Result<u8> {
         cols,
         term: std::env::var("TERM").ok().filter(|t| !t.is_empty()),
     });
-    // The end of a stdin forwarded through the helper VM's serial line is
-    // an EOT byte.
-    match handle(
+    let response = dispatch(
+        args.host_vm,
         request,
-        StdStreams::with_input(Some(terminal::StdinEnd::AtEot)),
-    )? {
+        Stdin::UntilEot,
+        |request| match request {
+            Request::Shell(shell) => snapshot_needs(&mut shell.spec, None),
+            _ => unreachable!("a shell request"),
+        },
+    )?;
+    match response {
         Response::Shell { status } => Ok(status),
         other => print::unexpected(&other),
     }
@@ -522,10 +525,17 @@ fn is_up_snapshot(spec: &str) -> Result<bool> {
 }
 
 fn cmd_seek(args: SeekArgs) -> Result<u8> {
-    if let Placement::HelperVm { reason } = placement(args.host_vm) {
-        return reexec_with_snapshot_dirs(&reason, &args.spec, &Default::default(), false);
-    }
-    match handle(Request::Seek { spec: args.spec }, StdStreams::default())? {
+    let request = Request::Seek { spec: args.spec };
+    let response = dispatch(
+        args.host_vm,
+        request,
+        Stdin::None,
+        |request| match request {
+            Request::Seek { spec } => snapshot_needs(spec, None),
+            _ => unreachable!("a seek request"),
+        },
+    )?;
+    match response {
         Response::Seek(report) => print::seek(&report, args.json),
         other => print::unexpected(&other),
     }
@@ -576,49 +586,6 @@ fn spec_root(spec: &str) -> PathBuf {
     }
 }
 
-/// Re-runs this command line inside the helper VM with `spec` and any
-/// `--snapshots DIR` made absolute, sharing those directories read-write.
-fn reexec_with_snapshot_dirs(
-    reason: &str,
-    spec: &str,
-    taking: &SnapshotArgs,
-    forward_stdin: bool,
-) -> Result<u8> {
-    let absolute = absolute_spec(spec)?;
-    let mut shared = vec![spec_root(&absolute)];
-    let mut args: Vec<OsString> = std::env::args_os().skip(1).collect();
-    for arg in args.iter_mut() {
-        if arg.as_os_str() == std::ffi::OsStr::new(spec) {
-            *arg = absolute.clone().into();
-            break;
-        }
-    }
-    if let Some(dir) = &taking.snapshots {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let dir_abs = dir.canonicalize()?;
-        if let Some(i) = args.iter().position(|a| a == "--snapshots") {
-            if let Some(value) = args.get_mut(i + 1) {
-                *value = dir_abs.clone().into();
-            }
-        }
-        shared.push(dir_abs);
-    }
-    shared.sort();
-    shared.dedup();
-    eprintln!("detvisor: running inside a helper VM (QEMU TCG with nested SVM) because {reason}");
-    let position = args.iter().position(|a| a == "--").unwrap_or(args.len());
-    args.splice(position..position, ["--host-vm".into(), "never".into()]);
-    let config = hostvm::HelperVmConfig {
-        assets_dir: hostvm::ensure_assets(None)?,
-        shared_dirs: shared,
-        forward_stdin_always: forward_stdin,
-        ..hostvm::HelperVmConfig::default()
-    };
-    let exe = std::env::current_exe().context("locating the detvisor executable")?;
-    let status = hostvm::run(&config, &exe, &args, &[])?;
-    Ok(u8::try_from(status).unwrap_or(EXIT_NO_STATUS))
-}
-
 /// Whether the helper VM's QEMU is on PATH.
 fn qemu_available() -> bool {
     std::env::var_os("PATH")
@@ -627,21 +594,20 @@ fn qemu_available() -> bool {
 }
 
 fn cmd_check(args: CheckArgs) -> Result<u8> {
-    if args.host_vm == HostVmMode::Always {
-        eprintln!("detvisor: checking the KVM inside the helper VM (QEMU TCG with nested SVM)");
-        let mut inner: Vec<OsString> = vec!["check".into(), "--host-vm".into(), "never".into()];
-        if args.json {
-            inner.push("--json".into());
+    let report = if args.host_vm == HostVmMode::Always {
+        let reason = "`check --host-vm always` checks the KVM inside it";
+        match helper::call_once(
+            reason,
+            helper::Needs::default(),
+            &Request::HostReport,
+            false,
+        )? {
+            Response::HostReport(report) => report,
+            other => return print::unexpected(&other),
         }
-        let config = hostvm::HelperVmConfig {
-            assets_dir: hostvm::ensure_assets(None)?,
-            ..hostvm::HelperVmConfig::default()
-        };
-        let exe = std::env::current_exe().context("locating the detvisor executable")?;
-        let status = hostvm::run(&config, &exe, &inner, &[])?;
-        return Ok(u8::try_from(status).unwrap_or(EXIT_NO_STATUS));
-    }
-    let report = vmm::probe::host_report();
+    } else {
+        vmm::probe::host_report()
+    };
     let qemu = qemu_available();
     if args.json {
         #[derive(Serialize)]
@@ -724,6 +690,7 @@ fn main() -> ExitCode {
         Command::Shell(args) => cmd_shell(args),
         Command::Up(args) => up_cmd::cmd_up(args),
         Command::Image(cmd) => image_cmd::run(cmd),
+        Command::ServeChannel => serve::serve(),
     };
     match result {
         Ok(code) => ExitCode::from(code),

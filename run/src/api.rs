@@ -75,6 +75,8 @@ pub enum Request {
     ListSnapshots { dir: PathBuf },
     /// One snapshot in detail (`detvisor snapshot info`).
     SnapshotInfo { dir: PathBuf },
+    /// What this host's KVM offers (`detvisor check`).
+    HostReport,
 
     /// Boot a plain run and hold it, stopped before its first exit.
     Boot { guest: GuestSpec },
@@ -122,7 +124,7 @@ pub struct Position {
 }
 
 /// The answer to a [`Request`].
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "response")]
 pub enum Response {
     /// `Run`, `Branch`, `Outcome`.
@@ -139,6 +141,7 @@ pub enum Response {
         rows: Vec<SnapshotRow>,
     },
     SnapshotDetails(SnapshotDetails),
+    HostReport(vmm::probe::HostReport),
     /// `Boot`, `BootUp`, `Restore`.
     Started {
         run: RunId,
@@ -153,6 +156,10 @@ pub enum Response {
     Snapshot(SnapshotRow),
     Closed,
 }
+
+/// A [`Response`], or the failure's whole chain of causes as text: what
+/// crosses back from a detvisor serving requests inside the helper VM.
+pub type Reply = Result<Response, String>;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -189,31 +196,21 @@ impl Held {
     }
 }
 
-/// Answers [`Request`]s, holding live runs between them. Output goes to the
-/// [`Streams`] it was made with.
-pub struct Controller<S: Streams> {
-    streams: S,
+/// Answers [`Request`]s, holding live runs between them.
+#[derive(Default)]
+pub struct Controller {
     runs: BTreeMap<RunId, Held>,
     next_id: u64,
 }
 
-impl<S: Streams> Controller<S> {
-    pub fn new(streams: S) -> Self {
-        Controller {
-            streams,
-            runs: BTreeMap::new(),
-            next_id: 1,
-        }
-    }
-
-    pub fn streams(&self) -> &S {
-        &self.streams
+impl Controller {
+    pub fn new() -> Self {
+        Controller::default()
     }
 
     fn next_id(&mut self) -> u64 {
-        let id = self.next_id;
         self.next_id += 1;
-        id
+        self.next_id
     }
 
     fn held(&mut self, run: RunId) -> Result<&mut Held, ApiError> {
@@ -232,9 +229,13 @@ impl<S: Streams> Controller<S> {
         Response::Started { run, position }
     }
 
-    /// Carries out one request.
-    pub fn handle(&mut self, request: Request) -> Result<Response, ApiError> {
-        let streams = &self.streams;
+    /// Carries out one request, its output on `streams` (a held run keeps
+    /// writing to the streams of the request that started it).
+    pub fn handle(
+        &mut self,
+        request: Request,
+        streams: &dyn Streams,
+    ) -> Result<Response, ApiError> {
         Ok(match request {
             Request::Run { guest, snapshots } => {
                 let input = if guest.command.is_empty() {
@@ -268,6 +269,7 @@ impl<S: Streams> Controller<S> {
                 rows: snapshots::list(&dir)?,
             },
             Request::SnapshotInfo { dir } => Response::SnapshotDetails(snapshots::info(&dir)?),
+            Request::HostReport => Response::HostReport(vmm::probe::host_report()),
 
             Request::Boot { guest } => {
                 let config = guest.vm_config(RecordConfig::default())?;
@@ -366,5 +368,25 @@ impl<S: Streams> Controller<S> {
                 Response::Closed
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_an_error_chain_prints_each_cause_once() {
+        let inner = anyhow::anyhow!("Is a directory (os error 21)").context("reading /tmp");
+        let error = anyhow::Error::from(ApiError::from(inner));
+        assert_eq!(
+            format!("{error:#}"),
+            "reading /tmp: Is a directory (os error 21)"
+        );
+        let unknown = anyhow::Error::from(ApiError::UnknownRun(RunId(3)));
+        assert_eq!(
+            format!("{unknown:#}"),
+            "no run RunId(3) is held (it was closed, or never started)"
+        );
     }
 }

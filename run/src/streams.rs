@@ -82,3 +82,37 @@ impl Streams for Captured {
 pub fn say(streams: &dyn Streams, line: &str) {
     let _ = writeln!(streams.stderr(), "{line}");
 }
+
+/// `input` up to its first EOT byte (Ctrl-D), which ends it: how a fork's
+/// shell takes the end of the user's input from a raw terminal.
+pub fn until_eot(input: Input) -> Input {
+    const EOT: u8 = 0x04;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for chunk in input {
+            if let Some(end) = chunk.iter().position(|&b| b == EOT) {
+                let _ = tx.send(chunk[..end].to_vec());
+                return;
+            }
+            if tx.send(chunk).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_input_ends_at_the_first_eot() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        tx.send(b"ls\n".to_vec()).unwrap();
+        tx.send(b"exit\x04more".to_vec()).unwrap();
+        tx.send(b"never".to_vec()).unwrap();
+        let got: Vec<Vec<u8>> = until_eot(rx).into_iter().collect();
+        assert_eq!(got, vec![b"ls\n".to_vec(), b"exit".to_vec()]);
+    }
+}

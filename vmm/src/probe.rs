@@ -8,7 +8,7 @@
 use crate::cpu_model;
 use kvm_bindings::{kvm_msr_entry, kvm_userspace_memory_region, Msrs};
 use kvm_ioctls::{Cap, Kvm, VcpuExit};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 
@@ -30,7 +30,7 @@ const PROBE_CODE: &[u8] = &[
     0xf4, // hlt
 ];
 
-#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CpuidProbe {
     pub expected_ecx: u32,
     pub expected_edx: u32,
@@ -44,7 +44,7 @@ impl CpuidProbe {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct HostReport {
     pub kvm_device: bool,
     /// Loaded KVM modules (kvm_intel, kvm_amd, kvm_pvm, ...), from /sys/module.

@@ -73,35 +73,40 @@ impl Write for OutputWriter {
 
 /// What the reader thread passes on.
 enum Event<Req> {
+    /// A request, with the receiving end of its stdin (closed at its end-of-stdin frame).
+    Call(Req, Receiver<Vec<u8>>),
+    /// A frame that is neither a request nor stdin.
     Frame(Frame<Req>),
     Error(FrameError),
 }
 
-/// The current call's stdin: the host's stdin frames until its end-of-stdin frame.
-pub struct CallStdin<'a, Req> {
-    events: &'a Receiver<Event<Req>>,
+/// The current call's stdin: the host's stdin frames until its end-of-stdin frame. Read it,
+/// or take its chunks as a channel ([`CallStdin::take_receiver`]) to read on another thread:
+/// the call can return while its stdin is still open (the host ends it after the response).
+pub struct CallStdin {
+    chunks: Receiver<Vec<u8>>,
     buf: Vec<u8>,
     pos: usize,
-    /// The call's stdin-eof frame has been consumed (or the channel ended).
-    ended: bool,
-    /// A frame that ends the session, seen while reading stdin: handled after the call.
-    pending: Option<Event<Req>>,
 }
 
-impl<Req> Read for CallStdin<'_, Req> {
+impl CallStdin {
+    /// The stdin chunks as they arrive; the channel closes at the end of stdin. This
+    /// `CallStdin` reads nothing afterwards.
+    pub fn take_receiver(&mut self) -> Receiver<Vec<u8>> {
+        let (_, closed) = mpsc::channel();
+        std::mem::replace(&mut self.chunks, closed)
+    }
+}
+
+impl Read for CallStdin {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        while self.pos == self.buf.len() && !self.ended {
-            match self.events.recv() {
-                Ok(Event::Frame(Frame::Stdin(data))) => {
+        while self.pos == self.buf.len() {
+            match self.chunks.recv() {
+                Ok(data) => {
                     self.buf = data;
                     self.pos = 0;
                 }
-                Ok(Event::Frame(Frame::StdinEof)) => self.ended = true,
-                Ok(other) => {
-                    self.ended = true;
-                    self.pending = Some(other);
-                }
-                Err(_) => self.ended = true,
+                Err(_) => return Ok(0),
             }
         }
         let n = out.len().min(self.buf.len() - self.pos);
@@ -112,10 +117,10 @@ impl<Req> Read for CallStdin<'_, Req> {
 }
 
 /// The streams of one call, handed to the handler.
-pub struct CallIo<'a, Req> {
+pub struct CallIo {
     pub stdout: OutputWriter,
     pub stderr: OutputWriter,
-    pub stdin: CallStdin<'a, Req>,
+    pub stdin: CallStdin,
 }
 
 /// Serves requests on [`GUEST_PORT_PATH`] until the host sends a shutdown (`Ok`); see
@@ -124,7 +129,7 @@ pub fn serve<Req, Resp, F>(handler: F) -> Result<(), ServeError>
 where
     Req: DeserializeOwned + Send + 'static,
     Resp: Serialize,
-    F: FnMut(Req, &mut CallIo<'_, Req>) -> Resp,
+    F: FnMut(Req, &mut CallIo) -> Resp,
 {
     let open_err = |source| ServeError::Open {
         path: GUEST_PORT_PATH.into(),
@@ -146,7 +151,7 @@ pub fn serve_on<Req, Resp, F, R, W>(reader: R, writer: W, mut handler: F) -> Res
 where
     Req: DeserializeOwned + Send + 'static,
     Resp: Serialize,
-    F: FnMut(Req, &mut CallIo<'_, Req>) -> Resp,
+    F: FnMut(Req, &mut CallIo) -> Resp,
     R: Read + Send + 'static,
     W: Write + Send + 'static,
 {
@@ -160,39 +165,54 @@ where
     )
     .map_err(ServeError::Send)?;
     let (tx, events) = mpsc::channel();
-    // Reads ahead so that stdin the handler does not read never blocks the host. Left blocked
+    // Reads ahead so that stdin the handler does not read never blocks the host: each call's
+    // stdin goes to that call's own channel, closed at its end-of-stdin frame. Left blocked
     // in its read when serve returns without a shutdown; the process is about to exit then.
     thread::spawn(move || {
         let mut reader = BufReader::new(reader);
+        let mut stdin: Option<mpsc::Sender<Vec<u8>>> = None;
         loop {
             let event = match read_frame::<Req, _>(&mut reader) {
+                // Stdin nobody reads any more is dropped.
+                Ok(Frame::Stdin(data)) => {
+                    if let Some(sink) = &stdin {
+                        let _ = sink.send(data);
+                    }
+                    continue;
+                }
+                Ok(Frame::StdinEof) => {
+                    stdin = None;
+                    continue;
+                }
+                Ok(Frame::Message(req)) => {
+                    let (sink, chunks) = mpsc::channel();
+                    stdin = Some(sink);
+                    Event::Call(req, chunks)
+                }
                 Ok(frame) => {
                     let last = matches!(frame, Frame::Shutdown);
-                    let sent = tx.send(Event::Frame(frame));
-                    if last || sent.is_err() {
+                    if tx.send(Event::Frame(frame)).is_err() || last {
                         return;
                     }
                     continue;
                 }
-                Err(e) => Event::Error(e),
+                Err(e) => {
+                    let _ = tx.send(Event::Error(e));
+                    return;
+                }
             };
-            let _ = tx.send(event);
-            return;
+            if tx.send(event).is_err() {
+                return;
+            }
         }
     });
-    let mut pending = None;
     loop {
-        let event = match pending.take() {
-            Some(event) => event,
-            None => events.recv().map_err(|_| ServeError::Closed)?,
-        };
-        let req = match event {
-            Event::Frame(Frame::Message(req)) => req,
+        let event = events.recv().map_err(|_| ServeError::Closed)?;
+        let (req, chunks) = match event {
+            Event::Call(req, chunks) => (req, chunks),
             Event::Frame(Frame::Shutdown) => return Ok(()),
             Event::Error(FrameError::Closed) => return Err(ServeError::Closed),
             Event::Error(e) => return Err(ServeError::Receive(e)),
-            // Stdin the last handler did not read, up to and including its end.
-            Event::Frame(Frame::Stdin(_) | Frame::StdinEof) => continue,
             Event::Frame(other) => return Err(ServeError::Unexpected(other.kind_name())),
         };
         let mut io = CallIo {
@@ -205,15 +225,12 @@ where
                 stderr: true,
             },
             stdin: CallStdin {
-                events: &events,
+                chunks,
                 buf: Vec::new(),
                 pos: 0,
-                ended: false,
-                pending: None,
             },
         };
         let resp = handler(req, &mut io);
-        pending = io.stdin.pending.take();
         send(&writer, &Frame::Message(resp)).map_err(ServeError::Send)?;
     }
 }

@@ -53,7 +53,7 @@ pub fn stdin_summary(data: &[u8]) -> ToyResp {
 }
 
 /// The toy handler.
-pub fn handle(req: ToyReq, io: &mut CallIo<'_, ToyReq>) -> Reply {
+pub fn handle(req: ToyReq, io: &mut CallIo) -> Reply {
     match req {
         ToyReq::Echo(s) => Ok(ToyResp::Echo(s)),
         ToyReq::Add(a, b) => a.checked_add(b).map(ToyResp::Sum).ok_or(ToyError::Overflow),
