@@ -76,18 +76,16 @@ impl fmt::Display for VirtNanos {
 /// Why a text is not a duration (see [`VirtNanos::from_str`]). Each names the text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DurationError {
-    #[error("{text:?} is not a duration: expected a decimal number and a unit ({DURATION_UNITS}; no unit means seconds), e.g. 12.5s, 250ms or 600")]
+    #[error("unparsable duration {text:?}: expected a decimal number and a unit ({DURATION_UNITS}; no unit means seconds), e.g. 12.5s, 250ms or 600")]
     NotANumber { text: String },
-    #[error("duration {text:?} is negative")]
+    #[error("unparsable duration {text:?}: negative")]
     Negative { text: String },
-    #[error(
-        "duration {text:?} has unknown unit {unit:?} (use {DURATION_UNITS}; no unit means seconds)"
-    )]
+    #[error("unparsable duration {text:?}: unknown unit {unit:?} (use {DURATION_UNITS}; no unit means seconds)")]
     UnknownUnit { text: String, unit: String },
-    #[error("duration {text:?} is finer than a nanosecond")]
+    #[error("unparsable duration {text:?}: finer than a nanosecond")]
     FinerThanNanosecond { text: String },
     #[error(
-        "duration {text:?} is beyond the largest, {}ns (about 584 years)",
+        "unparsable duration {text:?}: beyond the largest, {}ns (about 584 years)",
         u64::MAX
     )]
     TooLarge { text: String },

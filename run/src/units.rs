@@ -28,15 +28,17 @@ pub struct ByteSize(pub u64);
 /// Why a text is not a size (see [`ByteSize`]). Each names the text.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SizeError {
-    #[error("{text:?} is not a size: expected a decimal number and a unit ({SIZE_UNITS}; no unit means bytes), e.g. 512M or 1.5G")]
+    #[error("unparsable size {text:?}: expected a decimal number and a unit ({SIZE_UNITS}; no unit means bytes), e.g. 512M or 1.5G")]
     NotANumber { text: String },
-    #[error("size {text:?} is negative")]
+    #[error("unparsable size {text:?}: negative")]
     Negative { text: String },
-    #[error("size {text:?} has unknown unit {unit:?} (use {SIZE_UNITS}; no unit means bytes)")]
+    #[error(
+        "unparsable size {text:?}: unknown unit {unit:?} (use {SIZE_UNITS}; no unit means bytes)"
+    )]
     UnknownUnit { text: String, unit: String },
-    #[error("size {text:?} is not a whole number of bytes")]
+    #[error("unparsable size {text:?}: not a whole number of bytes")]
     NotWholeBytes { text: String },
-    #[error("size {text:?} is beyond the largest, {} bytes", u64::MAX)]
+    #[error("unparsable size {text:?}: beyond the largest, {} bytes", u64::MAX)]
     TooLarge { text: String },
 }
 
@@ -172,7 +174,7 @@ mod tests {
         let msg = format!("{:#}", parse_size("1.5x").unwrap_err());
         assert_eq!(
             msg,
-            "size \"1.5x\" has unknown unit \"x\" (use B, K, M, G or T, optionally as KB or KiB; no unit means bytes)"
+            "unparsable size \"1.5x\": unknown unit \"x\" (use B, K, M, G or T, optionally as KB or KiB; no unit means bytes)"
         );
     }
 
@@ -206,7 +208,7 @@ mod tests {
         assert_eq!(parse_duration("5us").unwrap(), VirtNanos(5_000));
         assert_eq!(
             format!("{:#}", parse_duration("5 parsecs").unwrap_err()),
-            "duration \"5 parsecs\" has unknown unit \" parsecs\" (use ns, us or µs, ms, s, m or min, h; no unit means seconds)"
+            "unparsable duration \"5 parsecs\": unknown unit \" parsecs\" (use ns, us or µs, ms, s, m or min, h; no unit means seconds)"
         );
         for bad in ["", "-1s", "NaN", "1.5ns", "99999999999h"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");

@@ -219,7 +219,7 @@ mod tests {
                 "/nonexistent/snaps@99999999999999999999",
                 "beyond the largest",
             ),
-            ("/nonexistent/snaps@.s", "is not a duration"),
+            ("/nonexistent/snaps@.s", "expected a decimal number"),
         ] {
             let err = resolve(spec).unwrap_err();
             let msg = err.to_string();
