@@ -180,7 +180,7 @@ pub fn parse_with_unit(
     let mut carry: u128 = 0;
     for d in frac.bytes().rev() {
         let v = u128::from(d - b'0') * u128::from(mult) + carry;
-        if v % 10 != 0 {
+        if !v.is_multiple_of(10) {
             return Err(DecimalError::NotWhole);
         }
         carry = v / 10;

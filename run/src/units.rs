@@ -88,7 +88,7 @@ impl fmt::Display for ByteSize {
         let n = self.0;
         match BINARY_UNITS
             .iter()
-            .find(|&&(_, bytes)| n != 0 && n % bytes == 0)
+            .find(|&&(_, bytes)| n != 0 && n.is_multiple_of(bytes))
         {
             Some((name, bytes)) => f.pad(&format!("{}{name}", n / bytes)),
             None => f.pad(&n.to_string()),
