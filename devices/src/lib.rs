@@ -37,7 +37,7 @@ pub use status::GuestEvent;
 pub use switch::{
     LatencyDist, NetworkConfig, PortCounters, PortId, Switch, SwitchError, SwitchState,
 };
-pub use time::VirtNanos;
+pub use time::{DurationError, VirtNanos};
 
 /// Guest RAM as the devices and the VMM see it: one mmap'ed region with a
 /// dirty bitmap, so the pages the VMM itself writes (virtqueue used rings,

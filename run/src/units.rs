@@ -1,63 +1,110 @@
-//! Parsing of sizes and durations given on the command line.
+//! Sizes and durations as people write them, on the command line and in manifests.
+//!
+//! Durations have one grammar, `VirtNanos`'s `FromStr` in `devices::time` (shared with
+//! snapshot specs); sizes have one, [`ByteSize`]'s here. Both are exact (no floating point),
+//! and both types print text that parses back to the same value.
 
-use anyhow::{bail, Context, Result};
+use std::fmt;
+use std::str::FromStr;
+
+use anyhow::Result;
+use devices::time::{parse_with_unit, DecimalError};
 use vmm::VirtNanos;
 
-/// "512M", "1G", "64m", "268435456" (bytes) -> bytes.
-pub fn parse_size(text: &str) -> Result<u64> {
-    let t = text.trim();
-    let (digits, mult) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
-        None => (t, 1u64),
-        Some((i, _)) => {
-            let unit = t[i..].to_ascii_lowercase();
-            let mult = match unit.as_str() {
-                "k" | "kb" | "kib" => 1 << 10,
-                "m" | "mb" | "mib" => 1 << 20,
-                "g" | "gb" | "gib" => 1 << 30,
-                "b" => 1,
-                _ => bail!("unparsable size {text:?}: unknown unit {unit:?} (use K, M or G)"),
-            };
-            (&t[..i], mult)
-        }
-    };
-    if digits.is_empty() {
-        bail!("unparsable size {text:?}: no number");
-    }
-    let n: u64 = digits
-        .parse()
-        .with_context(|| format!("unparsable size {text:?}"))?;
-    n.checked_mul(mult)
-        .with_context(|| format!("size {text:?} is too large"))
+/// A number of bytes, as written in `--mem` and manifests.
+///
+/// The grammar: a decimal number (`4096`, `1.5`, `.5`; no sign, exponent or separators),
+/// then directly an optional unit, case-insensitive: none or `B` (bytes), `K`, `M`, `G` or
+/// `T`, each optionally followed by `B` or `iB` (`512M`, `512MB`, `512MiB`, `1.5g`). Every
+/// unit is binary: K = 1024 bytes, whatever the spelling. The value must be a whole number
+/// of bytes (`1.5G` = 1610612736; `0.1K` and `1.5` are errors) no larger than `u64::MAX`.
+/// Spaces around the whole are ignored.
+///
+/// `Display` prints the largest unit that divides the value exactly, without a fraction:
+/// `1G`, `1536M`, `4K`, `1000` (bytes), `0`; it parses back to the same value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ByteSize(pub u64);
+
+/// Why a text is not a size (see [`ByteSize`]). Each names the text.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SizeError {
+    #[error("unparsable size {text:?}: expected a decimal number and a unit ({SIZE_UNITS}; no unit means bytes), e.g. 512M or 1.5G")]
+    NotANumber { text: String },
+    #[error("unparsable size {text:?}: negative")]
+    Negative { text: String },
+    #[error(
+        "unparsable size {text:?}: unknown unit {unit:?} (use {SIZE_UNITS}; no unit means bytes)"
+    )]
+    UnknownUnit { text: String, unit: String },
+    #[error("unparsable size {text:?}: not a whole number of bytes")]
+    NotWholeBytes { text: String },
+    #[error("unparsable size {text:?}: beyond the largest, {} bytes", u64::MAX)]
+    TooLarge { text: String },
 }
 
-/// "30s", "500ms", "10m", "1h", "2.5s", "600" (seconds) -> virtual nanoseconds.
-pub fn parse_duration(text: &str) -> Result<VirtNanos> {
-    let t = text.trim();
-    let split = t
-        .char_indices()
-        .find(|(_, c)| !(c.is_ascii_digit() || *c == '.'))
-        .map(|(i, _)| i)
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let scale: f64 = match unit {
-        "" | "s" => 1e9,
-        "ms" => 1e6,
-        "us" => 1e3,
-        "ns" => 1.0,
-        "m" | "min" => 60e9,
-        "h" => 3600e9,
-        _ => {
-            bail!("unparsable duration {text:?}: unknown unit {unit:?} (use ns, us, ms, s, m or h)")
-        }
-    };
-    let value: f64 = number
-        .parse()
-        .with_context(|| format!("unparsable duration {text:?}"))?;
-    let nanos = value * scale;
-    if !nanos.is_finite() || nanos < 0.0 || nanos > u64::MAX as f64 {
-        bail!("duration {text:?} is out of range");
+const SIZE_UNITS: &str = "B, K, M, G or T, optionally as KB or KiB";
+
+/// The units of [`ByteSize`], largest first.
+const BINARY_UNITS: [(&str, u64); 4] = [
+    ("T", 1 << 40),
+    ("G", 1 << 30),
+    ("M", 1 << 20),
+    ("K", 1 << 10),
+];
+
+impl FromStr for ByteSize {
+    type Err = SizeError;
+
+    fn from_str(text: &str) -> Result<Self, SizeError> {
+        let unit = |u: &str| {
+            let u = u.to_ascii_lowercase();
+            if u.is_empty() || u == "b" {
+                return Some(1);
+            }
+            let prefix = u
+                .strip_suffix("ib")
+                .or_else(|| u.strip_suffix('b'))
+                .unwrap_or(&u);
+            BINARY_UNITS
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(prefix))
+                .map(|&(_, bytes)| bytes)
+        };
+        let text = text.to_owned();
+        parse_with_unit(&text, unit)
+            .map(ByteSize)
+            .map_err(|e| match e {
+                DecimalError::NotANumber => SizeError::NotANumber { text },
+                DecimalError::Negative => SizeError::Negative { text },
+                DecimalError::UnknownUnit(unit) => SizeError::UnknownUnit { text, unit },
+                DecimalError::NotWhole => SizeError::NotWholeBytes { text },
+                DecimalError::TooLarge => SizeError::TooLarge { text },
+            })
     }
-    Ok(VirtNanos(nanos.round() as u64))
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.0;
+        match BINARY_UNITS
+            .iter()
+            .find(|&&(_, bytes)| n != 0 && n.is_multiple_of(bytes))
+        {
+            Some((name, bytes)) => f.pad(&format!("{}{name}", n / bytes)),
+            None => f.pad(&n.to_string()),
+        }
+    }
+}
+
+/// A size in bytes: the [`ByteSize`] grammar (`512M`, `1.5G`, `4096`).
+pub fn parse_size(text: &str) -> Result<u64> {
+    Ok(text.parse::<ByteSize>()?.0)
+}
+
+/// A duration: the one grammar of `VirtNanos`'s `FromStr` (`30s`, `500ms`, `5µs`, `2.5s`,
+/// `600` = seconds).
+pub fn parse_duration(text: &str) -> Result<VirtNanos> {
+    Ok(text.parse()?)
 }
 
 /// A link latency: a duration (`5ms`) or a uniform range (`1ms..10ms`).
@@ -74,24 +121,146 @@ pub fn parse_latency(text: &str) -> Result<devices::LatencyDist> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn test_parse_size_units() {
-        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
-        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert!(parse_size("12X").is_err());
-        assert!(parse_size("M").is_err());
-        assert!(parse_size("99999999999999G").is_err());
+        for (text, bytes) in [
+            ("512M", 512 << 20),
+            ("1G", 1 << 30),
+            ("1g", 1 << 30),
+            ("1.5G", 1_610_612_736),
+            ("1536M", 1_610_612_736),
+            ("4096", 4096),
+            ("4096b", 4096),
+            ("64kb", 64 << 10),
+            ("64KiB", 64 << 10),
+            ("2MiB", 2 << 20),
+            ("1t", 1 << 40),
+            ("1.25TB", 5 << 38),
+            (".5K", 512),
+            ("0", 0),
+            (" 8M ", 8 << 20),
+            ("16383.999999999068677425384521484375G", (16384 << 30) - 1),
+        ] {
+            assert_eq!(parse_size(text).unwrap(), bytes, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn test_size_errors_name_the_text() {
+        let text = |t: &str| t.to_owned();
+        let err = |t: &str| t.parse::<ByteSize>().unwrap_err();
+        for bad in ["", "M", ".", "5.M", "NaN", "+1M"] {
+            assert_eq!(err(bad), SizeError::NotANumber { text: text(bad) });
+        }
+        assert_eq!(err("-1M"), SizeError::Negative { text: text("-1M") });
+        for (bad, unit) in [("12X", "X"), ("1iB", "iB"), ("1Ki", "Ki"), ("1 M", " M")] {
+            assert_eq!(
+                err(bad),
+                SizeError::UnknownUnit {
+                    text: text(bad),
+                    unit: text(unit)
+                }
+            );
+        }
+        for bad in ["1.5", "0.1K", "1.0000000001G"] {
+            assert_eq!(err(bad), SizeError::NotWholeBytes { text: text(bad) });
+        }
+        for bad in ["99999999999999G", "18446744073709551616", "16777216T"] {
+            assert_eq!(err(bad), SizeError::TooLarge { text: text(bad) });
+        }
+        // One message, naming the text, through anyhow as through the type.
+        let msg = format!("{:#}", parse_size("1.5x").unwrap_err());
+        assert_eq!(
+            msg,
+            "unparsable size \"1.5x\": unknown unit \"x\" (use B, K, M, G or T, optionally as KB or KiB; no unit means bytes)"
+        );
+    }
+
+    #[test]
+    fn test_size_display() {
+        for (bytes, text) in [
+            (0, "0"),
+            (1, "1"),
+            (1000, "1000"),
+            (4096, "4K"),
+            (512 << 20, "512M"),
+            (1_610_612_736, "1536M"),
+            (1 << 30, "1G"),
+            (3 << 40, "3T"),
+            (u64::MAX, "18446744073709551615"),
+        ] {
+            assert_eq!(ByteSize(bytes).to_string(), text);
+        }
     }
 
     #[test]
     fn test_parse_duration_units() {
+        // The one grammar (tested in full beside VirtNanos), through the wrapper.
         assert_eq!(parse_duration("30s").unwrap(), VirtNanos::from_secs(30));
         assert_eq!(parse_duration("500ms").unwrap(), VirtNanos(500_000_000));
         assert_eq!(parse_duration("10m").unwrap(), VirtNanos::from_secs(600));
         assert_eq!(parse_duration("2.5").unwrap(), VirtNanos(2_500_000_000));
-        assert!(parse_duration("5 parsecs").is_err());
-        assert!(parse_duration("").is_err());
+        // `--until 600` is ten minutes, as `DIR@600` is.
+        assert_eq!(parse_duration("600").unwrap(), VirtNanos::from_secs(600));
+        assert_eq!(parse_duration("5µs").unwrap(), VirtNanos(5_000));
+        assert_eq!(parse_duration("5us").unwrap(), VirtNanos(5_000));
+        assert_eq!(
+            format!("{:#}", parse_duration("5 parsecs").unwrap_err()),
+            "unparsable duration \"5 parsecs\": unknown unit \" parsecs\" (use ns, us or µs, ms, s, m or min, h; no unit means seconds)"
+        );
+        for bad in ["", "-1s", "NaN", "1.5ns", "99999999999h"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn test_parse_latency() {
+        assert_eq!(
+            parse_latency("5ms").unwrap(),
+            devices::LatencyDist::Fixed(VirtNanos(5_000_000))
+        );
+        assert_eq!(
+            parse_latency("1ms..10µs").unwrap(),
+            devices::LatencyDist::Uniform {
+                min: VirtNanos(1_000_000),
+                max: VirtNanos(10_000),
+            }
+        );
+        assert!(parse_latency("1ms..").is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn prop_duration_display_round_trips(ns: u64) {
+            let text = VirtNanos(ns).to_string();
+            prop_assert_eq!(parse_duration(&text).unwrap(), VirtNanos(ns), "{}", text);
+        }
+
+        #[test]
+        fn prop_round_durations_round_trip(n in 0u64..1_000_000, pow in 0u32..13) {
+            let ns = n * 10u64.pow(pow);
+            prop_assert_eq!(parse_duration(&VirtNanos(ns).to_string()).unwrap(), VirtNanos(ns));
+        }
+
+        #[test]
+        fn prop_seconds_with_nanoseconds_parse_exactly(secs in 0u64..18_000_000_000, frac in 0u64..1_000_000_000) {
+            let text = format!("{secs}.{frac:09}");
+            prop_assert_eq!(parse_duration(&text).unwrap(), VirtNanos(secs * 1_000_000_000 + frac));
+        }
+
+        #[test]
+        fn prop_size_display_round_trips(bytes: u64) {
+            let text = ByteSize(bytes).to_string();
+            prop_assert_eq!(text.parse::<ByteSize>(), Ok(ByteSize(bytes)), "{}", text);
+        }
+
+        #[test]
+        fn prop_unit_sizes_round_trip(n in 0u64..1 << 23, shift in 0u32..41) {
+            let bytes = n << shift;
+            let text = ByteSize(bytes).to_string();
+            prop_assert_eq!(text.parse::<ByteSize>(), Ok(ByteSize(bytes)), "{}", text);
+        }
     }
 }

@@ -4,6 +4,8 @@
 use std::fmt;
 use std::path::Path;
 
+use devices::VirtNanos;
+
 use crate::error::{Result, SnapshotError};
 use crate::{info, list, validate_id, SnapshotInfo, INDEX_FILE, MEMORY_FILE, STATE_FILE};
 
@@ -27,7 +29,7 @@ impl fmt::Display for Target {
         match self {
             Target::Snapshot => f.write_str("the named snapshot"),
             Target::Latest => f.write_str("the latest snapshot"),
-            Target::VirtualTime(ns) => write!(f, "virtual time {} ({ns} ns)", format_ns(*ns)),
+            Target::VirtualTime(ns) => write!(f, "virtual time {} ({ns} ns)", VirtNanos(*ns)),
             Target::ExitIndex(n) => write!(f, "exit {n}"),
         }
     }
@@ -40,69 +42,11 @@ pub struct Resolved {
     pub target: Target,
 }
 
-/// Formats nanoseconds as seconds, e.g. `12.5s`, `3s`, `0.000001s`.
-pub(crate) fn format_ns(ns: u64) -> String {
-    let (s, frac) = (ns / 1_000_000_000, ns % 1_000_000_000);
-    if frac == 0 {
-        format!("{s}s")
-    } else {
-        let digits = format!("{frac:09}");
-        format!("{s}.{}s", digits.trim_end_matches('0'))
-    }
-}
-
-/// Parses a duration: a decimal number and a unit, `ns`, `us` (or `µs`), `ms`, `s`, `m` or `h`
-/// (`12.5s`, `250ms`, `3m`, `.5s`), into nanoseconds, exactly (no floating point). Rejects a
-/// missing unit, values finer than 1 ns, and values beyond u64.
-pub fn parse_duration(s: &str) -> std::result::Result<u64, String> {
-    const UNITS: [(&str, u128); 7] = [
-        ("ns", 1),
-        ("us", 1_000),
-        ("µs", 1_000),
-        ("ms", 1_000_000),
-        ("s", 1_000_000_000),
-        ("m", 60_000_000_000),
-        ("h", 3_600_000_000_000),
-    ];
-    let expected = || {
-        format!("{s:?} is not a time: expected a decimal number and a unit (ns, us, ms, s, m, h), e.g. 12.5s")
-    };
-    let (num, mult) = UNITS
-        .iter()
-        .find_map(|&(u, m)| s.strip_suffix(u).map(|n| (n, m)))
-        .ok_or_else(expected)?;
-    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
-    if !digits(int) || !digits(frac) || (int.is_empty() && frac.is_empty()) || (num.ends_with('.'))
-    {
-        return Err(expected());
-    }
-    if int.len() > 20 || frac.len() > 18 {
-        return Err(format!("{s:?} has too many digits"));
-    }
-    let int_v: u128 = if int.is_empty() {
-        0
-    } else {
-        int.parse().map_err(|_| expected())?
-    };
-    let frac_v: u128 = if frac.is_empty() {
-        0
-    } else {
-        frac.parse().map_err(|_| expected())?
-    };
-    let scale = 10u128.pow(frac.len() as u32);
-    let frac_ns = frac_v * mult;
-    if !frac_ns.is_multiple_of(scale) {
-        return Err(format!("{s:?} is finer than a nanosecond"));
-    }
-    let ns = int_v * mult + frac_ns / scale;
-    u64::try_from(ns).map_err(|_| format!("{s:?} is beyond {} ns", u64::MAX))
-}
-
 /// Resolves a snapshot spec:
 ///
-/// * `DIR@<time>` (`./snaps@12.5s`; units ns, us, ms, s, m, h): the latest snapshot at or
-///   before that virtual time; target [`Target::VirtualTime`].
+/// * `DIR@<time>` (`./snaps@12.5s`, `./snaps@600` = 600 s; the one duration grammar,
+///   `VirtNanos`'s `FromStr`): the latest snapshot at or before that virtual time; target
+///   [`Target::VirtualTime`].
 /// * `DIR@exit:<n>`: the latest snapshot at or before exit index n; target
 ///   [`Target::ExitIndex`].
 /// * `DIR@latest`: the last snapshot; target [`Target::Latest`].
@@ -168,15 +112,15 @@ fn select(spec: &str, root: &Path, sel: &str) -> Result<Resolved> {
     } else if let Some(id) = sel.strip_prefix("id:") {
         return by_id(root, id);
     } else {
-        match parse_duration(sel) {
-            Ok(ns) => Target::VirtualTime(ns),
-            Err(msg) => {
+        match sel.parse::<VirtNanos>() {
+            Ok(t) => Target::VirtualTime(t.as_nanos()),
+            Err(err) => {
                 let is_id = validate_id(sel).is_ok();
                 if is_id && root.join(sel).is_dir() {
                     return by_id(root, sel);
                 }
                 if sel.starts_with(|c: char| c.is_ascii_digit() || c == '.') || !is_id {
-                    return Err(bad(msg));
+                    return Err(bad(err.to_string()));
                 }
                 return Err(SnapshotError::NotFound {
                     root: root.to_owned(),
@@ -227,7 +171,7 @@ fn select(spec: &str, root: &Path, sel: &str) -> Result<Resolved> {
                 earliest: format!(
                     "{:?} at virtual time {} (exit {})",
                     earliest.meta.id,
-                    format_ns(earliest.meta.virtual_ns),
+                    VirtNanos(earliest.meta.virtual_ns),
                     earliest.meta.exit_index
                 ),
             })
@@ -255,43 +199,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations() {
-        let s = 1_000_000_000u64;
-        assert_eq!(parse_duration("12.5s"), Ok(12 * s + s / 2));
-        assert_eq!(parse_duration(".5s"), Ok(s / 2));
-        assert_eq!(parse_duration("0s"), Ok(0));
-        assert_eq!(parse_duration("250ms"), Ok(250_000_000));
-        assert_eq!(parse_duration("7us"), Ok(7_000));
-        assert_eq!(parse_duration("7µs"), Ok(7_000));
-        assert_eq!(parse_duration("42ns"), Ok(42));
-        assert_eq!(parse_duration("1.5m"), Ok(90 * s));
-        assert_eq!(parse_duration("2h"), Ok(7200 * s));
-        assert_eq!(parse_duration("0.000000001s"), Ok(1));
-        for bad in [
-            "",
-            "12",
-            "s",
-            ".s",
-            "5.s",
-            "1.5ns",
-            "12.5parsecs",
-            "-1s",
-            "1e3s",
-            "1,5s",
-            "99999999999999999999s",
-        ] {
-            assert!(parse_duration(bad).is_err(), "{bad:?}");
-        }
+    fn test_target_prints_the_one_duration_format() {
+        assert_eq!(
+            Target::VirtualTime(500_000_000).to_string(),
+            "virtual time 500ms (500000000 ns)"
+        );
+        assert_eq!(
+            Target::VirtualTime(12_500_000_000).to_string(),
+            "virtual time 12.5s (12500000000 ns)"
+        );
     }
 
     #[test]
-    fn formats() {
-        assert_eq!(format_ns(12_500_000_000), "12.5s");
-        assert_eq!(format_ns(3_000_000_000), "3s");
-        assert_eq!(format_ns(1_000), "0.000001s");
-        assert_eq!(
-            Target::VirtualTime(500_000_000).to_string(),
-            "virtual time 0.5s (500000000 ns)"
-        );
+    fn test_bad_times_are_bad_specs_naming_the_text() {
+        for (spec, why) in [
+            ("/nonexistent/snaps@5x", "unknown unit \"x\""),
+            ("/nonexistent/snaps@1.5ns", "finer than a nanosecond"),
+            (
+                "/nonexistent/snaps@99999999999999999999",
+                "beyond the largest",
+            ),
+            ("/nonexistent/snaps@.s", "expected a decimal number"),
+        ] {
+            let err = resolve(spec).unwrap_err();
+            let msg = err.to_string();
+            assert!(
+                matches!(err, SnapshotError::BadSpec { .. }),
+                "{spec}: {msg}"
+            );
+            assert!(msg.contains(why), "{spec}: {msg}");
+        }
     }
 }
