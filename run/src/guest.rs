@@ -115,7 +115,7 @@ pub fn shell_quote(arg: &str) -> String {
     format!("'{}'", arg.replace('\'', r"'\''"))
 }
 
-/// Marks the end of a fork shell on the shell channel (after it, nothing).
+/// Marks the end of a fork shell on the control channel (after it, nothing).
 pub const FORK_SHELL_END: &str = "\x1edetvisor-fork-shell-end";
 
 /// First line of every command script: a listener on the virtio console

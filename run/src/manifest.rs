@@ -13,7 +13,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 /// NICs one guest can have: the interrupt lines of virtio slots, less the
-/// entropy device and the agent's channel.
+/// entropy device and the control channel.
 pub const MAX_NODES: usize = devices::layout::VIRTIO_MMIO_IRQS.len() - 2;
 
 /// The node a workload with its own image runs as.

@@ -128,8 +128,8 @@ impl GuestSpec {
                 nics: n.nics,
                 config: n.config,
             }),
-            // The fork-shell channel (see `guest::FORK_SHELL_LISTENER`).
-            agent_channel: true,
+            // The control channel, for the fork-shell listener (see `guest::FORK_SHELL_LISTENER`).
+            control_channel: true,
         })
     }
 }

@@ -93,20 +93,20 @@ impl ShellChannel for Listener {
         // The listener's first line wakes it; the user's lines follow.
         driven
             .session
-            .send_to_agent(b"\n")
+            .send_on_control_channel(b"\n")
             .context("waking the guest's shell listener")
     }
 
     fn input(&mut self, driven: &mut Driven, bytes: &[u8]) -> Result<()> {
-        Ok(driven.session.send_to_agent(bytes)?)
+        Ok(driven.session.send_on_control_channel(bytes)?)
     }
 
     fn end_of_input(&mut self, driven: &mut Driven) -> Result<()> {
-        Ok(driven.session.send_to_agent(b"\nexit\n")?)
+        Ok(driven.session.send_on_control_channel(b"\nexit\n")?)
     }
 
     fn output(&mut self, driven: &mut Driven) -> Result<(Vec<u8>, Option<u8>)> {
-        let out = driven.session.take_agent_output();
+        let out = driven.session.take_control_output();
         if out.is_empty() {
             return Ok((out, None));
         }
@@ -295,7 +295,7 @@ pub fn run(request: &ShellRequest, streams: &dyn Streams) -> Result<u8> {
         }
         if !driven.session.has_control_channel() {
             bail!(
-                "snapshot {id} was taken of a machine without a shell channel (a virtio \
+                "snapshot {id} was taken of a machine without a control channel (a virtio \
                  console): take it again with this detvisor"
             );
         }

@@ -320,7 +320,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         record: vmm::record::RecordConfig::default(),
         perturbation: None,
         network: None,
-        agent_channel: false,
+        control_channel: false,
     };
 
     // 1. Boot and dirty.

@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 /// from the conductor alone.
 pub fn send_message(session: &mut vmm::vm::Session, message: &HostToAgent) -> Result<()> {
     let frame = encode_frame(message).context("encoding a message for the agent")?;
-    session.send_to_agent(&frame)?;
+    session.send_on_control_channel(&frame)?;
     Ok(())
 }
 
@@ -221,7 +221,7 @@ impl UpDriver {
                 },
             );
         }
-        let bytes = session.take_agent_output();
+        let bytes = session.take_control_output();
         if !bytes.is_empty() {
             self.decoder.push(&bytes);
             loop {
@@ -231,7 +231,7 @@ impl UpDriver {
                             .on_message(message, &mut self.send, &mut self.notes)
                     }
                     Ok(None) => break,
-                    Err(e) if e.is_fatal() => bail!("the agent's channel broke: {e}"),
+                    Err(e) if e.is_fatal() => bail!("the control channel broke: {e}"),
                     Err(e) => self.notes.push(Note::Event(UpEvent::ChannelError {
                         message: e.to_string(),
                     })),

@@ -46,7 +46,7 @@ pub enum UpEvent {
         agent: u32,
         host: u32,
     },
-    /// A frame on the agent's channel could not be read.
+    /// A frame on the control channel could not be read.
     ChannelError {
         message: String,
     },
@@ -97,7 +97,7 @@ impl std::fmt::Display for UpEvent {
             UpEvent::ProtocolMismatch { agent, host } => {
                 write!(f, "agent speaks protocol {agent}, this detvisor {host}")
             }
-            UpEvent::ChannelError { message } => write!(f, "agent channel: {message}"),
+            UpEvent::ChannelError { message } => write!(f, "control channel: {message}"),
             UpEvent::UnknownNodeOutput { node } => {
                 write!(f, "agent: output for unknown node {node:?} dropped")
             }

@@ -185,7 +185,7 @@ impl PreparedUp {
                 nics: self.node_names.len() as u8,
                 config: self.network,
             }),
-            agent_channel: true,
+            control_channel: true,
         })
     }
 

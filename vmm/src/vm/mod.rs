@@ -71,9 +71,9 @@ pub struct VmConfig {
     pub network: Option<NetworkSpec>,
     /// A virtio console as the machine's control channel (`/dev/hvc0`):
     /// the in-guest agent's under `up`, the fork-shell listener's under
-    /// `run`; driven through [`Session::send_to_agent`] and
-    /// [`Session::take_agent_output`].
-    pub agent_channel: bool,
+    /// `run`; driven through [`Session::send_on_control_channel`] and
+    /// [`Session::take_control_output`].
+    pub control_channel: bool,
 }
 
 /// What a finished run reports.

@@ -37,8 +37,9 @@ pub struct SessionState {
     /// restored from `devices`).
     pub network: Option<NetworkSpec>,
     /// Whether the machine has the control channel (a virtio console).
-    #[serde(default)]
-    pub agent_channel: bool,
+    /// (Saved under its former name, so snapshots keep their format.)
+    #[serde(default, rename = "agent_channel")]
+    pub control_channel: bool,
     pub cpu_model_version: u32,
     pub vcpu: VcpuState,
     pub devices: DevicesState,
@@ -57,7 +58,7 @@ pub struct Session {
     pub(super) backing: MemoryBacking,
     pub(super) seed: u64,
     pub(super) network: Option<NetworkSpec>,
-    pub(super) agent_channel: bool,
+    pub(super) control_channel: bool,
     pub(super) machine: Machine,
     pub(super) recorder: Recorder,
     pub(super) console: Arc<Mutex<ConsoleCapture>>,
@@ -98,7 +99,7 @@ impl Session {
             memory.clone(),
             config.seed,
             config.network.as_ref(),
-            config.agent_channel,
+            config.control_channel,
         )?;
         // The virtio devices are declared on the kernel command line.
         let cmdline = format!("{} {}", config.cmdline, devices.virtio_cmdline());
@@ -136,7 +137,7 @@ impl Session {
             backing: MemoryBacking::Anonymous,
             seed: config.seed,
             network: config.network.clone(),
-            agent_channel: config.agent_channel,
+            control_channel: config.control_channel,
             machine,
             recorder: Recorder::new(config.record),
             console,
@@ -169,7 +170,7 @@ impl Session {
     /// (at this exit) as far as the guest has posted receive buffers. Call it
     /// only at points the run decides deterministically (after an exit chosen
     /// by guest output or virtual time).
-    pub fn send_to_agent(&mut self, bytes: &[u8]) -> Result<(), VmError> {
+    pub fn send_on_control_channel(&mut self, bytes: &[u8]) -> Result<(), VmError> {
         let now = self.machine.now();
         self.machine
             .devices
@@ -180,7 +181,7 @@ impl Session {
     /// What the agent wrote on its control channel since the last call. The
     /// bytes are folded into the console digest, so a run's digest covers the
     /// agent's conversation too.
-    pub fn take_agent_output(&mut self) -> Vec<u8> {
+    pub fn take_control_output(&mut self) -> Vec<u8> {
         let bytes = self.machine.devices.take_virtio_console_output();
         if !bytes.is_empty() {
             console::lock(&self.console).absorb(&bytes);
@@ -199,7 +200,7 @@ impl Session {
     /// Whether the machine has a control channel (the virtio console the
     /// agent, or a fork shell, talks over).
     pub fn has_control_channel(&self) -> bool {
-        self.agent_channel
+        self.control_channel
     }
 
     /// The devices, for scheduling network faults.
@@ -239,7 +240,7 @@ impl Session {
             ram_bytes: self.vm.memory.iter().map(|r| r.len()).sum(),
             seed: self.seed,
             network: self.network.clone(),
-            agent_channel: self.agent_channel,
+            control_channel: self.control_channel,
             cpu_model_version: cpu_model::CPU_MODEL_VERSION,
             vcpu,
             devices: self.machine.devices.save(),
@@ -294,7 +295,7 @@ impl Session {
             devices_memory,
             state.seed,
             state.network.as_ref(),
-            state.agent_channel,
+            state.control_channel,
         )?;
         devices
             .restore(&state.devices)
@@ -308,7 +309,7 @@ impl Session {
             backing: MemoryBacking::File { data_ranges },
             seed: state.seed,
             network: state.network.clone(),
-            agent_channel: state.agent_channel,
+            control_channel: state.control_channel,
             machine,
             recorder,
             console,

@@ -31,7 +31,7 @@ pub(super) fn build_devices(
     memory: GuestMemory,
     seed: u64,
     network: Option<&NetworkSpec>,
-    agent_channel: bool,
+    control_channel: bool,
 ) -> Result<(Devices, Arc<Mutex<ConsoleCapture>>), SetupError> {
     let console = Arc::new(Mutex::new(console));
     let mut devices = Devices::new(
@@ -42,7 +42,7 @@ pub(super) fn build_devices(
             shared: console.clone(),
         }),
     );
-    attach_virtio(&mut devices, memory, seed, network, agent_channel)?;
+    attach_virtio(&mut devices, memory, seed, network, control_channel)?;
     Ok((devices, console))
 }
 
@@ -55,13 +55,13 @@ fn attach_virtio(
     memory: GuestMemory,
     seed: u64,
     network: Option<&NetworkSpec>,
-    agent_channel: bool,
+    control_channel: bool,
 ) -> Result<(), SetupError> {
     devices.attach_guest_memory(memory);
     devices
         .attach_virtio_rng(entropy::stream_key(seed, stream::VIRTIO_RNG))
         .map_err(SetupError::Devices)?;
-    if agent_channel {
+    if control_channel {
         devices
             .attach_virtio_console()
             .map_err(SetupError::Devices)?;
