@@ -2,7 +2,6 @@
 //! them with `build.sh` when they are missing or too old.
 
 use std::collections::BTreeSet;
-use std::ffi::OsString;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -57,23 +56,10 @@ pub enum AssetsError {
     Incomplete { script: PathBuf, dir: PathBuf },
 }
 
-/// `${DETVISOR_CACHE:-$HOME/.cache/detvisor}` (`$HOME` falls back to `/tmp`, as in build.sh).
-fn cache_root() -> PathBuf {
-    match std::env::var_os("DETVISOR_CACHE") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => {
-            let home = std::env::var_os("HOME")
-                .filter(|h| !h.is_empty())
-                .unwrap_or_else(|| OsString::from("/tmp"));
-            PathBuf::from(home).join(".cache/detvisor")
-        }
-    }
-}
-
 /// `${DETVISOR_CACHE:-$HOME/.cache/detvisor}/helper-vm/default`: the symlink build.sh points at
 /// the newest assets.
 pub fn default_assets_dir() -> PathBuf {
-    cache_root().join("helper-vm/default")
+    image_builder::cache_root().join("helper-vm/default")
 }
 
 /// `helper-vm/build.sh` of the source tree this crate was built from.

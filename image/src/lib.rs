@@ -83,6 +83,7 @@
 //! sockets are skipped; owners become root unless [`DirOptions::keep_owners`]; errors name
 //! the host path.
 
+pub mod cache;
 mod digest;
 mod error;
 mod flatten;
@@ -94,6 +95,7 @@ mod reference;
 pub mod rootfs;
 mod unpack;
 
+pub use cache::cache_root;
 pub use digest::sha256_digest;
 pub use error::ImageError;
 pub use flatten::{flatten, flatten_with, DevicePolicy, FlattenOptions};

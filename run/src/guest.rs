@@ -4,14 +4,7 @@ use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The cache root: `$DETVISOR_CACHE`, else `~/.cache/detvisor`.
-pub fn cache_root() -> PathBuf {
-    if let Some(dir) = std::env::var_os("DETVISOR_CACHE") {
-        return PathBuf::from(dir);
-    }
-    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    PathBuf::from(home).join(".cache/detvisor")
-}
+pub use image_builder::cache_root;
 
 /// The source tree this binary was built from (for the image build scripts).
 pub fn source_dir() -> PathBuf {
