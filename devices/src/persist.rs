@@ -131,7 +131,8 @@ impl RestoreError {
 ///     }
 /// }
 /// ```
-#[cfg(test)]
+#[cfg(any(test, feature = "persist-testing"))]
+#[macro_export]
 macro_rules! persist_round_trip_tests {
     (mod $name:ident { fresh: $fresh:expr, saved: $saved:expr, mutate: $mutate:expr $(,)? }) => {
         mod $name {
@@ -153,15 +154,17 @@ macro_rules! persist_round_trip_tests {
 #[cfg(test)]
 pub(crate) use persist_round_trip_tests;
 
-/// The checks behind `persist_round_trip_tests!`.
-#[cfg(test)]
-pub(crate) mod round_trip {
+/// The checks behind `persist_round_trip_tests!` (for other crates' tests,
+/// with the `persist-testing` feature).
+#[cfg(any(test, feature = "persist-testing"))]
+#[doc(hidden)]
+pub mod round_trip {
     use super::Persist;
 
     /// Saves `device`, sends the state through JSON (the snapshot format),
     /// restores it into `fresh` and checks that `fresh` saves the same
     /// state, serialized to the same bytes.
-    pub(crate) fn assert_restores_into_fresh<D: Persist>(device: D, mut fresh: D) {
+    pub fn assert_restores_into_fresh<D: Persist>(device: D, mut fresh: D) {
         let saved = device.save();
         let json = serde_json::to_vec(&saved).expect("a state serializes");
         let decoded: D::State = serde_json::from_slice(&json).expect("a saved state deserializes");
@@ -175,7 +178,7 @@ pub(crate) mod round_trip {
 
     /// Saves `device`, changes it with `mutate`, restores the saved state
     /// and checks that the device is back to it.
-    pub(crate) fn assert_restore_undoes<D: Persist>(mut device: D, mutate: impl FnOnce(&mut D)) {
+    pub fn assert_restore_undoes<D: Persist>(mut device: D, mutate: impl FnOnce(&mut D)) {
         let saved = device.save();
         mutate(&mut device);
         assert_ne!(device.save(), saved, "the mutation changed nothing");

@@ -7,6 +7,7 @@
 //! instruction-counted clock can replace it without touching the devices.
 
 use devices::VirtNanos;
+use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 
 /// What kind of event moved the vCPU out of guest mode, as far as time is concerned.
@@ -25,8 +26,6 @@ pub trait VirtualClock {
     fn on_exit(&mut self, exit: TimedExit);
     /// Jumps forward to `deadline` (never backwards): used when the guest idles.
     fn advance_to(&mut self, deadline: VirtNanos);
-    fn state(&self) -> ClockState;
-    fn restore(&mut self, state: &ClockState);
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,13 +67,18 @@ impl VirtualClock for ExitClock {
     fn advance_to(&mut self, deadline: VirtNanos) {
         self.now = self.now.max(deadline);
     }
+}
 
-    fn state(&self) -> ClockState {
+impl Persist for ExitClock {
+    type State = ClockState;
+
+    fn save(&self) -> ClockState {
         ClockState { now: self.now }
     }
 
-    fn restore(&mut self, state: &ClockState) {
+    fn restore(&mut self, state: &ClockState) -> Result<(), RestoreError> {
         self.now = state.now;
+        Ok(())
     }
 }
 
@@ -98,15 +102,17 @@ mod tests {
         assert_eq!(clock.now(), VirtNanos::from_secs(5));
     }
 
-    #[test]
-    fn test_state_round_trip() {
+    fn advanced(nanos: u64) -> ExitClock {
         let mut clock = ExitClock::new();
-        clock.advance_to(VirtNanos(1234));
-        let saved = clock.state();
-        clock.on_exit(TimedExit::Access);
-        clock.restore(&saved);
-        assert_eq!(clock.state(), saved);
-        let json = serde_json::to_string(&saved).unwrap();
-        assert_eq!(serde_json::from_str::<ClockState>(&json).unwrap(), saved);
+        clock.advance_to(VirtNanos(nanos));
+        clock
+    }
+
+    devices::persist_round_trip_tests! {
+        mod clock_persist {
+            fresh: ExitClock::new(),
+            saved: advanced(1234),
+            mutate: |clock: &mut ExitClock| clock.on_exit(TimedExit::Access),
+        }
     }
 }

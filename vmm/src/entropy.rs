@@ -3,6 +3,7 @@
 //! Each consumer gets its own stream (keyed by its name), so adding a consumer
 //! or drawing more from one never shifts the bytes another one sees.
 
+use devices::{Persist, RestoreError};
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -59,7 +60,18 @@ impl EntropyStream {
         self.rng.next_u64()
     }
 
-    pub fn state(&self) -> EntropyStreamState {
+    /// The stream a saved state describes.
+    pub fn from_state(state: &EntropyStreamState) -> Self {
+        let mut stream = EntropyStream::new(state.seed, &state.name);
+        stream.rng.set_word_pos(state.word_pos);
+        stream
+    }
+}
+
+impl Persist for EntropyStream {
+    type State = EntropyStreamState;
+
+    fn save(&self) -> EntropyStreamState {
         EntropyStreamState {
             name: self.name.clone(),
             seed: self.seed,
@@ -67,10 +79,9 @@ impl EntropyStream {
         }
     }
 
-    pub fn restore(state: &EntropyStreamState) -> Self {
-        let mut stream = EntropyStream::new(state.seed, &state.name);
-        stream.rng.set_word_pos(state.word_pos);
-        stream
+    fn restore(&mut self, state: &EntropyStreamState) -> Result<(), RestoreError> {
+        *self = EntropyStream::from_state(state);
+        Ok(())
     }
 }
 
@@ -98,10 +109,26 @@ mod tests {
     fn test_state_round_trip_resumes_at_same_position() {
         let mut stream = EntropyStream::new(3, "k");
         stream.next_u64();
-        let saved = stream.state();
+        let saved = stream.save();
         let expected = stream.next_u64();
-        let mut restored = EntropyStream::restore(&saved);
-        assert_eq!(restored.state(), saved);
+        let mut restored = EntropyStream::from_state(&saved);
+        assert_eq!(restored.save(), saved);
         assert_eq!(restored.next_u64(), expected);
+    }
+
+    fn used(seed: u64) -> EntropyStream {
+        let mut stream = EntropyStream::new(seed, "k");
+        stream.next_u64();
+        stream
+    }
+
+    devices::persist_round_trip_tests! {
+        mod entropy_persist {
+            fresh: EntropyStream::new(9, "other"),
+            saved: used(3),
+            mutate: |stream: &mut EntropyStream| {
+                stream.next_u64();
+            },
+        }
     }
 }

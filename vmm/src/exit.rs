@@ -8,6 +8,7 @@
 use crate::clock::{ExitClock, TimedExit, VirtualClock};
 use crate::cpu_model::{self, MsrAccess};
 use devices::{Devices, GuestEvent, VirtNanos};
+use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 
 /// Up to 8 bytes of access data, inline.
@@ -255,20 +256,6 @@ impl Machine {
         self.exits
     }
 
-    /// Clock and exit count (the devices have their own state).
-    pub fn state(&self) -> MachineState {
-        MachineState {
-            clock: self.clock.state(),
-            exits: self.exits,
-            until: self.until,
-        }
-    }
-
-    pub fn restore(&mut self, state: &MachineState) {
-        self.clock.restore(&state.clock);
-        self.exits = state.exits;
-    }
-
     fn perturb(&mut self, data: &mut AccessData) {
         if let Some(p) = self.perturbation {
             // `exits` already counts the current exit; its index is one less.
@@ -374,6 +361,26 @@ impl Machine {
             Some(vector) => InterruptAction::Inject(vector),
             None => InterruptAction::None,
         }
+    }
+}
+
+/// Clock and exit count (the devices have their own state; the time limit
+/// is configuration and stays).
+impl Persist for Machine {
+    type State = MachineState;
+
+    fn save(&self) -> MachineState {
+        MachineState {
+            clock: self.clock.save(),
+            exits: self.exits,
+            until: self.until,
+        }
+    }
+
+    fn restore(&mut self, state: &MachineState) -> Result<(), RestoreError> {
+        self.clock.restore(&state.clock)?;
+        self.exits = state.exits;
+        Ok(())
     }
 }
 
@@ -576,18 +583,6 @@ mod tests {
     }
 
     #[test]
-    fn test_machine_state_round_trip() {
-        let mut m = machine(None);
-        out(&mut m, layout::POST_PORT, 0);
-        let saved = m.state();
-        out(&mut m, layout::POST_PORT, 0);
-        m.restore(&saved);
-        assert_eq!(m.state(), saved);
-        let json = serde_json::to_string(&saved).unwrap();
-        assert_eq!(serde_json::from_str::<MachineState>(&json).unwrap(), saved);
-    }
-
-    #[test]
     fn test_shutdown_stops_with_guest_reset() {
         let mut m = machine(None);
         assert_eq!(
@@ -614,5 +609,23 @@ mod tests {
         // Exit index 1 is the first read at or after index 1: flipped once, then never again.
         assert_eq!(read(&mut plain) ^ 1, read(&mut perturbed));
         assert_eq!(read(&mut plain), read(&mut perturbed));
+    }
+
+    fn after_exits(n: usize) -> Machine {
+        let mut m = machine(None);
+        for _ in 0..n {
+            out(&mut m, layout::POST_PORT, 0);
+        }
+        m
+    }
+
+    devices::persist_round_trip_tests! {
+        mod machine_persist {
+            fresh: machine(None),
+            saved: after_exits(3),
+            mutate: |m: &mut Machine| {
+                out(m, layout::POST_PORT, 0);
+            },
+        }
     }
 }

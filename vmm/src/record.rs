@@ -6,6 +6,7 @@
 
 use crate::exit::ExitKind;
 use devices::VirtNanos;
+use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -167,22 +168,6 @@ impl Recorder {
         self.count
     }
 
-    pub fn state(&self) -> RecorderState {
-        RecorderState {
-            digest: self.digest,
-            count: self.count,
-            by_kind: self.by_kind.clone(),
-        }
-    }
-
-    /// Continues a stream from `state`; records kept from here on start empty.
-    pub fn restore(&mut self, state: &RecorderState) {
-        self.digest = state.digest;
-        self.count = state.count;
-        self.by_kind = state.by_kind.clone();
-        self.records.clear();
-    }
-
     /// Exits counted per kind (IoIn, Hlt, ...), in name order.
     pub fn counts_by_kind(&self) -> std::collections::BTreeMap<String, u64> {
         self.by_kind.clone()
@@ -246,6 +231,28 @@ pub fn first_divergence(left: &[ExitRecord], right: &[ExitRecord]) -> Option<Div
 /// A 64-bit hash of bytes (xxh3: fast enough to hash all of guest memory).
 pub fn hash64(bytes: &[u8]) -> u64 {
     xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
+/// The digest so far and the counts; records kept from a restore on start
+/// empty (the stream continues, its past records are not part of the state).
+impl Persist for Recorder {
+    type State = RecorderState;
+
+    fn save(&self) -> RecorderState {
+        RecorderState {
+            digest: self.digest,
+            count: self.count,
+            by_kind: self.by_kind.clone(),
+        }
+    }
+
+    fn restore(&mut self, state: &RecorderState) -> Result<(), RestoreError> {
+        self.digest = state.digest;
+        self.count = state.count;
+        self.by_kind = state.by_kind.clone();
+        self.records.clear();
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -321,11 +328,13 @@ mod tests {
         all.iter().for_each(|r| straight.push(*r));
         let mut first = Recorder::new(RecordConfig::default());
         all[..4].iter().for_each(|r| first.push(*r));
-        let saved = first.state();
+        let saved = first.save();
         let json = serde_json::to_string(&saved).unwrap();
         let mut resumed = Recorder::new(RecordConfig::default());
-        resumed.restore(&serde_json::from_str(&json).unwrap());
-        assert_eq!(resumed.state(), saved);
+        resumed
+            .restore(&serde_json::from_str(&json).unwrap())
+            .unwrap();
+        assert_eq!(resumed.save(), saved);
         all[4..].iter().for_each(|r| resumed.push(*r));
         assert_eq!(resumed.count(), 10);
         assert_eq!(
@@ -348,5 +357,19 @@ mod tests {
         changed = base;
         changed.injected = 0x20;
         assert_ne!(digest(base), digest(changed));
+    }
+
+    fn recorded(n: u64) -> Recorder {
+        let mut rec = Recorder::new(RecordConfig::default());
+        (0..n).for_each(|i| rec.push(record(i)));
+        rec
+    }
+
+    devices::persist_round_trip_tests! {
+        mod recorder_persist {
+            fresh: Recorder::new(RecordConfig::default()),
+            saved: recorded(4),
+            mutate: |rec: &mut Recorder| rec.push(record(9)),
+        }
     }
 }

@@ -37,6 +37,8 @@ pub enum IncompatibleState {
     RamSize { memory: u64, state: u64 },
     #[error("cannot resume this snapshot: device state")]
     Devices(#[source] devices::RestoreError),
+    #[error("cannot resume this snapshot: clock or exit records")]
+    Machine(#[source] devices::RestoreError),
 }
 
 #[derive(Debug, Error)]

@@ -244,8 +244,8 @@ impl Session {
             cpu_model_version: cpu_model::CPU_MODEL_VERSION,
             vcpu,
             devices: self.machine.devices.save(),
-            machine: self.machine.state(),
-            recorder: self.recorder.state(),
+            machine: self.machine.save(),
+            recorder: self.recorder.save(),
             console_hash,
             console_bytes,
             injected_interrupts: self.injected_total,
@@ -301,9 +301,13 @@ impl Session {
             .restore(&state.devices)
             .map_err(IncompatibleState::Devices)?;
         let mut machine = Machine::new(devices, config.until);
-        machine.restore(&state.machine);
+        machine
+            .restore(&state.machine)
+            .map_err(IncompatibleState::Machine)?;
         let mut recorder = Recorder::new(config.record);
-        recorder.restore(&state.recorder);
+        recorder
+            .restore(&state.recorder)
+            .map_err(IncompatibleState::Machine)?;
         Ok(Session {
             vm,
             backing: MemoryBacking::File { data_ranges },
@@ -344,14 +348,15 @@ impl Session {
         let exits_by_kind = self.recorder.counts_by_kind();
         let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
         let digest_parts = DigestParts {
-            records: hex(&self.recorder.state().digest.0[..8]),
+            records: hex(&self.recorder.save().digest.0[..8]),
             memory: format!("{final_memory:016x}"),
             devices: format!("{final_devices:016x}"),
             console: hex(&console_hash[..8]),
         };
         let fresh = Recorder::new(self.recorder.config);
         let recorder = std::mem::replace(&mut self.recorder, fresh);
-        self.recorder.restore(&recorder.state());
+        // A recorder takes any state: nothing to fail here.
+        let _ = self.recorder.restore(&recorder.save());
         let (digest, records) = recorder.finish(final_memory, final_devices, console_hash);
         RunOutcome {
             stop,
@@ -382,10 +387,14 @@ impl Session {
             .devices
             .restore(&state.devices)
             .map_err(IncompatibleState::Devices)?;
-        self.machine.restore(&state.machine);
+        self.machine
+            .restore(&state.machine)
+            .map_err(IncompatibleState::Machine)?;
         // Not part of the state: a wake-up belongs to the run that set it.
         self.machine.wakeup = None;
-        self.recorder.restore(&state.recorder);
+        self.recorder
+            .restore(&state.recorder)
+            .map_err(IncompatibleState::Machine)?;
         {
             let mut capture = console::lock(&self.console);
             capture.hash = state.console_hash;
