@@ -123,7 +123,6 @@ mod tests {
     /// space and a comma) with the working directory in the outer one, and prints the 9p write
     /// throughput of a 64 MiB `dd`.
     #[test]
-    #[ignore = "boots the helper VM (~10 s under TCG); builds its assets on first use"]
     fn helper_vm_end_to_end() {
         use std::os::unix::fs::{FileExt, MetadataExt};
         let assets = ensure_assets(None).expect("helper VM assets");
@@ -225,7 +224,6 @@ mod tests {
 
     /// A working directory that does not exist in L1 is reported, with status 125.
     #[test]
-    #[ignore = "boots the helper VM (~7 s under TCG); builds its assets on first use"]
     fn helper_vm_missing_workdir() {
         let assets = ensure_assets(None).expect("helper VM assets");
         let dir = new_temp_dir().unwrap();

@@ -144,10 +144,8 @@ fn toy_payload() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_toy_payload"))
 }
 
-/// One helper VM, several calls: `cargo test -p helper-vm --test channel -- --ignored
-/// --nocapture`.
+/// One helper VM, several calls: `cargo test -p helper-vm --test channel -- --nocapture`.
 #[test]
-#[ignore = "boots the helper VM (~10 s under TCG); builds its assets on first use"]
 fn one_helper_vm_many_calls() {
     let config = HelperVmConfig {
         assets_dir: ensure_assets(None).expect("helper VM assets"),
