@@ -1,14 +1,17 @@
 //! The default guest image and the per-run command archive.
 
 use anyhow::{bail, Context, Result};
+use image_builder::{NewcEntry, NewcWriter};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub use image_builder::cache_root;
 
-/// The source tree this binary was built from (for the image build scripts).
+/// The source tree this binary was built from (for the image build scripts):
+/// the workspace root, this crate's parent directory.
 pub fn source_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    crate_dir.parent().unwrap_or(crate_dir).to_path_buf()
 }
 
 pub struct GuestImage {
@@ -145,18 +148,31 @@ pub fn initrd_with_command(initrd: &Path, command: &[String]) -> Result<Vec<u8>>
     while bytes.len() % 4 != 0 {
         bytes.push(0);
     }
-    let dir = cpio::NewcBuilder::new("detvisor").mode(0o040755).mtime(0);
-    let file = cpio::NewcBuilder::new("detvisor/cmd")
-        .mode(0o100644)
-        .mtime(0);
-    let inputs: Vec<(cpio::NewcBuilder, std::io::Cursor<Vec<u8>>)> = vec![
-        (dir, std::io::Cursor::new(Vec::new())),
-        (file, std::io::Cursor::new(script.into_bytes())),
-    ];
-    let archive =
-        cpio::write_cpio(inputs.into_iter(), Vec::new()).context("building the command archive")?;
-    bytes.extend_from_slice(&archive);
-    Ok(bytes)
+    // Inode 0 and one link for both members, as this archive always had:
+    // its bytes are in the guest's memory, so in every run's digest.
+    let member = |path, mode| NewcEntry {
+        path,
+        ino: 0,
+        mode,
+        uid: 0,
+        gid: 0,
+        nlink: 1,
+        rdev_major: 0,
+        rdev_minor: 0,
+    };
+    let mut archive = NewcWriter::new(bytes);
+    archive
+        .append(&member("detvisor", 0o040755), 0, &mut std::io::empty())
+        .context("building the command archive")?;
+    let script = script.into_bytes();
+    archive
+        .append(
+            &member("detvisor/cmd", 0o100644),
+            script.len() as u64,
+            &mut script.as_slice(),
+        )
+        .context("building the command archive")?;
+    Ok(archive.finish().context("building the command archive")?)
 }
 
 /// The kernel command line detvisor boots with unless told otherwise.
@@ -204,5 +220,11 @@ mod tests {
         assert!(text.contains("'echo' 'x y'\n"));
         assert_eq!(initrd_with_command(&base, &[]).unwrap(), b"abcde");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn test_source_dir_has_the_build_scripts() {
+        assert!(source_dir().join("guest-image/build.sh").is_file());
+        assert!(source_dir().join("agent/build.sh").is_file());
     }
 }
