@@ -6,7 +6,7 @@
 use crate::audit::{self, AuditOptions, AuditSummary};
 use crate::branch::{self, BranchRequest};
 use crate::driven::{Driven, DrivenCheckpoint};
-use crate::faults::TimedFault;
+use crate::faults::Fault;
 use crate::outcome::RunSummary;
 use crate::plain::{self, GuestSpec};
 use crate::seeds::{self, SeedsReport, SeedsRequest};
@@ -105,7 +105,7 @@ pub enum Request {
     /// Write a full snapshot of the run's present into `dir`.
     Snapshot { run: RunId, dir: PathBuf },
     /// Add a fault to an `up` run (at or after its present).
-    InjectFault { run: RunId, fault: TimedFault },
+    InjectFault { run: RunId, fault: Fault },
     /// Re-key every seeded stream from here on: an alternate history.
     Rekey { run: RunId, seed: u64 },
     /// The run's outcome so far (the run stays held).

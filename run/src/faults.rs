@@ -1,5 +1,6 @@
-//! The fault schedule of a multi-node run: `--fault` strings (and the
-//! manifest's `faults` list) parsed into timed actions.
+//! The faults of a multi-node run: one type, [`Fault`], parsed from and
+//! printed as the text users write (`--fault` strings and the manifest's
+//! `faults` list), in this module only.
 //!
 //! Grammar, one fault per string, words separated by spaces:
 //!
@@ -14,207 +15,374 @@
 //!
 //! `<nodes>` is a comma-separated list of node names; nodes listed in no
 //! group of a partition form one more group together. Times are virtual
-//! times since boot (as `--until`). `for=` schedules the undoing action
-//! (heal, resume) that much later.
+//! times since boot (as `--until`).
+//!
+//! `for=` is shorthand, expanded when the text is parsed ([`parse_fault`],
+//! [`schedule`]): it makes two faults, the one written and the one undoing
+//! it (heal, resume) that much later. A [`Fault`] is one action at one time,
+//! so it never prints `for=`, and [`Fault::from_str`] refuses it.
+//!
+//! The kind of a fault decides who carries it out, once, when it is parsed:
+//! [`FaultAction::Network`] faults go to the switch
+//! ([`NetworkFault::to_switch`]), [`FaultAction::Node`] faults to the agent
+//! ([`HostToAgent`] from a [`NodeFault`]). Serialized, an action is its text
+//! (`"partition n1 | n2,n3"`), a fault `{"at": <ns>, "action": <text>}`.
 
 use crate::units::parse_duration;
-use anyhow::{bail, Context, Result};
-use devices::VirtNanos;
-use serde::{Deserialize, Serialize};
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FaultAction {
-    /// Groups of node names that can talk among themselves only.
-    Partition(Vec<Vec<String>>),
-    Heal,
-    Pause(String),
-    Resume(String),
-    Kill {
-        node: String,
-        signal: i32,
-    },
-    Restart(String),
-}
-
-impl FaultAction {
-    /// True for faults the switch carries out (the rest go to the agent).
-    pub fn is_network(&self) -> bool {
-        matches!(self, FaultAction::Partition(_) | FaultAction::Heal)
-    }
-
-    /// The node names the action refers to.
-    pub fn nodes(&self) -> Vec<&str> {
-        match self {
-            FaultAction::Partition(groups) => groups.iter().flatten().map(String::as_str).collect(),
-            FaultAction::Heal => Vec::new(),
-            FaultAction::Pause(node)
-            | FaultAction::Resume(node)
-            | FaultAction::Restart(node)
-            | FaultAction::Kill { node, .. } => vec![node.as_str()],
-        }
-    }
-}
-
-impl std::fmt::Display for FaultAction {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FaultAction::Partition(groups) => {
-                let groups: Vec<String> = groups.iter().map(|g| g.join(",")).collect();
-                write!(f, "partition {}", groups.join(" | "))
-            }
-            FaultAction::Heal => write!(f, "heal"),
-            FaultAction::Pause(node) => write!(f, "pause {node}"),
-            FaultAction::Resume(node) => write!(f, "resume {node}"),
-            FaultAction::Kill { node, signal } => write!(f, "kill {node} signal={signal}"),
-            FaultAction::Restart(node) => write!(f, "restart {node}"),
-        }
-    }
-}
+use anyhow::{anyhow, bail, Context, Result};
+use detvisor_agent::protocol::HostToAgent;
+use devices::switch::Fault as SwitchFault;
+use devices::{PortId, VirtNanos};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::str::FromStr;
 
 /// One action at one virtual time.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct TimedFault {
+pub struct Fault {
     pub at: VirtNanos,
     pub action: FaultAction,
 }
 
-/// Parses one fault string into its action and, with `for=`, the undoing action.
-pub fn parse_fault(text: &str) -> Result<Vec<TimedFault>> {
-    let context = || format!("fault {text:?}");
-    let mut at = None;
-    let mut duration = None;
-    let mut signal = None;
-    let mut words = Vec::new();
-    for word in text.split_whitespace() {
-        match word.split_once('=') {
-            Some(("at", value)) => {
-                at = Some(parse_duration(value).with_context(|| format!("{}: at=", context()))?)
+/// The former name of [`Fault`].
+pub type TimedFault = Fault;
+
+/// What a fault does, by who carries it out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Carried out by the switch, at the fault's exact time.
+    Network(NetworkFault),
+    /// Carried out by the agent, at the first exit at or after the fault's time.
+    Node(NodeFault),
+}
+
+/// A change of the simulated network.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NetworkFault {
+    /// Groups of node names that can talk among themselves only.
+    Partition(Vec<Vec<String>>),
+    Heal,
+}
+
+/// Something the agent does to one node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeFault {
+    Pause { node: String },
+    Resume { node: String },
+    Kill { node: String, signal: i32 },
+    Restart { node: String },
+}
+
+const ACTIONS: &str = "partition, heal, pause, resume, kill, restart";
+
+impl FaultAction {
+    /// The node names the action refers to.
+    pub fn nodes(&self) -> Vec<&str> {
+        match self {
+            FaultAction::Network(NetworkFault::Partition(groups)) => {
+                groups.iter().flatten().map(String::as_str).collect()
             }
-            Some(("for", value)) => {
-                duration =
-                    Some(parse_duration(value).with_context(|| format!("{}: for=", context()))?)
-            }
-            Some(("signal", value)) => {
-                let n: i32 = value
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=64).contains(n))
-                    .with_context(|| {
-                        format!(
-                            "{}: signal={value} is not a signal number (1..64)",
-                            context()
-                        )
-                    })?;
-                signal = Some(n);
-            }
-            Some((key, _)) => bail!(
-                "{}: unknown setting {key:?} (known: at=, for=, signal=)",
-                context()
-            ),
-            None => words.push(word),
+            FaultAction::Network(NetworkFault::Heal) => Vec::new(),
+            FaultAction::Node(fault) => vec![fault.node()],
         }
     }
-    let Some(at) = at else {
-        bail!("{}: missing at=<time> (e.g. at=10s)", context());
-    };
-    let Some((&verb, args)) = words.split_first() else {
-        bail!(
-            "{}: no action (partition, heal, pause, resume, kill, restart)",
-            context()
-        );
-    };
-    let one_node = || -> Result<String> {
-        match args {
-            [node] => Ok(node.to_string()),
-            _ => bail!("{}: {verb} takes exactly one node name", context()),
+
+    /// The action `for=` schedules after this one, if it has one.
+    fn undo(&self) -> Option<FaultAction> {
+        match self {
+            FaultAction::Network(NetworkFault::Partition(_)) => {
+                Some(FaultAction::Network(NetworkFault::Heal))
+            }
+            FaultAction::Node(NodeFault::Pause { node }) => {
+                Some(FaultAction::Node(NodeFault::Resume { node: node.clone() }))
+            }
+            _ => None,
         }
-    };
-    let (action, undo) = match verb {
-        "partition" => {
-            let joined = args.join(" ");
-            let groups: Vec<Vec<String>> = joined
-                .split('|')
-                .map(|group| {
-                    group
-                        .split(',')
-                        .map(str::trim)
-                        .filter(|n| !n.is_empty())
-                        .map(String::from)
-                        .collect::<Vec<_>>()
-                })
-                .collect();
-            if groups.iter().any(Vec::is_empty) {
+    }
+}
+
+impl NodeFault {
+    /// The node the agent acts on.
+    pub fn node(&self) -> &str {
+        match self {
+            NodeFault::Pause { node }
+            | NodeFault::Resume { node }
+            | NodeFault::Kill { node, .. }
+            | NodeFault::Restart { node } => node,
+        }
+    }
+}
+
+/// The agent's message that carries the fault out.
+impl From<NodeFault> for HostToAgent {
+    fn from(fault: NodeFault) -> Self {
+        match fault {
+            NodeFault::Pause { node } => HostToAgent::Pause { node },
+            NodeFault::Resume { node } => HostToAgent::Resume { node },
+            NodeFault::Kill { node, signal } => HostToAgent::Kill { node, signal },
+            NodeFault::Restart { node } => HostToAgent::Restart { node },
+        }
+    }
+}
+
+impl NetworkFault {
+    /// The fault as the switch schedules it: node `i` of `node_names` is on
+    /// switch port `ports[i]` (its NIC).
+    pub fn to_switch(&self, node_names: &[String], ports: &[PortId]) -> Result<SwitchFault> {
+        Ok(match self {
+            NetworkFault::Partition(groups) => SwitchFault::Partition(
+                groups
+                    .iter()
+                    .map(|group| {
+                        group
+                            .iter()
+                            .map(|name| {
+                                node_names
+                                    .iter()
+                                    .position(|n| n == name)
+                                    .and_then(|index| ports.get(index).copied())
+                                    .with_context(|| format!("fault {self}: no node {name:?}"))
+                            })
+                            .collect::<Result<Vec<_>>>()
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+            NetworkFault::Heal => SwitchFault::Heal,
+        })
+    }
+
+    /// The inverse of [`NetworkFault::to_switch`] (`None`: a port of no node).
+    pub fn from_switch(
+        fault: &SwitchFault,
+        node_names: &[String],
+        ports: &[PortId],
+    ) -> Option<NetworkFault> {
+        Some(match fault {
+            SwitchFault::Partition(groups) => NetworkFault::Partition(
+                groups
+                    .iter()
+                    .map(|group| {
+                        group
+                            .iter()
+                            .map(|port| {
+                                let index = ports.iter().position(|p| p == port)?;
+                                node_names.get(index).cloned()
+                            })
+                            .collect::<Option<Vec<_>>>()
+                    })
+                    .collect::<Option<Vec<_>>>()?,
+            ),
+            SwitchFault::Heal => NetworkFault::Heal,
+        })
+    }
+}
+
+impl Fault {
+    /// Refuses a fault naming a node not in `nodes`.
+    pub fn check_nodes(&self, nodes: &[String]) -> Result<()> {
+        for name in self.action.nodes() {
+            if !nodes.iter().any(|n| n == name) {
                 bail!(
-                    "{}: a partition group is empty (write groups as n1 | n2,n3)",
-                    context()
+                    "fault {self}: no node is named {name:?} (nodes: {})",
+                    nodes.join(", ")
                 );
             }
-            let mut seen = std::collections::BTreeSet::new();
-            for name in groups.iter().flatten() {
-                if !seen.insert(name) {
-                    bail!("{}: node {name} is in two groups", context());
+        }
+        Ok(())
+    }
+}
+
+/// A time as `at=` and `for=` read it back exactly: in the largest unit
+/// that divides it (exact below 2^53 ns, about 104 days, the precision of
+/// [`parse_duration`]).
+fn time_text(t: VirtNanos) -> String {
+    let n = t.0;
+    for (unit, scale) in [("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)] {
+        if n.is_multiple_of(scale) {
+            return format!("{}{unit}", n / scale);
+        }
+    }
+    format!("{n}ns")
+}
+
+impl fmt::Display for NetworkFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NetworkFault::Partition(groups) => {
+                let groups: Vec<String> = groups.iter().map(|g| g.join(",")).collect();
+                write!(f, "partition {}", groups.join(" | "))
+            }
+            NetworkFault::Heal => write!(f, "heal"),
+        }
+    }
+}
+
+impl fmt::Display for NodeFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NodeFault::Pause { node } => write!(f, "pause {node}"),
+            NodeFault::Resume { node } => write!(f, "resume {node}"),
+            NodeFault::Kill { node, signal } => write!(f, "kill {node} signal={signal}"),
+            NodeFault::Restart { node } => write!(f, "restart {node}"),
+        }
+    }
+}
+
+impl fmt::Display for FaultAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FaultAction::Network(fault) => fault.fmt(f),
+            FaultAction::Node(fault) => fault.fmt(f),
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "at={} {}", time_text(self.at), self.action)
+    }
+}
+
+/// An action: the words after `at=` (and `for=`) are taken out, `signal=`
+/// included. Errors do not repeat the text (the caller's context does).
+impl FromStr for FaultAction {
+    type Err = anyhow::Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        let mut signal = None;
+        let mut words = Vec::new();
+        for word in text.split_whitespace() {
+            match word.split_once('=') {
+                Some(("signal", value)) => {
+                    let n: i32 = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=64).contains(n))
+                        .with_context(|| {
+                            format!("signal={value} is not a signal number (1..64)")
+                        })?;
+                    signal = Some(n);
                 }
+                Some((key, _)) => {
+                    bail!("unknown setting {key:?} (known: at=, for=, signal=)")
+                }
+                None => words.push(word),
             }
-            (FaultAction::Partition(groups), Some(FaultAction::Heal))
         }
-        "heal" => {
-            if !args.is_empty() {
-                bail!("{}: heal takes no arguments", context());
+        let Some((&verb, args)) = words.split_first() else {
+            bail!("no action ({ACTIONS})");
+        };
+        let one_node = || -> Result<String> {
+            match args {
+                [node] => Ok(node.to_string()),
+                _ => bail!("{verb} takes exactly one node name"),
             }
-            (FaultAction::Heal, None)
-        }
-        "pause" => {
-            let node = one_node()?;
-            (
-                FaultAction::Pause(node.clone()),
-                Some(FaultAction::Resume(node)),
-            )
-        }
-        "resume" => (FaultAction::Resume(one_node()?), None),
-        "kill" => (
-            FaultAction::Kill {
+        };
+        let action = match verb {
+            "partition" => {
+                let joined = args.join(" ");
+                let groups: Vec<Vec<String>> = joined
+                    .split('|')
+                    .map(|group| {
+                        group
+                            .split(',')
+                            .map(str::trim)
+                            .filter(|n| !n.is_empty())
+                            .map(String::from)
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                if groups.iter().any(Vec::is_empty) {
+                    bail!("a partition group is empty (write groups as n1 | n2,n3)");
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                for name in groups.iter().flatten() {
+                    if !seen.insert(name) {
+                        bail!("node {name} is in two groups");
+                    }
+                }
+                FaultAction::Network(NetworkFault::Partition(groups))
+            }
+            "heal" => {
+                if !args.is_empty() {
+                    bail!("heal takes no arguments");
+                }
+                FaultAction::Network(NetworkFault::Heal)
+            }
+            "pause" => FaultAction::Node(NodeFault::Pause { node: one_node()? }),
+            "resume" => FaultAction::Node(NodeFault::Resume { node: one_node()? }),
+            "kill" => FaultAction::Node(NodeFault::Kill {
                 node: one_node()?,
                 signal: signal.unwrap_or(libc::SIGKILL),
-            },
-            None,
-        ),
-        "restart" => (FaultAction::Restart(one_node()?), None),
-        other => bail!(
-            "{}: unknown action {other:?} (partition, heal, pause, resume, kill, restart)",
-            context()
-        ),
-    };
-    if signal.is_some() && !matches!(action, FaultAction::Kill { .. }) {
-        bail!("{}: signal= only applies to kill", context());
+            }),
+            "restart" => FaultAction::Node(NodeFault::Restart { node: one_node()? }),
+            other => bail!("unknown action {other:?} ({ACTIONS})"),
+        };
+        if signal.is_some() && !matches!(action, FaultAction::Node(NodeFault::Kill { .. })) {
+            bail!("signal= only applies to kill");
+        }
+        Ok(action)
     }
-    let mut faults = vec![TimedFault { at, action }];
-    match (duration, undo) {
-        (Some(d), Some(undo)) => faults.push(TimedFault {
-            at: VirtNanos(at.0.saturating_add(d.0)),
+}
+
+/// Parses the grammar: the fault written and its `for=` duration, if any.
+fn parse_text(text: &str) -> Result<(Fault, Option<VirtNanos>)> {
+    let mut at = None;
+    let mut duration = None;
+    let mut rest = Vec::new();
+    for word in text.split_whitespace() {
+        match word.split_once('=') {
+            Some(("at", value)) => at = Some(parse_duration(value).context("at=")?),
+            Some(("for", value)) => duration = Some(parse_duration(value).context("for=")?),
+            _ => rest.push(word),
+        }
+    }
+    let at = at.context("missing at=<time> (e.g. at=10s)")?;
+    let action = rest.join(" ").parse()?;
+    Ok((Fault { at, action }, duration))
+}
+
+/// One fault as [`Fault`]'s `Display` prints it. `for=` makes two faults:
+/// it is refused here (see [`parse_fault`]).
+impl FromStr for Fault {
+    type Err = anyhow::Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        match parse_text(text) {
+            Ok((fault, None)) => Ok(fault),
+            Ok((_, Some(_))) => Err(anyhow!(
+                "fault {text:?}: for= makes two faults (parse it with parse_fault)"
+            )),
+            Err(e) => Err(anyhow!("fault {text:?}: {e:#}")),
+        }
+    }
+}
+
+/// Parses one fault string into its fault and, with `for=`, the undoing one.
+pub fn parse_fault(text: &str) -> Result<Vec<Fault>> {
+    let (fault, duration) = parse_text(text).map_err(|e| anyhow!("fault {text:?}: {e:#}"))?;
+    let mut faults = vec![fault];
+    if let Some(d) = duration {
+        let fault = &faults[0];
+        let Some(undo) = fault.action.undo() else {
+            bail!("fault {text:?}: for= applies to partition and pause only");
+        };
+        faults.push(Fault {
+            at: VirtNanos(fault.at.0.saturating_add(d.0)),
             action: undo,
-        }),
-        (Some(_), None) => bail!("{}: for= applies to partition and pause only", context()),
-        (None, _) => {}
+        });
     }
     Ok(faults)
 }
 
 /// Parses every fault and orders them by time (faults at the same time keep
 /// the order they were given in), checking node names against `nodes`.
-pub fn schedule(texts: &[String], nodes: &[String]) -> Result<Vec<TimedFault>> {
+pub fn schedule(texts: &[String], nodes: &[String]) -> Result<Vec<Fault>> {
     let mut all = Vec::new();
     for text in texts {
         for fault in parse_fault(text)? {
-            for name in fault.action.nodes() {
-                if !nodes.iter().any(|n| n == name) {
-                    bail!(
-                        "fault {text:?}: no node is named {name:?} (nodes: {})",
-                        nodes.join(", ")
-                    );
-                }
-            }
+            fault.check_nodes(nodes)?;
             all.push(fault);
         }
     }
@@ -223,12 +391,54 @@ pub fn schedule(texts: &[String], nodes: &[String]) -> Result<Vec<TimedFault>> {
     Ok(all)
 }
 
+/// Serialized as its text.
+impl Serialize for FaultAction {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for FaultAction {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse()
+            .map_err(|e| serde::de::Error::custom(format!("fault action {text:?}: {e:#}")))
+    }
+}
+
+/// Serialized as its text, as a [`FaultAction`].
+impl Serialize for NodeFault {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeFault {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match FaultAction::deserialize(deserializer)? {
+            FaultAction::Node(fault) => Ok(fault),
+            other => Err(serde::de::Error::custom(format!(
+                "fault action {other}: not one for the agent"
+            ))),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn s(v: &str) -> String {
         v.to_string()
+    }
+
+    fn secs(n: u64) -> VirtNanos {
+        VirtNanos(n * 1_000_000_000)
+    }
+
+    fn pause(node: &str) -> FaultAction {
+        FaultAction::Node(NodeFault::Pause { node: s(node) })
     }
 
     #[test]
@@ -237,44 +447,53 @@ mod tests {
         assert_eq!(
             faults,
             vec![
-                TimedFault {
-                    at: VirtNanos(10_000_000_000),
-                    action: FaultAction::Partition(vec![vec![s("n1")], vec![s("n2"), s("n3")]])
+                Fault {
+                    at: secs(10),
+                    action: FaultAction::Network(NetworkFault::Partition(vec![
+                        vec![s("n1")],
+                        vec![s("n2"), s("n3")]
+                    ]))
                 },
-                TimedFault {
-                    at: VirtNanos(25_000_000_000),
-                    action: FaultAction::Heal
+                Fault {
+                    at: secs(25),
+                    action: FaultAction::Network(NetworkFault::Heal)
                 },
             ]
         );
+        // The text as users wrote it, less for= (now the second fault).
+        assert_eq!(faults[0].to_string(), "at=10s partition n1 | n2,n3");
+        assert_eq!(faults[1].to_string(), "at=25s heal");
     }
 
     #[test]
     fn test_pause_for_resumes_and_kill_takes_signal() {
         let faults = parse_fault("pause n2 at=30s for=5s").unwrap();
-        assert_eq!(faults[0].action, FaultAction::Pause(s("n2")));
-        assert_eq!(faults[1].action, FaultAction::Resume(s("n2")));
-        assert_eq!(faults[1].at, VirtNanos(35_000_000_000));
+        assert_eq!(faults[0].action, pause("n2"));
+        assert_eq!(
+            faults[1].action,
+            FaultAction::Node(NodeFault::Resume { node: s("n2") })
+        );
+        assert_eq!(faults[1].at, secs(35));
         let kill = parse_fault("at=1s kill n1 signal=15").unwrap();
         assert_eq!(
             kill[0].action,
-            FaultAction::Kill {
+            FaultAction::Node(NodeFault::Kill {
                 node: s("n1"),
                 signal: 15
-            }
+            })
         );
         assert_eq!(
             parse_fault("at=1s kill n1").unwrap()[0].action,
-            FaultAction::Kill {
+            FaultAction::Node(NodeFault::Kill {
                 node: s("n1"),
                 signal: 9
-            }
+            })
         );
     }
 
     #[test]
     fn test_bad_faults_name_the_problem() {
-        let err = |t: &str| format!("{:#}", parse_fault(t).unwrap_err());
+        let err = |t: &str| parse_fault(t).unwrap_err().to_string();
         assert!(err("partition n1 | n2").contains("missing at="));
         assert!(err("at=1s explode n1").contains("unknown action \"explode\""));
         assert!(err("at=1s pause").contains("exactly one node"));
@@ -283,8 +502,14 @@ mod tests {
         assert!(err("at=1s restart n1 for=2s").contains("for= applies"));
         assert!(err("at=1s pause n1 signal=9").contains("only applies to kill"));
         assert!(err("at=1s kill n1 signal=99").contains("not a signal number"));
-        assert!(err("at=soon heal").contains("at="));
+        assert!(err("at=soon heal").contains("at=: unparsable duration"));
         assert!(err("at=1s heal color=red").contains("unknown setting \"color\""));
+        assert!(err("at=1s").contains("no action"));
+        // Every message names the fault as written.
+        assert!(err("at=1s pause").starts_with("fault \"at=1s pause\": "));
+        // One fault is one action: for= is the schedule's shorthand.
+        let one = "at=1s pause n1 for=2s".parse::<Fault>().unwrap_err();
+        assert!(one.to_string().contains("for= makes two faults"));
     }
 
     #[test]
@@ -294,6 +519,171 @@ mod tests {
         let times: Vec<u64> = faults.iter().map(|f| f.at.0 / 1_000_000_000).collect();
         assert_eq!(times, vec![5, 7, 15]);
         let err = schedule(&[s("at=1s pause n9")], &nodes).unwrap_err();
-        assert!(err.to_string().contains("no node is named \"n9\""));
+        assert_eq!(
+            err.to_string(),
+            "fault at=1s pause n9: no node is named \"n9\" (nodes: n1, n2)"
+        );
+        let err = schedule(&[s("at=1s partition n1 | n2,n3")], &nodes).unwrap_err();
+        assert!(err.to_string().contains("no node is named \"n3\""));
+    }
+
+    #[test]
+    fn test_every_node_fault_becomes_its_agent_message() {
+        let cases = [
+            ("pause n1", HostToAgent::Pause { node: s("n1") }),
+            ("resume n1", HostToAgent::Resume { node: s("n1") }),
+            (
+                "kill n1",
+                HostToAgent::Kill {
+                    node: s("n1"),
+                    signal: 9,
+                },
+            ),
+            (
+                "kill n1 signal=15",
+                HostToAgent::Kill {
+                    node: s("n1"),
+                    signal: 15,
+                },
+            ),
+            ("restart n1", HostToAgent::Restart { node: s("n1") }),
+        ];
+        for (text, message) in cases {
+            match text.parse::<FaultAction>().unwrap() {
+                FaultAction::Node(fault) => {
+                    assert_eq!(fault.node(), "n1");
+                    assert_eq!(HostToAgent::from(fault), message, "{text}");
+                }
+                other => panic!("{text}: {other:?} is not the agent's"),
+            }
+        }
+    }
+
+    #[test]
+    fn test_every_network_fault_goes_to_the_switch_and_back() {
+        let names = vec![s("n1"), s("n2"), s("n3")];
+        // NIC i (node i) sits on the switch port of its virtio slot.
+        let ports = [PortId(2), PortId(3), PortId(4)];
+        let cases = [
+            (
+                "partition n1 | n3,n2",
+                SwitchFault::Partition(vec![vec![PortId(2)], vec![PortId(4), PortId(3)]]),
+            ),
+            (
+                "partition n2",
+                SwitchFault::Partition(vec![vec![PortId(3)]]),
+            ),
+            ("heal", SwitchFault::Heal),
+        ];
+        for (text, on_switch) in cases {
+            let FaultAction::Network(fault) = text.parse::<FaultAction>().unwrap() else {
+                panic!("{text} is the switch's");
+            };
+            assert_eq!(
+                fault.to_switch(&names, &ports).unwrap(),
+                on_switch,
+                "{text}"
+            );
+            assert_eq!(
+                NetworkFault::from_switch(&on_switch, &names, &ports),
+                Some(fault.clone())
+            );
+        }
+        let FaultAction::Network(unknown) = "partition n1 | n9".parse().unwrap() else {
+            unreachable!()
+        };
+        let err = unknown.to_switch(&names, &ports).unwrap_err();
+        assert!(err.to_string().contains("no node \"n9\""), "{err}");
+        let stray = SwitchFault::Partition(vec![vec![PortId(9)]]);
+        assert_eq!(NetworkFault::from_switch(&stray, &names, &ports), None);
+    }
+
+    #[test]
+    fn test_faults_serialize_as_their_text() {
+        let fault: Fault = "at=1500ms kill n1 signal=15".parse().unwrap();
+        let json = serde_json::to_string(&fault).unwrap();
+        assert_eq!(json, r#"{"at":1500000000,"action":"kill n1 signal=15"}"#);
+        assert_eq!(serde_json::from_str::<Fault>(&json).unwrap(), fault);
+        let FaultAction::Node(node) = fault.action else {
+            unreachable!()
+        };
+        assert_eq!(
+            serde_json::to_string(&node).unwrap(),
+            r#""kill n1 signal=15""#
+        );
+        assert!(serde_json::from_str::<NodeFault>(r#""heal""#).is_err());
+        assert!(serde_json::from_str::<FaultAction>(r#""explode n1""#).is_err());
+    }
+
+    fn node_name() -> impl Strategy<Value = String> {
+        "[a-z][a-z0-9-]{0,6}"
+    }
+
+    fn action() -> impl Strategy<Value = FaultAction> {
+        let partition = (
+            prop::collection::btree_set(node_name(), 1..8),
+            prop::collection::vec(1usize..4, 8),
+        )
+            .prop_map(|(names, sizes)| {
+                let names: Vec<String> = names.into_iter().collect();
+                let mut groups = Vec::new();
+                let mut rest = names.as_slice();
+                for size in sizes {
+                    if rest.is_empty() {
+                        break;
+                    }
+                    let (group, tail) = rest.split_at(size.min(rest.len()));
+                    groups.push(group.to_vec());
+                    rest = tail;
+                }
+                groups
+            })
+            .prop_shuffle()
+            .prop_map(|groups| FaultAction::Network(NetworkFault::Partition(groups)));
+        prop_oneof![
+            partition,
+            Just(FaultAction::Network(NetworkFault::Heal)),
+            node_name().prop_map(|node| FaultAction::Node(NodeFault::Pause { node })),
+            node_name().prop_map(|node| FaultAction::Node(NodeFault::Resume { node })),
+            (node_name(), 1..=64i32)
+                .prop_map(|(node, signal)| FaultAction::Node(NodeFault::Kill { node, signal })),
+            node_name().prop_map(|node| FaultAction::Node(NodeFault::Restart { node })),
+        ]
+    }
+
+    /// Times `parse_duration` reads back exactly: below 2^53 ns, often round.
+    fn time() -> impl Strategy<Value = VirtNanos> {
+        prop_oneof![
+            0u64..(1 << 53),
+            (0u64..1_000_000).prop_map(|n| n * 1_000_000_000),
+            (0u64..1_000_000).prop_map(|n| n * 1_000_000),
+            (0u64..1_000_000).prop_map(|n| n * 1_000),
+        ]
+        .prop_map(VirtNanos)
+    }
+
+    proptest! {
+        #[test]
+        fn prop_fault_text_round_trips(at in time(), action in action()) {
+            let fault = Fault { at, action };
+            let text = fault.to_string();
+            prop_assert_eq!(text.parse::<Fault>().unwrap(), fault.clone(), "{}", text);
+            prop_assert_eq!(parse_fault(&text).unwrap(), vec![fault.clone()]);
+            let json = serde_json::to_string(&fault).unwrap();
+            prop_assert_eq!(serde_json::from_str::<Fault>(&json).unwrap(), fault);
+        }
+
+        #[test]
+        fn prop_for_adds_the_undoing_fault(at in time(), action in action(), d in time()) {
+            let fault = Fault { at, action };
+            let text = format!("{fault} for={}", time_text(d));
+            match fault.action.undo() {
+                Some(undo) => prop_assert_eq!(
+                    parse_fault(&text).unwrap(),
+                    vec![fault.clone(), Fault { at: VirtNanos(at.0.saturating_add(d.0)), action: undo }]
+                ),
+                None => prop_assert!(parse_fault(&text).is_err()),
+            }
+        }
     }
 }

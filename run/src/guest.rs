@@ -172,7 +172,7 @@ pub fn initrd_with_command(initrd: &Path, command: &[String]) -> Result<Vec<u8>>
             &mut script.as_slice(),
         )
         .context("building the command archive")?;
-    Ok(archive.finish().context("building the command archive")?)
+    archive.finish().context("building the command archive")
 }
 
 /// The kernel command line detvisor boots with unless told otherwise.

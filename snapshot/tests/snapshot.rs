@@ -231,9 +231,10 @@ fn foreign_file_is_bad_magic() {
 
 #[test]
 fn wrong_version_is_unsupported() {
-    // An older format (version 1 held the machine's state alone) and a newer
-    // one are both refused, naming both versions.
-    for version in [FORMAT_VERSION - 1, FORMAT_VERSION + 1] {
+    // Older formats (version 1 held the machine's state alone, version 2 an
+    // `up` run's own copy of its network faults) and a newer one are all
+    // refused, naming both versions.
+    for version in [1, FORMAT_VERSION - 1, FORMAT_VERSION + 1] {
         let root = tempfile::tempdir().unwrap();
         let dir = small_snapshot(root.path());
         let path = dir.join(STATE_FILE);

@@ -3,7 +3,7 @@
 //! to send (hello, create_node, start_workload, faults, shutdown).
 
 use super::UpEvent;
-use crate::faults::{FaultAction, TimedFault};
+use crate::faults::{FaultAction, NodeFault};
 use crate::manifest::WorkloadPlan;
 use detvisor_agent::protocol::{
     AgentToHost, ExitStatus, HostToAgent, NodeSpec, Stream, PROTOCOL_VERSION,
@@ -65,8 +65,8 @@ enum Phase {
 pub struct Conductor {
     nodes: Vec<NodeSpec>,
     workload: Option<WorkloadPlan>,
-    /// Agent-side faults still to do, in time order.
-    faults: VecDeque<TimedFault>,
+    /// The agent's faults still to do, in time order.
+    faults: VecDeque<(VirtNanos, NodeFault)>,
     phase: Phase,
     /// Nodes running now.
     running: BTreeSet<String>,
@@ -84,19 +84,12 @@ pub struct Conductor {
 pub const SETUP_FAILED: i32 = crate::exit_status::NO_STATUS as i32;
 
 impl Conductor {
-    pub fn new(
-        nodes: Vec<NodeSpec>,
-        workload: Option<WorkloadPlan>,
-        faults: &[TimedFault],
-    ) -> Self {
+    /// A conversation with no faults yet (see [`Conductor::add_fault`]).
+    pub fn new(nodes: Vec<NodeSpec>, workload: Option<WorkloadPlan>) -> Self {
         Conductor {
             nodes,
             workload,
-            faults: faults
-                .iter()
-                .filter(|f| !f.action.is_network())
-                .cloned()
-                .collect(),
+            faults: VecDeque::new(),
             phase: Phase::Booting,
             running: BTreeSet::new(),
             ever_started: BTreeSet::new(),
@@ -116,10 +109,11 @@ impl Conductor {
         self.workload.is_some()
     }
 
-    /// Adds an agent-side fault to the schedule (after those at the same time).
-    pub fn add_fault(&mut self, fault: TimedFault) {
-        let at = self.faults.partition_point(|f| f.at <= fault.at);
-        self.faults.insert(at, fault);
+    /// Adds one of the agent's faults to the schedule (after those at the
+    /// same time).
+    pub fn add_fault(&mut self, at: VirtNanos, fault: NodeFault) {
+        let index = self.faults.partition_point(|&(t, _)| t <= at);
+        self.faults.insert(index, (at, fault));
     }
 
     /// The next virtual time at which [`Conductor::due`] has something to do.
@@ -127,7 +121,7 @@ impl Conductor {
         if self.phase == Phase::ShuttingDown {
             return None;
         }
-        self.faults.front().map(|f| f.at)
+        self.faults.front().map(|&(at, _)| at)
     }
 
     /// Handles one message from the agent.
@@ -244,18 +238,12 @@ impl Conductor {
         if self.phase != Phase::Running {
             return;
         }
-        while self.faults.front().is_some_and(|f| f.at <= now) {
-            let fault = self.faults.pop_front().expect("checked above");
+        while self.faults.front().is_some_and(|&(at, _)| at <= now) {
+            let (_, fault) = self.faults.pop_front().expect("checked above");
             notes.push(Note::Event(UpEvent::Fault {
-                action: fault.action.clone(),
+                action: FaultAction::Node(fault.clone()),
             }));
-            send.push(match fault.action {
-                FaultAction::Pause(node) => HostToAgent::Pause { node },
-                FaultAction::Resume(node) => HostToAgent::Resume { node },
-                FaultAction::Kill { node, signal } => HostToAgent::Kill { node, signal },
-                FaultAction::Restart(node) => HostToAgent::Restart { node },
-                FaultAction::Partition(_) | FaultAction::Heal => continue,
-            });
+            send.push(fault.into());
         }
     }
 
@@ -326,11 +314,14 @@ pub(crate) mod tests {
     pub(crate) fn conductor(workload: Option<WorkloadPlan>, faults: &[&str]) -> Conductor {
         let names = vec!["n1".to_string(), "n2".to_string()];
         let faults: Vec<String> = faults.iter().map(|s| s.to_string()).collect();
-        Conductor::new(
-            vec![spec("n1"), spec("n2")],
-            workload,
-            &schedule(&faults, &names).unwrap(),
-        )
+        let mut c = Conductor::new(vec![spec("n1"), spec("n2")], workload);
+        for fault in schedule(&faults, &names).unwrap() {
+            let FaultAction::Node(node_fault) = fault.action else {
+                panic!("{fault}: the switch's, not the conductor's");
+            };
+            c.add_fault(fault.at, node_fault);
+        }
+        c
     }
 
     /// The workload `true`, inside `node`.
@@ -503,14 +494,7 @@ pub(crate) mod tests {
 
     #[test]
     fn test_faults_wait_for_the_nodes_and_go_in_time_order() {
-        let mut c = conductor(
-            None,
-            &[
-                "at=1s pause n1 for=2s",
-                "at=2s kill n2",
-                "at=1s partition n1 | n2",
-            ],
-        );
+        let mut c = conductor(None, &["at=1s pause n1 for=2s", "at=2s kill n2"]);
         assert_eq!(c.next_fault_time(), Some(VirtNanos(1_000_000_000)));
         let mut send = Vec::new();
         let mut notes = Vec::new();
@@ -536,6 +520,22 @@ pub(crate) mod tests {
         c.due(VirtNanos(3_000_000_000), &mut send, &mut notes);
         assert_eq!(send, vec![HostToAgent::Resume { node: "n1".into() }]);
         assert_eq!(c.next_fault_time(), None);
+        // Each is announced as it is sent, as users wrote it.
+        let announced: Vec<String> = notes
+            .iter()
+            .filter_map(|note| match note {
+                Note::Event(event @ UpEvent::Fault { .. }) => Some(event.to_string()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            announced,
+            [
+                "fault: pause n1",
+                "fault: kill n2 signal=9",
+                "fault: resume n1"
+            ]
+        );
     }
 
     #[test]
@@ -550,7 +550,7 @@ pub(crate) mod tests {
             command: vec!["true".into()],
             env: BTreeMap::new(),
         });
-        let mut c = Conductor::new(vec![spec("n1"), own], Some(plan), &[]);
+        let mut c = Conductor::new(vec![spec("n1"), own], Some(plan));
         feed(
             &mut c,
             AgentToHost::Booted {

@@ -1,15 +1,17 @@
 //! Runs a session as an `up` run: after every exit the agent's output goes
 //! to the conductor and its answers back to the agent; network faults are
-//! put on the switch and announced as it carries them out.
+//! put on the switch and announced as it carries them out, from the
+//! switch's own schedule.
 
 use super::{Conductor, Note, OutputSink, ShellEvent, UpEvent, UpOutput, WORKLOAD_LOG};
-use crate::faults::{FaultAction, TimedFault};
+use crate::faults::{Fault, FaultAction, NetworkFault};
 use anyhow::{bail, Context, Result};
 use detvisor_agent::protocol::{
     encode_frame, AgentToHost, FrameDecoder, HostToAgent, MAX_FRAME_LEN,
 };
+use devices::switch::Fault as SwitchFault;
+use devices::{PortId, Switch, VirtNanos};
 use serde::{Deserialize, Serialize};
-use std::collections::VecDeque;
 
 /// Sends `message` to the agent now (at this exit). Outside the conductor's
 /// loop only in forks (`detvisor shell`): a recorded run's messages come
@@ -21,8 +23,9 @@ pub fn send_message(session: &mut vmm::vm::Session, message: &HostToAgent) -> Re
 }
 
 /// What an `up` run keeps on the host besides the VM, saved with its
-/// snapshots: the conversation's state, the agent's unfinished frame and the
-/// network faults still to announce. Restored, it continues the very run.
+/// snapshots: the conversation's state and the agent's unfinished frame.
+/// Restored, it continues the very run. (Network faults are the switch's
+/// state: see [`UpDriver::step`].)
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpState {
@@ -31,41 +34,17 @@ pub struct UpState {
     pub agent_frame_bytes: Vec<u8>,
     /// The nodes, in manifest order (output goes by these names).
     pub node_names: Vec<String>,
-    /// Partitions and heals not announced yet (the switch carries them out;
-    /// its own state holds the schedule).
-    pub network_events: Vec<TimedFault>,
 }
 
-/// Puts a partition or heal on the switch's schedule (other faults are the
-/// agent's: nothing to do here).
-fn schedule_network_fault(
-    session: &mut vmm::vm::Session,
-    node_names: &[String],
-    fault: &TimedFault,
-) -> Result<()> {
-    let ports = session.devices_mut().nic_ports();
-    let result = match &fault.action {
-        FaultAction::Partition(groups) => {
-            let mut port_groups = Vec::new();
-            for group in groups {
-                let mut ports_of_group = Vec::new();
-                for name in group {
-                    let index = node_names
-                        .iter()
-                        .position(|n| n == name)
-                        .with_context(|| format!("fault {}: no node {name:?}", fault.action))?;
-                    ports_of_group.push(ports[index]);
-                }
-                port_groups.push(ports_of_group);
-            }
-            session
-                .devices_mut()
-                .schedule_partition(fault.at, port_groups)
-        }
-        FaultAction::Heal => session.devices_mut().schedule_heal(fault.at),
-        _ => return Ok(()),
+/// The switch's faults after `now`, in the order it will apply them: those
+/// not announced yet (every one at or before `now` was, see [`UpDriver::step`]).
+fn network_faults_after(switch: Option<&Switch>, now: VirtNanos) -> Vec<(VirtNanos, SwitchFault)> {
+    let Some(switch) = switch else {
+        return Vec::new();
     };
-    result.with_context(|| format!("scheduling the fault {}", fault.action))
+    let mut faults = switch.scheduled_faults();
+    faults.retain(|&(at, _)| at > now);
+    faults
 }
 
 /// Runs a session as an `up` run: after every exit, the agent's output goes
@@ -75,7 +54,6 @@ pub struct UpDriver {
     conductor: Conductor,
     decoder: FrameDecoder,
     node_names: Vec<String>,
-    network_events: VecDeque<TimedFault>,
     output: UpOutput,
     send: Vec<HostToAgent>,
     notes: Vec<Note>,
@@ -86,26 +64,27 @@ pub struct UpDriver {
 }
 
 impl UpDriver {
-    /// A run from boot: schedules the partitions and heals on the switch.
+    /// A run from boot, with `faults` (in time order) scheduled as
+    /// [`UpDriver::inject`] does.
     pub fn start(
         session: &mut vmm::vm::Session,
         conductor: Conductor,
-        network_faults: &[TimedFault],
+        faults: &[Fault],
         node_names: &[String],
         output: UpOutput,
     ) -> Result<Self> {
-        for fault in network_faults {
-            schedule_network_fault(session, node_names, fault)?;
-        }
-        Ok(Self::restore(
+        let mut driver = Self::restore(
             UpState {
                 conductor,
                 agent_frame_bytes: Vec::new(),
                 node_names: node_names.to_vec(),
-                network_events: network_faults.to_vec(),
             },
             output,
-        ))
+        );
+        for fault in faults {
+            driver.inject(session, fault.clone())?;
+        }
+        Ok(driver)
     }
 
     /// Continues a saved run (the session restored from the same snapshot).
@@ -116,7 +95,6 @@ impl UpDriver {
             conductor: state.conductor,
             decoder,
             node_names: state.node_names,
-            network_events: state.network_events.into(),
             output,
             send: Vec::new(),
             notes: Vec::new(),
@@ -146,14 +124,13 @@ impl UpDriver {
             conductor: self.conductor.clone(),
             agent_frame_bytes: self.decoder.buffered().to_vec(),
             node_names: self.node_names.clone(),
-            network_events: self.network_events.iter().cloned().collect(),
         }
     }
 
-    /// Adds `fault` to the run from now on: partitions and heals go to the
-    /// switch, the rest to the conductor's schedule. A fault before `now`
-    /// is refused.
-    pub fn inject(&mut self, session: &mut vmm::vm::Session, fault: TimedFault) -> Result<()> {
+    /// Adds `fault` to the run from now on: network faults go to the
+    /// switch's schedule, node faults to the conductor's. A fault before
+    /// `now`, or naming no node of the run, is refused.
+    pub fn inject(&mut self, session: &mut vmm::vm::Session, fault: Fault) -> Result<()> {
         let now = session.now();
         if fault.at < now {
             bail!(
@@ -162,21 +139,48 @@ impl UpDriver {
                 fault.at
             );
         }
-        for name in fault.action.nodes() {
-            if !self.node_names.iter().any(|n| n == name) {
-                bail!(
-                    "fault {}: no node is named {name:?} (nodes: {})",
-                    fault.action,
-                    self.node_names.join(", ")
-                );
+        fault.check_nodes(&self.node_names)?;
+        match fault.action {
+            FaultAction::Network(network) => {
+                let devices = session.devices_mut();
+                let ports = devices.nic_ports();
+                let scheduled = match network.to_switch(&self.node_names, &ports)? {
+                    SwitchFault::Partition(groups) => devices.schedule_partition(fault.at, groups),
+                    SwitchFault::Heal => devices.schedule_heal(fault.at),
+                };
+                scheduled.with_context(|| format!("scheduling the fault {network}"))?;
+                // Due now: announced now, as every fault at or before the
+                // present is (see `step`).
+                if fault.at <= now {
+                    self.announce(fault.at, network);
+                }
             }
+            FaultAction::Node(node) => self.conductor.add_fault(fault.at, node),
         }
-        if fault.action.is_network() {
-            schedule_network_fault(session, &self.node_names, &fault)?;
-            let at = self.network_events.partition_point(|f| f.at <= fault.at);
-            self.network_events.insert(at, fault);
-        } else {
-            self.conductor.add_fault(fault);
+        Ok(())
+    }
+
+    fn announce(&mut self, at: VirtNanos, fault: NetworkFault) {
+        (self.output.events)(
+            at,
+            &UpEvent::Fault {
+                action: FaultAction::Network(fault),
+            },
+        );
+    }
+
+    /// Announces the switch's faults of `pending` due by `now` (node `i` on
+    /// switch port `ports[i]`), at their own times.
+    fn announce_network_faults(
+        &mut self,
+        pending: Vec<(VirtNanos, SwitchFault)>,
+        now: VirtNanos,
+        ports: &[PortId],
+    ) -> Result<()> {
+        for (at, fault) in pending.into_iter().take_while(|&(at, _)| at <= now) {
+            let network = NetworkFault::from_switch(&fault, &self.node_names, ports)
+                .with_context(|| format!("the switch's fault {fault:?} is on a port of no node"))?;
+            self.announce(at, network);
         }
         Ok(())
     }
@@ -203,23 +207,27 @@ impl UpDriver {
     }
 
     /// One exit and the conversation after it (`Some` when the guest stopped).
+    ///
+    /// Network faults are announced at the first exit at or after their
+    /// time, from the switch's schedule: those it holds after the present
+    /// before the exit and that are due after it. (The switch applies a
+    /// fault lazily, maybe during the exit, so its schedule is read before.)
+    /// Between two steps every network fault at or before the present has
+    /// been announced, so a restored run announces exactly the rest.
     pub fn step(
         &mut self,
         session: &mut vmm::vm::Session,
     ) -> Result<Option<vmm::exit::StopReason>> {
         session.set_wakeup(self.conductor.next_fault_time());
+        let before = session.now();
+        let pending = network_faults_after(session.devices_mut().switch(), before);
         if let Some(stop) = session.step_one()? {
             return Ok(Some(stop));
         }
         let now = session.now();
-        while self.network_events.front().is_some_and(|f| f.at <= now) {
-            let fault = self.network_events.pop_front().expect("checked above");
-            (self.output.events)(
-                fault.at,
-                &UpEvent::Fault {
-                    action: fault.action,
-                },
-            );
+        if pending.first().is_some_and(|&(at, _)| at <= now) {
+            let ports = session.devices_mut().nic_ports();
+            self.announce_network_faults(pending, now, &ports)?;
         }
         let bytes = session.take_control_output();
         if !bytes.is_empty() {
@@ -269,6 +277,138 @@ mod tests {
     use super::*;
     use crate::faults::schedule;
     use crate::up::conductor::tests::{boot, conductor, in_node, started};
+    use devices::{LatencyDist, NetworkConfig, Persist};
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    fn secs_ms(s: u64, ms: u64) -> VirtNanos {
+        VirtNanos(s * 1_000_000_000 + ms * 1_000_000)
+    }
+
+    type Announced = Rc<RefCell<Vec<(VirtNanos, String)>>>;
+
+    /// A driver restored from `state` whose events go to the returned list.
+    fn restored(state: UpState) -> (UpDriver, Announced) {
+        let announced: Announced = Rc::default();
+        let seen = Rc::clone(&announced);
+        let mut output =
+            UpOutput::plain(&state.node_names, Box::new(std::io::sink()), None).unwrap();
+        output.events = Box::new(move |at, event| seen.borrow_mut().push((at, event.to_string())));
+        (UpDriver::restore(state, output), announced)
+    }
+
+    /// What `step` does about network faults for an exit from `before` to
+    /// `now`, the switch applying its faults during the exit (`touch`: it
+    /// was asked about the network then, as a frame sent or delivered).
+    fn exit(
+        driver: &mut UpDriver,
+        switch: &mut Switch,
+        before: VirtNanos,
+        now: VirtNanos,
+        touch: bool,
+    ) {
+        let pending = network_faults_after(Some(switch), before);
+        if touch {
+            switch.due(now);
+        }
+        driver
+            .announce_network_faults(pending, now, &PORTS)
+            .unwrap();
+    }
+
+    /// The NICs' switch ports (virtio slots after the rng and the console).
+    const PORTS: [PortId; 2] = [PortId(2), PortId(3)];
+
+    #[test]
+    fn test_a_restored_driver_announces_a_pending_partition_once_from_the_switch() {
+        let names = vec!["n1".to_string(), "n2".to_string()];
+        let mut switch = Switch::new(
+            [7; 32],
+            NetworkConfig::reliable(LatencyDist::Fixed(VirtNanos(1_000))),
+        )
+        .unwrap();
+        for (i, port) in PORTS.iter().enumerate() {
+            switch.add_port(*port, [2, 0, 0, 0, 0, i as u8]);
+        }
+        // What `inject` puts on the switch for `at=3s partition n1 | n2 for=1s`.
+        for fault in schedule(&["at=3s partition n1 | n2 for=1s".into()], &names).unwrap() {
+            let FaultAction::Network(network) = fault.action else {
+                unreachable!()
+            };
+            match network.to_switch(&names, &PORTS).unwrap() {
+                SwitchFault::Partition(groups) => switch.partition(fault.at, groups).unwrap(),
+                SwitchFault::Heal => switch.heal(fault.at).unwrap(),
+            }
+        }
+        let up = UpState {
+            conductor: conductor(None, &[]),
+            agent_frame_bytes: Vec::new(),
+            node_names: names.clone(),
+        };
+        // The run is snapshotted at 2 s: the switch's saved state alone
+        // holds the faults.
+        let saved = serde_json::to_string(&switch.save()).unwrap();
+        let mut switch = Switch::from_state(&serde_json::from_str(&saved).unwrap());
+        let (mut driver, announced) = restored(up.clone());
+        let times = [
+            secs_ms(2, 0),
+            secs_ms(2, 500),
+            secs_ms(3, 200),
+            secs_ms(3, 700),
+            secs_ms(4, 0),
+            secs_ms(5, 0),
+        ];
+        for pair in times.windows(2) {
+            // The switch applies the partition during the exit to 3.2 s
+            // (and is not asked about the heal at all).
+            exit(
+                &mut driver,
+                &mut switch,
+                pair[0],
+                pair[1],
+                pair[1] == secs_ms(3, 200),
+            );
+        }
+        assert_eq!(
+            *announced.borrow(),
+            [
+                (secs_ms(3, 0), "fault: partition n1 | n2".to_string()),
+                (secs_ms(4, 0), "fault: heal".to_string()),
+            ]
+        );
+
+        // Snapshotted instead at 3.7 s, after the partition was announced
+        // but before the switch was asked about the network (both faults
+        // are still on its schedule): the partition is not announced again.
+        let mut switch = Switch::from_state(&serde_json::from_str(&saved).unwrap());
+        assert_eq!(switch.scheduled_faults().len(), 2);
+        let (mut driver, announced) = restored(up);
+        exit(
+            &mut driver,
+            &mut switch,
+            secs_ms(3, 700),
+            secs_ms(3, 900),
+            false,
+        );
+        exit(
+            &mut driver,
+            &mut switch,
+            secs_ms(3, 900),
+            secs_ms(4, 100),
+            false,
+        );
+        exit(
+            &mut driver,
+            &mut switch,
+            secs_ms(4, 100),
+            secs_ms(6, 0),
+            true,
+        );
+        assert_eq!(
+            *announced.borrow(),
+            [(secs_ms(4, 0), "fault: heal".to_string())]
+        );
+    }
 
     #[test]
     fn test_up_state_round_trips_and_a_restored_driver_continues_the_frame() {
@@ -280,7 +420,6 @@ mod tests {
             conductor: running,
             agent_frame_bytes: frame[..6].to_vec(),
             node_names: names.clone(),
-            network_events: schedule(&["at=3s partition n1 | n2 for=2s".into()], &names).unwrap(),
         };
         let text = serde_json::to_string(&state).unwrap();
         let back: UpState = serde_json::from_str(&text).unwrap();
@@ -294,7 +433,6 @@ mod tests {
             conductor: conductor(None, &[]),
             agent_frame_bytes: Vec::new(),
             node_names: names.clone(),
-            network_events: Vec::new(),
         };
         driver.reset(&other);
         assert_eq!(driver.save(), other);

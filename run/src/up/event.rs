@@ -134,7 +134,7 @@ mod tests {
             ),
             (
                 UpEvent::Fault {
-                    action: FaultAction::Pause("n2".into()),
+                    action: "pause n2".parse().unwrap(),
                 },
                 "fault: pause n2",
             ),

@@ -5,7 +5,7 @@
 use super::{assemble, Conductor, OutputSink, UpDriver, UpEvent, UpOutput};
 use crate::audit::compare_runs;
 use crate::driven::Driven;
-use crate::faults::{schedule, TimedFault};
+use crate::faults::{schedule, Fault, FaultAction};
 use crate::guest;
 use crate::manifest::{Manifest, WorkloadPlan};
 use crate::outcome::{stepped_note, RunSummary};
@@ -47,7 +47,7 @@ pub struct PreparedUp {
     pub rtc_epoch_unix_secs: i64,
     pub ram_bytes: u64,
     /// Every fault, in time order.
-    pub faults: Vec<TimedFault>,
+    pub faults: Vec<Fault>,
 }
 
 /// Assembles `manifest`'s guest and schedules its faults plus `extra_faults`
@@ -69,7 +69,7 @@ pub fn prepare(
     if let Some(WorkloadPlan::OwnNode(node)) = &manifest.workload {
         if let Some(fault) = faults
             .iter()
-            .find(|f| !f.action.is_network() && f.action.nodes().contains(&node.name.as_str()))
+            .find(|f| matches!(&f.action, FaultAction::Node(n) if n.node() == node.name))
         {
             bail!(
                 "fault {}: the workload's own node can be partitioned, not paused, killed or restarted (its end is the run's end)",
@@ -189,24 +189,15 @@ impl PreparedUp {
         })
     }
 
-    /// The partitions and heals (the switch carries them out).
-    pub fn network_faults(&self) -> Vec<TimedFault> {
-        self.faults
-            .iter()
-            .filter(|f| f.action.is_network())
-            .cloned()
-            .collect()
-    }
-
     /// Boots this guest as a [`Driven`] `up` run, its node output and events
     /// going to `output`.
     pub fn boot(&self, config: &VmConfig, output: UpOutput) -> Result<Driven> {
-        let conductor = Conductor::new(self.specs.clone(), self.workload.clone(), &self.faults);
+        let conductor = Conductor::new(self.specs.clone(), self.workload.clone());
         let mut session = vmm::vm::Session::boot(config, Box::new(std::io::sink()), None)?;
         let driver = UpDriver::start(
             &mut session,
             conductor,
-            &self.network_faults(),
+            &self.faults,
             &self.node_names,
             output,
         )?;
