@@ -47,6 +47,10 @@ pub enum RestoreError {
         found: &'static str,
         expected: &'static str,
     },
+    /// A state that does not fit the part it is restored into (beyond the
+    /// devices: a part of a run saved with the machine).
+    #[error("the saved {part} does not fit: {reason}")]
+    Incompatible { part: &'static str, reason: String },
     #[error("HPET state has {len} timers, expected {expected}")]
     HpetTimerCount { len: usize, expected: usize },
     #[error("RTC state has {len} bytes of CMOS RAM, expected {expected}")]

@@ -6,6 +6,7 @@
 
 use crate::up::{self, UpDriver, UpState};
 use anyhow::{Context, Result};
+use devices::Persist;
 use serde::{Deserialize, Serialize};
 use vmm::exit::StopReason;
 use vmm::vm::{Checkpoint, RunOutcome, Session, SessionState};
@@ -101,7 +102,7 @@ impl Driven {
     pub fn reset_to(&mut self, checkpoint: &mut DrivenCheckpoint) -> Result<()> {
         self.session.reset_to(&mut checkpoint.session)?;
         if let (Some(up), Some(state)) = (&mut self.up, &checkpoint.up) {
-            up.reset(state);
+            up.restore(state)?;
         }
         Ok(())
     }

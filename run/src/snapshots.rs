@@ -310,7 +310,7 @@ pub fn restore(
     let up = match saved.up {
         Some(state) => {
             let output = UpOutput::plain(&state.node_names, node_output.out, node_output.events)?;
-            Some(UpDriver::restore(state, output))
+            Some(UpDriver::from_state(state, output))
         }
         None => None,
     };

@@ -10,7 +10,7 @@ use detvisor_agent::protocol::{
     encode_frame, AgentToHost, FrameDecoder, HostToAgent, MAX_FRAME_LEN,
 };
 use devices::switch::Fault as SwitchFault;
-use devices::{PortId, Switch, VirtNanos};
+use devices::{Persist, PortId, RestoreError, Switch, VirtNanos};
 use serde::{Deserialize, Serialize};
 
 /// Sends `message` to the agent now (at this exit). Outside the conductor's
@@ -73,7 +73,7 @@ impl UpDriver {
         node_names: &[String],
         output: UpOutput,
     ) -> Result<Self> {
-        let mut driver = Self::restore(
+        let mut driver = Self::from_state(
             UpState {
                 conductor,
                 agent_frame_bytes: Vec::new(),
@@ -88,7 +88,7 @@ impl UpDriver {
     }
 
     /// Continues a saved run (the session restored from the same snapshot).
-    pub fn restore(state: UpState, output: UpOutput) -> Self {
+    pub fn from_state(state: UpState, output: UpOutput) -> Self {
         let mut decoder = FrameDecoder::new(MAX_FRAME_LEN);
         decoder.push(&state.agent_frame_bytes);
         UpDriver {
@@ -100,30 +100,6 @@ impl UpDriver {
             notes: Vec::new(),
             shell_events: Vec::new(),
             held: false,
-        }
-    }
-
-    /// Back to a saved state in place (the session reset to the same moment).
-    pub fn reset(&mut self, state: &UpState) {
-        let output = std::mem::replace(
-            &mut self.output,
-            UpOutput {
-                sink: OutputSink::discard(),
-                events: Box::new(|_, _| {}),
-            },
-        );
-        // Unfinished lines belong to the history being left.
-        let mut output = output;
-        output.sink.drop_partial_lines();
-        *self = Self::restore(state.clone(), output);
-    }
-
-    /// The state to save between two steps.
-    pub fn save(&self) -> UpState {
-        UpState {
-            conductor: self.conductor.clone(),
-            agent_frame_bytes: self.decoder.buffered().to_vec(),
-            node_names: self.node_names.clone(),
         }
     }
 
@@ -272,6 +248,50 @@ impl UpDriver {
     }
 }
 
+/// The conversation's state and the agent's unfinished frame: saved with
+/// the machine, restored in place when the session returns to a moment
+/// (where it goes, node output and events, is not part of it).
+impl Persist for UpDriver {
+    type State = UpState;
+
+    fn save(&self) -> UpState {
+        UpState {
+            conductor: self.conductor.clone(),
+            agent_frame_bytes: self.decoder.buffered().to_vec(),
+            node_names: self.node_names.clone(),
+        }
+    }
+
+    fn validate(&self, state: &UpState) -> Result<(), RestoreError> {
+        if state.node_names != self.node_names {
+            return Err(RestoreError::Incompatible {
+                part: "up run",
+                reason: format!(
+                    "its nodes are {}, this run's {}",
+                    state.node_names.join(", "),
+                    self.node_names.join(", ")
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn restore(&mut self, state: &UpState) -> Result<(), RestoreError> {
+        self.validate(state)?;
+        let mut output = std::mem::replace(
+            &mut self.output,
+            UpOutput {
+                sink: OutputSink::discard(),
+                events: Box::new(|_, _| {}),
+            },
+        );
+        // Unfinished lines belong to the history being left.
+        output.sink.drop_partial_lines();
+        *self = Self::from_state(state.clone(), output);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,7 +314,7 @@ mod tests {
         let mut output =
             UpOutput::plain(&state.node_names, Box::new(std::io::sink()), None).unwrap();
         output.events = Box::new(move |at, event| seen.borrow_mut().push((at, event.to_string())));
-        (UpDriver::restore(state, output), announced)
+        (UpDriver::from_state(state, output), announced)
     }
 
     /// What `step` does about network faults for an exit from `before` to
@@ -426,7 +446,7 @@ mod tests {
         assert_eq!(back, state);
 
         let output = UpOutput::plain(&names, Box::new(std::io::sink()), None).unwrap();
-        let mut driver = UpDriver::restore(back, output);
+        let mut driver = UpDriver::from_state(back, output);
         assert_eq!(driver.save(), state);
         // Reset to another moment and back: each save is that moment.
         let other = UpState {
@@ -434,9 +454,9 @@ mod tests {
             agent_frame_bytes: Vec::new(),
             node_names: names.clone(),
         };
-        driver.reset(&other);
+        driver.restore(&other).unwrap();
         assert_eq!(driver.save(), other);
-        driver.reset(&state);
+        driver.restore(&state).unwrap();
         assert_eq!(driver.save(), state);
         // The rest of the frame completes the message begun before the save.
         driver.decoder.push(&frame[6..]);
@@ -448,5 +468,42 @@ mod tests {
         let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
         value["extra"] = serde_json::json!(1);
         assert!(serde_json::from_value::<UpState>(value).is_err());
+    }
+
+    /// A driver of the two-node run at the state `conductor` is in.
+    fn driver_at(conductor: Conductor) -> UpDriver {
+        let names = vec!["n1".to_string(), "n2".to_string()];
+        let state = UpState {
+            conductor,
+            agent_frame_bytes: Vec::new(),
+            node_names: names.clone(),
+        };
+        let output = UpOutput::plain(&names, Box::new(std::io::sink()), None).unwrap();
+        UpDriver::from_state(state, output)
+    }
+
+    fn booted() -> Conductor {
+        let mut c = conductor(Some(in_node("n2")), &["at=5s pause n1 for=1s"]);
+        boot(&mut c);
+        c
+    }
+
+    devices::persist_round_trip_tests! {
+        mod driver_persist {
+            fresh: driver_at(conductor(None, &[])),
+            saved: driver_at(booted()),
+            mutate: |driver: &mut UpDriver| driver.decoder.push(b"\x00\x00"),
+        }
+    }
+
+    #[test]
+    fn test_a_state_of_other_nodes_is_refused_and_changes_nothing() {
+        let mut driver = driver_at(booted());
+        let before = driver.save();
+        let mut other = before.clone();
+        other.node_names = vec!["a".into(), "b".into()];
+        let error = driver.restore(&other).unwrap_err();
+        assert!(error.to_string().contains("its nodes are a, b"), "{error}");
+        assert_eq!(driver.save(), before);
     }
 }
