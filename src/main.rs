@@ -19,7 +19,7 @@ use run::snapshots::SnapshotPlan;
 use run::units;
 use serde::Serialize;
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use terminal::StdStreams;
 
@@ -337,9 +337,9 @@ fn guest_needs(
 /// directory new snapshots go to), the spec made absolute.
 fn snapshot_needs(spec: &mut String, taking: Option<&mut SnapshotPlan>) -> Result<helper::Needs> {
     let mut needs = helper::Needs::default();
-    let absolute = absolute_spec(spec)?;
-    needs.share(&spec_root(&absolute))?;
-    *spec = absolute;
+    let absolute = spec.parse::<snapshot::SnapshotSpec>()?.absolute()?;
+    needs.share(&absolute.root())?;
+    *spec = absolute.to_string();
     if let Some(plan) = taking {
         plan.dir = needs.share(&plan.dir)?;
     }
@@ -555,34 +555,6 @@ fn cmd_snapshot(command: SnapshotCommand) -> Result<u8> {
                 other => print::unexpected(&other),
             }
         }
-    }
-}
-
-/// Makes a snapshot spec (DIR@..., DIR/ID) absolute, creating nothing.
-fn absolute_spec(spec: &str) -> Result<String> {
-    let absolute = |p: &Path| -> Result<PathBuf> {
-        let p = if p.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            p
-        };
-        p.canonicalize()
-            .with_context(|| format!("snapshot directory {} does not exist", p.display()))
-    };
-    Ok(match spec.rsplit_once('@') {
-        Some((dir, rest)) => format!("{}@{rest}", absolute(Path::new(dir))?.display()),
-        None => absolute(Path::new(spec))?.display().to_string(),
-    })
-}
-
-/// The snapshot root of an absolute spec.
-fn spec_root(spec: &str) -> PathBuf {
-    match spec.rsplit_once('@') {
-        Some((dir, _)) => PathBuf::from(dir),
-        None => Path::new(spec)
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default(),
     }
 }
 

@@ -70,7 +70,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{Result, SnapshotError};
 pub use memory::{data_ranges, MappedMemory, PageRun};
-pub use spec::{resolve, Resolved, Target};
+pub use spec::{resolve, Resolved, SnapshotSpec, Target};
 
 use error::io;
 use frame::{check_flags, read_framed, write_framed, CRC64, HEADER_LEN};

@@ -2,7 +2,7 @@
 //! `./snaps/<id>`, ...) into a snapshot and the target to replay forward to.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use devices::VirtNanos;
 
@@ -57,39 +57,117 @@ pub struct Resolved {
 /// (exit_index, virtual_ns, id) for an exit index. A root is meant to hold one timeline (one
 /// run and its restores); across diverging branches "latest" picks by these numbers alone.
 pub fn resolve(spec: &str) -> Result<Resolved> {
-    let bad = |reason: String| SnapshotError::BadSpec {
-        spec: spec.to_owned(),
-        reason,
-    };
-    if spec.is_empty() {
-        return Err(bad("empty".into()));
-    }
-    if let Some((root, sel)) = spec.rsplit_once('@').filter(|(_, sel)| !sel.contains('/')) {
-        if root.is_empty() {
-            return Err(bad("no snapshot directory before '@'".into()));
+    spec.parse::<SnapshotSpec>()?.resolve()
+}
+
+/// A saved moment as users name it, `DIR@<selector>` or a path to one
+/// snapshot (`DIR/<id>`): split once here, printed back the same way; what
+/// the selector means (a time, `exit:N`, `latest`, an id) is decided when it
+/// is resolved against the directory ([`SnapshotSpec::resolve`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotSpec {
+    /// `DIR@<selector>`.
+    At { root: PathBuf, selector: String },
+    /// A snapshot's own directory (`DIR/<id>`).
+    Dir(PathBuf),
+}
+
+impl std::str::FromStr for SnapshotSpec {
+    type Err = SnapshotError;
+
+    fn from_str(spec: &str) -> Result<Self> {
+        let bad = |reason: &str| SnapshotError::BadSpec {
+            spec: spec.to_owned(),
+            reason: reason.into(),
+        };
+        if spec.is_empty() {
+            return Err(bad("empty"));
         }
-        return select(spec, Path::new(root), sel);
+        match spec.rsplit_once('@').filter(|(_, sel)| !sel.contains('/')) {
+            Some(("", _)) => Err(bad("no snapshot directory before '@'")),
+            Some((_, "")) => Err(bad(
+                "nothing after '@': expected a time (12.5s), exit:N, latest or an id",
+            )),
+            Some((root, selector)) => Ok(SnapshotSpec::At {
+                root: root.into(),
+                selector: selector.into(),
+            }),
+            None => Ok(SnapshotSpec::Dir(spec.into())),
+        }
     }
-    let dir = Path::new(spec);
-    let looks_like_snapshot = [STATE_FILE, MEMORY_FILE, INDEX_FILE]
-        .iter()
-        .any(|f| dir.join(f).exists());
-    if looks_like_snapshot {
-        return Ok(Resolved {
-            snapshot: info(dir)?,
-            target: Target::Snapshot,
-        });
+}
+
+impl fmt::Display for SnapshotSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SnapshotSpec::At { root, selector } => write!(f, "{}@{selector}", root.display()),
+            SnapshotSpec::Dir(dir) => write!(f, "{}", dir.display()),
+        }
     }
-    if dir.is_dir() {
-        return Err(bad(format!(
-            "{} is a directory of snapshots, not a snapshot; say which: {spec}@12.5s, {spec}@exit:N, {spec}@latest, {spec}@<id> or {spec}/<id>",
-            dir.display()
-        )));
+}
+
+impl SnapshotSpec {
+    /// The directory of snapshots the moment is in (a snapshot's chain may
+    /// reach its siblings there).
+    pub fn root(&self) -> PathBuf {
+        match self {
+            SnapshotSpec::At { root, .. } => root.clone(),
+            SnapshotSpec::Dir(dir) => dir.parent().map(Path::to_path_buf).unwrap_or_default(),
+        }
     }
-    Err(SnapshotError::NotFound {
-        root: dir.to_owned(),
-        what: "no such snapshot directory".into(),
-    })
+
+    /// The same moment with its paths absolute (they must exist).
+    pub fn absolute(&self) -> Result<SnapshotSpec> {
+        let absolute = |p: &Path| {
+            let p = if p.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                p
+            };
+            p.canonicalize().map_err(|_| SnapshotError::NotFound {
+                root: p.to_owned(),
+                what: "no such snapshot directory".into(),
+            })
+        };
+        Ok(match self {
+            SnapshotSpec::At { root, selector } => SnapshotSpec::At {
+                root: absolute(root)?,
+                selector: selector.clone(),
+            },
+            SnapshotSpec::Dir(dir) => SnapshotSpec::Dir(absolute(dir)?),
+        })
+    }
+
+    /// The snapshot this names and what to replay forward to.
+    pub fn resolve(&self) -> Result<Resolved> {
+        let spec = self.to_string();
+        let dir = match self {
+            SnapshotSpec::At { root, selector } => return select(&spec, root, selector),
+            SnapshotSpec::Dir(dir) => dir,
+        };
+        let looks_like_snapshot = [STATE_FILE, MEMORY_FILE, INDEX_FILE]
+            .iter()
+            .any(|f| dir.join(f).exists());
+        if looks_like_snapshot {
+            return Ok(Resolved {
+                snapshot: info(dir)?,
+                target: Target::Snapshot,
+            });
+        }
+        if dir.is_dir() {
+            return Err(SnapshotError::BadSpec {
+                spec: spec.clone(),
+                reason: format!(
+                    "{} is a directory of snapshots, not a snapshot; say which: {spec}@12.5s, {spec}@exit:N, {spec}@latest, {spec}@<id> or {spec}/<id>",
+                    dir.display()
+                ),
+            });
+        }
+        Err(SnapshotError::NotFound {
+            root: dir.to_owned(),
+            what: "no such snapshot directory".into(),
+        })
+    }
 }
 
 fn select(spec: &str, root: &Path, sel: &str) -> Result<Resolved> {
@@ -97,11 +175,7 @@ fn select(spec: &str, root: &Path, sel: &str) -> Result<Resolved> {
         spec: spec.to_owned(),
         reason,
     };
-    let target = if sel.is_empty() {
-        return Err(bad(
-            "nothing after '@': expected a time (12.5s), exit:N, latest or an id".into(),
-        ));
-    } else if let Some(n) = sel.strip_prefix("exit:") {
+    let target = if let Some(n) = sel.strip_prefix("exit:") {
         let n: u64 = n
             .replace('_', "")
             .parse()
@@ -228,6 +302,32 @@ mod tests {
                 "{spec}: {msg}"
             );
             assert!(msg.contains(why), "{spec}: {msg}");
+        }
+    }
+
+    #[test]
+    fn test_specs_split_once_and_print_back() {
+        for text in [
+            "snaps@12.5s",
+            "snaps@exit:3",
+            "a@b/snaps@latest",
+            "snaps/exit-000000000005",
+            "/x/y@id:5s",
+        ] {
+            let spec: SnapshotSpec = text.parse().unwrap();
+            assert_eq!(spec.to_string(), text);
+            assert_eq!(spec.to_string().parse::<SnapshotSpec>().unwrap(), spec);
+        }
+        assert_eq!(
+            "a@b/snaps@latest".parse::<SnapshotSpec>().unwrap().root(),
+            PathBuf::from("a@b/snaps")
+        );
+        assert_eq!(
+            "snaps/exit-5".parse::<SnapshotSpec>().unwrap().root(),
+            PathBuf::from("snaps")
+        );
+        for bad in ["", "@5s", "snaps@"] {
+            assert!(bad.parse::<SnapshotSpec>().is_err(), "{bad:?}");
         }
     }
 }
