@@ -5,16 +5,11 @@
 //! agent is deliberately *not* put in node images: `detvisor up` adds it once for the whole
 //! guest and grafts each node's tree under a directory of its own.
 
-use std::fs;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{ArgGroup, Args, Subcommand};
-use image_builder::{
-    flatten, parse_oci_ref, read_image, sha256_digest, write_node_image, ImageConfig, ImageError,
-    RootFs,
-};
+use image_builder::{write_node_image_file, NodeImageSource};
 
 #[derive(Subcommand, Debug)]
 pub enum ImageCommand {
@@ -46,64 +41,20 @@ pub fn run(cmd: ImageCommand) -> Result<u8> {
 }
 
 fn build(args: &BuildArgs) -> Result<u8> {
-    let (config, root) = match (&args.oci, &args.rootfs) {
-        (Some(oci), _) => {
-            let r = parse_oci_ref(oci).map_err(flat)?;
-            let (config, layers) = read_image(&r)
-                .map_err(flat)
-                .with_context(|| format!("cannot read OCI image {oci}"))?;
-            let root = flatten(&layers)
-                .map_err(flat)
-                .with_context(|| format!("cannot flatten the layers of OCI image {oci}"))?;
-            (config, root)
-        }
-        // The errors name the host path.
-        (None, Some(dir)) => (ImageConfig::default(), RootFs::from_dir(dir).map_err(flat)?),
+    let source = match (&args.oci, &args.rootfs) {
+        (Some(oci), _) => NodeImageSource::Oci(oci.clone()),
+        (None, Some(dir)) => NodeImageSource::Dir(dir.clone()),
         (None, None) => unreachable!("clap requires --oci or --rootfs"),
     };
-    let mut bytes = Vec::new();
-    write_node_image(&config, &root, &mut bytes)
-        .map_err(flat)
-        .context("cannot build the node image")?;
-    write_atomically(&args.out, &bytes)?;
-    let files = root
-        .entries()
-        .filter(|(_, node)| node.data().is_some())
-        .count();
+    let report = write_node_image_file(&source, &args.out)
+        .with_context(|| format!("building the node image {}", args.out.display()))?;
     eprintln!(
-        "detvisor: wrote {}: {} entries ({files} regular files), {} bytes, {}",
+        "detvisor: wrote {}: {} entries ({} regular files), {} bytes, {}",
         args.out.display(),
-        root.len(),
-        bytes.len(),
-        sha256_digest(&bytes)
+        report.entries,
+        report.regular_files,
+        report.bytes,
+        report.digest
     );
     Ok(0)
-}
-
-/// The error as one message: `ImageError` messages already include their I/O or JSON cause,
-/// which `{:#}` would print a second time from the source chain.
-fn flat(e: ImageError) -> anyhow::Error {
-    anyhow::anyhow!("{e}")
-}
-
-/// Writes `bytes` to `out` through `out.partial` and a rename, so that `out` is either the
-/// old file or the complete new one; the partial file is removed on failure.
-fn write_atomically(out: &Path, bytes: &[u8]) -> Result<()> {
-    let mut name = out
-        .file_name()
-        .with_context(|| format!("--out {} does not name a file", out.display()))?
-        .to_owned();
-    name.push(".partial");
-    let partial = out.with_file_name(name);
-    let result = (|| -> std::io::Result<()> {
-        let mut f = fs::File::create(&partial)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&partial, out)
-    })();
-    if let Err(e) = result {
-        let _ = fs::remove_file(&partial);
-        return Err(e).with_context(|| format!("cannot write {}", out.display()));
-    }
-    Ok(())
 }

@@ -19,7 +19,7 @@ pub enum ImageError {
     NotAnOciLayout { path: PathBuf, reason: String },
 
     /// A file of the layout could not be read.
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}", path.display())]
     Io {
         path: PathBuf,
         #[source]
@@ -27,7 +27,7 @@ pub enum ImageError {
     },
 
     /// `index.json`, a manifest, an index or a config blob is not valid JSON of its schema.
-    #[error("bad JSON in {}: {source}", path.display())]
+    #[error("bad JSON in {}", path.display())]
     Json {
         path: PathBuf,
         #[source]
@@ -192,7 +192,7 @@ pub enum ImageError {
     },
 
     /// The layer could not be decompressed or is not a valid tar stream.
-    #[error("layer {layer}: corrupt or unreadable layer stream: {source}")]
+    #[error("layer {layer}: corrupt or unreadable layer stream")]
     LayerRead {
         layer: String,
         #[source]
@@ -215,7 +215,7 @@ pub enum ImageError {
     },
 
     /// Writing the archive failed.
-    #[error("cannot write the initramfs: {0}")]
+    #[error("cannot write the initramfs")]
     Write(#[source] io::Error),
 
     /// An entry of a host directory read by [`crate::RootFs::from_dir`] that cannot go into a

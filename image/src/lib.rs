@@ -83,6 +83,7 @@
 //! sockets are skipped; owners become root unless [`DirOptions::keep_owners`]; errors name
 //! the host path.
 
+mod build;
 pub mod cache;
 mod digest;
 mod error;
@@ -95,6 +96,7 @@ mod reference;
 pub mod rootfs;
 mod unpack;
 
+pub use build::{write_node_image_file, NodeImageReport, NodeImageSource};
 pub use cache::cache_root;
 pub use digest::sha256_digest;
 pub use error::ImageError;

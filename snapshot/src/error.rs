@@ -7,7 +7,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum SnapshotError {
     /// An operating-system call failed.
-    #[error("{}: {op}: {source}", .path.display())]
+    #[error("{}: {op}", .path.display())]
     Io {
         path: PathBuf,
         op: &'static str,
@@ -64,7 +64,7 @@ pub enum SnapshotError {
     },
 
     /// The payload passed its checksum but is not valid JSON.
-    #[error("{}: corrupt JSON payload: {source}", .path.display())]
+    #[error("{}: corrupt JSON payload", .path.display())]
     CorruptJson {
         path: PathBuf,
         #[source]
@@ -73,7 +73,7 @@ pub enum SnapshotError {
 
     /// The payload is valid JSON but does not fit the expected types: an unknown field, a
     /// missing field, a wrong type. Usually a snapshot written by a different VMM version.
-    #[error("{}: payload does not match the expected state type (written by another VMM version?): {source}", .path.display())]
+    #[error("{}: payload does not match the expected state type (written by another VMM version?)", .path.display())]
     SchemaMismatch {
         path: PathBuf,
         #[source]
@@ -81,7 +81,7 @@ pub enum SnapshotError {
     },
 
     /// The caller's state could not be serialized.
-    #[error("{}: cannot serialize the state: {source}", .path.display())]
+    #[error("{}: cannot serialize the state", .path.display())]
     Serialize {
         path: PathBuf,
         #[source]
