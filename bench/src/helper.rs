@@ -3,7 +3,7 @@
 //!
 //! Inside the helper VM this same binary is the payload (`bench boot|snapshot --worker-plan
 //! FILE`, [`worker_main`]); on the host an intermediate `bench boot|snapshot --launch-plan FILE`
-//! process ([`launch_main`]) calls [`hostvm::run`], so that the payload's stdout (result lines)
+//! process ([`launch_main`]) calls [`helper_vm::run`], so that the payload's stdout (result lines)
 //! reaches the orchestrating process through a pipe and each line can be time-stamped on
 //! arrival: the first line gives the helper VM's boot overhead ([`HelperLaunch::run`]).
 
@@ -21,7 +21,6 @@ use super::machine::uptime;
 use super::process::{run_timed, ErrMode, Watch};
 use super::stats::ms;
 use super::BenchHostVm;
-use crate::hostvm;
 
 /// First stdout line of the worker (its argument: L1 uptime in seconds).
 const MARK_READY: &str = "detvisor-bench-ready ";
@@ -116,7 +115,7 @@ pub fn worker_main<P: DeserializeOwned, R: WorkerReport>(
 // ---------------------------------------------------------------------------------------------
 // The host side.
 
-/// What the launcher process hands to [`hostvm::run`].
+/// What the launcher process hands to [`helper_vm::run`].
 #[derive(Serialize, Deserialize, Debug)]
 struct LaunchPlan {
     assets_dir: PathBuf,
@@ -132,23 +131,23 @@ struct LaunchPlan {
 /// `bench boot|snapshot --launch-plan FILE`: runs the helper VM; its payload's stdout is ours.
 pub fn launch_main(plan_path: &Path) -> Result<u8> {
     let plan: LaunchPlan = read_plan(plan_path, "launch")?;
-    let config = hostvm::HelperVmConfig {
+    let config = helper_vm::HelperVmConfig {
         assets_dir: plan.assets_dir,
         memory_mib: plan.memory_mib,
         shared_dirs: plan.shared_dirs,
-        ..hostvm::HelperVmConfig::default()
+        ..helper_vm::HelperVmConfig::default()
     };
-    let files: Vec<hostvm::PayloadFile> = plan
+    let files: Vec<helper_vm::PayloadFile> = plan
         .files
         .into_iter()
-        .map(|(host_path, payload_name)| hostvm::PayloadFile {
+        .map(|(host_path, payload_name)| helper_vm::PayloadFile {
             host_path,
             payload_name,
         })
         .collect();
     let args: Vec<OsString> = plan.args.into_iter().map(OsString::from).collect();
     let exe = std::env::current_exe().context("locating the detvisor executable")?;
-    let status = hostvm::run(&config, &exe, &args, &files)?;
+    let status = helper_vm::run(&config, &exe, &args, &files)?;
     Ok(u8::try_from(status).unwrap_or(125))
 }
 
@@ -190,7 +189,7 @@ impl Session {
 pub struct HelperLaunch<'a> {
     /// The subcommand: "boot" or "snapshot".
     pub bench: &'static str,
-    /// [`hostvm::ensure_assets`].
+    /// [`helper_vm::ensure_assets`].
     pub assets_dir: PathBuf,
     pub memory_mib: u32,
     /// Payload files besides the plan: (host path, payload name).
@@ -230,7 +229,7 @@ impl HelperLaunch<'_> {
                 "bench".into(),
                 self.bench.into(),
                 "--worker-plan".into(),
-                hostvm::payload_path("bench/plan.json"),
+                helper_vm::payload_path("bench/plan.json"),
             ],
             files,
             shared_dirs: self.shared_dirs,

@@ -49,7 +49,7 @@ use super::process::{run_timed, ErrMode, Watch};
 use super::qemu::{discover_qemu, Accel, QemuFiles, QemuInstall, QemuRun, QEMU_MACHINE};
 use super::stats::ratio;
 use super::{check_runs_and_timeout, BenchHostVm, BootArgs};
-use crate::hostvm;
+
 use run::{guest, units};
 
 /// The command the guest runs.
@@ -65,7 +65,7 @@ fn helper_session(
     tmp: &Path,
 ) -> (Session, Option<BootWorkerReport>) {
     Session::record(|session| {
-        let assets = hostvm::ensure_assets(None)?;
+        let assets = helper_vm::ensure_assets(None)?;
         let mut files: Vec<(PathBuf, String)> = vec![
             (host_plan.kernel.clone(), "bench/vmlinux".into()),
             (host_plan.initrd.clone(), "bench/initrd".into()),
@@ -77,10 +77,10 @@ fn helper_session(
             Err(_) => None,
         };
         let plan = WorkerPlan {
-            kernel: hostvm::payload_path("bench/vmlinux").into(),
-            initrd: hostvm::payload_path("bench/initrd").into(),
-            bzimage: hostvm::payload_path("bench/bzImage").into(),
-            qemu_initrd: hostvm::payload_path("bench/initrd-cmd").into(),
+            kernel: helper_vm::payload_path("bench/vmlinux").into(),
+            initrd: helper_vm::payload_path("bench/initrd").into(),
+            bzimage: helper_vm::payload_path("bench/bzImage").into(),
+            qemu_initrd: helper_vm::payload_path("bench/initrd-cmd").into(),
             qemu: qemu_plan,
             in_helper_vm: true,
             place: "helper VM".into(),

@@ -36,7 +36,7 @@ use super::machine::{loadavg, uptime, TempDir};
 use super::process::{last_lines, run_timed, ErrMode, Finished, Watch};
 use super::stats::ms;
 use super::{check_runs_and_timeout, BenchHostVm};
-use crate::hostvm;
+
 use run::{guest, manifest, units, up};
 
 /// Guest RAM when the manifest says nothing.
@@ -390,7 +390,7 @@ fn helper_session(
     tmp: &Path,
 ) -> (Session, Option<EtcdWorkerReport>) {
     Session::record(|session| {
-        let assets = hostvm::ensure_assets(None)?;
+        let assets = helper_vm::ensure_assets(None)?;
         let files: Vec<(PathBuf, String)> = vec![
             (host_plan.manifest.clone(), "bench/cluster.toml".into()),
             (host_plan.kernel.clone(), "bench/vmlinux".into()),
@@ -398,10 +398,10 @@ fn helper_session(
             (host_plan.specs.clone(), "bench/specs.json".into()),
         ];
         let plan = EtcdWorkerPlan {
-            manifest: hostvm::payload_path("bench/cluster.toml").into(),
-            kernel: hostvm::payload_path("bench/vmlinux").into(),
-            initrd: hostvm::payload_path("bench/initrd").into(),
-            specs: hostvm::payload_path("bench/specs.json").into(),
+            manifest: helper_vm::payload_path("bench/cluster.toml").into(),
+            kernel: helper_vm::payload_path("bench/vmlinux").into(),
+            initrd: helper_vm::payload_path("bench/initrd").into(),
+            specs: helper_vm::payload_path("bench/specs.json").into(),
             place: "helper VM".into(),
             ..host_plan.clone()
         };

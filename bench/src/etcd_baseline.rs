@@ -35,8 +35,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::EtcdRun;
-use crate::bench::process::{last_lines, run_timed, ErrMode, Watch};
-use crate::bench::stats::ms;
+use crate::process::{last_lines, run_timed, ErrMode, Watch};
+use crate::stats::ms;
 use run::guest::shell_quote;
 use run::manifest::WorkloadPlan;
 

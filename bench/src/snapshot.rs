@@ -5,7 +5,7 @@
 //!
 //! ```text
 //!   host: `bench snapshot`           orchestrates, prints the table and the JSON line
-//!     `bench snapshot --launch-plan` calls hostvm::run (helper VM, with a 9p share)
+//!     `bench snapshot --launch-plan` calls helper_vm::run (helper VM, with a 9p share)
 //!       L1: `bench snapshot --worker-plan`   one per session: runs the cells in turn
 //!         `bench snapshot --cell-plan`       one per (RAM, dirty %) cell: boots the guest,
 //!                                            snapshots, restores, forks, resets in process
@@ -38,7 +38,7 @@ use super::snapshot_report::{
 };
 use super::stats::ms;
 use super::{check_runs_and_timeout, SnapStore, SnapshotBenchArgs};
-use crate::hostvm;
+
 use run::{guest, units};
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -212,10 +212,10 @@ fn helper_session(
     tmp: &Path,
 ) -> (Session, Option<SnapWorkerReport>) {
     Session::record(|session| {
-        let assets = hostvm::ensure_assets(None)?;
+        let assets = helper_vm::ensure_assets(None)?;
         let plan = SnapWorkerPlan {
-            kernel: hostvm::payload_path("bench/vmlinux").into(),
-            initrd: hostvm::payload_path("bench/initrd").into(),
+            kernel: helper_vm::payload_path("bench/vmlinux").into(),
+            initrd: helper_vm::payload_path("bench/initrd").into(),
             ..host_plan.clone()
         };
         let launch = HelperLaunch {

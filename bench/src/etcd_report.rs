@@ -7,9 +7,9 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use super::{EtcdArgs, EtcdRun};
-use crate::bench::helper::{Placement, Session};
-use crate::bench::machine::HostLoad;
-use crate::bench::stats::{median_u64, opt_count, opt_ratio, ratio, stat};
+use crate::helper::{Placement, Session};
+use crate::machine::HostLoad;
+use crate::stats::{median_u64, opt_count, opt_ratio, ratio, stat};
 
 /// The measurements of one side.
 #[derive(Default)]

@@ -12,7 +12,6 @@ use super::boot_worker::{run_measured, RunResult};
 use super::monitor::MemoryPeak;
 use super::process::{last_lines, Watch};
 use super::stats::ms;
-use crate::hostvm;
 
 /// QEMU machine type: `pc` (i440FX, SeaBIOS). `microvm` would boot faster, but with this
 /// kernel and `reboot=t` it does not exit after the guest's `reboot -f` (it hangs).
@@ -80,19 +79,19 @@ impl QemuInstall {
         for fw in &self.firmware {
             files.push((fw.clone(), format!("qemu/share/{}", file_name(fw)?)));
         }
-        let lib_dir = PathBuf::from(hostvm::payload_path("qemu/lib"));
+        let lib_dir = PathBuf::from(helper_vm::payload_path("qemu/lib"));
         let loader = match &self.interp {
             Some(i) => Some(lib_dir.join(file_name(i)?)),
             None => None,
         };
         Ok(QemuPlan {
-            bin: hostvm::payload_path(&format!("qemu/bin/{QEMU_BIN}")).into(),
+            bin: helper_vm::payload_path(&format!("qemu/bin/{QEMU_BIN}")).into(),
             lib_dir: Some(lib_dir),
             // The worker uses the loader only if QEMU's PT_INTERP is missing in L1 (it is
             // there when detvisor itself is dynamically linked: the launcher ships it).
             interp: self.interp.clone(),
             loader,
-            firmware_dir: Some(hostvm::payload_path("qemu/share").into()),
+            firmware_dir: Some(helper_vm::payload_path("qemu/share").into()),
         })
     }
 }
