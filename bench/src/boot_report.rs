@@ -341,7 +341,7 @@ pub fn print_report(r: &BenchReport) -> Result<()> {
     if let Some(s) = r.helper_vm.as_ref().filter(|s| s.boot_ms.is_some()) {
         writeln!(
             o,
-            "\nhelper VM: launcher start to payload start {} ms (incl. assembling a {} MiB payload \
+            "\nhelper VM: start to payload serving {} ms (incl. assembling a {} MiB payload \
              initrd and L1's boot), payload end to exit {} ms; payload lasted {} ms on the host's \
              clock, {} ms on L1's",
             opt_ms(s.boot_ms),

@@ -35,7 +35,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::EtcdRun;
-use crate::process::{last_lines, run_timed, ErrMode, Watch};
+use crate::process::{last_lines, run_timed, Watch};
 use crate::stats::ms;
 use run::guest::shell_quote;
 use run::manifest::WorkloadPlan;
@@ -285,7 +285,7 @@ impl Baseline<'_> {
     /// One run: QEMU from spawn to exit.
     pub fn run(&self, index: u32) -> EtcdRun {
         let (cmd, serial_path, status_path) = self.command(index);
-        let finished = match run_timed(cmd, self.limit, ErrMode::Capture, Watch::default()) {
+        let finished = match run_timed(cmd, self.limit, Watch::default()) {
             Ok(f) => f,
             Err(e) => return EtcdRun::failed(&e),
         };

@@ -1,31 +1,23 @@
-//! The plumbing both benches share: where the guests run, the helper VM session seen from the
-//! host, and the worker that runs inside it.
+//! Where the guests run, and the helper VM session seen from the host.
 //!
-//! Inside the helper VM this same binary is the payload (`bench boot|snapshot --worker-plan
-//! FILE`, [`worker_main`]); on the host an intermediate `bench boot|snapshot --launch-plan FILE`
-//! process ([`launch_main`]) calls [`helper_vm::run`], so that the payload's stdout (result lines)
-//! reaches the orchestrating process through a pipe and each line can be time-stamped on
-//! arrival: the first line gives the helper VM's boot overhead ([`HelperLaunch::run`]).
+//! When the host's KVM cannot run guests, a bench starts the helper VM with the helper-VM
+//! crate ([`helper_vm::HelperVm`]): its payload is this detvisor serving the benches' calls
+//! ([`crate::serve`]), the files a plan names are shipped along, its directories shared. The
+//! bench sends its worker's plan as one call and gets the worker's report back; how long the
+//! helper VM took to start, to answer and to shut down is the [`Session`].
 
 use anyhow::{bail, Context, Result};
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::ffi::OsString;
 use std::fs;
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use super::machine::uptime;
-use super::process::{run_timed, ErrMode, Watch};
-use super::stats::ms;
-use super::BenchHostVm;
+use crate::serve::{BenchCall, BenchReply};
+use crate::stats::ms;
+use crate::BenchHostVm;
+use helper_vm::{HelperVm, HelperVmConfig, PayloadFile};
 
-/// First stdout line of the worker (its argument: L1 uptime in seconds).
-const MARK_READY: &str = "detvisor-bench-ready ";
-/// Last stdout line of the worker (its argument: the worker's report as JSON).
-const MARK_REPORT: &str = "detvisor-bench-report ";
 /// Extra time allowed for a helper VM to boot and shut down.
 pub const HELPER_VM_ALLOWANCE: Duration = Duration::from_secs(300);
 /// The error of every measurement of a failed helper VM session.
@@ -74,93 +66,24 @@ impl Placement {
     }
 }
 
-/// Reads a JSON plan (`what`: "worker", "launch", "cell").
-pub fn read_plan<T: DeserializeOwned>(path: &Path, what: &str) -> Result<T> {
-    serde_json::from_slice(
-        &fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
-    )
-    .with_context(|| format!("bad {what} plan"))
-}
-
-// ---------------------------------------------------------------------------------------------
-// The worker side.
-
 /// A worker's report: it says how long the worker took, on the clock of the machine it ran on.
-pub trait WorkerReport: Serialize + DeserializeOwned {
+pub trait WorkerReport: Sized {
     fn elapsed_ms(&self) -> f64;
-}
-
-/// `bench boot|snapshot --worker-plan FILE`: the payload inside the helper VM. Prints the ready
-/// line (L1's uptime), runs `work` on the plan, prints the report line.
-pub fn worker_main<P: DeserializeOwned, R: WorkerReport>(
-    plan_path: &Path,
-    work: fn(&P) -> R,
-) -> Result<u8> {
-    let plan: P = read_plan(plan_path, "worker")?;
-    let mut out = io::stdout().lock();
-    writeln!(
-        out,
-        "{MARK_READY}{}",
-        uptime().map_or("null".into(), |u| u.to_string())
-    )?;
-    out.flush()?;
-    drop(out);
-    let report = work(&plan);
-    let mut out = io::stdout().lock();
-    writeln!(out, "{MARK_REPORT}{}", serde_json::to_string(&report)?)?;
-    out.flush()?;
-    Ok(0)
-}
-
-// ---------------------------------------------------------------------------------------------
-// The host side.
-
-/// What the launcher process hands to [`helper_vm::run`].
-#[derive(Serialize, Deserialize, Debug)]
-struct LaunchPlan {
-    assets_dir: PathBuf,
-    memory_mib: u32,
-    args: Vec<String>,
-    /// (host path, payload name)
-    files: Vec<(PathBuf, String)>,
-    /// Host directories shared read-write (9p), mounted at the same path in L1.
-    #[serde(default)]
-    shared_dirs: Vec<PathBuf>,
-}
-
-/// `bench boot|snapshot --launch-plan FILE`: runs the helper VM; its payload's stdout is ours.
-pub fn launch_main(plan_path: &Path) -> Result<u8> {
-    let plan: LaunchPlan = read_plan(plan_path, "launch")?;
-    let config = helper_vm::HelperVmConfig {
-        assets_dir: plan.assets_dir,
-        memory_mib: plan.memory_mib,
-        shared_dirs: plan.shared_dirs,
-        ..helper_vm::HelperVmConfig::default()
-    };
-    let files: Vec<helper_vm::PayloadFile> = plan
-        .files
-        .into_iter()
-        .map(|(host_path, payload_name)| helper_vm::PayloadFile {
-            host_path,
-            payload_name,
-        })
-        .collect();
-    let args: Vec<OsString> = plan.args.into_iter().map(OsString::from).collect();
-    let exe = std::env::current_exe().context("locating the detvisor executable")?;
-    let status = helper_vm::run(&config, &exe, &args, &files)?;
-    Ok(u8::try_from(status).unwrap_or(125))
+    /// The report in a reply, if the reply is one.
+    fn from_reply(reply: BenchReply) -> Option<Self>;
 }
 
 /// The helper VM session as seen from the host.
 #[derive(Serialize, Default)]
 pub struct Session {
-    /// Launcher start to the payload's first line (helper VM boot, incl. assembling its initrd).
+    /// Start of the helper VM to its payload serving the channel (helper VM boot, incl.
+    /// assembling its initrd).
     pub boot_ms: Option<f64>,
-    /// The payload's last line to the launcher's exit (helper VM shutdown).
+    /// The worker's reply to the helper VM's exit (helper VM shutdown).
     pub shutdown_ms: Option<f64>,
-    /// Launcher start to exit.
+    /// Start to exit.
     pub total_ms: f64,
-    /// First to last payload line, on the host's clock ...
+    /// The worker's call, on the host's clock ...
     pub payload_host_ms: Option<f64>,
     /// ... and the worker's own duration on L1's clock (a check of L1's clock).
     pub payload_l1_ms: Option<f64>,
@@ -185,88 +108,101 @@ impl Session {
     }
 }
 
-/// A helper VM whose payload is `bench <bench> --worker-plan` with a plan of its own.
-pub struct HelperLaunch<'a> {
-    /// The subcommand: "boot" or "snapshot".
-    pub bench: &'static str,
-    /// [`helper_vm::ensure_assets`].
-    pub assets_dir: PathBuf,
+/// A helper VM whose payload is `detvisor bench serve-channel`.
+pub struct HelperLaunch {
     pub memory_mib: u32,
-    /// Payload files besides the plan: (host path, payload name).
+    /// Payload files: (host path, payload name).
     pub files: Vec<(PathBuf, String)>,
     /// Host directories shared read-write (9p), mounted at the same path in L1.
     pub shared_dirs: Vec<PathBuf>,
-    /// Where the plans are written on the host: `{tmp}/{prefix}worker-plan.json` (shipped as
-    /// `bench/plan.json`) and `{tmp}/{prefix}launch-plan.json`.
-    pub tmp: &'a Path,
-    pub prefix: &'a str,
-    /// Time limit of the whole session.
-    pub limit: Duration,
 }
 
-impl HelperLaunch<'_> {
-    /// Ships `plan` (paths as seen in L1) and runs the helper VM through a launcher process,
-    /// printing `announce(session)` to stderr just before it starts; fills in `session` and
-    /// returns the worker's report.
+impl HelperLaunch {
+    /// The bytes of the payload files.
+    pub fn payload_file_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .map(|(p, _)| fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+            .sum()
+    }
+
+    /// Starts the helper VM (printing `announce(session)` to stderr just before), sends `call`
+    /// (its progress lines come back to our stderr), shuts the helper VM down; fills in
+    /// `session` and returns the worker's report.
     pub fn run<R: WorkerReport>(
         self,
-        plan: &impl Serialize,
+        call: &BenchCall,
         session: &mut Session,
         announce: impl FnOnce(&Session) -> String,
     ) -> Result<R> {
-        let plan_path = self.tmp.join(format!("{}worker-plan.json", self.prefix));
-        fs::write(&plan_path, serde_json::to_vec(plan)?)?;
-        let mut files = self.files;
-        files.push((plan_path, "bench/plan.json".into()));
-        session.payload_file_bytes = files
-            .iter()
-            .map(|(p, _)| fs::metadata(p).map(|m| m.len()).unwrap_or(0))
-            .sum();
-        let launch = LaunchPlan {
-            assets_dir: self.assets_dir,
-            memory_mib: self.memory_mib,
-            args: vec![
-                "bench".into(),
-                self.bench.into(),
-                "--worker-plan".into(),
-                helper_vm::payload_path("bench/plan.json"),
-            ],
-            files,
-            shared_dirs: self.shared_dirs,
-        };
-        let launch_path = self.tmp.join(format!("{}launch-plan.json", self.prefix));
-        fs::write(&launch_path, serde_json::to_vec(&launch)?)?;
-
-        let exe = std::env::current_exe().context("locating the detvisor executable")?;
-        let mut cmd = Command::new(exe);
-        cmd.args(["bench", self.bench, "--launch-plan"])
-            .arg(&launch_path);
-        let limit = self.limit;
-        eprintln!("{}", announce(session));
-        let finished = run_timed(cmd, limit, ErrMode::Tee, Watch::default())?;
-        session.total_ms = ms(finished.wall);
-        let ready = finished.first_line(MARK_READY);
-        if let Some((at, line)) = ready {
-            session.boot_ms = Some(ms(at.duration_since(finished.started)));
-            session.l1_uptime_at_payload_s = line.trim().parse().ok();
-        }
-        let Some((report_at, report_text)) = finished.last_line(MARK_REPORT) else {
-            bail!(
-                "no result came back: {}",
-                finished.failure("the helper VM launcher", limit)
-            );
-        };
-        let report: R = serde_json::from_str(report_text)
-            .context("unparsable result line from the helper VM")?;
-        let end = finished.started + finished.wall;
-        session.shutdown_ms = Some(ms(end.saturating_duration_since(report_at)));
-        if let Some((ready_at, _)) = ready {
-            session.payload_host_ms = Some(ms(report_at.duration_since(ready_at)));
-        }
+        session.payload_file_bytes = self.payload_file_bytes();
+        let announce = announce(session);
+        let (reply, host_ms) = self.session(session, &announce, |vm| {
+            let t = Instant::now();
+            let reply = call_vm(vm, call)?;
+            Ok((reply, ms(t.elapsed())))
+        })?;
+        let report = R::from_reply(reply).context("the helper VM answered another call")?;
+        session.payload_host_ms = Some(host_ms);
         session.payload_l1_ms = Some(report.elapsed_ms());
-        if !finished.succeeded() {
-            session.error = Some(finished.failure("the helper VM launcher", limit));
-        }
         Ok(report)
+    }
+
+    /// Starts the helper VM (printing `announce` first, unless empty), runs `calls` on it, shuts
+    /// it down, timing each step in `session`.
+    pub fn session<T>(
+        self,
+        session: &mut Session,
+        announce: &str,
+        calls: impl FnOnce(&mut HelperVm) -> Result<T>,
+    ) -> Result<T> {
+        let mut config = HelperVmConfig {
+            assets_dir: helper_vm::ensure_assets(None)?,
+            memory_mib: self.memory_mib,
+            shared_dirs: self.shared_dirs,
+            ..HelperVmConfig::default()
+        };
+        config.shared_dirs.sort();
+        config.shared_dirs.dedup();
+        let files: Vec<PayloadFile> = self
+            .files
+            .into_iter()
+            .map(|(host_path, payload_name)| PayloadFile {
+                host_path,
+                payload_name,
+            })
+            .collect();
+        let exe = std::env::current_exe().context("locating the detvisor executable")?;
+        let args: [OsString; 2] = ["bench".into(), "serve-channel".into()];
+        if !announce.is_empty() {
+            crate::say!("{announce}");
+        }
+        let started = Instant::now();
+        let mut vm = HelperVm::start(&config, &exe, &args, &files)?;
+        session.boot_ms = Some(ms(started.elapsed()));
+        if let Ok(BenchReply::Uptime(uptime)) = call_vm(&mut vm, &BenchCall::Uptime) {
+            session.l1_uptime_at_payload_s = uptime;
+        }
+        let result = calls(&mut vm);
+        let end = Instant::now();
+        let status = vm.shutdown();
+        session.shutdown_ms = Some(ms(end.elapsed()));
+        session.total_ms = ms(started.elapsed());
+        match status {
+            Ok(0) => {}
+            Ok(code) => session.error = Some(format!("the payload exited with status {code}")),
+            Err(e) => session.error = Some(format!("{:#}", anyhow::Error::from(e))),
+        }
+        result
+    }
+}
+
+/// Sends `call` to the helper VM's bench server; its stdout and stderr frames go to ours.
+pub fn call_vm(vm: &mut HelperVm, call: &BenchCall) -> Result<BenchReply> {
+    let reply: Result<BenchReply, String> =
+        vm.call(call, &mut std::io::stdout(), &mut std::io::stderr(), None)?;
+    match reply {
+        Ok(reply) => Ok(reply),
+        Err(e) => bail!("{e}"),
     }
 }
