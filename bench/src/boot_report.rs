@@ -351,29 +351,46 @@ pub fn print_report(r: &BenchReport) -> Result<()> {
             opt_ms(s.payload_l1_ms)
         )?;
     }
+    let failures: Vec<(&str, Option<&String>, &[String])> = r
+        .systems()
+        .into_iter()
+        .map(|s| (s.name.as_str(), s.error.as_ref(), s.failures.as_slice()))
+        .collect();
+    let helper_error = r.helper_vm.as_ref().and_then(|s| s.error.as_ref());
+    print_tail(&mut o, &failures, helper_error, r)
+}
+
+/// The end of a report (this one's and `bench etcd`'s): the failures of each system (name,
+/// error, failures) and of the helper VM, then the report as one JSON line.
+pub fn print_tail(
+    o: &mut dyn Write,
+    systems: &[(&str, Option<&String>, &[String])],
+    helper_error: Option<&String>,
+    report: &impl Serialize,
+) -> Result<()> {
     let mut failed = false;
-    for s in r.systems() {
-        if s.error.is_some() || !s.failures.is_empty() {
+    for (name, error, failures) in systems {
+        if error.is_some() || !failures.is_empty() {
             if !failed {
                 writeln!(o, "\nfailures:")?;
                 failed = true;
             }
-            if let Some(e) = &s.error {
-                writeln!(o, "  {}: {e}", s.name)?;
+            if let Some(e) = error {
+                writeln!(o, "  {name}: {e}")?;
             }
-            for f in &s.failures {
-                writeln!(o, "  {}: {f}", s.name)?;
+            for f in *failures {
+                writeln!(o, "  {name}: {f}")?;
             }
         }
     }
-    if let Some(e) = r.helper_vm.as_ref().and_then(|s| s.error.as_ref()) {
+    if let Some(e) = helper_error {
         if !failed {
             writeln!(o, "\nfailures:")?;
         }
         writeln!(o, "  helper VM: {e}")?;
     }
     writeln!(o)?;
-    writeln!(o, "{}", serde_json::to_string(r)?)?;
+    writeln!(o, "{}", serde_json::to_string(report)?)?;
     o.flush()?;
     Ok(())
 }

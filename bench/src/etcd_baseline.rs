@@ -309,19 +309,8 @@ impl Baseline<'_> {
             workload_tail: Some(last_lines(&upto.join("\n"), 14)),
             ..EtcdRun::default()
         };
-        let exited_ok = finished.succeeded();
-        r.ok = exited_ok && status == [0];
-        if !r.ok {
-            r.error = Some(if !exited_ok {
-                finished.failure("QEMU", self.limit)
-            } else {
-                format!(
-                    "the guest wrote {status:?} to port 0x610 (expected one byte 0); serial \
-                     ends with:\n{}",
-                    last_lines(&text, 20)
-                )
-            });
-        }
+        r.error = crate::qemu::qemu_failure(&finished, &status, &serial, 20, self.limit);
+        r.ok = r.error.is_none();
         r
     }
 }

@@ -313,29 +313,10 @@ pub fn print(r: &Report) -> Result<()> {
             writeln!(o, "\n{}: the workload's output ends with:\n{t}", s.name)?;
         }
     }
-    let mut failed = false;
-    for s in [&r.detvisor, &r.qemu_tcg_icount] {
-        if s.error.is_some() || !s.failures.is_empty() {
-            if !failed {
-                writeln!(o, "\nfailures:")?;
-                failed = true;
-            }
-            if let Some(e) = &s.error {
-                writeln!(o, "  {}: {e}", s.name)?;
-            }
-            for f in &s.failures {
-                writeln!(o, "  {}: {f}", s.name)?;
-            }
-        }
-    }
-    if let Some(e) = r.helper_vm.as_ref().and_then(|s| s.error.as_ref()) {
-        if !failed {
-            writeln!(o, "\nfailures:")?;
-        }
-        writeln!(o, "  helper VM: {e}")?;
-    }
-    writeln!(o)?;
-    writeln!(o, "{}", serde_json::to_string(r)?)?;
-    o.flush()?;
-    Ok(())
+    let failures: Vec<(&str, Option<&String>, &[String])> = [&r.detvisor, &r.qemu_tcg_icount]
+        .into_iter()
+        .map(|s| (s.name.as_str(), s.error.as_ref(), s.failures.as_slice()))
+        .collect();
+    let helper_error = r.helper_vm.as_ref().and_then(|s| s.error.as_ref());
+    crate::boot_report::print_tail(&mut o, &failures, helper_error, r)
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::boot_worker::{run_measured, RunResult};
 use super::monitor::MemoryPeak;
-use super::process::{last_lines, Watch};
+use super::process::{last_lines, Finished, Watch};
 use super::stats::ms;
 
 /// QEMU machine type: `pc` (i440FX, SeaBIOS). `microvm` would boot faster, but with this
@@ -298,21 +298,32 @@ impl QemuRun<'_> {
                 output_bytes: Some(serial.len() as u64),
                 ..RunResult::default()
             };
-            let exited_ok = finished.succeeded();
-            r.ok = exited_ok && status == [0];
-            if !r.ok {
-                r.error = Some(if !exited_ok {
-                    finished.failure("QEMU", self.limit)
-                } else {
-                    format!(
-                        "the guest wrote {:?} to port 0x610 (expected one byte 0); serial ends with:\n{}",
-                        status,
-                        last_lines(&String::from_utf8_lossy(&serial), 8)
-                    )
-                });
-            }
+            r.error = qemu_failure(finished, &status, &serial, 8, self.limit);
+            r.ok = r.error.is_none();
             r
         })
+    }
+}
+
+/// Why a QEMU run that wrote `status` to port 0x610 and `serial` to its serial port failed
+/// (it did not exit 0, or the guest did not write exactly one byte 0), with the last
+/// `serial_lines` of its serial output; `None` when it succeeded.
+pub fn qemu_failure(
+    finished: &Finished,
+    status: &[u8],
+    serial: &[u8],
+    serial_lines: usize,
+    limit: Duration,
+) -> Option<String> {
+    if !finished.succeeded() {
+        Some(finished.failure("QEMU", limit))
+    } else if status != [0] {
+        Some(format!(
+            "the guest wrote {status:?} to port 0x610 (expected one byte 0); serial ends with:\n{}",
+            last_lines(&String::from_utf8_lossy(serial), serial_lines)
+        ))
+    } else {
+        None
     }
 }
 
