@@ -320,8 +320,9 @@ pub fn orchestrate(args: &BootArgs) -> Result<u8> {
         qemu_machine: QEMU_MACHINE,
         placement: place.into(),
         placement_reason: placement.reason,
-        clock: "wall time from just before spawn() to wait() returning, CLOCK_MONOTONIC of the \
-                machine the process runs on (L1's for the helper VM); memory (/proc sampled \
+        clock: "wall time from just before spawn() to wait() returning (QEMU), from just before \
+                the run's thread starts to the request's return (detvisor, in process), \
+                CLOCK_MONOTONIC of the machine it runs on (L1's for the helper VM); memory (/proc sampled \
                 every 20 ms) and KVM statistics from one extra instrumented run per system",
         kvm_stats,
         detvisor,

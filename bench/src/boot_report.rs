@@ -170,8 +170,9 @@ pub fn print_report(r: &BenchReport) -> Result<()> {
     writeln!(o, "{}", r.host.line())?;
     writeln!(
         o,
-        "wall = process start to exit (spawn .. wait returns), ms, on the clock of the machine \
-         running it; median [min .. max] over successful runs"
+        "wall = QEMU: process start to exit (spawn .. wait returns); detvisor: the run request's \
+         call to its return (in process); ms, on the clock of the machine running it; median \
+         [min .. max] over successful runs"
     )?;
     writeln!(o)?;
     writeln!(
@@ -252,8 +253,8 @@ pub fn print_report(r: &BenchReport) -> Result<()> {
         writeln!(
             o,
             "detvisor's own phases (its JSON, medians): vm::run {w} ms = setup {setup} + guest \
-             {} + final hashing {finish}; the rest of its {} ms is process start, reading the \
-             kernel and initrd, and exit",
+             {} + final hashing {finish}; the rest of its {} ms is reading the kernel and \
+             initrd, and VM teardown",
             w.saturating_sub(setup + finish),
             opt_ms(d.median_ms)
         )?;

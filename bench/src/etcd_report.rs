@@ -167,8 +167,9 @@ pub fn build(i: Inputs) -> Report {
         placement: place.into(),
         placement_reason: i.placement.reason.clone(),
         caveat,
-        clock: "wall time from just before spawn() to wait() returning, CLOCK_MONOTONIC of the \
-                machine the process runs on (L1's for the helper VM)",
+        clock: "wall time from just before spawn() to wait() returning (QEMU), from just before \
+                the run's thread starts to the request's return (detvisor, in process), \
+                CLOCK_MONOTONIC of the machine it runs on (L1's for the helper VM)",
         baseline_differences: BASELINE_DIFFERENCES,
         ratios: Ratios {
             detvisor_over_baseline: ratio(detvisor.median_s, baseline.median_s),
@@ -200,8 +201,9 @@ pub fn print(r: &Report) -> Result<()> {
     }
     writeln!(
         o,
-        "wall = process start to exit (spawn .. wait returns), seconds, on the clock of the \
-         machine running it; virtual = guest time at the end"
+        "wall = QEMU: process start to exit (spawn .. wait returns); detvisor: the up request's \
+         call to its return (in process); seconds, on the clock of the machine running it; \
+         virtual = guest time at the end"
     )?;
     writeln!(o)?;
     writeln!(
