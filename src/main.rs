@@ -1,12 +1,9 @@
 //! detvisor: a deterministic hypervisor for testing distributed systems under faults.
 
-mod bench;
 mod helper;
-mod hostvm;
 mod image_cmd;
 mod print;
 mod serve;
-mod tempdir;
 mod terminal;
 mod up_cmd;
 
@@ -43,7 +40,7 @@ enum Command {
     /// Report what this host's KVM offers and whether guests can run on it.
     Check(CheckArgs),
     /// Benchmarks: boot time against QEMU baselines, side by side.
-    Bench(bench::BenchArgs),
+    Bench(detvisor_bench::BenchArgs),
     /// List and inspect snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
@@ -655,7 +652,7 @@ fn main() -> ExitCode {
         Command::Run(args) => cmd_run(args),
         Command::Audit(args) => cmd_audit(args),
         Command::Check(args) => cmd_check(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => detvisor_bench::run(args),
         Command::Snapshot(command) => cmd_snapshot(command),
         Command::Branch(args) => cmd_branch(args),
         Command::Seek(args) => cmd_seek(args),

@@ -62,7 +62,7 @@ pub fn spawn_stdin_reader(end: StdinEnd) -> run::streams::Input {
                 Ok(n) => {
                     let chunk = &buf[..n];
                     let eot = (end == StdinEnd::AtEot)
-                        .then(|| chunk.iter().position(|&b| b == crate::hostvm::EOT))
+                        .then(|| chunk.iter().position(|&b| b == helper_vm::EOT))
                         .flatten();
                     if let Some(at) = eot {
                         let _ = tx.send(chunk[..at].to_vec());

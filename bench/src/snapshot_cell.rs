@@ -1,6 +1,6 @@
-//! One cell of `bench snapshot` (`--cell-plan`, a process of its own per (RAM, dirty %)): boot
-//! the guest and let it dirty its RAM, snapshot it against the baselines, restore it (in
-//! process and in child processes), then forks and resets.
+//! One cell of `bench snapshot` (per (RAM, dirty %), on a thread of its own in the worker's
+//! process): boot the guest and let it dirty its RAM, snapshot it against the baselines,
+//! restore it (step by step, and as a run-API caller on fresh threads), then forks and resets.
 
 use anyhow::{bail, Context, Result};
 use run::driven::SavedState;
@@ -13,7 +13,6 @@ use std::time::Instant;
 use snapshot::SnapshotMeta;
 use vmm::vm::Session as VmSession;
 
-use super::helper::read_plan;
 use super::machine::fs_type;
 use super::process::last_lines;
 use super::snapshot_memory::{
@@ -24,6 +23,7 @@ use super::snapshot_restore::{
     Staging,
 };
 use super::stats::{median, ms};
+use crate::say;
 use run::guest;
 
 /// Printed by the guest once the dirtying command has finished.
@@ -31,8 +31,6 @@ const SNAP_MARKER: &[u8] = b"detvisor-bench-dirtied";
 /// A 63-character line (64 bytes with its newline) the guest writes into its RAM: non-zero, so
 /// the sparse snapshot format has to store it.
 const SNAP_FILLER: &str = "detvisor-snapshot-benchmark-filler-0123456789abcdefghijklmnopqrs";
-/// Last stdout line of a cell process (its argument: the [`CellResult`] as JSON).
-pub const MARK_CELL: &str = "detvisor-bench-cell ";
 
 /// Longest burst the reset calibration tries, in exits.
 const BURST_MAX_EXITS: u64 = 20_000;
@@ -277,15 +275,14 @@ pub fn snap_guest_script(dirty_bytes: u64) -> String {
     )
 }
 
-/// `bench snapshot --cell-plan FILE`.
-pub fn cell_main(plan_path: &Path) -> Result<u8> {
-    let plan: CellPlan = read_plan(plan_path, "cell")?;
+/// Measures the cell `plan` describes.
+pub fn measure_cell(plan: &CellPlan) -> CellResult {
     let started = Instant::now();
     let mut result = CellResult {
         guest_command: snap_guest_script(plan.spec.dirty_bytes()),
         ..CellResult::of(&plan.spec)
     };
-    if let Err(e) = cell(&plan, &mut result) {
+    if let Err(e) = cell(plan, &mut result) {
         result.error = Some(format!("{e:#}"));
     }
     result.ok = result.error.is_none();
@@ -293,10 +290,7 @@ pub fn cell_main(plan_path: &Path) -> Result<u8> {
     for loc in &plan.locations {
         let _ = fs::remove_dir_all(loc.dir.join(cell_dir_name(&plan.spec)));
     }
-    let mut out = io::stdout().lock();
-    writeln!(out, "{MARK_CELL}{}", serde_json::to_string(&result)?)?;
-    out.flush()?;
-    Ok(0)
+    result
 }
 
 fn cell_dir_name(spec: &CellSpec) -> String {
@@ -352,7 +346,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         resident: resident_pages(session.memory()).unwrap_or(0),
         nonzero: nonzero_pages(session.memory()),
     };
-    eprintln!(
+    say!(
         "{tag}: booted and wrote {} MiB in {:.1} s (exit {}); {} of {} pages non-zero, {} resident",
         spec.dirty_bytes() >> 20,
         result.boot_and_dirty_ms / 1000.0,
@@ -446,7 +440,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
                 Ok(d) => loc.full_copy_ms.push(ms(d)),
                 Err(e) => loc.full_copy_error = Some(e.to_string()),
             }
-            eprintln!(
+            say!(
                 "{tag}: run {run}/{} {}: snapshot {:.1} ms (capture {:.2} + write {:.1}), \
                  {} pages, {} KiB on disk; full copy {}",
                 plan.runs,
@@ -476,9 +470,10 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         // kept apart, and the timed ones below are warm.
         match restore_and_teardown(&dir, Staging::On9p) {
             Ok(p) => {
-                eprintln!(
+                say!(
                     "{tag}: first (cold, untimed) restore in this process from {}: {:.1} ms",
-                    loc.name, p.total_ms
+                    loc.name,
+                    p.total_ms
                 );
                 loc.cold_restore = Some(p);
             }
@@ -490,7 +485,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         for run in 1..=plan.runs {
             match restore_and_teardown(&dir, Staging::On9p) {
                 Ok(p) => {
-                    eprintln!(
+                    say!(
                         "{tag}: restore {run}/{} from {}: {:.1} ms to the first exit (read {:.1}, \
                          map {:.1}, resume {:.1}, first exit {:.1}), teardown {:.1} ms",
                         plan.runs,
@@ -514,7 +509,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
             for run in 1..=plan.runs {
                 match restore_and_teardown(&dir, Staging::Never) {
                     Ok(p) => {
-                        eprintln!(
+                        say!(
                             "{tag}: restore {run}/{} from {}, memory.img mapped directly: {:.1} ms \
                              to the first exit (map {:.1}, first exit {:.1})",
                             plan.runs, loc.name, p.total_ms, p.map_ms, p.first_exit_ms
@@ -530,7 +525,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         }
         for run in 1..=plan.runs {
             let c = child_restore(&dir);
-            eprintln!(
+            say!(
                 "{tag}: child restore {run}/{} from {}: {}",
                 plan.runs,
                 loc.name,
@@ -572,9 +567,11 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         }
         fr.total_ms = ms(t.elapsed());
         fr.per_sec = f64::from(plan.forks) / (fr.total_ms / 1000.0);
-        eprintln!(
+        say!(
             "{tag}: {} sequential restores + first exit + teardown in {:.0} ms: {:.1} forks/s",
-            plan.forks, fr.total_ms, fr.per_sec
+            plan.forks,
+            fr.total_ms,
+            fr.per_sec
         );
         result.forks = Some(fr);
     }
@@ -638,13 +635,18 @@ fn resets(plan: &CellPlan, store: &str, dir: &Path) -> Result<ResetResult> {
         r.dirty_pages_check = cow_pages(s.memory()).ok();
     }
     drop(s);
-    eprintln!(
+    say!(
         "{tag}: resets: burst of {burst} exits dirties {dirty} pages; {} resets in {:.0} ms: \
          {:.1} resets/s (restore {:.1} + burst {:.1} + teardown {:.1} ms)",
-        plan.resets, r.total_ms, r.per_sec, r.restore_ms, r.burst_ms, r.teardown_ms
+        plan.resets,
+        r.total_ms,
+        r.per_sec,
+        r.restore_ms,
+        r.burst_ms,
+        r.teardown_ms
     );
     let p = in_place_resets(plan, dir, start + burst)?;
-    eprintln!(
+    say!(
         "{tag}: in-place resets: checkpoint {:.1} ms ({} pages kept); {} resets in {:.0} ms: \
          {:.1} resets/s (burst {:.1} + reset {:.1} ms, {:.0} pages copied back, {:.0} fetched \
          from the file; {} pages kept at the end), identical: {}",

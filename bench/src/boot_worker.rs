@@ -1,9 +1,11 @@
 //! The `bench boot` worker: detvisor and QEMU-KVM side by side, runs interleaved, inside the
-//! helper VM or on the host; and what one run of each system gives.
+//! helper VM or on the host; and what one run of each system gives. detvisor runs in this
+//! process through the run library (`Request::Run`, what `detvisor run` sends), QEMU as a
+//! process.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -11,9 +13,13 @@ use super::boot::GUEST_COMMAND;
 use super::helper::WorkerReport;
 use super::machine::{uptime, TempDir};
 use super::monitor::{kvm_stats_available, MemoryPeak};
-use super::process::{last_lines, run_timed, ErrMode, Finished, Watch};
+use super::process::{run_in_process, run_timed, Finished, InProcess, Watch};
 use super::qemu::{Accel, QemuFiles, QemuPlan, QemuRun};
+use super::serve::{run_plain, BenchReply};
 use super::stats::ms;
+use crate::say;
+use run::outcome::RunSummary;
+use run::plain::GuestSpec;
 
 // ---------------------------------------------------------------------------------------------
 // Plans and results exchanged between the host and the helper VM.
@@ -100,6 +106,12 @@ impl WorkerReport for BootWorkerReport {
     fn elapsed_ms(&self) -> f64 {
         self.elapsed_ms
     }
+    fn from_reply(reply: BenchReply) -> Option<Self> {
+        match reply {
+            BenchReply::Boot(report) => Some(*report),
+            _ => None,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -113,29 +125,34 @@ pub fn run_measured(
     watch: Watch,
     judge: impl FnOnce(&Finished) -> RunResult,
 ) -> (RunResult, Option<MemoryPeak>) {
-    match run_timed(cmd, limit, ErrMode::Capture, watch) {
+    match run_timed(cmd, limit, watch) {
         Ok(finished) => (judge(&finished), finished.memory),
         Err(e) => (RunResult::failed(&e), None),
     }
 }
 
-fn detvisor_command(detvisor: &Path, plan: &WorkerPlan) -> Command {
-    let mut cmd = Command::new(detvisor);
-    cmd.arg("run")
-        .args(["--host-vm", "never", "--kernel"])
-        .arg(&plan.kernel)
-        .arg("--initrd")
-        .arg(&plan.initrd)
-        .args([
-            "--mem",
-            &plan.mem,
-            "--cmdline",
-            &plan.cmdline,
-            "--json",
-            "--",
-        ])
-        .arg(GUEST_COMMAND);
-    cmd
+/// The guest `detvisor run --mem MEM --cmdline CMDLINE -- true` boots, with the plan's kernel
+/// and initrd (the CLI's defaults otherwise).
+pub fn detvisor_guest(plan: &WorkerPlan) -> GuestSpec {
+    GuestSpec {
+        seed: 0,
+        kernel: Some(plan.kernel.clone()),
+        initrd: Some(plan.initrd.clone()),
+        cmdline: Some(plan.cmdline.clone()),
+        ram_bytes: plan.ram_bytes,
+        until: None,
+        rtc_epoch_unix_secs: 1_704_067_200,
+        network: None,
+        command: vec![GUEST_COMMAND.into()],
+    }
+}
+
+/// How a detvisor run is described in the report's `command`.
+pub fn request_words(what: &str, guest: &GuestSpec) -> Vec<String> {
+    vec![
+        what.into(),
+        serde_json::to_string(guest).unwrap_or_else(|e| e.to_string()),
+    ]
 }
 
 pub fn command_words(cmd: &Command) -> Vec<String> {
@@ -145,66 +162,67 @@ pub fn command_words(cmd: &Command) -> Vec<String> {
         .collect()
 }
 
-/// The JSON summary `detvisor run --json` prints as its last stdout line.
-fn detvisor_summary(finished: &Finished) -> Option<serde_json::Value> {
-    finished
-        .lines
-        .iter()
-        .rev()
-        .find(|(_, l)| l.starts_with('{'))
-        .and_then(|(_, l)| serde_json::from_str(l).ok())
-}
-
-/// Judges a finished `detvisor run --json -- true`.
-pub fn detvisor_result(finished: &Finished, limit: Duration, what: &str) -> RunResult {
+/// Judges a finished detvisor run (its summary, or why there is none), timed by `wall`.
+pub fn detvisor_result(
+    summary: Result<RunSummary, String>,
+    wall: Duration,
+    timed_out: Option<Duration>,
+) -> RunResult {
     let mut r = RunResult {
-        wall_ms: ms(finished.wall),
+        wall_ms: ms(wall),
         ..RunResult::default()
     };
-    let summary = detvisor_summary(finished);
-    if let Some(s) = &summary {
-        let u = |k: &str| s.get(k).and_then(serde_json::Value::as_u64);
-        r.guest_status = u("exit_status").and_then(|v| u8::try_from(v).ok());
-        r.vmm_exits = u("exits");
-        r.inner_wall_ms = u("wall_ms");
-        r.inner_setup_ms = u("wall_setup_ms");
-        r.inner_finish_ms = u("wall_finish_ms");
-        r.output = s.get("digest").and_then(|d| d.as_str()).map(String::from);
-        r.output_bytes = u("console_bytes");
-    }
-    let exited_ok = finished.succeeded();
-    r.ok = exited_ok && r.guest_status == Some(0);
+    let summary = match (summary, timed_out) {
+        (_, Some(limit)) => {
+            r.error = Some(format!(
+                "the run was abandoned at the {} s time limit",
+                limit.as_secs()
+            ));
+            return r;
+        }
+        (Err(e), None) => {
+            r.error = Some(e);
+            return r;
+        }
+        (Ok(s), None) => s,
+    };
+    r.guest_status = summary.exit_status;
+    r.vmm_exits = Some(summary.exits);
+    r.inner_wall_ms = Some(summary.wall_ms);
+    r.inner_setup_ms = Some(summary.wall_setup_ms);
+    r.inner_finish_ms = Some(summary.wall_finish_ms);
+    r.output = Some(summary.digest.clone());
+    r.output_bytes = Some(summary.console_bytes);
+    r.ok = r.guest_status == Some(0);
     if !r.ok {
-        r.error = Some(if !exited_ok {
-            finished.failure(what, limit)
-        } else if summary.is_none() {
-            format!(
-                "{what} printed no JSON summary; stdout ends with:\n{}",
-                last_lines(&finished.stdout_text(), 8)
-            )
-        } else {
-            format!("the guest reported status {:?}, not 0", r.guest_status)
-        });
+        r.error = Some(format!(
+            "the guest reported status {:?}, not 0",
+            r.guest_status
+        ));
     }
     r
 }
 
-fn run_detvisor(
-    detvisor: &Path,
-    plan: &WorkerPlan,
-    sample: bool,
-    stats: bool,
-) -> (RunResult, Option<MemoryPeak>) {
+/// One detvisor run in this process, on a thread of its own, watched as `sample` and `stats`
+/// ask.
+fn run_detvisor(plan: &WorkerPlan, sample: bool, stats: bool) -> (RunResult, Option<MemoryPeak>) {
     let limit = Duration::from_secs(plan.timeout_s);
     let watch = Watch {
         ram: sample.then_some(plan.ram_bytes),
         kvm: stats,
     };
-    run_measured(detvisor_command(detvisor, plan), limit, watch, |finished| {
-        let mut r = detvisor_result(finished, limit, "detvisor");
-        r.kvm = finished.kvm.clone();
-        r
-    })
+    let guest = detvisor_guest(plan);
+    let done: InProcess<Result<RunSummary, String>> = run_in_process(
+        move || run_plain(guest).map_err(|e| format!("{e:#}")),
+        limit,
+        watch,
+    );
+    let summary = done
+        .result
+        .unwrap_or_else(|| Err("the run's thread panicked".into()));
+    let mut r = detvisor_result(summary, done.wall, done.timed_out.then_some(limit));
+    r.kvm = done.kvm;
+    (r, done.memory)
 }
 
 /// A run in one line of progress.
@@ -236,16 +254,8 @@ pub fn worker(plan: &WorkerPlan) -> BootWorkerReport {
     };
     report.kvm_stats = kvm_stats_available(plan.in_helper_vm);
     let stats = report.kvm_stats == "debugfs";
-    let detvisor = match std::env::current_exe() {
-        Ok(p) => Some(p),
-        Err(e) => {
-            report.detvisor.error = Some(format!("cannot locate the detvisor executable: {e}"));
-            None
-        }
-    };
-    if let Some(d) = &detvisor {
-        report.detvisor.command = command_words(&detvisor_command(d, plan));
-    }
+    report.detvisor.command =
+        request_words("run::api::Request::Run, in process:", &detvisor_guest(plan));
     let scratch = match TempDir::new("detvisor-bench-") {
         Ok(t) => Some(t),
         Err(e) => {
@@ -282,23 +292,19 @@ pub fn worker(plan: &WorkerPlan) -> BootWorkerReport {
     }
     let n = plan.runs;
     for i in 1..=n {
-        if let Some(d) = &detvisor {
-            let (r, _) = run_detvisor(d, plan, false, false);
-            eprintln!("{tag}: detvisor run {i}/{n}: {}", describe(&r));
-            report.detvisor.runs.push(r);
-        }
+        let (r, _) = run_detvisor(plan, false, false);
+        say!("{tag}: detvisor run {i}/{n}: {}", describe(&r));
+        report.detvisor.runs.push(r);
         if let Some(q) = &qemu {
             let (r, _) = q.run(i, false, false);
-            eprintln!("{tag}: QEMU-KVM run {i}/{n}: {}", describe(&r));
+            say!("{tag}: QEMU-KVM run {i}/{n}: {}", describe(&r));
             report.qemu_kvm.runs.push(r);
         }
     }
     // The instrumented runs: memory sampling and KVM statistics, kept out of the timed runs
     // (holding a VM's stat files open also defers its teardown past the process's exit).
-    if let Some(d) = &detvisor {
-        let (r, mem) = run_detvisor(d, plan, true, stats);
-        record_instrumented(&mut report.detvisor, &tag, "detvisor", r, mem);
-    }
+    let (r, mem) = run_detvisor(plan, true, stats);
+    record_instrumented(&mut report.detvisor, &tag, "detvisor", r, mem);
     if let Some(q) = &qemu {
         let (r, mem) = q.run(n + 1, true, stats);
         record_instrumented(&mut report.qemu_kvm, &tag, "QEMU-KVM", r, mem);
@@ -317,7 +323,7 @@ pub fn record_instrumented(
     sys.instrumented = Some(r.clone());
     match (r.ok, mem) {
         (true, Some(m)) if m.samples > 0 => {
-            eprintln!(
+            say!(
                 "{tag}: {name} instrumented run: {}; VmHWM {} MiB, {} MiB beyond guest RAM \
                  ({} samples)",
                 describe(&r),

@@ -174,14 +174,15 @@ pub fn snap_definitions() -> BTreeMap<&'static str, &'static str> {
         ),
         (
             "child",
-            "a `detvisor bench snapshot --restore-child DIR` process: from just before spawn() \
-             to the arrival of its line printed after the first exit (exec, dynamic loading and \
-             process start included), and until wait() returns (VM teardown, exit)",
+            "a restore as a caller of the run library makes one (branch, a seeds worker): a \
+             fresh thread with a Controller of its own, Request::Restore of DIR, RunUntil one \
+             more exit, Close; from just before the thread starts to the first exit handled, and \
+             until the thread ends (Close: VM teardown)",
         ),
         (
             "forks_per_sec",
             "in-process: N sequential (restore to the first exit + teardown) in one process, N / \
-             total time; child: 1000 / median child wall (sequential child processes)",
+             total time; child: 1000 / median child wall (sequential child restores)",
         ),
         (
             "resets_per_sec",
@@ -559,7 +560,7 @@ pub fn print_snap_report(r: &SnapBenchReport) -> Result<()> {
     if let Some(s) = r.helper_vm.as_ref().filter(|s| s.boot_ms.is_some()) {
         writeln!(
             o,
-            "\nhelper VM: launcher start to payload start {} ms, payload end to exit {} ms; \
+            "\nhelper VM: start to payload serving {} ms, worker's reply to exit {} ms; \
              payload lasted {} ms on the host's clock, {} ms on L1's",
             opt_ms(s.boot_ms),
             opt_ms(s.shutdown_ms),

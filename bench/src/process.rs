@@ -1,9 +1,10 @@
-//! Running a child process with a time limit: its stdout lines time-stamped on arrival, the
-//! tail of its stderr, its wall time, and what [`Watch`] asks to observe while it runs.
+//! Running a child process (QEMU) with a time limit: the tail of its stderr, its wall time, and
+//! what [`Watch`] asks to observe while it runs; and a function of this process the same way
+//! ([`run_in_process`]: a detvisor run through the run library).
 
 use anyhow::{anyhow, Context, Result};
 use std::collections::BTreeMap;
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Read};
 use std::process::{Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
@@ -14,23 +15,13 @@ use super::monitor::{KvmGrab, MemoryPeak, Sampler, KVM_POLL, MEM_SAMPLE_INTERVAL
 /// How much of a process's stderr is kept for error messages.
 const TAIL_BYTES: usize = 16 * 1024;
 
-pub enum ErrMode {
-    /// Keep the tail only.
-    Capture,
-    /// Copy to our stderr as it arrives, and keep the tail.
-    Tee,
-}
-
 pub struct Finished {
     pub wall: Duration,
     /// `None` when killed at the time limit (or the wait failed: see `wait_error`).
     pub status: Option<ExitStatus>,
     pub timed_out: bool,
     pub wait_error: Option<String>,
-    /// Stdout lines (without `\n`) with their arrival time.
-    pub lines: Vec<(Instant, String)>,
     pub stderr_tail: Vec<u8>,
-    pub started: Instant,
     pub memory: Option<MemoryPeak>,
     /// The VM's final KVM statistics ([`Watch::kvm`]).
     pub kvm: Option<BTreeMap<String, u64>>,
@@ -40,29 +31,6 @@ impl Finished {
     /// It exited by itself with status 0.
     pub fn succeeded(&self) -> bool {
         self.status.is_some_and(|s| s.success())
-    }
-
-    /// The first stdout line starting with `prefix`: its arrival time and the rest of the line.
-    pub fn first_line(&self, prefix: &str) -> Option<(Instant, &str)> {
-        self.lines
-            .iter()
-            .find_map(|(at, l)| Some((*at, l.strip_prefix(prefix)?)))
-    }
-
-    /// The last stdout line starting with `prefix`: its arrival time and the rest of the line.
-    pub fn last_line(&self, prefix: &str) -> Option<(Instant, &str)> {
-        self.lines
-            .iter()
-            .rev()
-            .find_map(|(at, l)| Some((*at, l.strip_prefix(prefix)?)))
-    }
-
-    pub fn stdout_text(&self) -> String {
-        self.lines
-            .iter()
-            .map(|(_, l)| l.as_str())
-            .collect::<Vec<_>>()
-            .join("\n")
     }
 
     pub fn stderr_text(&self) -> String {
@@ -123,16 +91,11 @@ pub struct Watch {
     pub kvm: bool,
 }
 
-/// Runs `cmd` (stdin /dev/null, stdout and stderr piped) to its end or until `limit`, when it is
+/// Runs `cmd` (stdin and stdout /dev/null, stderr piped) to its end or until `limit`, when it is
 /// killed. Unless `watch` asks for something, the calling thread just blocks until it ends.
-pub fn run_timed(
-    mut cmd: Command,
-    limit: Duration,
-    err_mode: ErrMode,
-    watch: Watch,
-) -> Result<Finished> {
+pub fn run_timed(mut cmd: Command, limit: Duration, watch: Watch) -> Result<Finished> {
     cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .stderr(Stdio::piped());
     let program = cmd.get_program().to_string_lossy().into_owned();
     let started = Instant::now();
@@ -144,37 +107,9 @@ pub fn run_timed(
         }
     })?;
     let pid = child.id();
-    let stdout = child.stdout.take().context("child stdout")?;
     let stderr = child.stderr.take().context("child stderr")?;
 
-    let (out_tx, out_rx) = mpsc::channel();
-    thread::spawn(move || {
-        let mut reader = BufReader::new(stdout);
-        let mut lines = Vec::new();
-        let mut kept = 0usize;
-        let mut buf = Vec::new();
-        loop {
-            buf.clear();
-            match reader.read_until(b'\n', &mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    let at = Instant::now();
-                    let line = String::from_utf8_lossy(&buf)
-                        .trim_end_matches(['\n', '\r'])
-                        .to_string();
-                    kept += line.len();
-                    lines.push((at, line));
-                    // Keep memory bounded: drop the oldest lines beyond 8 MiB.
-                    while kept > 8 << 20 && lines.len() > 1 {
-                        kept -= lines.remove(0).1.len();
-                    }
-                }
-            }
-        }
-        let _ = out_tx.send(lines);
-    });
     let (err_tx, err_rx) = mpsc::channel();
-    let tee = matches!(err_mode, ErrMode::Tee);
     thread::spawn(move || {
         let mut stderr = stderr;
         let mut tail = Vec::new();
@@ -183,10 +118,6 @@ pub fn run_timed(
             match stderr.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    if tee {
-                        let mut e = io::stderr().lock();
-                        let _ = e.write_all(&buf[..n]).and_then(|()| e.flush());
-                    }
                     tail.extend_from_slice(&buf[..n]);
                     if tail.len() > 2 * TAIL_BYTES {
                         tail.drain(..tail.len() - TAIL_BYTES);
@@ -201,56 +132,23 @@ pub fn run_timed(
         let status = child.wait();
         let _ = wait_tx.send((status, Instant::now()));
     });
-
-    let deadline = started + limit;
-    let mut sampler = watch.ram.map(|ram| Sampler::new(pid, ram));
-    let mut grab = watch.kvm.then(|| KvmGrab::new(pid));
-    let mut timed_out = false;
-    let (status, ended) = loop {
-        let now = Instant::now();
-        if now >= deadline {
-            timed_out = true;
-            kill_process(pid);
-            match wait_rx.recv_timeout(Duration::from_secs(30)) {
-                Ok((status, at)) => break (status, at),
-                Err(_) => {
-                    break (
-                        Err(io::Error::other("did not end after SIGKILL")),
-                        Instant::now(),
-                    )
-                }
-            }
-        }
-        let wait = if sampler.is_some() {
-            MEM_SAMPLE_INTERVAL
-        } else if grab.as_ref().is_some_and(|g| !g.grabbed()) {
-            KVM_POLL
-        } else {
-            deadline - now
-        }
-        .min(deadline - now);
-        match wait_rx.recv_timeout(wait) {
-            Ok((status, at)) => break (status, at),
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                if let Some(s) = &mut sampler {
-                    s.sample();
-                }
-                if let Some(g) = &mut grab {
-                    g.try_grab();
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                break (
-                    Err(io::Error::other("waiter thread vanished")),
-                    Instant::now(),
-                )
-            }
-        }
+    let watched = watch_until(pid, started + limit, watch, &wait_rx, || {
+        kill_process(pid);
+        wait_rx.recv_timeout(Duration::from_secs(30)).ok()
+    });
+    let timed_out = watched.timed_out;
+    let (status, ended) = match watched.ended {
+        Some(ended) => ended,
+        None if timed_out => (
+            Err(io::Error::other("did not end after SIGKILL")),
+            Instant::now(),
+        ),
+        None => (
+            Err(io::Error::other("waiter thread vanished")),
+            Instant::now(),
+        ),
     };
-    // A grandchild holding the pipes open must not hang us: wait a bounded time for the readers.
-    let lines = out_rx
-        .recv_timeout(Duration::from_secs(10))
-        .unwrap_or_default();
+    // A grandchild holding the pipe open must not hang us: wait a bounded time for the reader.
     let stderr_tail = err_rx
         .recv_timeout(Duration::from_secs(10))
         .unwrap_or_default();
@@ -264,12 +162,112 @@ pub fn run_timed(
         status,
         timed_out,
         wait_error,
-        lines,
         stderr_tail: tail_of(&stderr_tail, TAIL_BYTES).to_vec(),
-        started,
+        memory: watched.memory,
+        kvm: watched.kvm,
+    })
+}
+
+/// What [`watch_until`] saw.
+struct Watched<R> {
+    /// What the waiter sent, and when (`None`: it never did).
+    ended: Option<R>,
+    timed_out: bool,
+    memory: Option<MemoryPeak>,
+    kvm: Option<BTreeMap<String, u64>>,
+}
+
+/// Waits for what `ended` brings (process `pid`'s end, or an in-process run's), observing `pid`
+/// as `watch` asks meanwhile; at `deadline` it calls `on_deadline` (which kills, and may wait
+/// a little more) instead.
+fn watch_until<R>(
+    pid: u32,
+    deadline: Instant,
+    watch: Watch,
+    ended: &mpsc::Receiver<R>,
+    on_deadline: impl FnOnce() -> Option<R>,
+) -> Watched<R> {
+    let mut sampler = watch.ram.map(|ram| Sampler::new(pid, ram));
+    let mut grab = watch.kvm.then(|| KvmGrab::new(pid));
+    let mut timed_out = false;
+    let result = loop {
+        let now = Instant::now();
+        if now >= deadline {
+            timed_out = true;
+            break on_deadline();
+        }
+        let wait = if sampler.is_some() {
+            MEM_SAMPLE_INTERVAL
+        } else if grab.as_ref().is_some_and(|g| !g.grabbed()) {
+            KVM_POLL
+        } else {
+            deadline - now
+        }
+        .min(deadline - now);
+        match ended.recv_timeout(wait) {
+            Ok(r) => break Some(r),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Some(s) = &mut sampler {
+                    s.sample();
+                }
+                if let Some(g) = &mut grab {
+                    g.try_grab();
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break None,
+        }
+    };
+    Watched {
+        ended: result,
+        timed_out,
         memory: sampler.map(Sampler::into_peak),
         kvm: grab.and_then(|g| g.read()),
-    })
+    }
+}
+
+/// A function run by [`run_in_process`].
+pub struct InProcess<T> {
+    /// What it returned (`None` when it was abandoned at the time limit, or panicked).
+    pub result: Option<T>,
+    /// From just before its thread started to its return.
+    pub wall: Duration,
+    pub timed_out: bool,
+    /// This process's memory while it ran ([`Watch::ram`]; the high-water mark is reset first).
+    pub memory: Option<MemoryPeak>,
+    /// The KVM statistics of the VM it created ([`Watch::kvm`]).
+    pub kvm: Option<BTreeMap<String, u64>>,
+}
+
+/// Runs `f` on a thread of its own to its return or until `limit`, observing this process as
+/// `watch` asks meanwhile. A thread cannot be killed: at the limit it is abandoned (it runs on,
+/// its result is dropped), and the run counts as timed out.
+pub fn run_in_process<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+    limit: Duration,
+    watch: Watch,
+) -> InProcess<T> {
+    if watch.ram.is_some() {
+        // 5: reset the peak RSS (VmHWM) to the present RSS.
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+    }
+    let (tx, rx) = mpsc::channel();
+    let started = Instant::now();
+    thread::spawn(move || {
+        let result = f();
+        let _ = tx.send((result, Instant::now()));
+    });
+    let watched = watch_until(std::process::id(), started + limit, watch, &rx, || None);
+    let (result, ended) = match watched.ended {
+        Some((result, at)) => (Some(result), at),
+        None => (None, Instant::now()),
+    };
+    InProcess {
+        result,
+        wall: ended.duration_since(started),
+        timed_out: watched.timed_out,
+        memory: watched.memory,
+        kvm: watched.kvm,
+    }
 }
 
 fn tail_of(bytes: &[u8], max: usize) -> &[u8] {
@@ -284,13 +282,7 @@ mod tests {
     fn timed_process_is_killed_at_its_limit() {
         let mut cmd = Command::new("sleep");
         cmd.arg("30");
-        let f = run_timed(
-            cmd,
-            Duration::from_millis(200),
-            ErrMode::Capture,
-            Watch::default(),
-        )
-        .unwrap();
+        let f = run_timed(cmd, Duration::from_millis(200), Watch::default()).unwrap();
         assert!(f.timed_out);
         assert!(f.wall < Duration::from_secs(10));
         let mut cmd = Command::new("sh");
@@ -298,7 +290,6 @@ mod tests {
         let f = run_timed(
             cmd,
             Duration::from_secs(30),
-            ErrMode::Capture,
             Watch {
                 ram: Some(1 << 20),
                 kvm: true,
@@ -307,24 +298,27 @@ mod tests {
         .unwrap();
         assert!(!f.timed_out);
         assert_eq!(f.status.and_then(|s| s.code()), Some(3));
-        assert_eq!(f.stdout_text(), "one");
         assert_eq!(f.stderr_text(), "two");
     }
 
     #[test]
-    fn marker_lines_are_found() {
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", "echo a; echo mark-1; echo b; echo mark-2"]);
-        let f = run_timed(
-            cmd,
-            Duration::from_secs(30),
-            ErrMode::Capture,
-            Watch::default(),
-        )
-        .unwrap();
-        assert!(f.succeeded());
-        assert_eq!(f.first_line("mark-").map(|(_, l)| l), Some("1"));
-        assert_eq!(f.last_line("mark-").map(|(_, l)| l), Some("2"));
-        assert!(f.first_line("none").is_none());
+    fn an_in_process_run_is_timed_and_abandoned_at_its_limit() {
+        let done = run_in_process(|| 7, Duration::from_secs(30), Watch::default());
+        assert_eq!(done.result, Some(7));
+        assert!(!done.timed_out);
+        let done = run_in_process(
+            || std::thread::sleep(Duration::from_secs(5)),
+            Duration::from_millis(100),
+            Watch {
+                ram: Some(1 << 20),
+                kvm: false,
+            },
+        );
+        assert!(done.result.is_none());
+        assert!(done.timed_out);
+        assert!(done.wall < Duration::from_secs(4));
+        assert!(done
+            .memory
+            .is_some_and(|m| m.samples > 0 && m.vm_hwm_kib > 0));
     }
 }

@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use super::boot_worker::{run_measured, RunResult};
 use super::monitor::MemoryPeak;
-use super::process::{last_lines, Watch};
+use super::process::{last_lines, Finished, Watch};
 use super::stats::ms;
-use crate::hostvm;
 
 /// QEMU machine type: `pc` (i440FX, SeaBIOS). `microvm` would boot faster, but with this
 /// kernel and `reboot=t` it does not exit after the guest's `reboot -f` (it hangs).
@@ -80,19 +79,19 @@ impl QemuInstall {
         for fw in &self.firmware {
             files.push((fw.clone(), format!("qemu/share/{}", file_name(fw)?)));
         }
-        let lib_dir = PathBuf::from(hostvm::payload_path("qemu/lib"));
+        let lib_dir = PathBuf::from(helper_vm::payload_path("qemu/lib"));
         let loader = match &self.interp {
             Some(i) => Some(lib_dir.join(file_name(i)?)),
             None => None,
         };
         Ok(QemuPlan {
-            bin: hostvm::payload_path(&format!("qemu/bin/{QEMU_BIN}")).into(),
+            bin: helper_vm::payload_path(&format!("qemu/bin/{QEMU_BIN}")).into(),
             lib_dir: Some(lib_dir),
             // The worker uses the loader only if QEMU's PT_INTERP is missing in L1 (it is
             // there when detvisor itself is dynamically linked: the launcher ships it).
             interp: self.interp.clone(),
             loader,
-            firmware_dir: Some(hostvm::payload_path("qemu/share").into()),
+            firmware_dir: Some(helper_vm::payload_path("qemu/share").into()),
         })
     }
 }
@@ -299,21 +298,32 @@ impl QemuRun<'_> {
                 output_bytes: Some(serial.len() as u64),
                 ..RunResult::default()
             };
-            let exited_ok = finished.succeeded();
-            r.ok = exited_ok && status == [0];
-            if !r.ok {
-                r.error = Some(if !exited_ok {
-                    finished.failure("QEMU", self.limit)
-                } else {
-                    format!(
-                        "the guest wrote {:?} to port 0x610 (expected one byte 0); serial ends with:\n{}",
-                        status,
-                        last_lines(&String::from_utf8_lossy(&serial), 8)
-                    )
-                });
-            }
+            r.error = qemu_failure(finished, &status, &serial, 8, self.limit);
+            r.ok = r.error.is_none();
             r
         })
+    }
+}
+
+/// Why a QEMU run that wrote `status` to port 0x610 and `serial` to its serial port failed
+/// (it did not exit 0, or the guest did not write exactly one byte 0), with the last
+/// `serial_lines` of its serial output; `None` when it succeeded.
+pub fn qemu_failure(
+    finished: &Finished,
+    status: &[u8],
+    serial: &[u8],
+    serial_lines: usize,
+    limit: Duration,
+) -> Option<String> {
+    if !finished.succeeded() {
+        Some(finished.failure("QEMU", limit))
+    } else if status != [0] {
+        Some(format!(
+            "the guest wrote {status:?} to port 0x610 (expected one byte 0); serial ends with:\n{}",
+            last_lines(&String::from_utf8_lossy(serial), serial_lines)
+        ))
+    } else {
+        None
     }
 }
 

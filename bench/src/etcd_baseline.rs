@@ -35,8 +35,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::EtcdRun;
-use crate::bench::process::{last_lines, run_timed, ErrMode, Watch};
-use crate::bench::stats::ms;
+use crate::process::{last_lines, run_timed, Watch};
+use crate::stats::ms;
 use run::guest::shell_quote;
 use run::manifest::WorkloadPlan;
 
@@ -285,7 +285,7 @@ impl Baseline<'_> {
     /// One run: QEMU from spawn to exit.
     pub fn run(&self, index: u32) -> EtcdRun {
         let (cmd, serial_path, status_path) = self.command(index);
-        let finished = match run_timed(cmd, self.limit, ErrMode::Capture, Watch::default()) {
+        let finished = match run_timed(cmd, self.limit, Watch::default()) {
             Ok(f) => f,
             Err(e) => return EtcdRun::failed(&e),
         };
@@ -309,19 +309,8 @@ impl Baseline<'_> {
             workload_tail: Some(last_lines(&upto.join("\n"), 14)),
             ..EtcdRun::default()
         };
-        let exited_ok = finished.succeeded();
-        r.ok = exited_ok && status == [0];
-        if !r.ok {
-            r.error = Some(if !exited_ok {
-                finished.failure("QEMU", self.limit)
-            } else {
-                format!(
-                    "the guest wrote {status:?} to port 0x610 (expected one byte 0); serial \
-                     ends with:\n{}",
-                    last_lines(&text, 20)
-                )
-            });
-        }
+        r.error = crate::qemu::qemu_failure(&finished, &status, &serial, 20, self.limit);
+        r.ok = r.error.is_none();
         r
     }
 }

@@ -170,8 +170,9 @@ pub fn print_report(r: &BenchReport) -> Result<()> {
     writeln!(o, "{}", r.host.line())?;
     writeln!(
         o,
-        "wall = process start to exit (spawn .. wait returns), ms, on the clock of the machine \
-         running it; median [min .. max] over successful runs"
+        "wall = QEMU: process start to exit (spawn .. wait returns); detvisor: the run request's \
+         call to its return (in process); ms, on the clock of the machine running it; median \
+         [min .. max] over successful runs"
     )?;
     writeln!(o)?;
     writeln!(
@@ -252,8 +253,8 @@ pub fn print_report(r: &BenchReport) -> Result<()> {
         writeln!(
             o,
             "detvisor's own phases (its JSON, medians): vm::run {w} ms = setup {setup} + guest \
-             {} + final hashing {finish}; the rest of its {} ms is process start, reading the \
-             kernel and initrd, and exit",
+             {} + final hashing {finish}; the rest of its {} ms is reading the kernel and \
+             initrd, and VM teardown",
             w.saturating_sub(setup + finish),
             opt_ms(d.median_ms)
         )?;
@@ -341,7 +342,7 @@ pub fn print_report(r: &BenchReport) -> Result<()> {
     if let Some(s) = r.helper_vm.as_ref().filter(|s| s.boot_ms.is_some()) {
         writeln!(
             o,
-            "\nhelper VM: launcher start to payload start {} ms (incl. assembling a {} MiB payload \
+            "\nhelper VM: start to payload serving {} ms (incl. assembling a {} MiB payload \
              initrd and L1's boot), payload end to exit {} ms; payload lasted {} ms on the host's \
              clock, {} ms on L1's",
             opt_ms(s.boot_ms),
@@ -351,29 +352,46 @@ pub fn print_report(r: &BenchReport) -> Result<()> {
             opt_ms(s.payload_l1_ms)
         )?;
     }
+    let failures: Vec<(&str, Option<&String>, &[String])> = r
+        .systems()
+        .into_iter()
+        .map(|s| (s.name.as_str(), s.error.as_ref(), s.failures.as_slice()))
+        .collect();
+    let helper_error = r.helper_vm.as_ref().and_then(|s| s.error.as_ref());
+    print_tail(&mut o, &failures, helper_error, r)
+}
+
+/// The end of a report (this one's and `bench etcd`'s): the failures of each system (name,
+/// error, failures) and of the helper VM, then the report as one JSON line.
+pub fn print_tail(
+    o: &mut dyn Write,
+    systems: &[(&str, Option<&String>, &[String])],
+    helper_error: Option<&String>,
+    report: &impl Serialize,
+) -> Result<()> {
     let mut failed = false;
-    for s in r.systems() {
-        if s.error.is_some() || !s.failures.is_empty() {
+    for (name, error, failures) in systems {
+        if error.is_some() || !failures.is_empty() {
             if !failed {
                 writeln!(o, "\nfailures:")?;
                 failed = true;
             }
-            if let Some(e) = &s.error {
-                writeln!(o, "  {}: {e}", s.name)?;
+            if let Some(e) = error {
+                writeln!(o, "  {name}: {e}")?;
             }
-            for f in &s.failures {
-                writeln!(o, "  {}: {f}", s.name)?;
+            for f in *failures {
+                writeln!(o, "  {name}: {f}")?;
             }
         }
     }
-    if let Some(e) = r.helper_vm.as_ref().and_then(|s| s.error.as_ref()) {
+    if let Some(e) = helper_error {
         if !failed {
             writeln!(o, "\nfailures:")?;
         }
         writeln!(o, "  helper VM: {e}")?;
     }
     writeln!(o)?;
-    writeln!(o, "{}", serde_json::to_string(r)?)?;
+    writeln!(o, "{}", serde_json::to_string(report)?)?;
     o.flush()?;
     Ok(())
 }

@@ -1,18 +1,18 @@
 //! `detvisor bench snapshot`: snapshot and restore latency, forks/s and resets/s against guest
 //! RAM size and dirty fraction, with full-copy baselines.
 //!
-//! Layers (each bounded by a time limit, each a process of its own):
+//! Layers:
 //!
 //! ```text
-//!   host: `bench snapshot`           orchestrates, prints the table and the JSON line
-//!     `bench snapshot --launch-plan` calls hostvm::run (helper VM, with a 9p share)
-//!       L1: `bench snapshot --worker-plan`   one per session: runs the cells in turn
-//!         `bench snapshot --cell-plan`       one per (RAM, dirty %) cell: boots the guest,
-//!                                            snapshots, restores, forks, resets in process
-//!           `bench snapshot --restore-child` one restore + first exit per process
+//!   host: `bench snapshot`        orchestrates, prints the table and the JSON line; starts the
+//!                                 helper VM (with a 9p share) and sends it the worker's plan
+//!     L1: the bench server        one call per session: the worker runs the cells in turn
+//!       a thread per cell         (RAM, dirty %): boots the guest, snapshots, restores, forks,
+//!                                 resets; under the cell time limit
+//!         a thread per child      one restore + first exit through the run API
 //! ```
 //!
-//! Without a helper VM (the host's KVM runs guests) the worker runs on the host directly.
+//! Without a helper VM (the host's KVM runs guests) the worker runs in this process.
 //!
 //! This module: the orchestration on the host and the worker; a cell is in
 //! [`super::snapshot_cell`], the report in [`super::snapshot_report`].
@@ -21,16 +21,16 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::helper::{
     HelperLaunch, Placement, Session, WorkerReport, HELPER_VM_ALLOWANCE, NOT_MEASURED,
 };
 use super::machine::{fs_type, loadavg, mem_total_kib, uptime, HostLoad, TempDir};
-use super::process::{run_timed, ErrMode, Watch};
+use super::process::{run_in_process, Watch};
+use super::serve::{BenchCall, BenchReply};
 use super::snapshot_cell::{
-    snap_guest_script, CellPlan, CellResult, CellSpec, SnapLocation, MARK_CELL,
+    measure_cell, snap_guest_script, CellPlan, CellResult, CellSpec, SnapLocation,
 };
 use super::snapshot_memory::PAGE;
 use super::snapshot_report::{
@@ -38,7 +38,8 @@ use super::snapshot_report::{
 };
 use super::stats::ms;
 use super::{check_runs_and_timeout, SnapStore, SnapshotBenchArgs};
-use crate::hostvm;
+use crate::say;
+
 use run::{guest, units};
 
 #[derive(Serialize, Deserialize, Debug, Clone)]
@@ -74,12 +75,18 @@ impl WorkerReport for SnapWorkerReport {
     fn elapsed_ms(&self) -> f64 {
         self.elapsed_ms
     }
+    fn from_reply(reply: BenchReply) -> Option<Self> {
+        match reply {
+            BenchReply::Snapshot(report) => Some(*report),
+            _ => None,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // The worker (inside the helper VM, or on the host).
 
-/// Runs the cells of `plan` in turn, each in a `--cell-plan` process of its own.
+/// Runs the cells of `plan` in turn, each on a thread of its own under the time limit.
 pub fn worker(plan: &SnapWorkerPlan) -> SnapWorkerReport {
     let started = Instant::now();
     let tag = format!("bench snapshot [{}]", plan.place);
@@ -112,7 +119,7 @@ pub fn worker(plan: &SnapWorkerPlan) -> SnapWorkerReport {
                 name: name.clone(),
                 dir,
             }),
-            Err(e) => eprintln!("{tag}: cannot create {}: {e}", dir.display()),
+            Err(e) => say!("{tag}: cannot create {}: {e}", dir.display()),
         }
     }
     locations.extend(plan.shared.iter().cloned());
@@ -125,18 +132,8 @@ pub fn worker(plan: &SnapWorkerPlan) -> SnapWorkerReport {
             )
         })
         .collect();
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => {
-            fail_all(
-                &mut report,
-                format!("cannot locate the detvisor executable: {e}"),
-            );
-            return report;
-        }
-    };
     let limit = Duration::from_secs(plan.timeout_s);
-    for (i, spec) in plan.cells.iter().enumerate() {
+    for spec in &plan.cells {
         let cell_tag = format!("{tag} {}", spec.label());
         let cell_plan = CellPlan {
             spec: spec.clone(),
@@ -150,10 +147,9 @@ pub fn worker(plan: &SnapWorkerPlan) -> SnapWorkerReport {
             burst_pages: plan.burst_pages,
             tag: cell_tag.clone(),
         };
-        let path = scratch.path().join(format!("cell-{i}.json"));
-        let cell = run_cell(&exe, &cell_plan, &path, limit).with_spec(spec);
+        let cell = run_cell(cell_plan, limit).with_spec(spec);
         if let Some(e) = &cell.error {
-            eprintln!("{cell_tag}: FAILED: {e}");
+            say!("{cell_tag}: FAILED: {e}");
         }
         report.cells.push(cell);
     }
@@ -161,39 +157,22 @@ pub fn worker(plan: &SnapWorkerPlan) -> SnapWorkerReport {
     report
 }
 
-/// Writes `plan` to `path` and measures the cell in a `--cell-plan` process.
-fn run_cell(exe: &Path, plan: &CellPlan, path: &Path, limit: Duration) -> CellResult {
-    let written = serde_json::to_vec(plan)
-        .map_err(anyhow::Error::from)
-        .and_then(|b| fs::write(path, b).map_err(anyhow::Error::from));
-    let result = written.and_then(|()| {
-        let mut cmd = Command::new(exe);
-        cmd.args(["bench", "snapshot", "--cell-plan"]).arg(path);
-        run_timed(cmd, limit, ErrMode::Tee, Watch::default())
-    });
-    let f = match result {
-        Ok(f) => f,
-        Err(e) => {
-            return CellResult {
-                error: Some(format!("{e:#}")),
-                ..CellResult::default()
-            }
-        }
-    };
-    let parsed = f
-        .last_line(MARK_CELL)
-        .and_then(|(_, l)| serde_json::from_str::<CellResult>(l).ok());
-    match parsed {
-        Some(c) if f.succeeded() => c,
-        Some(mut c) => {
-            c.ok = false;
-            c.error
-                .get_or_insert_with(|| f.failure("the cell process", limit));
-            c
-        }
+/// Measures the cell on a thread of its own; one over `limit` is abandoned (and left to run on:
+/// a thread cannot be killed) and counted as failed.
+fn run_cell(plan: CellPlan, limit: Duration) -> CellResult {
+    let done = run_in_process(move || measure_cell(&plan), limit, Watch::default());
+    match done.result {
+        Some(c) => c,
         None => CellResult {
-            cell_wall_ms: ms(f.wall),
-            error: Some(f.failure("the cell process", limit)),
+            cell_wall_ms: ms(done.wall),
+            error: Some(if done.timed_out {
+                format!(
+                    "the cell was abandoned at the {} s time limit",
+                    limit.as_secs()
+                )
+            } else {
+                "the cell's thread panicked".into()
+            }),
             ..CellResult::default()
         },
     }
@@ -209,29 +188,22 @@ fn helper_session(
     share: Option<&Path>,
     memory_mib: u32,
     limit: Duration,
-    tmp: &Path,
 ) -> (Session, Option<SnapWorkerReport>) {
     Session::record(|session| {
-        let assets = hostvm::ensure_assets(None)?;
         let plan = SnapWorkerPlan {
-            kernel: hostvm::payload_path("bench/vmlinux").into(),
-            initrd: hostvm::payload_path("bench/initrd").into(),
+            kernel: helper_vm::payload_path("bench/vmlinux").into(),
+            initrd: helper_vm::payload_path("bench/initrd").into(),
             ..host_plan.clone()
         };
         let launch = HelperLaunch {
-            bench: "snapshot",
-            assets_dir: assets,
             memory_mib,
             files: vec![
                 (host_plan.kernel.clone(), "bench/vmlinux".into()),
                 (host_plan.initrd.clone(), "bench/initrd".into()),
             ],
             shared_dirs: share.into_iter().map(Path::to_path_buf).collect(),
-            tmp,
-            prefix: "snapshot-",
-            limit,
         };
-        launch.run(&plan, session, |_| {
+        launch.run(&BenchCall::Snapshot(plan), session, |_| {
             format!(
                 "bench snapshot: starting the helper VM ({memory_mib} MiB; time limit {} s)",
                 limit.as_secs()
@@ -324,7 +296,7 @@ pub fn orchestrate(args: &SnapshotBenchArgs) -> Result<u8> {
         burst_pages: args.burst_pages,
         place: place.into(),
     };
-    eprintln!(
+    say!(
         "bench snapshot: {} cell(s) ({} x {}), {} run(s) each, guests in the {place}{}",
         cells.len(),
         args.mem.join(","),
@@ -338,7 +310,7 @@ pub fn orchestrate(args: &SnapshotBenchArgs) -> Result<u8> {
     );
     let limit = HELPER_VM_ALLOWANCE + Duration::from_secs(args.timeout * cells.len() as u64);
     let (session, report) = if use_helper {
-        let (s, r) = helper_session(&plan, share.as_deref(), memory_mib, limit, tmp.path());
+        let (s, r) = helper_session(&plan, share.as_deref(), memory_mib, limit);
         (Some(s), r)
     } else {
         (None, Some(worker(&plan)))

@@ -5,8 +5,14 @@
 //! - `bench snapshot` ([`snapshot`]): snapshot and restore latency, forks/s and resets/s
 //!   against guest RAM size and dirty fraction, with full-copy baselines.
 //!
-//! Both run their measurements in a worker process, inside the helper VM (L1) when the host's
-//! KVM cannot run guests ([`helper`]), and every process under a time limit ([`process`]).
+//! - `bench etcd` ([`etcd`]): the etcd example, `up` against QEMU TCG with icount.
+//!
+//! Each runs its measurements in a worker: in this process when the host's KVM runs guests,
+//! else inside the helper VM (L1), where `detvisor bench serve-channel` ([`serve`]) answers the
+//! worker's plan over the helper VM's typed channel ([`helper`]). detvisor itself is measured
+//! through the run library in process (`run::api::Controller`), QEMU as processes under a time
+//! limit ([`process`]). Nothing here re-executes detvisor; only the helper-VM crate starts it,
+//! inside L1.
 //!
 //! The modules:
 //!
@@ -16,7 +22,8 @@
 //! | [`process`] | timed child processes: time limits, kill, stdout lines with arrival times |
 //! | [`monitor`] | watching a process: memory sampling from /proc, per-VM KVM statistics |
 //! | [`machine`] | facts about the machine (uptime, load, memory, file system types), temp dirs |
-//! | [`helper`] | the helper VM session and the worker plumbing both benches share |
+//! | [`helper`] | where the guests run; the helper VM session seen from the host |
+//! | [`serve`] | what answers the workers' plans inside the helper VM |
 //! | [`stats`] | medians, ratios and the formatting of numbers |
 //! | [`boot`], [`boot_worker`], [`boot_report`], [`qemu`] | `bench boot` |
 //! | [`snapshot`], [`snapshot_cell`], [`snapshot_restore`], [`snapshot_memory`], [`snapshot_report`] | `bench snapshot` |
@@ -30,6 +37,7 @@ mod machine;
 mod monitor;
 mod process;
 mod qemu;
+mod serve;
 mod snapshot;
 mod snapshot_cell;
 mod snapshot_memory;
@@ -40,7 +48,8 @@ mod stats;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::io::Write;
+use std::sync::Mutex;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -59,6 +68,9 @@ pub enum BenchCommand {
     /// The etcd example (3 members healthy, a put and a get): `detvisor up` vs QEMU TCG with
     /// icount running the same scenario. Prints a table and a final JSON line.
     Etcd(etcd::EtcdArgs),
+    /// Inside the helper VM: answer the benches' worker plans on its channel.
+    #[command(hide = true)]
+    ServeChannel,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -87,12 +99,6 @@ pub struct BootArgs {
     /// Skip the end-to-end detvisor runs on the host (one helper VM boot each).
     #[arg(long)]
     pub no_end_to_end: bool,
-    /// Internal: run the measurements described in this plan (inside the helper VM).
-    #[arg(long, hide = true)]
-    pub worker_plan: Option<PathBuf>,
-    /// Internal: start the helper VM described in this plan.
-    #[arg(long, hide = true)]
-    pub launch_plan: Option<PathBuf>,
 }
 
 /// Where `bench snapshot` writes its snapshots.
@@ -137,45 +143,14 @@ pub struct SnapshotBenchArgs {
     /// Where the guests run.
     #[arg(long, value_enum, default_value_t = BenchHostVm::Auto)]
     pub host_vm: BenchHostVm,
-    /// Internal: run the cells described in this plan (inside the helper VM).
-    #[arg(long, hide = true)]
-    pub worker_plan: Option<PathBuf>,
-    /// Internal: start the helper VM described in this plan.
-    #[arg(long, hide = true)]
-    pub launch_plan: Option<PathBuf>,
-    /// Internal: measure one cell.
-    #[arg(long, hide = true)]
-    pub cell_plan: Option<PathBuf>,
-    /// Internal: restore this snapshot directory, run to the first exit, report, exit.
-    #[arg(long, hide = true)]
-    pub restore_child: Option<PathBuf>,
 }
 
 pub fn run(args: BenchArgs) -> Result<u8> {
     match args.command {
-        BenchCommand::Boot(args) => {
-            if let Some(plan) = &args.worker_plan {
-                helper::worker_main(plan, boot_worker::worker)
-            } else if let Some(plan) = &args.launch_plan {
-                helper::launch_main(plan)
-            } else {
-                boot::orchestrate(&args)
-            }
-        }
-        BenchCommand::Snapshot(args) => {
-            if let Some(plan) = &args.worker_plan {
-                helper::worker_main(plan, snapshot::worker)
-            } else if let Some(plan) = &args.launch_plan {
-                helper::launch_main(plan)
-            } else if let Some(plan) = &args.cell_plan {
-                snapshot_cell::cell_main(plan)
-            } else if let Some(dir) = &args.restore_child {
-                snapshot_restore::restore_child_main(dir)
-            } else {
-                snapshot::orchestrate(&args)
-            }
-        }
-        BenchCommand::Etcd(args) => etcd::run(&args),
+        BenchCommand::Boot(args) => boot::orchestrate(&args),
+        BenchCommand::Snapshot(args) => snapshot::orchestrate(&args),
+        BenchCommand::Etcd(args) => etcd::orchestrate(&args),
+        BenchCommand::ServeChannel => serve::serve(),
     }
 }
 
@@ -189,3 +164,31 @@ fn check_runs_and_timeout(runs: u32, timeout: u64) -> Result<()> {
     }
     Ok(())
 }
+
+/// Where progress lines go: this process's stderr, or (inside the helper VM) the stderr
+/// frames of the call being answered.
+static PROGRESS: Mutex<Option<Box<dyn Write + Send>>> = Mutex::new(None);
+
+/// Writes one progress line (see [`say!`]).
+pub(crate) fn progress(line: &str) {
+    let mut sink = PROGRESS.lock().unwrap_or_else(|e| e.into_inner());
+    match sink.as_mut() {
+        Some(w) => {
+            let _ = writeln!(w, "{line}").and_then(|()| w.flush());
+        }
+        None => eprintln!("{line}"),
+    }
+}
+
+/// Sends progress lines to `sink` until the next call (`None`: back to stderr).
+pub(crate) fn progress_to(sink: Option<Box<dyn Write + Send>>) {
+    *PROGRESS.lock().unwrap_or_else(|e| e.into_inner()) = sink;
+}
+
+/// `eprintln!` for progress: to stderr, or inside the helper VM back to the host's.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::progress(&format!($($arg)*))
+    };
+}
+pub(crate) use say;

@@ -7,9 +7,9 @@ use std::io::{self, Write};
 use std::path::Path;
 
 use super::{EtcdArgs, EtcdRun};
-use crate::bench::helper::{Placement, Session};
-use crate::bench::machine::HostLoad;
-use crate::bench::stats::{median_u64, opt_count, opt_ratio, ratio, stat};
+use crate::helper::{Placement, Session};
+use crate::machine::HostLoad;
+use crate::stats::{median_u64, opt_count, opt_ratio, ratio, stat};
 
 /// The measurements of one side.
 #[derive(Default)]
@@ -167,8 +167,9 @@ pub fn build(i: Inputs) -> Report {
         placement: place.into(),
         placement_reason: i.placement.reason.clone(),
         caveat,
-        clock: "wall time from just before spawn() to wait() returning, CLOCK_MONOTONIC of the \
-                machine the process runs on (L1's for the helper VM)",
+        clock: "wall time from just before spawn() to wait() returning (QEMU), from just before \
+                the run's thread starts to the request's return (detvisor, in process), \
+                CLOCK_MONOTONIC of the machine it runs on (L1's for the helper VM)",
         baseline_differences: BASELINE_DIFFERENCES,
         ratios: Ratios {
             detvisor_over_baseline: ratio(detvisor.median_s, baseline.median_s),
@@ -200,8 +201,9 @@ pub fn print(r: &Report) -> Result<()> {
     }
     writeln!(
         o,
-        "wall = process start to exit (spawn .. wait returns), seconds, on the clock of the \
-         machine running it; virtual = guest time at the end"
+        "wall = QEMU: process start to exit (spawn .. wait returns); detvisor: the up request's \
+         call to its return (in process); seconds, on the clock of the machine running it; \
+         virtual = guest time at the end"
     )?;
     writeln!(o)?;
     writeln!(
@@ -313,29 +315,10 @@ pub fn print(r: &Report) -> Result<()> {
             writeln!(o, "\n{}: the workload's output ends with:\n{t}", s.name)?;
         }
     }
-    let mut failed = false;
-    for s in [&r.detvisor, &r.qemu_tcg_icount] {
-        if s.error.is_some() || !s.failures.is_empty() {
-            if !failed {
-                writeln!(o, "\nfailures:")?;
-                failed = true;
-            }
-            if let Some(e) = &s.error {
-                writeln!(o, "  {}: {e}", s.name)?;
-            }
-            for f in &s.failures {
-                writeln!(o, "  {}: {f}", s.name)?;
-            }
-        }
-    }
-    if let Some(e) = r.helper_vm.as_ref().and_then(|s| s.error.as_ref()) {
-        if !failed {
-            writeln!(o, "\nfailures:")?;
-        }
-        writeln!(o, "  helper VM: {e}")?;
-    }
-    writeln!(o)?;
-    writeln!(o, "{}", serde_json::to_string(r)?)?;
-    o.flush()?;
-    Ok(())
+    let failures: Vec<(&str, Option<&String>, &[String])> = [&r.detvisor, &r.qemu_tcg_icount]
+        .into_iter()
+        .map(|s| (s.name.as_str(), s.error.as_ref(), s.failures.as_slice()))
+        .collect();
+    let helper_error = r.helper_vm.as_ref().and_then(|s| s.error.as_ref());
+    crate::boot_report::print_tail(&mut o, &failures, helper_error, r)
 }

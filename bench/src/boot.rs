@@ -1,7 +1,9 @@
 //! `detvisor bench boot [--runs N]` boots the default guest image and runs `true` with:
 //!
-//! 1. **detvisor** (deterministic): `detvisor run --host-vm never --json -- true` as a child
-//!    process, inside the helper VM (L1) when the host's KVM cannot run guests, else on the host.
+//! 1. **detvisor** (deterministic): the run `detvisor run -- true` makes
+//!    (`run::api::Request::Run`), carried out by the run library in the worker's process on a
+//!    thread of its own, inside the helper VM (L1) when the host's KVM cannot run guests, else
+//!    on the host.
 //! 2. **QEMU with KVM** (non-deterministic baseline): `qemu-system-x86_64 -accel kvm -M pc`
 //!    booting the same kernel (the cache's `bzImage`, built with the `vmlinux` detvisor boots),
 //!    the same initrd bytes (`guest::initrd_with_command`, written to a file), the same kernel
@@ -12,44 +14,49 @@
 //!    L1 as payload files and run with `LD_LIBRARY_PATH` and `-L`.
 //! 3. **QEMU TCG with `-icount shift=0,sleep=off -rtc clock=vm`** (the deterministic peer) on
 //!    the host, same kernel/initrd/cmdline/RAM; its serial output is compared across runs.
-//! 4. When a helper VM is used: **detvisor end to end**, `detvisor run --json -- true` on the
-//!    host as a user runs it (one helper VM boot per run).
+//! 4. When a helper VM is used: **detvisor end to end**, what `detvisor run -- true` does on
+//!    the host as a user runs it: a helper VM started for the one request, the request answered
+//!    there by the run library, the helper VM shut down (one helper VM boot per run).
 //!
 //! Every QEMU gets `-nodefaults -no-user-config -display none -no-reboot`, the serial port in a
 //! file and an `isa-debugcon` at port 0x610 that captures the status byte the guest's init
 //! writes there (detvisor ends the run at that write; QEMU ignores it and the init's
 //! `reboot -f` with `reboot=t` triple-faults, which `-no-reboot` turns into an exit).
 //!
-//! Wall time of a run = from just before `spawn()` to the moment `wait()` returns (fork, exec,
-//! boot, guest, exit, reap), measured with the monotonic clock of the machine the process runs
+//! Wall time of a QEMU run = from just before `spawn()` to the moment `wait()` returns (fork,
+//! exec, boot, guest, exit, reap); of a detvisor run, from just before its thread starts to the
+//! request's return (VM creation, boot, guest, VM teardown; no exec and no process exit). Both
+//! are measured with the monotonic clock of the machine the process runs
 //! on (L1's own clock inside the helper VM; under TCG without icount it follows the host's real
 //! time). Waiting is blocking (a thread in `wait()`), so the timed runs are not disturbed by
 //! polling; one extra *instrumented* run per system samples `/proc/<pid>/status` and
-//! `/proc/<pid>/smaps` every 20 ms for the peak memory and, inside the helper VM, holds the VM's
+//! `/proc/<pid>/smaps` every 20 ms for the peak memory (for detvisor: the worker's own, its
+//! high-water mark reset first through `/proc/self/clear_refs`) and, inside the helper VM, holds the VM's
 //! per-VM KVM debugfs statistics open to read its exit counts after it ends. That run is not part
 //! of the wall-time statistics.
 //!
-//! Inside the helper VM this same binary is the payload (`bench boot --worker-plan FILE`, the
-//! [`worker`] of [`super::boot_worker`]); see [`super::helper`].
+//! Inside the helper VM the worker ([`worker`] of [`super::boot_worker`]) is answered by the
+//! bench server there ([`super::serve`]); see [`super::helper`].
 
 use anyhow::{anyhow, Context, Result};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use super::boot_report::{print_report, summarize, BenchReport, Ratios};
 use super::boot_worker::{
-    command_words, describe, detvisor_result, record_instrumented, worker, BootWorkerReport,
-    RunResult, SystemResult, WorkerPlan,
+    command_words, describe, detvisor_guest, detvisor_result, record_instrumented, request_words,
+    worker, BootWorkerReport, SystemResult, WorkerPlan,
 };
-use super::helper::{HelperLaunch, Placement, Session, HELPER_VM_ALLOWANCE, NOT_MEASURED};
+use super::helper::{call_vm, HelperLaunch, Placement, Session, HELPER_VM_ALLOWANCE, NOT_MEASURED};
 use super::machine::{loadavg, HostLoad, TempDir};
-use super::process::{run_timed, ErrMode, Watch};
+use super::process::{run_in_process, Watch};
 use super::qemu::{discover_qemu, Accel, QemuFiles, QemuInstall, QemuRun, QEMU_MACHINE};
+use super::serve::{BenchCall, BenchReply};
 use super::stats::ratio;
-use super::{check_runs_and_timeout, BenchHostVm, BootArgs};
-use crate::hostvm;
+use super::{check_runs_and_timeout, BootArgs};
+use crate::say;
+
 use run::{guest, units};
 
 /// The command the guest runs.
@@ -62,10 +69,8 @@ const GUEST_MEM: &str = "256M";
 fn helper_session(
     host_plan: &WorkerPlan,
     qemu: &Result<QemuInstall>,
-    tmp: &Path,
 ) -> (Session, Option<BootWorkerReport>) {
     Session::record(|session| {
-        let assets = hostvm::ensure_assets(None)?;
         let mut files: Vec<(PathBuf, String)> = vec![
             (host_plan.kernel.clone(), "bench/vmlinux".into()),
             (host_plan.initrd.clone(), "bench/initrd".into()),
@@ -77,34 +82,26 @@ fn helper_session(
             Err(_) => None,
         };
         let plan = WorkerPlan {
-            kernel: hostvm::payload_path("bench/vmlinux").into(),
-            initrd: hostvm::payload_path("bench/initrd").into(),
-            bzimage: hostvm::payload_path("bench/bzImage").into(),
-            qemu_initrd: hostvm::payload_path("bench/initrd-cmd").into(),
+            kernel: helper_vm::payload_path("bench/vmlinux").into(),
+            initrd: helper_vm::payload_path("bench/initrd").into(),
+            bzimage: helper_vm::payload_path("bench/bzImage").into(),
+            qemu_initrd: helper_vm::payload_path("bench/initrd-cmd").into(),
             qemu: qemu_plan,
             in_helper_vm: true,
             place: "helper VM".into(),
             ..host_plan.clone()
         };
-        let runs = u64::from(plan.runs);
-        let limit = HELPER_VM_ALLOWANCE + Duration::from_secs(plan.timeout_s * (2 * runs + 2));
         let launch = HelperLaunch {
-            bench: "boot",
-            assets_dir: assets,
             memory_mib: ((plan.ram_bytes >> 20) as u32)
                 .saturating_add(1024)
                 .max(2048),
             files,
             shared_dirs: Vec::new(),
-            tmp,
-            prefix: "",
-            limit,
         };
-        launch.run(&plan, session, |s| {
+        launch.run(&BenchCall::Boot(plan), session, |s| {
             format!(
-                "bench: starting the helper VM ({} MiB of payload files; time limit {} s)",
-                s.payload_file_bytes >> 20,
-                limit.as_secs()
+                "bench: starting the helper VM ({} MiB of payload files)",
+                s.payload_file_bytes >> 20
             )
         })
     })
@@ -138,7 +135,7 @@ fn tcg_baseline(plan: &WorkerPlan, qemu: &Result<QemuInstall>, tmp: &Path) -> Sy
     let n = plan.runs;
     for i in 1..=n {
         let (r, _) = run.run(i, false, false);
-        eprintln!(
+        say!(
             "bench [host]: QEMU TCG icount run {i}/{n}: {}",
             describe(&r)
         );
@@ -149,43 +146,55 @@ fn tcg_baseline(plan: &WorkerPlan, qemu: &Result<QemuInstall>, tmp: &Path) -> Sy
     sys
 }
 
-/// detvisor as a user runs it on this host (`detvisor run --json -- true`: helper VM included).
-fn end_to_end(args: &BootArgs) -> SystemResult {
+/// detvisor as a user runs it on this host (`detvisor run --mem 256M -- true` with the default
+/// guest: a helper VM started for the one request, its kernel and initrd shipped, the request
+/// answered there by the run library, the helper VM shut down), timed from just before the
+/// helper VM starts to its exit.
+fn end_to_end(args: &BootArgs, plan: &WorkerPlan) -> SystemResult {
     let mut sys = SystemResult::default();
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => {
-            sys.error = Some(format!("cannot locate the detvisor executable: {e}"));
-            return sys;
-        }
-    };
     let limit = HELPER_VM_ALLOWANCE + Duration::from_secs(args.timeout);
-    let host_vm = match args.host_vm {
-        BenchHostVm::Always => "always",
-        _ => "auto",
-    };
-    let make = || {
-        let mut cmd = Command::new(&exe);
-        cmd.args([
-            "run",
-            "--host-vm",
-            host_vm,
-            "--mem",
-            GUEST_MEM,
-            "--json",
-            "--",
-        ])
-        .arg(GUEST_COMMAND);
-        cmd
-    };
-    sys.command = command_words(&make());
+    let guest = detvisor_guest(&WorkerPlan {
+        kernel: helper_vm::payload_path("vmlinux").into(),
+        initrd: helper_vm::payload_path("initrd").into(),
+        ..plan.clone()
+    });
+    sys.command = request_words(
+        "a helper VM per run, answering run::api::Request::Run:",
+        &guest,
+    );
     let n = args.runs;
     for i in 1..=n {
-        let r = match run_timed(make(), limit, ErrMode::Capture, Watch::default()) {
-            Ok(f) => detvisor_result(&f, limit, "detvisor run"),
-            Err(e) => RunResult::failed(&e),
+        let launch = HelperLaunch {
+            // As `detvisor run` sizes it.
+            memory_mib: ((plan.ram_bytes >> 20) as u32)
+                .saturating_add(1024)
+                .max(2048),
+            files: vec![
+                (plan.kernel.clone(), "vmlinux".into()),
+                (plan.initrd.clone(), "initrd".into()),
+            ],
+            shared_dirs: Vec::new(),
         };
-        eprintln!(
+        let guest = guest.clone();
+        let done = run_in_process(
+            move || {
+                let mut session = Session::default();
+                let summary = launch.session(&mut session, "", |vm| {
+                    match call_vm(vm, &BenchCall::Run(Box::new(guest)))? {
+                        BenchReply::Run(summary) => Ok(*summary),
+                        _ => anyhow::bail!("the helper VM answered another call"),
+                    }
+                });
+                summary.map_err(|e| format!("{e:#}"))
+            },
+            limit,
+            Watch::default(),
+        );
+        let summary = done
+            .result
+            .unwrap_or_else(|| Err("the run's thread panicked".into()));
+        let r = detvisor_result(summary, done.wall, done.timed_out.then_some(limit));
+        say!(
             "bench [host]: detvisor end-to-end run {i}/{n}: {}",
             describe(&r)
         );
@@ -238,7 +247,7 @@ pub fn orchestrate(args: &BootArgs) -> Result<u8> {
     let placement = Placement::choose(args.host_vm);
     let use_helper = placement.helper;
     let place = placement.place();
-    eprintln!(
+    say!(
         "bench: boot `{GUEST_COMMAND}` on the default guest ({}), {GUEST_MEM} RAM, {} run(s) each; \
          detvisor and QEMU-KVM on the {place}{}",
         image.kernel.display(),
@@ -251,7 +260,7 @@ pub fn orchestrate(args: &BootArgs) -> Result<u8> {
 
     // 2. detvisor and QEMU-KVM side by side.
     let (session, report) = if use_helper {
-        let (s, r) = helper_session(&plan, &qemu, tmp.path());
+        let (s, r) = helper_session(&plan, &qemu);
         (Some(s), r)
     } else {
         (None, Some(worker(&plan)))
@@ -270,7 +279,7 @@ pub fn orchestrate(args: &BootArgs) -> Result<u8> {
 
     // 3. detvisor end to end, as a user runs it (helper VM boot included).
     let e2e = if use_helper && !args.no_end_to_end {
-        end_to_end(args)
+        end_to_end(args, &plan)
     } else if use_helper {
         SystemResult {
             skipped: Some("--no-end-to-end".into()),
@@ -311,8 +320,9 @@ pub fn orchestrate(args: &BootArgs) -> Result<u8> {
         qemu_machine: QEMU_MACHINE,
         placement: place.into(),
         placement_reason: placement.reason,
-        clock: "wall time from just before spawn() to wait() returning, CLOCK_MONOTONIC of the \
-                machine the process runs on (L1's for the helper VM); memory (/proc sampled \
+        clock: "wall time from just before spawn() to wait() returning (QEMU), from just before \
+                the run's thread starts to the request's return (detvisor, in process), \
+                CLOCK_MONOTONIC of the machine it runs on (L1's for the helper VM); memory (/proc sampled \
                 every 20 ms) and KVM statistics from one extra instrumented run per system",
         kvm_stats,
         detvisor,

@@ -140,7 +140,7 @@ fn unescape_mount_field(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-pub use crate::tempdir::TempDir;
+pub use helper_vm::TempDir;
 
 #[cfg(test)]
 mod tests {

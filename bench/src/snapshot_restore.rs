@@ -1,24 +1,25 @@
-//! Restores for `bench snapshot`: in process (as `snapshots::restore` does them, to the first
-//! exit after resume), and in a child process of their own (`--restore-child`).
+//! Restores for `bench snapshot`: step by step (as `snapshots::restore` does them, to the first
+//! exit after resume), and as a caller of the run library's API makes one, on a fresh thread
+//! with a `Controller` of its own (the "child" restores).
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
-use std::io::{self, Write};
+use std::io;
 use std::path::Path;
-use std::process::Command;
+use std::sync::mpsc;
+use std::thread;
 use std::time::{Duration, Instant};
+
+use run::api::{Controller, Request, Response, Until};
 
 use snapshot::SnapshotMeta;
 use vmm::vm::Session as VmSession;
 
 use super::machine::fs_type;
-use super::process::{run_timed, ErrMode, Watch};
 use super::snapshot_memory::stage_in_memfd;
 use super::stats::ms;
 
-/// The line a restore child prints once the first exit after resume has been handled.
-const MARK_FIRST_EXIT: &str = "detvisor-bench-first-exit ";
-/// Time limit of one restore child process.
+/// Time limit of one child restore.
 const RESTORE_CHILD_LIMIT: Duration = Duration::from_secs(120);
 
 /// The phases of one restore, in ms.
@@ -45,9 +46,9 @@ pub struct RestorePhases {
 pub struct ChildRestore {
     pub ok: bool,
     pub error: Option<String>,
-    /// Just before spawn() to the arrival of its "first exit handled" line.
+    /// Just before its thread starts to the first exit handled.
     pub to_first_exit_ms: Option<f64>,
-    /// Just before spawn() to wait() returning (process exit and VM teardown included).
+    /// Just before its thread starts to its end (the run closed: VM teardown included).
     pub wall_ms: f64,
     pub inner: Option<RestorePhases>,
 }
@@ -119,44 +120,50 @@ pub fn restore_and_teardown(dir: &Path, staging: Staging) -> Result<RestorePhase
     Ok(phases)
 }
 
-/// `bench snapshot --restore-child DIR`: one restore to the first exit, reported on stdout
-/// as soon as it is handled; then the process tears the VM down and exits.
-pub fn restore_child_main(dir: &Path) -> Result<u8> {
-    let (session, phases) = restore_to_first_exit(dir, Staging::On9p)?;
-    let mut out = io::stdout().lock();
-    writeln!(out, "{MARK_FIRST_EXIT}{}", serde_json::to_string(&phases)?)?;
-    out.flush()?;
-    drop(out);
-    drop(session);
-    Ok(0)
-}
-
-/// One restore in a `--restore-child` process of its own, timed from just before spawn().
+/// One restore of the snapshot `dir` as a caller of the run library makes it (`branch`, a
+/// seeds worker): on a fresh thread, a `Controller` of its own, `Request::Restore`, then
+/// `RunUntil` one more exit, then `Close`; timed from just before the thread starts.
 pub fn child_restore(dir: &Path) -> ChildRestore {
-    let failed = |error: String| ChildRestore {
-        error: Some(error),
-        ..ChildRestore::default()
-    };
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => return failed(format!("cannot locate the detvisor executable: {e}")),
-    };
-    let mut cmd = Command::new(exe);
-    cmd.args(["bench", "snapshot", "--restore-child"]).arg(dir);
-    let finished = match run_timed(cmd, RESTORE_CHILD_LIMIT, ErrMode::Capture, Watch::default()) {
-        Ok(f) => f,
-        Err(e) => return failed(format!("{e:#}")),
-    };
-    let line = finished.first_line(MARK_FIRST_EXIT);
+    let spec = dir.display().to_string();
+    let (tx, rx) = mpsc::channel();
+    let started = Instant::now();
+    let worker = thread::spawn(move || -> Result<()> {
+        let mut controller = Controller::new();
+        let streams = run::streams::Discard;
+        let run = match controller.handle(Request::Restore { spec, until: None }, &streams)? {
+            Response::Started { run, .. } => run,
+            other => bail!("a restore answered {other:?}"),
+        };
+        let until = Until::Steps(1);
+        match controller.handle(Request::RunUntil { run, until }, &streams)? {
+            Response::Position(p) if p.stop.is_none() => {}
+            Response::Position(p) => bail!("the restored guest stopped at its first exit: {p:?}"),
+            other => bail!("running on answered {other:?}"),
+        }
+        let _ = tx.send(Instant::now());
+        controller.handle(Request::Close { run }, &streams)?;
+        Ok(())
+    });
+    let first_exit = rx.recv_timeout(RESTORE_CHILD_LIMIT).ok();
     let mut r = ChildRestore {
-        wall_ms: ms(finished.wall),
-        to_first_exit_ms: line.map(|(at, _)| ms(at.duration_since(finished.started))),
-        inner: line.and_then(|(_, l)| serde_json::from_str(l).ok()),
+        to_first_exit_ms: first_exit.map(|at| ms(at.duration_since(started))),
         ..ChildRestore::default()
     };
-    r.ok = finished.succeeded() && r.to_first_exit_ms.is_some();
-    if !r.ok {
-        r.error = Some(finished.failure("the restore child", RESTORE_CHILD_LIMIT));
+    if first_exit.is_none() && !worker.is_finished() {
+        // A thread cannot be killed: it is left to run on.
+        r.wall_ms = ms(started.elapsed());
+        r.error = Some(format!(
+            "no first exit within the {} s time limit",
+            RESTORE_CHILD_LIMIT.as_secs()
+        ));
+        return r;
+    }
+    let ended = worker.join();
+    r.wall_ms = ms(started.elapsed());
+    match ended {
+        Ok(Ok(())) => r.ok = r.to_first_exit_ms.is_some(),
+        Ok(Err(e)) => r.error = Some(format!("{e:#}")),
+        Err(_) => r.error = Some("the restore's thread panicked".into()),
     }
     r
 }

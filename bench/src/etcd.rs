@@ -6,17 +6,18 @@
 //!    and the same assembled initrd, with a script doing what the agent does (namespaces, a
 //!    root and a NIC per node; a bridge for the switch); its serial output is compared across
 //!    runs.
-//! 2. **detvisor**: `detvisor up <manifest> --host-vm never --json --quiet` per run, inside the
-//!    helper VM (L1) when the host's KVM cannot run guests (else on the host), on the guest
-//!    assembled once on the host (`--kernel/--initrd/--node-specs`, as `detvisor up
-//!    --host-vm` does itself). Its run digest (console, with everything the agent said, memory
-//!    and devices) is compared across runs.
+//! 2. **detvisor**: the run `detvisor up <manifest> --quiet` makes (`run::api::Request::Up`,
+//!    the guest assembled once on the host by `run::up::prepare`, as `detvisor up` does),
+//!    carried out by the run library in the worker's process on a thread of its own, inside the
+//!    helper VM (L1) when the host's KVM cannot run guests (else on the host). Its run digest
+//!    (console, with everything the agent said, memory and devices) is compared across runs.
 //!
 //! The node image is built here when missing or stale: `examples/etcd/build-oci.sh` (cached
-//! OCI layout), then `detvisor image build --oci <layout>:latest --out
-//! <cache>/examples/etcd-bench/etcd.img`, next to a copy of `cluster.toml` (whose `image =
+//! OCI layout), then the node image of `<layout>:latest` (what `detvisor image build` writes)
+//! at `<cache>/examples/etcd-bench/etcd.img`, next to a copy of `cluster.toml` (whose `image =
 //! "etcd.img"` is relative to the manifest). The wall time of a run is spawn to exit of the
-//! process (QEMU; `detvisor up`), on the clock of the machine it runs on.
+//! process for QEMU, the request's call to its return for detvisor (VM creation to teardown),
+//! on the clock of the machine it runs on.
 
 #[path = "etcd_baseline.rs"]
 mod baseline;
@@ -31,12 +32,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::helper::{self, HelperLaunch, Placement, Session, WorkerReport, HELPER_VM_ALLOWANCE};
+use super::helper::{self, HelperLaunch, Placement, Session, WorkerReport};
 use super::machine::{loadavg, uptime, TempDir};
-use super::process::{last_lines, run_timed, ErrMode, Finished, Watch};
+use super::process::{last_lines, run_in_process, Watch};
+use super::serve::{BenchCall, BenchReply};
 use super::stats::ms;
 use super::{check_runs_and_timeout, BenchHostVm};
-use crate::hostvm;
+use crate::say;
+use run::api::{Controller, Request, Response};
+use run::up::{Initrd, PreparedUp, UpOptions};
+
 use run::{guest, manifest, units, up};
 
 /// Guest RAM when the manifest says nothing.
@@ -67,22 +72,6 @@ pub struct EtcdArgs {
     /// Do not run detvisor.
     #[arg(long)]
     pub no_detvisor: bool,
-    /// Internal: run detvisor as this plan says (inside the helper VM).
-    #[arg(long, hide = true)]
-    pub worker_plan: Option<PathBuf>,
-    /// Internal: start the helper VM described in this plan.
-    #[arg(long, hide = true)]
-    pub launch_plan: Option<PathBuf>,
-}
-
-pub fn run(args: &EtcdArgs) -> Result<u8> {
-    if let Some(plan) = &args.worker_plan {
-        helper::worker_main(plan, worker)
-    } else if let Some(plan) = &args.launch_plan {
-        helper::launch_main(plan)
-    } else {
-        orchestrate(args)
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -92,7 +81,7 @@ pub fn run(args: &EtcdArgs) -> Result<u8> {
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
 pub struct EtcdRun {
     pub ok: bool,
-    /// Process spawn to exit (ms).
+    /// Process spawn to exit (QEMU), the request's call to its return (detvisor) (ms).
     pub wall_ms: f64,
     pub error: Option<String>,
     /// The run's status (detvisor's JSON `status`; QEMU: the byte written to port 0x610).
@@ -127,11 +116,8 @@ pub struct EtcdWorkerPlan {
     pub timeout_s: u64,
     pub seed: u64,
     pub until: String,
-    pub mem: String,
-    pub manifest: PathBuf,
-    pub kernel: PathBuf,
-    pub initrd: PathBuf,
-    pub specs: PathBuf,
+    /// The guest, assembled on the host (its initrd a file).
+    pub prepared: PreparedUp,
     pub place: String,
 }
 
@@ -149,6 +135,12 @@ impl WorkerReport for EtcdWorkerReport {
     fn elapsed_ms(&self) -> f64 {
         self.elapsed_ms
     }
+    fn from_reply(reply: BenchReply) -> Option<Self> {
+        match reply {
+            BenchReply::Etcd(report) => Some(*report),
+            _ => None,
+        }
+    }
 }
 
 fn command_words(cmd: &Command) -> Vec<String> {
@@ -158,37 +150,48 @@ fn command_words(cmd: &Command) -> Vec<String> {
         .collect()
 }
 
-fn detvisor_command(exe: &Path, plan: &EtcdWorkerPlan, logs: &Path) -> Command {
-    let mut cmd = Command::new(exe);
-    cmd.arg("up")
-        .arg(&plan.manifest)
-        .args(["--host-vm", "never", "--kernel"])
-        .arg(&plan.kernel)
-        .arg("--initrd")
-        .arg(&plan.initrd)
-        .arg("--node-specs")
-        .arg(&plan.specs)
-        .args(["--seed", &plan.seed.to_string()])
-        .args(["--until", &plan.until])
-        .args(["--mem", &plan.mem])
-        .arg("--logs")
-        .arg(logs)
-        .args(["--quiet", "--json"]);
-    cmd
+/// The options `detvisor up --seed S --until T --logs LOGS --quiet` runs with.
+fn up_options(plan: &EtcdWorkerPlan, logs: &Path) -> Result<UpOptions> {
+    Ok(UpOptions {
+        seed: plan.seed,
+        until: Some(units::parse_duration(&plan.until).context("--until")?),
+        runs: 1,
+        logs: Some(logs.to_path_buf()),
+        stream_output: false,
+        snapshots: None,
+    })
 }
 
-/// Judges a finished `detvisor up --json`.
-fn detvisor_result(finished: &Finished, limit: Duration, logs: &Path) -> EtcdRun {
+/// One `up` run through the run library: its summary as `detvisor up --json` prints it (or why
+/// there is none), and the end of its events (what `detvisor up` writes to stderr).
+fn up_summary(
+    prepared: PreparedUp,
+    options: UpOptions,
+) -> (Result<serde_json::Value, String>, String) {
+    let streams = run::streams::Captured::default();
+    let summary = match Controller::new().handle(Request::Up { prepared, options }, &streams) {
+        Ok(Response::Up(summary)) => serde_json::to_value(summary).map_err(|e| e.to_string()),
+        Ok(other) => Err(format!("an up run answered {other:?}")),
+        Err(e) => Err(format!("{:#}", anyhow::Error::from(e))),
+    };
+    (summary, last_lines(&streams.stderr_text(), 20))
+}
+
+/// Judges an `up` run that took `wall`: its summary (as `detvisor up --json` prints it), or why
+/// there is none.
+fn detvisor_result(
+    (summary, events): (Result<serde_json::Value, String>, String),
+    wall: Duration,
+    logs: &Path,
+) -> EtcdRun {
     let mut r = EtcdRun {
-        wall_ms: ms(finished.wall),
+        wall_ms: ms(wall),
         ..EtcdRun::default()
     };
-    let summary: Option<serde_json::Value> = finished
-        .lines
-        .iter()
-        .rev()
-        .find(|(_, l)| l.starts_with('{'))
-        .and_then(|(_, l)| serde_json::from_str(l).ok());
+    let (summary, failure) = match summary {
+        Ok(s) => (Some(s), None),
+        Err(e) => (None, Some(e)),
+    };
     if let Some(s) = &summary {
         let u = |k: &str| s.get(k).and_then(serde_json::Value::as_u64);
         r.status = u("status").and_then(|v| u8::try_from(v).ok());
@@ -200,7 +203,7 @@ fn detvisor_result(finished: &Finished, limit: Duration, logs: &Path) -> EtcdRun
     }
     let workload = fs::read(logs.join("workload.log")).unwrap_or_default();
     r.workload_tail = Some(last_lines(&String::from_utf8_lossy(&workload), 14));
-    r.ok = finished.succeeded() && r.status == Some(0);
+    r.ok = summary.is_some() && r.status == Some(0);
     if !r.ok {
         // What each node said (`<logs>/<node>.log`): why it ended, when it did.
         let mut nodes: Vec<PathBuf> = fs::read_dir(logs)
@@ -219,17 +222,12 @@ fn detvisor_result(finished: &Finished, limit: Duration, logs: &Path) -> EtcdRun
                 )
             })
             .collect();
-        let stderr = last_lines(&finished.stderr_text(), 20);
-        let what = if finished.timed_out || summary.is_none() {
-            format!(
-                "{}; stdout ends with:\n{}",
-                finished.failure("detvisor up", limit),
-                last_lines(&finished.stdout_text(), 6)
-            )
+        let what = if let Some(failure) = &failure {
+            format!("detvisor up: {failure}")
         } else {
             format!(
-                "detvisor up: status {:?} (stop {}, virtual {} s, {} exits); its stderr ends \
-                 with:\n{stderr}\n  the workload's output ends with:\n{}",
+                "detvisor up: status {:?} (stop {}, virtual {} s, {} exits); its events end \
+                 with:\n{events}\n  the workload's output ends with:\n{}",
                 r.status,
                 summary
                     .as_ref()
@@ -246,21 +244,13 @@ fn detvisor_result(finished: &Finished, limit: Duration, logs: &Path) -> EtcdRun
     r
 }
 
-/// `bench etcd --worker-plan FILE` (or in-process on a host that runs guests): the detvisor
-/// runs.
+/// The detvisor runs (inside the helper VM, or in this process on a host that runs guests).
 pub fn worker(plan: &EtcdWorkerPlan) -> EtcdWorkerReport {
     let started = Instant::now();
     let mut report = EtcdWorkerReport {
         place: plan.place.clone(),
         uptime_at_start_s: uptime(),
         ..EtcdWorkerReport::default()
-    };
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => {
-            report.error = Some(format!("cannot locate the detvisor executable: {e}"));
-            return report;
-        }
     };
     let scratch = match TempDir::new("detvisor-bench-etcd-") {
         Ok(t) => t,
@@ -270,20 +260,43 @@ pub fn worker(plan: &EtcdWorkerPlan) -> EtcdWorkerReport {
         }
     };
     let limit = Duration::from_secs(plan.timeout_s);
-    report.command = command_words(&detvisor_command(
-        &exe,
-        plan,
-        &scratch.path().join("logs-N"),
-    ));
+    report.command = vec![
+        "run::api::Request::Up, in process:".into(),
+        format!(
+            "{} node(s), kernel {}, seed {}, until {}, logs in {}",
+            plan.prepared.node_names.len(),
+            plan.prepared.kernel.display(),
+            plan.seed,
+            plan.until,
+            scratch.path().join("logs-N").display()
+        ),
+    ];
     let n = plan.runs;
     for i in 1..=n {
         let logs = scratch.path().join(format!("logs-{i}"));
-        let cmd = detvisor_command(&exe, plan, &logs);
-        let r = match run_timed(cmd, limit, ErrMode::Capture, Watch::default()) {
-            Ok(f) => detvisor_result(&f, limit, &logs),
-            Err(e) => EtcdRun::failed(&e),
+        let options = match up_options(plan, &logs) {
+            Ok(o) => o,
+            Err(e) => {
+                report.runs.push(EtcdRun::failed(&e));
+                continue;
+            }
         };
-        eprintln!(
+        let prepared = plan.prepared.clone();
+        let done = run_in_process(
+            move || up_summary(prepared, options),
+            limit,
+            Watch::default(),
+        );
+        let outcome = done.result.unwrap_or_else(|| {
+            let why = if done.timed_out {
+                format!("abandoned at the {} s time limit", limit.as_secs())
+            } else {
+                "the run's thread panicked".into()
+            };
+            (Err(why), String::new())
+        });
+        let r = detvisor_result(outcome, done.wall, &logs);
+        say!(
             "bench [{}]: detvisor run {i}/{n}: {}",
             plan.place,
             describe(&r)
@@ -337,7 +350,7 @@ fn prepare_manifest() -> Result<PathBuf> {
             script.display()
         );
     }
-    eprintln!("bench: the etcd OCI layout ({})", script.display());
+    say!("bench: the etcd OCI layout ({})", script.display());
     let out = run_tool(Command::new(&script), "examples/etcd/build-oci.sh")?;
     let layout = PathBuf::from(
         out.lines()
@@ -354,23 +367,33 @@ fn prepare_manifest() -> Result<PathBuf> {
         .with_context(|| format!("reading {}/index.json", layout.display()))?;
     source.extend(fs::read(layout.join("stamp")).unwrap_or_default());
     if !img.is_file() || fs::read(&source_file).ok().as_ref() != Some(&source) {
-        eprintln!("bench: building the node image {}", img.display());
-        let exe = std::env::current_exe().context("locating the detvisor executable")?;
-        let mut cmd = Command::new(exe);
-        cmd.args(["image", "build", "--oci"])
-            .arg(format!("{}:latest", layout.display()))
-            .arg("--out")
-            .arg(&img);
-        cmd.stdout(Stdio::null());
-        run_tool(cmd, "detvisor image build")?;
+        say!("bench: building the node image {}", img.display());
+        build_node_image(&format!("{}:latest", layout.display()), &img)?;
         fs::write(&source_file, &source)?;
     } else {
-        eprintln!("bench: node image up to date: {}", img.display());
+        say!("bench: node image up to date: {}", img.display());
     }
     let manifest = dir.join("cluster.toml");
     fs::copy(example.join("cluster.toml"), &manifest)
         .with_context(|| format!("copying cluster.toml to {}", manifest.display()))?;
     Ok(manifest)
+}
+
+/// Writes the node image of the OCI image `oci` (`LAYOUT:TAG`) to `out`, as `detvisor image
+/// build --oci` does.
+fn build_node_image(oci: &str, out: &Path) -> Result<()> {
+    let flat = |e: image_builder::ImageError| anyhow::anyhow!("{e}");
+    let r = image_builder::parse_oci_ref(oci).map_err(flat)?;
+    let (config, layers) = image_builder::read_image(&r)
+        .map_err(flat)
+        .with_context(|| format!("cannot read OCI image {oci}"))?;
+    let root = image_builder::flatten(&layers).map_err(flat)?;
+    let mut bytes = Vec::new();
+    image_builder::write_node_image(&config, &root, &mut bytes).map_err(flat)?;
+    let partial = out.with_extension("img.partial");
+    fs::write(&partial, &bytes).with_context(|| format!("cannot write {}", partial.display()))?;
+    fs::rename(&partial, out).with_context(|| format!("cannot write {}", out.display()))?;
+    Ok(())
 }
 
 /// The default initrd with `overlay` appended (what `detvisor up` boots).
@@ -383,45 +406,36 @@ fn initrd_with(base: &[u8], overlay: &image_builder::RootFs) -> Result<Vec<u8>> 
     Ok(initrd)
 }
 
-/// detvisor in the helper VM: the manifest, kernel, initrd and node requests shipped.
-fn helper_session(
-    host_plan: &EtcdWorkerPlan,
-    ram_bytes: u64,
-    tmp: &Path,
-) -> (Session, Option<EtcdWorkerReport>) {
+/// detvisor in the helper VM: the kernel and the assembled initrd shipped.
+fn helper_session(host_plan: &EtcdWorkerPlan) -> (Session, Option<EtcdWorkerReport>) {
     Session::record(|session| {
-        let assets = hostvm::ensure_assets(None)?;
+        let Initrd::File(initrd) = &host_plan.prepared.initrd else {
+            bail!("the assembled initrd is not in a file");
+        };
         let files: Vec<(PathBuf, String)> = vec![
-            (host_plan.manifest.clone(), "bench/cluster.toml".into()),
-            (host_plan.kernel.clone(), "bench/vmlinux".into()),
-            (host_plan.initrd.clone(), "bench/initrd".into()),
-            (host_plan.specs.clone(), "bench/specs.json".into()),
+            (host_plan.prepared.kernel.clone(), "bench/vmlinux".into()),
+            (initrd.clone(), "bench/initrd".into()),
         ];
-        let plan = EtcdWorkerPlan {
-            manifest: hostvm::payload_path("bench/cluster.toml").into(),
-            kernel: hostvm::payload_path("bench/vmlinux").into(),
-            initrd: hostvm::payload_path("bench/initrd").into(),
-            specs: hostvm::payload_path("bench/specs.json").into(),
+        let initrd_len = fs::metadata(initrd).map_or(0, |m| m.len());
+        let mut plan = EtcdWorkerPlan {
             place: "helper VM".into(),
             ..host_plan.clone()
         };
-        let limit =
-            HELPER_VM_ALLOWANCE + Duration::from_secs(plan.timeout_s * u64::from(plan.runs));
+        plan.prepared.kernel = helper_vm::payload_path("bench/vmlinux").into();
+        plan.prepared.initrd = Initrd::File(helper_vm::payload_path("bench/initrd").into());
         let launch = HelperLaunch {
-            bench: "etcd",
-            assets_dir: assets,
-            memory_mib: ((ram_bytes >> 20) as u32).saturating_add(1536).max(2048),
+            // As `detvisor up` sizes it: the initrd is shipped, then read into the VMM.
+            memory_mib: ((plan.prepared.ram_bytes >> 20) as u32)
+                .saturating_add(1536)
+                .saturating_add(((3 * initrd_len) >> 20) as u32)
+                .max(2048),
             files,
             shared_dirs: Vec::new(),
-            tmp,
-            prefix: "",
-            limit,
         };
-        launch.run(&plan, session, |s| {
+        launch.run(&BenchCall::Etcd(plan), session, |s| {
             format!(
-                "bench: starting the helper VM ({} MiB of payload files; time limit {} s)",
-                s.payload_file_bytes >> 20,
-                limit.as_secs()
+                "bench: starting the helper VM ({} MiB of payload files)",
+                s.payload_file_bytes >> 20
             )
         })
     })
@@ -443,10 +457,13 @@ pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
         .context("cannot create a temporary directory for the benchmark")?;
     let base = fs::read(&image.initrd)
         .with_context(|| format!("cannot read {}", image.initrd.display()))?;
-    let up_initrd = tmp.path().join("initrd-up");
-    fs::write(&up_initrd, initrd_with(&base, &overlay)?)?;
-    let specs_path = tmp.path().join("specs.json");
-    fs::write(&specs_path, serde_json::to_vec(&specs)?)?;
+    // detvisor's guest, as `detvisor up` assembles it (its initrd staged in a file).
+    let mut prepared = up::prepare(&manifest, &[], Some(ram_bytes), Some(&image.kernel))?;
+    if let Initrd::Bytes(bytes) = &prepared.initrd {
+        let up_initrd = tmp.path().join("initrd-up");
+        fs::write(&up_initrd, bytes)?;
+        prepared.initrd = Initrd::File(up_initrd);
+    }
     // The baseline: the same bytes plus the script the default /init runs.
     let script = baseline::script(&specs, manifest.workload.as_ref())?;
     overlay.add_file("detvisor/cmd", 0o644, script.into_bytes())?;
@@ -457,7 +474,7 @@ pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
 
     let placement = Placement::choose(args.host_vm);
     let place = placement.place();
-    eprintln!(
+    say!(
         "bench: etcd scenario ({}), {mem} RAM, {} run(s) per side; detvisor on the {place}{}, \
          QEMU TCG icount on the host",
         manifest_path.display(),
@@ -494,7 +511,7 @@ pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
                 base_sys.command = command_words(&b.command(0).0);
                 for i in 1..=args.runs {
                     let r = b.run(i);
-                    eprintln!(
+                    say!(
                         "bench [host]: QEMU TCG icount run {i}/{}: {}",
                         args.runs,
                         describe(&r)
@@ -511,11 +528,7 @@ pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
         timeout_s: args.timeout,
         seed: args.seed,
         until: args.until.clone(),
-        mem: mem.clone(),
-        manifest: manifest_path.clone(),
-        kernel: image.kernel.clone(),
-        initrd: up_initrd,
-        specs: specs_path,
+        prepared,
         place: "host".into(),
     };
     let mut det_sys = report::Side::default();
@@ -524,7 +537,7 @@ pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
         det_sys.skipped = Some("--no-detvisor".into());
     } else {
         let worker_report = if placement.helper {
-            let (s, r) = helper_session(&plan, ram_bytes, tmp.path());
+            let (s, r) = helper_session(&plan);
             session = Some(s);
             r
         } else {

@@ -1,0 +1,76 @@
+//! `detvisor bench serve-channel` (hidden): what runs inside the helper VM. It answers the
+//! benches' calls on the helper VM's typed channel: a worker's plan (the worker runs here, in
+//! L1, and its report goes back), or a plain run through the run library. Progress lines go
+//! back as the call's stderr frames.
+
+use anyhow::Result;
+use helper_vm::channel::CallIo;
+use run::api::{Controller, Request, Response};
+use run::outcome::RunSummary;
+use run::plain::GuestSpec;
+use serde::{Deserialize, Serialize};
+
+use crate::boot_worker::{BootWorkerReport, WorkerPlan};
+use crate::etcd::{EtcdWorkerPlan, EtcdWorkerReport};
+use crate::machine::uptime;
+use crate::snapshot::{SnapWorkerPlan, SnapWorkerReport};
+
+/// What a bench asks of the helper VM.
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(rename_all = "snake_case")]
+pub enum BenchCall {
+    /// L1's uptime (s).
+    Uptime,
+    Boot(WorkerPlan),
+    Snapshot(SnapWorkerPlan),
+    Etcd(EtcdWorkerPlan),
+    /// One plain run, as `detvisor run` makes it.
+    Run(Box<GuestSpec>),
+}
+
+/// The answer to a [`BenchCall`].
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(rename_all = "snake_case")]
+pub enum BenchReply {
+    Uptime(Option<f64>),
+    Boot(Box<BootWorkerReport>),
+    Snapshot(Box<SnapWorkerReport>),
+    Etcd(Box<EtcdWorkerReport>),
+    Run(Box<RunSummary>),
+}
+
+/// Carries out `call` here.
+pub fn answer(call: BenchCall) -> Result<BenchReply> {
+    Ok(match call {
+        BenchCall::Uptime => BenchReply::Uptime(uptime()),
+        BenchCall::Boot(plan) => BenchReply::Boot(Box::new(crate::boot_worker::worker(&plan))),
+        BenchCall::Snapshot(plan) => BenchReply::Snapshot(Box::new(crate::snapshot::worker(&plan))),
+        BenchCall::Etcd(plan) => BenchReply::Etcd(Box::new(crate::etcd::worker(&plan))),
+        BenchCall::Run(guest) => BenchReply::Run(Box::new(run_plain(*guest)?)),
+    })
+}
+
+/// A plain run to its end through the run library (its console thrown away).
+pub fn run_plain(guest: GuestSpec) -> Result<RunSummary> {
+    let request = Request::Run {
+        guest,
+        snapshots: None,
+    };
+    match Controller::new().handle(request, &run::streams::Discard)? {
+        Response::Summary(summary) => Ok(summary),
+        other => anyhow::bail!("a run answered {other:?}"),
+    }
+}
+
+/// Serves calls until the host shuts the channel down.
+pub fn serve() -> Result<u8> {
+    helper_vm::channel::serve(
+        |call: BenchCall, io: &mut CallIo| -> Result<BenchReply, String> {
+            crate::progress_to(Some(Box::new(io.stderr.clone())));
+            let reply = answer(call).map_err(|e| format!("{e:#}"));
+            crate::progress_to(None);
+            reply
+        },
+    )?;
+    Ok(0)
+}
