@@ -177,6 +177,12 @@ pub enum ApiError {
     NoNodes(RunId),
     #[error(transparent)]
     Run(#[from] anyhow::Error),
+    #[error(transparent)]
+    Driven(#[from] crate::driven::DrivenError),
+    #[error(transparent)]
+    Drive(#[from] crate::up::DriveError),
+    #[error(transparent)]
+    Output(#[from] crate::up::OutputError),
 }
 
 /// A run the controller holds.

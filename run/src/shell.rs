@@ -172,7 +172,7 @@ impl ShellChannel for AgentShell {
         // The fork is for looking: nothing the conductor would send next
         // (a fault resuming a node, a shutdown) may change it.
         Self::up(driven)?.hold_conductor();
-        crate::up::send_message(&mut driven.session, &message)
+        Ok(crate::up::send_message(&mut driven.session, &message)?)
     }
 
     fn input(&mut self, driven: &mut Driven, bytes: &[u8]) -> Result<()> {
@@ -183,7 +183,7 @@ impl ShellChannel for AgentShell {
         let message = HostToAgent::ShellInput {
             data: bytes.to_vec(),
         };
-        crate::up::send_message(&mut driven.session, &message)
+        Ok(crate::up::send_message(&mut driven.session, &message)?)
     }
 
     fn end_of_input(&mut self, driven: &mut Driven) -> Result<()> {
