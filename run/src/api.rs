@@ -183,6 +183,8 @@ pub enum ApiError {
     Drive(#[from] crate::up::DriveError),
     #[error(transparent)]
     Output(#[from] crate::up::OutputError),
+    #[error(transparent)]
+    Snapshots(#[from] crate::snapshots::SnapshotsError),
 }
 
 /// A run the controller holds.
