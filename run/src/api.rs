@@ -184,6 +184,8 @@ pub enum ApiError {
     #[error(transparent)]
     Output(#[from] crate::up::OutputError),
     #[error(transparent)]
+    Up(#[from] crate::up::UpError),
+    #[error(transparent)]
     Snapshots(#[from] crate::snapshots::SnapshotsError),
 }
 

@@ -18,7 +18,10 @@ pub use assemble::assemble;
 pub use conductor::{run_status, Conductor, Note, ShellEvent, SETUP_FAILED};
 pub use driver::{send_message, DriveError, UpDriver, UpState};
 pub use event::UpEvent;
-pub use launch::{prepare, run, Initrd, PreparedUp, UpOptions, UpSummary, DEFAULT_RAM_BYTES};
+pub use launch::{
+    prepare, run, Initrd, PrepareError, PreparedUp, UpError, UpOptions, UpSummary,
+    DEFAULT_RAM_BYTES,
+};
 pub use output::{event_line, EventSink, OutputError, OutputSink, UpOutput};
 
 /// Where node `name`'s root directory is in the guest.
