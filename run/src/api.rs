@@ -186,6 +186,12 @@ pub enum ApiError {
     #[error(transparent)]
     Up(#[from] crate::up::UpError),
     #[error(transparent)]
+    Plain(#[from] crate::plain::PlainError),
+    #[error(transparent)]
+    Audit(#[from] crate::audit::AuditError),
+    #[error(transparent)]
+    Branch(#[from] crate::branch::BranchError),
+    #[error(transparent)]
     Snapshots(#[from] crate::snapshots::SnapshotsError),
 }
 
