@@ -21,7 +21,7 @@ fn load_root(source: &RootSource) -> Result<(RootFs, ImageConfig)> {
             let image = image_builder::NodeImage::load(&bytes).map_err(|source| {
                 PrepareError::NodeImage {
                     path: path.clone(),
-                    source,
+                    source: Box::new(source),
                 }
             })?;
             Ok((image.root, image.config))
@@ -30,7 +30,7 @@ fn load_root(source: &RootSource) -> Result<(RootFs, ImageConfig)> {
             let oci = |step, source| PrepareError::Oci {
                 step,
                 reference: reference.clone(),
-                source,
+                source: Box::new(source),
             };
             let parsed =
                 image_builder::parse_oci_ref(reference).map_err(|e| oci("OCI reference", e))?;
@@ -43,7 +43,7 @@ fn load_root(source: &RootSource) -> Result<(RootFs, ImageConfig)> {
         RootSource::Rootfs(dir) => {
             let root = RootFs::from_dir(dir).map_err(|source| PrepareError::ReadRootfs {
                 dir: dir.clone(),
-                source,
+                source: Box::new(source),
             })?;
             Ok((root, ImageConfig::default()))
         }
@@ -58,8 +58,10 @@ pub fn assemble(manifest: &Manifest, agent: &Path) -> Result<(Vec<NodeSpec>, Roo
         path: agent.to_owned(),
         source,
     })?;
-    overlay.add_file("detvisor-agent", 0o755, agent_bytes)?;
-    overlay.add_dir("nodes", 0o755)?;
+    overlay
+        .add_file("detvisor-agent", 0o755, agent_bytes)
+        .map_err(Box::new)?;
+    overlay.add_dir("nodes", 0o755).map_err(Box::new)?;
     let mut specs = Vec::new();
     for (index, node) in manifest.all_nodes().into_iter().enumerate() {
         let (root, config) = load_root(&node.source).map_err(|source| PrepareError::Node {
@@ -70,7 +72,7 @@ pub fn assemble(manifest: &Manifest, agent: &Path) -> Result<(Vec<NodeSpec>, Roo
             .graft(&node_root(&node.name), &root)
             .map_err(|source| PrepareError::Node {
                 name: node.name.clone(),
-                source: Box::new(PrepareError::Overlay(source)),
+                source: Box::new(PrepareError::Overlay(Box::new(source))),
             })?;
         specs.push(node_spec(node, index, &config)?);
     }

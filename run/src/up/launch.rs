@@ -24,7 +24,7 @@ use vmm::record::RecordConfig;
 use vmm::vm::{NetworkSpec, VmConfig};
 use vmm::VirtNanos;
 
-/// Why an `up` run's guest could not be assembled ([`prepare`], [`super::assemble`]).
+/// Why an `up` run's guest could not be assembled (image errors are boxed: they are large) ([`prepare`], [`super::assemble`]).
 #[derive(Debug, thiserror::Error)]
 pub enum PrepareError {
     #[error(transparent)]
@@ -42,7 +42,7 @@ pub enum PrepareError {
         source: std::io::Error,
     },
     #[error("packing the guest initramfs")]
-    Pack(#[source] ImageError),
+    Pack(#[source] Box<ImageError>),
     #[error("cannot read the agent {}", path.display())]
     ReadAgent {
         path: PathBuf,
@@ -51,7 +51,7 @@ pub enum PrepareError {
     },
     /// Adding the agent or a node's tree to the initramfs.
     #[error(transparent)]
-    Overlay(#[from] ImageError),
+    Overlay(#[from] Box<ImageError>),
     #[error("node {name}")]
     Node {
         name: String,
@@ -68,7 +68,7 @@ pub enum PrepareError {
     NodeImage {
         path: PathBuf,
         #[source]
-        source: ImageError,
+        source: Box<ImageError>,
     },
     /// `step`: "OCI reference", "reading OCI layout", "flattening OCI layout".
     #[error("{step} {reference}")]
@@ -76,13 +76,13 @@ pub enum PrepareError {
         step: &'static str,
         reference: String,
         #[source]
-        source: ImageError,
+        source: Box<ImageError>,
     },
     #[error("reading rootfs directory {}", dir.display())]
     ReadRootfs {
         dir: PathBuf,
         #[source]
-        source: ImageError,
+        source: Box<ImageError>,
     },
     #[error("node {node}: no `command` in the manifest and none in its image")]
     NoCommand { node: String },
@@ -184,7 +184,8 @@ pub fn prepare(
     while initrd.len() % 4 != 0 {
         initrd.push(0);
     }
-    image_builder::write_initramfs(&overlay, &mut initrd).map_err(PrepareError::Pack)?;
+    image_builder::write_initramfs(&overlay, &mut initrd)
+        .map_err(|e| PrepareError::Pack(Box::new(e)))?;
     Ok(PreparedUp {
         kernel: kernel.map(Path::to_path_buf).unwrap_or(image.kernel),
         initrd: Initrd::Bytes(initrd),
