@@ -176,7 +176,26 @@ pub enum ApiError {
     #[error("run {0:?} is a plain run: it has no nodes, so no fault can name one")]
     NoNodes(RunId),
     #[error(transparent)]
-    Run(#[from] anyhow::Error),
+    Shell(#[from] crate::shell::ShellError),
+    /// Booting a held plain run.
+    #[error(transparent)]
+    Vm(#[from] vmm::vm::VmError),
+    #[error(transparent)]
+    Driven(#[from] crate::driven::DrivenError),
+    #[error(transparent)]
+    Drive(#[from] crate::up::DriveError),
+    #[error(transparent)]
+    Output(#[from] crate::up::OutputError),
+    #[error(transparent)]
+    Up(#[from] crate::up::UpError),
+    #[error(transparent)]
+    Plain(#[from] crate::plain::PlainError),
+    #[error(transparent)]
+    Audit(#[from] crate::audit::AuditError),
+    #[error(transparent)]
+    Branch(#[from] crate::branch::BranchError),
+    #[error(transparent)]
+    Snapshots(#[from] crate::snapshots::SnapshotsError),
 }
 
 /// A run the controller holds.
@@ -273,8 +292,7 @@ impl Controller {
 
             Request::Boot { guest } => {
                 let config = guest.vm_config(RecordConfig::default())?;
-                let session = vmm::vm::Session::boot(&config, streams.stdout(), None)
-                    .map_err(anyhow::Error::from)?;
+                let session = vmm::vm::Session::boot(&config, streams.stdout(), None)?;
                 self.hold(Driven::plain(session), None)
             }
             Request::BootUp { prepared, options } => {
@@ -377,11 +395,20 @@ mod tests {
 
     #[test]
     fn test_an_error_chain_prints_each_cause_once() {
-        let inner = anyhow::anyhow!("Is a directory (os error 21)").context("reading /tmp");
+        let inner = crate::snapshots::SnapshotsError::CreateDir {
+            dir: "/tmp".into(),
+            source: std::io::Error::from_raw_os_error(libc::EISDIR),
+        };
         let error = anyhow::Error::from(ApiError::from(inner));
         assert_eq!(
             format!("{error:#}"),
-            "reading /tmp: Is a directory (os error 21)"
+            "creating snapshot directory /tmp: Is a directory (os error 21)"
+        );
+        let fault = crate::faults::parse_fault("at=1s kill").unwrap_err();
+        let error = anyhow::Error::from(ApiError::from(crate::up::DriveError::from(fault)));
+        assert_eq!(
+            format!("{error:#}"),
+            "fault \"at=1s kill\": kill takes exactly one node name"
         );
         let unknown = anyhow::Error::from(ApiError::UnknownRun(RunId(3)));
         assert_eq!(

@@ -3,7 +3,6 @@
 
 use crate::outcome::stepped_note;
 use crate::plain::GuestSpec;
-use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use vmm::exit::Perturbation;
 use vmm::record::{first_divergence, Divergence, RecordConfig};
@@ -60,6 +59,18 @@ impl AuditSummary {
     }
 }
 
+/// Why an audit could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("an audit needs at least 2 runs to compare anything")]
+    TooFewRuns,
+    /// The guest's configuration.
+    #[error(transparent)]
+    Guest(#[from] crate::plain::PlainError),
+    #[error(transparent)]
+    Vm(#[from] vmm::vm::VmError),
+}
+
 /// Runs `spec` `options.runs` times with the console discarded, comparing
 /// each run with the first; stops at the first divergence. `progress` gets
 /// one line per run.
@@ -67,9 +78,9 @@ pub fn audit(
     spec: &GuestSpec,
     options: &AuditOptions,
     progress: &mut dyn FnMut(&str),
-) -> Result<AuditSummary> {
+) -> Result<AuditSummary, AuditError> {
     if options.runs < 2 {
-        bail!("an audit needs at least 2 runs to compare anything");
+        return Err(AuditError::TooFewRuns);
     }
     let record = RecordConfig {
         keep_records: true,

@@ -5,7 +5,6 @@
 use crate::outcome::RunSummary;
 use crate::snapshots::{self, NodeOutput, SnapshotPlan, Snapshotter};
 use crate::streams::Streams;
-use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use vmm::record::RecordConfig;
 use vmm::vm::ResumeConfig;
@@ -26,9 +25,19 @@ pub struct BranchRequest {
     pub events: bool,
 }
 
+/// Why a branch could not be restored or run.
+#[derive(Debug, thiserror::Error)]
+pub enum BranchError {
+    /// Restoring the moment, or the branch's own snapshots.
+    #[error(transparent)]
+    Snapshots(#[from] crate::snapshots::SnapshotsError),
+    #[error(transparent)]
+    Driven(#[from] crate::driven::DrivenError),
+}
+
 /// Runs the branch: the guest's console (or an `up` run's node output) to
 /// `streams`' stdout.
-pub fn branch(request: &BranchRequest, streams: &dyn Streams) -> Result<RunSummary> {
+pub fn branch(request: &BranchRequest, streams: &dyn Streams) -> Result<RunSummary, BranchError> {
     let resume = ResumeConfig {
         until: request.until,
         record: RecordConfig::default(),

@@ -4,13 +4,31 @@
 //! `branch`, `seek`, in-place resets, the fork shell, the request API) steps
 //! a [`Driven`], so a resumed run takes exactly the steps the original took.
 
-use crate::up::{self, UpDriver, UpState};
-use anyhow::{Context, Result};
-use devices::Persist;
+use crate::up::{self, DriveError, OutputError, UpDriver, UpState};
+use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 use vmm::exit::StopReason;
-use vmm::vm::{Checkpoint, RunOutcome, Session, SessionState};
+use vmm::vm::{Checkpoint, RunOutcome, Session, SessionState, VmError};
 use vmm::VirtNanos;
+
+/// Why a run could not step, be captured, kept or reset, or summed up.
+#[derive(Debug, thiserror::Error)]
+pub enum DrivenError {
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// The `up` run's step (its conversation, faults, output).
+    #[error(transparent)]
+    Up(#[from] DriveError),
+    #[error("capturing the VM state")]
+    Capture(#[source] VmError),
+    /// Returning the `up` run's host side to a checkpoint.
+    #[error(transparent)]
+    Restore(#[from] RestoreError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+}
+
+type Result<T, E = DrivenError> = std::result::Result<T, E>;
 
 /// What a snapshot's `state.bin` holds: the machine's state and, for an `up`
 /// run, the host side of its agent conversation (`None` for `run`).
@@ -51,7 +69,7 @@ impl Driven {
     /// One exit (`Some` when the guest stopped there).
     pub fn step(&mut self) -> Result<Option<StopReason>> {
         match &mut self.up {
-            Some(up) => up.step(&mut self.session),
+            Some(up) => Ok(up.step(&mut self.session)?),
             None => Ok(self.session.step_one()?),
         }
     }
@@ -86,7 +104,7 @@ impl Driven {
     /// The state to save between two exits.
     pub fn capture(&mut self) -> Result<SavedState> {
         Ok(SavedState {
-            session: self.session.capture().context("capturing the VM state")?,
+            session: self.session.capture().map_err(DrivenError::Capture)?,
             up: self.up.as_ref().map(UpDriver::save),
         })
     }
@@ -125,5 +143,21 @@ impl Driven {
             up.flush()?;
         }
         Ok(self.session.outcome(stop))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_an_error_chain_names_each_cause_once() {
+        let e = DrivenError::Capture(VmError::Inject(std::io::Error::from_raw_os_error(
+            libc::EISDIR,
+        )));
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(e)),
+            "capturing the VM state: injecting an interrupt failed: Is a directory (os error 21)"
+        );
     }
 }

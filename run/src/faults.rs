@@ -29,9 +29,9 @@
 //! (`"partition n1 | n2,n3"`), a fault `{"at": <ns>, "action": <text>}`.
 
 use crate::units::parse_duration;
-use anyhow::{anyhow, bail, Context, Result};
 use detvisor_agent::protocol::HostToAgent;
 use devices::switch::Fault as SwitchFault;
+use devices::time::DurationError;
 use devices::{PortId, VirtNanos};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
@@ -75,6 +75,66 @@ pub enum NodeFault {
 }
 
 const ACTIONS: &str = "partition, heal, pause, resume, kill, restart";
+
+/// Why the words of an action are not one. They do not repeat the text (the
+/// caller's context does).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ActionError {
+    #[error("signal={value} is not a signal number (1..64)")]
+    Signal { value: String },
+    #[error("unknown setting {key:?} (known: at=, for=, signal=)")]
+    UnknownSetting { key: String },
+    #[error("no action ({ACTIONS})")]
+    NoAction,
+    #[error("{verb} takes exactly one node name")]
+    NotOneNode { verb: String },
+    #[error("a partition group is empty (write groups as n1 | n2,n3)")]
+    EmptyGroup,
+    #[error("node {name} is in two groups")]
+    TwoGroups { name: String },
+    #[error("heal takes no arguments")]
+    HealArguments,
+    #[error("unknown action {action:?} ({ACTIONS})")]
+    UnknownAction { action: String },
+    #[error("signal= only applies to kill")]
+    SignalNotKill,
+}
+
+/// Why a fault's text is not one (without the text: see [`FaultError`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FaultTextError {
+    #[error("at=")]
+    At(#[source] DurationError),
+    #[error("for=")]
+    For(#[source] DurationError),
+    #[error("missing at=<time> (e.g. at=10s)")]
+    MissingAt,
+    #[error(transparent)]
+    Action(#[from] ActionError),
+}
+
+/// Why a fault was refused: its text, or a node it names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FaultError {
+    #[error("fault {text:?}")]
+    Parse {
+        text: String,
+        #[source]
+        source: FaultTextError,
+    },
+    #[error("fault {text:?}: for= makes two faults (parse it with parse_fault)")]
+    TwoFaults { text: String },
+    #[error("fault {text:?}: for= applies to partition and pause only")]
+    NoUndo { text: String },
+    #[error("fault {fault}: no node is named {name:?} (nodes: {})", nodes.join(", "))]
+    UnknownNode {
+        fault: Fault,
+        name: String,
+        nodes: Vec<String>,
+    },
+    #[error("fault {fault}: no node {name:?}")]
+    NoPort { fault: NetworkFault, name: String },
+}
 
 impl FaultAction {
     /// The node names the action refers to.
@@ -129,7 +189,11 @@ impl From<NodeFault> for HostToAgent {
 impl NetworkFault {
     /// The fault as the switch schedules it: node `i` of `node_names` is on
     /// switch port `ports[i]` (its NIC).
-    pub fn to_switch(&self, node_names: &[String], ports: &[PortId]) -> Result<SwitchFault> {
+    pub fn to_switch(
+        &self,
+        node_names: &[String],
+        ports: &[PortId],
+    ) -> Result<SwitchFault, FaultError> {
         Ok(match self {
             NetworkFault::Partition(groups) => SwitchFault::Partition(
                 groups
@@ -142,11 +206,14 @@ impl NetworkFault {
                                     .iter()
                                     .position(|n| n == name)
                                     .and_then(|index| ports.get(index).copied())
-                                    .with_context(|| format!("fault {self}: no node {name:?}"))
+                                    .ok_or_else(|| FaultError::NoPort {
+                                        fault: self.clone(),
+                                        name: name.clone(),
+                                    })
                             })
-                            .collect::<Result<Vec<_>>>()
+                            .collect::<Result<Vec<_>, _>>()
                     })
-                    .collect::<Result<Vec<_>>>()?,
+                    .collect::<Result<Vec<_>, _>>()?,
             ),
             NetworkFault::Heal => SwitchFault::Heal,
         })
@@ -180,13 +247,14 @@ impl NetworkFault {
 
 impl Fault {
     /// Refuses a fault naming a node not in `nodes`.
-    pub fn check_nodes(&self, nodes: &[String]) -> Result<()> {
+    pub fn check_nodes(&self, nodes: &[String]) -> Result<(), FaultError> {
         for name in self.action.nodes() {
             if !nodes.iter().any(|n| n == name) {
-                bail!(
-                    "fault {self}: no node is named {name:?} (nodes: {})",
-                    nodes.join(", ")
-                );
+                return Err(FaultError::UnknownNode {
+                    fault: self.clone(),
+                    name: name.to_owned(),
+                    nodes: nodes.to_vec(),
+                });
             }
         }
         Ok(())
@@ -247,9 +315,9 @@ impl fmt::Display for Fault {
 /// An action: the words after `at=` (and `for=`) are taken out, `signal=`
 /// included. Errors do not repeat the text (the caller's context does).
 impl FromStr for FaultAction {
-    type Err = anyhow::Error;
+    type Err = ActionError;
 
-    fn from_str(text: &str) -> Result<Self> {
+    fn from_str(text: &str) -> Result<Self, ActionError> {
         let mut signal = None;
         let mut words = Vec::new();
         for word in text.split_whitespace() {
@@ -259,24 +327,28 @@ impl FromStr for FaultAction {
                         .parse()
                         .ok()
                         .filter(|n| (1..=64).contains(n))
-                        .with_context(|| {
-                            format!("signal={value} is not a signal number (1..64)")
+                        .ok_or_else(|| ActionError::Signal {
+                            value: value.to_owned(),
                         })?;
                     signal = Some(n);
                 }
                 Some((key, _)) => {
-                    bail!("unknown setting {key:?} (known: at=, for=, signal=)")
+                    return Err(ActionError::UnknownSetting {
+                        key: key.to_owned(),
+                    })
                 }
                 None => words.push(word),
             }
         }
         let Some((&verb, args)) = words.split_first() else {
-            bail!("no action ({ACTIONS})");
+            return Err(ActionError::NoAction);
         };
-        let one_node = || -> Result<String> {
+        let one_node = || -> Result<String, ActionError> {
             match args {
                 [node] => Ok(node.to_string()),
-                _ => bail!("{verb} takes exactly one node name"),
+                _ => Err(ActionError::NotOneNode {
+                    verb: verb.to_owned(),
+                }),
             }
         };
         let action = match verb {
@@ -294,19 +366,19 @@ impl FromStr for FaultAction {
                     })
                     .collect();
                 if groups.iter().any(Vec::is_empty) {
-                    bail!("a partition group is empty (write groups as n1 | n2,n3)");
+                    return Err(ActionError::EmptyGroup);
                 }
                 let mut seen = std::collections::BTreeSet::new();
                 for name in groups.iter().flatten() {
                     if !seen.insert(name) {
-                        bail!("node {name} is in two groups");
+                        return Err(ActionError::TwoGroups { name: name.clone() });
                     }
                 }
                 FaultAction::Network(NetworkFault::Partition(groups))
             }
             "heal" => {
                 if !args.is_empty() {
-                    bail!("heal takes no arguments");
+                    return Err(ActionError::HealArguments);
                 }
                 FaultAction::Network(NetworkFault::Heal)
             }
@@ -317,28 +389,34 @@ impl FromStr for FaultAction {
                 signal: signal.unwrap_or(libc::SIGKILL),
             }),
             "restart" => FaultAction::Node(NodeFault::Restart { node: one_node()? }),
-            other => bail!("unknown action {other:?} ({ACTIONS})"),
+            other => {
+                return Err(ActionError::UnknownAction {
+                    action: other.to_owned(),
+                })
+            }
         };
         if signal.is_some() && !matches!(action, FaultAction::Node(NodeFault::Kill { .. })) {
-            bail!("signal= only applies to kill");
+            return Err(ActionError::SignalNotKill);
         }
         Ok(action)
     }
 }
 
 /// Parses the grammar: the fault written and its `for=` duration, if any.
-fn parse_text(text: &str) -> Result<(Fault, Option<VirtNanos>)> {
+fn parse_text(text: &str) -> Result<(Fault, Option<VirtNanos>), FaultTextError> {
     let mut at = None;
     let mut duration = None;
     let mut rest = Vec::new();
     for word in text.split_whitespace() {
         match word.split_once('=') {
-            Some(("at", value)) => at = Some(parse_duration(value).context("at=")?),
-            Some(("for", value)) => duration = Some(parse_duration(value).context("for=")?),
+            Some(("at", value)) => at = Some(parse_duration(value).map_err(FaultTextError::At)?),
+            Some(("for", value)) => {
+                duration = Some(parse_duration(value).map_err(FaultTextError::For)?)
+            }
             _ => rest.push(word),
         }
     }
-    let at = at.context("missing at=<time> (e.g. at=10s)")?;
+    let at = at.ok_or(FaultTextError::MissingAt)?;
     let action = rest.join(" ").parse()?;
     Ok((Fault { at, action }, duration))
 }
@@ -346,27 +424,35 @@ fn parse_text(text: &str) -> Result<(Fault, Option<VirtNanos>)> {
 /// One fault as [`Fault`]'s `Display` prints it. `for=` makes two faults:
 /// it is refused here (see [`parse_fault`]).
 impl FromStr for Fault {
-    type Err = anyhow::Error;
+    type Err = FaultError;
 
-    fn from_str(text: &str) -> Result<Self> {
+    fn from_str(text: &str) -> Result<Self, FaultError> {
         match parse_text(text) {
             Ok((fault, None)) => Ok(fault),
-            Ok((_, Some(_))) => Err(anyhow!(
-                "fault {text:?}: for= makes two faults (parse it with parse_fault)"
-            )),
-            Err(e) => Err(anyhow!("fault {text:?}: {e:#}")),
+            Ok((_, Some(_))) => Err(FaultError::TwoFaults {
+                text: text.to_owned(),
+            }),
+            Err(source) => Err(FaultError::Parse {
+                text: text.to_owned(),
+                source,
+            }),
         }
     }
 }
 
 /// Parses one fault string into its fault and, with `for=`, the undoing one.
-pub fn parse_fault(text: &str) -> Result<Vec<Fault>> {
-    let (fault, duration) = parse_text(text).map_err(|e| anyhow!("fault {text:?}: {e:#}"))?;
+pub fn parse_fault(text: &str) -> Result<Vec<Fault>, FaultError> {
+    let (fault, duration) = parse_text(text).map_err(|source| FaultError::Parse {
+        text: text.to_owned(),
+        source,
+    })?;
     let mut faults = vec![fault];
     if let Some(d) = duration {
         let fault = &faults[0];
         let Some(undo) = fault.action.undo() else {
-            bail!("fault {text:?}: for= applies to partition and pause only");
+            return Err(FaultError::NoUndo {
+                text: text.to_owned(),
+            });
         };
         faults.push(Fault {
             at: VirtNanos(fault.at.0.saturating_add(d.0)),
@@ -378,7 +464,7 @@ pub fn parse_fault(text: &str) -> Result<Vec<Fault>> {
 
 /// Parses every fault and orders them by time (faults at the same time keep
 /// the order they were given in), checking node names against `nodes`.
-pub fn schedule(texts: &[String], nodes: &[String]) -> Result<Vec<Fault>> {
+pub fn schedule(texts: &[String], nodes: &[String]) -> Result<Vec<Fault>, FaultError> {
     let mut all = Vec::new();
     for text in texts {
         for fault in parse_fault(text)? {
@@ -401,8 +487,9 @@ impl Serialize for FaultAction {
 impl<'de> Deserialize<'de> for FaultAction {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
-        text.parse()
-            .map_err(|e| serde::de::Error::custom(format!("fault action {text:?}: {e:#}")))
+        text.parse().map_err(|e| {
+            serde::de::Error::custom(format!("fault action {text:?}: {}", crate::chain(&e)))
+        })
     }
 }
 
@@ -493,7 +580,7 @@ mod tests {
 
     #[test]
     fn test_bad_faults_name_the_problem() {
-        let err = |t: &str| parse_fault(t).unwrap_err().to_string();
+        let err = |t: &str| format!("{:#}", anyhow::Error::from(parse_fault(t).unwrap_err()));
         assert!(err("partition n1 | n2").contains("missing at="));
         assert!(err("at=1s explode n1").contains("unknown action \"explode\""));
         assert!(err("at=1s pause").contains("exactly one node"));
@@ -510,6 +597,26 @@ mod tests {
         // One fault is one action: for= is the schedule's shorthand.
         let one = "at=1s pause n1 for=2s".parse::<Fault>().unwrap_err();
         assert!(one.to_string().contains("for= makes two faults"));
+    }
+
+    #[test]
+    fn test_a_fault_error_chain_names_each_cause_once() {
+        let chain = |e: FaultError| format!("{:#}", anyhow::Error::from(e));
+        assert_eq!(
+            chain(parse_fault("at=soon heal").unwrap_err()),
+            "fault \"at=soon heal\": at=: unparsable duration \"soon\": expected a decimal number \
+             and a unit (ns, us or µs, ms, s, m or min, h; no unit means seconds), e.g. 12.5s, 250ms or 600"
+        );
+        assert_eq!(
+            chain(parse_fault("at=1s explode n1").unwrap_err()),
+            format!("fault \"at=1s explode n1\": unknown action \"explode\" ({ACTIONS})")
+        );
+        // Serialized, an action's error is one message with its causes.
+        let bad = serde_json::from_str::<FaultAction>(r#""pause""#).unwrap_err();
+        assert_eq!(
+            bad.to_string(),
+            "fault action \"pause\": pause takes exactly one node name"
+        );
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! The default guest image and the per-run command archive.
 
-use anyhow::{bail, Context, Result};
 use image_builder::{NewcEntry, NewcWriter};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::process::ExitStatus;
 
 pub use image_builder::cache_root;
 
@@ -12,6 +12,49 @@ pub use image_builder::cache_root;
 pub fn source_dir() -> PathBuf {
     let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     crate_dir.parent().unwrap_or(crate_dir).to_path_buf()
+}
+
+/// Why the guest's image, its agent or its initrd is not at hand.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestImageError {
+    #[error("the default guest image is not built ({} is missing) and the build script {} is not available: pass --kernel and --initrd", kernel.display(), script.display())]
+    ImageMissing { kernel: PathBuf, script: PathBuf },
+    #[error("building the default guest image with {} failed ({status})", script.display())]
+    ImageBuild { script: PathBuf, status: ExitStatus },
+    #[error("the guest agent is not built ({} is missing) and its build script {} is not available", cached.display(), script.display())]
+    AgentMissing { cached: PathBuf, script: PathBuf },
+    #[error("building the guest agent with {} failed ({status}):\n{stderr}", script.display())]
+    AgentBuild {
+        script: PathBuf,
+        status: ExitStatus,
+        stderr: String,
+    },
+    /// Running a build script, or a file step of installing the agent
+    /// (`what` names it: "running X", "creating X", "copying X to Y", ...).
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read initrd {}", path.display())]
+    ReadInitrd {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("building the command archive")]
+    CommandArchive(#[source] image_builder::ImageError),
+}
+
+type Result<T, E = GuestImageError> = std::result::Result<T, E>;
+
+/// An I/O step's error, named by `what`.
+fn io(what: impl FnOnce() -> String) -> impl FnOnce(std::io::Error) -> GuestImageError {
+    move |source| GuestImageError::Io {
+        what: what(),
+        source,
+    }
 }
 
 pub struct GuestImage {
@@ -31,11 +74,10 @@ pub fn default_image() -> Result<GuestImage> {
     }
     let script = source_dir().join("guest-image/build.sh");
     if !script.is_file() {
-        bail!(
-            "the default guest image is not built ({} is missing) and the build script {} is not available: pass --kernel and --initrd",
-            image.kernel.display(),
-            script.display()
-        );
+        return Err(GuestImageError::ImageMissing {
+            kernel: image.kernel,
+            script,
+        });
     }
     eprintln!(
         "detvisor: building the default guest image (once; cached in {})",
@@ -45,12 +87,9 @@ pub fn default_image() -> Result<GuestImage> {
         .arg(&script)
         .stdout(std::process::Stdio::null())
         .status()
-        .with_context(|| format!("running {}", script.display()))?;
+        .map_err(io(|| format!("running {}", script.display())))?;
     if !status.success() || !image.kernel.is_file() {
-        bail!(
-            "building the default guest image with {} failed ({status})",
-            script.display()
-        );
+        return Err(GuestImageError::ImageBuild { script, status });
     }
     Ok(image)
 }
@@ -66,29 +105,24 @@ pub fn agent_binary() -> Result<PathBuf> {
         if cached.is_file() {
             return Ok(cached);
         }
-        bail!(
-            "the guest agent is not built ({} is missing) and its build script {} is not available",
-            cached.display(),
-            script.display()
-        );
+        return Err(GuestImageError::AgentMissing { cached, script });
     }
     let output = Command::new("bash")
         .arg(&script)
         .output()
-        .with_context(|| format!("running {}", script.display()))?;
+        .map_err(io(|| format!("running {}", script.display())))?;
     if !output.status.success() {
-        bail!(
-            "building the guest agent with {} failed ({}):\n{}",
-            script.display(),
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
+        return Err(GuestImageError::AgentBuild {
+            script,
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
     }
     let built = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
     let dir = cached.parent().expect("cache path has a parent");
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(io(|| format!("creating {}", dir.display())))?;
     let built_bytes =
-        std::fs::read(&built).with_context(|| format!("reading {}", built.display()))?;
+        std::fs::read(&built).map_err(io(|| format!("reading {}", built.display())))?;
     if std::fs::read(&cached).is_ok_and(|bytes| bytes == built_bytes) {
         return Ok(cached);
     }
@@ -99,10 +133,11 @@ pub fn agent_binary() -> Result<PathBuf> {
         std::process::id(),
         std::thread::current().id()
     ));
-    std::fs::copy(&built, &partial)
-        .with_context(|| format!("copying {} to {}", built.display(), partial.display()))?;
+    std::fs::copy(&built, &partial).map_err(io(|| {
+        format!("copying {} to {}", built.display(), partial.display())
+    }))?;
     std::fs::rename(&partial, &cached)
-        .with_context(|| format!("installing {}", cached.display()))?;
+        .map_err(io(|| format!("installing {}", cached.display())))?;
     Ok(cached)
 }
 
@@ -133,8 +168,10 @@ eval \"$l\" 2>&1 </dev/null; done; printf '\\036detvisor-fork-shell-end\\n'; } )
 /// given) an uncompressed newc archive holding `/detvisor/cmd`, which the
 /// kernel unpacks on top and the guest init runs.
 pub fn initrd_with_command(initrd: &Path, command: &[String]) -> Result<Vec<u8>> {
-    let mut bytes = std::fs::read(initrd)
-        .with_context(|| format!("cannot read initrd {}", initrd.display()))?;
+    let mut bytes = std::fs::read(initrd).map_err(|source| GuestImageError::ReadInitrd {
+        path: initrd.to_owned(),
+        source,
+    })?;
     if command.is_empty() {
         return Ok(bytes);
     }
@@ -163,7 +200,7 @@ pub fn initrd_with_command(initrd: &Path, command: &[String]) -> Result<Vec<u8>>
     let mut archive = NewcWriter::new(bytes);
     archive
         .append(&member("detvisor", 0o040755), 0, &mut std::io::empty())
-        .context("building the command archive")?;
+        .map_err(GuestImageError::CommandArchive)?;
     let script = script.into_bytes();
     archive
         .append(
@@ -171,8 +208,8 @@ pub fn initrd_with_command(initrd: &Path, command: &[String]) -> Result<Vec<u8>>
             script.len() as u64,
             &mut script.as_slice(),
         )
-        .context("building the command archive")?;
-    archive.finish().context("building the command archive")
+        .map_err(GuestImageError::CommandArchive)?;
+    archive.finish().map_err(GuestImageError::CommandArchive)
 }
 
 /// The kernel command line detvisor boots with unless told otherwise.
@@ -220,6 +257,16 @@ mod tests {
         assert!(text.contains("'echo' 'x y'\n"));
         assert_eq!(initrd_with_command(&base, &[]).unwrap(), b"abcde");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn test_an_error_chain_names_each_cause_once() {
+        let missing = Path::new("/nonexistent/detvisor-initrd");
+        let e = initrd_with_command(missing, &[]).unwrap_err();
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(e)),
+            "cannot read initrd /nonexistent/detvisor-initrd: No such file or directory (os error 2)"
+        );
     }
 
     #[test]

@@ -27,3 +27,16 @@ pub mod units;
 pub mod up;
 
 pub use outcome::{exit_status, RunSummary};
+
+/// An error and its causes as one line, `a: b: c` (as anyhow's `{:#}` prints
+/// them): for the texts that must carry a whole chain, serde's messages.
+pub(crate) fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

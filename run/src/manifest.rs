@@ -6,7 +6,9 @@
 //! validation then checks what TOML cannot: unique, well-formed names and
 //! addresses, exactly one image source per node, a workload node that exists.
 
-use anyhow::{bail, Context, Result};
+use crate::faults::FaultError;
+use crate::units::SizeError;
+use devices::time::DurationError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -18,6 +20,94 @@ pub const MAX_NODES: usize = devices::layout::VIRTIO_MMIO_IRQS.len() - 2;
 
 /// The node a workload with its own image runs as.
 pub const WORKLOAD_NODE: &str = "workload";
+
+/// Why a manifest was refused: reading it, its TOML, or what TOML cannot
+/// check. A context (the file, a node, the workload) holds its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("cannot read manifest {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("manifest {}", path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: Box<ManifestError>,
+    },
+    /// TOML syntax or an unknown key (the message names its line).
+    #[error("{0}")]
+    Toml(toml::de::Error),
+    #[error("no [[node]] declared: a manifest needs at least one node")]
+    NoNodes,
+    #[error("node {number} ({name:?})")]
+    Node {
+        number: usize,
+        name: String,
+        #[source]
+        source: Box<ManifestError>,
+    },
+    #[error("node {number} ({name:?}): the name {WORKLOAD_NODE:?} is reserved for the workload's own node")]
+    ReservedName { number: usize, name: String },
+    #[error("node {number} ({name:?}): give one of `image`, `oci` or `rootfs`")]
+    NoSource { number: usize, name: String },
+    #[error("{count} nodes (counting the workload's own) is more than one guest has NICs for ({MAX_NODES})")]
+    TooManyNodes { count: usize },
+    #[error("two nodes are named {name:?}")]
+    DuplicateName { name: String },
+    #[error("nodes {first:?} and {second:?} have the same address {ip}")]
+    DuplicateAddress {
+        first: String,
+        second: String,
+        ip: String,
+    },
+    #[error("machine.rtc_epoch {epoch} is outside 1970..9999 (unix seconds)")]
+    RtcEpoch { epoch: i64 },
+    #[error("machine.mem")]
+    Mem(#[source] SizeError),
+    #[error("faults")]
+    Faults(#[source] FaultError),
+    #[error("workload: `command` is missing or empty")]
+    WorkloadCommand,
+    #[error("workload")]
+    Workload(#[source] Box<ManifestError>),
+    #[error(
+        "workload: give either `node` (run inside that node) or an image of its own, not both"
+    )]
+    WorkloadNodeAndImage,
+    #[error("workload: node = {node:?} names no declared node")]
+    WorkloadUnknownNode { node: String },
+    #[error("workload: `address` only applies to a workload with its own image")]
+    WorkloadAddress,
+    #[error("workload: give `node` (run inside that node) or one of `image`, `oci`, `rootfs` (its own node)")]
+    WorkloadNoSource,
+    #[error("`image`, `oci` and `rootfs` exclude each other: give one")]
+    SourcesExclusive,
+    #[error("name {name:?} must be 1-32 characters of a-z, 0-9 and '-', not starting with '-'")]
+    BadName { name: String },
+    #[error("address {address:?} is not IPv4 (e.g. 192.0.2.1/24)")]
+    NotIpv4 {
+        address: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    #[error("address {address:?}: the prefix length must be 1..32")]
+    BadPrefix { address: String },
+    #[error("address {address:?} cannot be a node's address")]
+    UnusableAddress { address: String },
+    #[error("network.{field}")]
+    Latency {
+        field: &'static str,
+        #[source]
+        source: DurationError,
+    },
+    #[error("[network]: {0}")]
+    Network(devices::switch::SwitchError),
+}
+
+type Result<T, E = ManifestError> = std::result::Result<T, E>;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -180,36 +270,49 @@ impl Manifest {
 
 /// Reads and validates a manifest file.
 pub fn load(path: &Path) -> Result<Manifest> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read manifest {}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
     let base = path
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."));
-    parse(&text, &base).with_context(|| format!("manifest {}", path.display()))
+    parse(&text, &base).map_err(|source| ManifestError::File {
+        path: path.to_owned(),
+        source: Box::new(source),
+    })
 }
 
 /// Parses and validates manifest text; relative paths are taken from `base`.
 pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
-    let file: ManifestFile = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let file: ManifestFile = toml::from_str(text).map_err(ManifestError::Toml)?;
     if file.nodes.is_empty() {
-        bail!("no [[node]] declared: a manifest needs at least one node");
+        return Err(ManifestError::NoNodes);
     }
     let network = network_config(&file.network)?;
     let mut nodes = Vec::new();
     for (index, node) in file.nodes.iter().enumerate() {
-        let what = format!("node {} ({:?})", index + 1, node.name);
-        check_name(&node.name).with_context(|| what.clone())?;
+        let (number, name) = (index + 1, node.name.clone());
+        let what = |source| ManifestError::Node {
+            number,
+            name: name.clone(),
+            source: Box::new(source),
+        };
+        check_name(&node.name).map_err(what)?;
         if node.name == WORKLOAD_NODE {
-            bail!("{what}: the name {WORKLOAD_NODE:?} is reserved for the workload's own node");
+            return Err(ManifestError::ReservedName { number, name });
         }
         let source = root_source(&node.image, &node.oci, &node.rootfs, base)
-            .with_context(|| what.clone())?
-            .with_context(|| format!("{what}: give one of `image`, `oci` or `rootfs`"))?;
+            .map_err(what)?
+            .ok_or_else(|| ManifestError::NoSource {
+                number,
+                name: name.clone(),
+            })?;
         nodes.push(NodePlan {
             name: node.name.clone(),
             source,
-            address: address_or_default(&node.address, index).with_context(|| what.clone())?,
+            address: address_or_default(&node.address, index).map_err(what)?,
             hostname: node.hostname.clone(),
             command: node.command.clone(),
             env: node.env.clone(),
@@ -224,23 +327,23 @@ pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
         all.push(node);
     }
     if all.len() > MAX_NODES {
-        bail!(
-            "{} nodes (counting the workload's own) is more than one guest has NICs for ({MAX_NODES})",
-            all.len()
-        );
+        return Err(ManifestError::TooManyNodes { count: all.len() });
     }
     let mut names = std::collections::BTreeSet::new();
     let mut addresses = BTreeMap::new();
     for node in &all {
         if !names.insert(&node.name) {
-            bail!("two nodes are named {:?}", node.name);
+            return Err(ManifestError::DuplicateName {
+                name: node.name.clone(),
+            });
         }
         let ip = node.address.split('/').next().unwrap_or_default();
         if let Some(other) = addresses.insert(ip.to_string(), &node.name) {
-            bail!(
-                "nodes {other:?} and {:?} have the same address {ip}",
-                node.name
-            );
+            return Err(ManifestError::DuplicateAddress {
+                first: other.clone(),
+                second: node.name.clone(),
+                ip: ip.to_string(),
+            });
         }
     }
     let manifest = Manifest {
@@ -254,31 +357,31 @@ pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
     if let Some(epoch) = manifest.rtc_epoch {
         // The CMOS clock counts years 1970..9999.
         if !(0..=253_402_300_799).contains(&epoch) {
-            bail!("machine.rtc_epoch {epoch} is outside 1970..9999 (unix seconds)");
+            return Err(ManifestError::RtcEpoch { epoch });
         }
     }
     if let Some(mem) = &manifest.mem {
-        crate::units::parse_size(mem).context("machine.mem")?;
+        crate::units::parse_size(mem).map_err(ManifestError::Mem)?;
     }
-    crate::faults::schedule(&manifest.faults, &manifest.node_names()).context("faults")?;
+    crate::faults::schedule(&manifest.faults, &manifest.node_names())
+        .map_err(ManifestError::Faults)?;
     Ok(manifest)
 }
 
 fn workload_plan(w: &WorkloadSection, nodes: &[NodePlan], base: &Path) -> Result<WorkloadPlan> {
     if w.command.is_empty() {
-        bail!("workload: `command` is missing or empty");
+        return Err(ManifestError::WorkloadCommand);
     }
-    let source = root_source(&w.image, &w.oci, &w.rootfs, base).context("workload")?;
+    let workload = |source| ManifestError::Workload(Box::new(source));
+    let source = root_source(&w.image, &w.oci, &w.rootfs, base).map_err(workload)?;
     match (&w.node, source) {
-        (Some(_), Some(_)) => {
-            bail!("workload: give either `node` (run inside that node) or an image of its own, not both")
-        }
+        (Some(_), Some(_)) => Err(ManifestError::WorkloadNodeAndImage),
         (Some(node), None) => {
             if !nodes.iter().any(|n| &n.name == node) {
-                bail!("workload: node = {node:?} names no declared node");
+                return Err(ManifestError::WorkloadUnknownNode { node: node.clone() });
             }
             if w.address.is_some() {
-                bail!("workload: `address` only applies to a workload with its own image");
+                return Err(ManifestError::WorkloadAddress);
             }
             Ok(WorkloadPlan::InNode {
                 node: node.clone(),
@@ -289,14 +392,12 @@ fn workload_plan(w: &WorkloadSection, nodes: &[NodePlan], base: &Path) -> Result
         (None, Some(source)) => Ok(WorkloadPlan::OwnNode(NodePlan {
             name: WORKLOAD_NODE.into(),
             source,
-            address: address_or_default(&w.address, nodes.len()).context("workload")?,
+            address: address_or_default(&w.address, nodes.len()).map_err(workload)?,
             hostname: None,
             command: w.command.clone(),
             env: w.env.clone(),
         })),
-        (None, None) => bail!(
-            "workload: give `node` (run inside that node) or one of `image`, `oci`, `rootfs` (its own node)"
-        ),
+        (None, None) => Err(ManifestError::WorkloadNoSource),
     }
 }
 
@@ -308,7 +409,7 @@ fn root_source(
 ) -> Result<Option<RootSource>> {
     let given = [image.is_some(), oci.is_some(), rootfs.is_some()];
     if given.iter().filter(|g| **g).count() > 1 {
-        bail!("`image`, `oci` and `rootfs` exclude each other: give one");
+        return Err(ManifestError::SourcesExclusive);
     }
     let resolve = |p: &str| {
         if Path::new(p).is_absolute() {
@@ -344,7 +445,9 @@ fn check_name(name: &str) -> Result<()> {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-');
     if !ok {
-        bail!("name {name:?} must be 1-32 characters of a-z, 0-9 and '-', not starting with '-'");
+        return Err(ManifestError::BadName {
+            name: name.to_owned(),
+        });
     }
     Ok(())
 }
@@ -354,32 +457,37 @@ fn address_or_default(address: &Option<String>, index: usize) -> Result<String> 
         return Ok(format!("192.0.2.{}/24", index + 1));
     };
     let (ip, prefix) = address.split_once('/').unwrap_or((address, "24"));
-    let ip: Ipv4Addr = ip
-        .parse()
-        .with_context(|| format!("address {address:?} is not IPv4 (e.g. 192.0.2.1/24)"))?;
+    let ip: Ipv4Addr = ip.parse().map_err(|source| ManifestError::NotIpv4 {
+        address: address.clone(),
+        source,
+    })?;
     let prefix: u8 = prefix
         .parse()
         .ok()
         .filter(|p| (1..=32).contains(p))
-        .with_context(|| format!("address {address:?}: the prefix length must be 1..32"))?;
+        .ok_or_else(|| ManifestError::BadPrefix {
+            address: address.clone(),
+        })?;
     if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() || ip.is_loopback() {
-        bail!("address {address:?} cannot be a node's address");
+        return Err(ManifestError::UnusableAddress {
+            address: address.clone(),
+        });
     }
     Ok(format!("{ip}/{prefix}"))
 }
 
 fn network_config(n: &NetworkSection) -> Result<devices::NetworkConfig> {
-    let latency = crate::units::parse_latency(&n.latency).context("network.latency")?;
-    let reorder_delay =
-        crate::units::parse_latency(&n.reorder_delay).context("network.reorder_delay")?;
+    let parse = |field, text| {
+        crate::units::parse_latency(text).map_err(|source| ManifestError::Latency { field, source })
+    };
+    let latency = parse("latency", &n.latency)?;
+    let reorder_delay = parse("reorder_delay", &n.reorder_delay)?;
     let mut config = devices::NetworkConfig::reliable(latency);
     config.loss = n.loss;
     config.duplicate = n.duplicate;
     config.reorder = n.reorder;
     config.reorder_delay = reorder_delay;
-    config
-        .validate()
-        .map_err(|e| anyhow::anyhow!("[network]: {e}"))?;
+    config.validate().map_err(ManifestError::Network)?;
     Ok(config)
 }
 
@@ -412,7 +520,10 @@ command = ["sh", "-c", "true"]
 "#;
 
     fn err(text: &str) -> String {
-        format!("{:#}", parse(text, Path::new("/m")).unwrap_err())
+        format!(
+            "{:#}",
+            anyhow::Error::from(parse(text, Path::new("/m")).unwrap_err())
+        )
     }
 
     #[test]
@@ -470,6 +581,31 @@ command = ["sh", "-c", "true"]
         assert!(e.contains("line 4"), "{e}");
         let e = err("[netwrk]\n[[node]]\nname='a'\nrootfs='r'\n");
         assert!(e.contains("unknown field `netwrk`"), "{e}");
+    }
+
+    #[test]
+    fn test_an_error_chain_names_each_cause_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.toml");
+        std::fs::write(&path, "[[node]]\nname='a'\nrootfs='r'\naddress='x/24'\n").unwrap();
+        let e = format!("{:#}", anyhow::Error::from(load(&path).unwrap_err()));
+        assert_eq!(
+            e,
+            format!(
+                "manifest {}: node 1 (\"a\"): address \"x/24\" is not IPv4 (e.g. 192.0.2.1/24): \
+                 invalid IPv4 address syntax",
+                path.display()
+            )
+        );
+        assert_eq!(
+            err("[network]\nlatency='fast'\n[[node]]\nname='a'\nrootfs='r'\n"),
+            "network.latency: unparsable duration \"fast\": expected a decimal number and a unit \
+             (ns, us or µs, ms, s, m or min, h; no unit means seconds), e.g. 12.5s, 250ms or 600"
+        );
+        assert_eq!(
+            err("faults=['at=1s pause zz']\n[[node]]\nname='a'\nrootfs='r'\n"),
+            "faults: fault at=1s pause zz: no node is named \"zz\" (nodes: a)"
+        );
     }
 
     #[test]

@@ -5,7 +5,6 @@ use crate::driven::Driven;
 use crate::guest;
 use crate::outcome::RunSummary;
 use crate::snapshots::{SnapshotPlan, Snapshotter};
-use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use vmm::record::RecordConfig;
@@ -62,6 +61,28 @@ pub struct PlainNetwork {
     pub config: devices::NetworkConfig,
 }
 
+/// Why a plain guest's configuration was refused, or its run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlainError {
+    #[error("{what} {} does not exist or is not a file", path.display())]
+    NotAFile { what: &'static str, path: PathBuf },
+    #[error("{nics} NICs: this machine has interrupt lines for 1 to {most}")]
+    Nics { nics: u8, most: usize },
+    #[error("network settings: {0}")]
+    Network(devices::SwitchError),
+    #[error(transparent)]
+    Guest(#[from] crate::guest::GuestImageError),
+    #[error(transparent)]
+    Vm(#[from] vmm::vm::VmError),
+    /// Taking the run's snapshots (and running it between them).
+    #[error(transparent)]
+    Snapshots(#[from] crate::snapshots::SnapshotsError),
+    #[error(transparent)]
+    Driven(#[from] crate::driven::DrivenError),
+}
+
+type Result<T, E = PlainError> = std::result::Result<T, E>;
+
 /// The kernel and initramfs files a guest boots from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageFiles {
@@ -85,7 +106,10 @@ impl GuestSpec {
         };
         for (what, path) in [("kernel", &kernel), ("initrd", &initrd)] {
             if !path.is_file() {
-                bail!("{what} {} does not exist or is not a file", path.display());
+                return Err(PlainError::NotAFile {
+                    what,
+                    path: path.clone(),
+                });
             }
         }
         Ok(ImageFiles { kernel, initrd })
@@ -96,15 +120,12 @@ impl GuestSpec {
         if let Some(network) = &self.network {
             let most = devices::layout::VIRTIO_MMIO_IRQS.len() - 1;
             if network.nics == 0 || usize::from(network.nics) > most {
-                bail!(
-                    "{} NICs: this machine has interrupt lines for 1 to {most}",
-                    network.nics
-                );
+                return Err(PlainError::Nics {
+                    nics: network.nics,
+                    most,
+                });
             }
-            network
-                .config
-                .validate()
-                .map_err(|e| anyhow::anyhow!("network settings: {e}"))?;
+            network.config.validate().map_err(PlainError::Network)?;
         }
         Ok(())
     }
@@ -157,4 +178,34 @@ pub fn run(
         }
     };
     Ok(RunSummary::new(spec.seed, &outcome))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_an_error_chain_names_each_cause_once() {
+        let spec = GuestSpec {
+            kernel: Some("/nonexistent/vmlinux".into()),
+            initrd: Some("/nonexistent/initrd".into()),
+            ..GuestSpec::default()
+        };
+        let e = spec.vm_config(RecordConfig::default()).unwrap_err();
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(e)),
+            "kernel /nonexistent/vmlinux does not exist or is not a file"
+        );
+        let spec = GuestSpec {
+            network: Some(PlainNetwork {
+                nics: 0,
+                config: devices::NetworkConfig::reliable(devices::LatencyDist::Fixed(
+                    VirtNanos::ZERO,
+                )),
+            }),
+            ..GuestSpec::default()
+        };
+        let e = spec.validate().unwrap_err();
+        assert!(format!("{:#}", anyhow::Error::from(e)).starts_with("0 NICs: "));
+    }
 }

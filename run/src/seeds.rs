@@ -9,7 +9,6 @@
 use crate::driven::{Driven, DrivenCheckpoint};
 use crate::outcome::stop_kind;
 use crate::snapshots::{restore, NodeOutput};
-use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
 use vmm::record::RecordConfig;
@@ -18,6 +17,29 @@ use vmm::VirtNanos;
 
 /// The most seeds one request may ask for.
 pub const MAX_SEEDS: u64 = 100_000;
+
+/// Why a text is not a seed range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SeedRangeError {
+    #[error("bad seed range {text:?}: {part:?} is not a number")]
+    NotANumber { text: String, part: String },
+    #[error("bad seed range {text:?}: it is empty")]
+    Empty { text: String },
+    #[error("seed range {text:?} has more than {MAX_SEEDS} seeds")]
+    TooMany { text: String },
+}
+
+/// Why a worker could not reach the branch point.
+#[derive(Debug, thiserror::Error)]
+pub enum BranchPointError {
+    #[error(transparent)]
+    Restore(#[from] crate::snapshots::SnapshotsError),
+    #[error("the guest stopped before the branch point: {stop:?}")]
+    StoppedBefore { stop: vmm::exit::StopReason },
+    /// Keeping the branch point as a checkpoint.
+    #[error(transparent)]
+    Driven(#[from] crate::driven::DrivenError),
+}
 
 /// An inclusive range of seeds: `1..64` (or `1..=64`), or one seed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,23 +63,29 @@ impl SeedRange {
 }
 
 impl std::str::FromStr for SeedRange {
-    type Err = anyhow::Error;
+    type Err = SeedRangeError;
 
-    fn from_str(text: &str) -> Result<Self> {
+    fn from_str(text: &str) -> Result<Self, SeedRangeError> {
         let (first, last) = match text.split_once("..") {
             Some((a, b)) => (a.trim(), b.trim_start_matches('=').trim()),
             None => (text.trim(), text.trim()),
         };
-        let number = |part: &str| -> Result<u64> {
-            part.parse()
-                .map_err(|_| anyhow::anyhow!("bad seed range {text:?}: {part:?} is not a number"))
+        let number = |part: &str| -> Result<u64, SeedRangeError> {
+            part.parse().map_err(|_| SeedRangeError::NotANumber {
+                text: text.to_owned(),
+                part: part.to_owned(),
+            })
         };
         let (first, last) = (number(first)?, number(last)?);
         if last < first {
-            bail!("bad seed range {text:?}: it is empty");
+            return Err(SeedRangeError::Empty {
+                text: text.to_owned(),
+            });
         }
         if last - first >= MAX_SEEDS {
-            bail!("seed range {text:?} has more than {MAX_SEEDS} seeds");
+            return Err(SeedRangeError::TooMany {
+                text: text.to_owned(),
+            });
         }
         Ok(SeedRange { first, last })
     }
@@ -125,7 +153,7 @@ pub struct SeedsReport {
 }
 
 /// Restores `spec` (replayed to its target) for one branch.
-fn restore_branch_point(spec: &str, until: Option<VirtNanos>) -> Result<Driven> {
+fn restore_branch_point(spec: &str, until: Option<VirtNanos>) -> Result<Driven, BranchPointError> {
     let resume = ResumeConfig {
         until,
         record: RecordConfig::default(),
@@ -138,7 +166,7 @@ fn restore_branch_point(spec: &str, until: Option<VirtNanos>) -> Result<Driven> 
         NodeOutput::discard(),
     )?;
     if let Some(stop) = restored.stopped_early {
-        bail!("the guest stopped before the branch point: {stop:?}");
+        return Err(BranchPointError::StoppedBefore { stop });
     }
     Ok(restored.driven)
 }
@@ -160,7 +188,7 @@ fn run_branch(driven: &mut Driven, seed: u64) -> BranchOutcome {
             digest: Some(run.digest),
             error: None,
         },
-        Err(e) => BranchOutcome::failed(seed, format!("{e:#}")),
+        Err(e) => BranchOutcome::failed(seed, crate::chain(&e)),
     }
 }
 
@@ -174,7 +202,7 @@ fn fresh_worker(
     while let Some(seed) = next_seed() {
         done(match restore_branch_point(spec, until) {
             Ok(mut driven) => run_branch(&mut driven, seed),
-            Err(e) => BranchOutcome::failed(seed, format!("{e:#}")),
+            Err(e) => BranchOutcome::failed(seed, crate::chain(&e)),
         });
     }
 }
@@ -188,7 +216,7 @@ fn in_place_worker(
     done: &dyn Fn(BranchOutcome),
 ) {
     let Some(mut seed) = next_seed() else { return };
-    let setup = || -> Result<(Driven, DrivenCheckpoint)> {
+    let setup = || -> Result<(Driven, DrivenCheckpoint), BranchPointError> {
         let mut driven = restore_branch_point(spec, until)?;
         let checkpoint = driven.checkpoint()?;
         Ok((driven, checkpoint))
@@ -198,7 +226,7 @@ fn in_place_worker(
         Err(e) => {
             // Only this seed fails; seeds this worker would have taken go to
             // the others (or are reported as not run at the end).
-            done(BranchOutcome::failed(seed, format!("{e:#}")));
+            done(BranchOutcome::failed(seed, crate::chain(&e)));
             return;
         }
     };
@@ -210,7 +238,7 @@ fn in_place_worker(
             if let Some(next) = next_seed() {
                 done(BranchOutcome::failed(
                     next,
-                    format!("resetting to the branch point: {e:#}"),
+                    format!("resetting to the branch point: {}", crate::chain(&e)),
                 ));
             }
             return;
@@ -293,5 +321,24 @@ mod tests {
         assert!("5..1".parse::<SeedRange>().is_err());
         assert!("a..b".parse::<SeedRange>().is_err());
         assert!("0..100000".parse::<SeedRange>().is_err());
+    }
+
+    #[test]
+    fn test_an_error_chain_names_each_cause_once() {
+        let e = "a..3".parse::<SeedRange>().unwrap_err();
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(e)),
+            "bad seed range \"a..3\": \"a\" is not a number"
+        );
+        // A failed branch's error is its whole chain, each cause once.
+        let e = restore_branch_point("/nonexistent/detvisor-snaps@latest", None)
+            .err()
+            .unwrap();
+        let text = crate::chain(&e);
+        assert_eq!(text, format!("{:#}", anyhow::Error::from(e)));
+        assert!(
+            text.starts_with("resolving \"/nonexistent/detvisor-snaps@latest\": "),
+            "{text}"
+        );
     }
 }

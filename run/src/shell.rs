@@ -5,7 +5,6 @@
 //! freezes the system under test and runs `sh -i` there. What happens in the
 //! fork never touches the snapshot files: the saved history is unchanged.
 
-use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::sync::mpsc;
@@ -62,6 +61,50 @@ fn next_input(input: Option<&crate::streams::Input>, wait: Option<Duration>) -> 
     Some(received.map_or(Input::End, Input::Bytes))
 }
 
+/// Why a shell in a fork could not be opened or went wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ShellError {
+    /// Restoring the moment.
+    #[error(transparent)]
+    Restore(#[from] crate::snapshots::SnapshotsError),
+    #[error(
+        "the guest stopped before that moment ({stop:?}): there is nothing to open a shell in"
+    )]
+    StoppedBefore { stop: StopReason },
+    #[error("--node: snapshot {id} is of a `run`, which has no nodes")]
+    NodeOfRun { id: String },
+    #[error(
+        "snapshot {id} was taken of a machine without a control channel (a virtio \
+             console): take it again with this detvisor"
+    )]
+    NoControlChannel { id: String },
+    #[error("waking the guest's shell listener")]
+    Wake(#[source] vmm::vm::VmError),
+    #[error("an agent shell needs an `up` snapshot")]
+    NotUp,
+    #[error("the guest's agent could not open a shell: {message}")]
+    AgentOpen { message: String },
+    /// Why nothing answered (see `ShellChannel::silence`).
+    #[error("{0}")]
+    Silence(&'static str),
+    #[error("the shell did not end within {LISTENER_BUDGET} (virtual) after the end of input")]
+    NoEnd,
+    #[error("the guest went idle without ending the shell")]
+    Idle,
+    #[error(transparent)]
+    Vm(#[from] vmm::vm::VmError),
+    /// A message to the agent.
+    #[error(transparent)]
+    Drive(#[from] crate::up::DriveError),
+    #[error(transparent)]
+    Driven(#[from] crate::driven::DrivenError),
+    /// Printing the shell's output.
+    #[error(transparent)]
+    Print(#[from] std::io::Error),
+}
+
+type Result<T, E = ShellError> = std::result::Result<T, E>;
+
 /// How the user's bytes reach a shell in the fork, and its output comes back.
 trait ShellChannel {
     /// Starts the shell (at the restored moment).
@@ -94,7 +137,7 @@ impl ShellChannel for Listener {
         driven
             .session
             .send_on_control_channel(b"\n")
-            .context("waking the guest's shell listener")
+            .map_err(ShellError::Wake)
     }
 
     fn input(&mut self, driven: &mut Driven, bytes: &[u8]) -> Result<()> {
@@ -154,10 +197,7 @@ const PROMPT_WAIT: vmm::VirtNanos = vmm::VirtNanos(2_000_000_000);
 
 impl AgentShell {
     fn up(driven: &mut Driven) -> Result<&mut crate::up::UpDriver> {
-        driven
-            .up
-            .as_mut()
-            .context("an agent shell needs an `up` snapshot")
+        driven.up.as_mut().ok_or(ShellError::NotUp)
     }
 }
 
@@ -172,7 +212,7 @@ impl ShellChannel for AgentShell {
         // The fork is for looking: nothing the conductor would send next
         // (a fault resuming a node, a shutdown) may change it.
         Self::up(driven)?.hold_conductor();
-        crate::up::send_message(&mut driven.session, &message)
+        Ok(crate::up::send_message(&mut driven.session, &message)?)
     }
 
     fn input(&mut self, driven: &mut Driven, bytes: &[u8]) -> Result<()> {
@@ -183,7 +223,7 @@ impl ShellChannel for AgentShell {
         let message = HostToAgent::ShellInput {
             data: bytes.to_vec(),
         };
-        crate::up::send_message(&mut driven.session, &message)
+        Ok(crate::up::send_message(&mut driven.session, &message)?)
     }
 
     fn end_of_input(&mut self, driven: &mut Driven) -> Result<()> {
@@ -213,7 +253,7 @@ impl ShellChannel for AgentShell {
                     out.extend_from_slice(&bytes);
                 }
                 ShellEvent::Failed { context, message } if context == "open_shell" => {
-                    bail!("the guest's agent could not open a shell: {message}")
+                    return Err(ShellError::AgentOpen { message })
                 }
                 // Lost input is worth saying, not worth ending the shell for.
                 ShellEvent::Failed { context, message } => self.notices.push(format!(
@@ -270,9 +310,7 @@ pub fn run(request: &ShellRequest, streams: &dyn Streams) -> Result<u8> {
     let mut restored =
         snapshots::restore(&request.spec, &resume, streams.stderr(), None, node_output)?;
     if let Some(stop) = restored.stopped_early {
-        bail!(
-            "the guest stopped before that moment ({stop:?}): there is nothing to open a shell in"
-        );
+        return Err(ShellError::StoppedBefore { stop });
     }
     let id = restored.snapshot.meta.id.clone();
     let driven = &mut restored.driven;
@@ -291,13 +329,10 @@ pub fn run(request: &ShellRequest, streams: &dyn Streams) -> Result<u8> {
         })
     } else {
         if node.is_some() {
-            bail!("--node: snapshot {id} is of a `run`, which has no nodes");
+            return Err(ShellError::NodeOfRun { id });
         }
         if !driven.session.has_control_channel() {
-            bail!(
-                "snapshot {id} was taken of a machine without a control channel (a virtio \
-                 console): take it again with this detvisor"
-            );
+            return Err(ShellError::NoControlChannel { id });
         }
         Box::new(Listener {
             held: Vec::new(),
@@ -370,14 +405,12 @@ pub fn run(request: &ShellRequest, streams: &dyn Streams) -> Result<u8> {
         }
         let now = driven.session.now();
         if !channel.answered() && now.0 > opened_at.0 + LISTENER_BUDGET.0 {
-            bail!("{}", channel.silence());
+            return Err(ShellError::Silence(channel.silence()));
         }
         if input_ended {
             let since = *input_ended_at.get_or_insert(now);
             if now.0 > since.0 + LISTENER_BUDGET.0 {
-                bail!(
-                    "the shell did not end within {LISTENER_BUDGET} (virtual) after the end of input"
-                );
+                return Err(ShellError::NoEnd);
             }
         }
         match stop {
@@ -385,7 +418,7 @@ pub fn run(request: &ShellRequest, streams: &dyn Streams) -> Result<u8> {
             Some(StopReason::HaltedForever) => {
                 // Nothing in the guest will happen until the user types.
                 if input_ended {
-                    bail!("the guest went idle without ending the shell");
+                    return Err(ShellError::Idle);
                 }
                 let message = next_input(input, Some(Duration::MAX)).unwrap_or(Input::End);
                 deliver(message, &mut channel, driven, &mut input_ended)?;
@@ -428,6 +461,26 @@ fn split_output(held: &[u8]) -> (usize, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_an_error_chain_names_each_cause_once() {
+        let chain = |e: ShellError| format!("{:#}", anyhow::Error::from(e));
+        let e = ShellError::Wake(vmm::vm::VmError::Inject(std::io::Error::from_raw_os_error(
+            libc::EBADF,
+        )));
+        assert_eq!(
+            chain(e),
+            "waking the guest's shell listener: injecting an interrupt failed: \
+             Bad file descriptor (os error 9)"
+        );
+        assert_eq!(
+            chain(ShellError::NoControlChannel {
+                id: "exit-1".into()
+            }),
+            "snapshot exit-1 was taken of a machine without a control channel (a virtio \
+             console): take it again with this detvisor"
+        );
+    }
 
     #[test]
     fn the_end_marker_is_found_and_not_printed() {

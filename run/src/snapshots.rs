@@ -2,16 +2,82 @@
 //! describing them, and resuming (`branch`) or inspecting (`seek`) a moment
 //! of a saved history.
 
-use crate::driven::{Driven, SavedState};
-use crate::up::{UpDriver, UpOutput};
-use anyhow::{bail, Context, Result};
+use crate::driven::{Driven, DrivenError, SavedState};
+use crate::up::{OutputError, UpDriver, UpOutput};
 use serde::Deserialize;
 use serde::Serialize;
-use snapshot::{SnapshotMeta, Target};
+use snapshot::{SnapshotError, SnapshotMeta, Target};
 use std::path::{Path, PathBuf};
 use vmm::exit::StopReason;
-use vmm::vm::{ResumeConfig, Session};
+use vmm::vm::{MemoryError, ResumeConfig, Session, VmError};
 use vmm::VirtNanos;
+
+/// Why snapshots could not be taken, listed, described or restored.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotsError {
+    #[error("creating snapshot directory {}", dir.display())]
+    CreateDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the snapshot interval must be longer than zero")]
+    ZeroInterval,
+    #[error("starting the dirty log")]
+    StartDirtyLog(#[source] VmError),
+    #[error("reading the dirty log")]
+    DirtyLog(#[source] VmError),
+    #[error("writing snapshot {id}")]
+    Write {
+        id: String,
+        #[source]
+        source: SnapshotError,
+    },
+    #[error("resolving {spec:?}")]
+    Resolve {
+        spec: String,
+        #[source]
+        source: SnapshotError,
+    },
+    #[error("listing snapshots in {}", dir.display())]
+    List {
+        dir: PathBuf,
+        #[source]
+        source: SnapshotError,
+    },
+    #[error("reading {}", dir.display())]
+    Info {
+        dir: PathBuf,
+        #[source]
+        source: SnapshotError,
+    },
+    /// Reading a snapshot's state or memory.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    /// Running, capturing or outputting the run (between snapshots, or to
+    /// the restored moment).
+    #[error(transparent)]
+    Driven(#[from] DrivenError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    /// Measuring the devices' state (`seek`).
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}
+
+type Result<T, E = SnapshotsError> = std::result::Result<T, E>;
+
+/// Creates the snapshot directory `dir`.
+fn create_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| SnapshotsError::CreateDir {
+        dir: dir.to_owned(),
+        source,
+    })
+}
 
 /// When a run takes snapshots, and where they go.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -42,11 +108,10 @@ const FULL_SNAPSHOT_EVERY: usize = 32;
 impl Snapshotter {
     pub fn new(plan: &SnapshotPlan, parent: Option<String>) -> Result<Snapshotter> {
         let root = &plan.dir;
-        std::fs::create_dir_all(root)
-            .with_context(|| format!("creating snapshot directory {}", root.display()))?;
+        create_dir(root)?;
         let every = plan.every;
         if every == Some(VirtNanos::ZERO) {
-            bail!("the snapshot interval must be longer than zero");
+            return Err(SnapshotsError::ZeroInterval);
         }
         let mut at_exits = plan.at_exits.clone();
         at_exits.sort_unstable();
@@ -97,13 +162,13 @@ impl Snapshotter {
             driven
                 .session
                 .start_dirty_log()
-                .context("starting the dirty log")?;
+                .map_err(SnapshotsError::StartDirtyLog)?;
             write_full_snapshot(&self.root, driven, parent)?
         } else {
             let dirty = driven
                 .session
                 .take_dirty_pages()
-                .context("reading the dirty log")?;
+                .map_err(SnapshotsError::DirtyLog)?;
             let (meta, state) = snapshot_meta(driven, parent)?;
             snapshot::write_incremental_snapshot(
                 &self.root,
@@ -112,7 +177,10 @@ impl Snapshotter {
                 driven.session.memory(),
                 &dirty,
             )
-            .with_context(|| format!("writing snapshot {id}"))?
+            .map_err(|source| SnapshotsError::Write {
+                id: id.clone(),
+                source,
+            })?
         };
         self.chain_len = (self.chain_len + 1) % FULL_SNAPSHOT_EVERY;
         self.last_id = Some(id);
@@ -152,23 +220,36 @@ pub fn write_full_snapshot(
     parent: Option<String>,
 ) -> Result<snapshot::SnapshotInfo> {
     let (meta, state) = snapshot_meta(driven, parent)?;
-    std::fs::create_dir_all(root)
-        .with_context(|| format!("creating snapshot directory {}", root.display()))?;
-    snapshot::write_snapshot(root, &meta, &state, driven.session.memory())
-        .with_context(|| format!("writing snapshot {}", meta.id))
+    create_dir(root)?;
+    snapshot::write_snapshot(root, &meta, &state, driven.session.memory()).map_err(|source| {
+        SnapshotsError::Write {
+            id: meta.id.clone(),
+            source,
+        }
+    })
+}
+
+/// The snapshot and moment `spec` names.
+fn resolve(spec: &str) -> Result<snapshot::Resolved> {
+    snapshot::resolve(spec).map_err(|source| SnapshotsError::Resolve {
+        spec: spec.to_owned(),
+        source,
+    })
 }
 
 /// Whether the snapshot `spec` names is of an `up` run.
 pub fn is_up(spec: &str) -> Result<bool> {
-    let resolved = snapshot::resolve(spec).with_context(|| format!("resolving {spec:?}"))?;
+    let resolved = resolve(spec)?;
     let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(&resolved.snapshot.dir)?;
     Ok(saved.up.is_some())
 }
 
 /// The snapshots in `root`, oldest first (`detvisor snapshot ls`).
 pub fn list(root: &Path) -> Result<Vec<SnapshotRow>> {
-    let infos =
-        snapshot::list(root).with_context(|| format!("listing snapshots in {}", root.display()))?;
+    let infos = snapshot::list(root).map_err(|source| SnapshotsError::List {
+        dir: root.to_owned(),
+        source,
+    })?;
     Ok(infos.iter().map(SnapshotRow::from).collect())
 }
 
@@ -228,7 +309,10 @@ pub struct SnapshotDetails {
 
 /// The snapshot in `dir` (DIR/ID) in detail.
 pub fn info(dir: &Path) -> Result<SnapshotDetails> {
-    let info = snapshot::info(dir).with_context(|| format!("reading {}", dir.display()))?;
+    let info = snapshot::info(dir).map_err(|source| SnapshotsError::Info {
+        dir: dir.to_owned(),
+        source,
+    })?;
     let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(dir)?;
     let state = &saved.session;
     Ok(SnapshotDetails {
@@ -285,7 +369,7 @@ pub fn restore(
     input: Option<vmm::vm::ConsoleInput>,
     node_output: NodeOutput,
 ) -> Result<Restored> {
-    let resolved = snapshot::resolve(spec).with_context(|| format!("resolving {spec:?}"))?;
+    let resolved = resolve(spec)?;
     let dir = &resolved.snapshot.dir;
     let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(dir)?;
     // The pages the snapshot stores, from its checksummed index (SEEK_DATA
@@ -387,4 +471,35 @@ pub fn seek(spec: &str) -> Result<SeekReport> {
         devices_state_bytes: serde_json::to_vec(&state.devices)?.len(),
         stopped_early: restored.stopped_early,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_an_error_chain_names_each_cause_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none");
+        let e = list(&missing).unwrap_err();
+        let SnapshotsError::List { source, .. } = &e else {
+            panic!("{e:?}");
+        };
+        let cause = crate::chain(source);
+        let text = format!("{:#}", anyhow::Error::from(e));
+        assert_eq!(
+            text,
+            format!("listing snapshots in {}: {cause}", missing.display())
+        );
+        let plan = SnapshotPlan {
+            dir: dir.path().into(),
+            every: Some(VirtNanos::ZERO),
+            at_exits: Vec::new(),
+        };
+        let e = Snapshotter::new(&plan, None).err().unwrap();
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(e)),
+            "the snapshot interval must be longer than zero"
+        );
+    }
 }

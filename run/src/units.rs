@@ -7,8 +7,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use anyhow::Result;
-use devices::time::{parse_with_unit, DecimalError};
+use devices::time::{parse_with_unit, DecimalError, DurationError};
 use vmm::VirtNanos;
 
 /// A number of bytes, as written in `--mem` and manifests.
@@ -97,18 +96,18 @@ impl fmt::Display for ByteSize {
 }
 
 /// A size in bytes: the [`ByteSize`] grammar (`512M`, `1.5G`, `4096`).
-pub fn parse_size(text: &str) -> Result<u64> {
+pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     Ok(text.parse::<ByteSize>()?.0)
 }
 
 /// A duration: the one grammar of `VirtNanos`'s `FromStr` (`30s`, `500ms`, `5µs`, `2.5s`,
 /// `600` = seconds).
-pub fn parse_duration(text: &str) -> Result<VirtNanos> {
-    Ok(text.parse()?)
+pub fn parse_duration(text: &str) -> Result<VirtNanos, DurationError> {
+    text.parse()
 }
 
 /// A link latency: a duration (`5ms`) or a uniform range (`1ms..10ms`).
-pub fn parse_latency(text: &str) -> Result<devices::LatencyDist> {
+pub fn parse_latency(text: &str) -> Result<devices::LatencyDist, DurationError> {
     Ok(match text.split_once("..") {
         Some((min, max)) => devices::LatencyDist::Uniform {
             min: parse_duration(min)?,
@@ -171,7 +170,7 @@ mod tests {
             assert_eq!(err(bad), SizeError::TooLarge { text: text(bad) });
         }
         // One message, naming the text, through anyhow as through the type.
-        let msg = format!("{:#}", parse_size("1.5x").unwrap_err());
+        let msg = format!("{:#}", anyhow::Error::from(parse_size("1.5x").unwrap_err()));
         assert_eq!(
             msg,
             "unparsable size \"1.5x\": unknown unit \"x\" (use B, K, M, G or T, optionally as KB or KiB; no unit means bytes)"

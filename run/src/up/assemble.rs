@@ -1,36 +1,50 @@
 //! The guest of an `up` run: the agent plus every node's tree under
 //! `/nodes/<name>`, and what the agent is asked to start for each node.
 
-use super::{node_nic, node_root};
+use super::{node_nic, node_root, PrepareError};
 use crate::manifest::{Manifest, NodePlan, RootSource};
-use anyhow::{bail, Context, Result};
 use detvisor_agent::protocol::NodeSpec;
 use image_builder::{ImageConfig, RootFs};
 use std::collections::BTreeMap;
 use std::path::Path;
 
+type Result<T, E = PrepareError> = std::result::Result<T, E>;
+
 /// A node's tree and image config from its source.
 fn load_root(source: &RootSource) -> Result<(RootFs, ImageConfig)> {
     match source {
         RootSource::Image(path) => {
-            let bytes = std::fs::read(path)
-                .with_context(|| format!("cannot read node image {}", path.display()))?;
-            let image = image_builder::NodeImage::load(&bytes)
-                .with_context(|| format!("node image {}", path.display()))?;
+            let bytes = std::fs::read(path).map_err(|source| PrepareError::ReadNodeImage {
+                path: path.clone(),
+                source,
+            })?;
+            let image = image_builder::NodeImage::load(&bytes).map_err(|source| {
+                PrepareError::NodeImage {
+                    path: path.clone(),
+                    source: Box::new(source),
+                }
+            })?;
             Ok((image.root, image.config))
         }
         RootSource::Oci(reference) => {
-            let oci = image_builder::parse_oci_ref(reference)
-                .with_context(|| format!("OCI reference {reference}"))?;
-            let (config, layers) = image_builder::read_image(&oci)
-                .with_context(|| format!("reading OCI layout {reference}"))?;
-            let root = image_builder::flatten(&layers)
-                .with_context(|| format!("flattening OCI layout {reference}"))?;
+            let oci = |step, source| PrepareError::Oci {
+                step,
+                reference: reference.clone(),
+                source: Box::new(source),
+            };
+            let parsed =
+                image_builder::parse_oci_ref(reference).map_err(|e| oci("OCI reference", e))?;
+            let (config, layers) =
+                image_builder::read_image(&parsed).map_err(|e| oci("reading OCI layout", e))?;
+            let root =
+                image_builder::flatten(&layers).map_err(|e| oci("flattening OCI layout", e))?;
             Ok((root, config))
         }
         RootSource::Rootfs(dir) => {
-            let root = RootFs::from_dir(dir)
-                .with_context(|| format!("reading rootfs directory {}", dir.display()))?;
+            let root = RootFs::from_dir(dir).map_err(|source| PrepareError::ReadRootfs {
+                dir: dir.clone(),
+                source: Box::new(source),
+            })?;
             Ok((root, ImageConfig::default()))
         }
     }
@@ -40,17 +54,26 @@ fn load_root(source: &RootSource) -> Result<(RootFs, ImageConfig)> {
 /// agent plus every node's tree under `/nodes/<name>`), from a manifest.
 pub fn assemble(manifest: &Manifest, agent: &Path) -> Result<(Vec<NodeSpec>, RootFs)> {
     let mut overlay = RootFs::new();
-    let agent_bytes = std::fs::read(agent)
-        .with_context(|| format!("cannot read the agent {}", agent.display()))?;
-    overlay.add_file("detvisor-agent", 0o755, agent_bytes)?;
-    overlay.add_dir("nodes", 0o755)?;
+    let agent_bytes = std::fs::read(agent).map_err(|source| PrepareError::ReadAgent {
+        path: agent.to_owned(),
+        source,
+    })?;
+    overlay
+        .add_file("detvisor-agent", 0o755, agent_bytes)
+        .map_err(Box::new)?;
+    overlay.add_dir("nodes", 0o755).map_err(Box::new)?;
     let mut specs = Vec::new();
     for (index, node) in manifest.all_nodes().into_iter().enumerate() {
-        let (root, config) =
-            load_root(&node.source).with_context(|| format!("node {}", node.name))?;
+        let (root, config) = load_root(&node.source).map_err(|source| PrepareError::Node {
+            name: node.name.clone(),
+            source: Box::new(source),
+        })?;
         overlay
             .graft(&node_root(&node.name), &root)
-            .with_context(|| format!("node {}", node.name))?;
+            .map_err(|source| PrepareError::Node {
+                name: node.name.clone(),
+                source: Box::new(PrepareError::Overlay(Box::new(source))),
+            })?;
         specs.push(node_spec(node, index, &config)?);
     }
     Ok((specs, overlay))
@@ -65,10 +88,9 @@ fn node_spec(node: &NodePlan, index: usize, config: &ImageConfig) -> Result<Node
         node.command.clone()
     };
     if command.is_empty() {
-        bail!(
-            "node {}: no `command` in the manifest and none in its image",
-            node.name
-        );
+        return Err(PrepareError::NoCommand {
+            node: node.name.clone(),
+        });
     }
     let mut env: BTreeMap<String, String> = config
         .env
@@ -86,4 +108,24 @@ fn node_spec(node: &NodePlan, index: usize, config: &ImageConfig) -> Result<Node
         env,
         command,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_an_error_chain_names_each_cause_once() {
+        let manifest = crate::manifest::parse(
+            "[[node]]\nname='a'\nimage='/nonexistent/a.img'\n",
+            Path::new("/"),
+        )
+        .unwrap();
+        let agent = tempfile::NamedTempFile::new().unwrap();
+        let e = assemble(&manifest, agent.path()).unwrap_err();
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(e)),
+            "node a: cannot read node image /nonexistent/a.img: No such file or directory (os error 2)"
+        );
+    }
 }

@@ -3,21 +3,55 @@
 //! put on the switch and announced as it carries them out, from the
 //! switch's own schedule.
 
+use super::OutputError;
 use super::{Conductor, Note, OutputSink, ShellEvent, UpEvent, UpOutput, WORKLOAD_LOG};
-use crate::faults::{Fault, FaultAction, NetworkFault};
-use anyhow::{bail, Context, Result};
+use crate::faults::{Fault, FaultAction, FaultError, NetworkFault};
 use detvisor_agent::protocol::{
-    encode_frame, AgentToHost, FrameDecoder, HostToAgent, MAX_FRAME_LEN,
+    encode_frame, AgentToHost, FrameDecoder, FrameError, HostToAgent, MAX_FRAME_LEN,
 };
 use devices::switch::Fault as SwitchFault;
-use devices::{Persist, PortId, RestoreError, Switch, VirtNanos};
+use devices::{Persist, PortId, RestoreError, Switch, SwitchError, VirtNanos};
 use serde::{Deserialize, Serialize};
+use vmm::vm::VmError;
+
+/// Why an `up` run could not take a step, a message or a fault.
+#[derive(Debug, thiserror::Error)]
+pub enum DriveError {
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    #[error("encoding a message for the agent")]
+    Encode(#[source] FrameError),
+    #[error("fault {action} at {at}: that is before the run's present, {now}")]
+    BeforePresent {
+        action: FaultAction,
+        at: VirtNanos,
+        now: VirtNanos,
+    },
+    #[error(transparent)]
+    Fault(#[from] FaultError),
+    #[error("scheduling the fault {fault}")]
+    Schedule {
+        fault: NetworkFault,
+        #[source]
+        source: SwitchError,
+    },
+    #[error("the switch's fault {fault:?} is on a port of no node")]
+    PortOfNoNode { fault: SwitchFault },
+    /// The agent's frames cannot be read any further (the error is in the
+    /// message: the channel's text, as it always read).
+    #[error("the control channel broke: {0}")]
+    ChannelBroke(FrameError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+}
+
+type Result<T, E = DriveError> = std::result::Result<T, E>;
 
 /// Sends `message` to the agent now (at this exit). Outside the conductor's
 /// loop only in forks (`detvisor shell`): a recorded run's messages come
 /// from the conductor alone.
 pub fn send_message(session: &mut vmm::vm::Session, message: &HostToAgent) -> Result<()> {
-    let frame = encode_frame(message).context("encoding a message for the agent")?;
+    let frame = encode_frame(message).map_err(DriveError::Encode)?;
     session.send_on_control_channel(&frame)?;
     Ok(())
 }
@@ -109,11 +143,11 @@ impl UpDriver {
     pub fn inject(&mut self, session: &mut vmm::vm::Session, fault: Fault) -> Result<()> {
         let now = session.now();
         if fault.at < now {
-            bail!(
-                "fault {} at {}: that is before the run's present, {now}",
-                fault.action,
-                fault.at
-            );
+            return Err(DriveError::BeforePresent {
+                action: fault.action,
+                at: fault.at,
+                now,
+            });
         }
         fault.check_nodes(&self.node_names)?;
         match fault.action {
@@ -124,7 +158,12 @@ impl UpDriver {
                     SwitchFault::Partition(groups) => devices.schedule_partition(fault.at, groups),
                     SwitchFault::Heal => devices.schedule_heal(fault.at),
                 };
-                scheduled.with_context(|| format!("scheduling the fault {network}"))?;
+                if let Err(source) = scheduled {
+                    return Err(DriveError::Schedule {
+                        fault: network,
+                        source,
+                    });
+                }
                 // Due now: announced now, as every fault at or before the
                 // present is (see `step`).
                 if fault.at <= now {
@@ -154,8 +193,12 @@ impl UpDriver {
         ports: &[PortId],
     ) -> Result<()> {
         for (at, fault) in pending.into_iter().take_while(|&(at, _)| at <= now) {
-            let network = NetworkFault::from_switch(&fault, &self.node_names, ports)
-                .with_context(|| format!("the switch's fault {fault:?} is on a port of no node"))?;
+            let network =
+                NetworkFault::from_switch(&fault, &self.node_names, ports).ok_or_else(|| {
+                    DriveError::PortOfNoNode {
+                        fault: fault.clone(),
+                    }
+                })?;
             self.announce(at, network);
         }
         Ok(())
@@ -178,7 +221,7 @@ impl UpDriver {
     }
 
     /// Prints the node output still held back (lines without an end).
-    pub fn flush(&mut self) -> Result<()> {
+    pub fn flush(&mut self) -> Result<(), OutputError> {
         self.output.sink.flush()
     }
 
@@ -215,7 +258,7 @@ impl UpDriver {
                             .on_message(message, &mut self.send, &mut self.notes)
                     }
                     Ok(None) => break,
-                    Err(e) if e.is_fatal() => bail!("the control channel broke: {e}"),
+                    Err(e) if e.is_fatal() => return Err(DriveError::ChannelBroke(e)),
                     Err(e) => self.notes.push(Note::Event(UpEvent::ChannelError {
                         message: e.to_string(),
                     })),
@@ -303,6 +346,21 @@ mod tests {
 
     fn secs_ms(s: u64, ms: u64) -> VirtNanos {
         VirtNanos(s * 1_000_000_000 + ms * 1_000_000)
+    }
+
+    #[test]
+    fn test_an_error_chain_names_each_cause_once() {
+        let chain = |e: DriveError| format!("{:#}", anyhow::Error::from(e));
+        let e = DriveError::Schedule {
+            fault: NetworkFault::Heal,
+            source: SwitchError::NotAttached,
+        };
+        assert_eq!(
+            chain(e),
+            "scheduling the fault heal: no network switch is attached"
+        );
+        let e = DriveError::from(OutputError::WriteLog(std::io::Error::other("disk full")));
+        assert_eq!(chain(e), "writing a node log: disk full");
     }
 
     type Announced = Rc<RefCell<Vec<(VirtNanos, String)>>>;

@@ -3,16 +3,18 @@
 //! times compared as an audit ([`run`]).
 
 use super::{assemble, Conductor, OutputSink, UpDriver, UpEvent, UpOutput};
+use super::{DriveError, OutputError};
 use crate::audit::compare_runs;
-use crate::driven::Driven;
-use crate::faults::{schedule, Fault, FaultAction};
-use crate::guest;
+use crate::driven::{Driven, DrivenError};
+use crate::faults::{schedule, Fault, FaultAction, FaultError};
+use crate::guest::{self, GuestImageError};
 use crate::manifest::{Manifest, WorkloadPlan};
 use crate::outcome::{stepped_note, RunSummary};
-use crate::snapshots::{SnapshotPlan, Snapshotter};
+use crate::snapshots::{SnapshotPlan, SnapshotsError, Snapshotter};
 use crate::streams::{say, Streams};
-use anyhow::{bail, Context, Result};
+use crate::units::SizeError;
 use detvisor_agent::protocol::NodeSpec;
+use image_builder::ImageError;
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;
 use std::io::Write;
@@ -21,6 +23,96 @@ use std::rc::Rc;
 use vmm::record::RecordConfig;
 use vmm::vm::{NetworkSpec, VmConfig};
 use vmm::VirtNanos;
+
+/// Why an `up` run's guest could not be assembled (image errors are boxed: they are large) ([`prepare`], [`super::assemble`]).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error(transparent)]
+    Faults(#[from] FaultError),
+    #[error("fault {action}: the workload's own node can be partitioned, not paused, killed or restarted (its end is the run's end)")]
+    WorkloadNodeFault { action: FaultAction },
+    #[error("machine.mem")]
+    Mem(#[source] SizeError),
+    #[error(transparent)]
+    Guest(#[from] GuestImageError),
+    #[error("cannot read {}", path.display())]
+    ReadInitrd {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("packing the guest initramfs")]
+    Pack(#[source] Box<ImageError>),
+    #[error("cannot read the agent {}", path.display())]
+    ReadAgent {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Adding the agent or a node's tree to the initramfs.
+    #[error(transparent)]
+    Overlay(#[from] Box<ImageError>),
+    #[error("node {name}")]
+    Node {
+        name: String,
+        #[source]
+        source: Box<PrepareError>,
+    },
+    #[error("cannot read node image {}", path.display())]
+    ReadNodeImage {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("node image {}", path.display())]
+    NodeImage {
+        path: PathBuf,
+        #[source]
+        source: Box<ImageError>,
+    },
+    /// `step`: "OCI reference", "reading OCI layout", "flattening OCI layout".
+    #[error("{step} {reference}")]
+    Oci {
+        step: &'static str,
+        reference: String,
+        #[source]
+        source: Box<ImageError>,
+    },
+    #[error("reading rootfs directory {}", dir.display())]
+    ReadRootfs {
+        dir: PathBuf,
+        #[source]
+        source: Box<ImageError>,
+    },
+    #[error("node {node}: no `command` in the manifest and none in its image")]
+    NoCommand { node: String },
+}
+
+/// Why an `up` run could not boot or run ([`PreparedUp::vm_config`],
+/// [`PreparedUp::boot`], [`run`]).
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    #[error("cannot read initrd {}", path.display())]
+    ReadInitrd {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Vm(#[from] vmm::vm::VmError),
+    #[error(transparent)]
+    Drive(#[from] DriveError),
+    #[error(transparent)]
+    Driven(#[from] DrivenError),
+    #[error(transparent)]
+    Output(#[from] OutputError),
+    #[error(transparent)]
+    Snapshots(#[from] SnapshotsError),
+    #[error("an up run ended without a status")]
+    NoStatus,
+    #[error("an up run ran no run")]
+    NoRun,
+}
 
 /// Guest RAM of an `up` run unless the manifest or the caller says otherwise.
 pub const DEFAULT_RAM_BYTES: u64 = 512 << 20;
@@ -57,7 +149,7 @@ pub fn prepare(
     extra_faults: &[String],
     ram_bytes: Option<u64>,
     kernel: Option<&Path>,
-) -> Result<PreparedUp> {
+) -> Result<PreparedUp, PrepareError> {
     let node_names = manifest.node_names();
     let fault_texts: Vec<String> = manifest
         .faults
@@ -71,27 +163,29 @@ pub fn prepare(
             .iter()
             .find(|f| matches!(&f.action, FaultAction::Node(n) if n.node() == node.name))
         {
-            bail!(
-                "fault {}: the workload's own node can be partitioned, not paused, killed or restarted (its end is the run's end)",
-                fault.action
-            );
+            return Err(PrepareError::WorkloadNodeFault {
+                action: fault.action.clone(),
+            });
         }
     }
     let ram_bytes = match (ram_bytes, &manifest.mem) {
         (Some(bytes), _) => bytes,
-        (None, Some(mem)) => crate::units::parse_size(mem).context("machine.mem")?,
+        (None, Some(mem)) => crate::units::parse_size(mem).map_err(PrepareError::Mem)?,
         (None, None) => DEFAULT_RAM_BYTES,
     };
     let image = guest::default_image()?;
     let agent = guest::agent_binary()?;
     let (specs, overlay) = assemble(manifest, &agent)?;
-    let mut initrd = std::fs::read(&image.initrd)
-        .with_context(|| format!("cannot read {}", image.initrd.display()))?;
+    let mut initrd = std::fs::read(&image.initrd).map_err(|source| PrepareError::ReadInitrd {
+        path: image.initrd.clone(),
+        source,
+    })?;
     // Archives in an initrd start on a 4-byte boundary.
     while initrd.len() % 4 != 0 {
         initrd.push(0);
     }
-    image_builder::write_initramfs(&overlay, &mut initrd).context("packing the guest initramfs")?;
+    image_builder::write_initramfs(&overlay, &mut initrd)
+        .map_err(|e| PrepareError::Pack(Box::new(e)))?;
     Ok(PreparedUp {
         kernel: kernel.map(Path::to_path_buf).unwrap_or(image.kernel),
         initrd: Initrd::Bytes(initrd),
@@ -155,11 +249,13 @@ impl UpSummary {
 
 impl PreparedUp {
     /// The VMM's configuration for this guest.
-    pub fn vm_config(&self, options: &UpOptions) -> Result<VmConfig> {
+    pub fn vm_config(&self, options: &UpOptions) -> Result<VmConfig, UpError> {
         let initrd = match &self.initrd {
             Initrd::Bytes(bytes) => bytes.clone(),
-            Initrd::File(path) => std::fs::read(path)
-                .with_context(|| format!("cannot read initrd {}", path.display()))?,
+            Initrd::File(path) => std::fs::read(path).map_err(|source| UpError::ReadInitrd {
+                path: path.clone(),
+                source,
+            })?,
         };
         Ok(VmConfig {
             kernel: self.kernel.clone(),
@@ -191,7 +287,7 @@ impl PreparedUp {
 
     /// Boots this guest as a [`Driven`] `up` run, its node output and events
     /// going to `output`.
-    pub fn boot(&self, config: &VmConfig, output: UpOutput) -> Result<Driven> {
+    pub fn boot(&self, config: &VmConfig, output: UpOutput) -> Result<Driven, UpError> {
         let conductor = Conductor::new(self.specs.clone(), self.workload.clone());
         let mut session = vmm::vm::Session::boot(config, Box::new(std::io::sink()), None)?;
         let driver = UpDriver::start(
@@ -210,7 +306,11 @@ impl PreparedUp {
 
 /// Runs `prepared` as `options` say: node output (first run) to `streams`'
 /// stdout, events and per-run lines to its stderr.
-pub fn run(prepared: &PreparedUp, options: &UpOptions, streams: &dyn Streams) -> Result<UpSummary> {
+pub fn run(
+    prepared: &PreparedUp,
+    options: &UpOptions,
+    streams: &dyn Streams,
+) -> Result<UpSummary, UpError> {
     let runs = options.runs.max(1);
     let config = prepared.vm_config(options)?;
     let mut reference: Option<(vmm::vm::RunOutcome, u8)> = None;
@@ -256,9 +356,7 @@ pub fn run(prepared: &PreparedUp, options: &UpOptions, streams: &dyn Streams) ->
             }
             None => driven.run_to_end()?,
         };
-        let status = driven
-            .exit_status(stop)
-            .context("an up run ended without a status")?;
+        let status = driven.exit_status(stop).ok_or(UpError::NoStatus)?;
         let outcome = driven.outcome(stop)?;
         if runs > 1 {
             say(
@@ -282,7 +380,7 @@ pub fn run(prepared: &PreparedUp, options: &UpOptions, streams: &dyn Streams) ->
             }
         }
     }
-    let (outcome, status) = reference.context("an up run ran no run")?;
+    let (outcome, status) = reference.ok_or(UpError::NoRun)?;
     let start = workload_start.get();
     Ok(UpSummary {
         run: RunSummary::new(options.seed, &outcome),

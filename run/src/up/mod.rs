@@ -16,10 +16,13 @@ mod output;
 
 pub use assemble::assemble;
 pub use conductor::{run_status, Conductor, Note, ShellEvent, SETUP_FAILED};
-pub use driver::{send_message, UpDriver, UpState};
+pub use driver::{send_message, DriveError, UpDriver, UpState};
 pub use event::UpEvent;
-pub use launch::{prepare, run, Initrd, PreparedUp, UpOptions, UpSummary, DEFAULT_RAM_BYTES};
-pub use output::{event_line, EventSink, OutputSink, UpOutput};
+pub use launch::{
+    prepare, run, Initrd, PrepareError, PreparedUp, UpError, UpOptions, UpSummary,
+    DEFAULT_RAM_BYTES,
+};
+pub use output::{event_line, EventSink, OutputError, OutputSink, UpOutput};
 
 /// Where node `name`'s root directory is in the guest.
 pub fn node_root(name: &str) -> String {

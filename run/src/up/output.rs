@@ -2,12 +2,35 @@
 //! stream, raw bytes in per-node logs, event lines with their virtual time.
 
 use super::UpEvent;
-use anyhow::{Context, Result};
 use detvisor_agent::protocol::Stream;
 use devices::VirtNanos;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
+
+/// Why node output could not be kept or printed.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("creating the log directory {}", dir.display())]
+    LogDirectory {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("creating {}", path.display())]
+    CreateLog {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("writing a node log")]
+    WriteLog(#[source] std::io::Error),
+    /// Printing node output.
+    #[error(transparent)]
+    Print(#[from] std::io::Error),
+}
+
+type Result<T, E = OutputError> = std::result::Result<T, E>;
 
 /// Prints node output line by line with the node's name in front, and keeps
 /// each node's raw output in `<logs>/<node>.log`.
@@ -22,8 +45,10 @@ pub struct OutputSink {
 impl OutputSink {
     pub fn new(names: &[String], logs: Option<PathBuf>, out: Box<dyn Write>) -> Result<Self> {
         if let Some(dir) = &logs {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("creating the log directory {}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|source| OutputError::LogDirectory {
+                dir: dir.clone(),
+                source,
+            })?;
         }
         Ok(OutputSink {
             width: names.iter().map(String::len).max().unwrap_or(0).max(8),
@@ -45,11 +70,11 @@ impl OutputSink {
             if !self.files.contains_key(node) {
                 let path = dir.join(format!("{node}.log"));
                 let file = std::fs::File::create(&path)
-                    .with_context(|| format!("creating {}", path.display()))?;
+                    .map_err(|source| OutputError::CreateLog { path, source })?;
                 self.files.insert(node.to_string(), file);
             }
             let file = self.files.get_mut(node).expect("inserted above");
-            file.write_all(data).context("writing a node log")?;
+            file.write_all(data).map_err(OutputError::WriteLog)?;
         }
         let key = (node.to_string(), stream == Stream::Stderr);
         let buffer = self.partial.entry(key).or_default();
@@ -119,6 +144,22 @@ pub fn event_line(at: VirtNanos, event: &UpEvent) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_an_error_chain_names_each_cause_once() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let dir = file.path().join("logs");
+        let e = OutputSink::new(&[], Some(dir.clone()), Box::new(std::io::sink()))
+            .err()
+            .unwrap();
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(e)),
+            format!(
+                "creating the log directory {}: Not a directory (os error 20)",
+                dir.display()
+            )
+        );
+    }
 
     #[test]
     fn test_output_sink_prefixes_whole_lines_and_logs_raw_bytes() {
