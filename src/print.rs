@@ -66,16 +66,21 @@ pub fn seeds(report: &SeedsReport, json: bool) -> Result<u8> {
             "SEED", "STATUS", "STOP", "VIRTUAL TIME", "EXITS"
         );
         for o in &report.branches {
+            let dash = || "-".to_string();
+            let summary = o.summary();
             println!(
                 "{:>8} {:>6} {:<14} {:>16} {:>10}  {}",
-                o.seed,
-                o.exit_status.map(|s| s.to_string()).unwrap_or("-".into()),
-                o.stop,
-                o.virtual_ns
-                    .map(|v| VirtNanos(v).to_string())
-                    .unwrap_or("-".into()),
-                o.exits.map(|e| e.to_string()).unwrap_or("-".into()),
-                o.digest.clone().or(o.error.clone()).unwrap_or_default()
+                o.seed(),
+                summary
+                    .and_then(|s| s.exit_status)
+                    .map_or_else(dash, |s| s.to_string()),
+                summary.map_or("error", RunSummary::stop_kind),
+                summary.map_or_else(dash, |s| VirtNanos(s.virtual_ns).to_string()),
+                summary.map_or_else(dash, |s| s.exits.to_string()),
+                summary.map_or_else(
+                    || o.error().unwrap_or_default().to_string(),
+                    |s| { s.digest.clone() }
+                )
             );
         }
         println!(

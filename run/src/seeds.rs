@@ -7,7 +7,7 @@
 //! history dirtied).
 
 use crate::driven::{Driven, DrivenCheckpoint};
-use crate::outcome::stop_kind;
+use crate::outcome::RunSummary;
 use crate::snapshots::{restore, NodeOutput};
 use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
@@ -115,35 +115,44 @@ pub struct SeedsRequest {
     pub in_place: bool,
 }
 
-/// One branch's outcome.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BranchOutcome {
-    pub seed: u64,
-    pub exit_status: Option<u8>,
-    /// The stop's kind (`guest_exit`, `time_limit`, ...), or `error`.
-    pub stop: String,
-    pub virtual_ns: Option<u64>,
-    pub exits: Option<u64>,
-    pub digest: Option<String>,
-    pub error: Option<String>,
+/// One branch's outcome: the run's summary (the one representation of a
+/// run's outcome), or why the branch could not run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum BranchOutcome {
+    Ran(Box<RunSummary>),
+    Failed { seed: u64, error: String },
 }
 
 impl BranchOutcome {
     fn failed(seed: u64, error: String) -> Self {
-        BranchOutcome {
-            seed,
-            exit_status: None,
-            stop: "error".into(),
-            virtual_ns: None,
-            exits: None,
-            digest: None,
-            error: Some(error),
+        BranchOutcome::Failed { seed, error }
+    }
+
+    pub fn seed(&self) -> u64 {
+        match self {
+            BranchOutcome::Ran(summary) => summary.seed,
+            BranchOutcome::Failed { seed, .. } => *seed,
+        }
+    }
+
+    pub fn summary(&self) -> Option<&RunSummary> {
+        match self {
+            BranchOutcome::Ran(summary) => Some(summary),
+            BranchOutcome::Failed { .. } => None,
+        }
+    }
+
+    pub fn error(&self) -> Option<&str> {
+        match self {
+            BranchOutcome::Ran(_) => None,
+            BranchOutcome::Failed { error, .. } => Some(error),
         }
     }
 }
 
 /// Every branch's outcome, in seed order.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SeedsReport {
     pub spec: String,
     pub jobs: usize,
@@ -179,15 +188,9 @@ fn run_branch(driven: &mut Driven, seed: u64) -> BranchOutcome {
         Ok((exit_status, driven.outcome(stop)?))
     });
     match run {
-        Ok((exit_status, run)) => BranchOutcome {
-            seed,
-            exit_status,
-            stop: stop_kind(&run.stop).into(),
-            virtual_ns: Some(run.virtual_time.0),
-            exits: Some(run.exits),
-            digest: Some(run.digest),
-            error: None,
-        },
+        Ok((exit_status, run)) => BranchOutcome::Ran(Box::new(
+            RunSummary::new(seed, &run).with_exit_status(exit_status),
+        )),
         Err(e) => BranchOutcome::failed(seed, crate::chain(&e)),
     }
 }
@@ -287,11 +290,11 @@ pub fn branch_seeds(request: &SeedsRequest) -> SeedsReport {
             "not run: every worker stopped".into(),
         ));
     }
-    branches.sort_by_key(|o| o.seed);
-    let failures = branches.iter().filter(|o| o.error.is_some()).count();
+    branches.sort_by_key(BranchOutcome::seed);
+    let failures = branches.iter().filter(|o| o.error().is_some()).count();
     let mut digests: Vec<&str> = branches
         .iter()
-        .filter_map(|o| o.digest.as_deref())
+        .filter_map(|o| o.summary().map(|s| s.digest.as_str()))
         .collect();
     digests.sort_unstable();
     digests.dedup();
@@ -340,5 +343,19 @@ mod tests {
             text.starts_with("resolving \"/nonexistent/detvisor-snaps@latest\": "),
             "{text}"
         );
+    }
+
+    #[test]
+    fn test_a_branch_is_its_run_summary_or_its_error_in_json() {
+        let failed = BranchOutcome::failed(4, "resolving: no snapshots".into());
+        let json = serde_json::to_value(&failed).unwrap();
+        assert_eq!(json["seed"], 4);
+        assert_eq!(json["error"], "resolving: no snapshots");
+        assert_eq!(
+            serde_json::from_value::<BranchOutcome>(json).unwrap(),
+            failed
+        );
+        assert_eq!(failed.seed(), 4);
+        assert!(failed.summary().is_none());
     }
 }
