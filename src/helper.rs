@@ -7,7 +7,7 @@
 
 use anyhow::{Context, Result};
 use helper_vm::channel::StdinSource;
-use helper_vm::{HelperVm, HelperVmConfig, PayloadFile};
+use helper_vm::{HelperVm, HelperVmConfig, PayloadFile, TempDir};
 use run::api::{Reply, Request, Response};
 use std::ffi::OsString;
 use std::os::fd::AsFd;
@@ -22,6 +22,8 @@ pub struct Needs {
     pub shared_dirs: Vec<PathBuf>,
     /// Guest memory in MiB the helper VM needs (0: its default).
     pub memory_mib: u32,
+    /// Files written for the helper VM alone, removed when it is done.
+    pub staging: Option<TempDir>,
 }
 
 impl Needs {
@@ -51,6 +53,8 @@ impl Needs {
 /// A helper VM serving run requests.
 pub struct Remote {
     vm: HelperVm,
+    /// Outlives the helper VM (fields drop in order).
+    _staging: Option<TempDir>,
 }
 
 impl Remote {
@@ -72,7 +76,10 @@ impl Remote {
         let exe = std::env::current_exe().context("locating the detvisor executable")?;
         let args: [OsString; 1] = ["serve-channel".into()];
         let vm = HelperVm::start(&config, &exe, &args, &needs.files)?;
-        Ok(Remote { vm })
+        Ok(Remote {
+            vm,
+            _staging: needs.staging,
+        })
     }
 
     /// Sends `request`; its output streams to this process's stdout and

@@ -237,36 +237,14 @@ impl SnapshotArgs {
             .map(units::parse_duration)
             .transpose()
             .context("--snapshot-every")?;
-        if every == Some(vmm::VirtNanos::ZERO) {
-            bail!("--snapshot-every must be longer than zero");
-        }
-        Ok(Some(SnapshotPlan {
+        let plan = SnapshotPlan {
             dir: dir.clone(),
             every,
             at_exits: self.snapshot_at_exit.clone(),
-        }))
-    }
-
-    /// For a run inside the helper VM: these options with the directory
-    /// created and made absolute, and that directory, which the helper shares
-    /// at the same path (so the snapshots outlive it). `None` without
-    /// `--snapshots`.
-    pub fn forwarded(&self) -> Result<Option<(Vec<String>, PathBuf)>> {
-        let Some(dir) = &self.snapshots else {
-            return Ok(None);
         };
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let dir = dir
-            .canonicalize()
-            .with_context(|| format!("snapshot directory {}", dir.display()))?;
-        let mut args = vec!["--snapshots".to_string(), dir.display().to_string()];
-        if let Some(every) = &self.snapshot_every {
-            args.extend(["--snapshot-every".into(), every.clone()]);
-        }
-        for exit in &self.snapshot_at_exit {
-            args.extend(["--snapshot-at-exit".into(), exit.to_string()]);
-        }
-        Ok(Some((args, dir)))
+        // Checked here too, before any VM starts.
+        plan.validate().context("--snapshot-every")?;
+        Ok(Some(plan))
     }
 }
 
@@ -484,7 +462,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
 fn cmd_shell(args: ShellArgs) -> Result<u8> {
     // An `up` fork's shell is on a pseudo-terminal in the guest, which
     // echoes and edits lines: keystrokes pass through unchanged.
-    let interactive = std::io::stdin().is_terminal() && is_up_snapshot(&args.spec)?;
+    let interactive = std::io::stdin().is_terminal() && run::snapshots::is_up(&args.spec)?;
     let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
     let (rows, cols) = terminal::size();
     let request = Request::Shell(run::shell::ShellRequest {
@@ -506,18 +484,6 @@ fn cmd_shell(args: ShellArgs) -> Result<u8> {
     match response {
         Response::Shell { status } => Ok(status),
         other => print::unexpected(&other),
-    }
-}
-
-/// Whether the snapshot `spec` names is of an `up` run.
-fn is_up_snapshot(spec: &str) -> Result<bool> {
-    let dir = snapshot::resolve(spec)
-        .with_context(|| format!("resolving {spec:?}"))?
-        .snapshot
-        .dir;
-    match handle(Request::SnapshotInfo { dir }, StdStreams::default())? {
-        Response::SnapshotDetails(details) => Ok(details.kind == "up"),
-        _ => Ok(false),
     }
 }
 

@@ -10,7 +10,7 @@ use run::api::{Request, Response};
 use run::manifest;
 use run::units;
 use run::up::{Initrd, PreparedUp, UpOptions};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Args, Debug)]
 pub struct UpArgs {
@@ -91,9 +91,6 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
         args.ram_bytes()?,
         args.kernel.as_deref(),
     )?;
-    // Removed with its files when this function returns (after the helper VM).
-    let staging = TempDir::new("detvisor-up-")
-        .context("creating a staging directory for the helper VM's files")?;
     let request = Request::Up { prepared, options };
     let response =
         crate::dispatch(
@@ -101,9 +98,7 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
             request,
             crate::Stdin::None,
             |request| match request {
-                Request::Up { prepared, options } => {
-                    helper_needs(prepared, options, staging.path())
-                }
+                Request::Up { prepared, options } => helper_needs(prepared, options),
                 _ => unreachable!("an up request"),
             },
         )?;
@@ -115,15 +110,14 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
 
 /// An `up` run in the helper VM: the assembled initrd (staged in a file)
 /// and the kernel shipped along, the log and snapshot directories shared.
-fn helper_needs(
-    prepared: &mut PreparedUp,
-    options: &mut UpOptions,
-    staging: &Path,
-) -> Result<Needs> {
+fn helper_needs(prepared: &mut PreparedUp, options: &mut UpOptions) -> Result<Needs> {
     let mut needs = Needs::default();
+    // Removed with its files when the helper VM is done with them.
+    let staging = TempDir::new("detvisor-up-")
+        .context("creating a staging directory for the helper VM's files")?;
     let path = match &prepared.initrd {
         Initrd::Bytes(bytes) => {
-            let path = staging.join("initrd");
+            let path = staging.path().join("initrd");
             std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
             path
         }
@@ -142,6 +136,7 @@ fn helper_needs(
     }
     // The initrd is shipped in the helper's own initramfs and then read
     // into the VMM: count it about three times over.
+    needs.staging = Some(staging);
     needs.memory_mib = ((prepared.ram_bytes >> 20) as u32)
         .saturating_add(1536)
         .saturating_add(((3 * initrd_len) >> 20) as u32)

@@ -39,6 +39,7 @@
 //! bench server there ([`super::serve`]); see [`super::helper`].
 
 use anyhow::{anyhow, Context, Result};
+use run::api::{Request, Response};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -180,8 +181,15 @@ fn end_to_end(args: &BootArgs, plan: &WorkerPlan) -> SystemResult {
             move || {
                 let mut session = Session::default();
                 let summary = launch.session(&mut session, "", |vm| {
-                    match call_vm(vm, &BenchCall::Run(Box::new(guest)))? {
-                        BenchReply::Run(summary) => Ok(*summary),
+                    let request = Request::Run {
+                        guest,
+                        snapshots: None,
+                    };
+                    match call_vm(vm, &BenchCall::Request(Box::new(request)))? {
+                        BenchReply::Response(response) => match *response {
+                            Response::Summary(summary) => Ok(summary),
+                            other => anyhow::bail!("a run answered {other:?}"),
+                        },
                         _ => anyhow::bail!("the helper VM answered another call"),
                     }
                 });

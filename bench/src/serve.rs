@@ -24,8 +24,9 @@ pub enum BenchCall {
     Boot(WorkerPlan),
     Snapshot(SnapWorkerPlan),
     Etcd(EtcdWorkerPlan),
-    /// One plain run, as `detvisor run` makes it.
-    Run(Box<GuestSpec>),
+    /// A request of the run library (an end-to-end `Run`, as `detvisor
+    /// run` sends it).
+    Request(Box<Request>),
 }
 
 /// The answer to a [`BenchCall`].
@@ -36,7 +37,7 @@ pub enum BenchReply {
     Boot(Box<BootWorkerReport>),
     Snapshot(Box<SnapWorkerReport>),
     Etcd(Box<EtcdWorkerReport>),
-    Run(Box<RunSummary>),
+    Response(Box<Response>),
 }
 
 /// Carries out `call` here.
@@ -46,7 +47,9 @@ pub fn answer(call: BenchCall) -> Result<BenchReply> {
         BenchCall::Boot(plan) => BenchReply::Boot(Box::new(crate::boot_worker::worker(&plan))),
         BenchCall::Snapshot(plan) => BenchReply::Snapshot(Box::new(crate::snapshot::worker(&plan))),
         BenchCall::Etcd(plan) => BenchReply::Etcd(Box::new(crate::etcd::worker(&plan))),
-        BenchCall::Run(guest) => BenchReply::Run(Box::new(run_plain(*guest)?)),
+        BenchCall::Request(request) => BenchReply::Response(Box::new(
+            Controller::new().handle(*request, &run::streams::Discard)?,
+        )),
     })
 }
 

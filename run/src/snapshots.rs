@@ -90,6 +90,17 @@ pub struct SnapshotPlan {
     pub at_exits: Vec<u64>,
 }
 
+impl SnapshotPlan {
+    /// Checks the plan before anything runs (a zero interval would take a
+    /// snapshot at every exit forever).
+    pub fn validate(&self) -> Result<()> {
+        if self.every == Some(VirtNanos::ZERO) {
+            return Err(SnapshotsError::ZeroInterval);
+        }
+        Ok(())
+    }
+}
+
 /// Takes snapshots at the requested points while running a session to its end.
 pub struct Snapshotter {
     root: PathBuf,
@@ -107,12 +118,10 @@ const FULL_SNAPSHOT_EVERY: usize = 32;
 
 impl Snapshotter {
     pub fn new(plan: &SnapshotPlan, parent: Option<String>) -> Result<Snapshotter> {
+        plan.validate()?;
         let root = &plan.dir;
         create_dir(root)?;
         let every = plan.every;
-        if every == Some(VirtNanos::ZERO) {
-            return Err(SnapshotsError::ZeroInterval);
-        }
         let mut at_exits = plan.at_exits.clone();
         at_exits.sort_unstable();
         at_exits.dedup();
