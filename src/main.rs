@@ -19,6 +19,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use terminal::StdStreams;
+use vmm::stall::StallTimeout;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -96,11 +97,21 @@ struct BranchArgs {
     /// history wrote) instead of starting a process per seed.
     #[arg(long, requires = "seeds")]
     in_place: bool,
+    /// A fault added at the branch point of an `up` snapshot, e.g.
+    /// 'at=+2s partition n1 | n2,n3 for=10s' (`+`: after the branch point;
+    /// without it, a virtual time since boot). Repeatable.
+    #[arg(long = "fault")]
+    faults: Vec<String>,
     /// Take snapshots of the branch too.
     #[command(flatten)]
     snapshots: SnapshotArgs,
     #[arg(long)]
     json: bool,
+    /// Wall time the guest may execute without a VM exit before the run ends
+    /// as `stalled` (e.g. 60s; 0: never). Default: 60s on hardware KVM,
+    /// 10m in the helper VM (where the same wall time is far less guest work).
+    #[arg(long)]
+    stall_timeout: Option<StallTimeout>,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
 }
@@ -159,6 +170,11 @@ struct GuestArgs {
     /// Probability that the switch loses a frame (0..1).
     #[arg(long, default_value_t = 0.0)]
     net_loss: f64,
+    /// Wall time the guest may execute without a VM exit before the run ends
+    /// as `stalled` (e.g. 60s; 0: never). Default: 60s on hardware KVM,
+    /// 10m in the helper VM (where the same wall time is far less guest work).
+    #[arg(long)]
+    stall_timeout: Option<StallTimeout>,
     /// Where to run: the host's KVM, or a helper VM with real KVM inside.
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
@@ -267,13 +283,24 @@ enum Stdin {
 /// Carries out `request` where this invocation's guests run: here, or in a
 /// helper VM holding what `needs` says (which also rewrites the request's
 /// host paths to where they are inside it).
+///
+/// A request that runs a guest gets `stall` as its stall timeout, or where
+/// none was given the default for where it runs.
 fn dispatch(
     mode: HostVmMode,
+    stall: Option<StallTimeout>,
     mut request: Request,
     stdin: Stdin,
     needs: impl FnOnce(&mut Request) -> Result<helper::Needs>,
 ) -> Result<Response> {
-    match placement(mode) {
+    let placement = placement(mode);
+    if let Some(timeout) = request.stall_timeout_mut() {
+        *timeout = stall.unwrap_or(match placement {
+            Placement::Host => StallTimeout::HARDWARE,
+            Placement::HelperVm { .. } => StallTimeout::HELPER_VM,
+        });
+    }
+    match placement {
         Placement::Host => {
             let input = match stdin {
                 Stdin::None => None,
@@ -349,6 +376,8 @@ fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
         rtc_epoch_unix_secs: guest.rtc_epoch,
         network,
         command: guest.command.clone(),
+        // Set for where the request runs (`dispatch`).
+        stall_timeout: StallTimeout::default(),
     };
     spec.validate().context("--nics")?;
     Ok(spec)
@@ -365,6 +394,7 @@ fn cmd_run(args: RunArgs) -> Result<u8> {
     let stdin = if interactive { Stdin::Raw } else { Stdin::None };
     let response = dispatch(
         args.guest.host_vm,
+        args.guest.stall_timeout,
         request,
         stdin,
         |request| match request {
@@ -393,6 +423,7 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
     };
     let response = dispatch(
         args.guest.host_vm,
+        args.guest.stall_timeout,
         request,
         Stdin::None,
         |request| match request {
@@ -407,6 +438,11 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
 }
 
 fn cmd_branch(args: BranchArgs) -> Result<u8> {
+    // The grammar is checked before anything starts; times and nodes once
+    // the moment is restored.
+    for text in &args.faults {
+        run::faults::parse_fault_after(text, Some(vmm::VirtNanos::ZERO))?;
+    }
     let until = args
         .until
         .as_deref()
@@ -420,9 +456,12 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
             jobs: args.jobs,
             until,
             in_place: args.in_place,
+            faults: args.faults.clone(),
+            stall_timeout: StallTimeout::default(),
         });
         let response = dispatch(
             args.host_vm,
+            args.stall_timeout,
             request,
             Stdin::None,
             |request| match request {
@@ -443,9 +482,12 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         // An `up` snapshot's node output goes to stdout as under `up`
         // (events to stderr); a `run` snapshot's guest console to stdout.
         events: !args.json,
+        faults: args.faults.clone(),
+        stall_timeout: StallTimeout::default(),
     });
     let response = dispatch(
         args.host_vm,
+        args.stall_timeout,
         request,
         Stdin::None,
         |request| match request {
@@ -474,6 +516,7 @@ fn cmd_shell(args: ShellArgs) -> Result<u8> {
     });
     let response = dispatch(
         args.host_vm,
+        None,
         request,
         Stdin::UntilEot,
         |request| match request {
@@ -491,6 +534,7 @@ fn cmd_seek(args: SeekArgs) -> Result<u8> {
     let request = Request::Seek { spec: args.spec };
     let response = dispatch(
         args.host_vm,
+        None,
         request,
         Stdin::None,
         |request| match request {

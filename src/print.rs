@@ -18,16 +18,29 @@ pub fn summary(summary: &RunSummary, json: bool) -> Result<u8> {
         let mut out = std::io::stdout().lock();
         writeln!(out)?;
         writeln!(out, "{}", serde_json::to_string(summary)?)?;
+        // Why a run stalled is for people too, whatever reads the JSON.
+        stall_note(summary);
     } else {
         eprintln!("{}", summary.human());
     }
     Ok(summary.process_status())
 }
 
+/// The stall's message on stderr, if the run stalled.
+fn stall_note(summary: &RunSummary) {
+    let message = run::outcome::stall_message(&summary.stop);
+    if !message.is_empty() {
+        eprintln!("detvisor: stalled: {message}");
+    }
+}
+
 /// An `up` run's summary (its status is the workload's).
 pub fn up(summary: &UpSummary, json: bool) -> Result<u8> {
     if json {
         println!("{}", serde_json::to_string(summary)?);
+        stall_note(&summary.run);
+    } else if summary.run.stop_kind() == "stalled" {
+        eprintln!("{}", summary.run.human());
     } else {
         eprintln!(
             "detvisor: exit {}; {}",
@@ -84,10 +97,13 @@ pub fn seeds(report: &SeedsReport, json: bool) -> Result<u8> {
             );
         }
         println!(
-            "{} branches ({} at a time): {} distinct histories, {} failed",
+            "{} branches ({} at a time): {} distinct histories, {} distinct in control flow \
+             (exits, virtual time), {} stalled, {} failed",
             report.branches.len(),
             report.jobs,
             report.distinct_histories,
+            report.distinct_control_flows,
+            report.stalled,
             report.failures
         );
     }

@@ -43,6 +43,11 @@ pub struct UpArgs {
     /// Kernel (uncompressed vmlinux); default: the built-in guest image's.
     #[arg(long)]
     kernel: Option<PathBuf>,
+    /// Wall time the guest may execute without a VM exit before the run ends
+    /// as `stalled` (e.g. 60s; 0: never). Default: 60s on hardware KVM,
+    /// 10m in the helper VM (where the same wall time is far less guest work).
+    #[arg(long)]
+    stall_timeout: Option<vmm::stall::StallTimeout>,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
     /// Snapshots of the (first) run, to branch, seek or open a shell in later.
@@ -73,6 +78,8 @@ impl UpArgs {
             logs: Some(self.logs.clone()),
             stream_output: !self.quiet && !self.json,
             snapshots: self.snapshots.plan()?,
+            // Set for where the request runs (`dispatch`).
+            stall_timeout: vmm::stall::StallTimeout::default(),
         })
     }
 }
@@ -92,16 +99,16 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
         args.kernel.as_deref(),
     )?;
     let request = Request::Up { prepared, options };
-    let response =
-        crate::dispatch(
-            args.host_vm,
-            request,
-            crate::Stdin::None,
-            |request| match request {
-                Request::Up { prepared, options } => helper_needs(prepared, options),
-                _ => unreachable!("an up request"),
-            },
-        )?;
+    let response = crate::dispatch(
+        args.host_vm,
+        args.stall_timeout,
+        request,
+        crate::Stdin::None,
+        |request| match request {
+            Request::Up { prepared, options } => helper_needs(prepared, options),
+            _ => unreachable!("an up request"),
+        },
+    )?;
     match response {
         Response::Up(summary) => crate::print::up(&summary, args.json),
         other => crate::print::unexpected(&other),

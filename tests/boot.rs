@@ -231,3 +231,40 @@ fn test_check_inside_helper_vm_finds_a_kvm_that_honours_the_cpu_model() {
     assert_eq!(probe["seen_edx"], probe["expected_edx"]);
     assert_eq!(report["hardware_virtualization"], "svm");
 }
+
+/// A guest that never makes a VM exit never reaches `--until` (virtual time
+/// moves only at exits): the stall guard ends the run, as its own outcome,
+/// at the same last exit and digest every time.
+#[test]
+fn test_a_guest_spinning_without_exits_ends_as_stalled_identically() {
+    let spin = [
+        "run",
+        "--json",
+        "--until",
+        "5s",
+        "--stall-timeout",
+        "5s",
+        "--",
+        "sh",
+        "-c",
+        "while :; do :; done",
+    ];
+    let first = detvisor(&spin);
+    assert_eq!(first.status.code(), Some(123), "{}", stderr(&first));
+    let summary_1 = summary(&first);
+    assert_eq!(summary_1["stop"]["kind"], "stalled", "{summary_1}");
+    assert_eq!(summary_1["stop"]["timeout_ms"], 5000);
+    assert!(summary_1["stop"]["last_exit"].as_u64().unwrap() > 1000);
+    assert!(summary_1["stop"]["rip"].as_u64().unwrap() != 0);
+    let text = stderr(&first);
+    assert!(
+        text.contains("detvisor: stalled: the guest ran 5s without a VM exit after exit")
+            && text.contains("without an instruction counter such code cannot be preempted"),
+        "{text}"
+    );
+    let second = summary(&detvisor(&spin));
+    for key in ["exits", "virtual_ns", "digest"] {
+        assert_eq!(summary_1[key], second[key], "{key}");
+    }
+    assert_eq!(summary_1["stop"], second["stop"]);
+}

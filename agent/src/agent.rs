@@ -450,11 +450,15 @@ impl Agent {
             HostToAgent::Shutdown => "shutdown".to_string(),
             HostToAgent::OpenShell { .. } => "open_shell".to_string(),
             HostToAgent::ShellInput { .. } => "shell_input".to_string(),
+            HostToAgent::Reseed { .. } => "reseed".to_string(),
         };
         let result = if self.shutting_down {
             Err("the agent is shutting down".to_string())
         } else if let HostToAgent::Hello { version } = message {
             self.hello(version)
+        } else if let HostToAgent::Reseed { bytes } = &message {
+            // The kernel's, not the nodes': fine before hello.
+            sys::reseed_kernel_rng(bytes).map_err(|e| e.to_string())
         } else if !self.greeted {
             Err("expected hello first".to_string())
         } else {
@@ -479,6 +483,7 @@ impl Agent {
                     term,
                 } => self.open_shell(node, rows, cols, term),
                 HostToAgent::ShellInput { data } => self.shell_input(&data),
+                HostToAgent::Reseed { .. } => unreachable!("handled above"),
             }
         };
         if let Err(message) = result {

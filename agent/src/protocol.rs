@@ -112,6 +112,14 @@ pub enum HostToAgent {
         #[serde(with = "base64")]
         data: Vec<u8>,
     },
+    /// Mix `bytes` into the kernel's entropy pool, credited as entropy
+    /// (`RNDADDENTROPY`), and reseed the kernel's CRNG from it now
+    /// (`RNDRESEEDCRNG`): a branch's alternate history diverges in the
+    /// guest's randomness at once. Accepted before `hello` too.
+    Reseed {
+        #[serde(with = "base64")]
+        bytes: Vec<u8>,
+    },
 }
 
 /// One node: a container with its own namespaces and root directory.

@@ -324,3 +324,45 @@ pub fn pids_in_pid_ns(ns: NsId) -> io::Result<Vec<libc::pid_t>> {
     pids.sort_unstable();
     Ok(pids)
 }
+
+/// `RNDADDENTROPY`'s argument: bits credited, bytes, then the bytes.
+#[repr(C)]
+struct RandPoolInfo {
+    entropy_count: libc::c_int,
+    buf_size: libc::c_int,
+    buf: [u8; MAX_RESEED_BYTES],
+}
+
+/// The most bytes one reseed mixes in.
+pub const MAX_RESEED_BYTES: usize = 256;
+
+/// `_IOW('R', 0x03, int[2])` and `_IO('R', 0x07)` from <linux/random.h>.
+const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+
+/// Mixes `bytes` into the kernel's input pool, credited in full, and makes
+/// the CRNG reseed from the pool now: what the kernel hands out from then on
+/// depends on `bytes` (a branch's seed), not only on what came before.
+pub fn reseed_kernel_rng(bytes: &[u8]) -> io::Result<()> {
+    if bytes.is_empty() || bytes.len() > MAX_RESEED_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} reseed bytes (1..={MAX_RESEED_BYTES})", bytes.len()),
+        ));
+    }
+    let random = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/urandom")?;
+    let mut info = RandPoolInfo {
+        entropy_count: (bytes.len() * 8) as libc::c_int,
+        buf_size: bytes.len() as libc::c_int,
+        buf: [0; MAX_RESEED_BYTES],
+    };
+    info.buf[..bytes.len()].copy_from_slice(bytes);
+    // SAFETY: `random` is an open /dev/urandom; RNDADDENTROPY reads the
+    // header and `buf_size` bytes after it, all inside `info`.
+    cvt(unsafe { libc::ioctl(random.as_raw_fd(), RNDADDENTROPY as _, &info) })?;
+    // SAFETY: RNDRESEEDCRNG takes no argument.
+    cvt(unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG as _) })?;
+    Ok(())
+}

@@ -144,6 +144,7 @@ pub fn detvisor_guest(plan: &WorkerPlan) -> GuestSpec {
         rtc_epoch_unix_secs: 1_704_067_200,
         network: None,
         command: vec![GUEST_COMMAND.into()],
+        stall_timeout: Default::default(),
     }
 }
 

@@ -315,6 +315,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         perturbation: None,
         network: None,
         control_channel: false,
+        stall_timeout: Default::default(),
     };
 
     // 1. Boot and dirty.

@@ -130,7 +130,14 @@ pub fn child_restore(dir: &Path) -> ChildRestore {
     let worker = thread::spawn(move || -> Result<()> {
         let mut controller = Controller::new();
         let streams = run::streams::Discard;
-        let run = match controller.handle(Request::Restore { spec, until: None }, &streams)? {
+        let run = match controller.handle(
+            Request::Restore {
+                spec,
+                until: None,
+                stall_timeout: Default::default(),
+            },
+            &streams,
+        )? {
             Response::Started { run, .. } => run,
             other => bail!("a restore answered {other:?}"),
         };

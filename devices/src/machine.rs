@@ -453,6 +453,20 @@ impl Devices {
         false
     }
 
+    /// Re-keys the switch's stream (an alternate history from this moment
+    /// on): its draws continue from the start of the stream `key`. Frames
+    /// already in flight keep their delivery times. Returns false when no
+    /// switch is attached.
+    pub fn rekey_switch(&mut self, key: [u8; 32]) -> bool {
+        match &mut self.switch {
+            Some(switch) => {
+                switch.rekey(key);
+                true
+            }
+            None => false,
+        }
+    }
+
     pub fn attach_virtio_console(&mut self) -> Result<VirtioSlot, DevicesError> {
         let transport = VirtioMmioTransport::new(VirtioConsole::new())?;
         self.attach_virtio(VirtioSlotDevice::Console(Box::new(transport)))

@@ -356,6 +356,12 @@ impl Switch {
         })
     }
 
+    /// Draws from now on come from the start of the ChaCha20 stream keyed
+    /// by `key` (a branch's alternate history); everything else stays.
+    pub fn rekey(&mut self, key: [u8; 32]) {
+        self.rng = ChaCha20Rng::from_seed(key);
+    }
+
     /// Adds a port, or gives an existing one a new address (its counters stay).
     pub fn add_port(&mut self, port: PortId, mac: [u8; 6]) {
         self.ports
@@ -1567,5 +1573,35 @@ mod tests {
                 drain(switch);
             },
         }
+    }
+
+    #[test]
+    fn test_switch_rekey_changes_later_draws_and_repeats_per_key() {
+        let jittery = NetworkConfig {
+            latency: LatencyDist::Uniform {
+                min: VirtNanos::from_micros(1),
+                max: VirtNanos::from_micros(40_000),
+            },
+            ..fixed(VirtNanos::ZERO)
+        };
+        let delays = |key: Option<[u8; 32]>| {
+            let mut switch = switch_with(KEY, jittery);
+            if let Some(key) = key {
+                switch.rekey(key);
+            }
+            (0..10u32)
+                .map(|i| {
+                    let now = VirtNanos::from_secs(u64::from(i));
+                    switch.submit(now, A, frame(MAC_B, A, i)).unwrap();
+                    let deadline = switch.next_deadline().unwrap();
+                    switch.due(deadline);
+                    deadline - now
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_ne!(delays(None), delays(Some(OTHER_KEY)));
+        assert_eq!(delays(Some(OTHER_KEY)), delays(Some(OTHER_KEY)));
+        // Re-keyed with the key it had, the switch starts its stream over.
+        assert_eq!(delays(Some(KEY)), delays(None));
     }
 }

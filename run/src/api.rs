@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use vmm::exit::StopReason;
 use vmm::record::RecordConfig;
+use vmm::stall::StallTimeout;
 use vmm::vm::ResumeConfig;
 use vmm::VirtNanos;
 
@@ -90,6 +91,8 @@ pub enum Request {
     Restore {
         spec: String,
         until: Option<VirtNanos>,
+        #[serde(default)]
+        stall_timeout: StallTimeout,
     },
     /// Run a held run on.
     RunUntil { run: RunId, until: Until },
@@ -112,6 +115,25 @@ pub enum Request {
     Outcome { run: RunId },
     /// Let a held run go.
     Close { run: RunId },
+}
+
+impl Request {
+    /// The stall timeout of a request that runs a guest (host policy: the
+    /// caller sets it for where the request runs).
+    pub fn stall_timeout_mut(&mut self) -> Option<&mut StallTimeout> {
+        match self {
+            Request::Run { guest, .. } | Request::Audit { guest, .. } | Request::Boot { guest } => {
+                Some(&mut guest.stall_timeout)
+            }
+            Request::Up { options, .. } | Request::BootUp { options, .. } => {
+                Some(&mut options.stall_timeout)
+            }
+            Request::Branch(request) => Some(&mut request.stall_timeout),
+            Request::BranchSeeds(request) => Some(&mut request.stall_timeout),
+            Request::Restore { stall_timeout, .. } => Some(stall_timeout),
+            _ => None,
+        }
+    }
 }
 
 /// Where a held run stands.
@@ -307,10 +329,15 @@ impl Controller {
                 let driven = prepared.boot(&config, output)?;
                 self.hold(driven, None)
             }
-            Request::Restore { spec, until } => {
+            Request::Restore {
+                spec,
+                until,
+                stall_timeout,
+            } => {
                 let resume = ResumeConfig {
                     until,
                     record: RecordConfig::default(),
+                    stall_timeout,
                 };
                 let node_output = NodeOutput {
                     out: Box::new(streams.stdout()),
@@ -369,7 +396,7 @@ impl Controller {
             }
             Request::Rekey { run, seed } => {
                 let held = self.held(run)?;
-                held.driven.session.set_seed(seed);
+                held.driven.rekey(seed)?;
                 Response::Position(held.position())
             }
             Request::Outcome { run } => {

@@ -7,6 +7,7 @@ use crate::snapshots::{self, NodeOutput, SnapshotPlan, Snapshotter};
 use crate::streams::Streams;
 use serde::{Deserialize, Serialize};
 use vmm::record::RecordConfig;
+use vmm::stall::StallTimeout;
 use vmm::vm::ResumeConfig;
 use vmm::VirtNanos;
 
@@ -23,6 +24,14 @@ pub struct BranchRequest {
     pub snapshots: Option<SnapshotPlan>,
     /// Print an `up` snapshot's events (node started, faults) on stderr.
     pub events: bool,
+    /// Faults added at the branch point (`at=+2s` counts from it), as
+    /// written: see [`crate::faults`].
+    #[serde(default)]
+    pub faults: Vec<String>,
+    /// Wall time the guest may run without a VM exit before the run ends
+    /// as stalled (host policy, not part of the history).
+    #[serde(default)]
+    pub stall_timeout: StallTimeout,
 }
 
 /// Why a branch could not be restored or run.
@@ -41,6 +50,7 @@ pub fn branch(request: &BranchRequest, streams: &dyn Streams) -> Result<RunSumma
     let resume = ResumeConfig {
         until: request.until,
         record: RecordConfig::default(),
+        stall_timeout: request.stall_timeout,
     };
     let node_output = NodeOutput {
         out: Box::new(streams.stdout()),
@@ -53,8 +63,9 @@ pub fn branch(request: &BranchRequest, streams: &dyn Streams) -> Result<RunSumma
     let driven = &mut restored.driven;
     if let Some(seed) = request.seed {
         // An alternate history from here on.
-        driven.session.set_seed(seed);
+        driven.rekey(seed)?;
     }
+    driven.add_faults(&request.faults)?;
     let stop = match restored.stopped_early {
         Some(stop) => stop,
         None => match &request.snapshots {

@@ -4,6 +4,7 @@
 //! `branch`, `seek`, in-place resets, the fork shell, the request API) steps
 //! a [`Driven`], so a resumed run takes exactly the steps the original took.
 
+use crate::faults::{parse_fault_after, FaultError};
 use crate::up::{self, DriveError, OutputError, UpDriver, UpState};
 use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
@@ -26,6 +27,10 @@ pub enum DrivenError {
     Restore(#[from] RestoreError),
     #[error(transparent)]
     Output(#[from] OutputError),
+    #[error(transparent)]
+    Fault(#[from] FaultError),
+    #[error("fault {text:?}: this is a plain `run` (no nodes, no agent): faults need a snapshot of an `up` run")]
+    FaultOnPlainRun { text: String },
 }
 
 type Result<T, E = DrivenError> = std::result::Result<T, E>;
@@ -99,6 +104,41 @@ impl Driven {
                 return Ok(stop);
             }
         }
+    }
+
+    /// Re-keys every seeded stream from `seed` at this exit: an alternate
+    /// history from this moment (the one function a branch calls). The
+    /// machine's streams are re-keyed in the VMM ([`Session::rekey`]); an
+    /// `up` run's agent also mixes seeded bytes into the guest kernel's pool
+    /// and reseeds its CRNG, so randomness the guest draws from now on
+    /// differs at once. What stays inherited: see docs/determinism.md.
+    pub fn rekey(&mut self, seed: u64) -> Result<()> {
+        let exit = self.session.exits();
+        self.session.rekey(seed);
+        if let Some(up) = &mut self.up {
+            up.reseed_guest(
+                &mut self.session,
+                vmm::entropy::guest_pool_bytes(seed, exit),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Adds faults at this moment (a branch point), as written: `at=+2s`
+    /// counts from now, an absolute time must not be before now. They go
+    /// into the run's state (the switch's schedule, the conductor's), so
+    /// the snapshots that follow hold them once.
+    pub fn add_faults(&mut self, texts: &[String]) -> Result<()> {
+        let now = self.session.now();
+        for text in texts {
+            let Some(up) = &mut self.up else {
+                return Err(DrivenError::FaultOnPlainRun { text: text.clone() });
+            };
+            for fault in parse_fault_after(text, Some(now))? {
+                up.inject(&mut self.session, fault)?;
+            }
+        }
+        Ok(())
     }
 
     /// The state to save between two exits.

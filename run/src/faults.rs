@@ -15,7 +15,9 @@
 //!
 //! `<nodes>` is a comma-separated list of node names; nodes listed in no
 //! group of a partition form one more group together. Times are virtual
-//! times since boot (as `--until`).
+//! times since boot (as `--until`); at a branch (`branch --fault`),
+//! `at=+<duration>` is that long after the branch point
+//! ([`parse_fault_after`]), and is refused anywhere else.
 //!
 //! `for=` is shorthand, expanded when the text is parsed ([`parse_fault`],
 //! [`schedule`]): it makes two faults, the one written and the one undoing
@@ -109,6 +111,8 @@ pub enum FaultTextError {
     For(#[source] DurationError),
     #[error("missing at=<time> (e.g. at=10s)")]
     MissingAt,
+    #[error("at=+<duration> is relative to a branch point: use it with `branch --fault`")]
+    RelativeWithoutBase,
     #[error(transparent)]
     Action(#[from] ActionError),
 }
@@ -403,13 +407,27 @@ impl FromStr for FaultAction {
 }
 
 /// Parses the grammar: the fault written and its `for=` duration, if any.
-fn parse_text(text: &str) -> Result<(Fault, Option<VirtNanos>), FaultTextError> {
+/// `at=+<duration>` is that long after `base` (a branch point); without a
+/// base it is refused.
+fn parse_text(
+    text: &str,
+    base: Option<VirtNanos>,
+) -> Result<(Fault, Option<VirtNanos>), FaultTextError> {
     let mut at = None;
     let mut duration = None;
     let mut rest = Vec::new();
     for word in text.split_whitespace() {
         match word.split_once('=') {
-            Some(("at", value)) => at = Some(parse_duration(value).map_err(FaultTextError::At)?),
+            Some(("at", value)) => {
+                at = Some(match value.strip_prefix('+') {
+                    Some(after) => {
+                        let base = base.ok_or(FaultTextError::RelativeWithoutBase)?;
+                        let after = parse_duration(after).map_err(FaultTextError::At)?;
+                        base.saturating_add(after)
+                    }
+                    None => parse_duration(value).map_err(FaultTextError::At)?,
+                })
+            }
             Some(("for", value)) => {
                 duration = Some(parse_duration(value).map_err(FaultTextError::For)?)
             }
@@ -427,7 +445,7 @@ impl FromStr for Fault {
     type Err = FaultError;
 
     fn from_str(text: &str) -> Result<Self, FaultError> {
-        match parse_text(text) {
+        match parse_text(text, None) {
             Ok((fault, None)) => Ok(fault),
             Ok((_, Some(_))) => Err(FaultError::TwoFaults {
                 text: text.to_owned(),
@@ -442,7 +460,13 @@ impl FromStr for Fault {
 
 /// Parses one fault string into its fault and, with `for=`, the undoing one.
 pub fn parse_fault(text: &str) -> Result<Vec<Fault>, FaultError> {
-    let (fault, duration) = parse_text(text).map_err(|source| FaultError::Parse {
+    parse_fault_after(text, None)
+}
+
+/// [`parse_fault`] where `at=+<duration>` counts from `base` (a branch
+/// point; `None`: relative times are refused).
+pub fn parse_fault_after(text: &str, base: Option<VirtNanos>) -> Result<Vec<Fault>, FaultError> {
+    let (fault, duration) = parse_text(text, base).map_err(|source| FaultError::Parse {
         text: text.to_owned(),
         source,
     })?;
@@ -597,6 +621,27 @@ mod tests {
         // One fault is one action: for= is the schedule's shorthand.
         let one = "at=1s pause n1 for=2s".parse::<Fault>().unwrap_err();
         assert!(one.to_string().contains("for= makes two faults"));
+    }
+
+    #[test]
+    fn test_relative_times_count_from_the_branch_point_only() {
+        let base = VirtNanos::from_secs(20);
+        let faults = parse_fault_after("at=+2s pause n1 for=3s", Some(base)).unwrap();
+        assert_eq!(faults[0].at, VirtNanos::from_secs(22));
+        assert_eq!(faults[1].at, VirtNanos::from_secs(25));
+        // Absolute times stay absolute at a branch.
+        let faults = parse_fault_after("at=30s heal", Some(base)).unwrap();
+        assert_eq!(faults[0].at, VirtNanos::from_secs(30));
+        // A resolved fault prints (and reads back) as an absolute one.
+        assert_eq!(faults[0].to_string().parse::<Fault>().unwrap(), faults[0]);
+        let err = format!(
+            "{:#}",
+            anyhow::Error::from(parse_fault("at=+2s heal").unwrap_err())
+        );
+        assert!(
+            err.contains("at=+<duration> is relative to a branch point"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -18,6 +18,10 @@ pub mod exit_status {
     /// The guest ended without reporting a status, or could not be set up
     /// (an `up` node that failed to start).
     pub const NO_STATUS: u8 = 125;
+    /// The guest ran the stall timeout without a VM exit: a limit of
+    /// detvisor on this host, neither a pass nor a failure of the system
+    /// under test.
+    pub const STALLED: u8 = 123;
 }
 
 /// A run's outcome as the CLI prints it (`--json`) and library callers read it.
@@ -96,6 +100,9 @@ impl RunSummary {
 
     /// The status a process running this run exits with.
     pub fn process_status(&self) -> u8 {
+        if matches!(self.stop, StopReason::Stalled { .. }) {
+            return exit_status::STALLED;
+        }
         self.exit_status.unwrap_or(match self.stop {
             StopReason::TimeLimit => exit_status::TIME_LIMIT,
             _ => exit_status::NO_STATUS,
@@ -115,6 +122,7 @@ impl RunSummary {
             StopReason::GuestReset => "guest reset without reporting a status".into(),
             StopReason::HaltedForever => "guest halted with nothing left to wake it".into(),
             StopReason::Failure { failure } => format!("KVM failure: {failure:?}"),
+            StopReason::Stalled { .. } => format!("stalled: {}", stall_message(&self.stop)),
         };
         format!("detvisor: {status}; {}", self.details())
     }
@@ -140,7 +148,29 @@ pub fn stop_kind(stop: &StopReason) -> &'static str {
         StopReason::GuestReset => "guest_reset",
         StopReason::HaltedForever => "halted_forever",
         StopReason::Failure { .. } => "failure",
+        StopReason::Stalled { .. } => "stalled",
     }
+}
+
+/// What a stall means, in words (empty for any other stop).
+pub fn stall_message(stop: &StopReason) -> String {
+    let StopReason::Stalled {
+        last_exit,
+        rip,
+        timeout_ms,
+    } = *stop
+    else {
+        return String::new();
+    };
+    let seconds = VirtNanos(timeout_ms.saturating_mul(1_000_000));
+    let after = match last_exit {
+        Some(exit) => format!("after exit {exit} at RIP {rip:#x}"),
+        None => "before its first exit".into(),
+    };
+    format!(
+        "the guest ran {seconds} without a VM exit {after}; without an instruction counter \
+         such code cannot be preempted"
+    )
 }
 
 /// For per-run lines of audits: the interrupt windows that were stepped past
@@ -196,6 +226,11 @@ mod tests {
             StopReason::TimeLimit,
             StopReason::GuestReset,
             StopReason::HaltedForever,
+            StopReason::Stalled {
+                last_exit: Some(41),
+                rip: 0x401000,
+                timeout_ms: 5000,
+            },
         ] {
             let s = summary(stop).with_exit_status(Some(3));
             let text = serde_json::to_string(&s).unwrap();
@@ -203,6 +238,26 @@ mod tests {
             let kind = serde_json::to_value(stop).unwrap()["kind"].clone();
             assert_eq!(kind, stop_kind(&stop));
         }
+    }
+
+    #[test]
+    fn test_stall_is_its_own_status_and_message() {
+        let stall = StopReason::Stalled {
+            last_exit: Some(41),
+            rip: 0x401000,
+            timeout_ms: 5000,
+        };
+        let s = summary(stall);
+        assert_eq!(s.process_status(), exit_status::STALLED);
+        assert_eq!(s.stop_kind(), "stalled");
+        assert!(
+            s.human().contains(
+                "the guest ran 5s without a VM exit after exit 41 at RIP 0x401000; \
+                 without an instruction counter such code cannot be preempted"
+            ),
+            "{}",
+            s.human()
+        );
     }
 
     #[test]

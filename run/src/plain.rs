@@ -8,6 +8,7 @@ use crate::snapshots::{SnapshotPlan, Snapshotter};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use vmm::record::RecordConfig;
+use vmm::stall::StallTimeout;
 use vmm::vm::{ConsoleInput, VmConfig};
 use vmm::VirtNanos;
 
@@ -36,6 +37,10 @@ pub struct GuestSpec {
     pub network: Option<PlainNetwork>,
     /// The command to run inside the guest (empty: a shell on the console).
     pub command: Vec<String>,
+    /// Wall time the guest may run without a VM exit before the run ends
+    /// as stalled (host policy, not part of the history).
+    #[serde(default)]
+    pub stall_timeout: StallTimeout,
 }
 
 impl Default for GuestSpec {
@@ -50,6 +55,7 @@ impl Default for GuestSpec {
             rtc_epoch_unix_secs: DEFAULT_RTC_EPOCH,
             network: None,
             command: Vec::new(),
+            stall_timeout: StallTimeout::default(),
         }
     }
 }
@@ -151,6 +157,7 @@ impl GuestSpec {
             }),
             // The control channel, for the fork-shell listener (see `guest::FORK_SHELL_LISTENER`).
             control_channel: true,
+            stall_timeout: self.stall_timeout,
         })
     }
 }

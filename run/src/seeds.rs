@@ -12,6 +12,7 @@ use crate::snapshots::{restore, NodeOutput};
 use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
 use vmm::record::RecordConfig;
+use vmm::stall::StallTimeout;
 use vmm::vm::ResumeConfig;
 use vmm::VirtNanos;
 
@@ -113,6 +114,14 @@ pub struct SeedsRequest {
     pub until: Option<VirtNanos>,
     /// Restore once per worker and reset in memory between seeds.
     pub in_place: bool,
+    /// Faults added at the branch point of every seed (see
+    /// [`crate::branch::BranchRequest::faults`]).
+    #[serde(default)]
+    pub faults: Vec<String>,
+    /// Wall time the guest may run without a VM exit before the run ends
+    /// as stalled (host policy, not part of the history).
+    #[serde(default)]
+    pub stall_timeout: StallTimeout,
 }
 
 /// One branch's outcome: the run's summary (the one representation of a
@@ -156,19 +165,28 @@ impl BranchOutcome {
 pub struct SeedsReport {
     pub spec: String,
     pub jobs: usize,
+    /// Branches with distinct digests: anything differed, even only the
+    /// random bytes in memory.
     pub distinct_histories: usize,
+    /// Branches whose control flow differed: distinct (exit count, exits by
+    /// kind, virtual time at the end). Histories that differ only in data
+    /// (other random bytes, the same steps) count once here.
+    pub distinct_control_flows: usize,
+    /// Branches that ended as stalled (neither a pass nor a failure).
+    pub stalled: usize,
     pub failures: usize,
     pub branches: Vec<BranchOutcome>,
 }
 
 /// Restores `spec` (replayed to its target) for one branch.
-fn restore_branch_point(spec: &str, until: Option<VirtNanos>) -> Result<Driven, BranchPointError> {
+fn restore_branch_point(request: &SeedsRequest) -> Result<Driven, BranchPointError> {
     let resume = ResumeConfig {
-        until,
+        until: request.until,
         record: RecordConfig::default(),
+        stall_timeout: request.stall_timeout,
     };
     let restored = restore(
-        spec,
+        &request.spec,
         &resume,
         Box::new(std::io::sink()),
         None,
@@ -180,13 +198,16 @@ fn restore_branch_point(spec: &str, until: Option<VirtNanos>) -> Result<Driven, 
     Ok(restored.driven)
 }
 
-/// Re-keys `driven` with `seed` and runs it to its end.
-fn run_branch(driven: &mut Driven, seed: u64) -> BranchOutcome {
-    driven.session.set_seed(seed);
-    let run = driven.run_to_end().and_then(|stop| {
-        let exit_status = driven.exit_status(stop);
-        Ok((exit_status, driven.outcome(stop)?))
-    });
+/// Re-keys `driven` with `seed`, adds the faults, and runs it to its end.
+fn run_branch(driven: &mut Driven, seed: u64, faults: &[String]) -> BranchOutcome {
+    let run = driven
+        .rekey(seed)
+        .and_then(|()| driven.add_faults(faults))
+        .and_then(|()| driven.run_to_end())
+        .and_then(|stop| {
+            let exit_status = driven.exit_status(stop);
+            Ok((exit_status, driven.outcome(stop)?))
+        });
     match run {
         Ok((exit_status, run)) => BranchOutcome::Ran(Box::new(
             RunSummary::new(seed, &run).with_exit_status(exit_status),
@@ -197,14 +218,13 @@ fn run_branch(driven: &mut Driven, seed: u64) -> BranchOutcome {
 
 /// One worker that restores the moment afresh for each seed it takes.
 fn fresh_worker(
-    spec: &str,
-    until: Option<VirtNanos>,
+    request: &SeedsRequest,
     next_seed: &dyn Fn() -> Option<u64>,
     done: &dyn Fn(BranchOutcome),
 ) {
     while let Some(seed) = next_seed() {
-        done(match restore_branch_point(spec, until) {
-            Ok(mut driven) => run_branch(&mut driven, seed),
+        done(match restore_branch_point(request) {
+            Ok(mut driven) => run_branch(&mut driven, seed, &request.faults),
             Err(e) => BranchOutcome::failed(seed, crate::chain(&e)),
         });
     }
@@ -213,14 +233,13 @@ fn fresh_worker(
 /// One in-place worker: restores `spec` once, keeps it as a checkpoint, and
 /// runs one seed after another from it, resetting in between.
 fn in_place_worker(
-    spec: &str,
-    until: Option<VirtNanos>,
+    request: &SeedsRequest,
     next_seed: &dyn Fn() -> Option<u64>,
     done: &dyn Fn(BranchOutcome),
 ) {
     let Some(mut seed) = next_seed() else { return };
     let setup = || -> Result<(Driven, DrivenCheckpoint), BranchPointError> {
-        let mut driven = restore_branch_point(spec, until)?;
+        let mut driven = restore_branch_point(request)?;
         let checkpoint = driven.checkpoint()?;
         Ok((driven, checkpoint))
     };
@@ -234,7 +253,7 @@ fn in_place_worker(
         }
     };
     loop {
-        done(run_branch(&mut driven, seed));
+        done(run_branch(&mut driven, seed, &request.faults));
         if let Err(e) = driven.reset_to(&mut checkpoint) {
             // The next seed cannot start from the branch point here; this
             // worker stops, the others go on.
@@ -249,6 +268,19 @@ fn in_place_worker(
         let Some(next) = next_seed() else { return };
         seed = next;
     }
+}
+
+/// How many of `branches` differ in control flow (see
+/// [`SeedsReport::distinct_control_flows`]).
+fn distinct_control_flows(branches: &[BranchOutcome]) -> usize {
+    let mut shapes: Vec<_> = branches
+        .iter()
+        .filter_map(BranchOutcome::summary)
+        .map(|s| (s.exits, s.virtual_ns, &s.exits_by_kind))
+        .collect();
+    shapes.sort_unstable();
+    shapes.dedup();
+    shapes.len()
 }
 
 /// Runs every seed of `request` and reports them in seed order.
@@ -273,11 +305,10 @@ pub fn branch_seeds(request: &SeedsRequest) -> SeedsReport {
                         .unwrap_or_else(|e| e.into_inner())
                         .push(outcome)
                 };
-                let spec = request.spec.as_str();
                 if request.in_place {
-                    in_place_worker(spec, request.until, &next_seed, &done);
+                    in_place_worker(request, &next_seed, &done);
                 } else {
-                    fresh_worker(spec, request.until, &next_seed, &done);
+                    fresh_worker(request, &next_seed, &done);
                 }
             });
         }
@@ -298,10 +329,16 @@ pub fn branch_seeds(request: &SeedsRequest) -> SeedsReport {
         .collect();
     digests.sort_unstable();
     digests.dedup();
+    let stalled = branches
+        .iter()
+        .filter(|o| o.summary().is_some_and(|s| s.stop_kind() == "stalled"))
+        .count();
     SeedsReport {
         spec: request.spec.clone(),
         jobs,
         distinct_histories: digests.len(),
+        distinct_control_flows: distinct_control_flows(&branches),
+        stalled,
         failures,
         branches,
     }
@@ -334,15 +371,50 @@ mod tests {
             "bad seed range \"a..3\": \"a\" is not a number"
         );
         // A failed branch's error is its whole chain, each cause once.
-        let e = restore_branch_point("/nonexistent/detvisor-snaps@latest", None)
-            .err()
-            .unwrap();
+        let request = SeedsRequest {
+            spec: "/nonexistent/detvisor-snaps@latest".into(),
+            seeds: "1..2".parse().unwrap(),
+            jobs: 1,
+            until: None,
+            in_place: false,
+            faults: Vec::new(),
+            stall_timeout: StallTimeout::default(),
+        };
+        let e = restore_branch_point(&request).err().unwrap();
         let text = crate::chain(&e);
         assert_eq!(text, format!("{:#}", anyhow::Error::from(e)));
         assert!(
             text.starts_with("resolving \"/nonexistent/detvisor-snaps@latest\": "),
             "{text}"
         );
+    }
+
+    #[test]
+    fn test_control_flows_count_shapes_not_digests() {
+        let ran = |seed: u64, exits: u64, virtual_ns: u64, digest: &str| {
+            let mut summary: RunSummary = serde_json::from_value(serde_json::json!({
+                "exit_status": 0, "stop": {"kind": "guest_exit", "status": 0},
+                "seed": seed, "virtual_ns": virtual_ns, "exits": exits,
+                "exits_by_kind": {"Hlt": exits}, "injected_interrupts": 0,
+                "irq_windows_stepped": 0, "single_steps": 0, "wall_ms": 1,
+                "wall_setup_ms": 0, "wall_finish_ms": 0, "exits_per_sec": 1,
+                "digest": digest,
+                "digest_parts": {"records": "", "memory": "", "devices": "", "console": ""},
+                "console_bytes": 0, "unhandled_accesses": 0,
+                "vmm_peak_rss_beyond_guest_kib": null, "cpu_model_version": 2
+            }))
+            .unwrap();
+            summary.seed = seed;
+            BranchOutcome::Ran(Box::new(summary))
+        };
+        let branches = [
+            ran(1, 100, 5, "a"),
+            ran(2, 100, 5, "b"),
+            ran(3, 101, 5, "c"),
+            ran(4, 100, 6, "d"),
+            BranchOutcome::failed(5, "no".into()),
+        ];
+        assert_eq!(distinct_control_flows(&branches), 3);
     }
 
     #[test]

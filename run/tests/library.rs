@@ -112,6 +112,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
         logs: None,
         stream_output: true,
         snapshots: None,
+        stall_timeout: Default::default(),
     };
     let run = started(
         c.handle(Request::BootUp { prepared, options }, &streams)
@@ -209,8 +210,15 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
     assert_eq!(row.exit_index, at.exits);
     let spec = dir.join(&row.id).display().to_string();
     let restored = started(
-        c.handle(Request::Restore { spec, until: None }, &streams)
-            .unwrap(),
+        c.handle(
+            Request::Restore {
+                spec,
+                until: None,
+                stall_timeout: Default::default(),
+            },
+            &streams,
+        )
+        .unwrap(),
     );
     assert_ne!(restored, run);
     let from_snapshot = to_the_end(&mut c, &streams, restored);

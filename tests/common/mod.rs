@@ -3,6 +3,8 @@
 
 use std::process::{Command, Output};
 
+pub mod cluster;
+
 /// Runs the detvisor binary and echoes what it did (shown when a test fails).
 pub fn detvisor(args: &[&str]) -> Output {
     let out = Command::new(env!("CARGO_BIN_EXE_detvisor"))

@@ -9,6 +9,12 @@ use rand_core::{RngCore, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 /// Names of the streams; the name is part of the key, so never rename one.
+///
+/// The list of every seeded stream (docs/determinism.md holds the same list
+/// with what a branch inherits): [`KERNEL_RNG_SEED`](stream::KERNEL_RNG_SEED)
+/// is drawn once at boot; the streams in [`REKEYED_AT_BRANCH`] keep feeding
+/// the run and are re-keyed by [`crate::vm::Session::rekey`] at a branch.
+/// A new consumer adds its name here and to that list.
 pub mod stream {
     /// The seed handed to the kernel RNG at boot (setup_data RNG seed).
     pub const KERNEL_RNG_SEED: &str = "kernel-rng-seed";
@@ -16,6 +22,34 @@ pub mod stream {
     pub const VIRTIO_RNG: &str = "virtio-rng";
     /// The network switch: latency, loss, duplication and reordering draws.
     pub const NETWORK_SWITCH: &str = "network-switch";
+    /// Bytes the in-guest agent mixes into the kernel's entropy pool at a
+    /// branch (`RNDADDENTROPY`, then `RNDRESEEDCRNG`), so the guest's CRNG
+    /// diverges at once instead of at its next reseed from the hwrng.
+    pub const GUEST_POOL: &str = "guest-pool";
+}
+
+/// The streams a branch re-keys, all from (seed, exit index).
+pub const REKEYED_AT_BRANCH: [&str; 3] = [
+    stream::VIRTIO_RNG,
+    stream::NETWORK_SWITCH,
+    stream::GUEST_POOL,
+];
+
+/// Bytes of [`stream::GUEST_POOL`] the agent mixes in at a branch.
+pub const GUEST_POOL_BYTES: usize = 64;
+
+/// The key of stream `name` in the history re-keyed with `seed` at exit
+/// `exit`: branching one moment with one seed twice gives one history.
+pub fn branch_key(seed: u64, exit: u64, name: &str) -> [u8; 32] {
+    stream_key(seed, &format!("{name}@exit{exit}"))
+}
+
+/// The bytes the agent mixes into the guest kernel's pool at a branch with
+/// `seed` at exit `exit`.
+pub fn guest_pool_bytes(seed: u64, exit: u64) -> [u8; GUEST_POOL_BYTES] {
+    let mut bytes = [0; GUEST_POOL_BYTES];
+    ChaCha20Rng::from_seed(branch_key(seed, exit, stream::GUEST_POOL)).fill_bytes(&mut bytes);
+    bytes
 }
 
 /// The 32-byte ChaCha20 key of stream `name` under `seed`.
@@ -88,6 +122,34 @@ impl Persist for EntropyStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_branch_keys_differ_by_seed_exit_and_stream_and_repeat() {
+        let key = |seed, exit, name| branch_key(seed, exit, name);
+        assert_eq!(
+            key(1, 500, stream::VIRTIO_RNG),
+            key(1, 500, stream::VIRTIO_RNG)
+        );
+        assert_ne!(
+            key(1, 500, stream::VIRTIO_RNG),
+            key(2, 500, stream::VIRTIO_RNG)
+        );
+        assert_ne!(
+            key(1, 500, stream::VIRTIO_RNG),
+            key(1, 501, stream::VIRTIO_RNG)
+        );
+        assert_ne!(
+            key(1, 500, stream::VIRTIO_RNG),
+            key(1, 500, stream::NETWORK_SWITCH)
+        );
+        // The virtio-rng key is the one branches always used (digests kept).
+        assert_eq!(
+            key(1, 500, stream::VIRTIO_RNG),
+            stream_key(1, "virtio-rng@exit500")
+        );
+        assert_eq!(guest_pool_bytes(3, 9), guest_pool_bytes(3, 9));
+        assert_ne!(guest_pool_bytes(3, 9), guest_pool_bytes(4, 9));
+    }
 
     #[test]
     fn test_same_seed_and_name_give_same_bytes() {

@@ -186,6 +186,15 @@ pub enum StopReason {
     HaltedForever,
     /// KVM reported something the VMM cannot continue from.
     Failure { failure: ExitFailure },
+    /// The guest executed for the stall timeout (`timeout_ms` of wall time)
+    /// without a VM exit, after exit `last_exit` (none: before its first)
+    /// at `rip` (see [`crate::stall`]). A limit of detvisor on this host,
+    /// not an event of the history.
+    Stalled {
+        last_exit: Option<u64>,
+        rip: u64,
+        timeout_ms: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,6 +11,7 @@ pub mod irq_window;
 mod kvm_util;
 pub mod probe;
 pub mod record;
+pub mod stall;
 pub mod vcpu_state;
 pub mod vm;
 

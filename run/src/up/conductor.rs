@@ -280,6 +280,9 @@ impl Conductor {
 /// run reached its time limit (the nodes ran as long as asked).
 pub fn run_status(conductor: &Conductor, stop: vmm::exit::StopReason) -> u8 {
     use vmm::exit::StopReason;
+    if matches!(stop, StopReason::Stalled { .. }) {
+        return crate::exit_status::STALLED;
+    }
     if let Some(status) = conductor.status() {
         return u8::try_from(status).unwrap_or(crate::exit_status::NO_STATUS);
     }

@@ -175,6 +175,17 @@ impl UpDriver {
         Ok(())
     }
 
+    /// Has the agent mix `bytes` into the guest kernel's entropy pool and
+    /// reseed its CRNG, now (at this exit): part of re-keying at a branch.
+    pub fn reseed_guest(&mut self, session: &mut vmm::vm::Session, bytes: [u8; 64]) -> Result<()> {
+        send_message(
+            session,
+            &HostToAgent::Reseed {
+                bytes: bytes.to_vec(),
+            },
+        )
+    }
+
     fn announce(&mut self, at: VirtNanos, fault: NetworkFault) {
         (self.output.events)(
             at,

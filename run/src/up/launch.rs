@@ -21,6 +21,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use vmm::record::RecordConfig;
+use vmm::stall::StallTimeout;
 use vmm::vm::{NetworkSpec, VmConfig};
 use vmm::VirtNanos;
 
@@ -215,6 +216,10 @@ pub struct UpOptions {
     pub stream_output: bool,
     /// Snapshots of the first run.
     pub snapshots: Option<SnapshotPlan>,
+    /// Wall time the guest may run without a VM exit before the run ends
+    /// as stalled (host policy, not part of the history).
+    #[serde(default)]
+    pub stall_timeout: StallTimeout,
 }
 
 /// What an `up` run reports.
@@ -282,6 +287,7 @@ impl PreparedUp {
                 config: self.network,
             }),
             control_channel: true,
+            stall_timeout: options.stall_timeout,
         })
     }
 

@@ -175,7 +175,7 @@ impl Session {
     /// pages written since the checkpoint or the previous reset are copied
     /// back, and the vCPU, devices, clock, records and console digest are
     /// restored. What runs next is exactly what ran after the checkpoint
-    /// (or, after `set_seed`, an alternate history from it).
+    /// (or, after `rekey`, an alternate history from it).
     pub fn reset_to(&mut self, checkpoint: &mut Checkpoint) -> Result<ResetStats, VmError> {
         let ram = host_ram(&self.vm.memory);
         self.live_checkpoint.check(&checkpoint.pages, ram.1)?;

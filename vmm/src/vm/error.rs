@@ -51,6 +51,8 @@ pub enum VmError {
         #[source]
         source: kvm_ioctls::Error,
     },
+    #[error("the stall guard: {0}")]
+    StallGuard(&'static str, #[source] std::io::Error),
     #[error("injecting an interrupt failed")]
     Inject(#[source] std::io::Error),
     #[error(transparent)]

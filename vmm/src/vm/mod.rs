@@ -40,6 +40,7 @@ pub use wiring::{nic_mac, NetworkSpec};
 
 use crate::exit::{Perturbation, StopReason};
 use crate::record::{ExitRecord, RecordConfig};
+use crate::stall::StallTimeout;
 use devices::VirtNanos;
 use error::kvm_err;
 use serde::{Deserialize, Serialize};
@@ -52,6 +53,8 @@ use std::time::Duration;
 pub struct ResumeConfig {
     pub until: Option<VirtNanos>,
     pub record: RecordConfig,
+    /// Host policy, not part of the run: see [`crate::stall`].
+    pub stall_timeout: StallTimeout,
 }
 
 /// Everything that defines a run. Two runs with equal configs are identical.
@@ -74,6 +77,10 @@ pub struct VmConfig {
     /// `run`; driven through [`Session::send_on_control_channel`] and
     /// [`Session::take_control_output`].
     pub control_channel: bool,
+    /// Wall time the guest may execute without an exit before the run ends
+    /// as stalled. Host policy, not part of the run's definition (see
+    /// [`crate::stall`]).
+    pub stall_timeout: StallTimeout,
 }
 
 /// What a finished run reports.

@@ -18,6 +18,7 @@ use crate::entropy::{self, stream, EntropyStream};
 use crate::exit::{Machine, MachineState, StopReason};
 use crate::irq_window::WindowGuard;
 use crate::record::{self, ChainHash, Recorder, RecorderState};
+use crate::stall::{StallGuard, StallTimeout};
 use crate::vcpu_state::{self, VcpuState};
 use devices::{Devices, DevicesState, Persist, VirtNanos};
 use serde::{Deserialize, Serialize};
@@ -50,6 +51,10 @@ pub struct SessionState {
     pub injected_interrupts: u64,
     /// kvm_run.request_interrupt_window as the loop left it.
     pub request_interrupt_window: u8,
+    /// RIP at the last guest-caused exit (what a stall reports; absent in
+    /// snapshots older than the stall guard).
+    #[serde(default)]
+    pub last_exit_rip: u64,
 }
 
 /// A booted guest and everything needed to run it one exit at a time.
@@ -72,6 +77,11 @@ pub struct Session {
     pub(super) live_checkpoint: LiveCheckpoint,
     pub(super) started: Instant,
     pub(super) wall_setup: Duration,
+    /// Ends a run whose guest executes too long without an exit (host
+    /// policy, not saved).
+    pub(super) stall: StallGuard,
+    /// RIP at the last guest-caused exit.
+    pub(super) last_exit_rip: u64,
 }
 
 impl Session {
@@ -143,6 +153,8 @@ impl Session {
             console,
             input,
             injected_total: 0,
+            stall: StallGuard::new(config.stall_timeout),
+            last_exit_rip: 0,
             window: WindowGuard::default(),
             live_checkpoint: LiveCheckpoint::default(),
             wall_setup: started.elapsed(),
@@ -150,20 +162,30 @@ impl Session {
         })
     }
 
+    /// Changes the stall guard's timeout (host policy: see [`crate::stall`]).
+    pub fn set_stall_timeout(&mut self, timeout: StallTimeout) {
+        self.stall.set_timeout(timeout);
+    }
+
+    pub fn stall_timeout(&self) -> StallTimeout {
+        self.stall.timeout()
+    }
+
     pub fn seed(&self) -> u64 {
         self.seed
     }
 
-    /// Re-keys every seeded stream the guest still draws from (today the
-    /// virtio-rng device) from `seed`: an alternate history from this moment.
-    /// The stream is keyed by the seed and the exit index, so branching the
-    /// same moment with the same seed twice gives the same history.
-    pub fn set_seed(&mut self, seed: u64) {
+    /// Re-keys every seeded stream the machine draws from
+    /// ([`entropy::REKEYED_AT_BRANCH`] but the guest pool, which is the
+    /// agent's: see `run::driven::Driven::rekey`) from `seed` and the present
+    /// exit index: an alternate history from this moment. Branching the same
+    /// moment with the same seed twice gives the same history.
+    pub fn rekey(&mut self, seed: u64) {
         self.seed = seed;
-        let name = format!("{}@exit{}", stream::VIRTIO_RNG, self.machine.exits());
-        self.machine
-            .devices
-            .rekey_virtio_rng(entropy::stream_key(seed, &name));
+        let exit = self.machine.exits();
+        let devices = &mut self.machine.devices;
+        devices.rekey_virtio_rng(entropy::branch_key(seed, exit, stream::VIRTIO_RNG));
+        devices.rekey_switch(entropy::branch_key(seed, exit, stream::NETWORK_SWITCH));
     }
 
     /// Queues a message for the agent on its control channel, delivered now
@@ -250,6 +272,7 @@ impl Session {
             console_bytes,
             injected_interrupts: self.injected_total,
             request_interrupt_window: self.vm.vcpu.get_kvm_run().request_interrupt_window,
+            last_exit_rip: self.last_exit_rip,
         })
     }
 
@@ -319,6 +342,8 @@ impl Session {
             console,
             input,
             injected_total: state.injected_interrupts,
+            stall: StallGuard::new(config.stall_timeout),
+            last_exit_rip: state.last_exit_rip,
             window: WindowGuard::default(),
             live_checkpoint: LiveCheckpoint::default(),
             wall_setup: started.elapsed(),
@@ -335,8 +360,14 @@ impl Session {
     /// session usable (for `reset_to`); its kept records move to the outcome.
     pub fn outcome(&mut self, stop: StopReason) -> RunOutcome {
         let finishing = Instant::now();
-        let (final_memory, guest_resident_bytes) =
+        let (mut final_memory, guest_resident_bytes) =
             memory_hash_and_residency(&self.vm.memory, &self.backing);
+        // A stalled guest kept changing its memory after its last exit, by
+        // as much as the host let it run: that is not part of the history.
+        let stalled = matches!(stop, StopReason::Stalled { .. });
+        if stalled {
+            final_memory = 0;
+        }
 
         let final_devices = devices_hash(&self.machine.devices);
         let (console_hash, console_bytes) = {
@@ -349,7 +380,11 @@ impl Session {
         let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
         let digest_parts = DigestParts {
             records: hex(&self.recorder.save().digest.0[..8]),
-            memory: format!("{final_memory:016x}"),
+            memory: if stalled {
+                "not hashed (stalled)".into()
+            } else {
+                format!("{final_memory:016x}")
+            },
             devices: format!("{final_devices:016x}"),
             console: hex(&console_hash[..8]),
         };
@@ -401,6 +436,7 @@ impl Session {
             capture.bytes = state.console_bytes;
         }
         self.injected_total = state.injected_interrupts;
+        self.last_exit_rip = state.last_exit_rip;
         self.seed = state.seed;
         Ok(())
     }

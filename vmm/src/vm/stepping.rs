@@ -76,6 +76,9 @@ impl Session {
             // exit: it must not be counted or recorded, move the clock, feed
             // input or give an interrupt a chance to be injected. Enter again.
             if exit == Exit::Interrupted {
+                if self.stall.stalled() {
+                    return Ok(ExitAction::Stop(self.stalled()));
+                }
                 continue;
             }
             let stop = match exit {
@@ -94,6 +97,7 @@ impl Session {
                     irq_window::Verdict::Unexpected => (Exit::SingleStep, ResponseSlot::None),
                 }
             };
+            self.stall.exit_seen();
             if let Some(input) = &self.input {
                 feed_console_input(&mut self.machine, input, exit == Exit::Hlt);
             }
@@ -183,8 +187,19 @@ impl Session {
         Ok(injected)
     }
 
+    /// The stop of a run whose guest went the stall timeout without an exit.
+    fn stalled(&self) -> StopReason {
+        let exits = self.machine.exits();
+        StopReason::Stalled {
+            last_exit: exits.checked_sub(1),
+            rip: self.last_exit_rip,
+            timeout_ms: u64::try_from(self.stall.timeout().0.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+
     fn record(&mut self, exit: &Exit, action: &ExitAction, injected: u16) {
         let regs = self.vm.vcpu.sync_regs().regs;
+        self.last_exit_rip = regs.rip;
         let index = self.machine.exits() - 1;
         let data = match (exit, action) {
             (Exit::IoOut { data, .. } | Exit::MmioWrite { data, .. }, _) => *data,
@@ -223,6 +238,7 @@ impl Session {
     /// Runs until the guest stops, or until `exit_limit` exits have been
     /// handled in all (`None` when the limit was reached first).
     pub fn run_until_exit(&mut self, exit_limit: u64) -> Result<Option<StopReason>, VmError> {
+        self.stall.arm(&self.vm.vcpu)?;
         while self.machine.exits() < exit_limit {
             if let ExitAction::Stop(reason) = self.step()? {
                 return Ok(Some(reason));
@@ -239,6 +255,7 @@ impl Session {
         exit_limit: Option<u64>,
         time_limit: Option<VirtNanos>,
     ) -> Result<Option<StopReason>, VmError> {
+        self.stall.arm(&self.vm.vcpu)?;
         loop {
             if exit_limit.is_some_and(|limit| self.machine.exits() >= limit)
                 || time_limit.is_some_and(|limit| self.machine.now() >= limit)
@@ -253,6 +270,7 @@ impl Session {
 
     /// Runs one exit (`Some` when the guest stopped there).
     pub fn step_one(&mut self) -> Result<Option<StopReason>, VmError> {
+        self.stall.arm(&self.vm.vcpu)?;
         match self.step()? {
             ExitAction::Stop(reason) => Ok(Some(reason)),
             ExitAction::Resume(_) => Ok(None),
@@ -261,6 +279,7 @@ impl Session {
 
     /// Runs until the guest stops.
     pub fn run_to_end(&mut self) -> Result<StopReason, VmError> {
+        self.stall.arm(&self.vm.vcpu)?;
         loop {
             if let ExitAction::Stop(reason) = self.step()? {
                 return Ok(reason);
