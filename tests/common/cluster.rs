@@ -17,7 +17,7 @@ impl Cluster {
         std::fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox-static is installed");
         for applet in [
             "sh", "echo", "sleep", "ping", "nc", "cat", "cut", "hostname", "seq", "true", "head",
-            "od", "date",
+            "od", "date", "tr",
         ] {
             std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
         }
