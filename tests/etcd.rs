@@ -210,3 +210,58 @@ fn test_etcd_partitioned_leader_loses_writes_majority_goes_on_and_it_catches_up(
         "{err}"
     );
 }
+
+/// Branches of one etcd moment with eight seeds are eight histories that
+/// differ in what happened (the switch's latencies and the guest's CRNG are
+/// re-keyed at the branch), not only in the random bytes in memory.
+#[test]
+fn test_etcd_branches_with_eight_seeds_differ_in_control_flow() {
+    let manifest = manifest("cluster.toml");
+    let snaps = manifest.with_extension("seed-snaps");
+    let _ = std::fs::remove_dir_all(&snaps);
+    let snaps = snaps.to_str().unwrap();
+    let out = up(
+        "cluster.toml",
+        &[
+            "--seed",
+            "42",
+            "--until",
+            "120s",
+            "--json",
+            "--quiet",
+            "--snapshots",
+            snaps,
+            "--snapshot-every",
+            "1s",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let parent = summary(&out);
+    let out = detvisor(&[
+        "branch",
+        &format!("{snaps}@1s"),
+        "--seeds",
+        "1..8",
+        "--in-place",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report = summary(&out);
+    let branches = report["branches"].as_array().unwrap();
+    assert_eq!(branches.len(), 8);
+    let distinct = |key: &dyn Fn(&serde_json::Value) -> String| {
+        let mut values: Vec<String> = branches.iter().map(key).collect();
+        values.sort();
+        values.dedup();
+        values.len()
+    };
+    let exits = distinct(&|b| b["exits"].to_string());
+    let times = distinct(&|b| b["virtual_ns"].to_string());
+    let output = distinct(&|b| b["digest_parts"]["console"].to_string());
+    eprintln!("8 seeds: {exits} exit counts, {times} end times, {output} node outputs");
+    assert!(exits >= 4 && times >= 4 && output >= 4, "{report}");
+    assert!(report["distinct_control_flows"].as_u64().unwrap() >= 4, "{report}");
+    // Not the parent's history either.
+    assert!(branches.iter().all(|b| b["digest"] != parent["digest"]));
+    assert!(branches.iter().all(|b| b["exit_status"] == 0), "{report}");
+}
