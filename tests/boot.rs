@@ -243,7 +243,7 @@ fn test_a_guest_spinning_without_exits_ends_as_stalled_identically() {
         "--until",
         "5s",
         "--stall-timeout",
-        "5s",
+        "20s",
         "--",
         "sh",
         "-c",
@@ -253,12 +253,13 @@ fn test_a_guest_spinning_without_exits_ends_as_stalled_identically() {
     assert_eq!(first.status.code(), Some(123), "{}", stderr(&first));
     let summary_1 = summary(&first);
     assert_eq!(summary_1["stop"]["kind"], "stalled", "{summary_1}");
-    assert_eq!(summary_1["stop"]["timeout_ms"], 5000);
-    assert!(summary_1["stop"]["last_exit"].as_u64().unwrap() > 1000);
+    assert_eq!(summary_1["stop"]["timeout_ms"], 20000);
+    // After boot (~700 exits), in the spinning shell.
+    assert!(summary_1["stop"]["last_exit"].as_u64().unwrap() > 500);
     assert!(summary_1["stop"]["rip"].as_u64().unwrap() != 0);
     let text = stderr(&first);
     assert!(
-        text.contains("detvisor: stalled: the guest ran 5s without a VM exit after exit")
+        text.contains("detvisor: stalled: the guest ran 20s without a VM exit after exit")
             && text.contains("without an instruction counter such code cannot be preempted"),
         "{text}"
     );

@@ -71,7 +71,11 @@ fn summary_line_workload_start(out: &std::process::Output) -> f64 {
         .lines()
         .find(|line| line.contains("] workload started"))
         .unwrap_or_else(|| panic!("no workload start in {text}"));
-    let time = line.split('[').nth(1).and_then(|t| t.split(']').next()).unwrap();
+    let time = line
+        .split('[')
+        .nth(1)
+        .and_then(|t| t.split(']').next())
+        .unwrap();
     let time: vmm::VirtNanos = time.parse().unwrap_or_else(|_| panic!("time of {line}"));
     time.0 as f64 / 1e9
 }
@@ -153,7 +157,14 @@ command = ["sh", "-c", "ping -c 12 -i 0.5 192.0.2.1; exit 0"]
 fn test_branch_adds_faults_relative_to_its_moment_and_keeps_them_in_its_snapshots() {
     let cluster = Cluster::new("branch-fault", FAULTS);
     let snaps = cluster.dir.join("snaps").display().to_string();
-    let out = cluster.up(&["--seed", "1", "--snapshots", &snaps, "--snapshot-every", "1s"]);
+    let out = cluster.up(&[
+        "--seed",
+        "1",
+        "--snapshots",
+        &snaps,
+        "--snapshot-every",
+        "1s",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let straight_lost = stdout(&out).contains("100% packet loss");
     assert!(!straight_lost, "{}", stdout(&out));
@@ -181,7 +192,14 @@ fn test_branch_adds_faults_relative_to_its_moment_and_keeps_them_in_its_snapshot
     let text = stdout(&out);
     let received: u32 = text
         .lines()
-        .find_map(|l| l.split(" packets received").next()?.rsplit(", ").next()?.parse().ok())
+        .find_map(|l| {
+            l.split(" packets received")
+                .next()?
+                .rsplit(", ")
+                .next()?
+                .parse()
+                .ok()
+        })
         .unwrap_or_else(|| panic!("no ping summary in {text}"));
     assert!((5..12).contains(&received), "received {received}: {text}");
 
@@ -189,7 +207,11 @@ fn test_branch_adds_faults_relative_to_its_moment_and_keeps_them_in_its_snapshot
     // replays the same heal without being told.
     let again = detvisor(&["branch", &format!("{branch_snaps}@5s")]);
     assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
-    assert!(stderr(&again).contains("[6s] fault: heal"), "{}", stderr(&again));
+    assert!(
+        stderr(&again).contains("[6s] fault: heal"),
+        "{}",
+        stderr(&again)
+    );
 
     // Bad faults at a branch name the problem.
     let before = detvisor(&["branch", &spec, "--fault", "at=1s heal"]);
@@ -220,7 +242,12 @@ fn test_a_fault_at_a_branch_of_a_plain_run_is_a_named_error() {
         "3",
     ]);
     assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
-    let out = detvisor(&["branch", &format!("{snaps}@2s"), "--fault", "at=+1s pause n1"]);
+    let out = detvisor(&[
+        "branch",
+        &format!("{snaps}@2s"),
+        "--fault",
+        "at=+1s pause n1",
+    ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("this is a plain `run` (no nodes, no agent)"),

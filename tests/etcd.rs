@@ -260,7 +260,10 @@ fn test_etcd_branches_with_eight_seeds_differ_in_control_flow() {
     let output = distinct(&|b| b["digest_parts"]["console"].to_string());
     eprintln!("8 seeds: {exits} exit counts, {times} end times, {output} node outputs");
     assert!(exits >= 4 && times >= 4 && output >= 4, "{report}");
-    assert!(report["distinct_control_flows"].as_u64().unwrap() >= 4, "{report}");
+    assert!(
+        report["distinct_control_flows"].as_u64().unwrap() >= 4,
+        "{report}"
+    );
     // Not the parent's history either.
     assert!(branches.iter().all(|b| b["digest"] != parent["digest"]));
     assert!(branches.iter().all(|b| b["exit_status"] == 0), "{report}");

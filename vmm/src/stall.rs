@@ -163,8 +163,32 @@ impl StallGuard {
         self.timeout.enabled() && now.saturating_duration_since(self.last_exit) >= self.timeout.0
     }
 
-    pub(crate) fn stalled(&self) -> bool {
+    /// Called when `KVM_RUN` was interrupted: takes this guard's signal if
+    /// it is pending (it stays pending otherwise, since the thread blocks
+    /// it, and would interrupt every later `KVM_RUN` at once), then says
+    /// whether the guest has stalled.
+    pub(crate) fn look(&mut self) -> bool {
+        if self.timer.is_some() {
+            take_pending(stall_signal());
+        }
         self.stalled_at(Instant::now())
+    }
+}
+
+/// Takes `signal` if it is pending for this thread (blocked there, so only
+/// `sigtimedwait` can take it), without waiting.
+fn take_pending(signal: libc::c_int) {
+    // SAFETY: plain data; the calls read the set and write nothing else.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        let now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // EAGAIN when it was not pending: nothing to take.
+        libc::sigtimedwait(&set, std::ptr::null_mut(), &now);
     }
 }
 

@@ -76,7 +76,7 @@ impl Session {
             // exit: it must not be counted or recorded, move the clock, feed
             // input or give an interrupt a chance to be injected. Enter again.
             if exit == Exit::Interrupted {
-                if self.stall.stalled() {
+                if self.stall.look() {
                     return Ok(ExitAction::Stop(self.stalled()));
                 }
                 continue;
