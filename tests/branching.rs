@@ -20,6 +20,7 @@ rootfs = "root"
 command = ["sh", "-c", "while true; do sleep 1; done"]
 
 [workload]
+node = "n2"
 command = ["sh", "-c", "sleep 4; echo random $(head -c8 /dev/urandom | od -An -tx1 | tr -d ' '); exit 0"]
 "#;
 
@@ -47,8 +48,8 @@ fn test_urandom_right_after_a_branch_differs_per_seed_and_repeats_per_seed() {
     let parent = random_line(&straight);
     // The branch point is inside the workload's sleep: the bytes it reads
     // come after the branch, from a CRNG seeded before it.
-    let started = summary_line_workload_start(&straight);
-    assert!(started < 3.0, "workload started at {started}s");
+    let started = event_time(&stderr(&straight), "] workload started");
+    assert!(started.0 < 3_000_000_000, "workload started at {started}");
     let spec = format!("{snaps}@3s");
     let branch = |seed: &str| {
         let out = detvisor(&["branch", &spec, "--seed", seed]);
@@ -64,20 +65,14 @@ fn test_urandom_right_after_a_branch_differs_per_seed_and_repeats_per_seed() {
     assert_eq!(random_line(&same), parent);
 }
 
-/// Virtual seconds at which the workload started, from `up`'s events.
-fn summary_line_workload_start(out: &std::process::Output) -> f64 {
-    let text = stderr(out);
-    let line = text
+/// The virtual time of the first event line of `up` containing `what`.
+fn event_time(events: &str, what: &str) -> vmm::VirtNanos {
+    let line = events
         .lines()
-        .find(|line| line.contains("] workload started"))
-        .unwrap_or_else(|| panic!("no workload start in {text}"));
-    let time = line
-        .split('[')
-        .nth(1)
-        .and_then(|t| t.split(']').next())
-        .unwrap();
-    let time: vmm::VirtNanos = time.parse().unwrap_or_else(|_| panic!("time of {line}"));
-    time.0 as f64 / 1e9
+        .find(|line| line.contains(what))
+        .unwrap_or_else(|| panic!("no {what:?} in {events}"));
+    let time = line.split('[').nth(1).and_then(|t| t.split(']').next()).unwrap();
+    time.parse().unwrap_or_else(|_| panic!("time of {line}"))
 }
 
 /// A ping every 200 ms over a link whose latency the switch draws from 1..40 ms.
@@ -184,11 +179,16 @@ fn test_branch_adds_faults_relative_to_its_moment_and_keeps_them_in_its_snapshot
         "1s",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // The partition 1 s after the branch point (the first exit at or after
+    // 3 s), the heal 2 s later, at their exact times.
     let events = stderr(&out);
+    let partition = event_time(&events, "] fault: partition n1 | n2");
+    let heal = event_time(&events, "] fault: heal");
     assert!(
-        events.contains("[4s] fault: partition n1 | n2") && events.contains("[6s] fault: heal"),
+        (4_000_000_000..4_010_000_000).contains(&partition.0),
         "{events}"
     );
+    assert_eq!(heal.0 - partition.0, 2_000_000_000, "{events}");
     let text = stdout(&out);
     let received: u32 = text
         .lines()
