@@ -35,7 +35,8 @@ pub use machine::{
 pub use persist::{Persist, RestoreError};
 pub use status::GuestEvent;
 pub use switch::{
-    LatencyDist, NetworkConfig, PortCounters, PortId, Switch, SwitchError, SwitchState,
+    FrameEvent, FrameTap, LatencyDist, NetworkConfig, PortCounters, PortId, Switch, SwitchError,
+    SwitchState,
 };
 pub use time::{DurationError, VirtNanos};
 

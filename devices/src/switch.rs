@@ -39,23 +39,39 @@
 //! everything due at or before `now`, in that order.
 //!
 //! # Faults
-//! [`Switch::partition`] and [`Switch::heal`] schedule faults at exact
-//! virtual times. A partition splits the ports into groups (ports listed in
-//! no group form one more group together); only ports in the same group can
-//! talk. It replaces any partition before it; a heal removes it. At the
-//! fault's time `at`:
-//! * frames submitted from then on across the cut are dropped at submit;
-//! * frames *in flight* across the cut with a delivery time at or after
-//!   `at` are dropped too (a cut link loses what is on the wire), so no frame
-//!   ever crosses a partition after it starts. Frames due before `at` were
-//!   delivered before it and are not affected. A fault at the same instant
-//!   as a delivery applies first.
+//! [`Switch::schedule_fault`] schedules a [`Fault`] at an exact virtual
+//! time. Connectivity is a set of blocked directed links (from, to) (see
+//! the `faults` module: a partition into groups, Jepsen's `bridge` and
+//! `majorities-ring` replace the set; a cut, both ways or one way, adds to
+//! it and leaves every other link alone; a heal clears it). At the fault's
+//! time `at`:
+//! * frames submitted from then on on a blocked link are dropped at submit;
+//! * frames *in flight* on a newly blocked link with a delivery time at or
+//!   after `at` are dropped too (a cut link loses what is on the wire), so
+//!   no frame ever crosses a blocked link after the block starts. Frames due
+//!   before `at` were delivered before it and are not affected. A fault at
+//!   the same instant as a delivery applies first.
 //!
-//! A heal does not bring dropped frames back. Faults are applied lazily,
-//! when the switch is next asked to submit or deliver at or after their
-//! time, which gives the same result as applying them at that exact time.
-//! Counters of drops, duplicates and reorders are the sending port's;
-//! `delivered` is the receiving port's.
+//! A heal does not bring dropped frames back. `Slow` and `Loss` override the
+//! latency or loss probability of every link to and from one port, for
+//! frames submitted from their time on (frames in flight keep their times).
+//! They keep the draw order: the loss draw is compared with the override
+//! instead of the link's probability, and the link's latency draws are made
+//! as always, the slow latency coming from a second ChaCha20 stream of the
+//! same key (stream 1), so a slow node changes its own frames' times and no
+//! other frame's. Where both ends of a link have an override, the sender's
+//! latency wins and the larger loss applies.
+//!
+//! Faults are applied lazily, when the switch is next asked to submit or
+//! deliver at or after their time, which gives the same result as applying
+//! them at that exact time. Counters of drops, duplicates and reorders are
+//! the sending port's; `delivered` is the receiving port's.
+//!
+//! # Observing
+//! With [`Switch::record_frames`] on, the switch keeps a [`FrameEvent`] per
+//! frame and link (delivered, or dropped and why) for
+//! [`Switch::take_frame_events`]; recording is not part of the state and
+//! makes no draw, so it cannot change the run.
 //!
 //! # Numbers
 //! Probabilities are compared exactly: a draw `x` (64 random bits) hits
@@ -66,13 +82,23 @@
 //! back exactly (a JSON number is accepted too), so a restored switch
 //! behaves bit for bit like the saved one.
 
+mod faults;
+mod tap;
+
+pub use faults::{Fault, Links, Probability};
+pub use tap::{DropReason, FrameEvent, FrameTap};
+
 use crate::persist::{Persist, RestoreError};
 use crate::time::VirtNanos;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use thiserror::Error;
+
+/// The ChaCha20 stream (of the switch's key) slow latencies are drawn from,
+/// so that they never shift the main stream's draws.
+const SLOW_STREAM: u64 = 1;
 
 /// Bytes of an Ethernet header (destination, source, EtherType).
 pub const ETHERNET_HEADER_LEN: usize = 14;
@@ -205,16 +231,6 @@ impl PartialEq for NetworkConfig {
 
 impl Eq for NetworkConfig {}
 
-/// A scheduled change of the network.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Fault {
-    /// Only ports in the same group can talk; unlisted ports form one more
-    /// group together.
-    Partition(Vec<Vec<PortId>>),
-    /// Every port can talk to every other again.
-    Heal,
-}
-
 /// Per-port counters. Drops, duplicates and reorders count against the
 /// sending port, `delivered` for the receiving one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -225,7 +241,7 @@ pub struct PortCounters {
     pub delivered: u64,
     /// Frames of this port lost to the loss probability (per destination).
     pub dropped_loss: u64,
-    /// Frames of this port cut by a partition, at submit or in flight.
+    /// Frames of this port on a blocked link, at submit or in flight.
     pub dropped_partition: u64,
     /// Frames of this port with no other port to go to.
     pub dropped_no_destination: u64,
@@ -288,8 +304,18 @@ pub struct SwitchState {
     /// Per-link overrides: from -> to -> configuration.
     pub link_configs: BTreeMap<PortId, BTreeMap<PortId, NetworkConfig>>,
     pub ports: BTreeMap<PortId, PortState>,
-    /// The partition in force, if any.
-    pub partition: Option<Vec<Vec<PortId>>>,
+    /// The directed links blocked now, as (from, to).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub blocked: BTreeSet<(PortId, PortId)>,
+    /// Latency overrides of every link to and from a port (`slow`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub port_latency: BTreeMap<PortId, LatencyDist>,
+    /// Loss overrides of every link to and from a port (`loss`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub port_loss: BTreeMap<PortId, Probability>,
+    /// Position in 32-bit words of the slow-latency stream.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub slow_word_pos: u128,
     /// Scheduled faults by sequence number (order among equal times).
     pub faults: BTreeMap<u64, ScheduledFault>,
     pub next_fault_seq: u64,
@@ -321,19 +347,35 @@ struct CopyDraws {
     reorder_delay: VirtNanos,
 }
 
+fn is_zero(n: &u128) -> bool {
+    *n == 0
+}
+
 #[derive(Clone, Debug)]
 pub struct Switch {
     rng: ChaCha20Rng,
+    slow_rng: ChaCha20Rng,
     now: VirtNanos,
     config: NetworkConfig,
     link_configs: BTreeMap<(PortId, PortId), NetworkConfig>,
     ports: BTreeMap<PortId, Port>,
-    partition: Option<Vec<Vec<PortId>>>,
+    blocked: BTreeSet<(PortId, PortId)>,
+    port_latency: BTreeMap<PortId, LatencyDist>,
+    port_loss: BTreeMap<PortId, Probability>,
     faults: BTreeMap<(VirtNanos, u64), Fault>,
     next_fault_seq: u64,
     in_flight: BTreeMap<(VirtNanos, u64), Frame>,
     next_seq: u64,
     link_floors: BTreeMap<(PortId, PortId), VirtNanos>,
+    /// Frame events since the last take, when recording (never saved).
+    frame_log: Option<Vec<FrameEvent>>,
+}
+
+/// The slow-latency stream of `key`.
+fn slow_stream(key: [u8; 32]) -> ChaCha20Rng {
+    let mut rng = ChaCha20Rng::from_seed(key);
+    rng.set_stream(SLOW_STREAM);
+    rng
 }
 
 impl Switch {
@@ -343,16 +385,20 @@ impl Switch {
         config.validate()?;
         Ok(Switch {
             rng: ChaCha20Rng::from_seed(key),
+            slow_rng: slow_stream(key),
             now: VirtNanos::ZERO,
             config,
             link_configs: BTreeMap::new(),
             ports: BTreeMap::new(),
-            partition: None,
+            blocked: BTreeSet::new(),
+            port_latency: BTreeMap::new(),
+            port_loss: BTreeMap::new(),
             faults: BTreeMap::new(),
             next_fault_seq: 0,
             in_flight: BTreeMap::new(),
             next_seq: 0,
             link_floors: BTreeMap::new(),
+            frame_log: None,
         })
     }
 
@@ -423,31 +469,15 @@ impl Switch {
         self.link_configs.get(&(from, to)).unwrap_or(&self.config)
     }
 
-    /// Schedules a partition at `at` (see the module documentation). Every
-    /// listed port must exist and be in one group only; `at` must not be
-    /// before the latest time the switch was asked about.
-    pub fn partition(
-        &mut self,
-        at: VirtNanos,
-        groups: Vec<Vec<PortId>>,
-    ) -> Result<(), SwitchError> {
-        let mut seen = Vec::new();
-        for &port in groups.iter().flatten() {
+    /// Schedules `fault` at `at` (see the module documentation). Every port
+    /// it names must exist, and a partition's groups (a topology's order)
+    /// must not repeat one; `at` must not be before the latest time the
+    /// switch was asked about.
+    pub fn schedule_fault(&mut self, at: VirtNanos, fault: Fault) -> Result<(), SwitchError> {
+        for port in fault.ports() {
             self.require_port(port)?;
-            if seen.contains(&port) {
-                return Err(SwitchError::PortInTwoGroups { port });
-            }
-            seen.push(port);
         }
-        self.schedule(at, Fault::Partition(groups))
-    }
-
-    /// Schedules the end of any partition at `at`.
-    pub fn heal(&mut self, at: VirtNanos) -> Result<(), SwitchError> {
-        self.schedule(at, Fault::Heal)
-    }
-
-    fn schedule(&mut self, at: VirtNanos, fault: Fault) -> Result<(), SwitchError> {
+        fault.validate()?;
         if at < self.now {
             return Err(SwitchError::FaultInThePast { at, now: self.now });
         }
@@ -456,9 +486,45 @@ impl Switch {
         Ok(())
     }
 
-    /// The partition in force at the latest time the switch was asked about.
-    pub fn current_partition(&self) -> Option<&[Vec<PortId>]> {
-        self.partition.as_deref()
+    /// Schedules a partition into `groups` at `at`.
+    pub fn partition(
+        &mut self,
+        at: VirtNanos,
+        groups: Vec<Vec<PortId>>,
+    ) -> Result<(), SwitchError> {
+        self.schedule_fault(at, Fault::Partition(groups))
+    }
+
+    /// Schedules the end of every block at `at`.
+    pub fn heal(&mut self, at: VirtNanos) -> Result<(), SwitchError> {
+        self.schedule_fault(at, Fault::Heal)
+    }
+
+    /// The directed links blocked at the latest time the switch was asked
+    /// about, in order.
+    pub fn blocked_links(&self) -> Vec<(PortId, PortId)> {
+        self.blocked.iter().copied().collect()
+    }
+
+    /// Starts (or stops, dropping what was kept) recording a
+    /// [`FrameEvent`] per frame and link.
+    pub fn record_frames(&mut self, on: bool) {
+        self.frame_log = on.then(Vec::new);
+    }
+
+    /// The frame events recorded since the last call, in the order they
+    /// happened (see [`FrameEvent::at`]).
+    pub fn take_frame_events(&mut self) -> Vec<FrameEvent> {
+        self.frame_log
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    fn log(&mut self, event: impl FnOnce() -> FrameEvent) {
+        if let Some(log) = &mut self.frame_log {
+            log.push(event());
+        }
     }
 
     /// Faults not yet applied, in the order they will apply.
@@ -497,22 +563,59 @@ impl Switch {
     }
 
     fn apply_fault(&mut self, at: VirtNanos, fault: Fault) {
-        match fault {
-            Fault::Heal => self.partition = None,
-            Fault::Partition(groups) => {
+        match &fault {
+            Fault::Unblock(links) => self.blocked.retain(|(a, b)| !links.contains(a, b)),
+            Fault::Slow { port, latency } => match latency {
+                Some(latency) => {
+                    self.port_latency.insert(*port, *latency);
+                }
+                None => {
+                    self.port_latency.remove(port);
+                }
+            },
+            Fault::Loss { port, loss } => match loss {
+                Some(loss) => {
+                    self.port_loss.insert(*port, *loss);
+                }
+                None => {
+                    self.port_loss.remove(port);
+                }
+            },
+            Fault::Heal
+            | Fault::Partition(_)
+            | Fault::Block(_)
+            | Fault::Bridge(_)
+            | Fault::MajoritiesRing(_) => {
+                if fault.replaces_blocked() {
+                    self.blocked.clear();
+                }
+                let ports: Vec<PortId> = self.ports.keys().copied().collect();
+                for &from in &ports {
+                    for &to in &ports {
+                        if fault.blocks(from, to) {
+                            self.blocked.insert((from, to));
+                        }
+                    }
+                }
                 // Frames due before `at` arrived before the cut.
                 let cut: Vec<(VirtNanos, u64)> = self
                     .in_flight
                     .range((at, 0)..)
-                    .filter(|(_, frame)| separated(&groups, frame.from, frame.to))
+                    .filter(|(_, frame)| fault.blocks(frame.from, frame.to))
                     .map(|(&key, _)| key)
                     .collect();
                 for key in cut {
                     if let Some(frame) = self.in_flight.remove(&key) {
                         self.count(frame.from, |c| &mut c.dropped_partition);
+                        self.log(|| FrameEvent {
+                            at,
+                            from: frame.from,
+                            to: frame.to,
+                            dropped: Some(DropReason::Blocked),
+                            frame: frame.bytes,
+                        });
                     }
                 }
-                self.partition = Some(groups);
             }
         }
     }
@@ -572,20 +675,42 @@ impl Switch {
 
     fn send_to(&mut self, from: PortId, to: PortId, bytes: Vec<u8>) {
         let config = *self.link_config(from, to);
+        let loss = match (self.port_loss.get(&from), self.port_loss.get(&to)) {
+            (None, None) => config.loss,
+            (a, b) => a.into_iter().chain(b).map(|p| p.get()).fold(0.0, f64::max),
+        };
+        let slow = self
+            .port_latency
+            .get(&from)
+            .or_else(|| self.port_latency.get(&to))
+            .copied();
         // Every draw is made before any decision (see the module documentation).
-        let lost = chance(self.rng.next_u64(), config.loss);
+        let lost = chance(self.rng.next_u64(), loss);
         let duplicated = chance(self.rng.next_u64(), config.duplicate);
-        let copies = [self.draw_copy(&config), self.draw_copy(&config)];
-        if self
-            .partition
-            .as_ref()
-            .is_some_and(|groups| separated(groups, from, to))
-        {
-            self.count(from, |c| &mut c.dropped_partition);
-            return;
+        let mut copies = [self.draw_copy(&config), self.draw_copy(&config)];
+        if let Some(slow) = slow {
+            for copy in &mut copies {
+                copy.latency = slow.sample(&mut self.slow_rng);
+            }
         }
-        if lost {
+        let dropped = if self.blocked.contains(&(from, to)) {
+            self.count(from, |c| &mut c.dropped_partition);
+            Some(DropReason::Blocked)
+        } else if lost {
             self.count(from, |c| &mut c.dropped_loss);
+            Some(DropReason::Loss)
+        } else {
+            None
+        };
+        if let Some(reason) = dropped {
+            let at = self.now;
+            self.log(|| FrameEvent {
+                at,
+                from,
+                to,
+                dropped: Some(reason),
+                frame: bytes,
+            });
             return;
         }
         let count = if duplicated {
@@ -650,10 +775,7 @@ impl Switch {
     fn will_be_cut(&self, deliver_at: VirtNanos, frame: &Frame) -> bool {
         self.faults
             .range(..=(deliver_at, u64::MAX))
-            .any(|(_, fault)| match fault {
-                Fault::Partition(groups) => separated(groups, frame.from, frame.to),
-                Fault::Heal => false,
-            })
+            .any(|(_, fault)| fault.blocks(frame.from, frame.to))
     }
 
     /// Applies the faults due by `now` and pops every frame due at or
@@ -666,8 +788,16 @@ impl Switch {
             if entry.key().0 > self.now {
                 break;
             }
+            let deliver_at = entry.key().0;
             let frame = entry.remove();
             self.count(frame.to, |c| &mut c.delivered);
+            self.log(|| FrameEvent {
+                at: deliver_at,
+                from: frame.from,
+                to: frame.to,
+                dropped: None,
+                frame: frame.bytes.clone(),
+            });
             delivered.push((frame.to, frame.bytes));
         }
         delivered
@@ -682,6 +812,8 @@ impl Switch {
         let mut rng = ChaCha20Rng::from_seed(state.key);
         rng.set_stream(state.stream);
         rng.set_word_pos(state.word_pos);
+        let mut slow_rng = slow_stream(state.key);
+        slow_rng.set_word_pos(state.slow_word_pos);
         let next_seq = state
             .in_flight
             .keys()
@@ -696,6 +828,7 @@ impl Switch {
             });
         Switch {
             rng,
+            slow_rng,
             now: state.now,
             config: state.config,
             link_configs: pairs(&state.link_configs),
@@ -712,7 +845,9 @@ impl Switch {
                     )
                 })
                 .collect(),
-            partition: state.partition.clone(),
+            blocked: state.blocked.clone(),
+            port_latency: state.port_latency.clone(),
+            port_loss: state.port_loss.clone(),
             faults: state
                 .faults
                 .iter()
@@ -735,6 +870,7 @@ impl Switch {
                 .collect(),
             next_seq,
             link_floors: pairs(&state.link_floors),
+            frame_log: None,
         }
     }
 }
@@ -771,7 +907,10 @@ impl Persist for Switch {
                     )
                 })
                 .collect(),
-            partition: self.partition.clone(),
+            blocked: self.blocked.clone(),
+            port_latency: self.port_latency.clone(),
+            port_loss: self.port_loss.clone(),
+            slow_word_pos: self.slow_rng.get_word_pos(),
             faults: self
                 .faults
                 .iter()
@@ -809,7 +948,9 @@ impl Persist for Switch {
     /// Replaces this switch with the one `state` describes (every state
     /// describes one, see [`Switch::from_state`]).
     fn restore(&mut self, state: &SwitchState) -> Result<(), RestoreError> {
+        let recording = self.frame_log.is_some();
         *self = Switch::from_state(state);
+        self.record_frames(recording);
         Ok(())
     }
 }
@@ -819,16 +960,6 @@ fn pairs<T: Copy>(map: &BTreeMap<PortId, BTreeMap<PortId, T>>) -> BTreeMap<(Port
     map.iter()
         .flat_map(|(&from, links)| links.iter().map(move |(&to, &value)| ((from, to), value)))
         .collect()
-}
-
-/// The group `port` is in under `groups`: its index, or `None` for the
-/// implicit group of unlisted ports. The first group listing it wins.
-fn group_of(groups: &[Vec<PortId>], port: PortId) -> Option<usize> {
-    groups.iter().position(|group| group.contains(&port))
-}
-
-fn separated(groups: &[Vec<PortId>], a: PortId, b: PortId) -> bool {
-    group_of(groups, a) != group_of(groups, b)
 }
 
 /// Whether the 64 random bits `x` hit probability `p`.
@@ -898,6 +1029,10 @@ mod exact_f64 {
 mod tests {
     use super::*;
 
+    /// The link-level faults (cuts, one-way partitions, topologies, slow
+    /// and lossy nodes) and frame recording.
+    mod faults;
+
     const KEY: [u8; 32] = *b"detvisor network switch test key";
     const OTHER_KEY: [u8; 32] = *b"detvisor network switch other ke";
     const A: PortId = PortId(2);
@@ -938,6 +1073,14 @@ mod tests {
 
     fn fixed(latency: VirtNanos) -> NetworkConfig {
         NetworkConfig::reliable(LatencyDist::Fixed(latency))
+    }
+
+    /// Reliable, with a latency uniform over 1 µs..=1 ms.
+    fn jittery() -> NetworkConfig {
+        NetworkConfig::reliable(LatencyDist::Uniform {
+            min: VirtNanos::from_micros(1),
+            max: VirtNanos::from_micros(1_000),
+        })
     }
 
     fn lossy() -> NetworkConfig {
@@ -1135,11 +1278,7 @@ mod tests {
     #[test]
     fn test_switch_link_is_fifo_without_reordering_even_with_jitter() {
         // Arrange
-        let config = NetworkConfig::reliable(LatencyDist::Uniform {
-            min: VirtNanos::from_micros(1),
-            max: VirtNanos::from_micros(1_000),
-        });
-        let mut switch = switch_with(KEY, config);
+        let mut switch = switch_with(KEY, jittery());
 
         // Act
         for i in 0..100u32 {
@@ -1316,7 +1455,7 @@ mod tests {
         );
         assert_eq!(switch.counters(A).unwrap().dropped_partition, 2);
         assert_eq!(switch.counters(B).unwrap().dropped_partition, 2);
-        assert_eq!(switch.current_partition(), None);
+        assert_eq!(switch.blocked_links(), []);
         assert!(switch.scheduled_faults().is_empty());
     }
 
