@@ -159,6 +159,7 @@ fn up_options(plan: &EtcdWorkerPlan, logs: &Path) -> Result<UpOptions> {
         logs: Some(logs.to_path_buf()),
         stream_output: false,
         snapshots: None,
+        pcap: None,
     })
 }
 

@@ -18,6 +18,7 @@ pub mod error;
 pub mod hpet;
 pub mod layout;
 pub mod machine;
+pub mod pcap;
 pub mod persist;
 pub mod pic;
 pub mod rtc;

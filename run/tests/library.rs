@@ -112,6 +112,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
         logs: None,
         stream_output: true,
         snapshots: None,
+        pcap: None,
     };
     let run = started(
         c.handle(Request::BootUp { prepared, options }, &streams)
