@@ -4,57 +4,8 @@
 
 mod common;
 
+use common::cluster::Cluster;
 use common::*;
-use std::path::{Path, PathBuf};
-
-/// A directory with a manifest and a busybox root filesystem for the nodes.
-struct Cluster {
-    dir: PathBuf,
-}
-
-impl Cluster {
-    fn new(name: &str, manifest: &str) -> Cluster {
-        let dir = std::env::temp_dir().join(format!("detvisor-up-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let bin = dir.join("root/bin");
-        std::fs::create_dir_all(&bin).unwrap();
-        std::fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox-static is installed");
-        for applet in [
-            "sh", "echo", "sleep", "ping", "nc", "cat", "cut", "hostname", "seq", "true",
-        ] {
-            std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
-        }
-        std::fs::write(dir.join("cluster.toml"), manifest).unwrap();
-        Cluster { dir }
-    }
-
-    fn manifest(&self) -> String {
-        self.dir.join("cluster.toml").display().to_string()
-    }
-
-    fn logs(&self) -> String {
-        self.dir.join("logs").display().to_string()
-    }
-
-    fn up(&self, extra: &[&str]) -> std::process::Output {
-        let manifest = self.manifest();
-        let logs = self.logs();
-        let mut args = vec!["up", manifest.as_str(), "--logs", logs.as_str()];
-        args.extend_from_slice(extra);
-        detvisor(&args)
-    }
-
-    fn log(&self, node: &str) -> String {
-        std::fs::read_to_string(Path::new(&self.logs()).join(format!("{node}.log")))
-            .unwrap_or_else(|e| panic!("log of {node}: {e}"))
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// n1 answers on TCP port 7000; n2 ticks; the workload runs inside n2.
 const TWO_NODES: &str = r#"

@@ -1,6 +1,8 @@
 //! Helpers shared by the end-to-end tests.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::process::{Command, Output};
 
 /// Runs the detvisor binary and echoes what it did (shown when a test fails).
