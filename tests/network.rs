@@ -153,28 +153,29 @@ fn test_snapshot_with_frames_in_flight_resumes_identically() {
 
 /// Waits until the guest's uptime (virtual time since boot) reaches $1 seconds.
 const AT: &str = "at() { while [ $(cut -d. -f1 /proc/uptime) -lt $1 ]; do sleep 0.1; done; }; ";
+/// A node that does nothing.
+const IDLE: &str = "while true; do sleep 1; done";
 
-/// Five nodes (192.0.2.1..5, `ME` the node's number). At each checkpoint
-/// every node pings every other once, all at the same time, and prints
+/// Five nodes (192.0.2.1..5). At each checkpoint every node pings every
+/// other once, all at the same time, and prints
 /// `<checkpoint> n<me>-n<other> ok|lost`.
 fn five_node_manifest() -> String {
     let checker = format!(
-        "{AT}for t in 11 15 19 23; do at $t; for j in 1 2 3 4 5; do [ $j = $ME ] && continue; \
-         (if ping -c 1 -W 1 192.0.2.$j >/dev/null; then echo $t n$ME-n$j ok; \
-         else echo $t n$ME-n$j lost; fi) & done; wait; done; while true; do sleep 1; done"
+        "{AT}ME=$(hostname | cut -c2-); for t in 11 15 19 23; do at $t; for j in 1 2 3 4 5; do \
+         [ $j = $ME ] && continue; (if ping -c 1 -W 1 192.0.2.$j >/dev/null; then echo $t n$ME-n$j ok; \
+         else echo $t n$ME-n$j lost; fi) & done; wait; done; {IDLE}"
     );
-    let mut manifest = String::from("[network]\nlatency = \"1ms\"\n");
-    for i in 1..=5 {
-        manifest.push_str(&format!(
-            "\n[[node]]\nname = \"n{i}\"\nrootfs = \"root\"\nenv = {{ ME = \"{i}\" }}\n\
-             command = [\"sh\", \"-c\", {checker:?}]\n"
-        ));
-    }
-    manifest.push_str(&format!(
-        "\n[workload]\nnode = \"n5\"\ncommand = [\"sh\", \"-c\", {:?}]\n",
-        format!("{AT}at 25")
-    ));
-    manifest
+    cluster::manifest(
+        "1ms",
+        &[
+            checker.clone(),
+            checker.clone(),
+            checker.clone(),
+            checker.clone(),
+            checker,
+        ],
+        ("n5", &format!("{AT}at 25")),
+    )
 }
 
 /// Who reached whom at checkpoint `t`: the (from, to) node numbers whose
@@ -214,21 +215,34 @@ fn all_but(cut: &[(u32, u32)]) -> Vec<(u32, u32)> {
     pairs
 }
 
+/// `up` of `cluster` with `seed` until 60 s, `faults`, then `extra` options.
+fn up_with_faults(
+    cluster: &cluster::Cluster,
+    seed: &str,
+    faults: &[&str],
+    extra: &[&str],
+) -> std::process::Output {
+    let mut args = vec!["--seed", seed, "--until", "60s"];
+    for fault in faults {
+        args.extend(["--fault", fault]);
+    }
+    args.extend(extra);
+    cluster.up(&args)
+}
+
 #[test]
 fn test_up_cut_bridge_and_majorities_ring_cut_exactly_their_links() {
     let cluster = cluster::Cluster::new("topologies", &five_node_manifest());
-    let out = cluster.up(&[
-        "--seed",
+    let out = up_with_faults(
+        &cluster,
         "5",
-        "--until",
-        "60s",
-        "--fault",
-        "at=10s cut n1 <-> n2,n3 for=3s",
-        "--fault",
-        "at=14s bridge for=3s",
-        "--fault",
-        "at=18s majorities-ring for=3s",
-    ]);
+        &[
+            "at=10s cut n1 <-> n2,n3 for=3s",
+            "at=14s bridge for=3s",
+            "at=18s majorities-ring for=3s",
+        ],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(0));
     let text = stdout(&out);
     // The cut: n1 loses n2 and n3 only; n4 and n5 still reach both sides.
@@ -265,26 +279,14 @@ fn test_up_cut_bridge_and_majorities_ring_cut_exactly_their_links() {
 
 /// n1 and n2 idle; the workload (in n2) pings n1 every half second until
 /// 20 s and prints `ping <uptime at start> <round trip in ms>|lost`.
-const PING_LOOP: &str = r#"
-[network]
-latency = "1ms"
+fn ping_loop_manifest() -> String {
+    let pinger = "while [ $(cut -d. -f1 /proc/uptime) -lt 20 ]; do t=$(cut -d' ' -f1 /proc/uptime); \
+        r=$(ping -c 1 -W 2 192.0.2.1 | awk -F'time=' '/time=/ {print $2+0}'); echo ping $t ${r:-lost}; \
+        sleep 0.5; done";
+    cluster::manifest("1ms", &[IDLE.into(), IDLE.into()], ("n2", pinger))
+}
 
-[[node]]
-name = "n1"
-rootfs = "root"
-command = ["sh", "-c", "while true; do sleep 1; done"]
-
-[[node]]
-name = "n2"
-rootfs = "root"
-command = ["sh", "-c", "while true; do sleep 1; done"]
-
-[workload]
-node = "n2"
-command = ["sh", "-c", "while [ $(cut -d. -f1 /proc/uptime) -lt 20 ]; do t=$(cut -d' ' -f1 /proc/uptime); r=$(ping -c 1 -W 2 192.0.2.1 | awk -F'time=' '/time=/ {print $2+0}'); echo ping $t ${r:-lost}; sleep 0.5; done"]
-"#;
-
-/// (start, round trip in ms or `None` if lost) of each ping PING_LOOP printed.
+/// (start, round trip in ms or `None` if lost) of each ping of `ping_loop_manifest`.
 fn timed_pings(text: &str) -> Vec<(f64, Option<f64>)> {
     text.lines()
         .filter_map(|l| l.strip_prefix("workload | ping "))
@@ -297,17 +299,16 @@ fn timed_pings(text: &str) -> Vec<(f64, Option<f64>)> {
 
 #[test]
 fn test_up_slow_node_and_loss_burst_last_their_windows() {
-    let cluster = cluster::Cluster::new("slow-loss", PING_LOOP);
-    let out = cluster.up(&[
-        "--seed",
+    let cluster = cluster::Cluster::new("slow-loss", &ping_loop_manifest());
+    let out = up_with_faults(
+        &cluster,
         "2",
-        "--until",
-        "60s",
-        "--fault",
-        "at=5s slow n1 latency=200ms..800ms for=4s",
-        "--fault",
-        "at=12s loss n1 0.5 for=5s",
-    ]);
+        &[
+            "at=5s slow n1 latency=200ms..800ms for=4s",
+            "at=12s loss n1 0.5 for=5s",
+        ],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(0));
     let text = stdout(&out);
     let pings = timed_pings(&text);
@@ -383,41 +384,26 @@ fn echo_pairs(requests: &[(f64, String)], replies: &[(f64, String)]) -> Vec<(f64
 /// n1 counts the frames it receives around a one-way partition n1 -> n2
 /// (its replies never reach n2); the workload in n2 pings n1 during it and
 /// after it.
-const ONE_WAY: &str = r#"
-[network]
-latency = "1ms"
-
-[[node]]
-name = "n1"
-rootfs = "root"
-command = ["sh", "-c", "at() { while [ $(cut -d. -f1 /proc/uptime) -lt $1 ]; do sleep 0.1; done; }; rx() { awk '/eth/ { sub(/.*:/, \"\"); print $2 }' /proc/net/dev; }; at 5; echo rx-before $(rx); if ping -c 1 -W 1 192.0.2.2 >/dev/null; then echo to-n2 ok; else echo to-n2 lost; fi; at 7; echo rx-after $(rx); while true; do sleep 1; done"]
-
-[[node]]
-name = "n2"
-rootfs = "root"
-command = ["sh", "-c", "while true; do sleep 1; done"]
-
-[workload]
-node = "n2"
-command = ["sh", "-c", "at() { while [ $(cut -d. -f1 /proc/uptime) -lt $1 ]; do sleep 0.1; done; }; at 5; ping -c 2 -W 1 192.0.2.1; at 9; ping -c 1 -W 1 192.0.2.1"]
-"#;
+fn one_way_manifest() -> String {
+    let counter = format!(
+        "{AT}rx() {{ awk '/eth/ {{ sub(/.*:/, \"\"); print $2 }}' /proc/net/dev; }}; at 5; echo rx-before $(rx); \
+         if ping -c 1 -W 1 192.0.2.2 >/dev/null; then echo to-n2 ok; else echo to-n2 lost; fi; \
+         at 7; echo rx-after $(rx); {IDLE}"
+    );
+    let pinger = format!("{AT}at 5; ping -c 2 -W 1 192.0.2.1; at 9; ping -c 1 -W 1 192.0.2.1");
+    cluster::manifest("1ms", &[counter, IDLE.into()], ("n2", &pinger))
+}
 
 #[test]
 fn test_up_one_way_partition_drops_one_direction_and_pcap_changes_nothing() {
-    let cluster = cluster::Cluster::new("one-way", ONE_WAY);
+    let cluster = cluster::Cluster::new("one-way", &one_way_manifest());
     let pcap = cluster.dir.join("pcap").display().to_string();
-    let out = cluster.up(&[
-        "--seed",
+    let out = up_with_faults(
+        &cluster,
         "4",
-        "--until",
-        "60s",
-        "--fault",
-        "at=4s partition n1 -> n2 for=4s",
-        "--pcap",
-        &pcap,
-        "--runs",
-        "2",
-    ]);
+        &["at=4s partition n1 -> n2 for=4s"],
+        &["--pcap", &pcap, "--runs", "2"],
+    );
     assert_eq!(out.status.code(), Some(0));
     let text = stdout(&out);
     // The first run wrote the capture, the second did not: same history.

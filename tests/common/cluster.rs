@@ -53,3 +53,22 @@ impl Drop for Cluster {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// A manifest of busybox nodes `n1`, `n2`, ... (`192.0.2.<i>`) on links of
+/// `latency`, node `i` running `sh -c commands[i]`, and a workload in node
+/// `workload.0` running `sh -c workload.1`.
+pub fn manifest(latency: &str, commands: &[String], workload: (&str, &str)) -> String {
+    let mut manifest = format!("[network]\nlatency = {latency:?}\n");
+    for (i, command) in commands.iter().enumerate() {
+        // Rust's escapes of a string are TOML's too (quotes, backslashes).
+        manifest.push_str(&format!(
+            "\n[[node]]\nname = \"n{}\"\nrootfs = \"root\"\ncommand = [\"sh\", \"-c\", {command:?}]\n",
+            i + 1
+        ));
+    }
+    let (node, command) = workload;
+    manifest.push_str(&format!(
+        "\n[workload]\nnode = {node:?}\ncommand = [\"sh\", \"-c\", {command:?}]\n"
+    ));
+    manifest
+}
