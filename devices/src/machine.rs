@@ -2178,6 +2178,69 @@ mod tests {
         );
     }
 
+    /// A tap keeping (time, from, to, dropped) of every frame event.
+    struct KeepEvents(std::sync::Arc<std::sync::Mutex<Vec<(u64, usize, usize, bool)>>>);
+
+    impl FrameTap for KeepEvents {
+        fn frame(&mut self, event: &crate::switch::FrameEvent) {
+            self.0.lock().unwrap().push((
+                event.at.0,
+                event.from.0,
+                event.to.0,
+                event.dropped.is_some(),
+            ));
+        }
+    }
+
+    #[test]
+    fn test_devices_frame_tap_sees_deliveries_and_drops_in_time_order_and_changes_nothing() {
+        // Arrange: A -> B blocked one way from 50 us.
+        let run = |tap: bool| {
+            let mut machine = net_machine(true);
+            let events = std::sync::Arc::default();
+            if tap {
+                let keep = KeepEvents(std::sync::Arc::clone(&events));
+                machine.devices.set_frame_tap(Some(Box::new(keep))).unwrap();
+            }
+            machine.post_receive_buffer(1, 1_000);
+            machine
+                .devices
+                .schedule_network_fault(
+                    VirtNanos(50_000),
+                    Fault::Block(crate::switch::Links {
+                        from: vec![PortId(0)],
+                        to: vec![PortId(1)],
+                        both_ways: false,
+                    }),
+                )
+                .unwrap();
+
+            // Act
+            machine.post_receive_buffer(0, 1_000);
+            machine.send(0, 2_000, &ethernet_frame(MAC_B, MAC_A, b"cut in flight"));
+            machine.send(1, 10_000, &ethernet_frame(MAC_A, MAC_B, b"the other way"));
+            machine.devices.advance_to(VirtNanos(30_000));
+            machine.send(0, 60_000, &ethernet_frame(MAC_B, MAC_A, b"cut at send"));
+            machine.devices.advance_to(VirtNanos::from_secs(1));
+            let kept = events.lock().unwrap().clone();
+            (machine.devices.save(), kept)
+        };
+        let (quiet, none) = run(false);
+        let (tapped, events) = run(true);
+
+        // Assert
+        assert_eq!(quiet, tapped);
+        assert!(none.is_empty());
+        assert_eq!(
+            events,
+            [
+                (50_000, 0, 1, true),
+                (60_000, 0, 1, true),
+                (10_000 + LATENCY, 1, 0, false)
+            ]
+        );
+    }
+
     #[test]
     fn test_devices_scheduled_partition_cuts_the_frame_in_flight() {
         // Arrange
