@@ -2178,8 +2178,11 @@ mod tests {
         );
     }
 
-    /// A tap keeping (time, from, to, dropped) of every frame event.
-    struct KeepEvents(std::sync::Arc<std::sync::Mutex<Vec<(u64, usize, usize, bool)>>>);
+    /// (time, from, to, dropped) of frame events.
+    type Kept = std::sync::Arc<std::sync::Mutex<Vec<(u64, usize, usize, bool)>>>;
+
+    /// A tap keeping every frame event.
+    struct KeepEvents(Kept);
 
     impl FrameTap for KeepEvents {
         fn frame(&mut self, event: &crate::switch::FrameEvent) {
@@ -2197,7 +2200,7 @@ mod tests {
         // Arrange: A -> B blocked one way from 50 us.
         let run = |tap: bool| {
             let mut machine = net_machine(true);
-            let events = std::sync::Arc::default();
+            let events = Kept::default();
             if tap {
                 let keep = KeepEvents(std::sync::Arc::clone(&events));
                 machine.devices.set_frame_tap(Some(Box::new(keep))).unwrap();
