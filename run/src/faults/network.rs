@@ -43,6 +43,8 @@ pub enum NetworkActionError {
     NoArguments { verb: String },
     #[error("{verb} needs nodes on both sides of {arrow} (e.g. n1 {arrow} n2,n3)")]
     EmptySide { verb: String, arrow: &'static str },
+    #[error("groups (|) and {arrow} do not mix")]
+    GroupsAndArrow { arrow: &'static str },
     #[error("node {name} is on both sides of {arrow}")]
     BothSides { name: String, arrow: &'static str },
     #[error("cut is both ways: cut n1 <-> n2 (one way: partition n1 -> n2)")]
@@ -300,6 +302,9 @@ fn names(text: &str) -> Vec<String> {
 /// `n1 <-> n2,n3` (`both_ways`) or `n1 -> n2,n3`.
 fn links(verb: &str, text: &str, both_ways: bool) -> Result<Links<String>> {
     let arrow = if both_ways { "<->" } else { "->" };
+    if text.contains('|') {
+        return Err(NetworkActionError::GroupsAndArrow { arrow });
+    }
     let (from, to) = text.split_once(arrow).unwrap_or((text, ""));
     let (from, to) = (names(from), names(to));
     if from.is_empty() || to.is_empty() || to.join(",").contains('>') {
@@ -366,8 +371,12 @@ impl LatencyRange {
     fn from_dist(dist: &LatencyDist) -> Option<Self> {
         match *dist {
             LatencyDist::Fixed(d) => Some(LatencyRange { min: d, max: d }),
-            LatencyDist::Uniform { min, max } if min < max => Some(LatencyRange { min, max }),
-            _ => None,
+            // Bounds the wrong way round sample as if swapped (see LatencyDist).
+            LatencyDist::Uniform { min, max } => Some(LatencyRange {
+                min: min.min(max),
+                max: min.max(max),
+            }),
+            LatencyDist::Normal { .. } => None,
         }
     }
 }
@@ -493,6 +502,7 @@ pub(super) mod tests {
         assert!(err("at=1s cut n1 <->").contains("both sides of <->"));
         assert!(err("at=1s cut n1 <-> n1,n2").contains("n1 is on both sides"));
         assert!(err("at=1s partition n1 <-> n2").contains("both ways is cut"));
+        assert!(err("at=1s partition n1 | n2 -> n3").contains("groups (|) and -> do not mix"));
         assert!(err("at=1s bridge n1").contains("bridge takes no arguments"));
         assert!(err("at=1s slow n1").contains("slow takes one node and latency="));
         assert!(err("at=1s slow n1 latency=9ms..1ms").contains("minimum is above"));
