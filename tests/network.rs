@@ -498,3 +498,39 @@ fn test_run_pcap_shows_the_pings_at_their_virtual_times_and_changes_no_digest() 
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn test_up_slow_and_loss_resume_from_snapshots_to_the_same_history() {
+    let cluster = cluster::Cluster::new("slow-loss-snaps", &ping_loop_manifest());
+    let faults = [
+        "at=5s slow n1 latency=200ms..800ms for=4s",
+        "at=12s loss n1 0.5 for=5s",
+    ];
+    let straight = up_with_faults(&cluster, "6", &faults, &["--json", "--quiet"]);
+    assert_eq!(straight.status.code(), Some(0));
+    let digest = summary(&straight)["digest"].clone();
+    let snaps = cluster.dir.join("snaps").display().to_string();
+    let taken = up_with_faults(
+        &cluster,
+        "6",
+        &faults,
+        &[
+            "--json",
+            "--quiet",
+            "--snapshots",
+            &snaps,
+            "--snapshot-every",
+            "1500ms",
+        ],
+    );
+    assert_eq!(summary(&taken)["digest"], digest);
+    // Resumed inside the slow window (overrides, the slow stream's position
+    // and slow frames in flight come from the snapshot) and inside the loss
+    // burst: the same history to the end.
+    for moment in ["6.2s", "13.7s"] {
+        let spec = format!("{snaps}@{moment}");
+        let out = detvisor(&["branch", &spec, "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{spec}: {}", stderr(&out));
+        assert_eq!(summary(&out)["digest"], digest, "{spec}");
+    }
+}
