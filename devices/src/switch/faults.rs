@@ -87,7 +87,7 @@ impl<T: PartialEq> Links<T> {
 /// switch's module documentation).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct Probability(#[serde(with = "super::exact_f64")] f64);
+pub struct Probability(#[serde(with = "super::config::exact_f64")] f64);
 
 impl Probability {
     /// `p` if it is a number in `0.0..=1.0`.
