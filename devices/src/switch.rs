@@ -191,6 +191,10 @@ pub struct SwitchState {
     /// The directed links blocked now, as (from, to).
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub blocked: BTreeSet<(PortId, PortId)>,
+    /// The partition in force as states saved before blocked links held it
+    /// (read, never written: restored as the links it blocks).
+    #[serde(default, skip_serializing)]
+    pub partition: Option<Vec<Vec<PortId>>>,
     /// Latency overrides of every link to and from a port (`slow`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub port_latency: BTreeMap<PortId, LatencyDist>,
@@ -729,7 +733,7 @@ impl Switch {
                     )
                 })
                 .collect(),
-            blocked: state.blocked.clone(),
+            blocked: blocked_of(state),
             port_latency: state.port_latency.clone(),
             port_loss: state.port_loss.clone(),
             faults: state
@@ -792,6 +796,7 @@ impl Persist for Switch {
                 })
                 .collect(),
             blocked: self.blocked.clone(),
+            partition: None,
             port_latency: self.port_latency.clone(),
             port_loss: self.port_loss.clone(),
             slow_word_pos: self.slow_rng.get_word_pos(),
@@ -837,6 +842,22 @@ impl Persist for Switch {
         self.record_frames(recording);
         Ok(())
     }
+}
+
+/// The links `state` blocks, those of a partition saved the old way included.
+fn blocked_of(state: &SwitchState) -> BTreeSet<(PortId, PortId)> {
+    let mut blocked = state.blocked.clone();
+    if let Some(groups) = &state.partition {
+        let partition = Fault::Partition(groups.clone());
+        for &from in state.ports.keys() {
+            for &to in state.ports.keys() {
+                if partition.blocks(from, to) {
+                    blocked.insert((from, to));
+                }
+            }
+        }
+    }
+    blocked
 }
 
 /// A nested per-link map flattened to (from, to) keys.

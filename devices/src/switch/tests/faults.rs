@@ -419,3 +419,22 @@ fn test_switch_restored_mid_fault_continues_identically() {
     assert_eq!(original_schedule, restored_schedule);
     assert_eq!(original.save(), restored.save());
 }
+
+#[test]
+fn test_switch_state_saved_with_a_partition_restores_its_blocked_links() {
+    // Arrange: a state as saved before blocked links, a partition in force.
+    let switch = switch_with(KEY, fixed(MICROS_100));
+    let mut json: serde_json::Value = serde_json::to_value(switch.save()).unwrap();
+    json["partition"] = serde_json::json!([[A], [B, C]]);
+
+    // Act
+    let state: SwitchState = serde_json::from_value(json).unwrap();
+    let mut restored = Switch::from_state(&state);
+    all_links(&mut restored, VirtNanos(0), 0);
+    let schedule = drain(&mut restored);
+
+    // Assert: A is cut off both ways; B <-> C (4, 5) up; saved the new way.
+    assert_eq!(delivered_links(&schedule, 0), [4, 5]);
+    assert_eq!(restored.blocked_links(), [(A, B), (A, C), (B, A), (C, A)]);
+    assert_eq!(restored.save().partition, None);
+}
