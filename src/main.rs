@@ -189,6 +189,10 @@ struct RunArgs {
     guest: GuestArgs,
     #[command(flatten)]
     snapshots: SnapshotArgs,
+    /// Write every link's frames as pcapng files into this directory
+    /// (DIR/eth0.to.eth1.pcapng, ...; virtual timestamps). Needs --nics.
+    #[arg(long, value_name = "DIR")]
+    pcap: Option<PathBuf>,
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -386,9 +390,13 @@ fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
 fn cmd_run(args: RunArgs) -> Result<u8> {
     // Keystrokes pass through to the guest's shell unchanged.
     let interactive = args.guest.command.is_empty() && std::io::stdin().is_terminal();
+    if args.pcap.is_some() && args.guest.nics == 0 {
+        bail!("--pcap captures the network's frames: it needs --nics N");
+    }
     let request = Request::Run {
         guest: guest_spec(&args.guest)?,
         snapshots: args.snapshots.plan()?,
+        pcap: args.pcap.clone(),
     };
     let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
     let stdin = if interactive { Stdin::Raw } else { Stdin::None };
@@ -398,7 +406,18 @@ fn cmd_run(args: RunArgs) -> Result<u8> {
         request,
         stdin,
         |request| match request {
-            Request::Run { guest, snapshots } => guest_needs(guest, snapshots.as_mut()),
+            Request::Run {
+                guest,
+                snapshots,
+                pcap,
+            } => {
+                let mut needs = guest_needs(guest, snapshots.as_mut())?;
+                // Written inside the helper VM, read here.
+                if let Some(dir) = pcap {
+                    *dir = needs.share(dir)?;
+                }
+                Ok(needs)
+            }
             _ => unreachable!("a run request"),
         },
     )?;

@@ -53,6 +53,10 @@ pub struct UpArgs {
     /// Snapshots of the (first) run, to branch, seek or open a shell in later.
     #[command(flatten)]
     snapshots: SnapshotArgs,
+    /// Write every link's frames of the (first) run as pcapng files into
+    /// this directory (DIR/n1.to.n2.pcapng, ...; virtual timestamps).
+    #[arg(long, value_name = "DIR")]
+    pcap: Option<PathBuf>,
 }
 
 impl UpArgs {
@@ -80,6 +84,7 @@ impl UpArgs {
             snapshots: self.snapshots.plan()?,
             // Set for where the request runs (`dispatch`).
             stall_timeout: vmm::stall::StallTimeout::default(),
+            pcap: self.pcap.clone(),
         })
     }
 }
@@ -140,6 +145,9 @@ fn helper_needs(prepared: &mut PreparedUp, options: &mut UpOptions) -> Result<Ne
     }
     if let Some(plan) = &mut options.snapshots {
         plan.dir = needs.share(&plan.dir)?;
+    }
+    if let Some(dir) = &options.pcap {
+        options.pcap = Some(needs.share(dir)?);
     }
     // The initrd is shipped in the helper's own initramfs and then read
     // into the VMM: count it about three times over.

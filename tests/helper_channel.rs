@@ -53,6 +53,7 @@ fn test_one_helper_vm_answers_several_run_requests_and_holds_a_run_between_them(
         let request = Request::Run {
             guest: guest(seed, random),
             snapshots: None,
+            pcap: None,
         };
         match call(&mut vm, &request) {
             (Ok(Response::Summary(summary)), console) => {

@@ -184,6 +184,7 @@ fn end_to_end(args: &BootArgs, plan: &WorkerPlan) -> SystemResult {
                     let request = Request::Run {
                         guest,
                         snapshots: None,
+                        pcap: None,
                     };
                     match call_vm(vm, &BenchCall::Request(Box::new(request)))? {
                         BenchReply::Response(response) => match *response {

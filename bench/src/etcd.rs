@@ -160,6 +160,7 @@ fn up_options(plan: &EtcdWorkerPlan, logs: &Path) -> Result<UpOptions> {
         stream_output: false,
         snapshots: None,
         stall_timeout: Default::default(),
+        pcap: None,
     })
 }
 

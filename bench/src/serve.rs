@@ -58,6 +58,7 @@ pub fn run_plain(guest: GuestSpec) -> Result<RunSummary> {
     let request = Request::Run {
         guest,
         snapshots: None,
+        pcap: None,
     };
     match Controller::new().handle(request, &run::streams::Discard)? {
         Response::Summary(summary) => Ok(summary),

@@ -18,6 +18,7 @@ pub mod error;
 pub mod hpet;
 pub mod layout;
 pub mod machine;
+pub mod pcap;
 pub mod persist;
 pub mod pic;
 pub mod rtc;
@@ -35,7 +36,8 @@ pub use machine::{
 pub use persist::{Persist, RestoreError};
 pub use status::GuestEvent;
 pub use switch::{
-    LatencyDist, NetworkConfig, PortCounters, PortId, Switch, SwitchError, SwitchState,
+    FrameEvent, FrameTap, LatencyDist, NetworkConfig, PortCounters, PortId, Switch, SwitchError,
+    SwitchState,
 };
 pub use time::{DurationError, VirtNanos};
 

@@ -44,7 +44,7 @@ use crate::serial::{ConsoleWriter, SerialPort, SerialState};
 use crate::status::{
     GuestEvent, I8042Port, I8042State, PostPort, StatusPort, StatusPortState, I8042,
 };
-use crate::switch::{NetworkConfig, PortId, Switch, SwitchError, SwitchState};
+use crate::switch::{Fault, FrameTap, NetworkConfig, PortId, Switch, SwitchError, SwitchState};
 use crate::time::VirtNanos;
 use crate::virtio::{
     RxOutcome, VirtioConsole, VirtioConsoleState, VirtioDevice, VirtioMmioState,
@@ -349,6 +349,9 @@ pub struct Devices {
     virtio: Option<VirtioDevices>,
     /// The network between the NICs, once attached.
     switch: Option<Switch>,
+    /// Where the switch's frame events go, if anywhere (an observer: not
+    /// part of the state).
+    frame_tap: Option<Box<dyn FrameTap>>,
 }
 
 fn build_pio_bus() -> Bus<DeviceId> {
@@ -411,6 +414,7 @@ impl Devices {
             unhandled_accesses: 0,
             virtio: None,
             switch: None,
+            frame_tap: None,
         }
     }
 
@@ -537,19 +541,22 @@ impl Devices {
         self.switch.as_mut().ok_or(SwitchError::NotAttached)
     }
 
-    /// Schedules a partition of the network at virtual time `at` (see
-    /// [`Switch::partition`]); ports are NIC slot indexes.
-    pub fn schedule_partition(
+    /// Schedules a network fault at virtual time `at` (see
+    /// [`Switch::schedule_fault`]); ports are NIC slot indexes.
+    pub fn schedule_network_fault(
         &mut self,
         at: VirtNanos,
-        groups: Vec<Vec<PortId>>,
+        fault: Fault,
     ) -> Result<(), SwitchError> {
-        self.switch_mut()?.partition(at, groups)
+        self.switch_mut()?.schedule_fault(at, fault)
     }
 
-    /// Schedules the end of any partition at virtual time `at`.
-    pub fn schedule_heal(&mut self, at: VirtNanos) -> Result<(), SwitchError> {
-        self.switch_mut()?.heal(at)
+    /// Sends every frame event of the switch from now on to `tap` (or, with
+    /// `None`, nowhere). Observing changes nothing in the run.
+    pub fn set_frame_tap(&mut self, tap: Option<Box<dyn FrameTap>>) -> Result<(), SwitchError> {
+        self.switch_mut()?.record_frames(tap.is_some());
+        self.frame_tap = tap;
+        Ok(())
     }
 
     /// Replaces the default link configuration, for frames sent from now on.
@@ -847,6 +854,15 @@ impl Devices {
                 let _: RxOutcome = transport.deliver(frame, memory, now);
             }
         }
+        if let Some(tap) = &mut self.frame_tap {
+            let mut events = switch.take_frame_events();
+            // Drops at submit (now) come before deliveries due earlier:
+            // sorted, every batch's events are later than the last batch's.
+            events.sort_by_key(|event| event.at);
+            for event in &events {
+                tap.frame(event);
+            }
+        }
     }
 
     /// Turns every interrupt a device raised into an edge on its PIC line.
@@ -958,6 +974,9 @@ impl Devices {
             .in_flight
             .values()
             .flat_map(|frame| [frame.from, frame.to])
+            .chain(switch.blocked.iter().flat_map(|&(from, to)| [from, to]))
+            .chain(switch.port_latency.keys().copied())
+            .chain(switch.port_loss.keys().copied())
             .chain(
                 switch
                     .link_configs
@@ -1039,6 +1058,9 @@ impl Persist for Devices {
         // The switch holds no host resource: the state describes all of it,
         // so a state without one leaves the machine without one.
         self.switch = state.switch.as_ref().map(Switch::from_state);
+        if let (Some(switch), Some(_)) = (&mut self.switch, &self.frame_tap) {
+            switch.record_frames(true);
+        }
         Ok(())
     }
 }
@@ -2163,8 +2185,76 @@ mod tests {
         assert_eq!(machine.devices.virtio_net_counters(0).unwrap().tx_frames, 1);
         assert!(machine.devices.save().virtio[0].transport.queues[1].ready);
         assert_eq!(
-            machine.devices.schedule_heal(VirtNanos(0)),
+            machine
+                .devices
+                .schedule_network_fault(VirtNanos(0), Fault::Heal),
             Err(SwitchError::NotAttached)
+        );
+    }
+
+    /// (time, from, to, dropped) of frame events.
+    type Kept = std::sync::Arc<std::sync::Mutex<Vec<(u64, usize, usize, bool)>>>;
+
+    /// A tap keeping every frame event.
+    struct KeepEvents(Kept);
+
+    impl FrameTap for KeepEvents {
+        fn frame(&mut self, event: &crate::switch::FrameEvent) {
+            self.0.lock().unwrap().push((
+                event.at.0,
+                event.from.0,
+                event.to.0,
+                event.dropped.is_some(),
+            ));
+        }
+    }
+
+    #[test]
+    fn test_devices_frame_tap_sees_deliveries_and_drops_in_time_order_and_changes_nothing() {
+        // Arrange: A -> B blocked one way from 50 us.
+        let run = |tap: bool| {
+            let mut machine = net_machine(true);
+            let events = Kept::default();
+            if tap {
+                let keep = KeepEvents(std::sync::Arc::clone(&events));
+                machine.devices.set_frame_tap(Some(Box::new(keep))).unwrap();
+            }
+            machine.post_receive_buffer(1, 1_000);
+            machine
+                .devices
+                .schedule_network_fault(
+                    VirtNanos(50_000),
+                    Fault::Block(crate::switch::Links {
+                        from: vec![PortId(0)],
+                        to: vec![PortId(1)],
+                        both_ways: false,
+                    }),
+                )
+                .unwrap();
+
+            // Act
+            machine.post_receive_buffer(0, 1_000);
+            machine.send(0, 2_000, &ethernet_frame(MAC_B, MAC_A, b"cut in flight"));
+            machine.send(1, 10_000, &ethernet_frame(MAC_A, MAC_B, b"the other way"));
+            machine.devices.advance_to(VirtNanos(30_000));
+            machine.send(0, 60_000, &ethernet_frame(MAC_B, MAC_A, b"cut at send"));
+            machine.devices.advance_to(VirtNanos::from_secs(1));
+            let kept = events.lock().unwrap().clone();
+            (machine.devices.save(), kept)
+        };
+        let (quiet, none) = run(false);
+        let (tapped, events) = run(true);
+
+        // Assert
+        assert_eq!(quiet, tapped);
+        assert!(none.is_empty());
+        assert_eq!(
+            events,
+            [
+                (50_000, 0, 1, true),
+                (60_000, 0, 1, true),
+                (10_000 + LATENCY, 1, 0, false)
+            ]
         );
     }
 
@@ -2175,9 +2265,15 @@ mod tests {
         machine.post_receive_buffer(1, 1_000);
         machine
             .devices
-            .schedule_partition(VirtNanos(50_000), vec![vec![PortId(0)], vec![PortId(1)]])
+            .schedule_network_fault(
+                VirtNanos(50_000),
+                Fault::Partition(vec![vec![PortId(0)], vec![PortId(1)]]),
+            )
             .unwrap();
-        machine.devices.schedule_heal(VirtNanos(60_000)).unwrap();
+        machine
+            .devices
+            .schedule_network_fault(VirtNanos(60_000), Fault::Heal)
+            .unwrap();
 
         // Act
         machine.send(0, 2_000, &ethernet_frame(MAC_B, MAC_A, b"cut"));
@@ -2189,7 +2285,7 @@ mod tests {
         assert!(machine.received(1).is_empty());
         let switch = machine.devices.switch().unwrap();
         assert_eq!(switch.counters(PortId(0)).unwrap().dropped_partition, 1);
-        assert_eq!(switch.current_partition(), None);
+        assert_eq!(switch.blocked_links(), []);
     }
 
     #[test]

@@ -53,6 +53,9 @@ pub enum Request {
     Run {
         guest: GuestSpec,
         snapshots: Option<SnapshotPlan>,
+        /// Capture every link's frames here (see [`crate::pcap`]).
+        #[serde(default)]
+        pcap: Option<PathBuf>,
     },
     /// Run a configuration several times and compare (`detvisor audit`).
     Audit {
@@ -278,7 +281,11 @@ impl Controller {
         streams: &dyn Streams,
     ) -> Result<Response, ApiError> {
         Ok(match request {
-            Request::Run { guest, snapshots } => {
+            Request::Run {
+                guest,
+                snapshots,
+                pcap,
+            } => {
                 let input = if guest.command.is_empty() {
                     streams.stdin()
                 } else {
@@ -288,6 +295,7 @@ impl Controller {
                 Response::Summary(plain::run(
                     &guest,
                     snapshots.as_ref(),
+                    pcap.as_deref(),
                     streams.stdout(),
                     input,
                     &mut report,

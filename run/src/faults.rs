@@ -6,7 +6,13 @@
 //!
 //! ```text
 //! at=<time> partition <nodes> | <nodes> [| ...] [for=<duration>]
-//! at=<time> heal
+//! at=<time> partition <nodes> -> <nodes> [for=<duration>]   one way
+//! at=<time> cut <nodes> <-> <nodes> [for=<duration>]         both ways, those links only
+//! at=<time> bridge [for=<duration>]                          Jepsen's, over the run's nodes
+//! at=<time> majorities-ring [for=<duration>]                 Jepsen's, over the run's nodes
+//! at=<time> heal [<nodes> <-> <nodes> | <nodes> -> <nodes>]
+//! at=<time> slow <node> latency=<d>[..<d>] [for=<duration>]  (slow <node> off ends it)
+//! at=<time> loss <node> <probability> [for=<duration>]       (loss <node> off ends it)
 //! at=<time> pause <node> [for=<duration>]
 //! at=<time> resume <node>
 //! at=<time> kill <node> [signal=<n>]          (default 9, SIGKILL)
@@ -17,11 +23,12 @@
 //! group of a partition form one more group together. Times are virtual
 //! times since boot (as `--until`); at a branch (`branch --fault`),
 //! `at=+<duration>` is that long after the branch point
-//! ([`parse_fault_after`]), and is refused anywhere else.
+//! ([`parse_fault_after`]), and is refused anywhere else. The network
+//! faults' words, text and switch form are in the `network` submodule.
 //!
 //! `for=` is shorthand, expanded when the text is parsed ([`parse_fault`],
 //! [`schedule`]): it makes two faults, the one written and the one undoing
-//! it (heal, resume) that much later. A [`Fault`] is one action at one time,
+//! it (heal, resume, `off`) that much later. A [`Fault`] is one action at one time,
 //! so it never prints `for=`, and [`Fault::from_str`] refuses it.
 //!
 //! The kind of a fault decides who carries it out, once, when it is parsed:
@@ -30,11 +37,15 @@
 //! ([`HostToAgent`] from a [`NodeFault`]). Serialized, an action is its text
 //! (`"partition n1 | n2,n3"`), a fault `{"at": <ns>, "action": <text>}`.
 
+mod network;
+
+pub use network::{LatencyRange, NetworkActionError};
+
 use crate::units::parse_duration;
 use detvisor_agent::protocol::HostToAgent;
-use devices::switch::Fault as SwitchFault;
+use devices::switch::Links;
 use devices::time::DurationError;
-use devices::{PortId, VirtNanos};
+use devices::VirtNanos;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
@@ -65,6 +76,26 @@ pub enum NetworkFault {
     /// Groups of node names that can talk among themselves only.
     Partition(Vec<Vec<String>>),
     Heal,
+    /// `cut A <-> B` (both ways) or `partition A -> B` (one way): those
+    /// links are blocked, every other link stays as it is.
+    Cut(Links<String>),
+    /// `heal A <-> B`, `heal A -> B`: those links are unblocked.
+    HealLinks(Links<String>),
+    /// Jepsen's `bridge` over every node, in the run's order.
+    Bridge,
+    /// Jepsen's `majorities-ring` over every node, in the run's order.
+    MajoritiesRing,
+    /// Every link to and from `node` takes this latency (`None`: its own again).
+    Slow {
+        node: String,
+        latency: Option<LatencyRange>,
+    },
+    /// Every link to and from `node` loses frames with this probability
+    /// (`None`: its own again).
+    Loss {
+        node: String,
+        loss: Option<devices::switch::Probability>,
+    },
 }
 
 /// Something the agent does to one node.
@@ -76,7 +107,8 @@ pub enum NodeFault {
     Restart { node: String },
 }
 
-const ACTIONS: &str = "partition, heal, pause, resume, kill, restart";
+const ACTIONS: &str =
+    "partition, cut, bridge, majorities-ring, heal, slow, loss, pause, resume, kill, restart";
 
 /// Why the words of an action are not one. They do not repeat the text (the
 /// caller's context does).
@@ -84,18 +116,14 @@ const ACTIONS: &str = "partition, heal, pause, resume, kill, restart";
 pub enum ActionError {
     #[error("signal={value} is not a signal number (1..64)")]
     Signal { value: String },
-    #[error("unknown setting {key:?} (known: at=, for=, signal=)")]
+    #[error("unknown setting {key:?} (known: at=, for=, signal=, latency=)")]
     UnknownSetting { key: String },
     #[error("no action ({ACTIONS})")]
     NoAction,
     #[error("{verb} takes exactly one node name")]
     NotOneNode { verb: String },
-    #[error("a partition group is empty (write groups as n1 | n2,n3)")]
-    EmptyGroup,
-    #[error("node {name} is in two groups")]
-    TwoGroups { name: String },
-    #[error("heal takes no arguments")]
-    HealArguments,
+    #[error(transparent)]
+    Network(#[from] NetworkActionError),
     #[error("unknown action {action:?} ({ACTIONS})")]
     UnknownAction { action: String },
     #[error("signal= only applies to kill")]
@@ -128,26 +156,26 @@ pub enum FaultError {
     },
     #[error("fault {text:?}: for= makes two faults (parse it with parse_fault)")]
     TwoFaults { text: String },
-    #[error("fault {text:?}: for= applies to partition and pause only")]
+    #[error("fault {text:?}: for= applies to faults it can undo (partition, cut, bridge, majorities-ring, slow, loss, pause)")]
     NoUndo { text: String },
     #[error("fault {fault}: no node is named {name:?} (nodes: {})", nodes.join(", "))]
     UnknownNode {
-        fault: Fault,
+        fault: Box<Fault>,
         name: String,
         nodes: Vec<String>,
     },
     #[error("fault {fault}: no node {name:?}")]
-    NoPort { fault: NetworkFault, name: String },
+    NoPort {
+        fault: Box<NetworkFault>,
+        name: String,
+    },
 }
 
 impl FaultAction {
     /// The node names the action refers to.
     pub fn nodes(&self) -> Vec<&str> {
         match self {
-            FaultAction::Network(NetworkFault::Partition(groups)) => {
-                groups.iter().flatten().map(String::as_str).collect()
-            }
-            FaultAction::Network(NetworkFault::Heal) => Vec::new(),
+            FaultAction::Network(fault) => fault.nodes(),
             FaultAction::Node(fault) => vec![fault.node()],
         }
     }
@@ -155,9 +183,7 @@ impl FaultAction {
     /// The action `for=` schedules after this one, if it has one.
     fn undo(&self) -> Option<FaultAction> {
         match self {
-            FaultAction::Network(NetworkFault::Partition(_)) => {
-                Some(FaultAction::Network(NetworkFault::Heal))
-            }
+            FaultAction::Network(fault) => fault.undo().map(FaultAction::Network),
             FaultAction::Node(NodeFault::Pause { node }) => {
                 Some(FaultAction::Node(NodeFault::Resume { node: node.clone() }))
             }
@@ -190,72 +216,13 @@ impl From<NodeFault> for HostToAgent {
     }
 }
 
-impl NetworkFault {
-    /// The fault as the switch schedules it: node `i` of `node_names` is on
-    /// switch port `ports[i]` (its NIC).
-    pub fn to_switch(
-        &self,
-        node_names: &[String],
-        ports: &[PortId],
-    ) -> Result<SwitchFault, FaultError> {
-        Ok(match self {
-            NetworkFault::Partition(groups) => SwitchFault::Partition(
-                groups
-                    .iter()
-                    .map(|group| {
-                        group
-                            .iter()
-                            .map(|name| {
-                                node_names
-                                    .iter()
-                                    .position(|n| n == name)
-                                    .and_then(|index| ports.get(index).copied())
-                                    .ok_or_else(|| FaultError::NoPort {
-                                        fault: self.clone(),
-                                        name: name.clone(),
-                                    })
-                            })
-                            .collect::<Result<Vec<_>, _>>()
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            ),
-            NetworkFault::Heal => SwitchFault::Heal,
-        })
-    }
-
-    /// The inverse of [`NetworkFault::to_switch`] (`None`: a port of no node).
-    pub fn from_switch(
-        fault: &SwitchFault,
-        node_names: &[String],
-        ports: &[PortId],
-    ) -> Option<NetworkFault> {
-        Some(match fault {
-            SwitchFault::Partition(groups) => NetworkFault::Partition(
-                groups
-                    .iter()
-                    .map(|group| {
-                        group
-                            .iter()
-                            .map(|port| {
-                                let index = ports.iter().position(|p| p == port)?;
-                                node_names.get(index).cloned()
-                            })
-                            .collect::<Option<Vec<_>>>()
-                    })
-                    .collect::<Option<Vec<_>>>()?,
-            ),
-            SwitchFault::Heal => NetworkFault::Heal,
-        })
-    }
-}
-
 impl Fault {
     /// Refuses a fault naming a node not in `nodes`.
     pub fn check_nodes(&self, nodes: &[String]) -> Result<(), FaultError> {
         for name in self.action.nodes() {
             if !nodes.iter().any(|n| n == name) {
                 return Err(FaultError::UnknownNode {
-                    fault: self.clone(),
+                    fault: Box::new(self.clone()),
                     name: name.to_owned(),
                     nodes: nodes.to_vec(),
                 });
@@ -276,18 +243,6 @@ fn time_text(t: VirtNanos) -> String {
         }
     }
     format!("{n}ns")
-}
-
-impl fmt::Display for NetworkFault {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NetworkFault::Partition(groups) => {
-                let groups: Vec<String> = groups.iter().map(|g| g.join(",")).collect();
-                write!(f, "partition {}", groups.join(" | "))
-            }
-            NetworkFault::Heal => write!(f, "heal"),
-        }
-    }
 }
 
 impl fmt::Display for NodeFault {
@@ -323,6 +278,7 @@ impl FromStr for FaultAction {
 
     fn from_str(text: &str) -> Result<Self, ActionError> {
         let mut signal = None;
+        let mut latency = None;
         let mut words = Vec::new();
         for word in text.split_whitespace() {
             match word.split_once('=') {
@@ -336,6 +292,7 @@ impl FromStr for FaultAction {
                         })?;
                     signal = Some(n);
                 }
+                Some(("latency", value)) => latency = Some(value),
                 Some((key, _)) => {
                     return Err(ActionError::UnknownSetting {
                         key: key.to_owned(),
@@ -356,35 +313,8 @@ impl FromStr for FaultAction {
             }
         };
         let action = match verb {
-            "partition" => {
-                let joined = args.join(" ");
-                let groups: Vec<Vec<String>> = joined
-                    .split('|')
-                    .map(|group| {
-                        group
-                            .split(',')
-                            .map(str::trim)
-                            .filter(|n| !n.is_empty())
-                            .map(String::from)
-                            .collect::<Vec<_>>()
-                    })
-                    .collect();
-                if groups.iter().any(Vec::is_empty) {
-                    return Err(ActionError::EmptyGroup);
-                }
-                let mut seen = std::collections::BTreeSet::new();
-                for name in groups.iter().flatten() {
-                    if !seen.insert(name) {
-                        return Err(ActionError::TwoGroups { name: name.clone() });
-                    }
-                }
-                FaultAction::Network(NetworkFault::Partition(groups))
-            }
-            "heal" => {
-                if !args.is_empty() {
-                    return Err(ActionError::HealArguments);
-                }
-                FaultAction::Network(NetworkFault::Heal)
+            verb if NetworkFault::is_verb(verb) => {
+                FaultAction::Network(NetworkFault::parse(verb, args, latency)?)
             }
             "pause" => FaultAction::Node(NodeFault::Pause { node: one_node()? }),
             "resume" => FaultAction::Node(NodeFault::Resume { node: one_node()? }),
@@ -401,6 +331,9 @@ impl FromStr for FaultAction {
         };
         if signal.is_some() && !matches!(action, FaultAction::Node(NodeFault::Kill { .. })) {
             return Err(ActionError::SignalNotKill);
+        }
+        if latency.is_some() && !matches!(action, FaultAction::Network(NetworkFault::Slow { .. })) {
+            return Err(NetworkActionError::LatencyNotSlow.into());
         }
         Ok(action)
     }
@@ -538,6 +471,8 @@ impl<'de> Deserialize<'de> for NodeFault {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use devices::switch::Fault as SwitchFault;
+    use devices::PortId;
     use proptest::prelude::*;
 
     fn s(v: &str) -> String {
@@ -602,9 +537,14 @@ mod tests {
         );
     }
 
+    /// The whole error chain of a fault text that does not parse.
+    pub(super) fn parse_error(text: &str) -> String {
+        format!("{:#}", anyhow::Error::from(parse_fault(text).unwrap_err()))
+    }
+
     #[test]
     fn test_bad_faults_name_the_problem() {
-        let err = |t: &str| format!("{:#}", anyhow::Error::from(parse_fault(t).unwrap_err()));
+        let err = parse_error;
         assert!(err("partition n1 | n2").contains("missing at="));
         assert!(err("at=1s explode n1").contains("unknown action \"explode\""));
         assert!(err("at=1s pause").contains("exactly one node"));
@@ -711,6 +651,29 @@ mod tests {
         }
     }
 
+    /// Each network fault text of `cases` is its switch fault, with nodes
+    /// n1, n2, n3 on ports 2, 3, 4, and the switch fault names it back.
+    pub(super) fn assert_to_switch_and_back(cases: &[(&str, SwitchFault)]) {
+        let names = vec![s("n1"), s("n2"), s("n3")];
+        // NIC i (node i) sits on the switch port of its virtio slot.
+        let ports = [PortId(2), PortId(3), PortId(4)];
+        for (text, on_switch) in cases {
+            let FaultAction::Network(fault) = text.parse::<FaultAction>().unwrap() else {
+                panic!("{text} is the switch's");
+            };
+            assert_eq!(
+                fault.to_switch(&names, &ports).unwrap(),
+                *on_switch,
+                "{text}"
+            );
+            assert_eq!(
+                NetworkFault::from_switch(on_switch, &names, &ports),
+                Some(fault),
+                "{text}"
+            );
+        }
+    }
+
     #[test]
     fn test_every_network_fault_goes_to_the_switch_and_back() {
         let names = vec![s("n1"), s("n2"), s("n3")];
@@ -727,20 +690,7 @@ mod tests {
             ),
             ("heal", SwitchFault::Heal),
         ];
-        for (text, on_switch) in cases {
-            let FaultAction::Network(fault) = text.parse::<FaultAction>().unwrap() else {
-                panic!("{text} is the switch's");
-            };
-            assert_eq!(
-                fault.to_switch(&names, &ports).unwrap(),
-                on_switch,
-                "{text}"
-            );
-            assert_eq!(
-                NetworkFault::from_switch(&on_switch, &names, &ports),
-                Some(fault.clone())
-            );
-        }
+        assert_to_switch_and_back(&cases);
         let FaultAction::Network(unknown) = "partition n1 | n9".parse().unwrap() else {
             unreachable!()
         };
@@ -795,6 +745,7 @@ mod tests {
         prop_oneof![
             partition,
             Just(FaultAction::Network(NetworkFault::Heal)),
+            network::tests::link_fault().prop_map(FaultAction::Network),
             node_name().prop_map(|node| FaultAction::Node(NodeFault::Pause { node })),
             node_name().prop_map(|node| FaultAction::Node(NodeFault::Resume { node })),
             (node_name(), 1..=64i32)

@@ -18,6 +18,7 @@ pub mod faults;
 pub mod guest;
 pub mod manifest;
 pub mod outcome;
+pub mod pcap;
 pub mod plain;
 pub mod seeds;
 pub mod shell;

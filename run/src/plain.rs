@@ -4,6 +4,7 @@
 use crate::driven::Driven;
 use crate::guest;
 use crate::outcome::RunSummary;
+use crate::pcap::PcapRecorder;
 use crate::snapshots::{SnapshotPlan, Snapshotter};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -85,6 +86,8 @@ pub enum PlainError {
     Snapshots(#[from] crate::snapshots::SnapshotsError),
     #[error(transparent)]
     Driven(#[from] crate::driven::DrivenError),
+    #[error(transparent)]
+    Pcap(#[from] crate::pcap::PcapError),
 }
 
 type Result<T, E = PlainError> = std::result::Result<T, E>;
@@ -163,27 +166,46 @@ impl GuestSpec {
 }
 
 /// Boots `spec`'s guest and runs it to its end, taking snapshots as
-/// `snapshots` asks; the console goes to `console`, `input` (when given)
-/// to the guest's console.
+/// `snapshots` asks and capturing the network's frames into `pcap` (a
+/// directory) if given; the console goes to `console`, `input` (when
+/// given) to the guest's console.
 pub fn run(
     spec: &GuestSpec,
     snapshots: Option<&SnapshotPlan>,
+    pcap: Option<&std::path::Path>,
     console: Box<dyn std::io::Write + Send>,
     input: Option<ConsoleInput>,
     report: &mut dyn FnMut(&str),
 ) -> Result<RunSummary> {
     let config = spec.vm_config(RecordConfig::default())?;
+    let mut session = vmm::vm::Session::boot(&config, console, input)?;
+    let capture = match pcap {
+        Some(dir) => {
+            let nics = spec.network.as_ref().map_or(0, |n| n.nics);
+            Some(PcapRecorder::attach(
+                session.devices_mut(),
+                dir,
+                &crate::pcap::plain_nic_names(nics),
+            )?)
+        }
+        None => None,
+    };
     let outcome = match snapshots {
-        None => vmm::vm::run(&config, console, input)?,
+        None => {
+            let stop = session.run_to_end()?;
+            session.finish(stop)
+        }
         Some(plan) => {
             let mut snapshotter = Snapshotter::new(plan, None)?;
-            let session = vmm::vm::Session::boot(&config, console, input)?;
             let mut driven = Driven::plain(session);
             let stop = snapshotter.run(&mut driven)?;
             report(&snapshotter.report());
             driven.session.finish(stop)
         }
     };
+    if let Some(capture) = capture {
+        capture.finish()?;
+    }
     Ok(RunSummary::new(spec.seed, &outcome))
 }
 

@@ -1,9 +1,9 @@
 //! Helpers shared by the end-to-end tests.
 #![allow(dead_code)]
 
-use std::process::{Command, Output};
-
 pub mod cluster;
+
+use std::process::{Command, Output};
 
 /// Runs the detvisor binary and echoes what it did (shown when a test fails).
 pub fn detvisor(args: &[&str]) -> Output {

@@ -154,10 +154,8 @@ impl UpDriver {
             FaultAction::Network(network) => {
                 let devices = session.devices_mut();
                 let ports = devices.nic_ports();
-                let scheduled = match network.to_switch(&self.node_names, &ports)? {
-                    SwitchFault::Partition(groups) => devices.schedule_partition(fault.at, groups),
-                    SwitchFault::Heal => devices.schedule_heal(fault.at),
-                };
+                let on_switch = network.to_switch(&self.node_names, &ports)?;
+                let scheduled = devices.schedule_network_fault(fault.at, on_switch);
                 if let Err(source) = scheduled {
                     return Err(DriveError::Schedule {
                         fault: network,
@@ -424,10 +422,9 @@ mod tests {
             let FaultAction::Network(network) = fault.action else {
                 unreachable!()
             };
-            match network.to_switch(&names, &PORTS).unwrap() {
-                SwitchFault::Partition(groups) => switch.partition(fault.at, groups).unwrap(),
-                SwitchFault::Heal => switch.heal(fault.at).unwrap(),
-            }
+            switch
+                .schedule_fault(fault.at, network.to_switch(&names, &PORTS).unwrap())
+                .unwrap();
         }
         let up = UpState {
             conductor: conductor(None, &[]),

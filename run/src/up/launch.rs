@@ -10,6 +10,7 @@ use crate::faults::{schedule, Fault, FaultAction, FaultError};
 use crate::guest::{self, GuestImageError};
 use crate::manifest::{Manifest, WorkloadPlan};
 use crate::outcome::{stepped_note, RunSummary};
+use crate::pcap::PcapRecorder;
 use crate::snapshots::{SnapshotPlan, SnapshotsError, Snapshotter};
 use crate::streams::{say, Streams};
 use crate::units::SizeError;
@@ -109,6 +110,8 @@ pub enum UpError {
     Output(#[from] OutputError),
     #[error(transparent)]
     Snapshots(#[from] SnapshotsError),
+    #[error(transparent)]
+    Pcap(#[from] crate::pcap::PcapError),
     #[error("an up run ended without a status")]
     NoStatus,
     #[error("an up run ran no run")]
@@ -220,6 +223,10 @@ pub struct UpOptions {
     /// as stalled (host policy, not part of the history).
     #[serde(default)]
     pub stall_timeout: StallTimeout,
+    /// Capture every link's frames of the first run into this directory
+    /// (see [`crate::pcap`]; a run held by `BootUp` captures nothing).
+    #[serde(default)]
+    pub pcap: Option<PathBuf>,
 }
 
 /// What an `up` run reports.
@@ -351,6 +358,14 @@ pub fn run(
             events: Box::new(events),
         };
         let mut driven = prepared.boot(&config, output)?;
+        let capture = match options.pcap.as_deref().filter(|_| first) {
+            Some(dir) => Some(PcapRecorder::attach(
+                driven.session.devices_mut(),
+                dir,
+                &prepared.node_names,
+            )?),
+            None => None,
+        };
         // Snapshots are taken in the first run (an audit's later runs check
         // that they did not perturb it).
         let stop = match options.snapshots.as_ref().filter(|_| first) {
@@ -362,6 +377,9 @@ pub fn run(
             }
             None => driven.run_to_end()?,
         };
+        if let Some(capture) = capture {
+            capture.finish()?;
+        }
         let status = driven.exit_status(stop).ok_or(UpError::NoStatus)?;
         let outcome = driven.outcome(stop)?;
         if runs > 1 {

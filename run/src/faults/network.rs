@@ -1,0 +1,658 @@
+//! The network faults' half of the fault grammar: their words, their text
+//! and what each is on the switch ([`NetworkFault::to_switch`], and back
+//! for announcements, [`NetworkFault::from_switch`]).
+//!
+//! ```text
+//! partition <nodes> | <nodes> [| ...]   groups; nodes in no group form one more
+//! partition <nodes> -> <nodes>          one way: frames from the left to the right are dropped
+//! cut <nodes> <-> <nodes>               both ways, between the two sides only
+//! bridge                                Jepsen's bridge over the run's nodes, in order
+//! majorities-ring                       Jepsen's majorities-ring over them, in order
+//! heal                                  every link up again
+//! heal <nodes> <-> <nodes>              those links up again (also `->`), the rest as they are
+//! slow <node> latency=<d>[..<d>]        every link to and from the node: that latency
+//! slow <node> off
+//! loss <node> <probability>             every link to and from the node: that loss
+//! loss <node> off
+//! ```
+//!
+//! `for=` undoes: `partition` (either form), `bridge` and `majorities-ring`
+//! with `heal`, `cut A <-> B` with `heal A <-> B`, `slow`/`loss` with their
+//! `off`.
+
+use super::{FaultError, NetworkFault};
+use devices::switch::{Fault as SwitchFault, Links, Probability};
+use devices::{LatencyDist, PortId, VirtNanos};
+use std::fmt;
+
+/// A slow node's latency: fixed (`min == max`) or uniform over `min..=max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatencyRange {
+    pub min: VirtNanos,
+    pub max: VirtNanos,
+}
+
+/// Why the words of a network action are not one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NetworkActionError {
+    #[error("a partition group is empty (write groups as n1 | n2,n3)")]
+    EmptyGroup,
+    #[error("node {name} is in two groups")]
+    TwoGroups { name: String },
+    #[error("{verb} takes no arguments")]
+    NoArguments { verb: String },
+    #[error("{verb} needs nodes on both sides of {arrow} (e.g. n1 {arrow} n2,n3)")]
+    EmptySide { verb: String, arrow: &'static str },
+    #[error("groups (|) and {arrow} do not mix")]
+    GroupsAndArrow { arrow: &'static str },
+    #[error("node {name} is on both sides of {arrow}")]
+    BothSides { name: String, arrow: &'static str },
+    #[error("cut is both ways: cut n1 <-> n2 (one way: partition n1 -> n2)")]
+    CutArrow,
+    #[error(
+        "partition takes groups (n1 | n2) or one direction (n1 -> n2); both ways is cut n1 <-> n2"
+    )]
+    PartitionArrow,
+    #[error("{verb} takes one node and {what}, or off")]
+    NodeAndValue { verb: String, what: &'static str },
+    #[error("latency=")]
+    Latency(#[source] devices::DurationError),
+    #[error("latency={text}: the minimum is above the maximum")]
+    LatencyOrder { text: String },
+    #[error("latency= only applies to slow")]
+    LatencyNotSlow,
+    #[error("loss {text}: not a probability (a number in 0..=1)")]
+    Probability { text: String },
+}
+
+type Result<T, E = NetworkActionError> = std::result::Result<T, E>;
+
+/// The verbs this module parses.
+pub(super) const NETWORK_VERBS: [&str; 6] = [
+    "partition",
+    "heal",
+    "cut",
+    "bridge",
+    "majorities-ring",
+    "slow",
+];
+
+impl NetworkFault {
+    /// Whether `verb` is a network fault's.
+    pub(super) fn is_verb(verb: &str) -> bool {
+        NETWORK_VERBS.contains(&verb) || verb == "loss"
+    }
+
+    /// The action `verb args [latency=..]` (`latency` is the value of a
+    /// `latency=` setting, if there was one).
+    pub(super) fn parse(verb: &str, args: &[&str], latency: Option<&str>) -> Result<Self> {
+        if latency.is_some() && verb != "slow" {
+            return Err(NetworkActionError::LatencyNotSlow);
+        }
+        let joined = args.join(" ");
+        let no_arguments = |fault: NetworkFault| {
+            if args.is_empty() {
+                Ok(fault)
+            } else {
+                Err(NetworkActionError::NoArguments {
+                    verb: verb.to_owned(),
+                })
+            }
+        };
+        Ok(match verb {
+            "partition" if joined.contains("<->") => {
+                return Err(NetworkActionError::PartitionArrow)
+            }
+            "partition" if joined.contains("->") => NetworkFault::Cut(links(verb, &joined, false)?),
+            "partition" => NetworkFault::Partition(groups(&joined)?),
+            "cut" if joined.contains("<->") => NetworkFault::Cut(links(verb, &joined, true)?),
+            "cut" => return Err(NetworkActionError::CutArrow),
+            "heal" if args.is_empty() => NetworkFault::Heal,
+            "heal" => NetworkFault::HealLinks(links(verb, &joined, joined.contains("<->"))?),
+            "bridge" => no_arguments(NetworkFault::Bridge)?,
+            "majorities-ring" => no_arguments(NetworkFault::MajoritiesRing)?,
+            "slow" => {
+                let (node, off) = node_and_value(verb, args, "latency=<duration>[..<duration>]")?;
+                let latency = match (off, latency) {
+                    (true, None) => None,
+                    (false, Some(text)) if args.len() == 1 => Some(LatencyRange::parse(text)?),
+                    _ => {
+                        return Err(NetworkActionError::NodeAndValue {
+                            verb: verb.to_owned(),
+                            what: "latency=<duration>[..<duration>]",
+                        })
+                    }
+                };
+                NetworkFault::Slow { node, latency }
+            }
+            _ => {
+                let (node, off) = node_and_value(verb, args, "a probability")?;
+                let loss = match args {
+                    _ if off => None,
+                    [_, text] => Some(text.parse::<Probability>().map_err(|_| {
+                        NetworkActionError::Probability {
+                            text: (*text).to_owned(),
+                        }
+                    })?),
+                    _ => {
+                        return Err(NetworkActionError::NodeAndValue {
+                            verb: verb.to_owned(),
+                            what: "a probability",
+                        })
+                    }
+                };
+                NetworkFault::Loss { node, loss }
+            }
+        })
+    }
+
+    /// The node names the fault refers to.
+    pub fn nodes(&self) -> Vec<&str> {
+        match self {
+            NetworkFault::Partition(groups) => {
+                groups.iter().flatten().map(String::as_str).collect()
+            }
+            NetworkFault::Cut(links) | NetworkFault::HealLinks(links) => links
+                .from
+                .iter()
+                .chain(&links.to)
+                .map(String::as_str)
+                .collect(),
+            NetworkFault::Slow { node, .. } | NetworkFault::Loss { node, .. } => vec![node],
+            NetworkFault::Heal | NetworkFault::Bridge | NetworkFault::MajoritiesRing => Vec::new(),
+        }
+    }
+
+    /// The fault `for=` schedules after this one, if it has one.
+    pub(super) fn undo(&self) -> Option<NetworkFault> {
+        match self {
+            NetworkFault::Partition(_) | NetworkFault::Bridge | NetworkFault::MajoritiesRing => {
+                Some(NetworkFault::Heal)
+            }
+            // A one-way partition is a cut one way: healed the same way.
+            NetworkFault::Cut(links) => Some(NetworkFault::HealLinks(links.clone())),
+            NetworkFault::Slow {
+                node,
+                latency: Some(_),
+            } => Some(NetworkFault::Slow {
+                node: node.clone(),
+                latency: None,
+            }),
+            NetworkFault::Loss {
+                node,
+                loss: Some(_),
+            } => Some(NetworkFault::Loss {
+                node: node.clone(),
+                loss: None,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The fault as the switch schedules it: node `i` of `node_names` is on
+    /// switch port `ports[i]` (its NIC). `bridge` and `majorities-ring` are
+    /// over every node, in the run's order.
+    pub fn to_switch(
+        &self,
+        node_names: &[String],
+        ports: &[PortId],
+    ) -> Result<SwitchFault, FaultError> {
+        let port = |name: &String| {
+            node_names
+                .iter()
+                .position(|n| n == name)
+                .and_then(|index| ports.get(index).copied())
+                .ok_or_else(|| FaultError::NoPort {
+                    fault: Box::new(self.clone()),
+                    name: name.clone(),
+                })
+        };
+        let ports_of = |links: &Links<String>| -> Result<Links<PortId>, FaultError> {
+            Ok(Links {
+                from: links.from.iter().map(port).collect::<Result<_, _>>()?,
+                to: links.to.iter().map(port).collect::<Result<_, _>>()?,
+                both_ways: links.both_ways,
+            })
+        };
+        let all: Vec<PortId> = ports.iter().take(node_names.len()).copied().collect();
+        Ok(match self {
+            NetworkFault::Partition(groups) => SwitchFault::Partition(
+                groups
+                    .iter()
+                    .map(|group| group.iter().map(port).collect::<Result<Vec<_>, _>>())
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            NetworkFault::Heal => SwitchFault::Heal,
+            NetworkFault::Cut(links) => SwitchFault::Block(ports_of(links)?),
+            NetworkFault::HealLinks(links) => SwitchFault::Unblock(ports_of(links)?),
+            NetworkFault::Bridge => SwitchFault::Bridge(all),
+            NetworkFault::MajoritiesRing => SwitchFault::MajoritiesRing(all),
+            NetworkFault::Slow { node, latency } => SwitchFault::Slow {
+                port: port(node)?,
+                latency: latency.map(LatencyRange::to_dist),
+            },
+            NetworkFault::Loss { node, loss } => SwitchFault::Loss {
+                port: port(node)?,
+                loss: *loss,
+            },
+        })
+    }
+
+    /// The inverse of [`NetworkFault::to_switch`] (`None`: a port of no
+    /// node, or a switch fault no text names).
+    pub fn from_switch(
+        fault: &SwitchFault,
+        node_names: &[String],
+        ports: &[PortId],
+    ) -> Option<NetworkFault> {
+        let name = |port: &PortId| {
+            let index = ports.iter().position(|p| p == port)?;
+            node_names.get(index).cloned()
+        };
+        Some(match fault {
+            SwitchFault::Partition(groups) => NetworkFault::Partition(
+                groups
+                    .iter()
+                    .map(|group| group.iter().map(name).collect::<Option<Vec<_>>>())
+                    .collect::<Option<Vec<_>>>()?,
+            ),
+            SwitchFault::Heal => NetworkFault::Heal,
+            SwitchFault::Block(links) => NetworkFault::Cut(links.try_map(name)?),
+            SwitchFault::Unblock(links) => NetworkFault::HealLinks(links.try_map(name)?),
+            SwitchFault::Bridge(_) => NetworkFault::Bridge,
+            SwitchFault::MajoritiesRing(_) => NetworkFault::MajoritiesRing,
+            SwitchFault::Slow { port, latency } => NetworkFault::Slow {
+                node: name(port)?,
+                latency: match latency {
+                    Some(dist) => Some(LatencyRange::from_dist(dist)?),
+                    None => None,
+                },
+            },
+            SwitchFault::Loss { port, loss } => NetworkFault::Loss {
+                node: name(port)?,
+                loss: *loss,
+            },
+        })
+    }
+}
+
+/// `n1,n2 | n3`: groups, none empty, no node twice.
+fn groups(text: &str) -> Result<Vec<Vec<String>>> {
+    let groups: Vec<Vec<String>> = text.split('|').map(names).collect();
+    if groups.iter().any(Vec::is_empty) {
+        return Err(NetworkActionError::EmptyGroup);
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for name in groups.iter().flatten() {
+        if !seen.insert(name) {
+            return Err(NetworkActionError::TwoGroups { name: name.clone() });
+        }
+    }
+    Ok(groups)
+}
+
+fn names(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// `n1 <-> n2,n3` (`both_ways`) or `n1 -> n2,n3`.
+fn links(verb: &str, text: &str, both_ways: bool) -> Result<Links<String>> {
+    let arrow = if both_ways { "<->" } else { "->" };
+    if text.contains('|') {
+        return Err(NetworkActionError::GroupsAndArrow { arrow });
+    }
+    let (from, to) = text.split_once(arrow).unwrap_or((text, ""));
+    let (from, to) = (names(from), names(to));
+    if from.is_empty() || to.is_empty() || to.join(",").contains('>') {
+        return Err(NetworkActionError::EmptySide {
+            verb: verb.to_owned(),
+            arrow,
+        });
+    }
+    if let Some(name) = from.iter().find(|name| to.contains(name)) {
+        return Err(NetworkActionError::BothSides {
+            name: name.clone(),
+            arrow,
+        });
+    }
+    Ok(Links {
+        from,
+        to,
+        both_ways,
+    })
+}
+
+/// `<node> <value>` or `<node> off`: the node, and whether it is `off`.
+fn node_and_value(verb: &str, args: &[&str], what: &'static str) -> Result<(String, bool)> {
+    match args {
+        [node, "off"] => Ok(((*node).to_owned(), true)),
+        [node] | [node, _] => Ok(((*node).to_owned(), false)),
+        _ => Err(NetworkActionError::NodeAndValue {
+            verb: verb.to_owned(),
+            what,
+        }),
+    }
+}
+
+impl LatencyRange {
+    /// `200ms` or `200ms..800ms`, in the one duration grammar.
+    fn parse(text: &str) -> Result<Self> {
+        let parse = |t: &str| t.parse::<VirtNanos>().map_err(NetworkActionError::Latency);
+        let (min, max) = match text.split_once("..") {
+            Some((min, max)) => (parse(min)?, parse(max)?),
+            None => {
+                let d = parse(text)?;
+                (d, d)
+            }
+        };
+        if min > max {
+            return Err(NetworkActionError::LatencyOrder {
+                text: text.to_owned(),
+            });
+        }
+        Ok(LatencyRange { min, max })
+    }
+
+    fn to_dist(self) -> LatencyDist {
+        if self.min == self.max {
+            LatencyDist::Fixed(self.min)
+        } else {
+            LatencyDist::Uniform {
+                min: self.min,
+                max: self.max,
+            }
+        }
+    }
+
+    fn from_dist(dist: &LatencyDist) -> Option<Self> {
+        match *dist {
+            LatencyDist::Fixed(d) => Some(LatencyRange { min: d, max: d }),
+            // Bounds the wrong way round sample as if swapped (see LatencyDist).
+            LatencyDist::Uniform { min, max } => Some(LatencyRange {
+                min: min.min(max),
+                max: min.max(max),
+            }),
+            LatencyDist::Normal { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for LatencyRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.min == self.max {
+            write!(f, "{}", self.min)
+        } else {
+            write!(f, "{}..{}", self.min, self.max)
+        }
+    }
+}
+
+fn links_text(links: &Links<String>) -> String {
+    let arrow = if links.both_ways { "<->" } else { "->" };
+    format!("{} {arrow} {}", links.from.join(","), links.to.join(","))
+}
+
+impl fmt::Display for NetworkFault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NetworkFault::Partition(groups) => {
+                let groups: Vec<String> = groups.iter().map(|g| g.join(",")).collect();
+                write!(f, "partition {}", groups.join(" | "))
+            }
+            NetworkFault::Heal => write!(f, "heal"),
+            NetworkFault::Cut(links) if links.both_ways => write!(f, "cut {}", links_text(links)),
+            NetworkFault::Cut(links) => write!(f, "partition {}", links_text(links)),
+            NetworkFault::HealLinks(links) => write!(f, "heal {}", links_text(links)),
+            NetworkFault::Bridge => write!(f, "bridge"),
+            NetworkFault::MajoritiesRing => write!(f, "majorities-ring"),
+            NetworkFault::Slow {
+                node,
+                latency: Some(latency),
+            } => write!(f, "slow {node} latency={latency}"),
+            NetworkFault::Slow {
+                node,
+                latency: None,
+            } => write!(f, "slow {node} off"),
+            NetworkFault::Loss {
+                node,
+                loss: Some(loss),
+            } => write!(f, "loss {node} {loss}"),
+            NetworkFault::Loss { node, loss: None } => write!(f, "loss {node} off"),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::super::{parse_fault, Fault, FaultAction};
+    use super::*;
+    use proptest::prelude::*;
+
+    fn s(v: &str) -> String {
+        v.to_string()
+    }
+
+    fn network(text: &str) -> NetworkFault {
+        match text.parse::<FaultAction>() {
+            Ok(FaultAction::Network(fault)) => fault,
+            other => panic!("{text}: {other:?}"),
+        }
+    }
+
+    fn ms(n: u64) -> VirtNanos {
+        VirtNanos(n * 1_000_000)
+    }
+
+    #[test]
+    fn test_link_faults_parse_with_their_undo() {
+        let cut = parse_fault("at=1s cut n1 <-> n2,n3 for=2s").unwrap();
+        let links = Links {
+            from: vec![s("n1")],
+            to: vec![s("n2"), s("n3")],
+            both_ways: true,
+        };
+        assert_eq!(
+            cut[0].action,
+            FaultAction::Network(NetworkFault::Cut(links.clone()))
+        );
+        assert_eq!(cut[1].to_string(), "at=3s heal n1 <-> n2,n3");
+        let one_way = parse_fault("at=1s partition n1->n2 for=1s").unwrap();
+        assert_eq!(one_way[0].to_string(), "at=1s partition n1 -> n2");
+        assert_eq!(one_way[1].to_string(), "at=2s heal n1 -> n2");
+        let bridge = parse_fault("at=1s bridge for=1s").unwrap();
+        assert_eq!(bridge[1].to_string(), "at=2s heal");
+        let ring = parse_fault("at=1s majorities-ring for=1s").unwrap();
+        assert_eq!(
+            ring[0].action,
+            FaultAction::Network(NetworkFault::MajoritiesRing)
+        );
+    }
+
+    #[test]
+    fn test_slow_and_loss_parse_and_end_with_off() {
+        let slow = parse_fault("at=2s slow n1 latency=200ms..800ms for=10s").unwrap();
+        assert_eq!(
+            slow[0].action,
+            FaultAction::Network(NetworkFault::Slow {
+                node: s("n1"),
+                latency: Some(LatencyRange {
+                    min: ms(200),
+                    max: ms(800)
+                })
+            })
+        );
+        assert_eq!(slow[1].to_string(), "at=12s slow n1 off");
+        let loss = parse_fault("at=1s loss n2 0.3 for=5s").unwrap();
+        assert_eq!(loss[0].to_string(), "at=1s loss n2 0.3");
+        assert_eq!(loss[1].to_string(), "at=6s loss n2 off");
+        assert_eq!(
+            network("slow n1 latency=5ms").to_string(),
+            "slow n1 latency=5ms"
+        );
+    }
+
+    #[test]
+    fn test_bad_network_faults_name_the_problem() {
+        let err = crate::faults::tests::parse_error;
+        assert!(err("at=1s cut n1 | n2").contains("cut is both ways"));
+        assert!(err("at=1s cut n1 <->").contains("both sides of <->"));
+        assert!(err("at=1s cut n1 <-> n1,n2").contains("n1 is on both sides"));
+        assert!(err("at=1s partition n1 <-> n2").contains("both ways is cut"));
+        assert!(err("at=1s partition n1 | n2 -> n3").contains("groups (|) and -> do not mix"));
+        assert!(err("at=1s bridge n1").contains("bridge takes no arguments"));
+        assert!(err("at=1s slow n1").contains("slow takes one node and latency="));
+        assert!(err("at=1s slow n1 latency=9ms..1ms").contains("minimum is above"));
+        assert!(err("at=1s slow n1 latency=fast").contains("latency=: unparsable duration"));
+        assert!(err("at=1s loss n1 1.5").contains("not a probability"));
+        assert!(err("at=1s loss n1").contains("loss takes one node and a probability"));
+        assert!(err("at=1s pause n1 latency=1s").contains("latency= only applies to slow"));
+        assert!(err("at=1s heal n1 off").contains("heal needs nodes on both sides"));
+        assert!(err("at=1s slow n1 off for=1s").contains("for= applies"));
+    }
+
+    #[test]
+    fn test_every_new_network_fault_goes_to_the_switch_and_back() {
+        let names = vec![s("n1"), s("n2"), s("n3")];
+        let ports = [PortId(2), PortId(3), PortId(4)];
+        let links = |from: Vec<PortId>, to: Vec<PortId>, both_ways| Links {
+            from,
+            to,
+            both_ways,
+        };
+        let cases = [
+            (
+                "cut n1 <-> n3,n2",
+                SwitchFault::Block(links(vec![PortId(2)], vec![PortId(4), PortId(3)], true)),
+            ),
+            (
+                "partition n2 -> n1",
+                SwitchFault::Block(links(vec![PortId(3)], vec![PortId(2)], false)),
+            ),
+            (
+                "heal n2 -> n1",
+                SwitchFault::Unblock(links(vec![PortId(3)], vec![PortId(2)], false)),
+            ),
+            ("bridge", SwitchFault::Bridge(ports.to_vec())),
+            (
+                "majorities-ring",
+                SwitchFault::MajoritiesRing(ports.to_vec()),
+            ),
+            (
+                "slow n3 latency=1ms..2ms",
+                SwitchFault::Slow {
+                    port: PortId(4),
+                    latency: Some(LatencyDist::Uniform {
+                        min: ms(1),
+                        max: ms(2),
+                    }),
+                },
+            ),
+            (
+                "slow n3 latency=1ms",
+                SwitchFault::Slow {
+                    port: PortId(4),
+                    latency: Some(LatencyDist::Fixed(ms(1))),
+                },
+            ),
+            (
+                "loss n1 0.25",
+                SwitchFault::Loss {
+                    port: PortId(2),
+                    loss: Some(Probability::new(0.25).unwrap()),
+                },
+            ),
+            (
+                "loss n1 off",
+                SwitchFault::Loss {
+                    port: PortId(2),
+                    loss: None,
+                },
+            ),
+        ];
+        crate::faults::tests::assert_to_switch_and_back(&cases);
+        let err = network("slow n9 off")
+            .to_switch(&names, &ports)
+            .unwrap_err();
+        assert!(err.to_string().contains("no node \"n9\""), "{err}");
+    }
+
+    fn node_name() -> impl Strategy<Value = String> {
+        "[a-z][a-z0-9-]{0,6}"
+    }
+
+    /// Two disjoint, non-empty lists of names.
+    fn sides() -> impl Strategy<Value = (Vec<String>, Vec<String>)> {
+        (prop::collection::btree_set(node_name(), 2..8), 1usize..7).prop_map(|(names, split)| {
+            let names: Vec<String> = names.into_iter().collect();
+            let split = split.min(names.len() - 1);
+            (names[..split].to_vec(), names[split..].to_vec())
+        })
+    }
+
+    fn latency() -> impl Strategy<Value = LatencyRange> {
+        (0u64..(1 << 40), 0u64..(1 << 40)).prop_map(|(a, b)| LatencyRange {
+            min: VirtNanos(a.min(b)),
+            max: VirtNanos(a.max(b)),
+        })
+    }
+
+    /// The network faults this module adds (the existing ones are in the
+    /// parent's strategy).
+    pub(in crate::faults) fn link_fault() -> impl Strategy<Value = NetworkFault> {
+        let links = || {
+            (sides(), any::<bool>()).prop_map(|((from, to), both_ways)| Links {
+                from,
+                to,
+                both_ways,
+            })
+        };
+        let probability = prop_oneof![
+            Just(0.0),
+            Just(1.0),
+            0.0..=1.0f64,
+            (0u32..=1000).prop_map(|n| f64::from(n) / 1000.0)
+        ]
+        .prop_map(|p| Probability::new(p).unwrap());
+        prop_oneof![
+            links().prop_map(NetworkFault::Cut),
+            links().prop_map(NetworkFault::HealLinks),
+            Just(NetworkFault::Bridge),
+            Just(NetworkFault::MajoritiesRing),
+            (node_name(), prop::option::of(latency()))
+                .prop_map(|(node, latency)| NetworkFault::Slow { node, latency }),
+            (node_name(), prop::option::of(probability))
+                .prop_map(|(node, loss)| NetworkFault::Loss { node, loss }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn prop_network_fault_goes_to_the_switch_and_back(fault in link_fault()) {
+            let mut names: Vec<String> = fault.nodes().iter().map(|n| n.to_string()).collect();
+            names.sort();
+            names.dedup();
+            let ports: Vec<PortId> = (0..names.len()).map(|i| PortId(i + 2)).collect();
+            let on_switch = fault.to_switch(&names, &ports).unwrap();
+            prop_assert_eq!(NetworkFault::from_switch(&on_switch, &names, &ports), Some(fault));
+        }
+
+        #[test]
+        fn prop_undo_of_a_timed_fault_prints_back(at in 0u64..(1 << 40), fault in link_fault()) {
+            let fault = Fault { at: VirtNanos(at), action: FaultAction::Network(fault) };
+            let text = format!("{fault} for=1s");
+            let parsed = parse_fault(&text);
+            match &fault.action {
+                FaultAction::Network(n) if n.undo().is_some() => {
+                    let parsed = parsed.unwrap();
+                    prop_assert_eq!(&parsed[0], &fault);
+                    prop_assert_eq!(parsed[1].to_string().parse::<Fault>().unwrap(), parsed[1].clone());
+                }
+                _ => prop_assert!(parsed.is_err()),
+            }
+        }
+    }
+}
