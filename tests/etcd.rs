@@ -239,7 +239,7 @@ fn test_etcd_branches_with_eight_seeds_differ_in_control_flow() {
     let parent = summary(&out);
     let out = detvisor(&[
         "branch",
-        &format!("{snaps}@1s"),
+        &format!("{snaps}@2s"),
         "--seeds",
         "1..8",
         "--in-place",
