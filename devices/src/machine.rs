@@ -47,13 +47,14 @@ use crate::status::{
 use crate::switch::{NetworkConfig, PortId, Switch, SwitchError, SwitchState};
 use crate::time::VirtNanos;
 use crate::virtio::{
-    RxOutcome, VirtioConsole, VirtioConsoleState, VirtioDevice, VirtioMmioState,
-    VirtioMmioTransport, VirtioNet, VirtioNetCounters, VirtioNetState, VirtioRng, VirtioRngState,
-    VirtioViolation,
+    DiskCommand, DiskImage, RxOutcome, VirtioBlk, VirtioBlkCounters, VirtioBlkState, VirtioConsole,
+    VirtioConsoleState, VirtioDevice, VirtioMmioState, VirtioMmioTransport, VirtioNet,
+    VirtioNetCounters, VirtioNetState, VirtioRng, VirtioRngState, VirtioViolation,
 };
 use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Number of 16550 registers at COM1.
 const COM1_LEN: u64 = 8;
@@ -98,6 +99,7 @@ enum VirtioSlotDevice {
     Rng(Box<VirtioMmioTransport<VirtioRng>>),
     Console(Box<VirtioMmioTransport<VirtioConsole>>),
     Net(Box<VirtioMmioTransport<VirtioNet>>),
+    Blk(Box<VirtioMmioTransport<VirtioBlk>>),
 }
 
 /// Runs `$body` with `$transport` bound to the slot's transport, whatever
@@ -108,6 +110,7 @@ macro_rules! with_transport {
             VirtioSlotDevice::Rng($transport) => $body,
             VirtioSlotDevice::Console($transport) => $body,
             VirtioSlotDevice::Net($transport) => $body,
+            VirtioSlotDevice::Blk($transport) => $body,
         }
     };
 }
@@ -118,6 +121,7 @@ impl VirtioSlotDevice {
             VirtioSlotDevice::Rng(_) => "rng",
             VirtioSlotDevice::Console(_) => "console",
             VirtioSlotDevice::Net(_) => "net",
+            VirtioSlotDevice::Blk(_) => "blk",
         }
     }
 }
@@ -154,6 +158,7 @@ impl Persist for VirtioSlotDevice {
                 VirtioBackendState::Console(transport.device().save())
             }
             VirtioSlotDevice::Net(transport) => VirtioBackendState::Net(transport.device().save()),
+            VirtioSlotDevice::Blk(transport) => VirtioBackendState::Blk(transport.device().save()),
         };
         VirtioDeviceState {
             transport: with_transport!(self, transport => transport.save()),
@@ -171,6 +176,9 @@ impl Persist for VirtioSlotDevice {
                 validate_virtio_device(transport, transport_state, backend)
             }
             (VirtioSlotDevice::Net(transport), VirtioBackendState::Net(backend)) => {
+                validate_virtio_device(transport, transport_state, backend)
+            }
+            (VirtioSlotDevice::Blk(transport), VirtioBackendState::Blk(backend)) => {
                 validate_virtio_device(transport, transport_state, backend)
             }
             (device, backend) => Err(RestoreError::VirtioDeviceKind {
@@ -191,6 +199,9 @@ impl Persist for VirtioSlotDevice {
                 restore_virtio_device(transport, transport_state, backend)
             }
             (VirtioSlotDevice::Net(transport), VirtioBackendState::Net(backend)) => {
+                restore_virtio_device(transport, transport_state, backend)
+            }
+            (VirtioSlotDevice::Blk(transport), VirtioBackendState::Blk(backend)) => {
                 restore_virtio_device(transport, transport_state, backend)
             }
             // Refused by `validate`.
@@ -248,7 +259,7 @@ impl Persist for VirtioDevices {
 fn console_of(slots: &mut [VirtioSlotDevice]) -> Option<&mut VirtioMmioTransport<VirtioConsole>> {
     slots.iter_mut().find_map(|device| match device {
         VirtioSlotDevice::Console(transport) => Some(transport.as_mut()),
-        VirtioSlotDevice::Rng(_) | VirtioSlotDevice::Net(_) => None,
+        VirtioSlotDevice::Rng(_) | VirtioSlotDevice::Net(_) | VirtioSlotDevice::Blk(_) => None,
     })
 }
 
@@ -288,6 +299,7 @@ pub enum VirtioBackendState {
     Rng(VirtioRngState),
     Console(VirtioConsoleState),
     Net(VirtioNetState),
+    Blk(VirtioBlkState),
 }
 
 impl VirtioBackendState {
@@ -296,6 +308,7 @@ impl VirtioBackendState {
             VirtioBackendState::Rng(_) => "rng",
             VirtioBackendState::Console(_) => "console",
             VirtioBackendState::Net(_) => "net",
+            VirtioBackendState::Blk(_) => "blk",
         }
     }
 }
@@ -554,6 +567,88 @@ impl Devices {
         self.switch_mut()?.set_link_config(from, to, config)
     }
 
+    /// Attaches a virtio-blk disk over `image`, answering `serial` to the
+    /// guest's GET_ID; there may be one per node, as far as slots go. Disks
+    /// are numbered in attach order from 0 ([`Devices::schedule_disk`]).
+    pub fn attach_virtio_blk(
+        &mut self,
+        image: Arc<DiskImage>,
+        serial: &str,
+    ) -> Result<VirtioSlot, DevicesError> {
+        let disk = VirtioBlk::new(image, serial).map_err(DevicesError::DiskSerial)?;
+        let transport = VirtioMmioTransport::new(disk)?;
+        self.attach_virtio(VirtioSlotDevice::Blk(Box::new(transport)))
+    }
+
+    /// The attached disks, in attach order.
+    fn disks_mut(&mut self) -> impl Iterator<Item = &mut VirtioMmioTransport<VirtioBlk>> {
+        self.virtio
+            .iter_mut()
+            .flat_map(|virtio| virtio.slots.iter_mut())
+            .filter_map(|device| match device {
+                VirtioSlotDevice::Blk(transport) => Some(transport.as_mut()),
+                _ => None,
+            })
+    }
+
+    fn disks(&self) -> impl Iterator<Item = &VirtioMmioTransport<VirtioBlk>> {
+        self.virtio
+            .iter()
+            .flat_map(|virtio| virtio.slots.iter())
+            .filter_map(|device| match device {
+                VirtioSlotDevice::Blk(transport) => Some(transport.as_ref()),
+                _ => None,
+            })
+    }
+
+    fn disk_mut(&mut self, disk: usize) -> Result<&mut VirtioBlk, DevicesError> {
+        self.disks_mut()
+            .nth(disk)
+            .map(|transport| transport.device_mut())
+            .ok_or(DevicesError::NoSuchDisk { disk })
+    }
+
+    /// Schedules `command` on disk `disk` at virtual time `at` (applied at
+    /// that exact time: it is one of [`Devices::next_deadline`]'s). A time
+    /// already past applies at the next device step.
+    pub fn schedule_disk(
+        &mut self,
+        disk: usize,
+        at: VirtNanos,
+        command: DiskCommand,
+    ) -> Result<(), DevicesError> {
+        self.disk_mut(disk)?.schedule(at, command);
+        Ok(())
+    }
+
+    /// Ends disk `disk`'s crash (see [`VirtioBlk::end_crash`]); whether it
+    /// was discarding writes.
+    pub fn end_disk_crash(&mut self, disk: usize) -> Result<bool, DevicesError> {
+        Ok(self.disk_mut(disk)?.end_crash())
+    }
+
+    /// The counters of disk `disk`, if there is one.
+    pub fn disk_counters(&self, disk: usize) -> Option<VirtioBlkCounters> {
+        self.disks().nth(disk).map(|t| t.device().counters())
+    }
+
+    /// Applies the disks' commands due by now and completes their FLUSHes
+    /// due by now.
+    fn advance_disks(&mut self) {
+        let Some(VirtioDevices { memory, slots }) = &mut self.virtio else {
+            return;
+        };
+        let now = self.now;
+        for device in slots.iter_mut() {
+            if let VirtioSlotDevice::Blk(transport) = device {
+                transport.device_mut().apply_due(now);
+                if transport.device().has_due_completion(now) {
+                    transport.process_queue(0, memory, now);
+                }
+            }
+        }
+    }
+
     /// The counters of the NIC in slot `slot`, if it is one.
     pub fn virtio_net_counters(&self, slot: usize) -> Option<VirtioNetCounters> {
         match self.virtio.as_ref()?.slots.get(slot)? {
@@ -565,8 +660,8 @@ impl Devices {
     fn attach_virtio(&mut self, device: VirtioSlotDevice) -> Result<VirtioSlot, DevicesError> {
         let virtio = self.virtio.as_mut().ok_or(DevicesError::NoGuestMemory)?;
         let kind = device.kind_name();
-        // One NIC per node; one of every other kind.
-        if !matches!(device, VirtioSlotDevice::Net(_))
+        // One NIC and one disk per node; one of every other kind.
+        if !matches!(device, VirtioSlotDevice::Net(_) | VirtioSlotDevice::Blk(_))
             && virtio.slots.iter().any(|other| other.kind_name() == kind)
         {
             return Err(DevicesError::VirtioAlreadyAttached { kind });
@@ -803,6 +898,7 @@ impl Devices {
         self.rtc.advance_to(self.now);
         self.acpi_pm.advance_to(self.now);
         self.advance_network();
+        self.advance_disks();
     }
 
     /// Submits what the NICs transmitted to the switch at `now`, in slot
@@ -869,7 +965,8 @@ impl Devices {
 
     /// The earliest virtual time at which a device will raise an interrupt
     /// by itself (HPET timers; the RTC unless the HPET has disconnected it;
-    /// the switch's next frame delivery).
+    /// the switch's next frame delivery; a disk's delayed FLUSH or scheduled
+    /// fault).
     pub fn next_deadline(&self) -> Option<VirtNanos> {
         let rtc = if self.hpet.legacy_replacement() {
             None
@@ -877,7 +974,11 @@ impl Devices {
             self.rtc.next_deadline()
         };
         let network = self.switch.as_ref().and_then(Switch::next_deadline);
-        [self.hpet.next_deadline(), rtc, network]
+        let disks = self
+            .disks()
+            .filter_map(|transport| transport.device().next_deadline())
+            .min();
+        [self.hpet.next_deadline(), rtc, network, disks]
             .into_iter()
             .flatten()
             .min()
@@ -2110,7 +2211,7 @@ mod tests {
             )
             .unwrap();
         let second = devices.attach_virtio_net(MAC_B).unwrap();
-        let more: Vec<VirtioSlot> = (0..6)
+        let more: Vec<VirtioSlot> = (0..8)
             .map(|i| devices.attach_virtio_net([0x52, 0x54, 0, 0, 1, i]).unwrap())
             .collect();
         let again = devices.attach_switch(
@@ -2121,14 +2222,14 @@ mod tests {
         // Assert
         assert_eq!((first.index, first.irq), (1, 6));
         assert_eq!((second.index, second.irq), (2, 7));
-        assert_eq!(more.last().unwrap().irq, 15);
+        assert_eq!(more.last().unwrap().irq, 13);
         assert_eq!(
             devices.attach_virtio_net([0x52, 0x54, 0, 0, 2, 0]),
-            Err(DevicesError::VirtioSlotsExhausted { max: 9 })
+            Err(DevicesError::VirtioSlotsExhausted { max: 11 })
         );
         assert_eq!(again, Err(SwitchError::AlreadyAttached));
         let ports = devices.switch().unwrap().ports();
-        assert_eq!(ports.len(), 8);
+        assert_eq!(ports.len(), 10);
         assert_eq!(ports[0], (PortId(1), MAC_A));
         assert_eq!(ports[1], (second.port(), MAC_B));
     }
