@@ -128,6 +128,14 @@ fn helper_needs(prepared: &mut PreparedUp, options: &mut UpOptions) -> Result<Ne
         .len() as usize;
     prepared.initrd = Initrd::File(needs.file(&path, "initrd"));
     prepared.kernel = needs.file(&prepared.kernel.clone(), "vmlinux");
+    // Node disks' base images travel like the initrd (and are read whole).
+    let mut disk_len = 0usize;
+    for (index, disk) in prepared.disks.iter_mut().enumerate() {
+        disk_len += std::fs::metadata(&disk.image)
+            .with_context(|| format!("disk image {}", disk.image.display()))?
+            .len() as usize;
+        disk.image = needs.file(&disk.image, &format!("disk{index}.img"));
+    }
     if let Some(logs) = &options.logs {
         options.logs = Some(needs.share(logs)?);
     }
@@ -140,6 +148,7 @@ fn helper_needs(prepared: &mut PreparedUp, options: &mut UpOptions) -> Result<Ne
     needs.memory_mib = ((prepared.ram_bytes >> 20) as u32)
         .saturating_add(1536)
         .saturating_add(((3 * initrd_len) >> 20) as u32)
+        .saturating_add(((2 * disk_len) >> 20) as u32)
         .max(2048);
     Ok(needs)
 }

@@ -315,6 +315,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         perturbation: None,
         network: None,
         control_channel: false,
+        disks: Vec::new(),
     };
 
     // 1. Boot and dirty.

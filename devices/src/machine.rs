@@ -47,7 +47,7 @@ use crate::status::{
 use crate::switch::{NetworkConfig, PortId, Switch, SwitchError, SwitchState};
 use crate::time::VirtNanos;
 use crate::virtio::{
-    DiskCommand, DiskImage, RxOutcome, VirtioBlk, VirtioBlkCounters, VirtioBlkState, VirtioConsole,
+    DiskCommand, DiskImage, RxOutcome, ScheduledDiskCommand, VirtioBlk, VirtioBlkCounters, VirtioBlkState, VirtioConsole,
     VirtioConsoleState, VirtioDevice, VirtioMmioState, VirtioMmioTransport, VirtioNet,
     VirtioNetCounters, VirtioNetState, VirtioRng, VirtioRngState, VirtioViolation,
 };
@@ -625,6 +625,21 @@ impl Devices {
     /// was discarding writes.
     pub fn end_disk_crash(&mut self, disk: usize) -> Result<bool, DevicesError> {
         Ok(self.disk_mut(disk)?.end_crash())
+    }
+
+    /// Every disk's commands not applied yet: (disk, command), each disk's
+    /// in time order.
+    pub fn scheduled_disk_commands(&self) -> Vec<(usize, ScheduledDiskCommand)> {
+        self.disks()
+            .enumerate()
+            .flat_map(|(disk, transport)| {
+                transport
+                    .device()
+                    .scheduled()
+                    .iter()
+                    .map(move |scheduled| (disk, *scheduled))
+            })
+            .collect()
     }
 
     /// The counters of disk `disk`, if there is one.

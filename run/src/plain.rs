@@ -151,6 +151,7 @@ impl GuestSpec {
             }),
             // The control channel, for the fork-shell listener (see `guest::FORK_SHELL_LISTENER`).
             control_channel: true,
+            disks: Vec::new(),
         })
     }
 }

@@ -216,7 +216,7 @@ pub struct VirtioBlk {
     cache: BTreeMap<BlockNo, Block>,
     flush_mode: FlushMode,
     discarding: bool,
-    /// In due order (due times never decrease: each is `now + delay`).
+    /// In due order; same-due FLUSHes in the order they were made available.
     pending: Vec<PendingFlush>,
     /// In time order; same-time commands in the order scheduled.
     scheduled: Vec<ScheduledDiskCommand>,
@@ -276,6 +276,11 @@ impl VirtioBlk {
         let position = self.scheduled.partition_point(|s| s.at <= at);
         self.scheduled
             .insert(position, ScheduledDiskCommand { at, command });
+    }
+
+    /// The commands scheduled and not applied yet, in time order.
+    pub fn scheduled(&self) -> &[ScheduledDiskCommand] {
+        &self.scheduled
     }
 
     /// Ends the discarding a crash began: the file system was unmounted, so
@@ -471,16 +476,23 @@ impl VirtioBlk {
                             readable: readable as u32,
                             writable: writable as u32,
                         })?;
-                    self.pending.push(PendingFlush {
-                        head,
-                        status_address,
-                        used_len: writable as u32,
-                        due: if self.discarding {
-                            now
-                        } else {
-                            now.saturating_add(delay)
+                    let due = if self.discarding {
+                        now
+                    } else {
+                        now.saturating_add(delay)
+                    };
+                    // After those due at the same time or earlier (a shorter
+                    // delay set since may make this one due before older ones).
+                    let position = self.pending.partition_point(|p| p.due <= due);
+                    self.pending.insert(
+                        position,
+                        PendingFlush {
+                            head,
+                            status_address,
+                            used_len: writable as u32,
+                            due,
                         },
-                    });
+                    );
                     return Ok(None);
                 }
             },

@@ -284,6 +284,36 @@ fn test_blk_delayed_flush_completes_at_its_deadline_only() {
 }
 
 #[test]
+fn test_blk_a_shorter_delay_completes_a_later_flush_first() {
+    // Arrange
+    let (mut device, mut queue) = live_disk();
+    let set_delay = |device: &mut DirectTransport<VirtioBlk>, ns: u64| {
+        let now = device.now;
+        let disk = device.transport.device_mut();
+        disk.schedule(now, DiskCommand::SetFlush(FlushMode::Delay { delay: VirtNanos(ns) }));
+        disk.apply_due(now);
+    };
+    set_delay(&mut device, 500);
+    let slow = flush(&mut device, &mut queue);
+    set_delay(&mut device, 100);
+    let fast = flush(&mut device, &mut queue);
+    let start = device.now;
+
+    // Act
+    device.now = start.saturating_add(VirtNanos(100));
+    device.transport.process_queue(0, &device.mem, device.now);
+    let at_100 = queue.take_used(&device.mem);
+    device.now = start.saturating_add(VirtNanos(500));
+    device.transport.process_queue(0, &device.mem, device.now);
+    let at_500 = queue.take_used(&device.mem);
+
+    // Assert
+    assert_eq!(at_100, [(u32::from(fast), 1)]);
+    assert_eq!(at_500, [(u32::from(slow), 1)]);
+    assert!(device.transport.device().validate(&device.transport.device().save()).is_ok());
+}
+
+#[test]
 fn test_blk_scheduled_commands_apply_in_time_order_and_set_the_deadline() {
     // Arrange
     let mut disk = VirtioBlk::new(base_image(), "s").unwrap();

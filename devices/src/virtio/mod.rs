@@ -29,7 +29,7 @@ pub mod rng;
 pub(crate) mod testing;
 
 pub use blk::{
-    BlockNo, DiskCommand, DiskImage, DiskImageError, FlushMode, VirtioBlk, VirtioBlkCounters,
+    BlockNo, DiskCommand, DiskImage, DiskImageError, FlushMode, ScheduledDiskCommand, VirtioBlk, VirtioBlkCounters,
     VirtioBlkState,
 };
 pub use console::{VirtioConsole, VirtioConsoleState};

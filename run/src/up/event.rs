@@ -30,6 +30,23 @@ pub enum UpEvent {
     NodeResumed {
         node: String,
     },
+    /// After a crash: the node is gone and its disk unmounted (writes reach
+    /// the disk again from here on).
+    DiskReleased {
+        node: String,
+    },
+    /// The node's disk is mounted again (journal recovery ran).
+    DiskMounted {
+        node: String,
+    },
+    /// The node's disk's free space was filled (`bytes` in the filler file).
+    DiskFilled {
+        node: String,
+        bytes: u64,
+    },
+    DiskFreed {
+        node: String,
+    },
     /// A fault was carried out (by the switch or the agent).
     Fault {
         action: FaultAction,
@@ -91,6 +108,10 @@ impl std::fmt::Display for UpEvent {
             }
             UpEvent::NodePaused { node } => write!(f, "node {node} paused"),
             UpEvent::NodeResumed { node } => write!(f, "node {node} resumed"),
+            UpEvent::DiskReleased { node } => write!(f, "disk {node} unmounted after the crash"),
+            UpEvent::DiskMounted { node } => write!(f, "disk {node} mounted"),
+            UpEvent::DiskFilled { node, bytes } => write!(f, "disk {node} full ({bytes} bytes filled)"),
+            UpEvent::DiskFreed { node } => write!(f, "disk {node} freed"),
             UpEvent::Fault { action } => write!(f, "fault: {action}"),
             UpEvent::AgentError { context, message } => write!(f, "agent: {context}: {message}"),
             UpEvent::AgentBootedTwice => write!(f, "agent: booted twice"),

@@ -36,7 +36,7 @@ pub use error::{IncompatibleState, SetupError, VmError};
 pub use kept_pages::{CheckpointError, ResetStats};
 pub use memory::{memory_from_file, memory_from_mapping, GuestRam, MemoryError};
 pub use session::{Session, SessionState};
-pub use wiring::{nic_mac, NetworkSpec};
+pub use wiring::{disk_digest, nic_mac, DiskSpec, NetworkSpec};
 
 use crate::exit::{Perturbation, StopReason};
 use crate::record::{ExitRecord, RecordConfig};
@@ -74,6 +74,8 @@ pub struct VmConfig {
     /// `run`; driven through [`Session::send_on_control_channel`] and
     /// [`Session::take_control_output`].
     pub control_channel: bool,
+    /// virtio-blk disks, after every other virtio device, in this order.
+    pub disks: Vec<DiskSpec>,
 }
 
 /// What a finished run reports.
