@@ -20,8 +20,8 @@ impl Cluster {
         std::fs::create_dir_all(&bin).unwrap();
         std::fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox-static is installed");
         for applet in [
-            "sh", "echo", "sleep", "ping", "nc", "cat", "cut", "hostname", "seq", "true", "dd", "ls",
-            "grep",
+            "sh", "echo", "sleep", "ping", "nc", "cat", "cut", "hostname", "seq", "true", "dd",
+            "ls", "grep",
         ] {
             std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
         }
@@ -528,7 +528,10 @@ fn test_up_fsync_delay_and_full_disk() {
         };
         assert_eq!(line.3, expected, "{line:?}: {text}");
     }
-    assert!(events.contains("fault: disk n1 fsync-delay=500ms"), "{events}");
+    assert!(
+        events.contains("fault: disk n1 fsync-delay=500ms"),
+        "{events}"
+    );
     assert!(events.contains("fault: disk n1 fsync-ok"), "{events}");
     assert!(events.contains("disk n1 full ("), "{events}");
     assert!(events.contains("disk n1 freed"), "{events}");

@@ -64,8 +64,8 @@ impl Disk {
             .collect();
         names.sort();
         for name in names {
-            let serial = std::fs::read_to_string(format!("/sys/block/{name}/serial"))
-                .unwrap_or_default();
+            let serial =
+                std::fs::read_to_string(format!("/sys/block/{name}/serial")).unwrap_or_default();
             if serial.trim_end_matches(['\n', '\0']) == self.serial {
                 return Ok(PathBuf::from(format!("/dev/{name}")));
             }
@@ -93,8 +93,7 @@ impl Disk {
         if !self.mounted {
             return Ok(());
         }
-        sys::umount(&self.target)
-            .map_err(|e| format!("umount {}: {e}", self.target.display()))?;
+        sys::umount(&self.target).map_err(|e| format!("umount {}: {e}", self.target.display()))?;
         self.mounted = false;
         Ok(())
     }

@@ -47,9 +47,10 @@ use crate::status::{
 use crate::switch::{NetworkConfig, PortId, Switch, SwitchError, SwitchState};
 use crate::time::VirtNanos;
 use crate::virtio::{
-    DiskCommand, DiskImage, RxOutcome, ScheduledDiskCommand, VirtioBlk, VirtioBlkCounters, VirtioBlkState, VirtioConsole,
-    VirtioConsoleState, VirtioDevice, VirtioMmioState, VirtioMmioTransport, VirtioNet,
-    VirtioNetCounters, VirtioNetState, VirtioRng, VirtioRngState, VirtioViolation,
+    DiskCommand, DiskImage, RxOutcome, ScheduledDiskCommand, VirtioBlk, VirtioBlkCounters,
+    VirtioBlkState, VirtioConsole, VirtioConsoleState, VirtioDevice, VirtioMmioState,
+    VirtioMmioTransport, VirtioNet, VirtioNetCounters, VirtioNetState, VirtioRng, VirtioRngState,
+    VirtioViolation,
 };
 use crate::GuestMemory;
 use serde::{Deserialize, Serialize};

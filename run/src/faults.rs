@@ -78,17 +78,32 @@ pub enum NetworkFault {
 /// Something the agent does to one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeFault {
-    Pause { node: String },
-    Resume { node: String },
-    Kill { node: String, signal: i32 },
-    Restart { node: String },
+    Pause {
+        node: String,
+    },
+    Resume {
+        node: String,
+    },
+    Kill {
+        node: String,
+        signal: i32,
+    },
+    Restart {
+        node: String,
+    },
     /// Kill -9, then unmount the node's disk (whose unflushed writes the
     /// VMM drops at the fault's time, discarding more until then).
-    Crash { node: String },
+    Crash {
+        node: String,
+    },
     /// Fill the node's disk's free space.
-    DiskFull { node: String },
+    DiskFull {
+        node: String,
+    },
     /// Undo [`NodeFault::DiskFull`].
-    DiskFree { node: String },
+    DiskFree {
+        node: String,
+    },
 }
 
 const ACTIONS: &str = "partition, heal, pause, resume, kill, restart, crash, disk";
@@ -178,7 +193,9 @@ impl FaultAction {
                 Some(FaultAction::Node(NodeFault::Resume { node: node.clone() }))
             }
             FaultAction::Node(NodeFault::DiskFull { node }) => {
-                Some(FaultAction::Node(NodeFault::DiskFree { node: node.clone() }))
+                Some(FaultAction::Node(NodeFault::DiskFree {
+                    node: node.clone(),
+                }))
             }
             FaultAction::Disk(fault) => fault.undo().map(FaultAction::Disk),
             _ => None,

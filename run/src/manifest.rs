@@ -746,7 +746,11 @@ command = ["sh", "-c", "true"]
         let disks: String = (0..5)
             .map(|i| format!("[[node]]\nname='n{i}'\nrootfs='r'\ndisk='16M'\n"))
             .collect();
-        assert!(err(&disks).contains("5 nodes and 5 disks"), "{}", err(&disks));
+        assert!(
+            err(&disks).contains("5 nodes and 5 disks"),
+            "{}",
+            err(&disks)
+        );
         let many: String = (0..=MAX_NODES)
             .map(|i| format!("[[node]]\nname='n{i}'\nrootfs='r'\n"))
             .collect();

@@ -290,7 +290,12 @@ fn test_blk_a_shorter_delay_completes_a_later_flush_first() {
     let set_delay = |device: &mut DirectTransport<VirtioBlk>, ns: u64| {
         let now = device.now;
         let disk = device.transport.device_mut();
-        disk.schedule(now, DiskCommand::SetFlush(FlushMode::Delay { delay: VirtNanos(ns) }));
+        disk.schedule(
+            now,
+            DiskCommand::SetFlush(FlushMode::Delay {
+                delay: VirtNanos(ns),
+            }),
+        );
         disk.apply_due(now);
     };
     set_delay(&mut device, 500);
@@ -310,7 +315,11 @@ fn test_blk_a_shorter_delay_completes_a_later_flush_first() {
     // Assert
     assert_eq!(at_100, [(u32::from(fast), 1)]);
     assert_eq!(at_500, [(u32::from(slow), 1)]);
-    assert!(device.transport.device().validate(&device.transport.device().save()).is_ok());
+    assert!(device
+        .transport
+        .device()
+        .validate(&device.transport.device().save())
+        .is_ok());
 }
 
 #[test]

@@ -29,8 +29,8 @@ pub mod rng;
 pub(crate) mod testing;
 
 pub use blk::{
-    BlockNo, DiskCommand, DiskImage, DiskImageError, FlushMode, ScheduledDiskCommand, VirtioBlk, VirtioBlkCounters,
-    VirtioBlkState,
+    BlockNo, DiskCommand, DiskImage, DiskImageError, FlushMode, ScheduledDiskCommand, VirtioBlk,
+    VirtioBlkCounters, VirtioBlkState,
 };
 pub use console::{VirtioConsole, VirtioConsoleState};
 pub use mmio::{VirtioMmioState, VirtioMmioTransport};

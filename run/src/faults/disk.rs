@@ -90,7 +90,9 @@ pub enum DiskActionError {
     Shape,
     #[error("fsync-delay=")]
     Delay(#[source] devices::DurationError),
-    #[error("unknown disk fault {kind:?} (fsync-delay=<duration>, fsync-error, fsync-ok, full, free)")]
+    #[error(
+        "unknown disk fault {kind:?} (fsync-delay=<duration>, fsync-error, fsync-ok, full, free)"
+    )]
     Kind { kind: String },
 }
 

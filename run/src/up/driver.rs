@@ -159,6 +159,7 @@ impl UpDriver {
             });
         }
         fault.check_nodes(&self.node_names)?;
+        let action = fault.action.clone();
         match fault.action {
             FaultAction::Network(network) => {
                 let devices = session.devices_mut();
@@ -180,7 +181,7 @@ impl UpDriver {
                 }
             }
             FaultAction::Disk(disk) => {
-                let index = self.disk_of(&fault.action, disk.node())?;
+                let index = self.disk_of(&action, disk.node())?;
                 self.schedule_disk(session, disk.node(), index, fault.at, disk.to_command())?;
                 if fault.at <= now {
                     self.announce_fault(fault.at, FaultAction::Disk(disk));
@@ -196,7 +197,7 @@ impl UpDriver {
                         }
                     }
                     NodeFault::DiskFull { node: name } | NodeFault::DiskFree { node: name } => {
-                        self.disk_of(&fault.action, name)?;
+                        self.disk_of(&action, name)?;
                     }
                     _ => {}
                 }
@@ -239,7 +240,11 @@ impl UpDriver {
 
     /// Announces the disks' faults of `pending` due by `now`, at their own
     /// times (a crash is the agent's fault's to announce).
-    fn announce_disk_faults(&mut self, pending: Vec<(usize, ScheduledDiskCommand)>, now: VirtNanos) {
+    fn announce_disk_faults(
+        &mut self,
+        pending: Vec<(usize, ScheduledDiskCommand)>,
+        now: VirtNanos,
+    ) {
         let mut due: Vec<(VirtNanos, DiskFault)> = pending
             .into_iter()
             .filter(|(_, s)| s.at <= now)

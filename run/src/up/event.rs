@@ -110,7 +110,9 @@ impl std::fmt::Display for UpEvent {
             UpEvent::NodeResumed { node } => write!(f, "node {node} resumed"),
             UpEvent::DiskReleased { node } => write!(f, "disk {node} unmounted after the crash"),
             UpEvent::DiskMounted { node } => write!(f, "disk {node} mounted"),
-            UpEvent::DiskFilled { node, bytes } => write!(f, "disk {node} full ({bytes} bytes filled)"),
+            UpEvent::DiskFilled { node, bytes } => {
+                write!(f, "disk {node} full ({bytes} bytes filled)")
+            }
             UpEvent::DiskFreed { node } => write!(f, "disk {node} freed"),
             UpEvent::Fault { action } => write!(f, "fault: {action}"),
             UpEvent::AgentError { context, message } => write!(f, "agent: {context}: {message}"),

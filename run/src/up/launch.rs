@@ -193,7 +193,11 @@ pub fn prepare(
             _ => None,
         };
         if let Some(node) = needs_disk {
-            if !manifest.nodes.iter().any(|n| n.name == node && n.disk.is_some()) {
+            if !manifest
+                .nodes
+                .iter()
+                .any(|n| n.name == node && n.disk.is_some())
+            {
                 return Err(PrepareError::NoDisk {
                     action: fault.action.clone(),
                     node: node.to_owned(),

@@ -16,8 +16,8 @@ mod launch;
 mod output;
 
 pub use assemble::assemble;
-pub use disk::{disk_image, disk_serial, DiskError};
 pub use conductor::{run_status, Conductor, Note, ShellEvent, SETUP_FAILED};
+pub use disk::{disk_image, disk_serial, DiskError};
 pub use driver::{send_message, DriveError, UpDriver, UpState};
 pub use event::UpEvent;
 pub use launch::{
