@@ -427,7 +427,8 @@ fn test_up_snapshots_branch_to_the_straight_runs_history() {
 }
 
 /// n1 keeps its data on a disk: on its first start it writes B with fsync,
-/// then A without; started again after the crash, it lists what is left.
+/// then A without (ext4 commits its journal every 5 s: A is not flushed by
+/// the crash at 3 s); started again after the crash, it lists what is left.
 const CRASH: &str = r#"
 faults = ["at=CRASH_AT crash n1", "at=RESTART_AT restart n1"]
 
@@ -436,6 +437,12 @@ name = "n1"
 rootfs = "root"
 disk = "16M"
 command = ["sh", "-c", "if [ -e /data/B ]; then echo after: $(ls /data); cat /data/B; else echo b | dd of=/data/B conv=fsync 2>/dev/null; echo a > /data/A; echo written: $(ls /data); fi; while true; do sleep 1; done"]
+
+# Keeps the run going while n1 is down (a run whose nodes all ended is over).
+[[node]]
+name = "n2"
+rootfs = "root"
+command = ["sh", "-c", "while true; do sleep 1; done"]
 "#;
 
 /// The CRASH manifest with its fault times.
@@ -458,8 +465,8 @@ fn test_up_crash_loses_unsynced_writes_keeps_fsynced_ones_and_is_deterministic()
     assert!(text.contains("n1 | b\n"), "{text}");
     for event in [
         "fault: crash n1",
-        "disk n1 unmounted after the crash",
-        "disk n1 mounted",
+        "disk n1 released (node gone, file system unmounted)",
+        "disk n1 ready (mounted at the node's next start)",
         "fault: restart n1",
     ] {
         assert!(events.contains(event), "{event}: {events}");
@@ -508,9 +515,12 @@ fn test_up_fsync_delay_and_full_disk() {
     assert_eq!(out.status.code(), Some(0), "{events}");
     let lines = fsyncs(&text);
     assert!(lines.len() > 6, "{text}");
-    // Every fsync succeeds; those begun inside the delay window take at
-    // least the delay, those before it much less.
-    assert!(lines.iter().all(|l| l.2), "{text}");
+    // Every fsync away from the full disk succeeds; those begun inside the
+    // delay window take at least the delay, those before it much less.
+    assert!(
+        lines.iter().filter(|l| l.1 < 6.0 || l.0 > 7.6).all(|l| l.2),
+        "{text}"
+    );
     let took = |l: &(f64, f64, bool, String)| l.1 - l.0;
     let inside: Vec<_> = lines.iter().filter(|l| l.0 >= 3.0 && l.1 <= 5.0).collect();
     let before: Vec<_> = lines.iter().filter(|l| l.1 < 3.0).collect();

@@ -531,15 +531,13 @@ impl Agent {
         };
         let command = Command::new(&spec.command, &spec.env).map_err(|e| e.to_string())?;
         let hostname = spec.hostname.as_deref().unwrap_or(&spec.name);
-        let plan = NodePlan::new(Path::new(&spec.rootfs), hostname).map_err(|e| e.to_string())?;
-        let mut disk = spec
-            .disk
-            .as_ref()
-            .map(|d| Disk::new(Path::new(&spec.rootfs), d))
-            .transpose()?;
-        if let Some(disk) = &mut disk {
-            disk.mount()?;
-        }
+        let disk = spec.disk.as_ref().map(Disk::new).transpose()?;
+        let plan = NodePlan::new(
+            Path::new(&spec.rootfs),
+            hostname,
+            disk.as_ref().map(Disk::mount_spec),
+        )
+        .map_err(|e| e.to_string())?;
         let netns = self.new_netns()?;
         self.configure_network(netns.as_fd(), spec.nic.as_deref(), address)?;
         self.nodes.insert(
@@ -731,8 +729,8 @@ impl Agent {
                 // Started again when reaped (see reap_children).
                 sys::kill(running.pid, libc::SIGKILL).map_err(context_error("kill"))
             }
-            None if node.disk.as_ref().is_some_and(|d| !d.mounted()) => {
-                // After a crash: started once the disk is back (mount_disk).
+            None if node.disk.as_ref().is_some_and(|d| !d.ready()) => {
+                // After a crash: started once the disk takes writes (mount_disk).
                 node.start_when_mounted = true;
                 Ok(())
             }
@@ -753,7 +751,8 @@ impl Agent {
             .ok_or_else(|| format!("node {name:?} has no disk"))
     }
 
-    /// SIGKILL to the node; its disk is unmounted once it is gone.
+    /// SIGKILL to the node; once it is gone (its file system with it) the
+    /// host is told, and the node waits for `mount_disk` to start again.
     fn crash(&mut self, name: &str) -> Result<(), String> {
         let node = self.node_mut(name)?;
         node.restart_pending = false;
@@ -771,21 +770,23 @@ impl Agent {
         }
     }
 
-    /// Unmounts a crashed node's disk (if it has one) and says so.
+    /// A crashed node is gone, so is its file system (mounted in its mount
+    /// namespace only): says so, if it has a disk, which stays unused until
+    /// `mount_disk`.
     fn release_disk(&mut self, name: &str) {
         let Some(disk) = self.nodes.get_mut(name).and_then(|n| n.disk.as_mut()) else {
             return;
         };
-        match disk.unmount() {
-            Ok(()) => self.send(&AgentToHost::DiskReleased {
-                node: name.to_string(),
-            }),
-            Err(message) => self.send_error(&format!("crash {name}"), message),
-        }
+        disk.set_ready(false);
+        self.send(&AgentToHost::DiskReleased {
+            node: name.to_string(),
+        });
     }
 
+    /// The host no longer discards the disk's writes: the node may mount it
+    /// again (it does when it starts).
     fn mount_disk(&mut self, name: &str) -> Result<(), String> {
-        self.disk_mut(name)?.mount()?;
+        self.disk_mut(name)?.set_ready(true);
         self.send(&AgentToHost::DiskMounted {
             node: name.to_string(),
         });
@@ -797,7 +798,12 @@ impl Agent {
     }
 
     fn fill_disk(&mut self, name: &str) -> Result<(), String> {
-        let bytes = self.disk_mut(name)?.fill()?;
+        let (node, pid) = self.running_node(name)?;
+        let disk = node
+            .disk
+            .as_ref()
+            .ok_or_else(|| format!("node {name:?} has no disk"))?;
+        let bytes = disk.fill(pid)?;
         self.send(&AgentToHost::DiskFilled {
             node: name.to_string(),
             bytes,
@@ -806,7 +812,11 @@ impl Agent {
     }
 
     fn free_disk(&mut self, name: &str) -> Result<(), String> {
-        self.disk_mut(name)?.free()?;
+        let (node, pid) = self.running_node(name)?;
+        node.disk
+            .as_ref()
+            .ok_or_else(|| format!("node {name:?} has no disk"))?
+            .free(pid)?;
         self.send(&AgentToHost::DiskFreed {
             node: name.to_string(),
         });

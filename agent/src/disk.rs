@@ -1,14 +1,18 @@
-//! A node's data disk in the guest: finding its virtio-blk device by
-//! serial, mounting its ext4 file system inside the node's root (in the
-//! agent's mount namespace, before the node starts, so each start of the
-//! node sees it), unmounting it after a crash and mounting it again, and
-//! filling its free space.
+//! A node's data disk in the guest: its virtio-blk device, found by
+//! serial, and the ext4 file system on it, which the node's PID 1 mounts
+//! inside the node's root in the node's own mount namespace (see
+//! `container.rs`), never in the agent's: no other namespace (the agent's,
+//! another node's, made later) holds a copy of the mount, so the file system
+//! lives exactly as long as the node's processes. When the node is gone
+//! (its PID 1 reaped: every process of its PID namespace has exited, and
+//! with them the mount namespace), the file system has been unmounted and
+//! its page cache and the block device's dropped; the next start mounts the
+//! disk again and reads it afresh (ext4 replays its journal). That is what
+//! a crash needs: the VMM discards every write from the crash until the
+//! agent reports the node gone, so the guest forgets every unflushed page.
 //!
-//! After a crash the node's processes are gone (their mount namespace
-//! with them), so unmounting in the agent's namespace drops the last
-//! reference to the file system: its page cache and the block device's
-//! are dropped, and the next mount reads the disk again (the VMM
-//! discarded every write in between) and replays the journal.
+//! The agent reaches the mounted file system (to fill it) through the
+//! node's PID 1's root: `/proc/<pid>/root/<mount point>`.
 
 use std::io;
 use std::os::fd::AsFd;
@@ -21,90 +25,89 @@ use crate::sys;
 /// The filler file `fill` makes, in the file system's root.
 pub const FILLER: &str = ".detvisor-full";
 
-/// A node's disk and where it goes.
+/// A node's disk.
 #[derive(Debug)]
 pub struct Disk {
-    serial: String,
-    /// The mount point as the agent sees it (the node's root joined with
-    /// the mount point inside it).
-    target: PathBuf,
-    mounted: bool,
+    /// The device node (`/dev/vdX`).
+    device: PathBuf,
+    /// The mount point inside the node's root (absolute).
+    mount: PathBuf,
+    /// False from a crash until the host says the disk takes writes again
+    /// (`mount_disk`): the node must not start (and mount it) before.
+    ready: bool,
+}
+
+/// The device node of the virtio-blk disk whose serial is `serial`.
+fn find_device(serial: &str) -> Result<PathBuf, String> {
+    let entries = std::fs::read_dir("/sys/block").map_err(|e| format!("/sys/block: {e}"))?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("vd"))
+        .collect();
+    names.sort();
+    for name in names {
+        let found =
+            std::fs::read_to_string(format!("/sys/block/{name}/serial")).unwrap_or_default();
+        if found.trim_end_matches(['\n', '\0']) == serial {
+            return Ok(PathBuf::from(format!("/dev/{name}")));
+        }
+    }
+    Err(format!("no virtio disk has the serial {serial:?}"))
+}
+
+/// Checks that a mount point is absolute and without `..`.
+fn check_mount(mount: &str) -> Result<PathBuf, String> {
+    let path = Path::new(mount);
+    if !path.is_absolute()
+        || path
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(format!("disk mount point {mount:?} is not absolute"));
+    }
+    Ok(path.to_path_buf())
 }
 
 impl Disk {
-    /// The disk `spec` of the node whose root is `rootfs`.
-    pub fn new(rootfs: &Path, spec: &NodeDisk) -> Result<Self, String> {
-        let inside = Path::new(&spec.mount);
-        if !inside.is_absolute()
-            || inside
-                .components()
-                .any(|c| matches!(c, std::path::Component::ParentDir))
-        {
-            return Err(format!("disk mount point {:?} is not absolute", spec.mount));
-        }
-        let relative = inside.strip_prefix("/").unwrap_or(inside);
+    /// The disk `spec` (its device looked up now).
+    pub fn new(spec: &NodeDisk) -> Result<Self, String> {
+        let mount = check_mount(&spec.mount)?;
         Ok(Disk {
-            serial: spec.serial.clone(),
-            target: rootfs.join(relative),
-            mounted: false,
+            device: find_device(&spec.serial)?,
+            mount,
+            ready: true,
         })
     }
 
-    pub fn mounted(&self) -> bool {
-        self.mounted
+    /// The device and the mount point inside the node's root, for the
+    /// node's plan.
+    pub fn mount_spec(&self) -> (&Path, &Path) {
+        (&self.device, &self.mount)
     }
 
-    /// The device node of the virtio-blk disk whose serial is ours.
-    fn device(&self) -> Result<PathBuf, String> {
-        let entries = std::fs::read_dir("/sys/block").map_err(|e| format!("/sys/block: {e}"))?;
-        let mut names: Vec<String> = entries
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|name| name.starts_with("vd"))
-            .collect();
-        names.sort();
-        for name in names {
-            let serial =
-                std::fs::read_to_string(format!("/sys/block/{name}/serial")).unwrap_or_default();
-            if serial.trim_end_matches(['\n', '\0']) == self.serial {
-                return Ok(PathBuf::from(format!("/dev/{name}")));
-            }
-        }
-        Err(format!("no virtio disk has the serial {:?}", self.serial))
+    pub fn ready(&self) -> bool {
+        self.ready
     }
 
-    /// Mounts the file system (creating the mount point).
-    pub fn mount(&mut self) -> Result<(), String> {
-        if self.mounted {
-            return Ok(());
-        }
-        let device = self.device()?;
-        std::fs::create_dir_all(&self.target)
-            .map_err(|e| format!("mkdir {}: {e}", self.target.display()))?;
-        let source = device.to_string_lossy();
-        sys::mount(Some(&source), &self.target, Some("ext4"), 0, None)
-            .map_err(|e| format!("mount {source} on {}: {e}", self.target.display()))?;
-        self.mounted = true;
-        Ok(())
+    pub fn set_ready(&mut self, ready: bool) {
+        self.ready = ready;
     }
 
-    /// Unmounts the file system.
-    pub fn unmount(&mut self) -> Result<(), String> {
-        if !self.mounted {
-            return Ok(());
-        }
-        sys::umount(&self.target).map_err(|e| format!("umount {}: {e}", self.target.display()))?;
-        self.mounted = false;
-        Ok(())
+    /// The filler file's path as the agent reaches it while the node's PID 1
+    /// is `pid`.
+    fn filler(&self, pid: libc::pid_t) -> PathBuf {
+        let inside = self.mount.strip_prefix("/").unwrap_or(&self.mount);
+        Path::new(&format!("/proc/{pid}/root"))
+            .join(inside)
+            .join(FILLER)
     }
 
-    /// Allocates every free block to the filler file (1 MiB at a time,
-    /// then 4 KiB at a time); returns its size.
-    pub fn fill(&self) -> Result<u64, String> {
-        if !self.mounted {
-            return Err("the disk is not mounted".to_string());
-        }
-        let path = self.target.join(FILLER);
+    /// Allocates every free block of the file system mounted in the node
+    /// whose PID 1 is `pid` to the filler file (1 MiB at a time, then 4 KiB
+    /// at a time); returns its size.
+    pub fn fill(&self, pid: libc::pid_t) -> Result<u64, String> {
+        let path = self.filler(pid);
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -126,9 +129,10 @@ impl Disk {
         Ok(size)
     }
 
-    /// Removes the filler file (if there is one).
-    pub fn free(&self) -> Result<(), String> {
-        let path = self.target.join(FILLER);
+    /// Removes the filler file (if there is one) of the node whose PID 1 is
+    /// `pid`.
+    pub fn free(&self, pid: libc::pid_t) -> Result<(), String> {
+        let path = self.filler(pid);
         match std::fs::remove_file(&path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -142,23 +146,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn test_mount_point_is_inside_the_node_root() {
-        let disk = Disk::new(
-            Path::new("/nodes/n1"),
-            &NodeDisk {
-                serial: "detvisor-n1".into(),
-                mount: "/var/lib/etcd".into(),
-            },
-        )
-        .unwrap();
-        assert_eq!(disk.target, Path::new("/nodes/n1/var/lib/etcd"));
-        assert!(!disk.mounted());
+    fn test_mount_points_must_be_absolute_without_parent_steps() {
+        assert_eq!(
+            check_mount("/var/lib/etcd"),
+            Ok(PathBuf::from("/var/lib/etcd"))
+        );
         for bad in ["data", "/a/../../etc"] {
-            let spec = NodeDisk {
-                serial: "s".into(),
-                mount: bad.into(),
-            };
-            assert!(Disk::new(Path::new("/nodes/n1"), &spec).is_err(), "{bad}");
+            assert!(check_mount(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn test_the_filler_is_reached_through_the_nodes_root() {
+        let disk = Disk {
+            device: PathBuf::from("/dev/vda"),
+            mount: PathBuf::from("/var/lib/n1"),
+            ready: true,
+        };
+        assert_eq!(
+            disk.filler(42),
+            Path::new("/proc/42/root/var/lib/n1/.detvisor-full")
+        );
+        assert_eq!(
+            disk.mount_spec(),
+            (Path::new("/dev/vda"), Path::new("/var/lib/n1"))
+        );
     }
 }

@@ -91,14 +91,16 @@ pub enum HostToAgent {
     /// fresh PID/mount/UTS/IPC namespaces; the network namespace (NIC,
     /// addresses) and the root filesystem directory are kept.
     Restart { node: String },
-    /// Kill the node (SIGKILL) if it runs and, once every process of it is
-    /// gone, unmount its disk (if it has one): the host discards the disk's
-    /// writes from the crash until then, so nothing the guest's page cache
-    /// held for that file system reaches it. The node stays down.
+    /// Kill the node (SIGKILL) if it runs; once every process of it is gone
+    /// its disk's file system is unmounted (it is mounted in the node's
+    /// mount namespace only), which the agent reports (`disk_released`): the
+    /// host discards the disk's writes from the crash until then, so nothing
+    /// the guest's page cache held for that file system reaches it. The node
+    /// stays down.
     Crash { node: String },
-    /// Mount the node's disk again after a `crash` (ext4's journal recovery
-    /// runs on what was flushed); a `restart` that came meanwhile starts the
-    /// node once it is mounted.
+    /// After a crash: the disk takes writes again, so the node may mount it
+    /// (it does when it starts; ext4's journal recovery then runs on what
+    /// was flushed). A `restart` that came meanwhile starts the node now.
     MountDisk { node: String },
     /// Fill the free space of the node's disk with a file
     /// (`<data>/.detvisor-full`), so that writes fail with ENOSPC.
@@ -203,9 +205,10 @@ pub enum AgentToHost {
     Paused { node: String },
     /// Answer to `resume`: every process of the node has been sent SIGCONT.
     Resumed { node: String },
-    /// After `crash`: the node's processes are gone and its disk unmounted.
+    /// After `crash`: the node's processes are gone and its file system
+    /// unmounted.
     DiskReleased { node: String },
-    /// Answer to `mount_disk`.
+    /// Answer to `mount_disk`: the node may mount its disk again.
     DiskMounted { node: String },
     /// Answer to `fill_disk`: the filler file's size.
     DiskFilled { node: String, bytes: u64 },

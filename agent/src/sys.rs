@@ -266,14 +266,6 @@ pub fn mount(
     Ok(())
 }
 
-/// `umount2(2)` without flags.
-pub fn umount(target: &Path) -> io::Result<()> {
-    let target = path_cstring(target)?;
-    // SAFETY: `target` is a NUL-terminated string alive for the call.
-    cvt(unsafe { libc::umount2(target.as_ptr(), 0) })?;
-    Ok(())
-}
-
 /// `fallocate(2)` with mode 0: allocates `len` bytes from `offset`.
 pub fn fallocate(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
     let (offset, len) = (

@@ -30,12 +30,13 @@ pub enum UpEvent {
     NodeResumed {
         node: String,
     },
-    /// After a crash: the node is gone and its disk unmounted (writes reach
-    /// the disk again from here on).
+    /// After a crash: the node is gone and its file system unmounted
+    /// (writes reach the disk again from here on).
     DiskReleased {
         node: String,
     },
-    /// The node's disk is mounted again (journal recovery ran).
+    /// The node may mount its disk again (it does at its next start, and
+    /// ext4's journal recovery runs then).
     DiskMounted {
         node: String,
     },
@@ -108,8 +109,12 @@ impl std::fmt::Display for UpEvent {
             }
             UpEvent::NodePaused { node } => write!(f, "node {node} paused"),
             UpEvent::NodeResumed { node } => write!(f, "node {node} resumed"),
-            UpEvent::DiskReleased { node } => write!(f, "disk {node} unmounted after the crash"),
-            UpEvent::DiskMounted { node } => write!(f, "disk {node} mounted"),
+            UpEvent::DiskReleased { node } => {
+                write!(f, "disk {node} released (node gone, file system unmounted)")
+            }
+            UpEvent::DiskMounted { node } => {
+                write!(f, "disk {node} ready (mounted at the node's next start)")
+            }
             UpEvent::DiskFilled { node, bytes } => {
                 write!(f, "disk {node} full ({bytes} bytes filled)")
             }

@@ -94,6 +94,8 @@ pub enum PrepareError {
     },
     #[error("fault {action}: node {node} has no disk (give it one: disk = \"64M\")")]
     NoDisk { action: FaultAction, node: String },
+    #[error("fault {action}: the workload runs inside node {node}, which therefore cannot crash (its namespaces, so its file system, would outlive the crash)")]
+    CrashWorkloadNode { action: FaultAction, node: String },
 }
 
 /// Why an `up` run could not boot or run ([`PreparedUp::vm_config`],
@@ -185,6 +187,18 @@ pub fn prepare(
         (None, None) => DEFAULT_RAM_BYTES,
     };
     for fault in &faults {
+        if let (
+            FaultAction::Node(NodeFault::Crash { node }),
+            Some(WorkloadPlan::InNode { node: inside, .. }),
+        ) = (&fault.action, &manifest.workload)
+        {
+            if node == inside {
+                return Err(PrepareError::CrashWorkloadNode {
+                    action: fault.action.clone(),
+                    node: node.clone(),
+                });
+            }
+        }
         let needs_disk = match &fault.action {
             FaultAction::Disk(disk) => Some(disk.node()),
             FaultAction::Node(NodeFault::DiskFull { node } | NodeFault::DiskFree { node }) => {
