@@ -588,3 +588,42 @@ fn test_up_disk_faults_on_a_node_without_a_disk_are_refused() {
         stderr(&out)
     );
 }
+
+#[test]
+fn test_up_disk_state_and_faults_survive_snapshots() {
+    let cluster = Cluster::new("disk-snapshots", &crash_manifest("3s", "4s"));
+    let until = ["--seed", "5", "--until", "8s"];
+    let straight = cluster.up(&[&until[..], &["--json", "--quiet"]].concat());
+    assert_eq!(straight.status.code(), Some(0), "{}", stderr(&straight));
+    let straight = summary(&straight);
+    let snaps = cluster.dir.join("snaps").display().to_string();
+    let with = cluster.up(&[
+        &until[..],
+        &[
+            "--json",
+            "--quiet",
+            "--snapshots",
+            &snaps,
+            "--snapshot-every",
+            "1s",
+        ],
+    ]
+    .concat());
+    assert_eq!(with.status.code(), Some(0), "{}", stderr(&with));
+    assert_eq!(summary(&with)["digest"], straight["digest"]);
+
+    // Before the crash (the disk's crash still scheduled in its state, the
+    // fsynced file durable, the other only in the guest's page cache) and
+    // after the restart: each branch continues the very same history.
+    for at in ["2.5s", "4.5s"] {
+        let spec = format!("{snaps}@{at}");
+        let out = detvisor(&["branch", &spec, "--until", "8s", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{spec}: {}", stderr(&out));
+        assert_eq!(summary(&out)["digest"], straight["digest"], "{spec}");
+        assert!(
+            stdout(&out).contains("n1 | after: B lost+found\n"),
+            "{spec}: {}",
+            stdout(&out)
+        );
+    }
+}
