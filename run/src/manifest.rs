@@ -623,6 +623,7 @@ command = ["sh", "-c", "true"]
                 "partition.toml",
                 include_str!("../../examples/etcd/partition.toml"),
             ),
+            ("crash.toml", include_str!("../../examples/etcd/crash.toml")),
         ] {
             let m = parse(text, Path::new("/ex")).unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert_eq!(m.nodes.len(), 3, "{name}");
