@@ -1778,6 +1778,36 @@ mod tests {
     }
 
     #[test]
+    fn test_devices_disks_are_numbered_and_their_faults_are_deadlines() {
+        // Arrange
+        let (mut devices, _output) = new_devices();
+        devices.attach_guest_memory(virtio_testing::test_memory());
+        let image = || Arc::new(DiskImage::from_bytes(&[0; 16 * 4096], "digest".into()).unwrap());
+        devices.attach_virtio_console().unwrap();
+        let first = devices.attach_virtio_blk(image(), "disk-a").unwrap();
+        devices.attach_virtio_blk(image(), "disk-b").unwrap();
+
+        // Act
+        devices
+            .schedule_disk(1, VirtNanos(5_000), DiskCommand::Crash)
+            .unwrap();
+        let deadline = devices.next_deadline();
+        devices.advance_to(VirtNanos(5_000));
+        let after = devices.next_deadline();
+        let ended = devices.end_disk_crash(1);
+        let missing = devices.schedule_disk(2, VirtNanos(1), DiskCommand::Crash);
+
+        // Assert
+        assert_eq!((first.index, first.irq), (1, 6));
+        assert_eq!(deadline, Some(VirtNanos(5_000)));
+        assert_eq!(after, None);
+        assert_eq!(ended, Ok(true), "the crash was applied at its time");
+        assert_eq!(devices.end_disk_crash(0), Ok(false));
+        assert_eq!(missing, Err(DevicesError::NoSuchDisk { disk: 2 }));
+        assert!(devices.disk_counters(1).is_some());
+    }
+
+    #[test]
     fn test_devices_virtio_windows_are_on_the_mmio_bus() {
         // Arrange
         let mut machine = virtio_machine();

@@ -149,6 +149,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn disk_images_are_checked_against_their_digest() {
+        let path = std::env::temp_dir().join(format!("detvisor-disk-{}.img", std::process::id()));
+        let mut bytes = vec![0u8; 8 * 4096];
+        bytes[4096] = 7;
+        std::fs::write(&path, &bytes).unwrap();
+        let spec = DiskSpec::of_file(&path, "s").unwrap();
+        let image = spec.load().unwrap();
+        assert_eq!(image.capacity_bytes(), 8 * 4096);
+        assert_eq!(image.digest(), disk_digest(&bytes));
+        bytes[4096] = 8;
+        std::fs::write(&path, &bytes).unwrap();
+        let changed = spec.load();
+        std::fs::write(&path, [0u8; 100]).unwrap();
+        let not_blocks = DiskSpec::of_file(&path, "s").unwrap().load();
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(changed, Err(SetupError::DiskDigest { .. })));
+        assert!(matches!(not_blocks, Err(SetupError::DiskImage { .. })));
+    }
+
+    #[test]
     fn nic_macs_are_locally_administered_unicast_and_distinct() {
         let first = nic_mac(0);
         assert_eq!(first[0] & 0b11, 0b10, "locally administered, unicast");
