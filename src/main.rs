@@ -339,12 +339,24 @@ fn guest_needs(
     Ok(needs)
 }
 
+/// Shares the node disks' image cache (if there is one) at its own path: an
+/// `up` run's snapshots name their disks' base images there.
+fn share_disk_cache(needs: &mut helper::Needs) -> Result<()> {
+    let disks = run::guest::cache_root().join("disks");
+    if disks.is_dir() {
+        needs.share(&disks)?;
+    }
+    Ok(())
+}
+
 /// A saved moment in the helper VM: its snapshot directory shared (and the
-/// directory new snapshots go to), the spec made absolute.
+/// directory new snapshots go to), the disk image cache, the spec made
+/// absolute.
 fn snapshot_needs(spec: &mut String, taking: Option<&mut SnapshotPlan>) -> Result<helper::Needs> {
     let mut needs = helper::Needs::default();
     let absolute = spec.parse::<snapshot::SnapshotSpec>()?.absolute()?;
     needs.share(&absolute.root())?;
+    share_disk_cache(&mut needs)?;
     *spec = absolute.to_string();
     if let Some(plan) = taking {
         plan.dir = needs.share(&plan.dir)?;

@@ -140,6 +140,18 @@ fn helper_needs(prepared: &mut PreparedUp, options: &mut UpOptions) -> Result<Ne
         .len() as usize;
     prepared.initrd = Initrd::File(needs.file(&path, "initrd"));
     prepared.kernel = needs.file(&prepared.kernel.clone(), "vmlinux");
+    // Node disks' base images stay in their shared directory (the disk
+    // cache), at the same paths inside: snapshots name them, and a later
+    // branch finds them there (see `crate::share_disk_cache`).
+    let mut disk_len = 0usize;
+    for disk in &mut prepared.disks {
+        disk_len += std::fs::metadata(&disk.image)
+            .with_context(|| format!("disk image {}", disk.image.display()))?
+            .len() as usize;
+        let dir = disk.image.parent().unwrap_or(std::path::Path::new("/"));
+        let name = disk.image.file_name().unwrap_or_default().to_owned();
+        disk.image = needs.share(dir)?.join(name);
+    }
     if let Some(logs) = &options.logs {
         options.logs = Some(needs.share(logs)?);
     }
@@ -155,6 +167,7 @@ fn helper_needs(prepared: &mut PreparedUp, options: &mut UpOptions) -> Result<Ne
     needs.memory_mib = ((prepared.ram_bytes >> 20) as u32)
         .saturating_add(1536)
         .saturating_add(((3 * initrd_len) >> 20) as u32)
+        .saturating_add((disk_len >> 20) as u32)
         .max(2048);
     Ok(needs)
 }

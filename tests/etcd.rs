@@ -268,3 +268,25 @@ fn test_etcd_branches_with_eight_seeds_differ_in_control_flow() {
     assert!(branches.iter().all(|b| b["digest"] != parent["digest"]));
     assert!(branches.iter().all(|b| b["exit_status"] == 0), "{report}");
 }
+
+#[test]
+fn test_etcd_member_restarts_from_its_disk_after_a_crash() {
+    // Each member's data directory on its own disk; n3 crashes at 25 s (every
+    // write its disk had not flushed lost) and restarts at 26 s.
+    let out = up("crash.toml", &["--seed", "42", "--until", "90s"]);
+    let (text, events) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{text}\n{events}");
+    assert!(text.contains("workload | put 20 keys\n"), "{text}");
+    assert!(
+        text.contains("workload | n3 after its crash: k20=v20\n"),
+        "{text}"
+    );
+    for event in [
+        "fault: crash n3",
+        "node n3 exited (signal 9)",
+        "disk n3 released",
+        "fault: restart n3",
+    ] {
+        assert!(events.contains(event), "{event}: {events}");
+    }
+}

@@ -375,3 +375,205 @@ fn test_up_snapshots_branch_to_the_straight_runs_history() {
         assert_eq!(branch["digest"], alone["digest"], "seed {}", branch["seed"]);
     }
 }
+
+/// n1 keeps its data on a disk: on its first start it writes B with fsync,
+/// then A without (ext4 commits its journal every 5 s: A is not flushed by
+/// the crash at 3 s); started again after the crash, it lists what is left.
+const CRASH: &str = r#"
+faults = ["at=CRASH_AT crash n1", "at=RESTART_AT restart n1"]
+
+[[node]]
+name = "n1"
+rootfs = "root"
+disk = "16M"
+command = ["sh", "-c", "if [ -e /data/B ]; then echo after: $(ls /data); cat /data/B; else echo b | dd of=/data/B conv=fsync 2>/dev/null; echo a > /data/A; echo written: $(ls /data); fi; while true; do sleep 1; done"]
+
+# Keeps the run going while n1 is down (a run whose nodes all ended is over).
+[[node]]
+name = "n2"
+rootfs = "root"
+command = ["sh", "-c", "while true; do sleep 1; done"]
+"#;
+
+/// The CRASH manifest with its fault times.
+fn crash_manifest(crash_at: &str, restart_at: &str) -> String {
+    CRASH
+        .replace("CRASH_AT", crash_at)
+        .replace("RESTART_AT", restart_at)
+}
+
+#[test]
+fn test_up_crash_loses_unsynced_writes_keeps_fsynced_ones_and_is_deterministic() {
+    let cluster = Cluster::new("disk-crash", &crash_manifest("3s", "4s"));
+    let out = cluster.up(&["--seed", "5", "--until", "8s", "--runs", "2"]);
+    let (text, events) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{events}");
+    assert!(text.contains("identical: 2 runs"), "{text}");
+    assert!(text.contains("n1 | written: A B lost+found\n"), "{text}");
+    // After the crash and the restart: B (fsynced) is there, A is not.
+    assert!(text.contains("n1 | after: B lost+found\n"), "{text}");
+    assert!(text.contains("n1 | b\n"), "{text}");
+    for event in [
+        "fault: crash n1",
+        "disk n1 released (node gone, file system unmounted)",
+        "disk n1 ready (mounted at the node's next start)",
+        "fault: restart n1",
+    ] {
+        assert!(events.contains(event), "{event}: {events}");
+    }
+}
+
+/// n1 fsyncs a small file and writes 16 KiB (without fsync) every 500 ms,
+/// printing when each fsync started and ended and how each went.
+const FSYNC_LOOP: &str = r#"
+[[node]]
+name = "n1"
+rootfs = "root"
+disk = "16M"
+data = "/var/lib/n1"
+command = ["sh", "-c", "cd /var/lib/n1; i=0; while true; do i=$((i+1)); t0=$(cut -d' ' -f1 /proc/uptime); if echo x | dd of=f$i conv=fsync 2>/dev/null; then r=ok; else r=failed; fi; t1=$(cut -d' ' -f1 /proc/uptime); if dd if=/dev/zero of=big$i bs=4096 count=4 2>/tmp/e; then w=ok; elif grep -q 'No space' /tmp/e; then w=nospace; else w=error; fi; echo $t0 $t1 $r $w; sleep 0.5; done"]
+"#;
+
+/// (start, end, fsync ok, write result) of each FSYNC_LOOP line.
+fn fsyncs(text: &str) -> Vec<(f64, f64, bool, String)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("      n1 | "))
+        .filter_map(|l| {
+            let words: Vec<&str> = l.split(' ').collect();
+            let [t0, t1, r, w] = words[..] else {
+                return None;
+            };
+            Some((t0.parse().ok()?, t1.parse().ok()?, r == "ok", w.to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn test_up_fsync_delay_and_full_disk() {
+    let cluster = Cluster::new("disk-delay", FSYNC_LOOP);
+    let out = cluster.up(&[
+        "--seed",
+        "3",
+        "--until",
+        "9s",
+        "--fault",
+        "at=3s disk n1 fsync-delay=500ms for=2s",
+        "--fault",
+        "at=6s disk n1 full for=1500ms",
+    ]);
+    let (text, events) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{events}");
+    let lines = fsyncs(&text);
+    assert!(lines.len() > 6, "{text}");
+    // Every fsync away from the full disk succeeds; those begun inside the
+    // delay window take at least the delay, those before it much less.
+    assert!(
+        lines.iter().filter(|l| l.1 < 6.0 || l.0 > 7.5).all(|l| l.2),
+        "{text}"
+    );
+    let took = |l: &(f64, f64, bool, String)| l.1 - l.0;
+    let inside: Vec<_> = lines.iter().filter(|l| l.0 >= 3.0 && l.1 <= 5.0).collect();
+    let before: Vec<_> = lines.iter().filter(|l| l.1 < 3.0).collect();
+    assert!(!inside.is_empty() && !before.is_empty(), "{text}");
+    assert!(inside.iter().all(|l| took(l) >= 0.5), "{text}");
+    assert!(before.iter().all(|l| took(l) < 0.5), "{text}");
+    // The full disk refuses writes with ENOSPC while full (6 s to 7.5 s),
+    // not otherwise. (/proc/uptime has 10 ms steps: lines at the edges are
+    // left out.)
+    let mut full = 0;
+    for line in &lines {
+        let expected = if line.0 > 6.0 && line.1 < 7.5 {
+            full += 1;
+            "nospace"
+        } else if line.1 < 6.0 || line.0 > 7.5 {
+            "ok"
+        } else {
+            continue;
+        };
+        assert_eq!(line.3, expected, "{line:?}: {text}");
+    }
+    assert!(full > 0, "{text}");
+    assert!(
+        events.contains("fault: disk n1 fsync-delay=500ms"),
+        "{events}"
+    );
+    assert!(events.contains("fault: disk n1 fsync-ok"), "{events}");
+    assert!(events.contains("disk n1 full ("), "{events}");
+    assert!(events.contains("disk n1 freed"), "{events}");
+}
+
+#[test]
+fn test_up_fsync_error_fails_fsync_in_the_guest() {
+    let cluster = Cluster::new("disk-error", FSYNC_LOOP);
+    let out = cluster.up(&[
+        "--seed",
+        "3",
+        "--until",
+        "6s",
+        "--fault",
+        "at=3s disk n1 fsync-error for=1s",
+    ]);
+    let (text, events) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{events}");
+    let lines = fsyncs(&text);
+    assert!(lines.iter().filter(|l| l.1 < 3.0).all(|l| l.2), "{text}");
+    assert!(lines.iter().any(|l| l.1 < 3.0), "{text}");
+    // An fsync inside the window fails (and the journal is aborted after it,
+    // as Linux does when a flush fails, so later ones fail too).
+    assert!(
+        lines.iter().any(|l| l.0 >= 3.0 && l.1 <= 4.0 && !l.2),
+        "{text}"
+    );
+    assert!(events.contains("fault: disk n1 fsync-error"), "{events}");
+}
+
+#[test]
+fn test_up_disk_faults_on_a_node_without_a_disk_are_refused() {
+    let cluster = Cluster::new("disk-none", TWO_NODES);
+    let out = cluster.up(&["--until", "1s", "--fault", "at=1s disk n2 full"]);
+    assert_eq!(out.status.code(), Some(2), "bad input");
+    assert!(
+        stderr(&out).contains("fault disk n2 full: node n2 has no disk"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn test_up_disk_state_and_faults_survive_snapshots() {
+    let cluster = Cluster::new("disk-snapshots", &crash_manifest("3s", "4s"));
+    let until = ["--seed", "5", "--until", "8s"];
+    let straight = cluster.up(&[&until[..], &["--json", "--quiet"]].concat());
+    assert_eq!(straight.status.code(), Some(0), "{}", stderr(&straight));
+    let straight = summary(&straight);
+    let snaps = cluster.dir.join("snaps").display().to_string();
+    let with = cluster.up(&[
+        &until[..],
+        &[
+            "--json",
+            "--quiet",
+            "--snapshots",
+            &snaps,
+            "--snapshot-every",
+            "1s",
+        ],
+    ]
+    .concat());
+    assert_eq!(with.status.code(), Some(0), "{}", stderr(&with));
+    assert_eq!(summary(&with)["digest"], straight["digest"]);
+
+    // Before the crash (the disk's crash still scheduled in its state, the
+    // fsynced file durable, the other only in the guest's page cache) and
+    // after the restart: each branch continues the very same history.
+    for at in ["2.5s", "4.5s"] {
+        let spec = format!("{snaps}@{at}");
+        let out = detvisor(&["branch", &spec, "--until", "8s", "--json"]);
+        assert_eq!(out.status.code(), Some(0), "{spec}: {}", stderr(&out));
+        assert_eq!(summary(&out)["digest"], straight["digest"], "{spec}");
+        assert!(
+            stdout(&out).contains("n1 | after: B lost+found\n"),
+            "{spec}: {}",
+            stdout(&out)
+        );
+    }
+}

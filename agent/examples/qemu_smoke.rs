@@ -94,6 +94,7 @@ fn node(name: &str, nic: &str, address: &str, script: &str) -> NodeSpec {
         address: Some(address.into()),
         env: BTreeMap::new(),
         command: vec!["sh".into(), "-c".into(), script.into()],
+        disk: None,
     }
 }
 

@@ -25,6 +25,7 @@ use detvisor_agent::protocol::{
 };
 
 use crate::container::{self, Command, NodeNamespaces, NodePlan, Setup};
+use crate::disk::Disk;
 use crate::netlink::{link_index, Netlink};
 use crate::sys::{self, NsId};
 
@@ -66,6 +67,12 @@ struct Node {
     /// The node's PID namespace while it runs (for pause/resume).
     pidns: Option<NsId>,
     restart_pending: bool,
+    /// The node's data disk, if it has one.
+    disk: Option<Disk>,
+    /// A `crash` waits for the node's end to unmount its disk.
+    crash_pending: bool,
+    /// A start waits for the disk to be mounted again (after a crash).
+    start_when_mounted: bool,
 }
 
 #[derive(Debug)]
@@ -364,11 +371,14 @@ impl Agent {
             node.running = None;
             node.pidns = None;
             let restart = std::mem::take(&mut node.restart_pending) && !self.shutting_down;
+            let crashed = std::mem::take(&mut node.crash_pending);
             self.send(&AgentToHost::Exited {
                 node: name.clone(),
                 status,
             });
-            if restart {
+            if crashed {
+                self.release_disk(&name);
+            } else if restart {
                 if let Err(message) = self.start_node(&name) {
                     self.send_error(&format!("restart {name}"), message);
                 }
@@ -447,6 +457,10 @@ impl Agent {
             HostToAgent::Resume { node } => format!("resume {node}"),
             HostToAgent::Kill { node, .. } => format!("kill {node}"),
             HostToAgent::Restart { node } => format!("restart {node}"),
+            HostToAgent::Crash { node } => format!("crash {node}"),
+            HostToAgent::MountDisk { node } => format!("mount_disk {node}"),
+            HostToAgent::FillDisk { node } => format!("fill_disk {node}"),
+            HostToAgent::FreeDisk { node } => format!("free_disk {node}"),
             HostToAgent::Shutdown => "shutdown".to_string(),
             HostToAgent::OpenShell { .. } => "open_shell".to_string(),
             HostToAgent::ShellInput { .. } => "shell_input".to_string(),
@@ -472,6 +486,10 @@ impl Agent {
                 HostToAgent::Resume { node } => self.pause(&node, false),
                 HostToAgent::Kill { node, signal } => self.kill(&node, signal),
                 HostToAgent::Restart { node } => self.restart(&node),
+                HostToAgent::Crash { node } => self.crash(&node),
+                HostToAgent::MountDisk { node } => self.mount_disk(&node),
+                HostToAgent::FillDisk { node } => self.fill_disk(&node),
+                HostToAgent::FreeDisk { node } => self.free_disk(&node),
                 HostToAgent::Shutdown => {
                     self.begin_shutdown();
                     Ok(())
@@ -518,7 +536,13 @@ impl Agent {
         };
         let command = Command::new(&spec.command, &spec.env).map_err(|e| e.to_string())?;
         let hostname = spec.hostname.as_deref().unwrap_or(&spec.name);
-        let plan = NodePlan::new(Path::new(&spec.rootfs), hostname).map_err(|e| e.to_string())?;
+        let disk = spec.disk.as_ref().map(Disk::new).transpose()?;
+        let plan = NodePlan::new(
+            Path::new(&spec.rootfs),
+            hostname,
+            disk.as_ref().map(Disk::mount_spec),
+        )
+        .map_err(|e| e.to_string())?;
         let netns = self.new_netns()?;
         self.configure_network(netns.as_fd(), spec.nic.as_deref(), address)?;
         self.nodes.insert(
@@ -530,6 +554,9 @@ impl Agent {
                 running: None,
                 pidns: None,
                 restart_pending: false,
+                disk,
+                crash_pending: false,
+                start_when_mounted: false,
             },
         );
         if let Err(message) = self.start_node(&spec.name) {
@@ -700,18 +727,105 @@ impl Agent {
     }
 
     fn restart(&mut self, name: &str) -> Result<(), String> {
-        let node = self
-            .nodes
-            .get_mut(name)
-            .ok_or_else(|| format!("no node {name:?}"))?;
+        let node = self.node_mut(name)?;
         match &node.running {
             Some(running) => {
                 node.restart_pending = true;
                 // Started again when reaped (see reap_children).
                 sys::kill(running.pid, libc::SIGKILL).map_err(context_error("kill"))
             }
+            None if node.disk.as_ref().is_some_and(|d| !d.ready()) => {
+                // After a crash: started once the disk takes writes (mount_disk).
+                node.start_when_mounted = true;
+                Ok(())
+            }
             None => self.start_node(name),
         }
+    }
+
+    fn node_mut(&mut self, name: &str) -> Result<&mut Node, String> {
+        self.nodes
+            .get_mut(name)
+            .ok_or_else(|| format!("no node {name:?}"))
+    }
+
+    fn disk_mut(&mut self, name: &str) -> Result<&mut Disk, String> {
+        self.node_mut(name)?
+            .disk
+            .as_mut()
+            .ok_or_else(|| format!("node {name:?} has no disk"))
+    }
+
+    /// SIGKILL to the node; once it is gone (its file system with it) the
+    /// host is told, and the node waits for `mount_disk` to start again.
+    fn crash(&mut self, name: &str) -> Result<(), String> {
+        let node = self.node_mut(name)?;
+        node.restart_pending = false;
+        node.start_when_mounted = false;
+        match &node.running {
+            Some(running) => {
+                node.crash_pending = true;
+                // The disk is released when reaped (see reap_children).
+                sys::kill(running.pid, libc::SIGKILL).map_err(context_error("kill"))
+            }
+            None => {
+                self.release_disk(name);
+                Ok(())
+            }
+        }
+    }
+
+    /// A crashed node is gone, so is its file system (mounted in its mount
+    /// namespace only): says so, if it has a disk, which stays unused until
+    /// `mount_disk`.
+    fn release_disk(&mut self, name: &str) {
+        let Some(disk) = self.nodes.get_mut(name).and_then(|n| n.disk.as_mut()) else {
+            return;
+        };
+        disk.set_ready(false);
+        self.send(&AgentToHost::DiskReleased {
+            node: name.to_string(),
+        });
+    }
+
+    /// The host no longer discards the disk's writes: the node may mount it
+    /// again (it does when it starts).
+    fn mount_disk(&mut self, name: &str) -> Result<(), String> {
+        self.disk_mut(name)?.set_ready(true);
+        self.send(&AgentToHost::DiskMounted {
+            node: name.to_string(),
+        });
+        let node = self.node_mut(name)?;
+        if std::mem::take(&mut node.start_when_mounted) && node.running.is_none() {
+            self.start_node(name)?;
+        }
+        Ok(())
+    }
+
+    fn fill_disk(&mut self, name: &str) -> Result<(), String> {
+        let (node, pid) = self.running_node(name)?;
+        let disk = node
+            .disk
+            .as_ref()
+            .ok_or_else(|| format!("node {name:?} has no disk"))?;
+        let bytes = disk.fill(pid)?;
+        self.send(&AgentToHost::DiskFilled {
+            node: name.to_string(),
+            bytes,
+        });
+        Ok(())
+    }
+
+    fn free_disk(&mut self, name: &str) -> Result<(), String> {
+        let (node, pid) = self.running_node(name)?;
+        node.disk
+            .as_ref()
+            .ok_or_else(|| format!("node {name:?} has no disk"))?
+            .free(pid)?;
+        self.send(&AgentToHost::DiskFreed {
+            node: name.to_string(),
+        });
+        Ok(())
     }
 
     /// Pauses every running node, then starts `sh` on a new pseudo-terminal

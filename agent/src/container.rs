@@ -13,7 +13,9 @@
 //! 2. joins the node's network namespace (`setns`);
 //! 3. makes the whole mount tree private (so nothing propagates back to the
 //!    agent's namespace), bind-mounts the node's root directory onto itself
-//!    and mounts, under it: `proc` (of the new PID namespace), `sysfs` (of
+//!    and mounts, under it: the node's data disk (ext4, if it has one: in
+//!    this namespace only, so the file system lives exactly as long as the
+//!    node's processes, see `disk.rs`), `proc` (of the new PID namespace), `sysfs` (of
 //!    the node's network namespace, read-only), a tmpfs `/dev` with bind
 //!    mounts of null, zero, full, random, urandom and tty from the agent's
 //!    /dev, a private `devpts` instance on /dev/pts (with /dev/ptmx), tmpfs
@@ -138,8 +140,9 @@ pub struct NodePlan {
 
 impl NodePlan {
     /// Builds the plan for root directory `rootfs` (absolute) and creates
-    /// the mount points it needs in it (`proc sys dev tmp run`).
-    pub fn new(rootfs: &Path, hostname: &str) -> io::Result<Self> {
+    /// the mount points it needs in it (`proc sys dev tmp run`, and the
+    /// disk's: `disk` is the device and its mount point inside the root).
+    pub fn new(rootfs: &Path, hostname: &str, disk: Option<(&Path, &Path)>) -> io::Result<Self> {
         if !rootfs.is_absolute() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -181,6 +184,12 @@ impl NodePlan {
             libc::MS_BIND | libc::MS_REC,
             None,
         )?;
+        if let Some((device, inside)) = disk {
+            let target = rootfs.join(inside.strip_prefix("/").unwrap_or(inside));
+            std::fs::create_dir_all(&target)
+                .map_err(|e| io::Error::new(e.kind(), format!("mkdir {target:?}: {e}")))?;
+            plan.mount(Some(device), &target, Some("ext4"), 0, None)?;
+        }
         plan.mount(
             Some(Path::new("proc")),
             &r("proc"),
@@ -751,7 +760,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
 
         // Act
-        let plan = NodePlan::new(dir.path(), "n1").unwrap();
+        let plan = NodePlan::new(dir.path(), "n1", None).unwrap();
 
         // Assert
         for sub in ["proc", "sys", "dev", "tmp", "run"] {
@@ -765,11 +774,30 @@ mod tests {
     }
 
     #[test]
+    fn test_node_plan_mounts_the_disk_inside_the_root_after_binding_it() {
+        // Arrange
+        let dir = tempfile::tempdir().unwrap();
+
+        // Act
+        let disk = Some((Path::new("/dev/vda"), Path::new("/var/lib/n1")));
+        let plan = NodePlan::new(dir.path(), "n1", disk).unwrap();
+
+        // Assert
+        assert!(dir.path().join("var/lib/n1").is_dir());
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        assert!(plan.ops[1].1.starts_with("bind-mount"));
+        assert_eq!(
+            plan.ops[2].1,
+            format!("mount ext4 on {:?}", root.join("var/lib/n1"))
+        );
+    }
+
+    #[test]
     fn test_node_plan_rejects_relative_or_missing_root_and_bad_hostname() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(NodePlan::new(Path::new("relative"), "n").is_err());
-        assert!(NodePlan::new(&dir.path().join("missing"), "n").is_err());
-        assert!(NodePlan::new(dir.path(), "").is_err());
-        assert!(NodePlan::new(dir.path(), &"x".repeat(65)).is_err());
+        assert!(NodePlan::new(Path::new("relative"), "n", None).is_err());
+        assert!(NodePlan::new(&dir.path().join("missing"), "n", None).is_err());
+        assert!(NodePlan::new(dir.path(), "", None).is_err());
+        assert!(NodePlan::new(dir.path(), &"x".repeat(65), None).is_err());
     }
 }

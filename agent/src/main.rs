@@ -20,6 +20,7 @@
 
 mod agent;
 mod container;
+mod disk;
 mod netlink;
 mod sys;
 

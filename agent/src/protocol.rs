@@ -39,7 +39,10 @@
 //! | `start_workload` | `workload_started` (then `output`* with `node: null`, `workload_exited`) |
 //! | `pause` / `resume` | `paused` / `resumed` (every process of the node is stopped / continued) |
 //! | `kill` | nothing immediate; `exited` once the node's PID 1 is gone |
-//! | `restart` | `exited` for the running instance (if any), then `node_started` |
+//! | `restart` | `exited` for the running instance (if any), then `node_started` (once its disk is mounted) |
+//! | `crash` | `exited` for the running instance (if any), then `disk_released` once its disk is unmounted |
+//! | `mount_disk` | `disk_mounted` |
+//! | `fill_disk` / `free_disk` | `disk_filled` / `disk_freed` |
 //! | `shutdown` | `exited` / `workload_exited` for whatever was still running, then the agent ends |
 
 use serde::de::DeserializeOwned;
@@ -88,6 +91,22 @@ pub enum HostToAgent {
     /// fresh PID/mount/UTS/IPC namespaces; the network namespace (NIC,
     /// addresses) and the root filesystem directory are kept.
     Restart { node: String },
+    /// Kill the node (SIGKILL) if it runs; once every process of it is gone
+    /// its disk's file system is unmounted (it is mounted in the node's
+    /// mount namespace only), which the agent reports (`disk_released`): the
+    /// host discards the disk's writes from the crash until then, so nothing
+    /// the guest's page cache held for that file system reaches it. The node
+    /// stays down.
+    Crash { node: String },
+    /// After a crash: the disk takes writes again, so the node may mount it
+    /// (it does when it starts; ext4's journal recovery then runs on what
+    /// was flushed). A `restart` that came meanwhile starts the node now.
+    MountDisk { node: String },
+    /// Fill the free space of the node's disk with a file
+    /// (`<data>/.detvisor-full`), so that writes fail with ENOSPC.
+    FillDisk { node: String },
+    /// Remove the file `fill_disk` made.
+    FreeDisk { node: String },
     /// Kill everything and end the agent.
     Shutdown,
     /// An interactive shell on a new pseudo-terminal, for a user looking
@@ -144,6 +163,18 @@ pub struct NodeSpec {
     pub env: BTreeMap<String, String>,
     /// argv; `argv[0]` without a `/` is looked up in the node's `PATH`.
     pub command: Vec<String>,
+    /// The node's data disk, mounted before the command starts.
+    #[serde(default)]
+    pub disk: Option<NodeDisk>,
+}
+
+/// A node's data disk: the virtio-blk disk whose serial
+/// (`/sys/block/vdX/serial`) is `serial`, an ext4 file system mounted at
+/// `mount` inside the node's root.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDisk {
+    pub serial: String,
+    pub mount: String,
 }
 
 /// What the agent reports.
@@ -182,6 +213,15 @@ pub enum AgentToHost {
     Paused { node: String },
     /// Answer to `resume`: every process of the node has been sent SIGCONT.
     Resumed { node: String },
+    /// After `crash`: the node's processes are gone and its file system
+    /// unmounted.
+    DiskReleased { node: String },
+    /// Answer to `mount_disk`: the node may mount its disk again.
+    DiskMounted { node: String },
+    /// Answer to `fill_disk`: the filler file's size.
+    DiskFilled { node: String, bytes: u64 },
+    /// Answer to `free_disk`.
+    DiskFreed { node: String },
     /// Answer to `open_shell`: the shell runs; `pid` in the agent's namespace.
     ShellOpened { pid: i32 },
     /// What the shell's terminal printed (echo of the input included).
@@ -453,6 +493,7 @@ mod tests {
                 address: Some("192.0.2.1/24".into()),
                 env: env.clone(),
                 command: vec!["sh".into(), "-c".into(), "echo hi".into()],
+                disk: None,
             }),
             HostToAgent::StartWorkload {
                 node: Some("n1".into()),
@@ -574,6 +615,7 @@ mod tests {
                 address: None,
                 env: BTreeMap::new(),
                 command: vec!["sh".into()],
+                disk: None,
             })
         );
     }

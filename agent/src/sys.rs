@@ -266,6 +266,17 @@ pub fn mount(
     Ok(())
 }
 
+/// `fallocate(2)` with mode 0: allocates `len` bytes from `offset`.
+pub fn fallocate(fd: BorrowedFd<'_>, offset: u64, len: u64) -> io::Result<()> {
+    let (offset, len) = (
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?,
+        libc::off_t::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?,
+    );
+    // SAFETY: fallocate has no memory effects on this process.
+    cvt(unsafe { libc::fallocate(fd.as_raw_fd(), 0, offset, len) })?;
+    Ok(())
+}
+
 pub fn sethostname(name: &str) -> io::Result<()> {
     // SAFETY: `name` is valid for reads of `name.len()` bytes.
     cvt(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })?;

@@ -355,6 +355,7 @@ fn node(name: &str, rootfs: &Path, script: &str) -> NodeSpec {
         address: None,
         env: BTreeMap::new(),
         command: vec!["sh".into(), "-c".into(), script.into()],
+        disk: None,
     }
 }
 

@@ -336,6 +336,7 @@ mod tests {
             address: Some(format!("192.0.2.{i}/24")),
             env: BTreeMap::from([("A".to_string(), "b c".to_string())]),
             command: vec!["etcd".into(), "--name".into(), format!("n{i}")],
+            disk: None,
         };
         let specs: Vec<NodeSpec> = (1..=3).map(spec).collect();
         let w = WorkloadPlan::InNode {

@@ -316,6 +316,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         network: None,
         control_channel: false,
         stall_timeout: Default::default(),
+        disks: Vec::new(),
     };
 
     // 1. Boot and dirty.

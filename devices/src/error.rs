@@ -19,4 +19,8 @@ pub enum DevicesError {
     VirtioNotAttached { kind: &'static str },
     #[error(transparent)]
     Bus(#[from] BusError),
+    #[error(transparent)]
+    DiskSerial(crate::virtio::blk::SerialError),
+    #[error("no disk {disk} is attached")]
+    NoSuchDisk { disk: usize },
 }

@@ -47,8 +47,10 @@ pub const VIRTIO_MMIO_STRIDE: u64 = 0x1000;
 /// ISA lines no other device uses, one per virtio device in attach order.
 /// After the six lines a PC leaves free come COM2's line 3 (the kernel has
 /// one UART) and the IDE lines 14 and 15 (there is no IDE), so that the
-/// rng, the console and up to seven NICs (one per node) fit.
-pub const VIRTIO_MMIO_IRQS: [u8; 9] = [5, 6, 7, 10, 11, 12, 3, 14, 15];
+/// rng, the console and up to seven NICs (one per node) fit; then the
+/// keyboard's line 1 (the guest kernel has no i8042 driver: CONFIG_SERIO is
+/// off) and the FPU error line 13 (unused on x86-64), for the nodes' disks.
+pub const VIRTIO_MMIO_IRQS: [u8; 11] = [5, 6, 7, 10, 11, 12, 3, 14, 15, 1, 13];
 pub const VIRTIO_MMIO_MAX_DEVICES: usize = VIRTIO_MMIO_IRQS.len();
 
 /// The base address of virtio-mmio slot `slot`.

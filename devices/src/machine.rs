@@ -47,13 +47,15 @@ use crate::status::{
 use crate::switch::{Fault, FrameTap, NetworkConfig, PortId, Switch, SwitchError, SwitchState};
 use crate::time::VirtNanos;
 use crate::virtio::{
-    RxOutcome, VirtioConsole, VirtioConsoleState, VirtioDevice, VirtioMmioState,
+    DiskCommand, DiskImage, RxOutcome, ScheduledDiskCommand, VirtioBlk, VirtioBlkCounters,
+    VirtioBlkState, VirtioConsole, VirtioConsoleState, VirtioDevice, VirtioMmioState,
     VirtioMmioTransport, VirtioNet, VirtioNetCounters, VirtioNetState, VirtioRng, VirtioRngState,
     VirtioViolation,
 };
 use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 /// Number of 16550 registers at COM1.
 const COM1_LEN: u64 = 8;
@@ -98,6 +100,7 @@ enum VirtioSlotDevice {
     Rng(Box<VirtioMmioTransport<VirtioRng>>),
     Console(Box<VirtioMmioTransport<VirtioConsole>>),
     Net(Box<VirtioMmioTransport<VirtioNet>>),
+    Blk(Box<VirtioMmioTransport<VirtioBlk>>),
 }
 
 /// Runs `$body` with `$transport` bound to the slot's transport, whatever
@@ -108,6 +111,7 @@ macro_rules! with_transport {
             VirtioSlotDevice::Rng($transport) => $body,
             VirtioSlotDevice::Console($transport) => $body,
             VirtioSlotDevice::Net($transport) => $body,
+            VirtioSlotDevice::Blk($transport) => $body,
         }
     };
 }
@@ -118,6 +122,7 @@ impl VirtioSlotDevice {
             VirtioSlotDevice::Rng(_) => "rng",
             VirtioSlotDevice::Console(_) => "console",
             VirtioSlotDevice::Net(_) => "net",
+            VirtioSlotDevice::Blk(_) => "blk",
         }
     }
 }
@@ -154,6 +159,7 @@ impl Persist for VirtioSlotDevice {
                 VirtioBackendState::Console(transport.device().save())
             }
             VirtioSlotDevice::Net(transport) => VirtioBackendState::Net(transport.device().save()),
+            VirtioSlotDevice::Blk(transport) => VirtioBackendState::Blk(transport.device().save()),
         };
         VirtioDeviceState {
             transport: with_transport!(self, transport => transport.save()),
@@ -171,6 +177,9 @@ impl Persist for VirtioSlotDevice {
                 validate_virtio_device(transport, transport_state, backend)
             }
             (VirtioSlotDevice::Net(transport), VirtioBackendState::Net(backend)) => {
+                validate_virtio_device(transport, transport_state, backend)
+            }
+            (VirtioSlotDevice::Blk(transport), VirtioBackendState::Blk(backend)) => {
                 validate_virtio_device(transport, transport_state, backend)
             }
             (device, backend) => Err(RestoreError::VirtioDeviceKind {
@@ -191,6 +200,9 @@ impl Persist for VirtioSlotDevice {
                 restore_virtio_device(transport, transport_state, backend)
             }
             (VirtioSlotDevice::Net(transport), VirtioBackendState::Net(backend)) => {
+                restore_virtio_device(transport, transport_state, backend)
+            }
+            (VirtioSlotDevice::Blk(transport), VirtioBackendState::Blk(backend)) => {
                 restore_virtio_device(transport, transport_state, backend)
             }
             // Refused by `validate`.
@@ -248,7 +260,7 @@ impl Persist for VirtioDevices {
 fn console_of(slots: &mut [VirtioSlotDevice]) -> Option<&mut VirtioMmioTransport<VirtioConsole>> {
     slots.iter_mut().find_map(|device| match device {
         VirtioSlotDevice::Console(transport) => Some(transport.as_mut()),
-        VirtioSlotDevice::Rng(_) | VirtioSlotDevice::Net(_) => None,
+        VirtioSlotDevice::Rng(_) | VirtioSlotDevice::Net(_) | VirtioSlotDevice::Blk(_) => None,
     })
 }
 
@@ -288,6 +300,7 @@ pub enum VirtioBackendState {
     Rng(VirtioRngState),
     Console(VirtioConsoleState),
     Net(VirtioNetState),
+    Blk(VirtioBlkState),
 }
 
 impl VirtioBackendState {
@@ -296,6 +309,7 @@ impl VirtioBackendState {
             VirtioBackendState::Rng(_) => "rng",
             VirtioBackendState::Console(_) => "console",
             VirtioBackendState::Net(_) => "net",
+            VirtioBackendState::Blk(_) => "blk",
         }
     }
 }
@@ -575,6 +589,103 @@ impl Devices {
         self.switch_mut()?.set_link_config(from, to, config)
     }
 
+    /// Attaches a virtio-blk disk over `image`, answering `serial` to the
+    /// guest's GET_ID; there may be one per node, as far as slots go. Disks
+    /// are numbered in attach order from 0 ([`Devices::schedule_disk`]).
+    pub fn attach_virtio_blk(
+        &mut self,
+        image: Arc<DiskImage>,
+        serial: &str,
+    ) -> Result<VirtioSlot, DevicesError> {
+        let disk = VirtioBlk::new(image, serial).map_err(DevicesError::DiskSerial)?;
+        let transport = VirtioMmioTransport::new(disk)?;
+        self.attach_virtio(VirtioSlotDevice::Blk(Box::new(transport)))
+    }
+
+    /// The attached disks, in attach order.
+    fn disks_mut(&mut self) -> impl Iterator<Item = &mut VirtioMmioTransport<VirtioBlk>> {
+        self.virtio
+            .iter_mut()
+            .flat_map(|virtio| virtio.slots.iter_mut())
+            .filter_map(|device| match device {
+                VirtioSlotDevice::Blk(transport) => Some(transport.as_mut()),
+                _ => None,
+            })
+    }
+
+    fn disks(&self) -> impl Iterator<Item = &VirtioMmioTransport<VirtioBlk>> {
+        self.virtio
+            .iter()
+            .flat_map(|virtio| virtio.slots.iter())
+            .filter_map(|device| match device {
+                VirtioSlotDevice::Blk(transport) => Some(transport.as_ref()),
+                _ => None,
+            })
+    }
+
+    fn disk_mut(&mut self, disk: usize) -> Result<&mut VirtioBlk, DevicesError> {
+        self.disks_mut()
+            .nth(disk)
+            .map(|transport| transport.device_mut())
+            .ok_or(DevicesError::NoSuchDisk { disk })
+    }
+
+    /// Schedules `command` on disk `disk` at virtual time `at` (applied at
+    /// that exact time: it is one of [`Devices::next_deadline`]'s). A time
+    /// already past applies at the next device step.
+    pub fn schedule_disk(
+        &mut self,
+        disk: usize,
+        at: VirtNanos,
+        command: DiskCommand,
+    ) -> Result<(), DevicesError> {
+        self.disk_mut(disk)?.schedule(at, command);
+        Ok(())
+    }
+
+    /// Ends disk `disk`'s crash (see [`VirtioBlk::end_crash`]); whether it
+    /// was discarding writes.
+    pub fn end_disk_crash(&mut self, disk: usize) -> Result<bool, DevicesError> {
+        Ok(self.disk_mut(disk)?.end_crash())
+    }
+
+    /// Every disk's commands not applied yet: (disk, command), each disk's
+    /// in time order.
+    pub fn scheduled_disk_commands(&self) -> Vec<(usize, ScheduledDiskCommand)> {
+        self.disks()
+            .enumerate()
+            .flat_map(|(disk, transport)| {
+                transport
+                    .device()
+                    .scheduled()
+                    .iter()
+                    .map(move |scheduled| (disk, *scheduled))
+            })
+            .collect()
+    }
+
+    /// The counters of disk `disk`, if there is one.
+    pub fn disk_counters(&self, disk: usize) -> Option<VirtioBlkCounters> {
+        self.disks().nth(disk).map(|t| t.device().counters())
+    }
+
+    /// Applies the disks' commands due by now and completes their FLUSHes
+    /// due by now.
+    fn advance_disks(&mut self) {
+        let Some(VirtioDevices { memory, slots }) = &mut self.virtio else {
+            return;
+        };
+        let now = self.now;
+        for device in slots.iter_mut() {
+            if let VirtioSlotDevice::Blk(transport) = device {
+                transport.device_mut().apply_due(now);
+                if transport.device().has_due_completion(now) {
+                    transport.process_queue(0, memory, now);
+                }
+            }
+        }
+    }
+
     /// The counters of the NIC in slot `slot`, if it is one.
     pub fn virtio_net_counters(&self, slot: usize) -> Option<VirtioNetCounters> {
         match self.virtio.as_ref()?.slots.get(slot)? {
@@ -586,8 +697,8 @@ impl Devices {
     fn attach_virtio(&mut self, device: VirtioSlotDevice) -> Result<VirtioSlot, DevicesError> {
         let virtio = self.virtio.as_mut().ok_or(DevicesError::NoGuestMemory)?;
         let kind = device.kind_name();
-        // One NIC per node; one of every other kind.
-        if !matches!(device, VirtioSlotDevice::Net(_))
+        // One NIC and one disk per node; one of every other kind.
+        if !matches!(device, VirtioSlotDevice::Net(_) | VirtioSlotDevice::Blk(_))
             && virtio.slots.iter().any(|other| other.kind_name() == kind)
         {
             return Err(DevicesError::VirtioAlreadyAttached { kind });
@@ -824,6 +935,7 @@ impl Devices {
         self.rtc.advance_to(self.now);
         self.acpi_pm.advance_to(self.now);
         self.advance_network();
+        self.advance_disks();
     }
 
     /// Submits what the NICs transmitted to the switch at `now`, in slot
@@ -899,7 +1011,8 @@ impl Devices {
 
     /// The earliest virtual time at which a device will raise an interrupt
     /// by itself (HPET timers; the RTC unless the HPET has disconnected it;
-    /// the switch's next frame delivery).
+    /// the switch's next frame delivery; a disk's delayed FLUSH or scheduled
+    /// fault).
     pub fn next_deadline(&self) -> Option<VirtNanos> {
         let rtc = if self.hpet.legacy_replacement() {
             None
@@ -907,7 +1020,11 @@ impl Devices {
             self.rtc.next_deadline()
         };
         let network = self.switch.as_ref().and_then(Switch::next_deadline);
-        [self.hpet.next_deadline(), rtc, network]
+        let disks = self
+            .disks()
+            .filter_map(|transport| transport.device().next_deadline())
+            .min();
+        [self.hpet.next_deadline(), rtc, network, disks]
             .into_iter()
             .flatten()
             .min()
@@ -1697,6 +1814,36 @@ mod tests {
     }
 
     #[test]
+    fn test_devices_disks_are_numbered_and_their_faults_are_deadlines() {
+        // Arrange
+        let (mut devices, _output) = new_devices();
+        devices.attach_guest_memory(virtio_testing::test_memory());
+        let image = || Arc::new(DiskImage::from_bytes(&[0; 16 * 4096], "digest".into()).unwrap());
+        devices.attach_virtio_console().unwrap();
+        let first = devices.attach_virtio_blk(image(), "disk-a").unwrap();
+        devices.attach_virtio_blk(image(), "disk-b").unwrap();
+
+        // Act
+        devices
+            .schedule_disk(1, VirtNanos(5_000), DiskCommand::Crash)
+            .unwrap();
+        let deadline = devices.next_deadline();
+        devices.advance_to(VirtNanos(5_000));
+        let after = devices.next_deadline();
+        let ended = devices.end_disk_crash(1);
+        let missing = devices.schedule_disk(2, VirtNanos(1), DiskCommand::Crash);
+
+        // Assert
+        assert_eq!((first.index, first.irq), (1, 6));
+        assert_eq!(deadline, Some(VirtNanos(5_000)));
+        assert_eq!(after, None);
+        assert_eq!(ended, Ok(true), "the crash was applied at its time");
+        assert_eq!(devices.end_disk_crash(0), Ok(false));
+        assert_eq!(missing, Err(DevicesError::NoSuchDisk { disk: 2 }));
+        assert!(devices.disk_counters(1).is_some());
+    }
+
+    #[test]
     fn test_devices_virtio_windows_are_on_the_mmio_bus() {
         // Arrange
         let mut machine = virtio_machine();
@@ -2146,7 +2293,7 @@ mod tests {
             )
             .unwrap();
         let second = devices.attach_virtio_net(MAC_B).unwrap();
-        let more: Vec<VirtioSlot> = (0..6)
+        let more: Vec<VirtioSlot> = (0..8)
             .map(|i| devices.attach_virtio_net([0x52, 0x54, 0, 0, 1, i]).unwrap())
             .collect();
         let again = devices.attach_switch(
@@ -2157,14 +2304,14 @@ mod tests {
         // Assert
         assert_eq!((first.index, first.irq), (1, 6));
         assert_eq!((second.index, second.irq), (2, 7));
-        assert_eq!(more.last().unwrap().irq, 15);
+        assert_eq!(more.last().unwrap().irq, 13);
         assert_eq!(
             devices.attach_virtio_net([0x52, 0x54, 0, 0, 2, 0]),
-            Err(DevicesError::VirtioSlotsExhausted { max: 9 })
+            Err(DevicesError::VirtioSlotsExhausted { max: 11 })
         );
         assert_eq!(again, Err(SwitchError::AlreadyAttached));
         let ports = devices.switch().unwrap().ports();
-        assert_eq!(ports.len(), 8);
+        assert_eq!(ports.len(), 10);
         assert_eq!(ports[0], (PortId(1), MAC_A));
         assert_eq!(ports[1], (second.port(), MAC_B));
     }

@@ -95,6 +95,10 @@ pub enum RestoreError {
     SwitchPortMismatch { port: usize },
     #[error("the switch state has frames or links for port {port}, which it does not have")]
     SwitchUnknownPort { port: usize },
+    #[error("the saved disk is over base image {saved}, the attached one over {attached}")]
+    DiskBase { saved: String, attached: String },
+    #[error("saved disk block {block}: {reason}")]
+    DiskBlock { block: u64, reason: &'static str },
 }
 
 impl RestoreError {

@@ -17,7 +17,11 @@
 //! at=<time> resume <node>
 //! at=<time> kill <node> [signal=<n>]          (default 9, SIGKILL)
 //! at=<time> restart <node>
+//! at=<time> crash <node>                      (kill -9; the disk loses unflushed writes)
+//! at=<time> disk <node> fsync-delay=<d> | fsync-error | fsync-ok | full | free
 //! ```
+//!
+//! The disk faults are in `disk` (this module's child).
 //!
 //! `<nodes>` is a comma-separated list of node names; nodes listed in no
 //! group of a partition form one more group together. Times are virtual
@@ -37,8 +41,10 @@
 //! ([`HostToAgent`] from a [`NodeFault`]). Serialized, an action is its text
 //! (`"partition n1 | n2,n3"`), a fault `{"at": <ns>, "action": <text>}`.
 
+mod disk;
 mod network;
 
+pub use disk::{DiskActionError, DiskFault};
 pub use network::{LatencyRange, NetworkActionError};
 
 use crate::units::parse_duration;
@@ -68,6 +74,8 @@ pub enum FaultAction {
     Network(NetworkFault),
     /// Carried out by the agent, at the first exit at or after the fault's time.
     Node(NodeFault),
+    /// Carried out by the node's disk, at the fault's exact time.
+    Disk(DiskFault),
 }
 
 /// A change of the simulated network.
@@ -101,14 +109,36 @@ pub enum NetworkFault {
 /// Something the agent does to one node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeFault {
-    Pause { node: String },
-    Resume { node: String },
-    Kill { node: String, signal: i32 },
-    Restart { node: String },
+    Pause {
+        node: String,
+    },
+    Resume {
+        node: String,
+    },
+    Kill {
+        node: String,
+        signal: i32,
+    },
+    Restart {
+        node: String,
+    },
+    /// Kill -9, then unmount the node's disk (whose unflushed writes the
+    /// VMM drops at the fault's time, discarding more until then).
+    Crash {
+        node: String,
+    },
+    /// Fill the node's disk's free space.
+    DiskFull {
+        node: String,
+    },
+    /// Undo [`NodeFault::DiskFull`].
+    DiskFree {
+        node: String,
+    },
 }
 
-const ACTIONS: &str =
-    "partition, cut, bridge, majorities-ring, heal, slow, loss, pause, resume, kill, restart";
+const ACTIONS: &str = "partition, cut, bridge, majorities-ring, heal, slow, loss, pause, resume, \
+                       kill, restart, crash, disk";
 
 /// Why the words of an action are not one. They do not repeat the text (the
 /// caller's context does).
@@ -128,6 +158,8 @@ pub enum ActionError {
     UnknownAction { action: String },
     #[error("signal= only applies to kill")]
     SignalNotKill,
+    #[error(transparent)]
+    Disk(#[from] DiskActionError),
 }
 
 /// Why a fault's text is not one (without the text: see [`FaultError`]).
@@ -156,7 +188,7 @@ pub enum FaultError {
     },
     #[error("fault {text:?}: for= makes two faults (parse it with parse_fault)")]
     TwoFaults { text: String },
-    #[error("fault {text:?}: for= applies to faults it can undo (partition, cut, bridge, majorities-ring, slow, loss, pause)")]
+    #[error("fault {text:?}: for= applies to faults it can undo (partition, cut, bridge, majorities-ring, slow, loss, pause, disk fsync-delay, fsync-error and full)")]
     NoUndo { text: String },
     #[error("fault {fault}: no node is named {name:?} (nodes: {})", nodes.join(", "))]
     UnknownNode {
@@ -177,6 +209,7 @@ impl FaultAction {
         match self {
             FaultAction::Network(fault) => fault.nodes(),
             FaultAction::Node(fault) => vec![fault.node()],
+            FaultAction::Disk(fault) => vec![fault.node()],
         }
     }
 
@@ -187,6 +220,12 @@ impl FaultAction {
             FaultAction::Node(NodeFault::Pause { node }) => {
                 Some(FaultAction::Node(NodeFault::Resume { node: node.clone() }))
             }
+            FaultAction::Node(NodeFault::DiskFull { node }) => {
+                Some(FaultAction::Node(NodeFault::DiskFree {
+                    node: node.clone(),
+                }))
+            }
+            FaultAction::Disk(fault) => fault.undo().map(FaultAction::Disk),
             _ => None,
         }
     }
@@ -199,7 +238,10 @@ impl NodeFault {
             NodeFault::Pause { node }
             | NodeFault::Resume { node }
             | NodeFault::Kill { node, .. }
-            | NodeFault::Restart { node } => node,
+            | NodeFault::Restart { node }
+            | NodeFault::Crash { node }
+            | NodeFault::DiskFull { node }
+            | NodeFault::DiskFree { node } => node,
         }
     }
 }
@@ -212,6 +254,9 @@ impl From<NodeFault> for HostToAgent {
             NodeFault::Resume { node } => HostToAgent::Resume { node },
             NodeFault::Kill { node, signal } => HostToAgent::Kill { node, signal },
             NodeFault::Restart { node } => HostToAgent::Restart { node },
+            NodeFault::Crash { node } => HostToAgent::Crash { node },
+            NodeFault::DiskFull { node } => HostToAgent::FillDisk { node },
+            NodeFault::DiskFree { node } => HostToAgent::FreeDisk { node },
         }
     }
 }
@@ -252,6 +297,9 @@ impl fmt::Display for NodeFault {
             NodeFault::Resume { node } => write!(f, "resume {node}"),
             NodeFault::Kill { node, signal } => write!(f, "kill {node} signal={signal}"),
             NodeFault::Restart { node } => write!(f, "restart {node}"),
+            NodeFault::Crash { node } => write!(f, "crash {node}"),
+            NodeFault::DiskFull { node } => write!(f, "disk {node} full"),
+            NodeFault::DiskFree { node } => write!(f, "disk {node} free"),
         }
     }
 }
@@ -261,6 +309,7 @@ impl fmt::Display for FaultAction {
         match self {
             FaultAction::Network(fault) => fault.fmt(f),
             FaultAction::Node(fault) => fault.fmt(f),
+            FaultAction::Disk(fault) => fault.fmt(f),
         }
     }
 }
@@ -293,6 +342,8 @@ impl FromStr for FaultAction {
                     signal = Some(n);
                 }
                 Some(("latency", value)) => latency = Some(value),
+                // A disk fault's setting, read by `disk::parse_disk`.
+                Some(("fsync-delay", _)) => words.push(word),
                 Some((key, _)) => {
                     return Err(ActionError::UnknownSetting {
                         key: key.to_owned(),
@@ -323,6 +374,8 @@ impl FromStr for FaultAction {
                 signal: signal.unwrap_or(libc::SIGKILL),
             }),
             "restart" => FaultAction::Node(NodeFault::Restart { node: one_node()? }),
+            "crash" => FaultAction::Node(NodeFault::Crash { node: one_node()? }),
+            "disk" => disk::parse_disk(args)?,
             other => {
                 return Err(ActionError::UnknownAction {
                     action: other.to_owned(),
@@ -751,6 +804,19 @@ mod tests {
             (node_name(), 1..=64i32)
                 .prop_map(|(node, signal)| FaultAction::Node(NodeFault::Kill { node, signal })),
             node_name().prop_map(|node| FaultAction::Node(NodeFault::Restart { node })),
+            disk_action(),
+        ]
+    }
+
+    fn disk_action() -> impl Strategy<Value = FaultAction> {
+        prop_oneof![
+            node_name().prop_map(|node| FaultAction::Node(NodeFault::Crash { node })),
+            node_name().prop_map(|node| FaultAction::Node(NodeFault::DiskFull { node })),
+            node_name().prop_map(|node| FaultAction::Node(NodeFault::DiskFree { node })),
+            (node_name(), time())
+                .prop_map(|(node, delay)| FaultAction::Disk(DiskFault::FsyncDelay { node, delay })),
+            node_name().prop_map(|node| FaultAction::Disk(DiskFault::FsyncError { node })),
+            node_name().prop_map(|node| FaultAction::Disk(DiskFault::FsyncOk { node })),
         ]
     }
 

@@ -14,9 +14,17 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-/// NICs one guest can have: the interrupt lines of virtio slots, less the
-/// entropy device and the control channel.
+/// NICs and disks one guest can have together: the interrupt lines of
+/// virtio slots, less the entropy device and the control channel.
 pub const MAX_NODES: usize = devices::layout::VIRTIO_MMIO_IRQS.len() - 2;
+
+/// The smallest and largest node disk: ext4 with its journal needs a few
+/// MiB, and the VMM keeps every written block in memory.
+pub const MIN_DISK_BYTES: u64 = 16 << 20;
+pub const MAX_DISK_BYTES: u64 = 4 << 30;
+
+/// Where a node's disk is mounted unless `data` says otherwise.
+pub const DEFAULT_DATA_DIR: &str = "/data";
 
 /// The node a workload with its own image runs as.
 pub const WORKLOAD_NODE: &str = "workload";
@@ -55,6 +63,16 @@ pub enum ManifestError {
     NoSource { number: usize, name: String },
     #[error("{count} nodes (counting the workload's own) is more than one guest has NICs for ({MAX_NODES})")]
     TooManyNodes { count: usize },
+    #[error("{nodes} nodes and {disks} disks need more virtio slots than one guest has ({MAX_NODES} NICs and disks together)")]
+    TooManyDisks { nodes: usize, disks: usize },
+    #[error("disk")]
+    DiskSize(#[source] SizeError),
+    #[error("disk = {bytes} bytes: a disk is {MIN_DISK_BYTES}..{MAX_DISK_BYTES} bytes, whole MiB")]
+    DiskBytes { bytes: u64 },
+    #[error("data = {path:?}: the mount point must be an absolute path below / without `.` or `..` (e.g. /var/lib/etcd)")]
+    DataDir { path: String },
+    #[error("data = {path:?} needs a disk (disk = \"64M\")")]
+    DataWithoutDisk { path: String },
     #[error("two nodes are named {name:?}")]
     DuplicateName { name: String },
     #[error("nodes {first:?} and {second:?} have the same address {ip}")]
@@ -178,6 +196,10 @@ struct NodeSection {
     command: Vec<String>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    /// The size of the node's data disk (`"64M"`); none: no disk.
+    disk: Option<String>,
+    /// Where the disk is mounted in the node's root (default `/data`).
+    data: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -227,6 +249,19 @@ pub struct NodePlan {
     /// Empty: the image's own entrypoint and command.
     pub command: Vec<String>,
     pub env: BTreeMap<String, String>,
+    /// The node's data disk, if it has one.
+    #[serde(default)]
+    pub disk: Option<DiskPlan>,
+}
+
+/// A node's data disk: an ext4 file system on its own virtio-blk disk,
+/// mounted at `mount` inside the node's root.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct DiskPlan {
+    pub size_bytes: u64,
+    /// Absolute, inside the node's root.
+    pub mount: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -316,6 +351,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
             hostname: node.hostname.clone(),
             command: node.command.clone(),
             env: node.env.clone(),
+            disk: disk_plan(&node.disk, &node.data).map_err(what)?,
         });
     }
     let workload = match &file.workload {
@@ -328,6 +364,13 @@ pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
     }
     if all.len() > MAX_NODES {
         return Err(ManifestError::TooManyNodes { count: all.len() });
+    }
+    let disks = all.iter().filter(|n| n.disk.is_some()).count();
+    if all.len() + disks > MAX_NODES {
+        return Err(ManifestError::TooManyDisks {
+            nodes: all.len(),
+            disks,
+        });
     }
     let mut names = std::collections::BTreeSet::new();
     let mut addresses = BTreeMap::new();
@@ -396,6 +439,7 @@ fn workload_plan(w: &WorkloadSection, nodes: &[NodePlan], base: &Path) -> Result
             hostname: None,
             command: w.command.clone(),
             env: w.env.clone(),
+            disk: None,
         })),
         (None, None) => Err(ManifestError::WorkloadNoSource),
     }
@@ -435,6 +479,34 @@ fn root_source(
     } else {
         rootfs.as_ref().map(|r| RootSource::Rootfs(resolve(r)))
     })
+}
+
+/// A node's disk from its `disk` size and `data` mount point.
+fn disk_plan(size: &Option<String>, data: &Option<String>) -> Result<Option<DiskPlan>> {
+    let Some(size) = size else {
+        return match data {
+            Some(path) => Err(ManifestError::DataWithoutDisk { path: path.clone() }),
+            None => Ok(None),
+        };
+    };
+    let bytes = crate::units::parse_size(size).map_err(ManifestError::DiskSize)?;
+    if !(MIN_DISK_BYTES..=MAX_DISK_BYTES).contains(&bytes) || bytes % (1 << 20) != 0 {
+        return Err(ManifestError::DiskBytes { bytes });
+    }
+    let mount = data.clone().unwrap_or_else(|| DEFAULT_DATA_DIR.to_owned());
+    let parts: Vec<&str> = mount.split('/').skip(1).collect();
+    let ok = mount.starts_with('/')
+        && !parts.is_empty()
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && *p != "." && *p != "..");
+    if !ok {
+        return Err(ManifestError::DataDir { path: mount });
+    }
+    Ok(Some(DiskPlan {
+        size_bytes: bytes,
+        mount,
+    }))
 }
 
 fn check_name(name: &str) -> Result<()> {
@@ -551,11 +623,32 @@ command = ["sh", "-c", "true"]
                 "partition.toml",
                 include_str!("../../examples/etcd/partition.toml"),
             ),
+            ("crash.toml", include_str!("../../examples/etcd/crash.toml")),
         ] {
             let m = parse(text, Path::new("/ex")).unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert_eq!(m.nodes.len(), 3, "{name}");
             assert_eq!(m.nodes[2].source, RootSource::Image("/ex/etcd.img".into()));
         }
+    }
+
+    #[test]
+    fn test_a_node_disk_has_a_size_and_a_mount_point() {
+        let m = parse(
+            "[[node]]\nname='a'\nrootfs='r'\ndisk='64M'\ndata='/var/lib/etcd'\n\
+             [[node]]\nname='b'\nrootfs='r'\ndisk='16M'\n[[node]]\nname='c'\nrootfs='r'\n",
+            Path::new("/m"),
+        )
+        .unwrap();
+        let disk = |i: usize| m.nodes[i].disk.clone();
+        assert_eq!(
+            disk(0),
+            Some(DiskPlan {
+                size_bytes: 64 << 20,
+                mount: "/var/lib/etcd".into()
+            })
+        );
+        assert_eq!(disk(1).unwrap().mount, DEFAULT_DATA_DIR);
+        assert_eq!(disk(2), None);
     }
 
     #[test]
@@ -644,6 +737,20 @@ command = ["sh", "-c", "true"]
         );
         assert!(
             err("[machine]\nmem='lots'\n[[node]]\nname='a'\nrootfs='r'\n").contains("machine.mem")
+        );
+        assert!(
+            err("[[node]]\nname='a'\nrootfs='r'\ndisk='1G'\ndata='/var/../x'\n")
+                .contains("data = \"/var/../x\": the mount point")
+        );
+        assert!(err("[[node]]\nname='a'\nrootfs='r'\ndisk='1K'\n").contains("whole MiB"));
+        assert!(err("[[node]]\nname='a'\nrootfs='r'\ndata='/d'\n").contains("needs a disk"));
+        let disks: String = (0..5)
+            .map(|i| format!("[[node]]\nname='n{i}'\nrootfs='r'\ndisk='16M'\n"))
+            .collect();
+        assert!(
+            err(&disks).contains("5 nodes and 5 disks"),
+            "{}",
+            err(&disks)
         );
         let many: String = (0..=MAX_NODES)
             .map(|i| format!("[[node]]\nname='n{i}'\nrootfs='r'\n"))

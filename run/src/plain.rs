@@ -161,6 +161,7 @@ impl GuestSpec {
             // The control channel, for the fork-shell listener (see `guest::FORK_SHELL_LISTENER`).
             control_channel: true,
             stall_timeout: self.stall_timeout,
+            disks: Vec::new(),
         })
     }
 }

@@ -19,7 +19,7 @@ impl Cluster {
         std::fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox-static is installed");
         for applet in [
             "sh", "echo", "sleep", "ping", "nc", "cat", "cut", "hostname", "seq", "true", "awk",
-            "head", "od", "date", "tr",
+            "head", "od", "date", "tr", "dd", "ls", "grep",
         ] {
             std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
         }

@@ -19,6 +19,7 @@
 //! status write that sets DRIVER_OK), or when the VMM itself asks a device
 //! to deliver input.
 
+pub mod blk;
 pub mod console;
 pub mod mmio;
 pub mod net;
@@ -27,6 +28,10 @@ pub mod rng;
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub use blk::{
+    BlockNo, DiskCommand, DiskImage, DiskImageError, FlushMode, ScheduledDiskCommand, VirtioBlk,
+    VirtioBlkCounters, VirtioBlkState,
+};
 pub use console::{VirtioConsole, VirtioConsoleState};
 pub use mmio::{VirtioMmioState, VirtioMmioTransport};
 pub use net::{RxOutcome, VirtioNet, VirtioNetCounters, VirtioNetState};
@@ -44,8 +49,8 @@ use thiserror::Error;
 /// a queue when there is work on it. Backends must be deterministic: the
 /// same calls with the same guest memory produce the same results.
 pub trait VirtioDevice {
-    /// The virtio device ID (spec 5): 1 for a network card, 3 for a
-    /// console, 4 for an entropy source.
+    /// The virtio device ID (spec 5): 1 for a network card, 2 for a block
+    /// device, 3 for a console, 4 for an entropy source.
     fn device_id(&self) -> u32;
 
     /// Device-specific feature bits offered to the driver. The transport
@@ -132,6 +137,15 @@ pub enum QueueFault {
          (flags {flags:#x}, gso_type {gso_type:#x})"
     )]
     NetHeaderOffload { head: u16, flags: u8, gso_type: u8 },
+    #[error(
+        "the block request from head {head} has {readable} readable and {writable} writable \
+         bytes: it needs a 16-byte header and a status byte"
+    )]
+    BlkRequestTooShort {
+        head: u16,
+        readable: u32,
+        writable: u32,
+    },
 }
 
 /// What made a device broken: the first rule the driver broke.

@@ -3,7 +3,7 @@
 
 use super::{node_nic, node_root, PrepareError};
 use crate::manifest::{Manifest, NodePlan, RootSource};
-use detvisor_agent::protocol::NodeSpec;
+use detvisor_agent::protocol::{NodeDisk, NodeSpec};
 use image_builder::{ImageConfig, RootFs};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -107,6 +107,10 @@ fn node_spec(node: &NodePlan, index: usize, config: &ImageConfig) -> Result<Node
         address: Some(node.address.clone()),
         env,
         command,
+        disk: node.disk.as_ref().map(|disk| NodeDisk {
+            serial: super::disk_serial(&node.name),
+            mount: disk.mount.clone(),
+        }),
     })
 }
 

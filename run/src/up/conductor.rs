@@ -25,6 +25,9 @@ pub enum Note {
     },
     /// News of a shell opened in a fork (`detvisor shell`).
     Shell(ShellEvent),
+    /// A crashed node's disk was unmounted: the VMM must stop discarding
+    /// its writes before the agent mounts it again (sent with this note).
+    EndDiskCrash { node: String },
 }
 
 /// What the agent reports about a fork's shell.
@@ -114,6 +117,24 @@ impl Conductor {
     pub fn add_fault(&mut self, at: VirtNanos, fault: NodeFault) {
         let index = self.faults.partition_point(|&(t, _)| t <= at);
         self.faults.insert(index, (at, fault));
+    }
+
+    /// The position of node `node`'s disk among the disks (those of the
+    /// nodes that have one, in manifest order), if it has one.
+    pub fn disk_index(&self, node: &str) -> Option<usize> {
+        self.nodes
+            .iter()
+            .filter(|n| n.disk.is_some())
+            .position(|n| n.name == node)
+    }
+
+    /// The node whose disk is disk `index` (see [`Conductor::disk_index`]).
+    pub fn disk_node(&self, index: usize) -> Option<&str> {
+        self.nodes
+            .iter()
+            .filter(|n| n.disk.is_some())
+            .nth(index)
+            .map(|n| n.name.as_str())
     }
 
     /// The next virtual time at which [`Conductor::due`] has something to do.
@@ -209,6 +230,18 @@ impl Conductor {
             }
             AgentToHost::Paused { node } => notes.push(Note::Event(UpEvent::NodePaused { node })),
             AgentToHost::Resumed { node } => notes.push(Note::Event(UpEvent::NodeResumed { node })),
+            AgentToHost::DiskReleased { node } => {
+                notes.push(Note::Event(UpEvent::DiskReleased { node: node.clone() }));
+                notes.push(Note::EndDiskCrash { node: node.clone() });
+                send.push(HostToAgent::MountDisk { node });
+            }
+            AgentToHost::DiskMounted { node } => {
+                notes.push(Note::Event(UpEvent::DiskMounted { node }))
+            }
+            AgentToHost::DiskFilled { node, bytes } => {
+                notes.push(Note::Event(UpEvent::DiskFilled { node, bytes }))
+            }
+            AgentToHost::DiskFreed { node } => notes.push(Note::Event(UpEvent::DiskFreed { node })),
             AgentToHost::Error { context, message }
                 if context == "open_shell" || context == "shell_input" =>
             {
@@ -311,6 +344,7 @@ pub(crate) mod tests {
             address: None,
             env: BTreeMap::new(),
             command: vec!["sleep".into(), "100".into()],
+            disk: None,
         }
     }
 
@@ -372,6 +406,32 @@ pub(crate) mod tests {
             vec![
                 HostToAgent::CreateNode(spec("n1")),
                 HostToAgent::CreateNode(spec("n2"))
+            ]
+        );
+    }
+
+    #[test]
+    fn test_a_released_disk_ends_the_crash_and_is_mounted_again() {
+        let mut with_disk = spec("n2");
+        with_disk.disk = Some(detvisor_agent::protocol::NodeDisk {
+            serial: "detvisor-n2".into(),
+            mount: "/data".into(),
+        });
+        let mut c = Conductor::new(vec![spec("n1"), with_disk], None);
+        assert_eq!((c.disk_index("n1"), c.disk_index("n2")), (None, Some(0)));
+        assert_eq!(c.disk_node(0), Some("n2"));
+        let (mut send, mut notes) = (Vec::new(), Vec::new());
+        c.on_message(
+            AgentToHost::DiskReleased { node: "n2".into() },
+            &mut send,
+            &mut notes,
+        );
+        assert_eq!(send, vec![HostToAgent::MountDisk { node: "n2".into() }]);
+        assert_eq!(
+            notes,
+            vec![
+                Note::Event(UpEvent::DiskReleased { node: "n2".into() }),
+                Note::EndDiskCrash { node: "n2".into() }
             ]
         );
     }
@@ -552,6 +612,7 @@ pub(crate) mod tests {
             hostname: None,
             command: vec!["true".into()],
             env: BTreeMap::new(),
+            disk: None,
         });
         let mut c = Conductor::new(vec![spec("n1"), own], Some(plan));
         feed(

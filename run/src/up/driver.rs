@@ -5,11 +5,12 @@
 
 use super::OutputError;
 use super::{Conductor, Note, OutputSink, ShellEvent, UpEvent, UpOutput, WORKLOAD_LOG};
-use crate::faults::{Fault, FaultAction, FaultError, NetworkFault};
+use crate::faults::{DiskFault, Fault, FaultAction, FaultError, NetworkFault, NodeFault};
 use detvisor_agent::protocol::{
     encode_frame, AgentToHost, FrameDecoder, FrameError, HostToAgent, MAX_FRAME_LEN,
 };
 use devices::switch::Fault as SwitchFault;
+use devices::virtio::{DiskCommand, ScheduledDiskCommand};
 use devices::{Persist, PortId, RestoreError, Switch, SwitchError, VirtNanos};
 use serde::{Deserialize, Serialize};
 use vmm::vm::VmError;
@@ -43,6 +44,14 @@ pub enum DriveError {
     ChannelBroke(FrameError),
     #[error(transparent)]
     Output(#[from] OutputError),
+    #[error("fault {action}: node {node} has no disk (give it one: disk = \"64M\")")]
+    NoDisk { action: FaultAction, node: String },
+    #[error("the disk of node {node}")]
+    Disk {
+        node: String,
+        #[source]
+        source: devices::DevicesError,
+    },
 }
 
 type Result<T, E = DriveError> = std::result::Result<T, E>;
@@ -150,6 +159,7 @@ impl UpDriver {
             });
         }
         fault.check_nodes(&self.node_names)?;
+        let action = fault.action.clone();
         match fault.action {
             FaultAction::Network(network) => {
                 let devices = session.devices_mut();
@@ -168,7 +178,29 @@ impl UpDriver {
                     self.announce(fault.at, network);
                 }
             }
-            FaultAction::Node(node) => self.conductor.add_fault(fault.at, node),
+            FaultAction::Disk(disk) => {
+                let index = self.disk_of(&action, disk.node())?;
+                self.schedule_disk(session, disk.node(), index, fault.at, disk.to_command())?;
+                if fault.at <= now {
+                    self.announce_fault(fault.at, FaultAction::Disk(disk));
+                }
+            }
+            FaultAction::Node(node) => {
+                match &node {
+                    NodeFault::Crash { node: name } => {
+                        // The disk (if any) crashes at the exact time; the
+                        // agent kills the node at the first exit after it.
+                        if let Some(index) = self.conductor.disk_index(name) {
+                            self.schedule_disk(session, name, index, fault.at, DiskCommand::Crash)?;
+                        }
+                    }
+                    NodeFault::DiskFull { node: name } | NodeFault::DiskFree { node: name } => {
+                        self.disk_of(&action, name)?;
+                    }
+                    _ => {}
+                }
+                self.conductor.add_fault(fault.at, node)
+            }
         }
         Ok(())
     }
@@ -184,13 +216,61 @@ impl UpDriver {
         )
     }
 
+    /// The index of node `node`'s disk, or why `action` cannot have it.
+    fn disk_of(&self, action: &FaultAction, node: &str) -> Result<usize> {
+        self.conductor
+            .disk_index(node)
+            .ok_or_else(|| DriveError::NoDisk {
+                action: action.clone(),
+                node: node.to_owned(),
+            })
+    }
+
+    fn schedule_disk(
+        &self,
+        session: &mut vmm::vm::Session,
+        node: &str,
+        index: usize,
+        at: VirtNanos,
+        command: DiskCommand,
+    ) -> Result<()> {
+        session
+            .devices_mut()
+            .schedule_disk(index, at, command)
+            .map_err(|source| DriveError::Disk {
+                node: node.to_owned(),
+                source,
+            })
+    }
+
+    fn announce_fault(&mut self, at: VirtNanos, action: FaultAction) {
+        (self.output.events)(at, &UpEvent::Fault { action });
+    }
+
+    /// Announces the disks' faults of `pending` due by `now`, at their own
+    /// times (a crash is the agent's fault's to announce).
+    fn announce_disk_faults(
+        &mut self,
+        pending: Vec<(usize, ScheduledDiskCommand)>,
+        now: VirtNanos,
+    ) {
+        let mut due: Vec<(VirtNanos, DiskFault)> = pending
+            .into_iter()
+            .filter(|(_, s)| s.at <= now)
+            .filter_map(|(index, s)| {
+                let node = self.conductor.disk_node(index)?;
+                Some((s.at, DiskFault::from_command(node, &s.command)?))
+            })
+            .collect();
+        // By time, then disk order (a stable sort keeps it).
+        due.sort_by_key(|(at, _)| *at);
+        for (at, fault) in due {
+            self.announce_fault(at, FaultAction::Disk(fault));
+        }
+    }
+
     fn announce(&mut self, at: VirtNanos, fault: NetworkFault) {
-        (self.output.events)(
-            at,
-            &UpEvent::Fault {
-                action: FaultAction::Network(fault),
-            },
-        );
+        self.announce_fault(at, FaultAction::Network(fault));
     }
 
     /// Announces the switch's faults of `pending` due by `now` (node `i` on
@@ -249,6 +329,9 @@ impl UpDriver {
         session.set_wakeup(self.conductor.next_fault_time());
         let before = session.now();
         let pending = network_faults_after(session.devices_mut().switch(), before);
+        let mut disk_pending = session.devices_mut().scheduled_disk_commands();
+        // Those at or before the present were announced already.
+        disk_pending.retain(|(_, s)| s.at > before);
         if let Some(stop) = session.step_one()? {
             return Ok(Some(stop));
         }
@@ -256,6 +339,9 @@ impl UpDriver {
         if pending.first().is_some_and(|&(at, _)| at <= now) {
             let ports = session.devices_mut().nic_ports();
             self.announce_network_faults(pending, now, &ports)?;
+        }
+        if disk_pending.iter().any(|(_, s)| s.at <= now) {
+            self.announce_disk_faults(disk_pending, now);
         }
         let bytes = session.take_control_output();
         if !bytes.is_empty() {
@@ -279,6 +365,14 @@ impl UpDriver {
             match note {
                 Note::Event(event) => (self.output.events)(now, &event),
                 Note::Shell(event) => self.shell_events.push(event),
+                Note::EndDiskCrash { node } => {
+                    if let Some(index) = self.conductor.disk_index(&node) {
+                        session
+                            .devices_mut()
+                            .end_disk_crash(index)
+                            .map_err(|source| DriveError::Disk { node, source })?;
+                    }
+                }
                 Note::Output { node, stream, data } => match node {
                     None => self.output.sink.output(WORKLOAD_LOG, stream, &data)?,
                     Some(name) if self.node_names.contains(&name) => {

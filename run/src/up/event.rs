@@ -30,6 +30,24 @@ pub enum UpEvent {
     NodeResumed {
         node: String,
     },
+    /// After a crash: the node is gone and its file system unmounted
+    /// (writes reach the disk again from here on).
+    DiskReleased {
+        node: String,
+    },
+    /// The node may mount its disk again (it does at its next start, and
+    /// ext4's journal recovery runs then).
+    DiskMounted {
+        node: String,
+    },
+    /// The node's disk's free space was filled (`bytes` in the filler file).
+    DiskFilled {
+        node: String,
+        bytes: u64,
+    },
+    DiskFreed {
+        node: String,
+    },
     /// A fault was carried out (by the switch or the agent).
     Fault {
         action: FaultAction,
@@ -91,6 +109,16 @@ impl std::fmt::Display for UpEvent {
             }
             UpEvent::NodePaused { node } => write!(f, "node {node} paused"),
             UpEvent::NodeResumed { node } => write!(f, "node {node} resumed"),
+            UpEvent::DiskReleased { node } => {
+                write!(f, "disk {node} released (node gone, file system unmounted)")
+            }
+            UpEvent::DiskMounted { node } => {
+                write!(f, "disk {node} ready (mounted at the node's next start)")
+            }
+            UpEvent::DiskFilled { node, bytes } => {
+                write!(f, "disk {node} full ({bytes} bytes filled)")
+            }
+            UpEvent::DiskFreed { node } => write!(f, "disk {node} freed"),
             UpEvent::Fault { action } => write!(f, "fault: {action}"),
             UpEvent::AgentError { context, message } => write!(f, "agent: {context}: {message}"),
             UpEvent::AgentBootedTwice => write!(f, "agent: booted twice"),

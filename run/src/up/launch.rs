@@ -6,7 +6,7 @@ use super::{assemble, Conductor, OutputSink, UpDriver, UpEvent, UpOutput};
 use super::{DriveError, OutputError};
 use crate::audit::compare_runs;
 use crate::driven::{Driven, DrivenError};
-use crate::faults::{schedule, Fault, FaultAction, FaultError};
+use crate::faults::{schedule, Fault, FaultAction, FaultError, NodeFault};
 use crate::guest::{self, GuestImageError};
 use crate::manifest::{Manifest, WorkloadPlan};
 use crate::outcome::{stepped_note, RunSummary};
@@ -88,6 +88,16 @@ pub enum PrepareError {
     },
     #[error("node {node}: no `command` in the manifest and none in its image")]
     NoCommand { node: String },
+    #[error("node {node}: its disk")]
+    Disk {
+        node: String,
+        #[source]
+        source: super::DiskError,
+    },
+    #[error("fault {action}: node {node} has no disk (give it one: disk = \"64M\")")]
+    NoDisk { action: FaultAction, node: String },
+    #[error("fault {action}: the workload runs inside node {node}, which therefore cannot crash (its namespaces, so its file system, would outlive the crash)")]
+    CrashWorkloadNode { action: FaultAction, node: String },
 }
 
 /// Why an `up` run could not boot or run ([`PreparedUp::vm_config`],
@@ -144,6 +154,9 @@ pub struct PreparedUp {
     pub ram_bytes: u64,
     /// Every fault, in time order.
     pub faults: Vec<Fault>,
+    /// The disks of the nodes that have one, in manifest order.
+    #[serde(default)]
+    pub disks: Vec<vmm::vm::DiskSpec>,
 }
 
 /// Assembles `manifest`'s guest and schedules its faults plus `extra_faults`
@@ -177,6 +190,52 @@ pub fn prepare(
         (None, Some(mem)) => crate::units::parse_size(mem).map_err(PrepareError::Mem)?,
         (None, None) => DEFAULT_RAM_BYTES,
     };
+    for fault in &faults {
+        if let (
+            FaultAction::Node(NodeFault::Crash { node }),
+            Some(WorkloadPlan::InNode { node: inside, .. }),
+        ) = (&fault.action, &manifest.workload)
+        {
+            if node == inside {
+                return Err(PrepareError::CrashWorkloadNode {
+                    action: fault.action.clone(),
+                    node: node.clone(),
+                });
+            }
+        }
+        let needs_disk = match &fault.action {
+            FaultAction::Disk(disk) => Some(disk.node()),
+            FaultAction::Node(NodeFault::DiskFull { node } | NodeFault::DiskFree { node }) => {
+                Some(node.as_str())
+            }
+            _ => None,
+        };
+        if let Some(node) = needs_disk {
+            if !manifest
+                .nodes
+                .iter()
+                .any(|n| n.name == node && n.disk.is_some())
+            {
+                return Err(PrepareError::NoDisk {
+                    action: fault.action.clone(),
+                    node: node.to_owned(),
+                });
+            }
+        }
+    }
+    let disks = manifest
+        .all_nodes()
+        .into_iter()
+        .filter_map(|node| Some((node, node.disk.as_ref()?)))
+        .map(|(node, plan)| {
+            super::disk_image(&guest::cache_root(), &node.name, plan).map_err(|source| {
+                PrepareError::Disk {
+                    node: node.name.clone(),
+                    source,
+                }
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let image = guest::default_image()?;
     let agent = guest::agent_binary()?;
     let (specs, overlay) = assemble(manifest, &agent)?;
@@ -202,6 +261,7 @@ pub fn prepare(
             .unwrap_or(crate::plain::DEFAULT_RTC_EPOCH),
         ram_bytes,
         faults,
+        disks,
     })
 }
 
@@ -295,6 +355,7 @@ impl PreparedUp {
             }),
             control_channel: true,
             stall_timeout: options.stall_timeout,
+            disks: self.disks.clone(),
         })
     }
 

@@ -9,6 +9,7 @@
 
 mod assemble;
 mod conductor;
+mod disk;
 mod driver;
 mod event;
 mod launch;
@@ -16,6 +17,7 @@ mod output;
 
 pub use assemble::assemble;
 pub use conductor::{run_status, Conductor, Note, ShellEvent, SETUP_FAILED};
+pub use disk::{disk_image, disk_serial, DiskError};
 pub use driver::{send_message, DriveError, UpDriver, UpState};
 pub use event::UpEvent;
 pub use launch::{

@@ -24,6 +24,24 @@ pub enum SetupError {
     Devices(#[source] devices::DevicesError),
     #[error("setting up the network")]
     Network(#[source] devices::SwitchError),
+    #[error("cannot read disk image {}", path.display())]
+    ReadDisk {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("disk image {} has digest {found}, expected {expected} (it changed since it was made)", path.display())]
+    DiskDigest {
+        path: std::path::PathBuf,
+        found: String,
+        expected: String,
+    },
+    #[error("disk image {}", path.display())]
+    DiskImage {
+        path: std::path::PathBuf,
+        #[source]
+        source: devices::virtio::DiskImageError,
+    },
 }
 
 /// A saved state does not fit this detvisor or the memory given with it.

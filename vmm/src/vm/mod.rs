@@ -36,7 +36,7 @@ pub use error::{IncompatibleState, SetupError, VmError};
 pub use kept_pages::{CheckpointError, ResetStats};
 pub use memory::{memory_from_file, memory_from_mapping, GuestRam, MemoryError};
 pub use session::{Session, SessionState};
-pub use wiring::{nic_mac, NetworkSpec};
+pub use wiring::{disk_digest, nic_mac, DiskSpec, NetworkSpec};
 
 use crate::exit::{Perturbation, StopReason};
 use crate::record::{ExitRecord, RecordConfig};
@@ -81,6 +81,8 @@ pub struct VmConfig {
     /// as stalled. Host policy, not part of the run's definition (see
     /// [`crate::stall`]).
     pub stall_timeout: StallTimeout,
+    /// virtio-blk disks, after every other virtio device, in this order.
+    pub disks: Vec<DiskSpec>,
 }
 
 /// What a finished run reports.

@@ -10,7 +10,7 @@ use super::kept_pages::LiveCheckpoint;
 use super::kvm_vm::{create_vm, Vm};
 use super::memory::{fresh_ram, host_ram, GuestRam};
 use super::memory_scan::{memory_hash_and_residency, MemoryBacking};
-use super::wiring::{build_devices, NetworkSpec};
+use super::wiring::{build_devices, DiskSpec, NetworkSpec};
 use super::{kvm_err, DigestParts, IncompatibleState, ResumeConfig, RunOutcome, VmConfig, VmError};
 use crate::boot::{self, BootError, BootInputs};
 use crate::cpu_model;
@@ -41,6 +41,10 @@ pub struct SessionState {
     /// (Saved under its former name, so snapshots keep their format.)
     #[serde(default, rename = "agent_channel")]
     pub control_channel: bool,
+    /// The disks' base images (attached again, checked by digest, then
+    /// restored from `devices`); none in states saved before disks.
+    #[serde(default)]
+    pub disks: Vec<DiskSpec>,
     pub cpu_model_version: u32,
     pub vcpu: VcpuState,
     pub devices: DevicesState,
@@ -64,6 +68,7 @@ pub struct Session {
     pub(super) seed: u64,
     pub(super) network: Option<NetworkSpec>,
     pub(super) control_channel: bool,
+    pub(super) disks: Vec<DiskSpec>,
     pub(super) machine: Machine,
     pub(super) recorder: Recorder,
     pub(super) console: Arc<Mutex<ConsoleCapture>>,
@@ -110,6 +115,7 @@ impl Session {
             config.seed,
             config.network.as_ref(),
             config.control_channel,
+            &config.disks,
         )?;
         // The virtio devices are declared on the kernel command line.
         let cmdline = format!("{} {}", config.cmdline, devices.virtio_cmdline());
@@ -148,6 +154,7 @@ impl Session {
             seed: config.seed,
             network: config.network.clone(),
             control_channel: config.control_channel,
+            disks: config.disks.clone(),
             machine,
             recorder: Recorder::new(config.record),
             console,
@@ -263,6 +270,7 @@ impl Session {
             seed: self.seed,
             network: self.network.clone(),
             control_channel: self.control_channel,
+            disks: self.disks.clone(),
             cpu_model_version: cpu_model::CPU_MODEL_VERSION,
             vcpu,
             devices: self.machine.devices.save(),
@@ -319,6 +327,7 @@ impl Session {
             state.seed,
             state.network.as_ref(),
             state.control_channel,
+            &state.disks,
         )?;
         devices
             .restore(&state.devices)
@@ -337,6 +346,7 @@ impl Session {
             seed: state.seed,
             network: state.network.clone(),
             control_channel: state.control_channel,
+            disks: state.disks.clone(),
             machine,
             recorder,
             console,

@@ -1,12 +1,14 @@
 //! The machine's device set: the legacy devices, then the virtio devices in
-//! their fixed slot order (entropy, control channel, NICs) and the switch
-//! between the NICs, all seeded from the run's seed.
+//! their fixed slot order (entropy, control channel, NICs, disks) and the
+//! switch between the NICs, all seeded from the run's seed.
 
 use super::console::{ConsoleCapture, ConsoleSink};
 use super::SetupError;
 use crate::entropy::{self, stream};
+use devices::virtio::DiskImage;
 use devices::{Devices, DevicesConfig, GuestMemory, NetworkConfig};
 use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// The simulated network: how many NICs (one per node) and how the switch
@@ -16,6 +18,60 @@ use std::sync::{Arc, Mutex};
 pub struct NetworkSpec {
     pub nics: u8,
     pub config: NetworkConfig,
+}
+
+/// A virtio-blk disk: its base image (a file of whole 4 KiB blocks, read
+/// once, checked against `digest`) and the serial the guest reads
+/// (`/sys/block/vdX/serial`). What the guest writes stays in the VMM (and
+/// in snapshots), never in the file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskSpec {
+    pub image: PathBuf,
+    /// BLAKE3 of the image's bytes, hex.
+    pub digest: String,
+    pub serial: String,
+}
+
+/// The hex BLAKE3 digest disk images are named by.
+pub fn disk_digest(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
+}
+
+impl DiskSpec {
+    /// Reads the image and checks its digest.
+    pub fn load(&self) -> Result<DiskImage, SetupError> {
+        let path = &self.image;
+        let bytes = std::fs::read(path).map_err(|source| SetupError::ReadDisk {
+            path: path.clone(),
+            source,
+        })?;
+        let found = disk_digest(&bytes);
+        if found != self.digest {
+            return Err(SetupError::DiskDigest {
+                path: path.clone(),
+                found,
+                expected: self.digest.clone(),
+            });
+        }
+        DiskImage::from_bytes(&bytes, found).map_err(|source| SetupError::DiskImage {
+            path: path.clone(),
+            source,
+        })
+    }
+
+    /// The spec of the image at `image`, its digest computed now.
+    pub fn of_file(image: &Path, serial: &str) -> Result<DiskSpec, SetupError> {
+        let bytes = std::fs::read(image).map_err(|source| SetupError::ReadDisk {
+            path: image.to_path_buf(),
+            source,
+        })?;
+        Ok(DiskSpec {
+            image: image.to_path_buf(),
+            digest: disk_digest(&bytes),
+            serial: serial.to_owned(),
+        })
+    }
 }
 
 /// The MAC address of NIC `index` (locally administered, unicast).
@@ -32,6 +88,7 @@ pub(super) fn build_devices(
     seed: u64,
     network: Option<&NetworkSpec>,
     control_channel: bool,
+    disks: &[DiskSpec],
 ) -> Result<(Devices, Arc<Mutex<ConsoleCapture>>), SetupError> {
     let console = Arc::new(Mutex::new(console));
     let mut devices = Devices::new(
@@ -43,13 +100,18 @@ pub(super) fn build_devices(
         }),
     );
     attach_virtio(&mut devices, memory, seed, network, control_channel)?;
+    for disk in disks {
+        devices
+            .attach_virtio_blk(Arc::new(disk.load()?), &disk.serial)
+            .map_err(SetupError::Devices)?;
+    }
     Ok((devices, console))
 }
 
 /// Attaches the virtio devices, in a fixed order (their slots are part of the
 /// guest-visible machine and of saved device state): the entropy device, the
 /// agent's control channel if any, then one NIC per node and the switch
-/// between them.
+/// between them (the disks come after, see [`build_devices`]).
 fn attach_virtio(
     devices: &mut Devices,
     memory: GuestMemory,
@@ -85,6 +147,26 @@ fn attach_virtio(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disk_images_are_checked_against_their_digest() {
+        let path = std::env::temp_dir().join(format!("detvisor-disk-{}.img", std::process::id()));
+        let mut bytes = vec![0u8; 8 * 4096];
+        bytes[4096] = 7;
+        std::fs::write(&path, &bytes).unwrap();
+        let spec = DiskSpec::of_file(&path, "s").unwrap();
+        let image = spec.load().unwrap();
+        assert_eq!(image.capacity_bytes(), 8 * 4096);
+        assert_eq!(image.digest(), disk_digest(&bytes));
+        bytes[4096] = 8;
+        std::fs::write(&path, &bytes).unwrap();
+        let changed = spec.load();
+        std::fs::write(&path, [0u8; 100]).unwrap();
+        let not_blocks = DiskSpec::of_file(&path, "s").unwrap().load();
+        std::fs::remove_file(&path).unwrap();
+        assert!(matches!(changed, Err(SetupError::DiskDigest { .. })));
+        assert!(matches!(not_blocks, Err(SetupError::DiskImage { .. })));
+    }
 
     #[test]
     fn nic_macs_are_locally_administered_unicast_and_distinct() {
