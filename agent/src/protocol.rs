@@ -40,6 +40,7 @@
 //! | `pause` / `resume` | `paused` / `resumed` (every process of the node is stopped / continued) |
 //! | `kill` | nothing immediate; `exited` once the node's PID 1 is gone |
 //! | `restart` | `exited` for the running instance (if any), then `node_started` |
+//! | `step_clock` / `drift_clock` | `clock_set` (the node's realtime offset and rate now) |
 //! | `shutdown` | `exited` / `workload_exited` for whatever was still running, then the agent ends |
 
 use serde::de::DeserializeOwned;
@@ -88,6 +89,14 @@ pub enum HostToAgent {
     /// fresh PID/mount/UTS/IPC namespaces; the network namespace (NIC,
     /// addresses) and the root filesystem directory are kept.
     Restart { node: String },
+    /// Step the node's CLOCK_REALTIME by `by_ns` nanoseconds (negative:
+    /// back). Its time namespace keeps it across restarts; monotonic and
+    /// boot time do not move.
+    StepClock { node: String, by_ns: i64 },
+    /// The node's CLOCK_REALTIME runs `ppm` parts per million fast
+    /// (negative: slow) from now on; 0 stops the drift and keeps the
+    /// offset gained so far.
+    DriftClock { node: String, ppm: i32 },
     /// Kill everything and end the agent.
     Shutdown,
     /// An interactive shell on a new pseudo-terminal, for a user looking
@@ -174,6 +183,14 @@ pub enum AgentToHost {
     Paused { node: String },
     /// Answer to `resume`: every process of the node has been sent SIGCONT.
     Resumed { node: String },
+    /// Answer to `step_clock` and `drift_clock`: the node's realtime offset
+    /// from the guest's now (drift included) and its rate, as the kernel
+    /// reports them.
+    ClockSet {
+        node: String,
+        offset_ns: i64,
+        rate_ppm: i32,
+    },
     /// Answer to `open_shell`: the shell runs; `pid` in the agent's namespace.
     ShellOpened { pid: i32 },
     /// What the shell's terminal printed (echo of the input included).
@@ -458,6 +475,14 @@ mod tests {
                 signal: 9,
             },
             HostToAgent::Restart { node: "n1".into() },
+            HostToAgent::StepClock {
+                node: "n1".into(),
+                by_ns: -2_000_000_000,
+            },
+            HostToAgent::DriftClock {
+                node: "n1".into(),
+                ppm: 200,
+            },
             HostToAgent::Shutdown,
             HostToAgent::OpenShell {
                 node: Some("n1".into()),
@@ -494,6 +519,11 @@ mod tests {
             },
             AgentToHost::Paused { node: "n1".into() },
             AgentToHost::Resumed { node: "n1".into() },
+            AgentToHost::ClockSet {
+                node: "n1".into(),
+                offset_ns: 30_000_000_000,
+                rate_ppm: -50,
+            },
             AgentToHost::ShellOpened { pid: 9 },
             AgentToHost::ShellOutput {
                 data: b"# \x1b[0m".to_vec(),

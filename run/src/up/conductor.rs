@@ -209,6 +209,15 @@ impl Conductor {
             }
             AgentToHost::Paused { node } => notes.push(Note::Event(UpEvent::NodePaused { node })),
             AgentToHost::Resumed { node } => notes.push(Note::Event(UpEvent::NodeResumed { node })),
+            AgentToHost::ClockSet {
+                node,
+                offset_ns,
+                rate_ppm,
+            } => notes.push(Note::Event(UpEvent::NodeClock {
+                node,
+                offset_ns,
+                rate_ppm,
+            })),
             AgentToHost::Error { context, message }
                 if context == "open_shell" || context == "shell_input" =>
             {

@@ -30,6 +30,12 @@ pub enum UpEvent {
     NodeResumed {
         node: String,
     },
+    /// A node's realtime clock now: its offset from the guest's and its drift.
+    NodeClock {
+        node: String,
+        offset_ns: i64,
+        rate_ppm: i32,
+    },
     /// A fault was carried out (by the switch or the agent).
     Fault {
         action: FaultAction,
@@ -91,6 +97,16 @@ impl std::fmt::Display for UpEvent {
             }
             UpEvent::NodePaused { node } => write!(f, "node {node} paused"),
             UpEvent::NodeResumed { node } => write!(f, "node {node} resumed"),
+            UpEvent::NodeClock {
+                node,
+                offset_ns,
+                rate_ppm,
+            } => write!(
+                f,
+                "node {node} clock: realtime offset {}, drift {}",
+                crate::clock::step_text(*offset_ns),
+                crate::clock::ppm_text(*rate_ppm)
+            ),
             UpEvent::Fault { action } => write!(f, "fault: {action}"),
             UpEvent::AgentError { context, message } => write!(f, "agent: {context}: {message}"),
             UpEvent::AgentBootedTwice => write!(f, "agent: booted twice"),
