@@ -548,6 +548,51 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn test_clock_faults_go_to_the_agent_and_its_answer_is_an_event() {
+        let mut c = conductor(
+            None,
+            &["at=1s clock n2 -2s", "at=2s drift n1 +200ppm for=10s"],
+        );
+        boot(&mut c);
+        feed(&mut c, started("n1", 2));
+        feed(&mut c, started("n2", 3));
+        let mut send = Vec::new();
+        let mut notes = Vec::new();
+        c.due(VirtNanos(12_000_000_000), &mut send, &mut notes);
+        assert_eq!(
+            send,
+            vec![
+                HostToAgent::StepClock {
+                    node: "n2".into(),
+                    by_ns: -2_000_000_000
+                },
+                HostToAgent::DriftClock {
+                    node: "n1".into(),
+                    ppm: 200
+                },
+                HostToAgent::DriftClock {
+                    node: "n1".into(),
+                    ppm: 0
+                },
+            ]
+        );
+        let mut notes = Vec::new();
+        c.on_message(
+            AgentToHost::ClockSet {
+                node: "n2".into(),
+                offset_ns: -2_000_000_000,
+                rate_ppm: 0,
+            },
+            &mut send,
+            &mut notes,
+        );
+        assert!(matches!(
+            &notes[..],
+            [Note::Event(event)] if event.to_string() == "node n2 clock: realtime offset -2s, drift 0ppm"
+        ));
+    }
+
+    #[test]
     fn test_own_node_workload_ends_the_run_when_it_exits() {
         let mut own = spec("workload");
         own.command = vec!["true".into()];

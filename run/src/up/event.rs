@@ -154,6 +154,20 @@ mod tests {
                 },
                 "fault: pause n2",
             ),
+            (
+                UpEvent::NodeClock {
+                    node: "n2".into(),
+                    offset_ns: -1_500_000_000,
+                    rate_ppm: 200,
+                },
+                "node n2 clock: realtime offset -1500ms, drift +200ppm",
+            ),
+            (
+                UpEvent::Fault {
+                    action: "drift n2 -50ppm".parse().unwrap(),
+                },
+                "fault: drift n2 -50ppm",
+            ),
         ];
         for (event, text) in cases {
             assert_eq!(event.to_string(), text);
