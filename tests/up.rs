@@ -577,3 +577,339 @@ fn test_up_disk_state_and_faults_survive_snapshots() {
         );
     }
 }
+
+/// Per-node clocks (`clock`, `drift`): reads every realtime interface and
+/// checks that monotonic and boot time never go back, printing one line a
+/// second (`clock mono=<ns> real=<ns> tod=<s> time=<s> coarse=<s>`).
+const CLOCKWATCH_C: &str = r#"
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <time.h>
+#include <sys/time.h>
+static long long ns(clockid_t c) {
+    struct timespec t;
+    clock_gettime(c, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+int main(void) {
+    long long last_mono = 0, last_boot = 0;
+    for (;;) {
+        for (int i = 0; i < 20; i++) {
+            long long m = ns(CLOCK_MONOTONIC), b = ns(CLOCK_BOOTTIME);
+            if (m < last_mono || b < last_boot)
+                printf("BACK mono %lld after %lld, boot %lld after %lld\n", m, last_mono, b, last_boot);
+            last_mono = m;
+            last_boot = b;
+        }
+        struct timeval tv;
+        long long mono = ns(CLOCK_MONOTONIC), real = ns(CLOCK_REALTIME);
+        gettimeofday(&tv, NULL);
+        long long t = time(NULL), coarse = ns(CLOCK_REALTIME_COARSE) / 1000000000LL;
+        printf("clock mono=%lld real=%lld tod=%lld time=%lld coarse=%lld\n",
+               mono, real, (long long)tv.tv_sec, t, coarse);
+        fflush(stdout);
+        struct timespec second = {1, 0};
+        nanosleep(&second, NULL);
+    }
+}
+"#;
+
+/// Absolute CLOCK_REALTIME deadlines, set from the namespace's realtime:
+/// how long (monotonic) each waited.
+const DEADLINES_C: &str = r#"
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdint.h>
+#include <time.h>
+#include <signal.h>
+#include <unistd.h>
+#include <pthread.h>
+#include <sys/timerfd.h>
+static long long ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000LL + t.tv_nsec / 1000000;
+}
+static struct timespec real_in(int seconds) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += seconds;
+    return t;
+}
+int main(void) {
+    long long start = ms();
+    struct timespec deadline = real_in(2);
+    clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &deadline, NULL);
+    printf("nanosleep %lldms\n", ms() - start);
+
+    int fd = timerfd_create(CLOCK_REALTIME, 0);
+    struct itimerspec its = {{0, 0}, real_in(1)};
+    start = ms();
+    timerfd_settime(fd, TFD_TIMER_ABSTIME, &its, NULL);
+    uint64_t expirations;
+    if (read(fd, &expirations, sizeof expirations) != sizeof expirations)
+        return 1;
+    printf("timerfd %lldms\n", ms() - start);
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    struct sigevent event = {.sigev_notify = SIGEV_SIGNAL, .sigev_signo = SIGUSR1};
+    timer_t timer;
+    timer_create(CLOCK_REALTIME, &event, &timer);
+    struct itimerspec value = {{0, 0}, real_in(1)};
+    start = ms();
+    timer_settime(timer, TIMER_ABSTIME, &value, NULL);
+    int signal;
+    sigwait(&set, &signal);
+    printf("timer %lldms\n", ms() - start);
+
+    pthread_mutex_t mutex = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+    struct timespec until = real_in(1);
+    start = ms();
+    pthread_mutex_lock(&mutex);
+    pthread_cond_timedwait(&cond, &mutex, &until);
+    printf("condvar %lldms\n", ms() - start);
+    return 0;
+}
+"#;
+
+/// `gcc -static` of `source` into the cluster's root as /bin/`name`.
+fn build_guest_program(cluster: &Cluster, name: &str, source: &str) {
+    let path = cluster.dir.join(format!("{name}.c"));
+    std::fs::write(&path, source).unwrap();
+    let status = std::process::Command::new("gcc")
+        .args(["-static", "-O2", "-pthread", "-o"])
+        .arg(cluster.dir.join("root/bin").join(name))
+        .arg(&path)
+        .status()
+        .expect("gcc runs");
+    assert!(status.success(), "gcc {name}.c");
+}
+
+/// (mono ns, real ns) of every `clock` line clockwatch printed in `log`,
+/// after checking the other realtime readers agree with `real` and no
+/// monotonic or boot time read went back.
+fn clock_lines(log: &str) -> Vec<(i64, i64)> {
+    assert!(!log.contains("BACK"), "a clock went back: {log}");
+    log.lines()
+        .filter_map(|l| l.strip_prefix("clock "))
+        .map(|l| {
+            let field = |name: &str| -> i64 {
+                l.split(' ')
+                    .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or_else(|| panic!("{name} in {l:?}"))
+            };
+            let (mono, real) = (field("mono"), field("real"));
+            for other in ["tod", "time", "coarse"] {
+                let seconds = field(other);
+                assert!(
+                    (real / 1_000_000_000 - seconds).abs() <= 1,
+                    "{other} disagrees with CLOCK_REALTIME: {l}"
+                );
+            }
+            (mono, real)
+        })
+        .collect()
+}
+
+/// realtime - monotonic (ns) of each clock line, with its monotonic time in s.
+fn offsets(lines: &[(i64, i64)]) -> Vec<(f64, i64)> {
+    lines
+        .iter()
+        .map(|&(mono, real)| (mono as f64 / 1e9, real - mono))
+        .collect()
+}
+
+/// n2's realtime steps +30 s, then -2 s (n1's does not move), its monotonic
+/// and boot time never go back, and the offset survives a restart; in n3
+/// (an hour ahead) absolute realtime deadlines are kept in n3's view. Two
+/// runs with one seed are identical.
+#[test]
+fn test_up_clock_steps_a_nodes_realtime_only() {
+    let cluster = Cluster::new(
+        "clock",
+        r#"
+[[node]]
+name = "n1"
+rootfs = "root"
+command = ["sh", "-c", "/bin/clockwatch & while true; do echo date $(date +%s); sleep 0.5; done"]
+
+[[node]]
+name = "n2"
+rootfs = "root"
+command = ["sh", "-c", "/bin/clockwatch & while true; do echo date $(date +%s); sleep 0.5; done"]
+
+[[node]]
+name = "n3"
+rootfs = "root"
+command = ["sleep", "1000"]
+
+[workload]
+node = "n3"
+command = ["sh", "-c", "sleep 10; /bin/deadlines"]
+"#,
+    );
+    build_guest_program(&cluster, "clockwatch", CLOCKWATCH_C);
+    build_guest_program(&cluster, "deadlines", DEADLINES_C);
+    let out = cluster.up(&[
+        "--seed",
+        "4",
+        "--until",
+        "60s",
+        "--fault",
+        "at=3s clock n2 +30s",
+        "--fault",
+        "at=5s clock n2 -2s",
+        "--fault",
+        "at=7s restart n2",
+        "--fault",
+        "at=2s clock n3 +1h",
+        "--runs",
+        "2",
+    ]);
+    let text = stdout(&out);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(text.contains("identical: 2 runs"), "{text}");
+    assert!(err.contains("fault: clock n2 +30s"), "{err}");
+    assert!(
+        err.contains("node n2 clock: realtime offset +30s, drift 0ppm"),
+        "{err}"
+    );
+    assert!(
+        err.contains("node n2 clock: realtime offset +28s, drift 0ppm"),
+        "{err}"
+    );
+
+    // `date +%s`: n1 counts on, n2 jumps 30 s ahead once.
+    let dates = |node: &str| -> Vec<i64> {
+        cluster
+            .log(node)
+            .lines()
+            .filter_map(|l| l.strip_prefix("date ")?.parse().ok())
+            .collect()
+    };
+    let (d1, d2) = (dates("n1"), dates("n2"));
+    assert!(d1.len() > 20 && d2.len() > 20, "{d1:?} {d2:?}");
+    assert!(
+        d1.windows(2).all(|w| (0..=1).contains(&(w[1] - w[0]))),
+        "{d1:?}"
+    );
+    assert_eq!(
+        d2.windows(2)
+            .filter(|w| (29..=31).contains(&(w[1] - w[0])))
+            .count(),
+        1,
+        "{d2:?}"
+    );
+
+    // realtime - monotonic: constant in n1; in n2 +30 s from 3 s, +28 s
+    // from 5 s on, across the restart at 7 s.
+    let base = offsets(&clock_lines(&cluster.log("n1")));
+    let reference = base[0].1;
+    for (t, offset) in &base {
+        assert!(
+            (offset - reference).abs() < 1_000_000,
+            "n1 at {t}: {base:?}"
+        );
+    }
+    let n2 = offsets(&clock_lines(&cluster.log("n2")));
+    let expected = |t: f64| -> Option<i64> {
+        match t {
+            t if t < 2.9 => Some(0),
+            t if (3.2..4.9).contains(&t) => Some(30),
+            t if t > 5.2 => Some(28),
+            _ => None,
+        }
+    };
+    assert!(
+        n2.iter().any(|(t, _)| *t > 8.0),
+        "no line after the restart: {n2:?}"
+    );
+    for (t, offset) in &n2 {
+        if let Some(seconds) = expected(*t) {
+            let want = reference + seconds * 1_000_000_000;
+            assert!((offset - want).abs() < 1_000_000, "n2 at {t}: {n2:?}");
+        }
+    }
+
+    // Absolute deadlines an hour ahead of the guest's clock, kept in n3's view.
+    for (what, wanted) in [
+        ("nanosleep", 2000),
+        ("timerfd", 1000),
+        ("timer", 1000),
+        ("condvar", 1000),
+    ] {
+        let waited: i64 = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(&format!("workload | {what} "))?
+                    .strip_suffix("ms")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {what} line: {text}"));
+        assert!(
+            (wanted..wanted + 150).contains(&waited),
+            "{what} waited {waited} ms for a deadline {wanted} ms ahead: {text}"
+        );
+    }
+}
+
+/// `drift n2 +200ppm for=60s`: n2's realtime gains 200 µs a second on n1's
+/// for 60 s (12 ms), then keeps what it gained.
+#[test]
+fn test_up_drift_makes_a_nodes_realtime_run_fast_for_a_while() {
+    let cluster = Cluster::new(
+        "drift",
+        r#"
+[[node]]
+name = "n1"
+rootfs = "root"
+command = ["/bin/clockwatch"]
+
+[[node]]
+name = "n2"
+rootfs = "root"
+command = ["/bin/clockwatch"]
+
+[workload]
+node = "n1"
+command = ["sleep", "80"]
+"#,
+    );
+    build_guest_program(&cluster, "clockwatch", CLOCKWATCH_C);
+    let out = cluster.up(&[
+        "--seed",
+        "9",
+        "--until",
+        "120s",
+        "--fault",
+        "at=5s drift n2 +200ppm for=60s",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("fault: drift n2 +200ppm"), "{err}");
+    assert!(err.contains("fault: drift n2 0ppm"), "{err}");
+    let n1 = offsets(&clock_lines(&cluster.log("n1")));
+    let n2 = offsets(&clock_lines(&cluster.log("n2")));
+    let reference = n1[0].1;
+    assert!(
+        n1.iter().all(|(_, o)| (o - reference).abs() < 1_000_000),
+        "{n1:?}"
+    );
+    // 200 ppm of the time since 5 s, up to 60 s of it: 12 ms.
+    for (t, offset) in &n2 {
+        let gained = ((t - 5.0).clamp(0.0, 60.0) * 200e3) as i64; // ns
+        assert!(
+            (offset - reference - gained).abs() < 500_000,
+            "n2 at {t}s: gained {} ns, expected {gained}: {n2:?}",
+            offset - reference
+        );
+    }
+    assert!(n2.iter().any(|(t, _)| *t > 70.0), "{n2:?}");
+}

@@ -24,6 +24,7 @@ use detvisor_agent::protocol::{
     MAX_OUTPUT_CHUNK, PROTOCOL_VERSION,
 };
 
+use crate::clock::{self, ClockChange};
 use crate::container::{self, Command, NodeNamespaces, NodePlan, Setup};
 use crate::disk::Disk;
 use crate::netlink::{link_index, Netlink};
@@ -63,6 +64,9 @@ struct Node {
     plan: NodePlan,
     /// The node's network namespace, kept across restarts.
     netns: OwnedFd,
+    /// The node's time namespace (its own realtime clock), kept across
+    /// restarts; `None` if the kernel has no time namespaces.
+    timens: Option<OwnedFd>,
     running: Option<Running>,
     /// The node's PID namespace while it runs (for pause/resume).
     pidns: Option<NsId>,
@@ -114,6 +118,8 @@ pub struct Agent {
     devnull: OwnedFd,
     root_netns: OwnedFd,
     own_pidns: OwnedFd,
+    /// The guest's time namespace; `None` without time namespaces.
+    own_timens: Option<OwnedFd>,
     greeted: bool,
     shutting_down: bool,
     nodes: BTreeMap<String, Node>,
@@ -142,6 +148,7 @@ impl Agent {
             devnull: sys::open(Path::new("/dev/null"), libc::O_RDWR)?,
             root_netns: sys::open(Path::new("/proc/self/ns/net"), libc::O_RDONLY)?,
             own_pidns: sys::open(Path::new("/proc/self/ns/pid"), libc::O_RDONLY)?,
+            own_timens: clock::own_timens(),
             greeted: false,
             shutting_down: false,
             nodes: BTreeMap::new(),
@@ -461,6 +468,8 @@ impl Agent {
             HostToAgent::MountDisk { node } => format!("mount_disk {node}"),
             HostToAgent::FillDisk { node } => format!("fill_disk {node}"),
             HostToAgent::FreeDisk { node } => format!("free_disk {node}"),
+            HostToAgent::StepClock { node, .. } => format!("step_clock {node}"),
+            HostToAgent::DriftClock { node, .. } => format!("drift_clock {node}"),
             HostToAgent::Shutdown => "shutdown".to_string(),
             HostToAgent::OpenShell { .. } => "open_shell".to_string(),
             HostToAgent::ShellInput { .. } => "shell_input".to_string(),
@@ -490,6 +499,12 @@ impl Agent {
                 HostToAgent::MountDisk { node } => self.mount_disk(&node),
                 HostToAgent::FillDisk { node } => self.fill_disk(&node),
                 HostToAgent::FreeDisk { node } => self.free_disk(&node),
+                HostToAgent::StepClock { node, by_ns } => {
+                    self.change_clock(&node, ClockChange::Step(by_ns))
+                }
+                HostToAgent::DriftClock { node, ppm } => {
+                    self.change_clock(&node, ClockChange::Rate(ppm))
+                }
                 HostToAgent::Shutdown => {
                     self.begin_shutdown();
                     Ok(())
@@ -545,12 +560,15 @@ impl Agent {
         .map_err(|e| e.to_string())?;
         let netns = self.new_netns()?;
         self.configure_network(netns.as_fd(), spec.nic.as_deref(), address)?;
+        let timens = clock::new_timens(self.own_timens.as_ref().map(AsFd::as_fd))
+            .map_err(|e| e.to_string())?;
         self.nodes.insert(
             spec.name.clone(),
             Node {
                 command,
                 plan,
                 netns,
+                timens,
                 running: None,
                 pidns: None,
                 restart_pending: false,
@@ -624,6 +642,7 @@ impl Agent {
         let setup = Setup::NewNode {
             plan: &node.plan,
             netns: node.netns.as_fd(),
+            timens: node.timens.as_ref().map(AsFd::as_fd),
         };
         let spawned = container::spawn(&node.command, &setup, self.devnull.as_fd(), None)?;
         node.pidns = sys::ns_id(Path::new(&format!("/proc/{}/ns/pid", spawned.pid))).ok();
@@ -724,6 +743,30 @@ impl Agent {
         }
         let (_, pid) = self.running_node(name)?;
         sys::kill(pid, signal).map_err(context_error(&format!("kill {pid}")))
+    }
+
+    /// Steps or re-rates the node's realtime clock (running or not: its
+    /// time namespace outlives its processes) and reports the result.
+    fn change_clock(&mut self, name: &str, change: ClockChange) -> Result<(), String> {
+        let node = self
+            .nodes
+            .get(name)
+            .ok_or_else(|| format!("no node {name:?}"))?;
+        let (Some(timens), Some(own)) = (&node.timens, &self.own_timens) else {
+            return Err(
+                "the guest kernel has no time namespaces (CONFIG_TIME_NS and the \
+                 0003-timens patch): nodes share the guest's clock"
+                    .to_string(),
+            );
+        };
+        let state =
+            clock::change(timens.as_fd(), own.as_fd(), change).map_err(|e| e.to_string())?;
+        self.send(&AgentToHost::ClockSet {
+            node: name.to_string(),
+            offset_ns: state.offset_ns,
+            rate_ppm: state.rate_ppm,
+        });
+        Ok(())
     }
 
     fn restart(&mut self, name: &str) -> Result<(), String> {

@@ -10,7 +10,9 @@
 //! 1. resets signal dispositions and the signal mask, starts a new session,
 //!    asks for SIGKILL if the agent dies (`PR_SET_PDEATHSIG`), puts stdin on
 //!    /dev/null and stdout/stderr on two pipes the agent reads;
-//! 2. joins the node's network namespace (`setns`);
+//! 2. joins the node's network namespace and its time namespace (`setns`;
+//!    the time namespace, the node's own realtime clock, is also kept
+//!    across restarts: see `clock.rs`);
 //! 3. makes the whole mount tree private (so nothing propagates back to the
 //!    agent's namespace), bind-mounts the node's root directory onto itself
 //!    and mounts, under it: the node's data disk (ext4, if it has one: in
@@ -333,6 +335,8 @@ pub struct NodeNamespaces {
     net: OwnedFd,
     mnt: OwnedFd,
     pid: OwnedFd,
+    /// Its time namespace (its realtime clock); `None` without them.
+    time: Option<OwnedFd>,
     root: OwnedFd,
 }
 
@@ -349,6 +353,11 @@ impl NodeNamespaces {
             net: open("ns/net", libc::O_RDONLY)?,
             mnt: open("ns/mnt", libc::O_RDONLY)?,
             pid: open("ns/pid", libc::O_RDONLY)?,
+            time: match open("ns/time", libc::O_RDONLY) {
+                Ok(fd) => Some(fd),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e),
+            },
             root: open("root", libc::O_RDONLY | libc::O_DIRECTORY)?,
         })
     }
@@ -362,6 +371,8 @@ pub enum Setup<'a> {
     NewNode {
         plan: &'a NodePlan,
         netns: BorrowedFd<'a>,
+        /// The node's time namespace (`None`: the guest's).
+        timens: Option<BorrowedFd<'a>>,
     },
     /// Into a running node's namespaces (like `nsenter -a -r`).
     EnterNode {
@@ -388,6 +399,7 @@ const STEP_HOSTNAME: u32 = 5;
 const STEP_ENTER: [u32; 4] = [6, 7, 8, 9];
 const STEP_ENTER_ROOT: u32 = 10;
 const STEP_EXEC: u32 = 11;
+const STEP_TIMENS: u32 = 12;
 const OP_BASE: u32 = 1000;
 
 /// What the child needs, as raw values only (no allocation after clone).
@@ -516,6 +528,7 @@ fn describe(step: u32, command: &Command, setup: &Setup<'_>) -> String {
         STEP_SESSION => "setsid".to_string(),
         STEP_PDEATHSIG => "prctl(PR_SET_PDEATHSIG)".to_string(),
         STEP_NETNS => "join the node's network namespace".to_string(),
+        STEP_TIMENS => "join the node's time namespace".to_string(),
         STEP_HOSTNAME => "sethostname".to_string(),
         s if STEP_ENTER.contains(&s) => {
             format!(
@@ -611,9 +624,20 @@ unsafe fn child_main(context: &ChildContext<'_>) -> ! {
         }
         match context.setup {
             Setup::Root => {}
-            Setup::NewNode { plan, netns } => {
+            Setup::NewNode {
+                plan,
+                netns,
+                timens,
+            } => {
                 if libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) < 0 {
                     fail(context, STEP_NETNS);
+                }
+                // The child is single-threaded, as joining a time
+                // namespace requires; it applies to this process at once.
+                if let Some(timens) = timens {
+                    if libc::setns(timens.as_raw_fd(), libc::CLONE_NEWTIME) < 0 {
+                        fail(context, STEP_TIMENS);
+                    }
                 }
                 for (index, (op, _)) in plan.ops.iter().enumerate() {
                     if !run_op(op) {
@@ -634,6 +658,11 @@ unsafe fn child_main(context: &ChildContext<'_>) -> ! {
                 for (step, (fd, nstype)) in STEP_ENTER.iter().zip(order) {
                     if libc::setns(fd.as_raw_fd(), nstype) < 0 {
                         fail(context, *step);
+                    }
+                }
+                if let Some(time) = &namespaces.time {
+                    if libc::setns(time.as_raw_fd(), libc::CLONE_NEWTIME) < 0 {
+                        fail(context, STEP_TIMENS);
                     }
                 }
                 if libc::fchdir(namespaces.root.as_raw_fd()) < 0

@@ -19,6 +19,7 @@
 //! See `agent/README.md` for the protocol and how nodes are built.
 
 mod agent;
+mod clock;
 mod container;
 mod disk;
 mod netlink;

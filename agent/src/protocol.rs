@@ -43,6 +43,7 @@
 //! | `crash` | `exited` for the running instance (if any), then `disk_released` once its disk is unmounted |
 //! | `mount_disk` | `disk_mounted` |
 //! | `fill_disk` / `free_disk` | `disk_filled` / `disk_freed` |
+//! | `step_clock` / `drift_clock` | `clock_set` (the node's realtime offset and rate now) |
 //! | `shutdown` | `exited` / `workload_exited` for whatever was still running, then the agent ends |
 
 use serde::de::DeserializeOwned;
@@ -107,6 +108,14 @@ pub enum HostToAgent {
     FillDisk { node: String },
     /// Remove the file `fill_disk` made.
     FreeDisk { node: String },
+    /// Step the node's CLOCK_REALTIME by `by_ns` nanoseconds (negative:
+    /// back). Its time namespace keeps it across restarts; monotonic and
+    /// boot time do not move.
+    StepClock { node: String, by_ns: i64 },
+    /// The node's CLOCK_REALTIME runs `ppm` parts per million fast
+    /// (negative: slow) from now on; 0 stops the drift and keeps the
+    /// offset gained so far.
+    DriftClock { node: String, ppm: i32 },
     /// Kill everything and end the agent.
     Shutdown,
     /// An interactive shell on a new pseudo-terminal, for a user looking
@@ -222,6 +231,14 @@ pub enum AgentToHost {
     DiskFilled { node: String, bytes: u64 },
     /// Answer to `free_disk`.
     DiskFreed { node: String },
+    /// Answer to `step_clock` and `drift_clock`: the node's realtime offset
+    /// from the guest's now (drift included) and its rate, as the kernel
+    /// reports them.
+    ClockSet {
+        node: String,
+        offset_ns: i64,
+        rate_ppm: i32,
+    },
     /// Answer to `open_shell`: the shell runs; `pid` in the agent's namespace.
     ShellOpened { pid: i32 },
     /// What the shell's terminal printed (echo of the input included).
@@ -507,6 +524,14 @@ mod tests {
                 signal: 9,
             },
             HostToAgent::Restart { node: "n1".into() },
+            HostToAgent::StepClock {
+                node: "n1".into(),
+                by_ns: -2_000_000_000,
+            },
+            HostToAgent::DriftClock {
+                node: "n1".into(),
+                ppm: 200,
+            },
             HostToAgent::Shutdown,
             HostToAgent::OpenShell {
                 node: Some("n1".into()),
@@ -543,6 +568,11 @@ mod tests {
             },
             AgentToHost::Paused { node: "n1".into() },
             AgentToHost::Resumed { node: "n1".into() },
+            AgentToHost::ClockSet {
+                node: "n1".into(),
+                offset_ns: 30_000_000_000,
+                rate_ppm: -50,
+            },
             AgentToHost::ShellOpened { pid: 9 },
             AgentToHost::ShellOutput {
                 data: b"# \x1b[0m".to_vec(),

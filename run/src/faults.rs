@@ -19,6 +19,8 @@
 //! at=<time> restart <node>
 //! at=<time> crash <node>                      (kill -9; the disk loses unflushed writes)
 //! at=<time> disk <node> fsync-delay=<d> | fsync-error | fsync-ok | full | free
+//! at=<time> clock <node> <+|-><duration>      step the node's CLOCK_REALTIME
+//! at=<time> drift <node> <+|-><n>ppm [for=<duration>]   its rate; for= back to 0ppm
 //! ```
 //!
 //! The disk faults are in `disk` (this module's child).
@@ -106,7 +108,11 @@ pub enum NetworkFault {
     },
 }
 
-/// Something the agent does to one node.
+/// Something the agent does to one node. `ClockStep` steps the node's
+/// CLOCK_REALTIME by `by_ns` (either way; its monotonic clocks do not move,
+/// see docs/determinism.md); `Drift` makes it run `ppm` parts per million
+/// fast (negative: slow) from then on, 0 stopping the drift and keeping
+/// what it gained.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NodeFault {
     Pause {
@@ -135,10 +141,18 @@ pub enum NodeFault {
     DiskFree {
         node: String,
     },
+    ClockStep {
+        node: String,
+        by_ns: i64,
+    },
+    Drift {
+        node: String,
+        ppm: i32,
+    },
 }
 
 const ACTIONS: &str = "partition, cut, bridge, majorities-ring, heal, slow, loss, pause, resume, \
-                       kill, restart, crash, disk";
+                       kill, restart, crash, disk, clock, drift";
 
 /// Why the words of an action are not one. They do not repeat the text (the
 /// caller's context does).
@@ -160,6 +174,14 @@ pub enum ActionError {
     SignalNotKill,
     #[error(transparent)]
     Disk(#[from] DiskActionError),
+    #[error("clock takes a node and a signed step, e.g. clock n2 +30s or clock n2 -1.5s")]
+    ClockArguments,
+    #[error("clock step")]
+    ClockStep(#[source] crate::clock::ClockTextError),
+    #[error("drift takes a node and a rate, e.g. drift n2 +200ppm")]
+    DriftArguments,
+    #[error("drift rate")]
+    DriftRate(#[source] crate::clock::ClockTextError),
 }
 
 /// Why a fault's text is not one (without the text: see [`FaultError`]).
@@ -188,7 +210,7 @@ pub enum FaultError {
     },
     #[error("fault {text:?}: for= makes two faults (parse it with parse_fault)")]
     TwoFaults { text: String },
-    #[error("fault {text:?}: for= applies to faults it can undo (partition, cut, bridge, majorities-ring, slow, loss, pause, disk fsync-delay, fsync-error and full)")]
+    #[error("fault {text:?}: for= applies to faults it can undo (partition, cut, bridge, majorities-ring, slow, loss, pause, drift, disk fsync-delay, fsync-error and full)")]
     NoUndo { text: String },
     #[error("fault {fault}: no node is named {name:?} (nodes: {})", nodes.join(", "))]
     UnknownNode {
@@ -226,6 +248,12 @@ impl FaultAction {
                 }))
             }
             FaultAction::Disk(fault) => fault.undo().map(FaultAction::Disk),
+            FaultAction::Node(NodeFault::Drift { node, .. }) => {
+                Some(FaultAction::Node(NodeFault::Drift {
+                    node: node.clone(),
+                    ppm: 0,
+                }))
+            }
             _ => None,
         }
     }
@@ -241,7 +269,9 @@ impl NodeFault {
             | NodeFault::Restart { node }
             | NodeFault::Crash { node }
             | NodeFault::DiskFull { node }
-            | NodeFault::DiskFree { node } => node,
+            | NodeFault::DiskFree { node }
+            | NodeFault::ClockStep { node, .. }
+            | NodeFault::Drift { node, .. } => node,
         }
     }
 }
@@ -257,6 +287,8 @@ impl From<NodeFault> for HostToAgent {
             NodeFault::Crash { node } => HostToAgent::Crash { node },
             NodeFault::DiskFull { node } => HostToAgent::FillDisk { node },
             NodeFault::DiskFree { node } => HostToAgent::FreeDisk { node },
+            NodeFault::ClockStep { node, by_ns } => HostToAgent::StepClock { node, by_ns },
+            NodeFault::Drift { node, ppm } => HostToAgent::DriftClock { node, ppm },
         }
     }
 }
@@ -280,7 +312,7 @@ impl Fault {
 /// A time as `at=` and `for=` read it back exactly: in the largest unit
 /// that divides it (exact below 2^53 ns, about 104 days, the precision of
 /// [`parse_duration`]).
-fn time_text(t: VirtNanos) -> String {
+pub(crate) fn time_text(t: VirtNanos) -> String {
     let n = t.0;
     for (unit, scale) in [("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)] {
         if n.is_multiple_of(scale) {
@@ -300,6 +332,12 @@ impl fmt::Display for NodeFault {
             NodeFault::Crash { node } => write!(f, "crash {node}"),
             NodeFault::DiskFull { node } => write!(f, "disk {node} full"),
             NodeFault::DiskFree { node } => write!(f, "disk {node} free"),
+            NodeFault::ClockStep { node, by_ns } => {
+                write!(f, "clock {node} {}", crate::clock::step_text(*by_ns))
+            }
+            NodeFault::Drift { node, ppm } => {
+                write!(f, "drift {node} {}", crate::clock::ppm_text(*ppm))
+            }
         }
     }
 }
@@ -376,6 +414,26 @@ impl FromStr for FaultAction {
             "restart" => FaultAction::Node(NodeFault::Restart { node: one_node()? }),
             "crash" => FaultAction::Node(NodeFault::Crash { node: one_node()? }),
             "disk" => disk::parse_disk(args)?,
+            "clock" => {
+                let [node, value] = args else {
+                    return Err(ActionError::ClockArguments);
+                };
+                let by_ns = crate::clock::parse_step(value).map_err(ActionError::ClockStep)?;
+                FaultAction::Node(NodeFault::ClockStep {
+                    node: node.to_string(),
+                    by_ns,
+                })
+            }
+            "drift" => {
+                let [node, value] = args else {
+                    return Err(ActionError::DriftArguments);
+                };
+                let ppm = crate::clock::parse_ppm(value).map_err(ActionError::DriftRate)?;
+                FaultAction::Node(NodeFault::Drift {
+                    node: node.to_string(),
+                    ppm,
+                })
+            }
             other => {
                 return Err(ActionError::UnknownAction {
                     action: other.to_owned(),
@@ -596,6 +654,48 @@ mod tests {
     }
 
     #[test]
+    fn test_clock_faults_parse_print_and_drift_for_stops_the_drift() {
+        let faults = parse_fault("at=10s drift n2 +200ppm for=60s").unwrap();
+        assert_eq!(
+            faults,
+            vec![
+                Fault {
+                    at: secs(10),
+                    action: FaultAction::Node(NodeFault::Drift {
+                        node: s("n2"),
+                        ppm: 200
+                    })
+                },
+                Fault {
+                    at: secs(70),
+                    action: FaultAction::Node(NodeFault::Drift {
+                        node: s("n2"),
+                        ppm: 0
+                    })
+                },
+            ]
+        );
+        assert_eq!(faults[0].to_string(), "at=10s drift n2 +200ppm");
+        assert_eq!(faults[1].to_string(), "at=70s drift n2 0ppm");
+        let step = parse_fault("at=5s clock n3 -1.5s").unwrap();
+        assert_eq!(
+            step[0].action,
+            FaultAction::Node(NodeFault::ClockStep {
+                node: s("n3"),
+                by_ns: -1_500_000_000
+            })
+        );
+        assert_eq!(step[0].to_string(), "at=5s clock n3 -1500ms");
+        let err = |t: &str| format!("{:#}", anyhow::Error::from(parse_fault(t).unwrap_err()));
+        assert!(err("at=1s clock n2 30s").contains("clock step: expected a sign"));
+        assert!(err("at=1s clock n2").contains("clock takes a node and a signed step"));
+        assert!(err("at=1s clock n2 +30s for=5s").contains("for= applies"));
+        assert!(err("at=1s drift n2 200").contains("drift rate: expected a whole number of ppm"));
+        assert!(err("at=1s drift n2 +2000000ppm").contains("beyond the largest drift"));
+        assert!(err("at=1s drift +20ppm").contains("drift takes a node and a rate"));
+    }
+
+    #[test]
     fn test_bad_faults_name_the_problem() {
         let err = parse_error;
         assert!(err("partition n1 | n2").contains("missing at="));
@@ -692,6 +792,27 @@ mod tests {
                 },
             ),
             ("restart n1", HostToAgent::Restart { node: s("n1") }),
+            (
+                "clock n1 +30s",
+                HostToAgent::StepClock {
+                    node: s("n1"),
+                    by_ns: 30_000_000_000,
+                },
+            ),
+            (
+                "clock n1 -2s",
+                HostToAgent::StepClock {
+                    node: s("n1"),
+                    by_ns: -2_000_000_000,
+                },
+            ),
+            (
+                "drift n1 +200ppm",
+                HostToAgent::DriftClock {
+                    node: s("n1"),
+                    ppm: 200,
+                },
+            ),
         ];
         for (text, message) in cases {
             match text.parse::<FaultAction>().unwrap() {
@@ -817,6 +938,10 @@ mod tests {
                 .prop_map(|(node, delay)| FaultAction::Disk(DiskFault::FsyncDelay { node, delay })),
             node_name().prop_map(|node| FaultAction::Disk(DiskFault::FsyncError { node })),
             node_name().prop_map(|node| FaultAction::Disk(DiskFault::FsyncOk { node })),
+            (node_name(), -(1i64 << 53)..(1i64 << 53))
+                .prop_map(|(node, by_ns)| FaultAction::Node(NodeFault::ClockStep { node, by_ns })),
+            (node_name(), -crate::clock::MAX_PPM..=crate::clock::MAX_PPM)
+                .prop_map(|(node, ppm)| FaultAction::Node(NodeFault::Drift { node, ppm })),
         ]
     }
 

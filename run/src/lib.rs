@@ -13,6 +13,7 @@
 pub mod api;
 pub mod audit;
 pub mod branch;
+pub mod clock;
 pub mod driven;
 pub mod faults;
 pub mod guest;

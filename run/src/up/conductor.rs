@@ -242,6 +242,15 @@ impl Conductor {
                 notes.push(Note::Event(UpEvent::DiskFilled { node, bytes }))
             }
             AgentToHost::DiskFreed { node } => notes.push(Note::Event(UpEvent::DiskFreed { node })),
+            AgentToHost::ClockSet {
+                node,
+                offset_ns,
+                rate_ppm,
+            } => notes.push(Note::Event(UpEvent::NodeClock {
+                node,
+                offset_ns,
+                rate_ppm,
+            })),
             AgentToHost::Error { context, message }
                 if context == "open_shell" || context == "shell_input" =>
             {
@@ -599,6 +608,51 @@ pub(crate) mod tests {
                 "fault: resume n1"
             ]
         );
+    }
+
+    #[test]
+    fn test_clock_faults_go_to_the_agent_and_its_answer_is_an_event() {
+        let mut c = conductor(
+            None,
+            &["at=1s clock n2 -2s", "at=2s drift n1 +200ppm for=10s"],
+        );
+        boot(&mut c);
+        feed(&mut c, started("n1", 2));
+        feed(&mut c, started("n2", 3));
+        let mut send = Vec::new();
+        let mut notes = Vec::new();
+        c.due(VirtNanos(12_000_000_000), &mut send, &mut notes);
+        assert_eq!(
+            send,
+            vec![
+                HostToAgent::StepClock {
+                    node: "n2".into(),
+                    by_ns: -2_000_000_000
+                },
+                HostToAgent::DriftClock {
+                    node: "n1".into(),
+                    ppm: 200
+                },
+                HostToAgent::DriftClock {
+                    node: "n1".into(),
+                    ppm: 0
+                },
+            ]
+        );
+        let mut notes = Vec::new();
+        c.on_message(
+            AgentToHost::ClockSet {
+                node: "n2".into(),
+                offset_ns: -2_000_000_000,
+                rate_ppm: 0,
+            },
+            &mut send,
+            &mut notes,
+        );
+        assert!(matches!(
+            &notes[..],
+            [Note::Event(event)] if event.to_string() == "node n2 clock: realtime offset -2s, drift 0ppm"
+        ));
     }
 
     #[test]

@@ -48,6 +48,12 @@ pub enum UpEvent {
     DiskFreed {
         node: String,
     },
+    /// A node's realtime clock now: its offset from the guest's and its drift.
+    NodeClock {
+        node: String,
+        offset_ns: i64,
+        rate_ppm: i32,
+    },
     /// A fault was carried out (by the switch or the agent).
     Fault {
         action: FaultAction,
@@ -119,6 +125,16 @@ impl std::fmt::Display for UpEvent {
                 write!(f, "disk {node} full ({bytes} bytes filled)")
             }
             UpEvent::DiskFreed { node } => write!(f, "disk {node} freed"),
+            UpEvent::NodeClock {
+                node,
+                offset_ns,
+                rate_ppm,
+            } => write!(
+                f,
+                "node {node} clock: realtime offset {}, drift {}",
+                crate::clock::step_text(*offset_ns),
+                crate::clock::ppm_text(*rate_ppm)
+            ),
             UpEvent::Fault { action } => write!(f, "fault: {action}"),
             UpEvent::AgentError { context, message } => write!(f, "agent: {context}: {message}"),
             UpEvent::AgentBootedTwice => write!(f, "agent: booted twice"),
@@ -165,6 +181,20 @@ mod tests {
                     action: "pause n2".parse().unwrap(),
                 },
                 "fault: pause n2",
+            ),
+            (
+                UpEvent::NodeClock {
+                    node: "n2".into(),
+                    offset_ns: -1_500_000_000,
+                    rate_ppm: 200,
+                },
+                "node n2 clock: realtime offset -1500ms, drift +200ppm",
+            ),
+            (
+                UpEvent::Fault {
+                    action: "drift n2 -50ppm".parse().unwrap(),
+                },
+                "fault: drift n2 -50ppm",
             ),
         ];
         for (event, text) in cases {

@@ -176,10 +176,11 @@ pub fn prepare(
         .collect();
     let faults = schedule(&fault_texts, &node_names)?;
     if let Some(WorkloadPlan::OwnNode(node)) = &manifest.workload {
-        if let Some(fault) = faults
-            .iter()
-            .find(|f| matches!(&f.action, FaultAction::Node(n) if n.node() == node.name))
-        {
+        if let Some(fault) = faults.iter().find(|f| {
+            // Its clock may change; its processes are the run's end.
+            matches!(&f.action, FaultAction::Node(n) if n.node() == node.name
+                    && !matches!(n, NodeFault::ClockStep { .. } | NodeFault::Drift { .. }))
+        }) {
             return Err(PrepareError::WorkloadNodeFault {
                 action: fault.action.clone(),
             });
