@@ -31,6 +31,13 @@
 //! interrupts. [`Devices::next_deadline`] includes the next delivery, so an
 //! idle guest jumps straight to it. Without a switch a NIC has no cable:
 //! its frames are taken and discarded. No frame ever reaches the host.
+//!
+//! Disks (`disks`): one virtio-blk device per node that has one, numbered
+//! among the disks in attach order; every device step applies each disk's
+//! scheduled faults due by then and completes its delayed FLUSHes due by
+//! then, and [`Devices::next_deadline`] includes the next of either.
+
+mod disks;
 
 use crate::acpi_pm::{AcpiPm, AcpiPmBlock, AcpiPmState};
 use crate::bus::{Bus, BusDevice};
@@ -47,15 +54,13 @@ use crate::status::{
 use crate::switch::{Fault, FrameTap, NetworkConfig, PortId, Switch, SwitchError, SwitchState};
 use crate::time::VirtNanos;
 use crate::virtio::{
-    DiskCommand, DiskImage, RxOutcome, ScheduledDiskCommand, VirtioBlk, VirtioBlkCounters,
-    VirtioBlkState, VirtioConsole, VirtioConsoleState, VirtioDevice, VirtioMmioState,
-    VirtioMmioTransport, VirtioNet, VirtioNetCounters, VirtioNetState, VirtioRng, VirtioRngState,
-    VirtioViolation,
+    RxOutcome, VirtioBlk, VirtioBlkState, VirtioConsole, VirtioConsoleState, VirtioDevice,
+    VirtioMmioState, VirtioMmioTransport, VirtioNet, VirtioNetCounters, VirtioNetState, VirtioRng,
+    VirtioRngState, VirtioViolation,
 };
 use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
-use std::sync::Arc;
 
 /// Number of 16550 registers at COM1.
 const COM1_LEN: u64 = 8;
@@ -589,103 +594,6 @@ impl Devices {
         self.switch_mut()?.set_link_config(from, to, config)
     }
 
-    /// Attaches a virtio-blk disk over `image`, answering `serial` to the
-    /// guest's GET_ID; there may be one per node, as far as slots go. Disks
-    /// are numbered in attach order from 0 ([`Devices::schedule_disk`]).
-    pub fn attach_virtio_blk(
-        &mut self,
-        image: Arc<DiskImage>,
-        serial: &str,
-    ) -> Result<VirtioSlot, DevicesError> {
-        let disk = VirtioBlk::new(image, serial).map_err(DevicesError::DiskSerial)?;
-        let transport = VirtioMmioTransport::new(disk)?;
-        self.attach_virtio(VirtioSlotDevice::Blk(Box::new(transport)))
-    }
-
-    /// The attached disks, in attach order.
-    fn disks_mut(&mut self) -> impl Iterator<Item = &mut VirtioMmioTransport<VirtioBlk>> {
-        self.virtio
-            .iter_mut()
-            .flat_map(|virtio| virtio.slots.iter_mut())
-            .filter_map(|device| match device {
-                VirtioSlotDevice::Blk(transport) => Some(transport.as_mut()),
-                _ => None,
-            })
-    }
-
-    fn disks(&self) -> impl Iterator<Item = &VirtioMmioTransport<VirtioBlk>> {
-        self.virtio
-            .iter()
-            .flat_map(|virtio| virtio.slots.iter())
-            .filter_map(|device| match device {
-                VirtioSlotDevice::Blk(transport) => Some(transport.as_ref()),
-                _ => None,
-            })
-    }
-
-    fn disk_mut(&mut self, disk: usize) -> Result<&mut VirtioBlk, DevicesError> {
-        self.disks_mut()
-            .nth(disk)
-            .map(|transport| transport.device_mut())
-            .ok_or(DevicesError::NoSuchDisk { disk })
-    }
-
-    /// Schedules `command` on disk `disk` at virtual time `at` (applied at
-    /// that exact time: it is one of [`Devices::next_deadline`]'s). A time
-    /// already past applies at the next device step.
-    pub fn schedule_disk(
-        &mut self,
-        disk: usize,
-        at: VirtNanos,
-        command: DiskCommand,
-    ) -> Result<(), DevicesError> {
-        self.disk_mut(disk)?.schedule(at, command);
-        Ok(())
-    }
-
-    /// Ends disk `disk`'s crash (see [`VirtioBlk::end_crash`]); whether it
-    /// was discarding writes.
-    pub fn end_disk_crash(&mut self, disk: usize) -> Result<bool, DevicesError> {
-        Ok(self.disk_mut(disk)?.end_crash())
-    }
-
-    /// Every disk's commands not applied yet: (disk, command), each disk's
-    /// in time order.
-    pub fn scheduled_disk_commands(&self) -> Vec<(usize, ScheduledDiskCommand)> {
-        self.disks()
-            .enumerate()
-            .flat_map(|(disk, transport)| {
-                transport
-                    .device()
-                    .scheduled()
-                    .iter()
-                    .map(move |scheduled| (disk, *scheduled))
-            })
-            .collect()
-    }
-
-    /// The counters of disk `disk`, if there is one.
-    pub fn disk_counters(&self, disk: usize) -> Option<VirtioBlkCounters> {
-        self.disks().nth(disk).map(|t| t.device().counters())
-    }
-
-    /// Applies the disks' commands due by now and completes their FLUSHes
-    /// due by now.
-    fn advance_disks(&mut self) {
-        let Some(VirtioDevices { memory, slots }) = &mut self.virtio else {
-            return;
-        };
-        let now = self.now;
-        for device in slots.iter_mut() {
-            if let VirtioSlotDevice::Blk(transport) = device {
-                transport.device_mut().apply_due(now);
-                if transport.device().has_due_completion(now) {
-                    transport.process_queue(0, memory, now);
-                }
-            }
-        }
-    }
-
     /// The counters of the NIC in slot `slot`, if it is one.
     pub fn virtio_net_counters(&self, slot: usize) -> Option<VirtioNetCounters> {
         match self.virtio.as_ref()?.slots.get(slot)? {
@@ -1185,6 +1093,7 @@ impl Persist for Devices {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::virtio::{DiskCommand, DiskImage};
     use std::io::Write;
     use std::sync::{Arc, Mutex};
 

@@ -162,7 +162,7 @@ pub struct PendingFlush {
     pub head: u16,
     /// Guest address of the request's status byte.
     pub status_address: u64,
-    /// The chain's device-writable bytes (what the used element reports).
+    /// What the used element reports: the bytes written (the status byte).
     pub used_len: u32,
     pub due: VirtNanos,
 }
@@ -411,7 +411,10 @@ impl VirtioBlk {
         Ok(())
     }
 
-    /// Serves one request; `None` when it completes later (a delayed FLUSH).
+    /// Serves one request; `None` when it completes later (a delayed FLUSH),
+    /// else the used element's head and length (the bytes written: data,
+    /// then the status byte, the chain's last writable byte). Nothing is
+    /// allocated for a request that fails, however long its buffers.
     fn serve(
         &mut self,
         chain: &super::DescriptorChain,
@@ -421,23 +424,27 @@ impl VirtioBlk {
         let head = chain.head_index();
         let readable = chain.readable_len() as usize;
         let writable = chain.writable_len() as usize;
-        if readable < HEADER_LEN || writable < 1 {
-            return Err(QueueFault::BlkRequestTooShort {
-                head,
-                readable: readable as u32,
-                writable: writable as u32,
-            });
+        let too_short = QueueFault::BlkRequestTooShort {
+            head,
+            readable: readable as u32,
+            writable: writable as u32,
+        };
+        if readable < HEADER_LEN {
+            return Err(too_short);
         }
+        let status_at = status_address(chain).ok_or(too_short)?;
         let header = chain.read_readable(mem, HEADER_LEN)?;
         let kind = u32::from_le_bytes(header[0..4].try_into().unwrap_or_default());
         let sector = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
         let data_in = writable - 1;
         let data_out = readable - HEADER_LEN;
-        let mut reply = vec![0u8; writable];
+        // The bytes written before the status byte.
+        let mut written = 0usize;
         let status = match kind {
             VIRTIO_BLK_T_IN => match self.checked_range(sector, data_in) {
                 Some(offset) => {
-                    reply[..data_in].copy_from_slice(&self.read_range(offset, data_in));
+                    let data = self.read_range(offset, data_in);
+                    written = chain.write_writable(mem, &data)? as usize;
                     self.counters.reads += 1;
                     VIRTIO_BLK_S_OK
                 }
@@ -466,16 +473,11 @@ impl VirtioBlk {
                 }
                 FlushMode::Error if !self.discarding => {
                     self.counters.failed_flushes += 1;
-                    return self.reply(chain, mem, reply, VIRTIO_BLK_S_IOERR).map(Some);
+                    write_status(mem, status_at, VIRTIO_BLK_S_IOERR)?;
+                    return Ok(Some((u32::from(head), 1)));
                 }
                 FlushMode::Error => VIRTIO_BLK_S_OK,
                 FlushMode::Delay { delay } => {
-                    let status_address =
-                        status_address(chain).ok_or(QueueFault::BlkRequestTooShort {
-                            head,
-                            readable: readable as u32,
-                            writable: writable as u32,
-                        })?;
                     let due = if self.discarding {
                         now
                     } else {
@@ -488,8 +490,8 @@ impl VirtioBlk {
                         position,
                         PendingFlush {
                             head,
-                            status_address,
-                            used_len: writable as u32,
+                            status_address: status_at,
+                            used_len: 1,
                             due,
                         },
                     );
@@ -497,9 +499,10 @@ impl VirtioBlk {
                 }
             },
             VIRTIO_BLK_T_GET_ID => {
-                let id = self.serial.as_bytes();
+                let mut id = [0u8; VIRTIO_BLK_ID_BYTES as usize];
+                id[..self.serial.len()].copy_from_slice(self.serial.as_bytes());
                 let len = id.len().min(data_in);
-                reply[..len].copy_from_slice(&id[..len]);
+                written = chain.write_writable(mem, &id[..len])? as usize;
                 VIRTIO_BLK_S_OK
             }
             _ => VIRTIO_BLK_S_UNSUPP,
@@ -507,23 +510,8 @@ impl VirtioBlk {
         if status != VIRTIO_BLK_S_OK {
             self.counters.failed_requests += 1;
         }
-        self.reply(chain, mem, reply, status).map(Some)
-    }
-
-    /// Writes `reply` (its last byte set to `status`) into the writable
-    /// buffers; the head and length of the used element.
-    fn reply(
-        &self,
-        chain: &super::DescriptorChain,
-        mem: &GuestMemory,
-        mut reply: Vec<u8>,
-        status: u32,
-    ) -> Result<(u32, u32), QueueFault> {
-        if let Some(last) = reply.last_mut() {
-            *last = status as u8;
-        }
-        let written = chain.write_writable(mem, &reply)?;
-        Ok((u32::from(chain.head_index()), written))
+        write_status(mem, status_at, status)?;
+        Ok(Some((u32::from(head), (written + 1) as u32)))
     }
 }
 

@@ -364,6 +364,24 @@ fn test_blk_out_of_range_and_partial_sectors_fail_with_ioerr() {
 }
 
 #[test]
+fn test_blk_a_failed_read_writes_only_its_status_byte() {
+    // Arrange
+    let (mut device, mut queue) = live_disk();
+    write_bytes(&device.mem, DATA, &[0xcc; 4096]);
+
+    // Act: a read past the end.
+    let (status, data) = read(&mut device, &mut queue, CAPACITY as u64 / SECTOR_SIZE, 4096);
+
+    // Assert
+    assert_eq!(status, VIRTIO_BLK_S_IOERR);
+    assert!(
+        data.iter().all(|&b| b == 0xcc),
+        "the data buffer is untouched"
+    );
+    assert_eq!(queue.take_used(&device.mem), [(0, 1)], "one byte written");
+}
+
+#[test]
 fn test_blk_unknown_request_type_is_unsupported() {
     // Arrange
     let (mut device, mut queue) = live_disk();
