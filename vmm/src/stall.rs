@@ -5,7 +5,7 @@
 //! user space (`while :; do :; done`) never reaches `--until`, and interrupts
 //! (injected only at exits) never preempt it. Where no instruction counter
 //! can preempt the guest (every host detvisor runs on today), the guard
-//! measures *wall* time since the last guest-caused exit and ends the run
+//! measures *wall* time without a guest-caused exit and ends the run
 //! when it exceeds the stall timeout.
 //!
 //! How: a POSIX timer (`timer_create` with `SIGEV_THREAD_ID`) aimed at the
@@ -105,12 +105,19 @@ extern "C" fn on_stall_signal(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut l
     // Nothing to do: the signal's only purpose is to make KVM_RUN return EINTR.
 }
 
-/// The guard of one session: the timeout, when the last guest-caused exit
-/// was seen, and the timer aimed at the thread running the vCPU.
+/// The guard of one session: the timeout, the exit count its last look saw
+/// and since when, and the timer aimed at the thread running the vCPU.
+///
+/// It reads the wall clock only when it looks (a few times per timeout),
+/// never per exit: a look that finds a new exit count starts the measure
+/// again. So the run stops between the timeout and the timeout plus one
+/// period after the last exit.
 #[derive(Debug)]
 pub(crate) struct StallGuard {
     timeout: StallTimeout,
-    last_exit: Instant,
+    /// The exit count at the last look, and the wall time it was first seen
+    /// (`None`: no look since the guard was armed).
+    seen: Option<(u64, Instant)>,
     timer: Option<ThreadTimer>,
 }
 
@@ -118,7 +125,7 @@ impl StallGuard {
     pub(crate) fn new(timeout: StallTimeout) -> Self {
         StallGuard {
             timeout,
-            last_exit: Instant::now(),
+            seen: None,
             timer: None,
         }
     }
@@ -136,10 +143,10 @@ impl StallGuard {
     }
 
     /// Called before the exit loop enters the guest for a run: makes sure
-    /// the timer is aimed at this thread and starts measuring from now (time
-    /// the VMM spent between runs is not the guest's).
+    /// the timer is aimed at this thread and starts the measure over at the
+    /// next look (time the VMM spent between runs is not the guest's).
     pub(crate) fn arm(&mut self, vcpu: &VcpuFd) -> Result<(), VmError> {
-        self.last_exit = Instant::now();
+        self.seen = None;
         if !self.timeout.enabled() {
             self.timer = None;
             return Ok(());
@@ -153,25 +160,29 @@ impl StallGuard {
         Ok(())
     }
 
-    /// A guest-caused exit happened.
-    pub(crate) fn exit_seen(&mut self) {
-        self.last_exit = Instant::now();
+    /// Whether the guest, at `exits` exits as of `now`, has run the whole
+    /// timeout without a new exit since the look that first saw that count.
+    pub(crate) fn stalled_at(&mut self, exits: u64, now: Instant) -> bool {
+        match self.seen {
+            Some((seen, since)) if seen == exits => {
+                self.timeout.enabled() && now.saturating_duration_since(since) >= self.timeout.0
+            }
+            _ => {
+                self.seen = Some((exits, now));
+                false
+            }
+        }
     }
 
-    /// Whether the guest has run the whole timeout without an exit, as of `now`.
-    pub(crate) fn stalled_at(&self, now: Instant) -> bool {
-        self.timeout.enabled() && now.saturating_duration_since(self.last_exit) >= self.timeout.0
-    }
-
-    /// Called when `KVM_RUN` was interrupted: takes this guard's signal if
-    /// it is pending (it stays pending otherwise, since the thread blocks
-    /// it, and would interrupt every later `KVM_RUN` at once), then says
-    /// whether the guest has stalled.
-    pub(crate) fn look(&mut self) -> bool {
+    /// Called when `KVM_RUN` was interrupted, with the exits handled so far:
+    /// takes this guard's signal if it is pending (it stays pending
+    /// otherwise, since the thread blocks it, and would interrupt every
+    /// later `KVM_RUN` at once), then says whether the guest has stalled.
+    pub(crate) fn look(&mut self, exits: u64) -> bool {
         if self.timer.is_some() {
             take_pending(stall_signal());
         }
-        self.stalled_at(Instant::now())
+        self.stalled_at(exits, Instant::now())
     }
 }
 
@@ -336,18 +347,24 @@ mod tests {
     #[test]
     fn test_stalled_only_after_the_whole_timeout_without_an_exit() {
         let mut guard = StallGuard::new(StallTimeout(Duration::from_secs(5)));
-        let start = guard.last_exit;
-        assert!(!guard.stalled_at(start + Duration::from_secs(4)));
-        assert!(guard.stalled_at(start + Duration::from_secs(5)));
-        guard.exit_seen();
-        let seen = guard.last_exit;
-        assert!(!guard.stalled_at(seen + Duration::from_millis(4999)));
+        let start = Instant::now();
+        // The first look starts the measure.
+        assert!(!guard.stalled_at(10, start));
+        assert!(!guard.stalled_at(10, start + Duration::from_secs(4)));
+        assert!(guard.stalled_at(10, start + Duration::from_secs(5)));
+        // A new exit starts it again.
+        let seen = start + Duration::from_secs(6);
+        assert!(!guard.stalled_at(11, seen));
+        assert!(!guard.stalled_at(11, seen + Duration::from_millis(4999)));
+        assert!(guard.stalled_at(11, seen + Duration::from_secs(5)));
     }
 
     #[test]
     fn test_zero_timeout_never_stalls() {
-        let guard = StallGuard::new("0".parse().unwrap());
-        assert!(!guard.stalled_at(Instant::now() + Duration::from_secs(1_000_000)));
+        let mut guard = StallGuard::new("0".parse().unwrap());
+        let start = Instant::now();
+        assert!(!guard.stalled_at(3, start));
+        assert!(!guard.stalled_at(3, start + Duration::from_secs(1_000_000)));
     }
 
     #[test]

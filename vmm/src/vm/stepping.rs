@@ -76,7 +76,7 @@ impl Session {
             // exit: it must not be counted or recorded, move the clock, feed
             // input or give an interrupt a chance to be injected. Enter again.
             if exit == Exit::Interrupted {
-                if self.stall.look() {
+                if self.stall.look(self.machine.exits()) {
                     return Ok(ExitAction::Stop(self.stalled()));
                 }
                 continue;
@@ -97,7 +97,6 @@ impl Session {
                     irq_window::Verdict::Unexpected => (Exit::SingleStep, ResponseSlot::None),
                 }
             };
-            self.stall.exit_seen();
             if let Some(input) = &self.input {
                 feed_console_input(&mut self.machine, input, exit == Exit::Hlt);
             }
