@@ -4,25 +4,23 @@
 
 mod common;
 
-use common::cluster::Cluster;
+use common::cluster::{self, Cluster};
 use common::*;
 
-/// One idle node; the workload waits, then reads the kernel's CRNG.
-const URANDOM: &str = r#"
-[[node]]
-name = "n1"
-rootfs = "root"
-command = ["sh", "-c", "while true; do sleep 1; done"]
+/// Two idle nodes; the workload, in n2, waits, then reads the kernel's CRNG.
+fn urandom_manifest() -> String {
+    cluster::manifest(
+        "1ms",
+        &[IDLE.to_string(), IDLE.to_string()],
+        (
+            "n2",
+            "sleep 4; echo random $(head -c8 /dev/urandom | od -An -tx1 | tr -d ' '); exit 0",
+        ),
+    )
+}
 
-[[node]]
-name = "n2"
-rootfs = "root"
-command = ["sh", "-c", "while true; do sleep 1; done"]
-
-[workload]
-node = "n2"
-command = ["sh", "-c", "sleep 4; echo random $(head -c8 /dev/urandom | od -An -tx1 | tr -d ' '); exit 0"]
-"#;
+/// A node command that does nothing, forever.
+const IDLE: &str = "while true; do sleep 1; done";
 
 /// The line the workload printed with its random bytes.
 fn random_line(out: &std::process::Output) -> String {
@@ -34,7 +32,7 @@ fn random_line(out: &std::process::Output) -> String {
 
 #[test]
 fn test_urandom_right_after_a_branch_differs_per_seed_and_repeats_per_seed() {
-    let cluster = Cluster::new("urandom", URANDOM);
+    let cluster = Cluster::new("urandom", &urandom_manifest());
     let snaps = cluster.dir.join("snaps").display().to_string();
     let straight = cluster.up(&[
         "--seed",
@@ -135,26 +133,18 @@ fn test_branch_ping_round_trips_differ_between_seeds() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// n1 serves; the workload on the side pings n1 for a while.
-const FAULTS: &str = r#"
-[[node]]
-name = "n1"
-rootfs = "root"
-command = ["sh", "-c", "while true; do sleep 1; done"]
-
-[[node]]
-name = "n2"
-rootfs = "root"
-command = ["sh", "-c", "while true; do sleep 1; done"]
-
-[workload]
-node = "n2"
-command = ["sh", "-c", "ping -c 12 -i 0.5 192.0.2.1; exit 0"]
-"#;
+/// Two idle nodes; the workload, in n2, pings n1 for a while.
+fn faults_manifest() -> String {
+    cluster::manifest(
+        "1ms",
+        &[IDLE.to_string(), IDLE.to_string()],
+        ("n2", "ping -c 12 -i 0.5 192.0.2.1; exit 0"),
+    )
+}
 
 #[test]
 fn test_branch_adds_faults_relative_to_its_moment_and_keeps_them_in_its_snapshots() {
-    let cluster = Cluster::new("branch-fault", FAULTS);
+    let cluster = Cluster::new("branch-fault", &faults_manifest());
     let snaps = cluster.dir.join("snaps").display().to_string();
     let out = cluster.up(&[
         "--seed",
