@@ -57,6 +57,11 @@ pub struct UpArgs {
     /// this directory (DIR/n1.to.n2.pcapng, ...; virtual timestamps).
     #[arg(long, value_name = "DIR")]
     pcap: Option<PathBuf>,
+    /// How the guest reads the time and takes interrupts: clock-page (no
+    /// exit per clock read, timer arming or interrupt) or legacy (the HPET
+    /// and an EOI per interrupt, kept for comparisons).
+    #[arg(long, default_value_t = vmm::ExitPath::default())]
+    exit_path: vmm::ExitPath,
 }
 
 impl UpArgs {
@@ -85,6 +90,7 @@ impl UpArgs {
             // Set for where the request runs (`dispatch`).
             stall_timeout: vmm::stall::StallTimeout::default(),
             pcap: self.pcap.clone(),
+            exit_path: self.exit_path,
         })
     }
 }

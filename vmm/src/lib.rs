@@ -15,4 +15,4 @@ pub mod stall;
 pub mod vcpu_state;
 pub mod vm;
 
-pub use devices::VirtNanos;
+pub use devices::{ExitPath, VirtNanos};

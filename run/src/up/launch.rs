@@ -288,6 +288,10 @@ pub struct UpOptions {
     /// (see [`crate::pcap`]; a run held by `BootUp` captures nothing).
     #[serde(default)]
     pub pcap: Option<PathBuf>,
+    /// How the guest reads the time and takes interrupts (the clock page
+    /// unless told otherwise; the legacy HPET path is for comparisons).
+    #[serde(default)]
+    pub exit_path: vmm::ExitPath,
 }
 
 /// What an `up` run reports.
@@ -357,6 +361,7 @@ impl PreparedUp {
             control_channel: true,
             stall_timeout: options.stall_timeout,
             disks: self.disks.clone(),
+            exit_path: options.exit_path,
         })
     }
 
