@@ -47,7 +47,6 @@ use virtio_bindings::virtio_config::{
     VIRTIO_CONFIG_S_FAILED, VIRTIO_CONFIG_S_FEATURES_OK, VIRTIO_CONFIG_S_NEEDS_RESET,
     VIRTIO_F_VERSION_1,
 };
-use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_bindings::virtio_mmio::{
     VIRTIO_MMIO_CONFIG, VIRTIO_MMIO_CONFIG_GENERATION, VIRTIO_MMIO_DEVICE_FEATURES,
     VIRTIO_MMIO_DEVICE_FEATURES_SEL, VIRTIO_MMIO_DEVICE_ID, VIRTIO_MMIO_DRIVER_FEATURES,
@@ -60,6 +59,7 @@ use virtio_bindings::virtio_mmio::{
     VIRTIO_MMIO_SHM_BASE_LOW, VIRTIO_MMIO_SHM_LEN_HIGH, VIRTIO_MMIO_SHM_LEN_LOW,
     VIRTIO_MMIO_STATUS, VIRTIO_MMIO_VENDOR_ID, VIRTIO_MMIO_VERSION,
 };
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 /// "virt" in little-endian.
 pub const MMIO_MAGIC: u32 = 0x7472_6976;
@@ -655,7 +655,7 @@ mod tests {
     }
 
     #[test]
-    fn test_mmio_device_features_offer_version_1() {
+    fn test_mmio_device_features_offer_version_1_and_event_idx() {
         // Arrange
         let mut device = new_rng();
 
@@ -667,8 +667,8 @@ mod tests {
             })
             .collect();
 
-        // Assert: bit 32 is bit 0 of the high word.
-        assert_eq!(words, [0, 1, 0]);
+        // Assert: bit 29 is EVENT_IDX; bit 32 is bit 0 of the high word.
+        assert_eq!(words, [1 << 29, 1, 0]);
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub mod net;
 pub mod queue;
 pub mod rng;
 #[cfg(test)]
+mod suppression_tests;
+#[cfg(test)]
 pub(crate) mod testing;
 
 pub use blk::{

@@ -420,7 +420,7 @@ mod tests {
 
         // Assert
         assert_eq!(device_id, 1);
-        assert_eq!(features, [1 << 5, 1]);
+        assert_eq!(features, [(1 << 5) | (1 << 29), 1]);
         assert_eq!(sizes, [256, 256, 0]);
     }
 

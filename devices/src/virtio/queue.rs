@@ -46,8 +46,8 @@ use crate::persist::{Persist, RestoreError};
 use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
-use virtio_queue::desc::split::Descriptor;
 use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
+use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Error as QueueError, Queue, QueueOwnedT, QueueState, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
 
@@ -411,8 +411,7 @@ impl Virtqueue {
                 .and_then(|address| read_u16(mem, address));
             used_event.is_none_or(|event| need_event(event, used, used_before))
         } else {
-            read_u16(mem, avail)
-                .is_none_or(|flags| flags & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0)
+            read_u16(mem, avail).is_none_or(|flags| flags & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0)
         }
     }
 }

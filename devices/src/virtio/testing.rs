@@ -174,7 +174,11 @@ impl DriverQueue {
 
     /// used_event, after the available ring's entries.
     pub fn set_used_event(&self, mem: &GuestMemory, idx: u16) {
-        write_bytes(mem, self.avail + 4 + 2 * u64::from(self.size), &idx.to_le_bytes());
+        write_bytes(
+            mem,
+            self.avail + 4 + 2 * u64::from(self.size),
+            &idx.to_le_bytes(),
+        );
     }
 
     /// avail_event, after the used ring's entries.
@@ -184,7 +188,11 @@ impl DriverQueue {
     }
 
     pub fn set_avail_event(&self, mem: &GuestMemory, idx: u16) {
-        write_bytes(mem, self.used + 4 + 8 * u64::from(self.size), &idx.to_le_bytes());
+        write_bytes(
+            mem,
+            self.used + 4 + 8 * u64::from(self.size),
+            &idx.to_le_bytes(),
+        );
     }
 
     /// Linux's virtqueue_kick_prepare with EVENT_IDX: whether the driver,
