@@ -628,7 +628,7 @@ fn test_event_idx_linux_like_driver_never_hangs() {
         }
 
         // The driver takes what was used, then chooses its callbacks.
-        if interrupted || next(&mut seed) % 2 == 0 {
+        if interrupted || next(&mut seed).is_multiple_of(2) {
             last_used = used_after;
         }
         match next(&mut seed) % 3 {
