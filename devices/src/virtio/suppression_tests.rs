@@ -42,11 +42,37 @@ fn plain_rng() -> (DirectTransport<VirtioRng>, DriverQueue) {
     rng_with(FEATURE_VERSION_1)
 }
 
-/// Offers one 8-byte buffer to the rng and notifies, as the driver would
-/// whether or not it had to.
+/// Offers one 8-byte buffer on queue 0 and notifies, whether or not the
+/// driver had to.
 fn request<D: VirtioDevice>(device: &mut DirectTransport<D>, queue: &mut DriverQueue) {
-    queue.add_chain(&device.mem, &[writable(DATA_BASE, 8)]);
+    request_batch(device, queue, 1);
+}
+
+/// Offers `count` 8-byte buffers on queue 0, then notifies once.
+fn request_batch<D: VirtioDevice>(
+    device: &mut DirectTransport<D>,
+    queue: &mut DriverQueue,
+    count: u64,
+) {
+    for i in 0..count {
+        queue.add_chain(&device.mem, &[writable(DATA_BASE + 8 * i, 8)]);
+    }
     device.write32(REG_QUEUE_NOTIFY, 0);
+}
+
+/// `count` single requests, each followed by the driver's interrupt
+/// handler: whether each raised the used-buffer interrupt.
+fn interrupts_per_request<D: VirtioDevice>(
+    device: &mut DirectTransport<D>,
+    queue: &mut DriverQueue,
+    count: usize,
+) -> Vec<bool> {
+    (0..count)
+        .map(|_| {
+            request(device, queue);
+            take_used_interrupt(device)
+        })
+        .collect()
 }
 
 /// The driver's interrupt handler: reads InterruptStatus and acknowledges
@@ -107,12 +133,9 @@ fn test_event_idx_avail_event_is_published_after_consumption() {
     // Arrange
     let (mut device, mut queue) = event_idx_rng();
     queue.set_avail_event(&device.mem, 0xbeef);
-    for i in 0..3 {
-        queue.add_chain(&device.mem, &[writable(DATA_BASE + 8 * i, 8)]);
-    }
 
     // Act
-    device.write32(REG_QUEUE_NOTIFY, 0);
+    request_batch(&mut device, &mut queue, 3);
 
     // Assert: all three used, and the driver is asked to notify exactly
     // when it makes entry 3 available, not for the entry after it.
@@ -145,11 +168,7 @@ fn test_event_idx_used_event_suppresses_interrupts_until_crossed() {
     queue.set_used_event(&device.mem, 2);
 
     // Act
-    let mut interrupts = Vec::new();
-    for _ in 0..4 {
-        request(&mut device, &mut queue);
-        interrupts.push(take_used_interrupt(&mut device));
-    }
+    let interrupts = interrupts_per_request(&mut device, &mut queue, 4);
 
     // Assert: used index 1, 2: quiet; 3 passes entry 2; 4: quiet again.
     assert_eq!(queue.used_idx(&device.mem), 4);
@@ -161,12 +180,9 @@ fn test_event_idx_batch_crossing_used_event_interrupts_once() {
     // Arrange
     let (mut device, mut queue) = event_idx_rng();
     queue.set_used_event(&device.mem, 1);
-    for i in 0..3 {
-        queue.add_chain(&device.mem, &[writable(DATA_BASE + 8 * i, 8)]);
-    }
 
     // Act: one notify uses 0, 1 and 2: used_event 1 lies inside the batch.
-    device.write32(REG_QUEUE_NOTIFY, 0);
+    request_batch(&mut device, &mut queue, 3);
 
     // Assert
     assert_eq!(queue.used_idx(&device.mem), 3);
@@ -361,11 +377,7 @@ fn test_event_idx_state_survives_save_and_restore() {
     restored.mem = device.mem.clone();
     let state = serde_json::from_str(&json).unwrap();
     restored.transport.restore(&state).unwrap();
-    let mut interrupts = Vec::new();
-    for _ in 0..2 {
-        request(&mut restored, &mut queue);
-        interrupts.push(take_used_interrupt(&mut restored));
-    }
+    let interrupts = interrupts_per_request(&mut restored, &mut queue, 2);
 
     // Assert
     assert!(restored.transport.queue(0).unwrap().event_idx());
