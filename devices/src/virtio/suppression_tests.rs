@@ -148,6 +148,22 @@ fn test_event_idx_avail_event_is_published_after_consumption() {
 }
 
 #[test]
+fn test_event_idx_driver_ok_publishes_avail_event_over_whatever_was_there() {
+    // Arrange: a used ring the driver did not zero.
+    let mut device = DirectTransport::new(VirtioRng::new(KEY));
+    let mut queue = DriverQueue::new(QUEUE0_BASE, QUEUE_SIZE);
+    queue.set_avail_event(&device.mem, 0x5555);
+
+    // Act
+    initialize_with_event_idx(&mut device, &[&queue]);
+
+    // Assert: the first buffer asks for a notify.
+    assert_eq!(queue.avail_event(&device.mem), 0);
+    queue.add_chain(&device.mem, &[writable(DATA_BASE, 8)]);
+    assert!(queue.kick_needed(&device.mem, 0));
+}
+
+#[test]
 fn test_without_event_idx_avail_event_is_never_written() {
     // Arrange
     let (mut device, mut queue) = plain_rng();
