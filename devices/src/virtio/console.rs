@@ -1,5 +1,6 @@
 //! virtio-console (device ID 3, spec 5.3) with a single port and no
-//! features (no MULTIPORT, SIZE or EMERG_WRITE): the VMM's control channel
+//! device-specific features (no MULTIPORT, SIZE or EMERG_WRITE; the
+//! transport offers VERSION_1 and EVENT_IDX): the VMM's control channel
 //! to the guest agent, which sees it as /dev/hvc0.
 //!
 //! It moves whole buffers per exit, not bytes: a transmit buffer of any
@@ -15,7 +16,10 @@
 //! * receiveq (queue 0): [`VirtioConsole::enqueue_input`] queues bytes; they
 //!   enter the guest's receive buffers at deterministic points only: when
 //!   the guest notifies receiveq (it has posted buffers), when it sets
-//!   DRIVER_OK, or when the VMM calls `deliver` on the transport.
+//!   DRIVER_OK, or when the VMM calls `deliver` on the transport. With
+//!   EVENT_IDX the guest notifies receiveq only after the device used every
+//!   buffer posted (input was waiting for more), so the VMM must call
+//!   `deliver` whenever it enqueues input, as `Devices` does.
 //!
 //! A device reset drops neither pending input nor undrained output: both
 //! belong to the VMM, not to the driver.

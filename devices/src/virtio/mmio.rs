@@ -22,9 +22,19 @@
 //! before the write returns, and setting DRIVER_OK processes every ready
 //! queue (buffers the driver made available before DRIVER_OK are not
 //! consumed until then, spec 3.1.1). Used buffers set bit 0 of
-//! InterruptStatus; a violation sets bit 1. The owner drives the device's
-//! interrupt line from [`VirtioMmioTransport::interrupt_pending`] (level:
-//! high while InterruptStatus is non-zero).
+//! InterruptStatus, unless the driver suppressed the interrupt; a violation
+//! sets bit 1. The owner drives the device's interrupt line from
+//! [`VirtioMmioTransport::interrupt_pending`] (level: high while
+//! InterruptStatus is non-zero).
+//!
+//! Every device is offered VIRTIO_RING_F_EVENT_IDX besides its own
+//! features. Each device step on a queue (a QueueNotify, DRIVER_OK, or a
+//! step the VMM runs) is one batch: the backend's pass over the queue, then
+//! avail_event published (another pass if the driver added buffers to a
+//! ring the pass drained), then one interrupt decision for the used
+//! elements the whole batch wrote, from the used index before and after it
+//! (see [`super::queue`]). Buffers used before a violation are always
+//! notified: the device interrupts then anyway.
 
 use super::{QueueFault, RingPart, VirtioDevice, VirtioViolation, Virtqueue, VirtqueueState};
 use crate::error::DevicesError;
@@ -49,6 +59,7 @@ use virtio_bindings::virtio_mmio::{
     VIRTIO_MMIO_SHM_BASE_LOW, VIRTIO_MMIO_SHM_LEN_HIGH, VIRTIO_MMIO_SHM_LEN_LOW,
     VIRTIO_MMIO_STATUS, VIRTIO_MMIO_VENDOR_ID, VIRTIO_MMIO_VERSION,
 };
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 
 /// "virt" in little-endian.
 pub const MMIO_MAGIC: u32 = 0x7472_6976;
@@ -110,6 +121,11 @@ pub const INTERRUPT_CONFIG_CHANGE: u32 = VIRTIO_MMIO_INT_CONFIG;
 
 /// The feature every device offers and every driver must accept.
 pub const FEATURE_VERSION_1: u64 = 1 << VIRTIO_F_VERSION_1;
+/// VIRTIO_RING_F_EVENT_IDX (bit 29): avail_event and used_event, offered by
+/// every device.
+pub const FEATURE_EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
+/// The features the transport offers on every device, besides the backend's.
+pub const TRANSPORT_FEATURES: u64 = FEATURE_VERSION_1 | FEATURE_EVENT_IDX;
 
 /// Saved state of the transport (the backend saves its own).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -200,7 +216,7 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
     }
 
     fn offered_features(&self) -> u64 {
-        self.device.device_features() | FEATURE_VERSION_1
+        self.device.device_features() | TRANSPORT_FEATURES
     }
 
     /// Whether the device consumes buffers now.
@@ -373,6 +389,12 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
             }
         }
         self.status = accepted | (self.status & STATUS_NEEDS_RESET);
+        if accepted & added & STATUS_FEATURES_OK != 0 {
+            let event_idx = event_idx_negotiated(self.status, self.driver_features);
+            for queue in &mut self.queues {
+                queue.set_event_idx(event_idx);
+            }
+        }
         if added & STATUS_DRIVER_OK != 0 {
             self.process_all_queues(mem, now);
         }
@@ -396,9 +418,15 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
         if !queue.ready() {
             return;
         }
-        let result = self.device.process_queue(index, queue, mem, now);
-        // Buffers used before a fault are the driver's: notify them too.
-        if queue.take_used_added() {
+        let used_before = queue.next_used();
+        let result = run_batch(&mut self.device, index, queue, mem, now);
+        // Buffers used before a fault are the driver's: notify them too,
+        // whatever the driver asked (the device interrupts for the fault).
+        let interrupt = match result {
+            Ok(()) => queue.needs_interrupt(mem, used_before),
+            Err(_) => queue.next_used() != used_before,
+        };
+        if interrupt {
             self.interrupt_status |= INTERRUPT_USED_BUFFER;
         }
         if let Err(fault) = result {
@@ -439,6 +467,31 @@ impl<D: VirtioDevice> VirtioMmioTransport<D> {
         self.queue_select = 0;
         self.interrupt_status = 0;
         self.violation = None;
+    }
+}
+
+/// Whether VIRTIO_RING_F_EVENT_IDX is in use: the driver accepted it and
+/// the device accepted the driver's features (FEATURES_OK).
+fn event_idx_negotiated(status: u32, driver_features: u64) -> bool {
+    status & STATUS_FEATURES_OK != 0 && driver_features & FEATURE_EVENT_IDX != 0
+}
+
+/// One device step on queue `index`: the backend's pass, then avail_event
+/// published; another pass while the driver made buffers available to a
+/// ring the last pass drained (see [`Virtqueue::publish_avail_event`]).
+fn run_batch<D: VirtioDevice>(
+    device: &mut D,
+    index: usize,
+    queue: &mut Virtqueue,
+    mem: &GuestMemory,
+    now: VirtNanos,
+) -> Result<(), QueueFault> {
+    loop {
+        queue.start_pass();
+        device.process_queue(index, queue, mem, now)?;
+        if !queue.publish_avail_event(mem)? {
+            return Ok(());
+        }
     }
 }
 
@@ -488,10 +541,19 @@ impl<D: VirtioDevice> Persist for VirtioMmioTransport<D> {
                 status: state.status,
             });
         }
+        let event_idx = event_idx_negotiated(state.status, state.driver_features);
         for (index, (queue, queue_state)) in self.queues.iter().zip(&state.queues).enumerate() {
             queue
                 .validate(queue_state)
                 .map_err(|error| error.in_queue(index))?;
+            if queue_state.event_idx_enabled != event_idx {
+                let reason = format!(
+                    "event_idx_enabled is {}, but VIRTIO_RING_F_EVENT_IDX is {}negotiated",
+                    queue_state.event_idx_enabled,
+                    if event_idx { "" } else { "not " }
+                );
+                return Err(RestoreError::VirtqueueState { reason }.in_queue(index));
+            }
         }
         Ok(())
     }
@@ -593,7 +655,7 @@ mod tests {
     }
 
     #[test]
-    fn test_mmio_device_features_offer_version_1() {
+    fn test_mmio_device_features_offer_version_1_and_event_idx() {
         // Arrange
         let mut device = new_rng();
 
@@ -605,8 +667,8 @@ mod tests {
             })
             .collect();
 
-        // Assert: bit 32 is bit 0 of the high word.
-        assert_eq!(words, [0, 1, 0]);
+        // Assert: bit 29 is EVENT_IDX; bit 32 is bit 0 of the high word.
+        assert_eq!(words, [1 << 29, 1, 0]);
     }
 
     #[test]

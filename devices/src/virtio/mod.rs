@@ -18,6 +18,12 @@
 //! deterministically: inside the MMIO write of QueueNotify (or of the
 //! status write that sets DRIVER_OK), or when the VMM itself asks a device
 //! to deliver input.
+//!
+//! Every device offers VIRTIO_RING_F_EVENT_IDX, so that the driver
+//! notifies, and the device interrupts, only when the other side needs it
+//! (see [`queue`]); without it the device honours
+//! VRING_AVAIL_F_NO_INTERRUPT. Both read guest memory only in those same
+//! steps.
 
 pub mod blk;
 pub mod console;
@@ -25,6 +31,8 @@ pub mod mmio;
 pub mod net;
 pub mod queue;
 pub mod rng;
+#[cfg(test)]
+mod suppression_tests;
 #[cfg(test)]
 pub(crate) mod testing;
 
@@ -54,7 +62,8 @@ pub trait VirtioDevice {
     fn device_id(&self) -> u32;
 
     /// Device-specific feature bits offered to the driver. The transport
-    /// adds VIRTIO_F_VERSION_1 itself. None by default.
+    /// adds VIRTIO_F_VERSION_1 and VIRTIO_RING_F_EVENT_IDX itself. None by
+    /// default.
     fn device_features(&self) -> u64 {
         0
     }
@@ -76,6 +85,11 @@ pub trait VirtioDevice {
     /// Processes the buffers the driver made available on queue
     /// `queue_index`. An error is a driver violation: the transport then
     /// marks the device broken.
+    ///
+    /// With EVENT_IDX the driver notifies again only once the device has
+    /// consumed every buffer it made available: a backend that leaves
+    /// buffers in the ring (it has nothing to put in them yet) must be run
+    /// again by its owner when it has, not wait for a QueueNotify.
     fn process_queue(
         &mut self,
         queue_index: usize,

@@ -4,7 +4,7 @@
 //!
 //! Modern only, and deliberately plain: the device offers VIRTIO_NET_F_MAC
 //! (the address is in configuration space) and, through the transport,
-//! VIRTIO_F_VERSION_1; no checksum or segmentation offloads, no mergeable
+//! VIRTIO_F_VERSION_1 and VIRTIO_RING_F_EVENT_IDX; no checksum or segmentation offloads, no mergeable
 //! receive buffers, no control queue, no link status. Every buffer starts
 //! with the 12-byte `virtio_net_hdr_v1` (VERSION_1 makes it include
 //! `num_buffers`).
@@ -420,7 +420,7 @@ mod tests {
 
         // Assert
         assert_eq!(device_id, 1);
-        assert_eq!(features, [1 << 5, 1]);
+        assert_eq!(features, [(1 << 5) | (1 << 29), 1]);
         assert_eq!(sizes, [256, 256, 0]);
     }
 

@@ -1,17 +1,44 @@
 //! One split virtqueue (spec 2.7), as the device side uses it.
 //!
 //! The ring bookkeeping (sizes, ring addresses, next_avail/next_used, the
-//! available-index check and writing used elements) is virtio-queue's
-//! [`Queue`]. Descriptor chains are walked here rather than with
-//! virtio-queue's `DescriptorChain` iterator, because that iterator ends
+//! available-index check, writing used elements and avail_event) is
+//! virtio-queue's [`Queue`]. Descriptor chains are walked here rather than
+//! with virtio-queue's `DescriptorChain` iterator, because that iterator ends
 //! quietly on a malformed chain (a loop, an index out of range, a length
 //! overflow) while this device must tell a well-formed chain from a broken
 //! one: every fault is reported as a [`QueueFault`], and a chain is only
 //! handed to a backend once every buffer in it lies inside guest memory.
 //!
-//! Neither VIRTIO_F_RING_EVENT_IDX nor VIRTIO_RING_F_INDIRECT_DESC is ever
-//! offered, so every used buffer is notified and an indirect descriptor is
-//! a fault.
+//! VIRTIO_RING_F_INDIRECT_DESC is never offered, so an indirect descriptor
+//! is a fault.
+//!
+//! # Notification suppression (spec 2.7.7, 2.7.10)
+//!
+//! The transport offers VIRTIO_RING_F_EVENT_IDX on every device. Once the
+//! driver accepted it ([`Virtqueue::set_event_idx`], saved with the queue):
+//!
+//! * driver to device: after each pass of the backend over the queue,
+//!   [`Virtqueue::publish_avail_event`] writes avail_event = next_avail, so
+//!   the driver notifies again only when it makes available the entry the
+//!   device has not seen yet, i.e. only when the device had consumed
+//!   everything. A backend that stops early on purpose (no input to
+//!   deliver) is run again by the VMM when it has some, not on a notify.
+//!   If the pass ended with the ring drained and the driver made buffers
+//!   available meanwhile (it may have read the old avail_event), the device
+//!   takes another pass (spec 2.7.10's re-check; with one vCPU stopped in the
+//!   exit this cannot happen, but the device does not rely on it).
+//! * device to driver: [`Virtqueue::needs_interrupt`] asks for the
+//!   used-buffer interrupt only if the used index, moving from its value
+//!   before the device step to its value after, passed the driver's
+//!   used_event (`vring_need_event`).
+//!
+//! Without the feature, used_event and avail_event are never touched, the
+//! driver notifies every time (the device never sets
+//! VRING_USED_F_NO_NOTIFY) and the device honours the driver's
+//! VRING_AVAIL_F_NO_INTERRUPT flag instead.
+//!
+//! Both decisions read guest memory only inside the device step the VMM
+//! runs at a guest-caused exit, so they are as deterministic as the step.
 
 use super::{QueueFault, RingPart};
 use crate::error::DevicesError;
@@ -19,6 +46,7 @@ use crate::persist::{Persist, RestoreError};
 use crate::GuestMemory;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::Ordering;
+use virtio_bindings::virtio_ring::VRING_AVAIL_F_NO_INTERRUPT;
 use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{Error as QueueError, Queue, QueueOwnedT, QueueState, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend};
@@ -41,6 +69,10 @@ pub struct VirtqueueState {
     pub next_avail: u16,
     /// Index of the next used-ring entry the device will write.
     pub next_used: u16,
+    /// VIRTIO_RING_F_EVENT_IDX was negotiated: avail_event and used_event
+    /// are in use. Absent from states saved before the feature was offered.
+    #[serde(default)]
+    pub event_idx_enabled: bool,
 }
 
 /// A split virtqueue whose configuration the driver writes through the
@@ -48,9 +80,10 @@ pub struct VirtqueueState {
 #[derive(Debug)]
 pub struct Virtqueue {
     queue: Queue,
-    /// Set when a used element was written; the transport takes it to raise
-    /// the used-buffer interrupt.
-    used_added: bool,
+    /// Set when [`Virtqueue::pop`] found the available ring empty, cleared
+    /// when it found a chain: whether the backend's pass consumed everything
+    /// the driver had made available. Only meaningful within a device step.
+    drained: bool,
 }
 
 /// One descriptor of a validated chain. A non-empty buffer lies entirely
@@ -82,7 +115,7 @@ impl Virtqueue {
             Queue::new(max_size).map_err(|_| DevicesError::VirtqueueMaxSize { max_size })?;
         Ok(Virtqueue {
             queue,
-            used_added: false,
+            drained: false,
         })
     }
 
@@ -104,6 +137,17 @@ impl Virtqueue {
 
     pub fn next_used(&self) -> u16 {
         self.queue.next_used()
+    }
+
+    /// Whether VIRTIO_RING_F_EVENT_IDX is in use on this queue.
+    pub fn event_idx(&self) -> bool {
+        self.queue.event_idx_enabled()
+    }
+
+    /// Whether the driver negotiated VIRTIO_RING_F_EVENT_IDX; the transport
+    /// sets it when it accepts FEATURES_OK, a device reset clears it.
+    pub fn set_event_idx(&mut self, enabled: bool) {
+        self.queue.set_event_idx(enabled);
     }
 
     fn check_not_ready(&self) -> Result<(), QueueFault> {
@@ -181,7 +225,7 @@ impl Virtqueue {
     /// Device reset: the queue returns to its unconfigured state.
     pub fn reset(&mut self) {
         self.queue.reset();
-        self.used_added = false;
+        self.drained = false;
     }
 
     /// The next chain the driver made available, checked; `None` if the
@@ -198,7 +242,10 @@ impl Virtqueue {
             .map(|mut available| available.next().map(|chain| chain.head_index()));
         let head = match popped {
             Ok(Some(head)) => head,
-            Ok(None) => return Ok(None),
+            Ok(None) => {
+                self.drained = true;
+                return Ok(None);
+            }
             Err(QueueError::InvalidAvailRingIndex) => {
                 let avail_idx = self
                     .queue
@@ -211,6 +258,7 @@ impl Virtqueue {
             }
             Err(_) => return Err(QueueFault::RingOutsideMemory),
         };
+        self.drained = false;
         self.walk_chain(mem, head).map(Some)
     }
 
@@ -310,15 +358,75 @@ impl Virtqueue {
             .add_used(mem, head_index, len)
             .map_err(|_| QueueFault::GuestMemory {
                 address: self.queue.used_ring(),
-            })?;
-        self.used_added = true;
-        Ok(())
+            })
     }
 
-    /// Whether used elements were written since the last call.
-    pub fn take_used_added(&mut self) -> bool {
-        std::mem::take(&mut self.used_added)
+    /// Starts one pass of a backend over the queue (see
+    /// [`Self::publish_avail_event`]).
+    pub fn start_pass(&mut self) {
+        self.drained = false;
     }
+
+    /// Ends a backend's pass over the queue. With EVENT_IDX, writes
+    /// avail_event = next_avail: the driver notifies next when it makes
+    /// available the first entry the device has not consumed. Returns
+    /// whether the device must take another pass: the pass drained the ring
+    /// and the available index has moved since (a driver that added buffers
+    /// while avail_event still held its old value may not have notified).
+    /// Without EVENT_IDX it does nothing: the driver notifies every time.
+    pub fn publish_avail_event(&mut self, mem: &GuestMemory) -> Result<bool, QueueFault> {
+        if !self.queue.event_idx_enabled() {
+            return Ok(false);
+        }
+        // Writes avail_event (inside the used ring checked at QueueReady),
+        // then re-reads the available index.
+        let more = self
+            .queue
+            .enable_notification(mem)
+            .map_err(|_| QueueFault::GuestMemory {
+                address: self.queue.used_ring(),
+            })?;
+        Ok(more && std::mem::take(&mut self.drained))
+    }
+
+    /// Whether the driver wants the used-buffer interrupt for the used
+    /// elements written since the used index was `used_before`: with
+    /// EVENT_IDX, whether the used index passed used_event on its way from
+    /// `used_before` to now (`vring_need_event`, spec 2.7.10); without it,
+    /// unless the driver set VRING_AVAIL_F_NO_INTERRUPT (spec 2.7.7). False
+    /// if no element was written. A ring that cannot be read asks for the
+    /// interrupt: a spurious one costs the driver a look, a missing one can
+    /// hang it.
+    pub fn needs_interrupt(&self, mem: &GuestMemory, used_before: u16) -> bool {
+        let used = self.queue.next_used();
+        if used == used_before {
+            return false;
+        }
+        let avail = self.queue.avail_ring();
+        if self.queue.event_idx_enabled() {
+            // used_event follows the available ring's entries (inside the
+            // ring checked at QueueReady).
+            let used_event = avail
+                .checked_add(4 + 2 * u64::from(self.queue.size()))
+                .and_then(|address| read_u16(mem, address));
+            used_event.is_none_or(|event| need_event(event, used, used_before))
+        } else {
+            read_u16(mem, avail).is_none_or(|flags| flags & VRING_AVAIL_F_NO_INTERRUPT as u16 == 0)
+        }
+    }
+}
+
+/// Linux's `vring_need_event`: whether moving an index from `old` to `new`
+/// passed `event` (the event is one of old..new, in 16-bit wrapping order).
+pub fn need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
+/// A little-endian 16-bit ring field of guest memory.
+fn read_u16(mem: &GuestMemory, address: u64) -> Option<u16> {
+    mem.read_obj::<u16>(GuestAddress(address))
+        .ok()
+        .map(u16::from_le)
 }
 
 impl VirtqueueState {
@@ -329,7 +437,7 @@ impl VirtqueueState {
             max_size: self.max_size,
             next_avail: self.next_avail,
             next_used: self.next_used,
-            event_idx_enabled: false,
+            event_idx_enabled: self.event_idx_enabled,
             size: self.size,
             ready: self.ready,
             desc_table: self.desc_table,
@@ -348,7 +456,7 @@ impl VirtqueueState {
     pub fn check_rings_in(&self, mem: &GuestMemory) -> Result<(), RestoreError> {
         let queue = Virtqueue {
             queue: self.to_queue()?,
-            used_added: false,
+            drained: false,
         };
         if queue.ready() && !queue.rings_in_memory(mem) {
             return Err(RestoreError::RingsOutsideMemory);
@@ -371,6 +479,7 @@ impl Persist for Virtqueue {
             used_ring: state.used_ring,
             next_avail: state.next_avail,
             next_used: state.next_used,
+            event_idx_enabled: state.event_idx_enabled,
         }
     }
 
@@ -389,7 +498,7 @@ impl Persist for Virtqueue {
     fn restore(&mut self, state: &VirtqueueState) -> Result<(), RestoreError> {
         self.validate(state)?;
         self.queue = state.to_queue()?;
-        self.used_added = false;
+        self.drained = false;
         Ok(())
     }
 }

@@ -3,9 +3,10 @@
 //! over any register access path.
 
 use super::mmio::{
-    VirtioMmioTransport, FEATURE_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER, STATUS_DRIVER_OK,
-    STATUS_FEATURES_OK,
+    VirtioMmioTransport, FEATURE_EVENT_IDX, FEATURE_VERSION_1, STATUS_ACKNOWLEDGE, STATUS_DRIVER,
+    STATUS_DRIVER_OK, STATUS_FEATURES_OK,
 };
+use super::queue::need_event;
 use super::VirtioDevice;
 use crate::time::VirtNanos;
 use crate::GuestMemory;
@@ -161,6 +162,46 @@ impl DriverQueue {
         head
     }
 
+    /// The available index the driver published last.
+    pub fn avail_idx(&self) -> u16 {
+        self.avail_idx
+    }
+
+    /// The available ring's flags (VRING_AVAIL_F_NO_INTERRUPT is bit 0).
+    pub fn set_avail_flags(&self, mem: &GuestMemory, flags: u16) {
+        write_bytes(mem, self.avail, &flags.to_le_bytes());
+    }
+
+    /// used_event, after the available ring's entries.
+    pub fn set_used_event(&self, mem: &GuestMemory, idx: u16) {
+        write_bytes(
+            mem,
+            self.avail + 4 + 2 * u64::from(self.size),
+            &idx.to_le_bytes(),
+        );
+    }
+
+    /// avail_event, after the used ring's entries.
+    pub fn avail_event(&self, mem: &GuestMemory) -> u16 {
+        let bytes = read_bytes(mem, self.used + 4 + 8 * u64::from(self.size), 2);
+        u16::from_le_bytes([bytes[0], bytes[1]])
+    }
+
+    pub fn set_avail_event(&self, mem: &GuestMemory, idx: u16) {
+        write_bytes(
+            mem,
+            self.used + 4 + 8 * u64::from(self.size),
+            &idx.to_le_bytes(),
+        );
+    }
+
+    /// Linux's virtqueue_kick_prepare with EVENT_IDX: whether the driver,
+    /// having published entries from available index `old` up to now,
+    /// must notify.
+    pub fn kick_needed(&self, mem: &GuestMemory, old: u16) -> bool {
+        need_event(self.avail_event(mem), self.avail_idx, old)
+    }
+
     pub fn used_idx(&self, mem: &GuestMemory) -> u16 {
         let bytes = read_bytes(mem, self.used + 2, 2);
         u16::from_le_bytes([bytes[0], bytes[1]])
@@ -241,19 +282,39 @@ pub fn setup_queue(registers: &mut impl Registers, index: u32, queue: &DriverQue
 
 /// Reset, ACKNOWLEDGE, DRIVER, accept VIRTIO_F_VERSION_1, FEATURES_OK.
 pub fn negotiate(registers: &mut impl Registers) {
+    negotiate_features(registers, FEATURE_VERSION_1);
+}
+
+/// Reset, ACKNOWLEDGE, DRIVER, accept `features`, FEATURES_OK.
+pub fn negotiate_features(registers: &mut impl Registers, features: u64) {
     registers.write32(REG_STATUS, 0);
     registers.write32(REG_STATUS, STATUS_ACKNOWLEDGE);
     registers.write32(REG_STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
     registers.write32(REG_DRIVER_FEATURES_SEL, 1);
-    registers.write32(REG_DRIVER_FEATURES, (FEATURE_VERSION_1 >> 32) as u32);
+    registers.write32(REG_DRIVER_FEATURES, (features >> 32) as u32);
     registers.write32(REG_DRIVER_FEATURES_SEL, 0);
-    registers.write32(REG_DRIVER_FEATURES, 0);
+    registers.write32(REG_DRIVER_FEATURES, features as u32);
     registers.write32(REG_STATUS, STATUS_UP_TO_FEATURES_OK);
 }
 
 /// The whole initialization sequence with `queues` set up in order.
 pub fn initialize(registers: &mut impl Registers, queues: &[&DriverQueue]) {
-    negotiate(registers);
+    initialize_with_features(registers, FEATURE_VERSION_1, queues);
+}
+
+/// The whole initialization sequence, accepting VERSION_1 and EVENT_IDX, as
+/// Linux does when the device offers EVENT_IDX.
+pub fn initialize_with_event_idx(registers: &mut impl Registers, queues: &[&DriverQueue]) {
+    initialize_with_features(registers, FEATURE_VERSION_1 | FEATURE_EVENT_IDX, queues);
+}
+
+/// The whole initialization sequence, accepting `features`.
+pub fn initialize_with_features(
+    registers: &mut impl Registers,
+    features: u64,
+    queues: &[&DriverQueue],
+) {
+    negotiate_features(registers, features);
     for (index, queue) in queues.iter().enumerate() {
         setup_queue(registers, index as u32, queue);
     }
