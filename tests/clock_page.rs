@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::cluster::Cluster;
 use common::*;
 use std::process::Output;
 
@@ -108,5 +109,80 @@ fn test_bad_exit_path_is_refused_before_any_vm_starts() {
     assert!(
         stderr(&out).contains("unknown exit path \"hpet\": expected clock-page or legacy"),
         "the error must name the value and the choices"
+    );
+}
+
+/// Polls CLOCK_MONOTONIC without doing anything else until 2 ms of it have
+/// passed, then prints how many reads that took.
+const POLL_C: &str = r#"
+#include <stdio.h>
+#include <time.h>
+static long long now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+int main(void) {
+    long long start = now(), end = start, reads = 1;
+    while (end - start < 2000000) {
+        end = now();
+        reads++;
+    }
+    printf("poll reads %lld elapsed %lld\n", reads, end - start);
+    return 0;
+}
+"#;
+
+/// A node that polls the clock: with the clock page its reads do not exit,
+/// so only the forced-exit rule (an exit after 64 reads that saw no new
+/// exit) moves time; the loop must still end, after at most 64 reads per
+/// 200 ns exit. Under the legacy path every read is an exit.
+#[test]
+fn test_a_loop_polling_the_clock_progresses_by_the_forced_exit_rule() {
+    let cluster = Cluster::new(
+        "clockpoll",
+        "[[node]]\nname = \"n1\"\nrootfs = \"root\"\ncommand = [\"sleep\", \"1000\"]\n\
+         [workload]\nnode = \"n1\"\ncommand = [\"/bin/poll\"]\n",
+    );
+    let source = cluster.dir.join("poll.c");
+    std::fs::write(&source, POLL_C).unwrap();
+    let status = std::process::Command::new("gcc")
+        .args(["-static", "-O2", "-o"])
+        .arg(cluster.dir.join("root/bin/poll"))
+        .arg(&source)
+        .status()
+        .expect("gcc runs");
+    assert!(status.success());
+    let poll = |out: &Output| -> (u64, u64) {
+        let text = stdout(out);
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("workload | poll reads "))
+            .unwrap_or_else(|| panic!("no poll line in {text}"));
+        let mut words = line.split_whitespace();
+        let reads = words.next().unwrap().parse().unwrap();
+        assert_eq!(words.next(), Some("elapsed"));
+        (reads, words.next().unwrap().parse().unwrap())
+    };
+    let page = cluster.up(&["--seed", "4", "--until", "30s"]);
+    let again = cluster.up(&["--seed", "4", "--until", "30s"]);
+    let legacy = cluster.up(&["--seed", "4", "--until", "30s", "--exit-path", "legacy"]);
+    for out in [&page, &again, &legacy] {
+        assert_eq!(out.status.code(), Some(0));
+    }
+    let (reads, elapsed) = poll(&page);
+    assert_eq!(poll(&again), (reads, elapsed), "one seed, one history");
+    // Each exit moves time by 200 ns, and nothing but exits moves it in a
+    // busy loop: at most elapsed / 200 exits, each after at most 64 reads.
+    let exits = elapsed / 200;
+    eprintln!("clock page: {reads} reads in {elapsed} ns ({exits} exits at most)");
+    assert!(elapsed >= 2_000_000);
+    assert!(reads <= 64 * (exits + 1), "more than 64 reads per exit");
+    assert!(reads >= 16 * exits, "the reads must not exit each time");
+    let (legacy_reads, legacy_elapsed) = poll(&legacy);
+    eprintln!("legacy: {legacy_reads} reads in {legacy_elapsed} ns");
+    assert!(
+        legacy_reads <= legacy_elapsed / 200 + 1,
+        "an HPET read is an exit"
     );
 }
