@@ -57,6 +57,10 @@ pub struct UpArgs {
     /// this directory (DIR/n1.to.n2.pcapng, ...; virtual timestamps).
     #[arg(long, value_name = "DIR")]
     pcap: Option<PathBuf>,
+    /// Write every exit of the (first) run into FILE, a JSON line each;
+    /// `detvisor trace FILE` sums them up.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 impl UpArgs {
@@ -85,6 +89,7 @@ impl UpArgs {
             // Set for where the request runs (`dispatch`).
             stall_timeout: vmm::stall::StallTimeout::default(),
             pcap: self.pcap.clone(),
+            trace: self.trace.clone(),
         })
     }
 }
@@ -160,6 +165,9 @@ fn helper_needs(prepared: &mut PreparedUp, options: &mut UpOptions) -> Result<Ne
     }
     if let Some(dir) = &options.pcap {
         options.pcap = Some(needs.share(dir)?);
+    }
+    if let Some(file) = &options.trace {
+        options.trace = Some(needs.trace_file(file)?);
     }
     // The initrd is shipped in the helper's own initramfs and then read
     // into the VMM: count it about three times over.

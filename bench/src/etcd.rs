@@ -161,6 +161,7 @@ fn up_options(plan: &EtcdWorkerPlan, logs: &Path) -> Result<UpOptions> {
         snapshots: None,
         stall_timeout: Default::default(),
         pcap: None,
+        trace: None,
     })
 }
 

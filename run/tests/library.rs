@@ -114,6 +114,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
         snapshots: None,
         stall_timeout: Default::default(),
         pcap: None,
+        trace: None,
     };
     let run = started(
         c.handle(Request::BootUp { prepared, options }, &streams)
