@@ -179,13 +179,27 @@ mod tests {
             report.add(&record, device);
         }
         let text = text(std::path::Path::new("t.jsonl"), &report, true);
-        assert!(
-            text.starts_with("t.jsonl: 3 exits (exit 0 to 2), up to virtual time 1.5s\n"),
-            "{text}"
-        );
-        assert!(text.contains("\nIoOut      2   66.7\n"), "{text}");
-        assert!(text.contains("\nserial      2   66.7\n"), "{text}");
-        assert!(text.contains("\nsecond  exits  IoOut  Hlt\n"), "{text}");
-        assert!(text.contains("\n1s          1      0    1\n"), "{text}");
+        let expected = "\
+t.jsonl: 3 exits (exit 0 to 2), up to virtual time 1.5s
+
+kind   exits     %
+IoOut      2  66.7
+Hlt        1  33.3
+
+device  exits     %
+serial      2  66.7
+-           1  33.3
+
+per virtual second, by kind
+second  exits  IoOut  Hlt
+0s          2      2    0
+1s          1      0    1
+
+per virtual second, by device
+second  exits  serial  -
+0s          2       2  0
+1s          1       0  1
+";
+        assert_eq!(text, expected);
     }
 }

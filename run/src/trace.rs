@@ -166,12 +166,12 @@ mod tests {
         ExitRecord {
             index,
             time: VirtNanos(index * 400_000_000),
-            kind: if index % 2 == 0 {
+            kind: if index.is_multiple_of(2) {
                 ExitKind::IoOut
             } else {
                 ExitKind::Hlt
             },
-            address: if index % 2 == 0 { 0x3f8 } else { 0 },
+            address: if index.is_multiple_of(2) { 0x3f8 } else { 0 },
             data: index,
             size: 1,
             rip: 0xffff_ffff_8100_0000 + index,
@@ -191,8 +191,8 @@ mod tests {
         let mut tap = Tap(Arc::clone(&trace.0));
 
         // Act
-        for index in 0..5 {
-            let device = (index % 2 == 0).then_some("serial");
+        for index in 0..5u64 {
+            let device = index.is_multiple_of(2).then_some("serial");
             tap.exit(&record(index), device);
         }
         let written = trace.finish().unwrap();

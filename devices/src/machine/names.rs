@@ -80,7 +80,10 @@ mod tests {
         assert_eq!(port(layout::COM1_PORT).as_deref(), Some("serial"));
         assert_eq!(port(layout::COM1_PORT + 5).as_deref(), Some("serial"));
         assert_eq!(port(layout::PIC_MASTER_PORT).as_deref(), Some("pic-master"));
-        assert_eq!(port(layout::PIC_SLAVE_PORT + 1).as_deref(), Some("pic-slave"));
+        assert_eq!(
+            port(layout::PIC_SLAVE_PORT + 1).as_deref(),
+            Some("pic-slave")
+        );
         assert_eq!(port(layout::RTC_PORT).as_deref(), Some("rtc"));
         assert_eq!(
             port(layout::ACPI_PM_TMR_PORT).as_deref(),
@@ -92,7 +95,10 @@ mod tests {
             devices.mmio_owner(layout::HPET_BASE + 0xf0).as_deref(),
             Some("hpet")
         );
-        assert_eq!(devices.mmio_owner(layout::HPET_BASE + layout::HPET_LEN), None);
+        assert_eq!(
+            devices.mmio_owner(layout::HPET_BASE + layout::HPET_LEN),
+            None
+        );
     }
 
     #[test]

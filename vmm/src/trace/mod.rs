@@ -52,9 +52,11 @@ pub fn exit_device(devices: &Devices, kind: ExitKind, address: u64) -> Option<Co
                 .and_then(|port| devices.port_owner(port))
                 .unwrap_or(Cow::Borrowed(UNOWNED)),
         ),
-        ExitKind::MmioRead | ExitKind::MmioWrite => {
-            Some(devices.mmio_owner(address).unwrap_or(Cow::Borrowed(UNOWNED)))
-        }
+        ExitKind::MmioRead | ExitKind::MmioWrite => Some(
+            devices
+                .mmio_owner(address)
+                .unwrap_or(Cow::Borrowed(UNOWNED)),
+        ),
         ExitKind::RdMsr | ExitKind::WrMsr => Some(Cow::Borrowed(MSR_DEVICE)),
         ExitKind::Hlt
         | ExitKind::IrqWindowOpen
@@ -252,7 +254,10 @@ mod tests {
         let name = |kind, address| exit_device(&devices, kind, address).map(Cow::into_owned);
         assert_eq!(name(ExitKind::IoOut, 0x3f8).as_deref(), Some("serial"));
         assert_eq!(name(ExitKind::IoIn, 0x21).as_deref(), Some("pic-master"));
-        assert_eq!(name(ExitKind::IoIn, 0x608).as_deref(), Some("acpi-pm-timer"));
+        assert_eq!(
+            name(ExitKind::IoIn, 0x608).as_deref(),
+            Some("acpi-pm-timer")
+        );
         assert_eq!(name(ExitKind::IoIn, 0x3e8).as_deref(), Some(UNOWNED));
         assert_eq!(
             name(ExitKind::MmioRead, 0xfed0_00f0).as_deref(),

@@ -199,9 +199,15 @@ mod tests {
         vec![
             (record(0, 10, ExitKind::IoOut, 0x3f8), Some("serial")),
             (record(1, 20, ExitKind::IoOut, 0x3f8), Some("serial")),
-            (record(2, 999_999_999, ExitKind::MmioRead, 0xfed0_00f0), Some("hpet")),
+            (
+                record(2, 999_999_999, ExitKind::MmioRead, 0xfed0_00f0),
+                Some("hpet"),
+            ),
             (record(3, 2_000_000_000, ExitKind::Hlt, 0), None),
-            (record(4, 2_500_000_000, ExitKind::IoIn, 0x608), Some("acpi-pm-timer")),
+            (
+                record(4, 2_500_000_000, ExitKind::IoIn, 0x608),
+                Some("acpi-pm-timer"),
+            ),
         ]
     }
 
@@ -255,7 +261,11 @@ mod tests {
 
     #[test]
     fn test_report_kind_names_are_the_summary_names() {
-        for kind in [ExitKind::IoIn, ExitKind::IrqWindowOpen, ExitKind::SingleStep] {
+        for kind in [
+            ExitKind::IoIn,
+            ExitKind::IrqWindowOpen,
+            ExitKind::SingleStep,
+        ] {
             assert_eq!(kind_name(kind), format!("{kind:?}"));
         }
     }
