@@ -169,6 +169,11 @@ struct GuestArgs {
     /// Wall-clock date the guest's CMOS clock starts at, as unix seconds.
     #[arg(long, default_value_t = 1_704_067_200)]
     rtc_epoch: i64,
+    /// How the guest reads the time and takes interrupts: clock-page (no
+    /// exit per clock read, timer arming or interrupt) or legacy (the HPET
+    /// and an EOI per interrupt, kept for comparisons).
+    #[arg(long, default_value_t = vmm::ExitPath::default())]
+    exit_path: vmm::ExitPath,
     /// Virtio NICs in the guest (eth0..), joined by detvisor's simulated switch.
     #[arg(long, default_value_t = 0)]
     nics: u8,
@@ -406,6 +411,7 @@ fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
         command: guest.command.clone(),
         // Set for where the request runs (`dispatch`).
         stall_timeout: StallTimeout::default(),
+        exit_path: guest.exit_path,
     };
     spec.validate().context("--nics")?;
     Ok(spec)

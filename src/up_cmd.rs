@@ -61,6 +61,11 @@ pub struct UpArgs {
     /// `detvisor trace FILE` sums them up.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// How the guest reads the time and takes interrupts: clock-page (no
+    /// exit per clock read, timer arming or interrupt) or legacy (the HPET
+    /// and an EOI per interrupt, kept for comparisons).
+    #[arg(long, default_value_t = vmm::ExitPath::default())]
+    exit_path: vmm::ExitPath,
 }
 
 impl UpArgs {
@@ -90,6 +95,7 @@ impl UpArgs {
             stall_timeout: vmm::stall::StallTimeout::default(),
             pcap: self.pcap.clone(),
             trace: self.trace.clone(),
+            exit_path: self.exit_path,
         })
     }
 }

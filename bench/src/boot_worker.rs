@@ -135,6 +135,7 @@ pub fn run_measured(
 /// and initrd (the CLI's defaults otherwise).
 pub fn detvisor_guest(plan: &WorkerPlan) -> GuestSpec {
     GuestSpec {
+        exit_path: vmm::ExitPath::default(),
         seed: 0,
         kernel: Some(plan.kernel.clone()),
         initrd: Some(plan.initrd.clone()),

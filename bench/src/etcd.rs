@@ -153,6 +153,7 @@ fn command_words(cmd: &Command) -> Vec<String> {
 /// The options `detvisor up --seed S --until T --logs LOGS --quiet` runs with.
 fn up_options(plan: &EtcdWorkerPlan, logs: &Path) -> Result<UpOptions> {
     Ok(UpOptions {
+        exit_path: vmm::ExitPath::default(),
         seed: plan.seed,
         until: Some(units::parse_duration(&plan.until).context("--until")?),
         runs: 1,

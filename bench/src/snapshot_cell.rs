@@ -304,6 +304,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
     let spec = &plan.spec;
     let command = vec!["sh".to_string(), "-c".into(), result.guest_command.clone()];
     let config = vmm::vm::VmConfig {
+        exit_path: vmm::ExitPath::default(),
         kernel: plan.kernel.clone(),
         initrd: guest::initrd_with_command(&plan.initrd, &command)?,
         cmdline: plan.cmdline.clone(),

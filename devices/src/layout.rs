@@ -36,6 +36,13 @@ pub const ACPI_PM_TMR_LEN: u8 = 4;
 /// status here (one byte), which ends the run with that status.
 pub const STATUS_PORT: u16 = 0x610;
 
+/// detvisor's clock page (see `clock_page`): one page of low RAM, reserved
+/// in the e820 map, where the VMM publishes virtual time at every exit.
+pub const CLOCK_PAGE_ADDR: u64 = 0x9_f000;
+/// Writing this port is an exit the VMM owns: the guest's clock reader
+/// forces one after `clock_page::READS_PER_EXIT` reads without a new exit.
+pub const CLOCK_PAGE_EXIT_PORT: u16 = 0x614;
+
 /// HPET registers.
 pub const HPET_BASE: u64 = 0xfed0_0000;
 pub const HPET_LEN: u64 = 0x400;

@@ -42,6 +42,7 @@ mod names;
 
 use crate::acpi_pm::{AcpiPm, AcpiPmBlock, AcpiPmState};
 use crate::bus::{Bus, BusDevice};
+use crate::clock_page::ClockPage;
 use crate::error::DevicesError;
 use crate::hpet::{Hpet, HpetState};
 use crate::layout;
@@ -95,6 +96,7 @@ enum DeviceId {
     AcpiPm1Control,
     AcpiPmTimer,
     Status,
+    ClockPageExit,
     Hpet,
     /// A virtio-mmio slot, by index.
     Virtio(usize),
@@ -349,6 +351,9 @@ pub struct DevicesState {
     /// saved without one.
     #[serde(default)]
     pub switch: Option<SwitchState>,
+    /// Whether the machine has the clock page (its contents are guest memory).
+    #[serde(default)]
+    pub clock_page: bool,
 }
 
 pub struct Devices {
@@ -369,6 +374,8 @@ pub struct Devices {
     virtio: Option<VirtioDevices>,
     /// The network between the NICs, once attached.
     switch: Option<Switch>,
+    /// The clock page, when the machine boots with it (see `clock_page`).
+    clock_page: Option<ClockPage>,
     /// Where the switch's frame events go, if anywhere (an observer: not
     /// part of the state).
     frame_tap: Option<Box<dyn FrameTap>>,
@@ -400,6 +407,7 @@ fn build_pio_bus() -> Bus<DeviceId> {
             DeviceId::AcpiPmTimer,
         ),
         (layout::STATUS_PORT, 1, DeviceId::Status),
+        (layout::CLOCK_PAGE_EXIT_PORT, 1, DeviceId::ClockPageExit),
     ];
     let mut bus = Bus::new();
     for (port, len, id) in ranges {
@@ -434,8 +442,36 @@ impl Devices {
             unhandled_accesses: 0,
             virtio: None,
             switch: None,
+            clock_page: None,
             frame_tap: None,
         }
+    }
+
+    /// Gives the guest the clock page (`clock_page`) in `memory`: its
+    /// clockevent deadline then counts among the device deadlines and
+    /// raises IRQ 0. Call it before the first exit.
+    pub fn attach_clock_page(&mut self, memory: GuestMemory) {
+        self.clock_page = Some(ClockPage::new(memory));
+    }
+
+    /// The kernel command-line entry for the clock page, if attached.
+    pub fn clock_page_cmdline(&self) -> Option<String> {
+        self.clock_page
+            .as_ref()
+            .map(|_| ClockPage::cmdline_fragment())
+    }
+
+    /// Publishes the exit count and the time in the clock page, if any.
+    /// Only at guest-caused exits (see `clock_page`).
+    pub fn publish_clock_page(&self, exits: u64, now: VirtNanos) {
+        if let Some(page) = &self.clock_page {
+            page.publish(exits, now);
+        }
+    }
+
+    /// How many clock-page deadlines have fired (a diagnostic).
+    pub fn clock_page_deadlines_fired(&self) -> u64 {
+        self.clock_page.as_ref().map_or(0, ClockPage::fired)
     }
 
     /// Gives the devices the guest memory virtio queues live in. Call it
@@ -784,6 +820,8 @@ impl Devices {
             DeviceId::AcpiPm1Control => self.acpi_pm.read(AcpiPmBlock::Pm1Control, offset, data),
             DeviceId::AcpiPmTimer => self.acpi_pm.read(AcpiPmBlock::Timer, offset, data),
             DeviceId::Status => self.status_port.read(offset, data),
+            // The port only makes an exit (which refreshes the clock page).
+            DeviceId::ClockPageExit => data.fill(0),
             DeviceId::Hpet => self.hpet.read(offset, data),
             DeviceId::Virtio(index) => {
                 match self
@@ -814,6 +852,7 @@ impl Devices {
             DeviceId::AcpiPm1Control => self.acpi_pm.write(AcpiPmBlock::Pm1Control, offset, data),
             DeviceId::AcpiPmTimer => self.acpi_pm.write(AcpiPmBlock::Timer, offset, data),
             DeviceId::Status => self.status_port.write(offset, data),
+            DeviceId::ClockPageExit => {}
             DeviceId::Hpet => self.hpet.write(offset, data),
             DeviceId::Virtio(index) => {
                 let now = self.now;
@@ -845,6 +884,13 @@ impl Devices {
         self.acpi_pm.advance_to(self.now);
         self.advance_network();
         self.advance_disks();
+        // The page is read only here, inside a device step, i.e. at a
+        // guest-caused exit.
+        if let Some(page) = &mut self.clock_page {
+            if page.take_due(self.now) {
+                self.pic.pulse_irq(layout::IRQ_TIMER);
+            }
+        }
     }
 
     /// Submits what the NICs transmitted to the switch at `now`, in slot
@@ -933,7 +979,8 @@ impl Devices {
             .disks()
             .filter_map(|transport| transport.device().next_deadline())
             .min();
-        [self.hpet.next_deadline(), rtc, network, disks]
+        let clock_page = self.clock_page.as_ref().and_then(ClockPage::deadline);
+        [self.hpet.next_deadline(), rtc, network, disks, clock_page]
             .into_iter()
             .flatten()
             .min()
@@ -1040,6 +1087,7 @@ impl Persist for Devices {
                 .as_ref()
                 .map_or_else(Vec::new, VirtioDevices::save),
             switch: self.switch.as_ref().map(Switch::save),
+            clock_page: self.clock_page.is_some(),
         }
     }
 
@@ -1051,6 +1099,12 @@ impl Persist for Devices {
         self.serial.validate(&state.serial)?;
         self.status_port.validate(&state.status_port)?;
         self.i8042.validate(&state.i8042)?;
+        if state.clock_page != self.clock_page.is_some() {
+            return Err(RestoreError::ClockPage {
+                saved: state.clock_page,
+                machine: self.clock_page.is_some(),
+            });
+        }
         match &self.virtio {
             Some(virtio) => virtio.validate(&state.virtio)?,
             None if state.virtio.is_empty() => {}

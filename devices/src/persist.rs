@@ -51,6 +51,8 @@ pub enum RestoreError {
     /// devices: a part of a run saved with the machine).
     #[error("the saved {part} does not fit: {reason}")]
     Incompatible { part: &'static str, reason: String },
+    #[error("the state was saved {} the clock page, this machine is {} it", if *saved { "with" } else { "without" }, if *machine { "with" } else { "without" })]
+    ClockPage { saved: bool, machine: bool },
     #[error("HPET state has {len} timers, expected {expected}")]
     HpetTimerCount { len: usize, expected: usize },
     #[error("RTC state has {len} bytes of CMOS RAM, expected {expected}")]

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use vmm::record::RecordConfig;
 use vmm::stall::StallTimeout;
 use vmm::vm::{ConsoleInput, VmConfig};
-use vmm::VirtNanos;
+use vmm::{ExitPath, VirtNanos};
 
 /// Guest RAM of a plain run unless told otherwise (256 MiB).
 pub const DEFAULT_RAM_BYTES: u64 = 256 << 20;
@@ -42,6 +42,10 @@ pub struct GuestSpec {
     /// as stalled (host policy, not part of the history).
     #[serde(default)]
     pub stall_timeout: StallTimeout,
+    /// How the guest reads the time and takes interrupts (the clock page
+    /// unless told otherwise; the legacy HPET path is for comparisons).
+    #[serde(default)]
+    pub exit_path: ExitPath,
 }
 
 impl Default for GuestSpec {
@@ -57,6 +61,7 @@ impl Default for GuestSpec {
             network: None,
             command: Vec::new(),
             stall_timeout: StallTimeout::default(),
+            exit_path: ExitPath::default(),
         }
     }
 }
@@ -164,6 +169,7 @@ impl GuestSpec {
             control_channel: true,
             stall_timeout: self.stall_timeout,
             disks: Vec::new(),
+            exit_path: self.exit_path,
         })
     }
 }

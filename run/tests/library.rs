@@ -113,6 +113,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
         stream_output: true,
         snapshots: None,
         stall_timeout: Default::default(),
+        exit_path: Default::default(),
         pcap: None,
         trace: None,
     };

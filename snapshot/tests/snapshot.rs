@@ -250,6 +250,13 @@ fn wrong_version_is_unsupported() {
             ),
             "{err}"
         );
+        // The message names both versions.
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("unsupported snapshot format version {version}"))
+                && text.contains(&format!("this build reads version {FORMAT_VERSION}")),
+            "{text}"
+        );
     }
 }
 

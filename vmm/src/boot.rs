@@ -5,11 +5,12 @@
 //! - 0x9000 PML4, 0xa000 PDPT, 0xb000..0xf000 four page directories
 //!   (the first 4 GiB identity-mapped with 2 MiB pages),
 //! - 0x20000 kernel command line, 0x21000 setup_data (RNG seed),
+//! - 0x9f000 the clock page (`devices::clock_page`, reserved in the e820 map),
 //! - 0xe0000 ACPI tables (reserved in the e820 map),
 //! - the initrd at the top of RAM.
 
 use crate::acpi;
-use devices::GuestMemory;
+use devices::{layout, GuestMemory};
 use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
 use linux_loader::loader::elf::Elf;
@@ -31,8 +32,9 @@ pub const CMDLINE_MAX: usize = 2048;
 pub const SETUP_DATA_ADDR: u64 = 0x2_1000;
 /// Start of RAM above the legacy hole.
 pub const HIGH_RAM_START: u64 = 0x10_0000;
-/// End of conventional memory below the EBDA.
-pub const LOW_RAM_END: u64 = 0x9_fc00;
+/// End of conventional memory: the clock page and what a PC keeps for
+/// the EBDA follow, reserved.
+pub const LOW_RAM_END: u64 = layout::CLOCK_PAGE_ADDR;
 /// Where the 32-bit MMIO hole starts (virtio-mmio, HPET, the TSS KVM
 /// needs): RAM below it is one region at guest address 0 ...
 pub const LOW_RAM_LIMIT: u64 = 3 << 30;
@@ -370,6 +372,10 @@ mod tests {
             .sum();
         // All of it but the legacy hole below 1 MiB.
         assert_eq!(ram, (4 << 30) - (HIGH_RAM_START - LOW_RAM_END));
+        // The clock page is reserved.
+        assert!(map.iter().any(|e| e.addr <= layout::CLOCK_PAGE_ADDR
+            && e.addr + e.size >= layout::CLOCK_PAGE_ADDR + 4096
+            && e.r#type == E820_RESERVED));
         assert!(map
             .iter()
             .any(|e| e.addr == HIGH_RAM_BASE && e.size == 1 << 30 && e.r#type == E820_RAM));

@@ -343,6 +343,10 @@ impl Machine {
                 })
             }
         };
+        // Every guest-caused exit (and only those) refreshes the clock page.
+        if !matches!(exit, Exit::Interrupted) {
+            self.publish_clock_page();
+        }
         if let Some(event) = self.devices.take_event() {
             return ExitAction::Stop(match event {
                 GuestEvent::Exit(status) => StopReason::GuestExit { status },
@@ -355,6 +359,15 @@ impl Machine {
             }
         }
         ExitAction::Resume(completion)
+    }
+
+    /// Writes the exit count and virtual time into the guest's clock page
+    /// (if it has one). The exit handler calls it at every guest-caused
+    /// exit; the session once more before the first entry after a boot or
+    /// a restore (the same values: the page is guest memory, restored too).
+    pub fn publish_clock_page(&self) {
+        self.devices
+            .publish_clock_page(self.exits, self.clock.now());
     }
 
     /// Decides about interrupt delivery before the next KVM_RUN.
@@ -492,6 +505,74 @@ mod tests {
         assert!(m.now() < VirtNanos(1_000_000 + 100 * EXIT_COST.0));
         assert_eq!(m.interrupt_action(true), InterruptAction::Inject(0x20));
         assert_eq!(m.interrupt_action(true), InterruptAction::None);
+    }
+
+    /// A machine with the clock page in 1 MiB of guest memory.
+    fn machine_with_clock_page() -> (Machine, devices::GuestMemory) {
+        let memory =
+            devices::GuestMemory::from_ranges(&[(vm_memory::GuestAddress(0), 1 << 20)]).unwrap();
+        let mut m = machine(None);
+        m.devices.attach_clock_page(memory.clone());
+        (m, memory)
+    }
+
+    fn page_u64(memory: &devices::GuestMemory, offset: u64) -> u64 {
+        use vm_memory::Bytes;
+        memory
+            .read_obj(vm_memory::GuestAddress(layout::CLOCK_PAGE_ADDR + offset))
+            .unwrap()
+    }
+
+    /// What the guest's clockevent does: the deadline goes into the page.
+    fn guest_arms_clock_page(memory: &devices::GuestMemory, at: u64) {
+        use vm_memory::Bytes;
+        memory
+            .write_obj(at, vm_memory::GuestAddress(layout::CLOCK_PAGE_ADDR + 0x18))
+            .unwrap();
+    }
+
+    #[test]
+    fn test_clock_page_holds_exits_and_time_of_the_last_guest_exit() {
+        let (mut m, memory) = machine_with_clock_page();
+        out(&mut m, layout::POST_PORT, 0);
+        out(&mut m, layout::CLOCK_PAGE_EXIT_PORT, 0);
+        assert_eq!(page_u64(&memory, 0x08), 2);
+        assert_eq!(page_u64(&memory, 0x10), 2 * EXIT_COST.0);
+        // A host event is no guest exit: the page keeps the last one's values.
+        m.handle_exit(&Exit::Interrupted);
+        assert_eq!(page_u64(&memory, 0x08), 2);
+        assert_eq!(page_u64(&memory, 0x10), 2 * EXIT_COST.0);
+    }
+
+    #[test]
+    fn test_hlt_jumps_to_clock_page_deadline_and_injects_timer_vector() {
+        let (mut m, memory) = machine_with_clock_page();
+        init_pic(&mut m);
+        guest_arms_clock_page(&memory, 1_000_000);
+        assert_eq!(m.devices.next_deadline(), Some(VirtNanos(1_000_000)));
+        assert_eq!(
+            m.handle_exit(&Exit::Hlt),
+            ExitAction::Resume(Completion::None)
+        );
+        assert_eq!(m.now(), VirtNanos(1_000_000));
+        assert_eq!(m.interrupt_action(true), InterruptAction::Inject(0x20));
+        // Fired once and cleared; the page shows the time of the HLT exit.
+        assert_eq!(page_u64(&memory, 0x18), 0);
+        assert_eq!(page_u64(&memory, 0x10), 1_000_000);
+        assert_eq!(m.devices.next_deadline(), None);
+        assert_eq!(m.devices.clock_page_deadlines_fired(), 1);
+    }
+
+    #[test]
+    fn test_clock_page_deadline_fires_at_the_first_exit_that_reaches_it() {
+        let (mut m, memory) = machine_with_clock_page();
+        init_pic(&mut m);
+        let armed_at = m.now().0;
+        guest_arms_clock_page(&memory, armed_at + EXIT_COST.0 + 1);
+        out(&mut m, layout::POST_PORT, 0);
+        assert_eq!(m.interrupt_action(true), InterruptAction::None);
+        out(&mut m, layout::POST_PORT, 0);
+        assert_eq!(m.interrupt_action(true), InterruptAction::Inject(0x20));
     }
 
     #[test]

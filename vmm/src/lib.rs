@@ -16,4 +16,4 @@ pub mod trace;
 pub mod vcpu_state;
 pub mod vm;
 
-pub use devices::VirtNanos;
+pub use devices::{ExitPath, VirtNanos};

@@ -21,6 +21,7 @@ impl DeviceId {
             DeviceId::AcpiPm1Control => "acpi-pm1-control",
             DeviceId::AcpiPmTimer => "acpi-pm-timer",
             DeviceId::Status => "status-port",
+            DeviceId::ClockPageExit => "clock-page",
             DeviceId::Hpet => "hpet",
             DeviceId::Virtio(_) => return None,
         })
@@ -90,6 +91,10 @@ mod tests {
             Some("acpi-pm-timer")
         );
         assert_eq!(port(layout::STATUS_PORT).as_deref(), Some("status-port"));
+        assert_eq!(
+            port(layout::CLOCK_PAGE_EXIT_PORT).as_deref(),
+            Some("clock-page")
+        );
         assert_eq!(port(0x3e8), None, "COM3 is nobody's");
         assert_eq!(
             devices.mmio_owner(layout::HPET_BASE + 0xf0).as_deref(),

@@ -294,6 +294,10 @@ pub struct UpOptions {
     /// [`crate::trace`]; a run held by `BootUp` writes none).
     #[serde(default)]
     pub trace: Option<PathBuf>,
+    /// How the guest reads the time and takes interrupts (the clock page
+    /// unless told otherwise; the legacy HPET path is for comparisons).
+    #[serde(default)]
+    pub exit_path: vmm::ExitPath,
 }
 
 /// What an `up` run reports.
@@ -363,6 +367,7 @@ impl PreparedUp {
             control_channel: true,
             stall_timeout: options.stall_timeout,
             disks: self.disks.clone(),
+            exit_path: options.exit_path,
         })
     }
 

@@ -17,7 +17,7 @@
 //! ```
 //!
 //! `device` is the name the bus gives the owner of the port or address
-//! (`"hpet"`, `"pic-master"`, `"serial"`, `"acpi-pm-timer"`,
+//! (`"hpet"`, `"pic-master"`, `"serial"`, `"acpi-pm-timer"`, `"clock-page"`,
 //! `"virtio-net@0xd0002000"`, ...), [`UNOWNED`] for a port or address no
 //! device owns, [`MSR_DEVICE`] for an MSR access, and `null` for exits
 //! that concern no address (`Hlt`, `IrqWindowOpen`, ...).

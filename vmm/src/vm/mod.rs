@@ -44,7 +44,7 @@ pub use wiring::{disk_digest, nic_mac, DiskSpec, NetworkSpec};
 use crate::exit::{Perturbation, StopReason};
 use crate::record::{ExitRecord, RecordConfig};
 use crate::stall::StallTimeout;
-use devices::VirtNanos;
+use devices::{ExitPath, VirtNanos};
 use error::kvm_err;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -86,6 +86,9 @@ pub struct VmConfig {
     pub stall_timeout: StallTimeout,
     /// virtio-blk disks, after every other virtio device, in this order.
     pub disks: Vec<DiskSpec>,
+    /// How the guest reads the time and takes interrupts: the clock page
+    /// (default) or the legacy HPET path (for comparisons).
+    pub exit_path: ExitPath,
 }
 
 /// What a finished run reports.

@@ -10,7 +10,7 @@ use super::kept_pages::LiveCheckpoint;
 use super::kvm_vm::{create_vm, Vm};
 use super::memory::{fresh_ram, host_ram, GuestRam};
 use super::memory_scan::{memory_hash_and_residency, MemoryBacking};
-use super::wiring::{build_devices, DiskSpec, NetworkSpec};
+use super::wiring::{build_devices, DeviceSetSpec, DiskSpec, NetworkSpec};
 use super::{kvm_err, DigestParts, IncompatibleState, ResumeConfig, RunOutcome, VmConfig, VmError};
 use crate::boot::{self, BootError, BootInputs};
 use crate::cpu_model;
@@ -20,6 +20,7 @@ use crate::irq_window::WindowGuard;
 use crate::record::{self, ChainHash, Recorder, RecorderState};
 use crate::stall::{StallGuard, StallTimeout};
 use crate::vcpu_state::{self, VcpuState};
+use devices::ExitPath;
 use devices::{Devices, DevicesState, Persist, VirtNanos};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -45,6 +46,9 @@ pub struct SessionState {
     /// restored from `devices`); none in states saved before disks.
     #[serde(default)]
     pub disks: Vec<DiskSpec>,
+    /// Whether the machine has the clock page (attached again; its
+    /// contents are guest memory).
+    pub exit_path: ExitPath,
     pub cpu_model_version: u32,
     pub vcpu: VcpuState,
     pub devices: DevicesState,
@@ -69,6 +73,10 @@ pub struct Session {
     pub(super) network: Option<NetworkSpec>,
     pub(super) control_channel: bool,
     pub(super) disks: Vec<DiskSpec>,
+    pub(super) exit_path: ExitPath,
+    /// The clock page must be written before the next entry (after a
+    /// boot or a restore).
+    pub(super) publish_before_entry: bool,
     pub(super) machine: Machine,
     pub(super) recorder: Recorder,
     pub(super) console: Arc<Mutex<ConsoleCapture>>,
@@ -110,15 +118,22 @@ impl Session {
                 hash: ChainHash::default(),
                 bytes: 0,
             },
-            config.rtc_epoch_unix_secs,
             memory.clone(),
-            config.seed,
-            config.network.as_ref(),
-            config.control_channel,
-            &config.disks,
+            DeviceSetSpec {
+                rtc_epoch_unix_secs: config.rtc_epoch_unix_secs,
+                seed: config.seed,
+                network: config.network.as_ref(),
+                control_channel: config.control_channel,
+                disks: &config.disks,
+                exit_path: config.exit_path,
+            },
         )?;
-        // The virtio devices are declared on the kernel command line.
-        let cmdline = format!("{} {}", config.cmdline, devices.virtio_cmdline());
+        // The virtio devices and the clock page are declared on the kernel
+        // command line.
+        let mut cmdline = format!("{} {}", config.cmdline, devices.virtio_cmdline());
+        if let Some(fragment) = devices.clock_page_cmdline() {
+            cmdline = format!("{cmdline} {fragment}");
+        }
         let mut rng_seed = [0u8; boot::RNG_SEED_LEN];
         EntropyStream::new(config.seed, stream::KERNEL_RNG_SEED).fill(&mut rng_seed);
         boot::write_boot_data(
@@ -155,6 +170,8 @@ impl Session {
             network: config.network.clone(),
             control_channel: config.control_channel,
             disks: config.disks.clone(),
+            exit_path: config.exit_path,
+            publish_before_entry: true,
             machine,
             recorder: Recorder::new(config.record),
             console,
@@ -271,6 +288,7 @@ impl Session {
             network: self.network.clone(),
             control_channel: self.control_channel,
             disks: self.disks.clone(),
+            exit_path: self.exit_path,
             cpu_model_version: cpu_model::CPU_MODEL_VERSION,
             vcpu,
             devices: self.machine.devices.save(),
@@ -322,12 +340,15 @@ impl Session {
                 hash: state.console_hash,
                 bytes: state.console_bytes,
             },
-            0,
             devices_memory,
-            state.seed,
-            state.network.as_ref(),
-            state.control_channel,
-            &state.disks,
+            DeviceSetSpec {
+                rtc_epoch_unix_secs: 0,
+                seed: state.seed,
+                network: state.network.as_ref(),
+                control_channel: state.control_channel,
+                disks: &state.disks,
+                exit_path: state.exit_path,
+            },
         )?;
         devices
             .restore(&state.devices)
@@ -347,6 +368,8 @@ impl Session {
             network: state.network.clone(),
             control_channel: state.control_channel,
             disks: state.disks.clone(),
+            exit_path: state.exit_path,
+            publish_before_entry: true,
             machine,
             recorder,
             console,
@@ -448,6 +471,7 @@ impl Session {
         self.injected_total = state.injected_interrupts;
         self.last_exit_rip = state.last_exit_rip;
         self.seed = state.seed;
+        self.publish_before_entry = true;
         Ok(())
     }
 }

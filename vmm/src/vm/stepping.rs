@@ -64,6 +64,9 @@ pub(super) fn set_single_step(vcpu: &VcpuFd, on: bool) -> Result<(), VmError> {
 impl Session {
     /// Enters the guest until it makes an exit of its own and handles that exit.
     fn step(&mut self) -> Result<ExitAction, VmError> {
+        if std::mem::take(&mut self.publish_before_entry) {
+            self.machine.publish_clock_page();
+        }
         let (exit, action) = loop {
             let (exit, slot) = match self.vm.vcpu.run() {
                 Ok(vcpu_exit) => convert_exit(vcpu_exit),

@@ -6,7 +6,7 @@ use super::console::{ConsoleCapture, ConsoleSink};
 use super::SetupError;
 use crate::entropy::{self, stream};
 use devices::virtio::DiskImage;
-use devices::{Devices, DevicesConfig, GuestMemory, NetworkConfig};
+use devices::{Devices, DevicesConfig, ExitPath, GuestMemory, NetworkConfig};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -79,17 +79,32 @@ pub fn nic_mac(index: u8) -> [u8; 6] {
     [0x52, 0x54, 0x00, 0xd7, 0x00, index + 1]
 }
 
+/// What a machine's device set is built from (a new run's config or a
+/// saved session's state).
+pub(super) struct DeviceSetSpec<'a> {
+    pub rtc_epoch_unix_secs: i64,
+    pub seed: u64,
+    pub network: Option<&'a NetworkSpec>,
+    pub control_channel: bool,
+    pub disks: &'a [DiskSpec],
+    pub exit_path: ExitPath,
+}
+
 /// The device set of a machine, with the console hashed and forwarded
 /// through `console` (shared with the session, which reads its hash).
 pub(super) fn build_devices(
     console: ConsoleCapture,
-    rtc_epoch_unix_secs: i64,
     memory: GuestMemory,
-    seed: u64,
-    network: Option<&NetworkSpec>,
-    control_channel: bool,
-    disks: &[DiskSpec],
+    spec: DeviceSetSpec<'_>,
 ) -> Result<(Devices, Arc<Mutex<ConsoleCapture>>), SetupError> {
+    let DeviceSetSpec {
+        rtc_epoch_unix_secs,
+        seed,
+        network,
+        control_channel,
+        disks,
+        exit_path,
+    } = spec;
     let console = Arc::new(Mutex::new(console));
     let mut devices = Devices::new(
         DevicesConfig {
@@ -99,6 +114,9 @@ pub(super) fn build_devices(
             shared: console.clone(),
         }),
     );
+    if exit_path == ExitPath::ClockPage {
+        devices.attach_clock_page(memory.clone());
+    }
     attach_virtio(&mut devices, memory, seed, network, control_channel)?;
     for disk in disks {
         devices
