@@ -1,13 +1,15 @@
 //! Where a run's exits go: counts by kind and by device, in all and per
 //! virtual second, from a trace's lines ([`read_report`]) or from records
-//! as a run makes them ([`TraceReport::add`]).
+//! as a run makes them ([`TraceReport::add`], or a [`LiveReport`] set as a
+//! session's observer).
 
-use super::TraceLine;
+use super::{ExitObserver, TraceLine};
 use crate::exit::ExitKind;
 use crate::record::ExitRecord;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::BufRead;
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The device column of exits that concern no address (`Hlt`, ...).
 pub const NO_DEVICE: &str = "-";
@@ -116,6 +118,35 @@ impl TraceReport {
             counts: Counts::default(),
         });
         self.seconds.len() - 1
+    }
+}
+
+/// A report a run fills as it goes: set a clone as the session's observer
+/// ([`crate::vm::Session::set_exit_observer`]) and read [`LiveReport::report`]
+/// whenever (no trace file needed).
+#[derive(Clone, Default)]
+pub struct LiveReport(Arc<Mutex<TraceReport>>);
+
+impl LiveReport {
+    pub fn new() -> Self {
+        LiveReport::default()
+    }
+
+    /// The counts so far.
+    pub fn report(&self) -> TraceReport {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl ExitObserver for LiveReport {
+    fn exit(&mut self, record: &ExitRecord, device: Option<&str>) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add(record, device);
     }
 }
 
@@ -257,6 +288,18 @@ mod tests {
         }
         text.push('\n');
         assert_eq!(read_report(text.as_bytes()).unwrap(), live);
+    }
+
+    #[test]
+    fn test_live_report_counts_what_its_clone_observed() {
+        let live = LiveReport::new();
+        let mut observer: Box<dyn ExitObserver> = Box::new(live.clone());
+        let mut direct = TraceReport::new();
+        for (record, device) in exits() {
+            observer.exit(&record, device);
+            direct.add(&record, device);
+        }
+        assert_eq!(live.report(), direct);
     }
 
     #[test]
