@@ -48,6 +48,22 @@ impl Needs {
         }
         Ok(dir)
     }
+
+    /// A trace the request writes inside the helper VM (`--trace FILE`):
+    /// created here first, so that a path that cannot be written is an
+    /// error before the helper VM starts; its directory shared. Returns its
+    /// absolute path, the same inside the helper VM.
+    pub fn trace_file(&mut self, path: &Path) -> Result<PathBuf> {
+        drop(run::trace::TraceFile::create(path)?);
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        let name = path
+            .file_name()
+            .with_context(|| format!("trace {}: not a file name", path.display()))?;
+        Ok(self.share(dir)?.join(name))
+    }
 }
 
 /// A helper VM serving run requests.

@@ -5,6 +5,7 @@ mod image_cmd;
 mod print;
 mod serve;
 mod terminal;
+mod trace_cmd;
 mod up_cmd;
 
 use anyhow::{bail, Context, Result};
@@ -58,6 +59,9 @@ enum Command {
     /// Boot a multi-node system under test from a manifest, run its workload
     /// (with scheduled faults), and exit with the workload's status.
     Up(up_cmd::UpArgs),
+    /// Where the exits of a trace (`run`/`up`/`branch --trace FILE`) went:
+    /// counts by kind and by device, in all and per virtual second.
+    Trace(trace_cmd::TraceArgs),
     /// Inside the helper VM: answer run requests on its channel.
     #[command(hide = true)]
     ServeChannel,
@@ -105,6 +109,10 @@ struct BranchArgs {
     /// Take snapshots of the branch too.
     #[command(flatten)]
     snapshots: SnapshotArgs,
+    /// Write every exit of the branch (from the branch point on) into FILE,
+    /// a JSON line each; `detvisor trace FILE` sums them up.
+    #[arg(long, value_name = "FILE", conflicts_with = "seeds")]
+    trace: Option<PathBuf>,
     #[arg(long)]
     json: bool,
     /// Wall time the guest may execute without a VM exit before the run ends
@@ -198,6 +206,10 @@ struct RunArgs {
     /// (DIR/eth0.to.eth1.pcapng, ...; virtual timestamps). Needs --nics.
     #[arg(long, value_name = "DIR")]
     pcap: Option<PathBuf>,
+    /// Write every exit into FILE, a JSON line each (index, virtual time,
+    /// kind, device, address, data, RIP, ...); `detvisor trace FILE` sums them up.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -415,6 +427,7 @@ fn cmd_run(args: RunArgs) -> Result<u8> {
         guest: guest_spec(&args.guest)?,
         snapshots: args.snapshots.plan()?,
         pcap: args.pcap.clone(),
+        trace: args.trace.clone(),
     };
     let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
     let stdin = if interactive { Stdin::Raw } else { Stdin::None };
@@ -428,11 +441,15 @@ fn cmd_run(args: RunArgs) -> Result<u8> {
                 guest,
                 snapshots,
                 pcap,
+                trace,
             } => {
                 let mut needs = guest_needs(guest, snapshots.as_mut())?;
                 // Written inside the helper VM, read here.
                 if let Some(dir) = pcap {
                     *dir = needs.share(dir)?;
+                }
+                if let Some(file) = trace {
+                    *file = needs.trace_file(file)?;
                 }
                 Ok(needs)
             }
@@ -521,6 +538,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         events: !args.json,
         faults: args.faults.clone(),
         stall_timeout: StallTimeout::default(),
+        trace: args.trace.clone(),
     });
     let response = dispatch(
         args.host_vm,
@@ -528,7 +546,13 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         request,
         Stdin::None,
         |request| match request {
-            Request::Branch(branch) => snapshot_needs(&mut branch.spec, branch.snapshots.as_mut()),
+            Request::Branch(branch) => {
+                let mut needs = snapshot_needs(&mut branch.spec, branch.snapshots.as_mut())?;
+                if let Some(file) = &mut branch.trace {
+                    *file = needs.trace_file(file)?;
+                }
+                Ok(needs)
+            }
             _ => unreachable!("a branch request"),
         },
     )?;
@@ -705,6 +729,7 @@ fn main() -> ExitCode {
         Command::Seek(args) => cmd_seek(args),
         Command::Shell(args) => cmd_shell(args),
         Command::Up(args) => up_cmd::cmd_up(args),
+        Command::Trace(args) => trace_cmd::cmd_trace(args),
         Command::Image(cmd) => image_cmd::run(cmd),
         Command::ServeChannel => serve::serve(),
     };

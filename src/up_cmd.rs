@@ -57,6 +57,10 @@ pub struct UpArgs {
     /// this directory (DIR/n1.to.n2.pcapng, ...; virtual timestamps).
     #[arg(long, value_name = "DIR")]
     pcap: Option<PathBuf>,
+    /// Write every exit of the (first) run into FILE, a JSON line each;
+    /// `detvisor trace FILE` sums them up.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// How the guest reads the time and takes interrupts: clock-page (no
     /// exit per clock read, timer arming or interrupt) or legacy (the HPET
     /// and an EOI per interrupt, kept for comparisons).
@@ -90,6 +94,7 @@ impl UpArgs {
             // Set for where the request runs (`dispatch`).
             stall_timeout: vmm::stall::StallTimeout::default(),
             pcap: self.pcap.clone(),
+            trace: self.trace.clone(),
             exit_path: self.exit_path,
         })
     }
@@ -166,6 +171,9 @@ fn helper_needs(prepared: &mut PreparedUp, options: &mut UpOptions) -> Result<Ne
     }
     if let Some(dir) = &options.pcap {
         options.pcap = Some(needs.share(dir)?);
+    }
+    if let Some(file) = &options.trace {
+        options.trace = Some(needs.trace_file(file)?);
     }
     // The initrd is shipped in the helper's own initramfs and then read
     // into the VMM: count it about three times over.

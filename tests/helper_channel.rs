@@ -54,6 +54,7 @@ fn test_one_helper_vm_answers_several_run_requests_and_holds_a_run_between_them(
             guest: guest(seed, random),
             snapshots: None,
             pcap: None,
+            trace: None,
         };
         match call(&mut vm, &request) {
             (Ok(Response::Summary(summary)), console) => {

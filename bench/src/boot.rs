@@ -185,6 +185,7 @@ fn end_to_end(args: &BootArgs, plan: &WorkerPlan) -> SystemResult {
                         guest,
                         snapshots: None,
                         pcap: None,
+                        trace: None,
                     };
                     match call_vm(vm, &BenchCall::Request(Box::new(request)))? {
                         BenchReply::Response(response) => match *response {

@@ -162,6 +162,7 @@ fn up_options(plan: &EtcdWorkerPlan, logs: &Path) -> Result<UpOptions> {
         snapshots: None,
         stall_timeout: Default::default(),
         pcap: None,
+        trace: None,
     })
 }
 

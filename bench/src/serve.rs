@@ -59,6 +59,7 @@ pub fn run_plain(guest: GuestSpec) -> Result<RunSummary> {
         guest,
         snapshots: None,
         pcap: None,
+        trace: None,
     };
     match Controller::new().handle(request, &run::streams::Discard)? {
         Response::Summary(summary) => Ok(summary),

@@ -38,6 +38,7 @@
 //! then, and [`Devices::next_deadline`] includes the next of either.
 
 mod disks;
+mod names;
 
 use crate::acpi_pm::{AcpiPm, AcpiPmBlock, AcpiPmState};
 use crate::bus::{Bus, BusDevice};

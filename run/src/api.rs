@@ -56,6 +56,9 @@ pub enum Request {
         /// Capture every link's frames here (see [`crate::pcap`]).
         #[serde(default)]
         pcap: Option<PathBuf>,
+        /// Write every exit here, a JSON line each (see [`crate::trace`]).
+        #[serde(default)]
+        trace: Option<PathBuf>,
     },
     /// Run a configuration several times and compare (`detvisor audit`).
     Audit {
@@ -81,6 +84,9 @@ pub enum Request {
     SnapshotInfo { dir: PathBuf },
     /// What this host's KVM offers (`detvisor check`).
     HostReport,
+    /// Where a trace's exits went: by kind, by device, per virtual second
+    /// (`detvisor trace`).
+    TraceReport { path: PathBuf },
 
     /// Boot a plain run and hold it, stopped before its first exit.
     Boot { guest: GuestSpec },
@@ -167,6 +173,7 @@ pub enum Response {
     },
     SnapshotDetails(SnapshotDetails),
     HostReport(vmm::probe::HostReport),
+    TraceReport(vmm::trace::report::TraceReport),
     /// `Boot`, `BootUp`, `Restore`.
     Started {
         run: RunId,
@@ -221,6 +228,8 @@ pub enum ApiError {
     Branch(#[from] crate::branch::BranchError),
     #[error(transparent)]
     Snapshots(#[from] crate::snapshots::SnapshotsError),
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
 }
 
 /// A run the controller holds.
@@ -285,6 +294,7 @@ impl Controller {
                 guest,
                 snapshots,
                 pcap,
+                trace,
             } => {
                 let input = if guest.command.is_empty() {
                     streams.stdin()
@@ -296,6 +306,7 @@ impl Controller {
                     &guest,
                     snapshots.as_ref(),
                     pcap.as_deref(),
+                    trace.as_deref(),
                     streams.stdout(),
                     input,
                     &mut report,
@@ -319,6 +330,7 @@ impl Controller {
             },
             Request::SnapshotInfo { dir } => Response::SnapshotDetails(snapshots::info(&dir)?),
             Request::HostReport => Response::HostReport(vmm::probe::host_report()),
+            Request::TraceReport { path } => Response::TraceReport(crate::trace::report(&path)?),
 
             Request::Boot { guest } => {
                 let config = guest.vm_config(RecordConfig::default())?;

@@ -32,6 +32,10 @@ pub struct BranchRequest {
     /// as stalled (host policy, not part of the history).
     #[serde(default)]
     pub stall_timeout: StallTimeout,
+    /// Write every exit of the branch (from the branch point on) here, a
+    /// JSON line each (see [`crate::trace`]).
+    #[serde(default)]
+    pub trace: Option<std::path::PathBuf>,
 }
 
 /// Why a branch could not be restored or run.
@@ -42,6 +46,8 @@ pub enum BranchError {
     Snapshots(#[from] crate::snapshots::SnapshotsError),
     #[error(transparent)]
     Driven(#[from] crate::driven::DrivenError),
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
 }
 
 /// Runs the branch: the guest's console (or an `up` run's node output) to
@@ -58,9 +64,14 @@ pub fn branch(request: &BranchRequest, streams: &dyn Streams) -> Result<RunSumma
             .events
             .then(|| Box::new(streams.stderr()) as Box<dyn std::io::Write>),
     };
+    // Before the VM starts: a path that cannot be written stops nothing running.
+    let trace = crate::trace::TraceFile::create_if(request.trace.as_deref())?;
     let mut restored =
         snapshots::restore(&request.spec, &resume, streams.stdout(), None, node_output)?;
     let driven = &mut restored.driven;
+    if let Some(trace) = &trace {
+        trace.attach(&mut driven.session);
+    }
     if let Some(seed) = request.seed {
         // An alternate history from here on.
         driven.rekey(seed)?;
@@ -80,5 +91,8 @@ pub fn branch(request: &BranchRequest, streams: &dyn Streams) -> Result<RunSumma
     let seed = driven.session.seed();
     let exit_status = driven.exit_status(stop);
     let outcome = driven.outcome(stop)?;
+    if let Some(trace) = trace {
+        trace.finish()?;
+    }
     Ok(RunSummary::new(seed, &outcome).with_exit_status(exit_status))
 }

@@ -93,6 +93,8 @@ pub enum PlainError {
     Driven(#[from] crate::driven::DrivenError),
     #[error(transparent)]
     Pcap(#[from] crate::pcap::PcapError),
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
 }
 
 type Result<T, E = PlainError> = std::result::Result<T, E>;
@@ -173,19 +175,26 @@ impl GuestSpec {
 }
 
 /// Boots `spec`'s guest and runs it to its end, taking snapshots as
-/// `snapshots` asks and capturing the network's frames into `pcap` (a
-/// directory) if given; the console goes to `console`, `input` (when
+/// `snapshots` asks, capturing the network's frames into `pcap` (a
+/// directory) and writing every exit into `trace` (a file, see
+/// [`crate::trace`]) if given; the console goes to `console`, `input` (when
 /// given) to the guest's console.
 pub fn run(
     spec: &GuestSpec,
     snapshots: Option<&SnapshotPlan>,
     pcap: Option<&std::path::Path>,
+    trace: Option<&std::path::Path>,
     console: Box<dyn std::io::Write + Send>,
     input: Option<ConsoleInput>,
     report: &mut dyn FnMut(&str),
 ) -> Result<RunSummary> {
     let config = spec.vm_config(RecordConfig::default())?;
+    // Before the VM starts: a path that cannot be written stops nothing running.
+    let trace = crate::trace::TraceFile::create_if(trace)?;
     let mut session = vmm::vm::Session::boot(&config, console, input)?;
+    if let Some(trace) = &trace {
+        trace.attach(&mut session);
+    }
     let capture = match pcap {
         Some(dir) => {
             let nics = spec.network.as_ref().map_or(0, |n| n.nics);
@@ -212,6 +221,9 @@ pub fn run(
     };
     if let Some(capture) = capture {
         capture.finish()?;
+    }
+    if let Some(trace) = trace {
+        trace.finish()?;
     }
     Ok(RunSummary::new(spec.seed, &outcome))
 }

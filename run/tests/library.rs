@@ -115,6 +115,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
         stall_timeout: Default::default(),
         exit_path: Default::default(),
         pcap: None,
+        trace: None,
     };
     let run = started(
         c.handle(Request::BootUp { prepared, options }, &streams)

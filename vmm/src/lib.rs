@@ -1,5 +1,5 @@
 //! detvisor's virtual machine monitor: KVM, guest memory, the vCPU loop,
-//! the virtual clock, the fixed CPU model, boot and per-exit records.
+//! the virtual clock, the fixed CPU model, boot, per-exit records and their trace.
 
 pub mod acpi;
 pub mod boot;
@@ -12,6 +12,7 @@ mod kvm_util;
 pub mod probe;
 pub mod record;
 pub mod stall;
+pub mod trace;
 pub mod vcpu_state;
 pub mod vm;
 

@@ -5,6 +5,7 @@
 //! and seed must produce equal record streams; the audit compares them.
 
 use crate::exit::ExitKind;
+use crate::trace::ExitObserver;
 use devices::VirtNanos;
 use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
@@ -128,6 +129,8 @@ pub struct RecorderState {
 pub struct Recorder {
     pub config: RecordConfig,
     records: Vec<ExitRecord>,
+    /// Hears of every record (a trace); not part of the state.
+    observer: Option<Box<dyn ExitObserver>>,
     by_kind: std::collections::BTreeMap<String, u64>,
     digest: ChainHash,
     count: u64,
@@ -138,6 +141,7 @@ impl Recorder {
         Recorder {
             config,
             records: Vec::new(),
+            observer: None,
             by_kind: std::collections::BTreeMap::new(),
             digest: ChainHash::default(),
             count: 0,
@@ -166,6 +170,20 @@ impl Recorder {
 
     pub fn count(&self) -> u64 {
         self.count
+    }
+
+    /// Sets (or removes) what hears of every record from now on; returns
+    /// the one set before.
+    pub fn set_observer(
+        &mut self,
+        observer: Option<Box<dyn ExitObserver>>,
+    ) -> Option<Box<dyn ExitObserver>> {
+        std::mem::replace(&mut self.observer, observer)
+    }
+
+    /// What hears of every record, if anything.
+    pub fn observer_mut(&mut self) -> Option<&mut (dyn ExitObserver + 'static)> {
+        self.observer.as_deref_mut()
     }
 
     /// Exits counted per kind (IoIn, Hlt, ...), in name order.

@@ -122,6 +122,8 @@ pub enum UpError {
     Snapshots(#[from] SnapshotsError),
     #[error(transparent)]
     Pcap(#[from] crate::pcap::PcapError),
+    #[error(transparent)]
+    Trace(#[from] crate::trace::TraceError),
     #[error("an up run ended without a status")]
     NoStatus,
     #[error("an up run ran no run")]
@@ -288,6 +290,10 @@ pub struct UpOptions {
     /// (see [`crate::pcap`]; a run held by `BootUp` captures nothing).
     #[serde(default)]
     pub pcap: Option<PathBuf>,
+    /// Write every exit of the first run here, a JSON line each (see
+    /// [`crate::trace`]; a run held by `BootUp` writes none).
+    #[serde(default)]
+    pub trace: Option<PathBuf>,
     /// How the guest reads the time and takes interrupts (the clock page
     /// unless told otherwise; the legacy HPET path is for comparisons).
     #[serde(default)]
@@ -424,7 +430,13 @@ pub fn run(
             sink,
             events: Box::new(events),
         };
+        // Created before the VM starts: a path that cannot be written stops
+        // nothing running.
+        let trace = crate::trace::TraceFile::create_if(options.trace.as_deref().filter(|_| first))?;
         let mut driven = prepared.boot(&config, output)?;
+        if let Some(trace) = &trace {
+            trace.attach(&mut driven.session);
+        }
         let capture = match options.pcap.as_deref().filter(|_| first) {
             Some(dir) => Some(PcapRecorder::attach(
                 driven.session.devices_mut(),
@@ -446,6 +458,9 @@ pub fn run(
         };
         if let Some(capture) = capture {
             capture.finish()?;
+        }
+        if let Some(trace) = trace {
+            trace.finish()?;
         }
         let status = driven.exit_status(stop).ok_or(UpError::NoStatus)?;
         let outcome = driven.outcome(stop)?;

@@ -16,6 +16,8 @@
 //! - `memory`, `memory_scan`: guest RAM, and walking or hashing it page by page;
 //! - `wiring`: the device set and its virtio slots; `console`: the host side
 //!   of the console;
+//! - `observe`: handing each record to an observer (a trace), with the
+//!   name of the device the exit hit;
 //! - `error`: [`VmError`] and the per-operation errors.
 
 mod checkpoint;
@@ -26,6 +28,7 @@ mod kvm_exit;
 mod kvm_vm;
 mod memory;
 mod memory_scan;
+mod observe;
 mod session;
 mod stepping;
 mod wiring;

@@ -222,7 +222,7 @@ impl Session {
         } else {
             NO_HASH
         };
-        self.recorder.push(ExitRecord {
+        let record = ExitRecord {
             index,
             time: self.machine.now(),
             kind: exit.kind(),
@@ -234,7 +234,9 @@ impl Session {
             injected,
             device_hash,
             memory_hash,
-        });
+        };
+        self.observe(&record);
+        self.recorder.push(record);
     }
 
     /// Runs until the guest stops, or until `exit_limit` exits have been
