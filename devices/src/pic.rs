@@ -373,6 +373,13 @@ impl Pic {
             Some(line) => {
                 self.master.acknowledge_line(line);
                 if line == CASCADE_LINE {
+                    // The INTA cycle drops the slave's INT output; if the
+                    // slave still has a request (always possible in auto-EOI
+                    // mode, which sets no in-service bit), `update_cascade`
+                    // raises it again: a new edge on the master's IR2.
+                    // Without the drop the pin would stay high and the
+                    // master would never latch the next request.
+                    self.master.set_line(CASCADE_LINE, false);
                     match self.slave.pending_line() {
                         Some(slave_line) => {
                             self.slave.acknowledge_line(slave_line);
@@ -714,6 +721,53 @@ mod tests {
         assert!(!pending_before_master_eoi);
         assert!(pic.has_pending_interrupt());
         assert_eq!(pic.acknowledge(), Some(SLAVE_VECTOR_BASE));
+    }
+
+    /// What the detvisor guest kernel does with the clock page
+    /// (init_8259A(auto_eoi = 1) with the slave in auto-EOI mode too).
+    fn linux_init_auto_eoi(pic: &mut Pic) {
+        out(pic, 0x21, 0xff);
+        out(pic, 0xa1, 0xff);
+        out(pic, 0x20, 0x11);
+        out(pic, 0x21, MASTER_VECTOR_BASE);
+        out(pic, 0x21, 1 << 2);
+        out(pic, 0x21, 0x03); // ICW4: 8086 mode, auto EOI
+        out(pic, 0xa0, 0x11);
+        out(pic, 0xa1, SLAVE_VECTOR_BASE);
+        out(pic, 0xa1, 2);
+        out(pic, 0xa1, 0x03);
+    }
+
+    #[test]
+    fn test_pic_auto_eoi_slave_delivers_every_request_without_eoi() {
+        // Two slave lines held high at once (virtio lines are levels that
+        // stay up until the guest acknowledges its device): in auto-EOI mode
+        // nothing is in service, so the slave's output stays high across the
+        // first INTA; the master must still see a new edge on IR2 for the
+        // second request, or it is never delivered.
+        let mut pic = Pic::new();
+        linux_init_auto_eoi(&mut pic);
+        unmask(&mut pic, 0xfa, 0x00);
+        pic.set_irq_level(10, true);
+        pic.set_irq_level(11, true);
+
+        assert_eq!(pic.acknowledge(), Some(SLAVE_VECTOR_BASE + 2));
+        assert!(pic.has_pending_interrupt(), "IRQ 11 must stay deliverable");
+        assert_eq!(pic.acknowledge(), Some(SLAVE_VECTOR_BASE + 3));
+        assert!(!pic.has_pending_interrupt());
+
+        // A line that goes low and high again (the next device event) is
+        // delivered again, with no EOI ever written.
+        pic.set_irq_level(10, false);
+        pic.set_irq_level(10, true);
+        assert_eq!(pic.acknowledge(), Some(SLAVE_VECTOR_BASE + 2));
+        // And the master's own lines, with the timer's edges.
+        pic.pulse_irq(0);
+        pic.pulse_irq(0);
+        assert_eq!(pic.acknowledge(), Some(MASTER_VECTOR_BASE));
+        pic.pulse_irq(0);
+        assert_eq!(pic.acknowledge(), Some(MASTER_VECTOR_BASE));
+        assert!(!pic.has_pending_interrupt());
     }
 
     #[test]
