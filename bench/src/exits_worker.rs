@@ -1,0 +1,627 @@
+//! The `bench exits` worker: every scenario under every system, runs interleaved (detvisor new
+//! 1, detvisor old 1, QEMU-KVM 1, detvisor new 2, ...), inside the helper VM or on the host; what
+//! one run of each gives; and the one place that selects detvisor's exit path
+//! ([`set_exit_path`]).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::boot_worker::command_words;
+use super::etcd::baseline::{fnv1a, rtc_base, CLOCKSOURCE_FILE, DONE_MARK};
+use super::etcd::{detvisor_result, up_summary, EtcdRun};
+use super::exits::{Scenario, System};
+use super::helper::WorkerReport;
+use super::machine::{uptime, TempDir};
+use super::process::{last_lines, run_in_process, run_timed, Watch};
+use super::qemu::{qemu_command, qemu_failure, Accel, QemuFiles, QemuPlan};
+use super::serve::BenchReply;
+use super::stats::ms;
+use crate::say;
+use run::api::{Controller, Request, Response};
+use run::outcome::RunSummary;
+use run::plain::GuestSpec;
+use run::up::{PreparedUp, UpOptions};
+
+/// The marker of the line the boot scenario's command prints (then the clocksource, `uptime`
+/// and the guest's uptime in seconds).
+pub const BOOT_MARK: &str = "exits-bench: clocksource ";
+
+/// The boot scenario's command: `bench boot`'s (`true`: boot, run a trivial command, end) made
+/// to print the clocksource the kernel chose and the guest's uptime, one line.
+pub fn boot_command() -> Vec<String> {
+    vec![
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "echo \"{BOOT_MARK}$(cat {CLOCKSOURCE_FILE}) uptime $(cut -d' ' -f1 /proc/uptime)\""
+        ),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// detvisor's exit path.
+
+/// detvisor's exit path, as this bench names it (the library's `vmm::ExitPath`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ExitPath {
+    /// The new path (the library's default): the clock page.
+    ClockPage,
+    /// The old path: HPET clocksource, an EOI per interrupt.
+    Legacy,
+}
+
+/// Whether the run library can select the exit path yet. Until `exit_path: vmm::ExitPath`
+/// exists in `run::plain::GuestSpec` and `run::up::UpOptions`, [`set_exit_path`] does nothing
+/// and "old" runs the library's default path like "new" (the report says so).
+pub const EXIT_PATH_SELECTABLE: bool = false;
+
+/// A request's options that carry the exit path.
+pub enum ExitPathTarget<'a> {
+    Plain(&'a mut GuestSpec),
+    Up(&'a mut UpOptions),
+}
+
+/// Selects `path` for a run: the one place to change when the library's option lands, to
+///
+/// ```ignore
+/// let p = match path {
+///     ExitPath::ClockPage => vmm::ExitPath::ClockPage,
+///     ExitPath::Legacy => vmm::ExitPath::Legacy,
+/// };
+/// match target {
+///     ExitPathTarget::Plain(g) => g.exit_path = p,
+///     ExitPathTarget::Up(o) => o.exit_path = p,
+/// }
+/// ```
+///
+/// (and [`EXIT_PATH_SELECTABLE`] to `true`).
+pub fn set_exit_path(target: ExitPathTarget<'_>, path: ExitPath) {
+    // Nothing to set yet (see EXIT_PATH_SELECTABLE).
+    match (target, path) {
+        (ExitPathTarget::Plain(_guest), _) => {}
+        (ExitPathTarget::Up(_options), _) => {}
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plans and results.
+
+/// A scenario's guests; paths as seen where the worker runs.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub enum ScenarioGuest {
+    /// A plain run of the boot command.
+    Plain { kernel: PathBuf, initrd: PathBuf },
+    /// An `up` run.
+    Up(Box<PreparedUp>),
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct ScenarioPlan {
+    pub scenario: Scenario,
+    pub mem: String,
+    pub ram_bytes: u64,
+    pub guest: ScenarioGuest,
+    /// What QEMU boots: the bzImage and the initrd with the scenario's script (boot: the
+    /// command).
+    pub bzimage: PathBuf,
+    pub qemu_initrd: PathBuf,
+    pub rtc_epoch: i64,
+    /// Why this scenario cannot be run (it could not be assembled).
+    pub error: Option<String>,
+    /// Why QEMU-KVM cannot run it (e.g. a fault its script does not model).
+    pub qemu_error: Option<String>,
+}
+
+/// What the worker runs.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct ExitsPlan {
+    pub runs: u32,
+    pub timeout_s: u64,
+    pub seed: u64,
+    /// detvisor's virtual-time limit (`up --until`).
+    pub until: String,
+    pub cmdline: String,
+    pub qemu: Option<QemuPlan>,
+    /// Why QEMU-KVM cannot be measured, when `qemu` is `None`.
+    pub qemu_error: Option<String>,
+    /// QEMU-KVM's `-cpu`.
+    pub qemu_cpu: String,
+    pub scenarios: Vec<ScenarioPlan>,
+    pub place: String,
+}
+
+/// One run of one system.
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+pub struct ExitsRun {
+    pub ok: bool,
+    /// QEMU: process spawn to exit; detvisor: the request's call to its return (ms).
+    pub wall_ms: f64,
+    pub error: Option<String>,
+    pub status: Option<u8>,
+    /// detvisor: virtual time; QEMU: the guest's uptime when the workload ended.
+    pub virtual_ns: Option<u64>,
+    pub exits: Option<u64>,
+    pub exits_by_kind: BTreeMap<String, u64>,
+    /// detvisor's `vm::run` (its summary's `wall_ms`).
+    pub inner_wall_ms: Option<u64>,
+    /// detvisor's run digest, or FNV-1a 64 of QEMU's serial bytes.
+    pub output: Option<String>,
+    /// The clocksource the guest said it used (`current_clocksource`), when it said.
+    pub clocksource: Option<String>,
+    pub workload_tail: Option<String>,
+}
+
+impl ExitsRun {
+    fn failed(error: String) -> Self {
+        ExitsRun {
+            error: Some(error),
+            ..ExitsRun::default()
+        }
+    }
+}
+
+impl From<EtcdRun> for ExitsRun {
+    fn from(r: EtcdRun) -> Self {
+        ExitsRun {
+            ok: r.ok,
+            wall_ms: r.wall_ms,
+            error: r.error,
+            status: r.status,
+            virtual_ns: r.virtual_ns,
+            exits: r.exits,
+            inner_wall_ms: r.inner_wall_ms,
+            output: r.output,
+            workload_tail: r.workload_tail,
+            ..ExitsRun::default()
+        }
+    }
+}
+
+/// One scenario under one system.
+#[derive(Serialize, Deserialize, Debug, Clone)]
+pub struct Cell {
+    pub scenario: Scenario,
+    pub system: System,
+    pub runs: Vec<ExitsRun>,
+    pub command: Vec<String>,
+    /// Set when the system could not run the scenario at all.
+    pub error: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Default)]
+pub struct ExitsWorkerReport {
+    pub place: String,
+    pub uptime_at_start_s: Option<f64>,
+    pub elapsed_ms: f64,
+    pub cells: Vec<Cell>,
+    pub error: Option<String>,
+}
+
+impl WorkerReport for ExitsWorkerReport {
+    fn elapsed_ms(&self) -> f64 {
+        self.elapsed_ms
+    }
+    fn from_reply(reply: BenchReply) -> Option<Self> {
+        match reply {
+            BenchReply::Exits(report) => Some(*report),
+            _ => None,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// QEMU-KVM.
+
+/// QEMU-KVM's command line: `bench boot`'s (`-accel kvm -M pc`, serial and status in files,
+/// `-no-reboot`) with `-cpu CPU` and `-rtc base=` the scenario's epoch.
+pub fn qemu_kvm_command(
+    q: &QemuPlan,
+    files: &QemuFiles,
+    cpu: &str,
+    rtc_epoch: i64,
+    serial: &Path,
+    status: &Path,
+) -> Command {
+    let mut cmd = qemu_command(q, Accel::Kvm, files, serial, status);
+    cmd.args(["-cpu", cpu, "-rtc"])
+        .arg(format!("base={}", rtc_base(rtc_epoch)));
+    cmd
+}
+
+/// The clocksource in a guest's output: the word after `bench: clocksource ` (the boot
+/// command's line or the etcd script's).
+pub fn clocksource_in(text: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let (_, rest) = l.split_once("bench: clocksource ")?;
+        rest.split_whitespace().next().map(String::from)
+    })
+}
+
+/// The guest's uptime (s) the boot command's line or the etcd script's last line gives.
+pub fn uptime_in(text: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| l.contains(BOOT_MARK) || l.starts_with(DONE_MARK))
+        .find_map(|l| {
+            l.split_whitespace()
+                .skip_while(|w| *w != "uptime")
+                .nth(1)
+                .and_then(|u| u.parse::<f64>().ok())
+        })
+}
+
+fn qemu_kvm_run(plan: &ExitsPlan, s: &ScenarioPlan, q: &QemuPlan, dir: &Path, i: u32) -> ExitsRun {
+    let serial_path = dir.join(format!("qemu-kvm-{:?}-{i}.serial", s.scenario));
+    let status_path = dir.join(format!("qemu-kvm-{:?}-{i}.status", s.scenario));
+    let _ = fs::remove_file(&serial_path);
+    let _ = fs::remove_file(&status_path);
+    let files = QemuFiles {
+        bzimage: &s.bzimage,
+        initrd: &s.qemu_initrd,
+        cmdline: &plan.cmdline,
+        mem: &s.mem,
+    };
+    let cmd = qemu_kvm_command(
+        q,
+        &files,
+        &plan.qemu_cpu,
+        s.rtc_epoch,
+        &serial_path,
+        &status_path,
+    );
+    let limit = Duration::from_secs(plan.timeout_s);
+    let finished = match run_timed(cmd, limit, Watch::default()) {
+        Ok(f) => f,
+        Err(e) => return ExitsRun::failed(format!("{e:#}")),
+    };
+    let serial = fs::read(&serial_path).unwrap_or_default();
+    let status = fs::read(&status_path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&serial);
+    let upto: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with(DONE_MARK))
+        .collect();
+    let error = qemu_failure(&finished, &status, &serial, 20, limit);
+    ExitsRun {
+        ok: error.is_none(),
+        wall_ms: ms(finished.wall),
+        error,
+        status: (status.len() == 1).then(|| status[0]),
+        virtual_ns: uptime_in(&text).map(|u| (u * 1e9).round() as u64),
+        output: Some(fnv1a(&serial)),
+        clocksource: clocksource_in(&text),
+        workload_tail: Some(last_lines(&upto.join("\n"), 14)),
+        ..ExitsRun::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// detvisor.
+
+/// The guest of the boot scenario: `detvisor run --cmdline CMDLINE -- <boot command>`.
+pub fn boot_guest(plan: &ExitsPlan, s: &ScenarioPlan, kernel: &Path, initrd: &Path) -> GuestSpec {
+    GuestSpec {
+        seed: plan.seed,
+        kernel: Some(kernel.to_path_buf()),
+        initrd: Some(initrd.to_path_buf()),
+        cmdline: Some(plan.cmdline.clone()),
+        ram_bytes: s.ram_bytes,
+        rtc_epoch_unix_secs: s.rtc_epoch,
+        command: boot_command(),
+        ..GuestSpec::default()
+    }
+}
+
+/// A plain run's summary and console.
+fn plain_run(guest: GuestSpec) -> (Result<RunSummary, String>, String) {
+    let streams = run::streams::Captured::default();
+    let request = Request::Run {
+        guest,
+        snapshots: None,
+        pcap: None,
+    };
+    let summary = match Controller::new().handle(request, &streams) {
+        Ok(Response::Summary(summary)) => Ok(summary),
+        Ok(other) => Err(format!("a run answered {other:?}")),
+        Err(e) => Err(format!("{:#}", anyhow::Error::from(e))),
+    };
+    (summary, streams.stdout_text())
+}
+
+fn plain_result(
+    (summary, console): (Result<RunSummary, String>, String),
+    wall: Duration,
+) -> ExitsRun {
+    let mut r = match summary {
+        Err(e) => return ExitsRun::failed(e),
+        Ok(s) => ExitsRun {
+            ok: s.exit_status == Some(0),
+            status: s.exit_status,
+            virtual_ns: Some(s.virtual_ns),
+            exits: Some(s.exits),
+            exits_by_kind: s.exits_by_kind,
+            inner_wall_ms: Some(s.wall_ms),
+            output: Some(s.digest),
+            ..ExitsRun::default()
+        },
+    };
+    r.wall_ms = ms(wall);
+    r.clocksource = clocksource_in(&console);
+    r.workload_tail = Some(last_lines(&console, 4));
+    if !r.ok {
+        r.error = Some(format!(
+            "the guest reported status {:?}, not 0; its console ends with:\n{}",
+            r.status,
+            last_lines(&console, 10)
+        ));
+    }
+    r
+}
+
+fn detvisor_run(
+    plan: &ExitsPlan,
+    s: &ScenarioPlan,
+    path: ExitPath,
+    dir: &Path,
+    i: u32,
+) -> ExitsRun {
+    let limit = Duration::from_secs(plan.timeout_s);
+    let abandoned = |timed_out: bool| {
+        if timed_out {
+            format!("abandoned at the {} s time limit", limit.as_secs())
+        } else {
+            "the run's thread panicked".into()
+        }
+    };
+    match &s.guest {
+        ScenarioGuest::Plain { kernel, initrd } => {
+            let mut guest = boot_guest(plan, s, kernel, initrd);
+            set_exit_path(ExitPathTarget::Plain(&mut guest), path);
+            let done = run_in_process(move || plain_run(guest), limit, Watch::default());
+            let outcome = done
+                .result
+                .unwrap_or_else(|| (Err(abandoned(done.timed_out)), String::new()));
+            plain_result(outcome, done.wall)
+        }
+        ScenarioGuest::Up(prepared) => {
+            let logs = dir.join(format!("logs-{:?}-{path:?}-{i}", s.scenario));
+            let until = match run::units::parse_duration(&plan.until) {
+                Ok(u) => u,
+                Err(e) => return ExitsRun::failed(format!("--until: {e}")),
+            };
+            let mut options = UpOptions {
+                seed: plan.seed,
+                until: Some(until),
+                runs: 1,
+                logs: Some(logs.clone()),
+                stream_output: false,
+                snapshots: None,
+                stall_timeout: Default::default(),
+                pcap: None,
+            };
+            set_exit_path(ExitPathTarget::Up(&mut options), path);
+            let prepared = (**prepared).clone();
+            let done = run_in_process(
+                move || {
+                    let (summary, events) = up_summary(prepared, options);
+                    let by_kind = summary.as_ref().ok().and_then(|s| {
+                        serde_json::from_value::<BTreeMap<String, u64>>(
+                            s.get("exits_by_kind")?.clone(),
+                        )
+                        .ok()
+                    });
+                    ((summary, events), by_kind)
+                },
+                limit,
+                Watch::default(),
+            );
+            let (outcome, by_kind) = done
+                .result
+                .unwrap_or_else(|| ((Err(abandoned(done.timed_out)), String::new()), None));
+            let mut r = ExitsRun::from(detvisor_result(outcome, done.wall, &logs));
+            r.exits_by_kind = by_kind.unwrap_or_default();
+            r
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The worker.
+
+/// A run in one line of progress.
+pub fn describe(r: &ExitsRun) -> String {
+    if !r.ok {
+        return format!("FAILED: {}", r.error.as_deref().unwrap_or("unknown error"));
+    }
+    let mut s = format!("{:.1} s", r.wall_ms / 1000.0);
+    if let Some(v) = r.virtual_ns {
+        s.push_str(&format!(", virtual {:.3} s", v as f64 / 1e9));
+    }
+    if let Some(e) = r.exits {
+        s.push_str(&format!(", {e} exits"));
+    }
+    if let Some(c) = &r.clocksource {
+        s.push_str(&format!(", clocksource {c}"));
+    }
+    if let Some(o) = &r.output {
+        s.push_str(&format!(", output {o}"));
+    }
+    s
+}
+
+pub fn worker(plan: &ExitsPlan) -> ExitsWorkerReport {
+    let started = Instant::now();
+    let tag = format!("bench [{}]", plan.place);
+    let mut report = ExitsWorkerReport {
+        place: plan.place.clone(),
+        uptime_at_start_s: uptime(),
+        ..ExitsWorkerReport::default()
+    };
+    let scratch = match TempDir::new("detvisor-bench-exits-") {
+        Ok(t) => t,
+        Err(e) => {
+            report.error = Some(format!("cannot create a scratch directory: {e}"));
+            return report;
+        }
+    };
+    let dir = scratch.path();
+    for s in &plan.scenarios {
+        let mut cells: Vec<Cell> = System::ALL
+            .iter()
+            .map(|&system| Cell {
+                scenario: s.scenario,
+                system,
+                runs: Vec::new(),
+                command: Vec::new(),
+                error: s.error.clone(),
+            })
+            .collect();
+        let qemu = match (&plan.qemu, &s.qemu_error, &plan.qemu_error) {
+            (_, Some(e), _) | (None, None, Some(e)) => {
+                cells[2].error.get_or_insert_with(|| e.clone());
+                None
+            }
+            (None, None, None) => {
+                cells[2]
+                    .error
+                    .get_or_insert_with(|| "QEMU unavailable".into());
+                None
+            }
+            (Some(q), None, _) => Some(q),
+        };
+        if let Some(q) = qemu {
+            let files = QemuFiles {
+                bzimage: &s.bzimage,
+                initrd: &s.qemu_initrd,
+                cmdline: &plan.cmdline,
+                mem: &s.mem,
+            };
+            let serial = dir.join("SERIAL");
+            let status = dir.join("STATUS");
+            cells[2].command = command_words(&qemu_kvm_command(
+                q,
+                &files,
+                &plan.qemu_cpu,
+                s.rtc_epoch,
+                &serial,
+                &status,
+            ));
+        }
+        for cell in &mut cells[..2] {
+            cell.command = vec![match &s.guest {
+                ScenarioGuest::Plain { .. } => "run::api::Request::Run, in process".into(),
+                ScenarioGuest::Up(_) => "run::api::Request::Up, in process".into(),
+            }];
+        }
+        if s.error.is_some() {
+            report.cells.extend(cells);
+            continue;
+        }
+        let n = plan.runs;
+        for i in 1..=n {
+            for (cell, path) in cells[..2]
+                .iter_mut()
+                .zip([ExitPath::ClockPage, ExitPath::Legacy])
+            {
+                let r = detvisor_run(plan, s, path, dir, i);
+                say!(
+                    "{tag}: {} {}: run {i}/{n}: {}",
+                    s.scenario.name(),
+                    cell.system.name(),
+                    describe(&r)
+                );
+                cell.runs.push(r);
+            }
+            if let Some(q) = qemu {
+                let r = qemu_kvm_run(plan, s, q, dir, i);
+                say!(
+                    "{tag}: {} {}: run {i}/{n}: {}",
+                    s.scenario.name(),
+                    System::QemuKvm.name(),
+                    describe(&r)
+                );
+                cells[2].runs.push(r);
+            }
+        }
+        report.cells.extend(cells);
+    }
+    report.elapsed_ms = ms(started.elapsed());
+    report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan() -> QemuPlan {
+        serde_json::from_value(serde_json::json!({
+            "bin": "/payload/files/qemu/bin/qemu-system-x86_64",
+            "lib_dir": "/payload/files/qemu/lib",
+            "interp": null,
+            "loader": null,
+            "firmware_dir": "/payload/files/qemu/share",
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn qemu_kvm_command_line() {
+        let files = QemuFiles {
+            bzimage: Path::new("/b/bzImage"),
+            initrd: Path::new("/b/initrd,x"),
+            cmdline: "console=ttyS0 reboot=t",
+            mem: "1G",
+        };
+        let cmd = qemu_kvm_command(
+            &plan(),
+            &files,
+            "host",
+            1_704_067_200,
+            Path::new("/t/s"),
+            Path::new("/t/st"),
+        );
+        let words = command_words(&cmd).join(" ");
+        assert_eq!(
+            words,
+            "/payload/files/qemu/bin/qemu-system-x86_64 -L /payload/files/qemu/share \
+             -accel kvm -M pc -m 1G -nodefaults -no-user-config -display none -no-reboot \
+             -chardev file,id=ser0,path=/t/s -serial chardev:ser0 \
+             -chardev file,id=status,path=/t/st -device isa-debugcon,iobase=0x610,chardev=status \
+             -kernel /b/bzImage -initrd /b/initrd,x -append console=ttyS0 reboot=t \
+             -cpu host -rtc base=2024-01-01T00:00:00"
+        );
+        let env: Vec<_> = cmd.get_envs().collect();
+        assert_eq!(
+            env,
+            [(
+                std::ffi::OsStr::new("LD_LIBRARY_PATH"),
+                Some(std::ffi::OsStr::new("/payload/files/qemu/lib"))
+            )]
+        );
+    }
+
+    #[test]
+    fn clocksource_and_uptime_from_the_output() {
+        let boot = "Linux\nexits-bench: clocksource kvm-clock uptime 0.91\n";
+        assert_eq!(clocksource_in(boot).as_deref(), Some("kvm-clock"));
+        assert_eq!(uptime_in(boot), Some(0.91));
+        let etcd = "etcd-bench: clocksource hpet\netcd-bench: all nodes started at 3.1\n\
+                    etcd-bench: workload exited: status 0 uptime 43.52\n";
+        assert_eq!(clocksource_in(etcd).as_deref(), Some("hpet"));
+        assert_eq!(uptime_in(etcd), Some(43.52));
+        assert_eq!(clocksource_in("nothing"), None);
+        assert_eq!(uptime_in("etcd-bench: all nodes started at 3.1"), None);
+    }
+
+    #[test]
+    fn boot_command_prints_one_marked_line() {
+        let c = boot_command();
+        assert_eq!(c[..2], ["sh", "-c"]);
+        assert!(c[2].contains(CLOCKSOURCE_FILE));
+        assert!(c[2].starts_with("echo \"exits-bench: clocksource $(cat "));
+    }
+}
