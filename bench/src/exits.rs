@@ -131,6 +131,11 @@ pub struct ExitsArgs {
     /// Where detvisor and QEMU-KVM run.
     #[arg(long, value_enum, default_value_t = BenchHostVm::Auto)]
     pub host_vm: BenchHostVm,
+    /// Do not read the KVM statistics of the runs' VMs (debugfs, in the helper VM mounted if
+    /// needed: each run's VM counted from its creation, its stat files opened by a 5 ms poll
+    /// until it exists and held past its end, which defers the VM's teardown past QEMU's exit).
+    #[arg(long)]
+    pub no_kvm_stats: bool,
 }
 
 /// The boot scenario: the default guest, its initrd with the boot command for QEMU.
@@ -309,6 +314,7 @@ pub fn orchestrate(args: &ExitsArgs) -> Result<u8> {
         qemu: qemu.as_ref().ok().map(QemuInstall::on_host),
         qemu_error: qemu.as_ref().err().map(|e| format!("{e:#}")),
         qemu_cpu: args.qemu_cpu.clone(),
+        kvm_stats: !args.no_kvm_stats,
         scenarios: plans,
         place: "host".into(),
     };

@@ -44,6 +44,9 @@ pub struct SystemSummary {
     pub exits_per_virtual_s: Option<f64>,
     /// Median of each kind over the successful runs.
     pub exits_by_kind: BTreeMap<String, u64>,
+    /// Medians of the KVM statistics of the runs' VMs (`exits`, `io_exits`, ...; debugfs of the
+    /// kernel the runs are on), when read.
+    pub kvm: BTreeMap<String, u64>,
     /// detvisor's `vm::run` (median, ms).
     pub inner_wall_ms: Option<u64>,
     /// Whether every successful run gave the same output (at least 2 of them).
@@ -62,18 +65,18 @@ pub fn summarize(cell: &Cell) -> SystemSummary {
     let walls = stat(ok.iter().map(|r| r.wall_ms / 1000.0));
     let exits = median_u64(ok.iter().filter_map(|r| r.exits));
     let virtual_s = median_u64(ok.iter().filter_map(|r| r.virtual_ns)).map(|v| v as f64 / 1e9);
-    let kinds: std::collections::BTreeSet<&String> =
-        ok.iter().flat_map(|r| r.exits_by_kind.keys()).collect();
-    let exits_by_kind = kinds
-        .into_iter()
-        .filter_map(|k| {
-            median_u64(
-                ok.iter()
-                    .map(|r| r.exits_by_kind.get(k).copied().unwrap_or(0)),
-            )
-            .map(|m| (k.clone(), m))
-        })
-        .collect();
+    let medians = |maps: Vec<&BTreeMap<String, u64>>| -> BTreeMap<String, u64> {
+        let keys: std::collections::BTreeSet<&String> =
+            maps.iter().flat_map(|m| m.keys()).collect();
+        keys.into_iter()
+            .filter_map(|k| {
+                median_u64(maps.iter().map(|m| m.get(k).copied().unwrap_or(0)))
+                    .map(|v| (k.clone(), v))
+            })
+            .collect()
+    };
+    let exits_by_kind = medians(ok.iter().map(|r| &r.exits_by_kind).collect());
+    let kvm = medians(ok.iter().filter_map(|r| r.kvm.as_ref()).collect());
     let outputs: Vec<&String> = ok.iter().filter_map(|r| r.output.as_ref()).collect();
     let mut sources: Vec<&str> = ok.iter().filter_map(|r| r.clocksource.as_deref()).collect();
     sources.dedup();
@@ -95,6 +98,7 @@ pub fn summarize(cell: &Cell) -> SystemSummary {
         exits,
         exits_per_virtual_s: ratio(exits.map(|e| e as f64), virtual_s),
         exits_by_kind,
+        kvm,
         inner_wall_ms: median_u64(ok.iter().filter_map(|r| r.inner_wall_ms)),
         identical: (outputs.len() >= 2).then(|| outputs.iter().all(|o| *o == outputs[0])),
         outputs: cell.runs.iter().map(|r| r.output.clone()).collect(),
@@ -163,6 +167,8 @@ pub struct Report {
     pub until: String,
     pub cmdline: String,
     pub qemu_cpu: String,
+    /// "debugfs" when the runs' KVM statistics were read, else why not.
+    pub kvm_stats: Option<String>,
     pub placement: String,
     pub placement_reason: Option<String>,
     pub caveat: Option<String>,
@@ -238,6 +244,7 @@ pub fn build(i: Inputs) -> Report {
         until: i.args.until.clone(),
         cmdline: i.cmdline.into(),
         qemu_cpu: i.args.qemu_cpu.clone(),
+        kvm_stats: i.worker.as_ref().map(|w| w.kvm_stats.clone()),
         placement: i.placement.place().into(),
         placement_reason: i.placement.reason.clone(),
         caveat: i.placement.helper.then(|| {
@@ -266,6 +273,16 @@ fn secs(v: Option<f64>) -> String {
     v.map_or("-".into(), |v| format!("{v:.1}"))
 }
 
+/// Virtual seconds: milliseconds shown, microseconds below 0.1 s (a boot is ~0.2 ms of
+/// detvisor's virtual time).
+fn virtual_secs(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(v) if v < 0.1 => format!("{v:.6}"),
+        Some(v) => format!("{v:.3}"),
+    }
+}
+
 fn goal(met: Option<bool>) -> &'static str {
     match met {
         Some(true) => "met",
@@ -279,7 +296,7 @@ pub fn write_scenario(o: &mut dyn Write, s: &ScenarioReport) -> io::Result<()> {
     writeln!(o, "== {}: {} ({} RAM)", s.scenario.name(), s.what, s.mem)?;
     writeln!(
         o,
-        "{:<26} {:>5} {:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:<11}",
+        "{:<26} {:>5} {:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {}",
         "system",
         "ok",
         "wall s per run",
@@ -287,6 +304,7 @@ pub fn write_scenario(o: &mut dyn Write, s: &ScenarioReport) -> io::Result<()> {
         "virtual",
         "exits",
         "exits/vs",
+        "KVM exits",
         "identical",
         "clocksource"
     )?;
@@ -300,7 +318,7 @@ pub fn write_scenario(o: &mut dyn Write, s: &ScenarioReport) -> io::Result<()> {
             .join(" ");
         writeln!(
             o,
-            "{:<26} {:>5} {:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:<11}",
+            "{:<26} {:>5} {:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {}",
             m.name,
             format!("{}/{}", m.ok_runs, m.runs),
             if per_run.is_empty() {
@@ -309,10 +327,11 @@ pub fn write_scenario(o: &mut dyn Write, s: &ScenarioReport) -> io::Result<()> {
                 per_run
             },
             secs(m.median_s),
-            m.virtual_s.map_or("-".into(), |v| format!("{v:.3}")),
+            virtual_secs(m.virtual_s),
             opt_count(m.exits),
             m.exits_per_virtual_s
                 .map_or("n/a".into(), |v| format!("{v:.0}")),
+            opt_count(m.kvm.get("exits").copied()),
             match m.identical {
                 Some(true) => "yes",
                 Some(false) => "NO",
@@ -332,6 +351,24 @@ pub fn write_scenario(o: &mut dyn Write, s: &ScenarioReport) -> io::Result<()> {
         for k in kinds {
             let v = |m: &SystemSummary| opt_count(m.exits_by_kind.get(k).copied());
             writeln!(o, "    {k:<24} {:>9} {:>10}", v(new), v(old))?;
+        }
+    }
+    let kvm_kinds: std::collections::BTreeSet<&String> =
+        s.systems.iter().flat_map(|m| m.kvm.keys()).collect();
+    if !kvm_kinds.is_empty() {
+        writeln!(
+            o,
+            "  KVM statistics (median)      new        old   QEMU-KVM"
+        )?;
+        for k in kvm_kinds {
+            let v = |m: &SystemSummary| opt_count(m.kvm.get(k).copied());
+            writeln!(
+                o,
+                "    {k:<24} {:>9} {:>10} {:>10}",
+                v(&s.systems[0]),
+                v(&s.systems[1]),
+                v(&s.systems[2])
+            )?;
         }
     }
     let r = &s.ratios;
@@ -393,6 +430,12 @@ pub fn write_report(o: &mut dyn Write, r: &Report) -> io::Result<()> {
         )?;
     }
     writeln!(o, "QEMU-KVM: {}", r.baseline_differences)?;
+    writeln!(
+        o,
+        "KVM exits: the KVM statistics of each run's VM ({}), counted by the kernel the runs \
+         are on (for detvisor besides its own exits: KVM also exits for itself)",
+        r.kvm_stats.as_deref().unwrap_or("not read")
+    )?;
     Ok(())
 }
 
@@ -442,6 +485,7 @@ mod tests {
             ]),
             output: Some(digest.into()),
             clocksource: Some(source.into()),
+            kvm: Some(BTreeMap::from([("exits".to_string(), 2 * exits)])),
             ..ExitsRun::default()
         }
     }
@@ -516,6 +560,10 @@ mod tests {
             virtual_ns: Some(44_000_000_000),
             output: Some("q1".into()),
             clocksource: Some("tsc".into()),
+            kvm: Some(BTreeMap::from([
+                ("exits".to_string(), 5000),
+                ("halt_exits".to_string(), 700),
+            ])),
             ..ExitsRun::default()
         }
     }
@@ -545,6 +593,8 @@ mod tests {
             }
         );
         assert!(!r.all_ok);
+        assert_eq!(virtual_secs(Some(0.000_169_2)), "0.000169");
+        assert_eq!(virtual_secs(None), "-");
         let boot = ratios(Scenario::Boot, new, old, kvm);
         assert_eq!(boot.exits_goal_met, None);
     }
@@ -561,12 +611,16 @@ mod tests {
             "== partition: examples/etcd/partition.toml: 3 members, n1 cut off at 20 s for 10 s (1G RAM)"
         );
         assert_eq!(
+            lines[1],
+            "system                        ok wall s per run          median   virtual     exits  exits/vs KVM exits identical clocksource"
+        );
+        assert_eq!(
             lines[2],
-            "detvisor new (clock page)    2/2 100.0 110.0              105.0    43.500     40000       920       yes detvisor   "
+            "detvisor new (clock page)    2/2 100.0 110.0              105.0    43.500     40000       920     80000       yes detvisor"
         );
         assert_eq!(
             lines[4],
-            "QEMU -accel kvm              1/2 90.0 0.5!                 90.0    44.000       n/a       n/a       n/a tsc        "
+            "QEMU -accel kvm              1/2 90.0 0.5!                 90.0    44.000       n/a       n/a      5000       n/a tsc"
         );
         assert_eq!(lines[5], "  exits by kind (median)       new        old");
         assert_eq!(
@@ -575,6 +629,14 @@ mod tests {
         );
         assert_eq!(
             lines[8],
+            "  KVM statistics (median)      new        old   QEMU-KVM"
+        );
+        assert_eq!(
+            lines[10],
+            "    halt_exits                     n/a        n/a        700"
+        );
+        assert_eq!(
+            lines[11],
             "  ratios: exits old/new 4.00x (goal >= 3x: met); wall old/new 2.95x; detvisor new / \
              QEMU-KVM wall 1.17x (goal <= 1.2x: met)"
         );

@@ -16,6 +16,7 @@ use super::etcd::{detvisor_result, up_summary, EtcdRun};
 use super::exits::{Scenario, System};
 use super::helper::WorkerReport;
 use super::machine::{uptime, TempDir};
+use super::monitor::kvm_stats_available;
 use super::process::{last_lines, run_in_process, run_timed, Watch};
 use super::qemu::{qemu_command, qemu_failure, Accel, QemuFiles, QemuPlan};
 use super::serve::BenchReply;
@@ -131,6 +132,8 @@ pub struct ExitsPlan {
     pub qemu_error: Option<String>,
     /// QEMU-KVM's `-cpu`.
     pub qemu_cpu: String,
+    /// Read the KVM statistics of every run's VM (debugfs of the kernel the runs are on).
+    pub kvm_stats: bool,
     pub scenarios: Vec<ScenarioPlan>,
     pub place: String,
 }
@@ -153,6 +156,8 @@ pub struct ExitsRun {
     pub output: Option<String>,
     /// The clocksource the guest said it used (`current_clocksource`), when it said.
     pub clocksource: Option<String>,
+    /// The KVM statistics of the run's VM (debugfs: `exits`, `io_exits`, ...), when read.
+    pub kvm: Option<BTreeMap<String, u64>>,
     pub workload_tail: Option<String>,
 }
 
@@ -196,6 +201,8 @@ pub struct Cell {
 #[derive(Serialize, Deserialize, Debug, Default)]
 pub struct ExitsWorkerReport {
     pub place: String,
+    /// "debugfs" when the runs' KVM statistics were read, else why not.
+    pub kvm_stats: String,
     pub uptime_at_start_s: Option<f64>,
     pub elapsed_ms: f64,
     pub cells: Vec<Cell>,
@@ -254,7 +261,12 @@ pub fn uptime_in(text: &str) -> Option<f64> {
         })
 }
 
-fn qemu_kvm_run(plan: &ExitsPlan, s: &ScenarioPlan, q: &QemuPlan, dir: &Path, i: u32) -> ExitsRun {
+fn qemu_kvm_run(
+    plan: &ExitsPlan,
+    s: &ScenarioPlan,
+    q: &QemuPlan,
+    (dir, i, stats): (&Path, u32, bool),
+) -> ExitsRun {
     let serial_path = dir.join(format!("qemu-kvm-{:?}-{i}.serial", s.scenario));
     let status_path = dir.join(format!("qemu-kvm-{:?}-{i}.status", s.scenario));
     let _ = fs::remove_file(&serial_path);
@@ -274,7 +286,11 @@ fn qemu_kvm_run(plan: &ExitsPlan, s: &ScenarioPlan, q: &QemuPlan, dir: &Path, i:
         &status_path,
     );
     let limit = Duration::from_secs(plan.timeout_s);
-    let finished = match run_timed(cmd, limit, Watch::default()) {
+    let watch = Watch {
+        ram: None,
+        kvm: stats,
+    };
+    let finished = match run_timed(cmd, limit, watch) {
         Ok(f) => f,
         Err(e) => return ExitsRun::failed(format!("{e:#}")),
     };
@@ -294,6 +310,7 @@ fn qemu_kvm_run(plan: &ExitsPlan, s: &ScenarioPlan, q: &QemuPlan, dir: &Path, i:
         virtual_ns: uptime_in(&text).map(|u| (u * 1e9).round() as u64),
         output: Some(fnv1a(&serial)),
         clocksource: clocksource_in(&text),
+        kvm: finished.kvm,
         workload_tail: Some(last_lines(&upto.join("\n"), 14)),
         ..ExitsRun::default()
     }
@@ -366,10 +383,13 @@ fn detvisor_run(
     plan: &ExitsPlan,
     s: &ScenarioPlan,
     path: ExitPath,
-    dir: &Path,
-    i: u32,
+    (dir, i, stats): (&Path, u32, bool),
 ) -> ExitsRun {
     let limit = Duration::from_secs(plan.timeout_s);
+    let watch = Watch {
+        ram: None,
+        kvm: stats,
+    };
     let abandoned = |timed_out: bool| {
         if timed_out {
             format!("abandoned at the {} s time limit", limit.as_secs())
@@ -381,11 +401,13 @@ fn detvisor_run(
         ScenarioGuest::Plain { kernel, initrd } => {
             let mut guest = boot_guest(plan, s, kernel, initrd);
             set_exit_path(ExitPathTarget::Plain(&mut guest), path);
-            let done = run_in_process(move || plain_run(guest), limit, Watch::default());
+            let done = run_in_process(move || plain_run(guest), limit, watch);
             let outcome = done
                 .result
                 .unwrap_or_else(|| (Err(abandoned(done.timed_out)), String::new()));
-            plain_result(outcome, done.wall)
+            let mut r = plain_result(outcome, done.wall);
+            r.kvm = done.kvm;
+            r
         }
         ScenarioGuest::Up(prepared) => {
             let logs = dir.join(format!("logs-{:?}-{path:?}-{i}", s.scenario));
@@ -417,13 +439,14 @@ fn detvisor_run(
                     ((summary, events), by_kind)
                 },
                 limit,
-                Watch::default(),
+                watch,
             );
             let (outcome, by_kind) = done
                 .result
                 .unwrap_or_else(|| ((Err(abandoned(done.timed_out)), String::new()), None));
             let mut r = ExitsRun::from(detvisor_result(outcome, done.wall, &logs));
             r.exits_by_kind = by_kind.unwrap_or_default();
+            r.kvm = done.kvm;
             r
         }
     }
@@ -439,10 +462,13 @@ pub fn describe(r: &ExitsRun) -> String {
     }
     let mut s = format!("{:.1} s", r.wall_ms / 1000.0);
     if let Some(v) = r.virtual_ns {
-        s.push_str(&format!(", virtual {:.3} s", v as f64 / 1e9));
+        s.push_str(&format!(", virtual {:.6} s", v as f64 / 1e9));
     }
     if let Some(e) = r.exits {
         s.push_str(&format!(", {e} exits"));
+    }
+    if let Some(k) = r.kvm.as_ref().and_then(|k| k.get("exits")) {
+        s.push_str(&format!(", {k} KVM exits"));
     }
     if let Some(c) = &r.clocksource {
         s.push_str(&format!(", clocksource {c}"));
@@ -469,6 +495,12 @@ pub fn worker(plan: &ExitsPlan) -> ExitsWorkerReport {
         }
     };
     let dir = scratch.path();
+    report.kvm_stats = if plan.kvm_stats {
+        kvm_stats_available(plan.place == "helper VM")
+    } else {
+        "not asked for".into()
+    };
+    let stats = report.kvm_stats == "debugfs";
     for s in &plan.scenarios {
         let mut cells: Vec<Cell> = System::ALL
             .iter()
@@ -527,7 +559,7 @@ pub fn worker(plan: &ExitsPlan) -> ExitsWorkerReport {
                 .iter_mut()
                 .zip([ExitPath::ClockPage, ExitPath::Legacy])
             {
-                let r = detvisor_run(plan, s, path, dir, i);
+                let r = detvisor_run(plan, s, path, (dir, i, stats));
                 say!(
                     "{tag}: {} {}: run {i}/{n}: {}",
                     s.scenario.name(),
@@ -537,7 +569,7 @@ pub fn worker(plan: &ExitsPlan) -> ExitsWorkerReport {
                 cell.runs.push(r);
             }
             if let Some(q) = qemu {
-                let r = qemu_kvm_run(plan, s, q, dir, i);
+                let r = qemu_kvm_run(plan, s, q, (dir, i, stats));
                 say!(
                     "{tag}: {} {}: run {i}/{n}: {}",
                     s.scenario.name(),
