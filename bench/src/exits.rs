@@ -83,6 +83,12 @@ impl Scenario {
     }
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum QemuClock {
+    Tsc,
+    Kernel,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum System {
@@ -128,6 +134,16 @@ pub struct ExitsArgs {
     /// QEMU-KVM's `-cpu` (what the KVM it runs on supports: `host`, `qemu64`, ...).
     #[arg(long, default_value = "host")]
     pub qemu_cpu: String,
+    /// Words appended to QEMU-KVM's kernel command line only (e.g. `clocksource=tsc
+    /// tsc=reliable`); the report shows the clocksource the guest used.
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    pub qemu_append: String,
+    /// QEMU-KVM's guest clock: `tsc` gives it the TSC at the rate of the machine QEMU runs on
+    /// (`tsc_early_khz=<cpu MHz> tsc=reliable clocksource=tsc`: in nested KVM the guest kernel
+    /// cannot calibrate the TSC and falls back to the HPET, an exit per clock read); `kernel`
+    /// leaves the choice to the guest kernel.
+    #[arg(long, value_enum, default_value_t = QemuClock::Tsc)]
+    pub qemu_clock: QemuClock,
     /// Where detvisor and QEMU-KVM run.
     #[arg(long, value_enum, default_value_t = BenchHostVm::Auto)]
     pub host_vm: BenchHostVm,
@@ -305,16 +321,22 @@ pub fn orchestrate(args: &ExitsArgs) -> Result<u8> {
         })
         .collect();
     let qemu = discover_qemu();
+    let cmdline = guest::default_cmdline();
     let host_plan = ExitsPlan {
         runs: args.runs,
         timeout_s: args.timeout,
         seed: args.seed,
         until: args.until.clone(),
-        cmdline: guest::default_cmdline(),
+        cmdline: cmdline.clone(),
+        qemu_cmdline: [cmdline.as_str(), args.qemu_append.trim()]
+            .join(" ")
+            .trim_end()
+            .to_string(),
         qemu: qemu.as_ref().ok().map(QemuInstall::on_host),
         qemu_error: qemu.as_ref().err().map(|e| format!("{e:#}")),
         qemu_cpu: args.qemu_cpu.clone(),
         kvm_stats: !args.no_kvm_stats,
+        qemu_tsc: args.qemu_clock == QemuClock::Tsc,
         scenarios: plans,
         place: "host".into(),
     };
@@ -339,6 +361,7 @@ pub fn orchestrate(args: &ExitsArgs) -> Result<u8> {
     let r = report::build(report::Inputs {
         args,
         cmdline: &host_plan.cmdline,
+        qemu_cmdline: &host_plan.qemu_cmdline,
         placement: &placement,
         scenarios: &host_plan.scenarios,
         worker: worker_report,

@@ -54,6 +54,8 @@ pub struct SystemSummary {
     pub outputs: Vec<Option<String>>,
     /// The clocksource(s) the guest reported, `/`-joined when runs differ.
     pub clocksource: Option<String>,
+    /// The kernel's messages about clocks of the first run that has some (QEMU).
+    pub clock_log: Vec<String>,
     pub workload_tail: Option<String>,
     pub error: Option<String>,
     pub failures: Vec<String>,
@@ -103,6 +105,12 @@ pub fn summarize(cell: &Cell) -> SystemSummary {
         identical: (outputs.len() >= 2).then(|| outputs.iter().all(|o| *o == outputs[0])),
         outputs: cell.runs.iter().map(|r| r.output.clone()).collect(),
         clocksource: (!sources.is_empty()).then(|| sources.join("/")),
+        clock_log: cell
+            .runs
+            .iter()
+            .map(|r| r.clock_log.clone())
+            .find(|l| !l.is_empty())
+            .unwrap_or_default(),
         workload_tail: ok
             .first()
             .copied()
@@ -166,6 +174,7 @@ pub struct Report {
     pub seed: u64,
     pub until: String,
     pub cmdline: String,
+    pub qemu_cmdline: String,
     pub qemu_cpu: String,
     /// "debugfs" when the runs' KVM statistics were read, else why not.
     pub kvm_stats: Option<String>,
@@ -188,6 +197,7 @@ pub struct Report {
 pub struct Inputs<'a> {
     pub args: &'a ExitsArgs,
     pub cmdline: &'a str,
+    pub qemu_cmdline: &'a str,
     pub placement: &'a Placement,
     pub scenarios: &'a [ScenarioPlan],
     /// `None`: the helper VM session failed.
@@ -243,6 +253,12 @@ pub fn build(i: Inputs) -> Report {
         seed: i.args.seed,
         until: i.args.until.clone(),
         cmdline: i.cmdline.into(),
+        qemu_cmdline: i
+            .worker
+            .as_ref()
+            .map(|w| w.qemu_cmdline.clone())
+            .filter(|c| !c.is_empty())
+            .unwrap_or_else(|| i.qemu_cmdline.into()),
         qemu_cpu: i.args.qemu_cpu.clone(),
         kvm_stats: i.worker.as_ref().map(|w| w.kvm_stats.clone()),
         placement: i.placement.place().into(),
@@ -371,6 +387,14 @@ pub fn write_scenario(o: &mut dyn Write, s: &ScenarioReport) -> io::Result<()> {
             )?;
         }
     }
+    for m in &s.systems {
+        if !m.clock_log.is_empty() {
+            writeln!(o, "  {}: the kernel on clocks:", m.name)?;
+            for l in &m.clock_log {
+                writeln!(o, "    {l}")?;
+            }
+        }
+    }
     let r = &s.ratios;
     let exits_goal = if s.scenario == Scenario::Partition {
         format!(" (goal >= {EXITS_GOAL}x: {})", goal(r.exits_goal_met))
@@ -400,7 +424,12 @@ pub fn write_report(o: &mut dyn Write, r: &Report) -> io::Result<()> {
         r.until,
         r.qemu_cpu
     )?;
-    writeln!(o, "kernel cmdline (all): {}", r.cmdline)?;
+    if r.qemu_cmdline == r.cmdline {
+        writeln!(o, "kernel cmdline (all): {}", r.cmdline)?;
+    } else {
+        writeln!(o, "kernel cmdline (detvisor): {}", r.cmdline)?;
+        writeln!(o, "kernel cmdline (QEMU-KVM): {}", r.qemu_cmdline)?;
+    }
     writeln!(o, "{}", r.host.line())?;
     if let Some(c) = &r.caveat {
         writeln!(o, "CAVEAT: {c}")?;
@@ -542,6 +571,7 @@ mod tests {
         build(Inputs {
             args: &args,
             cmdline: "console=ttyS0",
+            qemu_cmdline: "console=ttyS0",
             placement: &Placement {
                 helper: true,
                 reason: Some("test".into()),

@@ -127,6 +127,11 @@ pub struct ExitsPlan {
     /// detvisor's virtual-time limit (`up --until`).
     pub until: String,
     pub cmdline: String,
+    /// QEMU-KVM's kernel command line: `cmdline` and `--qemu-append` (and the TSC words the
+    /// worker adds for `qemu_tsc`).
+    pub qemu_cmdline: String,
+    /// Give QEMU-KVM's guest the TSC as its clocksource ([`tsc_words`]).
+    pub qemu_tsc: bool,
     pub qemu: Option<QemuPlan>,
     /// Why QEMU-KVM cannot be measured, when `qemu` is `None`.
     pub qemu_error: Option<String>,
@@ -156,6 +161,10 @@ pub struct ExitsRun {
     pub output: Option<String>,
     /// The clocksource the guest said it used (`current_clocksource`), when it said.
     pub clocksource: Option<String>,
+    /// QEMU: the kernel's messages about clocks in its serial output (`tsc`, `clocksource`,
+    /// `hpet`, `kvm-clock`; printed only with `--qemu-append loglevel=8`), at most 30.
+    #[serde(default)]
+    pub clock_log: Vec<String>,
     /// The KVM statistics of the run's VM (debugfs: `exits`, `io_exits`, ...), when read.
     pub kvm: Option<BTreeMap<String, u64>>,
     pub workload_tail: Option<String>,
@@ -201,6 +210,8 @@ pub struct Cell {
 #[derive(Serialize, Deserialize, Debug, Default)]
 pub struct ExitsWorkerReport {
     pub place: String,
+    /// QEMU-KVM's kernel command line as run.
+    pub qemu_cmdline: String,
     /// "debugfs" when the runs' KVM statistics were read, else why not.
     pub kvm_stats: String,
     pub uptime_at_start_s: Option<f64>,
@@ -249,6 +260,38 @@ pub fn clocksource_in(text: &str) -> Option<String> {
     })
 }
 
+/// The kernel command-line words that give QEMU-KVM's guest the TSC as its clocksource, its
+/// rate `cpu MHz` of this machine's `/proc/cpuinfo`. In nested KVM the guest kernel cannot
+/// calibrate the TSC (against neither PIT nor HPET/PM timer: "Marking TSC unstable due to could
+/// not calculate TSC khz") and falls back to the HPET, every clock read an exit to QEMU.
+pub fn tsc_words(cpuinfo: &str) -> Option<String> {
+    let mhz: f64 = cpuinfo.lines().find_map(|l| {
+        l.strip_prefix("cpu MHz")?
+            .split(':')
+            .nth(1)?
+            .trim()
+            .parse()
+            .ok()
+    })?;
+    let khz = (mhz * 1000.0).round() as u64;
+    (khz > 0).then(|| format!("tsc_early_khz={khz} tsc=reliable clocksource=tsc"))
+}
+
+/// The kernel's messages about clocks in a serial output (at most 30).
+pub fn clock_log(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            !l.contains("bench: clocksource ")
+                && ["tsc", "clocksource", "hpet", "kvm-clock"]
+                    .iter()
+                    .any(|w| l.contains(w))
+        })
+        .take(30)
+        .map(|l| l.trim_end().to_string())
+        .collect()
+}
+
 /// The guest's uptime (s) the boot command's line or the etcd script's last line gives.
 pub fn uptime_in(text: &str) -> Option<f64> {
     text.lines()
@@ -274,7 +317,7 @@ fn qemu_kvm_run(
     let files = QemuFiles {
         bzimage: &s.bzimage,
         initrd: &s.qemu_initrd,
-        cmdline: &plan.cmdline,
+        cmdline: &plan.qemu_cmdline,
         mem: &s.mem,
     };
     let cmd = qemu_kvm_command(
@@ -301,7 +344,13 @@ fn qemu_kvm_run(
         .lines()
         .take_while(|l| !l.starts_with(DONE_MARK))
         .collect();
-    let error = qemu_failure(&finished, &status, &serial, 20, limit);
+    let error = qemu_failure(&finished, &status, &serial, 20, limit).map(|e| {
+        if finished.succeeded() {
+            e // it has the serial output's end already
+        } else {
+            format!("{e}; serial ends with:\n{}", last_lines(&text, 20))
+        }
+    });
     ExitsRun {
         ok: error.is_none(),
         wall_ms: ms(finished.wall),
@@ -310,6 +359,7 @@ fn qemu_kvm_run(
         virtual_ns: uptime_in(&text).map(|u| (u * 1e9).round() as u64),
         output: Some(fnv1a(&serial)),
         clocksource: clocksource_in(&text),
+        clock_log: clock_log(&text),
         kvm: finished.kvm,
         workload_tail: Some(last_lines(&upto.join("\n"), 14)),
         ..ExitsRun::default()
@@ -462,7 +512,12 @@ pub fn describe(r: &ExitsRun) -> String {
     }
     let mut s = format!("{:.1} s", r.wall_ms / 1000.0);
     if let Some(v) = r.virtual_ns {
-        s.push_str(&format!(", virtual {:.6} s", v as f64 / 1e9));
+        let v = v as f64 / 1e9;
+        if v < 0.1 {
+            s.push_str(&format!(", virtual {v:.6} s"));
+        } else {
+            s.push_str(&format!(", virtual {v:.3} s"));
+        }
     }
     if let Some(e) = r.exits {
         s.push_str(&format!(", {e} exits"));
@@ -501,6 +556,16 @@ pub fn worker(plan: &ExitsPlan) -> ExitsWorkerReport {
         "not asked for".into()
     };
     let stats = report.kvm_stats == "debugfs";
+    let mut plan = plan.clone();
+    if plan.qemu_tsc {
+        let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        match tsc_words(&cpuinfo) {
+            Some(words) => plan.qemu_cmdline = format!("{} {words}", plan.qemu_cmdline),
+            None => say!("{tag}: no `cpu MHz` in /proc/cpuinfo: QEMU-KVM's guest picks its clock"),
+        }
+    }
+    report.qemu_cmdline = plan.qemu_cmdline.clone();
+    let plan = &plan;
     for s in &plan.scenarios {
         let mut cells: Vec<Cell> = System::ALL
             .iter()
@@ -529,7 +594,7 @@ pub fn worker(plan: &ExitsPlan) -> ExitsWorkerReport {
             let files = QemuFiles {
                 bzimage: &s.bzimage,
                 initrd: &s.qemu_initrd,
-                cmdline: &plan.cmdline,
+                cmdline: &plan.qemu_cmdline,
                 mem: &s.mem,
             };
             let serial = dir.join("SERIAL");
@@ -646,7 +711,28 @@ mod tests {
         assert_eq!(clocksource_in(etcd).as_deref(), Some("hpet"));
         assert_eq!(uptime_in(etcd), Some(43.52));
         assert_eq!(clocksource_in("nothing"), None);
+        let log = clock_log(
+            "Linux\ntsc: Unable to calibrate against PIT\nclocksource: Switched to clocksource \
+             tsc-early\nexits-bench: clocksource tsc uptime 3\n",
+        );
+        assert_eq!(
+            log,
+            [
+                "tsc: Unable to calibrate against PIT",
+                "clocksource: Switched to clocksource tsc-early"
+            ]
+        );
         assert_eq!(uptime_in("etcd-bench: all nodes started at 3.1"), None);
+    }
+
+    #[test]
+    fn tsc_words_from_cpuinfo() {
+        let cpuinfo = "processor\t: 0\nmodel name\t: AMD EPYC\ncpu MHz\t\t: 2596.122\n";
+        assert_eq!(
+            tsc_words(cpuinfo).as_deref(),
+            Some("tsc_early_khz=2596122 tsc=reliable clocksource=tsc")
+        );
+        assert_eq!(tsc_words("processor\t: 0\n"), None);
     }
 
     #[test]
