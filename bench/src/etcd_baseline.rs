@@ -80,8 +80,7 @@ pub fn script(
     workload: Option<&WorkloadPlan>,
     faults: &[Fault],
 ) -> Result<String> {
-    let mut s = String::from(
-        r#"# detvisor bench etcd: the QEMU TCG baseline's guest script (generated).
+    let mut s = r#"# detvisor bench etcd: the QEMU TCG baseline's guest script (generated).
 # Does what detvisor's agent does for `detvisor up`: one set of namespaces, one root and
 # one NIC per node, a bridge between them, then the workload. Run by the default /init.
 set -u
@@ -123,8 +122,7 @@ root() {
     mount -t tmpfs -o mode=1777 tmpfs "$1/tmp" || exit 92
 }
 "#
-        .replace("CLOCKSOURCE_FILE", CLOCKSOURCE_FILE),
-    );
+    .replace("CLOCKSOURCE_FILE", CLOCKSOURCE_FILE);
     let own_node = matches!(workload, Some(WorkloadPlan::OwnNode(_)));
     let node_count = specs.len() - usize::from(own_node);
     let index_of = |name: &str| specs.iter().position(|n| n.name == name);

@@ -312,7 +312,7 @@ pub fn write_scenario(o: &mut dyn Write, s: &ScenarioReport) -> io::Result<()> {
     writeln!(o, "== {}: {} ({} RAM)", s.scenario.name(), s.what, s.mem)?;
     writeln!(
         o,
-        "{:<26} {:>5} {:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {}",
+        "{:<26} {:>5} {:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} clocksource",
         "system",
         "ok",
         "wall s per run",
@@ -322,7 +322,6 @@ pub fn write_scenario(o: &mut dyn Write, s: &ScenarioReport) -> io::Result<()> {
         "exits/vs",
         "KVM exits",
         "identical",
-        "clocksource"
     )?;
     for m in &s.systems {
         let per_run = m
