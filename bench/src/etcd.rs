@@ -453,8 +453,9 @@ pub struct Assembled {
     pub ram_bytes: u64,
     /// detvisor's guest, as `detvisor up` assembles it, its initrd in a file.
     pub prepared: PreparedUp,
-    /// The same initrd bytes plus the baseline's script ([`baseline::script`]).
-    pub qemu_initrd: PathBuf,
+    /// The same initrd bytes plus the baseline's script ([`baseline::script`]), or why the
+    /// baseline cannot run the scenario (a fault its script does not model).
+    pub qemu_initrd: Result<PathBuf, String>,
     /// The kernel QEMU boots (built with the `vmlinux` detvisor boots).
     pub bzimage: PathBuf,
     pub image: guest::GuestImage,
@@ -482,10 +483,15 @@ pub fn assemble(manifest_file: &str, tmp: &Path, tag: &str) -> Result<Assembled>
         prepared.initrd = Initrd::File(up_initrd);
     }
     // The baseline: the same bytes plus the script the default /init runs.
-    let script = baseline::script(&specs, manifest.workload.as_ref(), &prepared.faults)?;
-    overlay.add_file("detvisor/cmd", 0o644, script.into_bytes())?;
-    let qemu_initrd = tmp.join(format!("initrd-qemu{tag}"));
-    fs::write(&qemu_initrd, initrd_with(&base, &overlay)?)?;
+    let qemu_initrd = match baseline::script(&specs, manifest.workload.as_ref(), &prepared.faults) {
+        Ok(script) => {
+            overlay.add_file("detvisor/cmd", 0o644, script.into_bytes())?;
+            let path = tmp.join(format!("initrd-qemu{tag}"));
+            fs::write(&path, initrd_with(&base, &overlay)?)?;
+            Ok(path)
+        }
+        Err(e) => Err(format!("{e:#}")),
+    };
     Ok(Assembled {
         manifest_path,
         mem,
@@ -531,9 +537,10 @@ pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
     if args.no_baseline {
         base_sys.skipped = Some("--no-baseline".into());
     } else {
-        match baseline::find_qemu() {
-            Err(e) => base_sys.error = Some(format!("{e:#}")),
-            Ok(_) if !bzimage.is_file() => {
+        match (baseline::find_qemu(), &qemu_initrd) {
+            (Err(e), _) => base_sys.error = Some(format!("{e:#}")),
+            (_, Err(e)) => base_sys.error = Some(e.clone()),
+            (Ok(_), _) if !bzimage.is_file() => {
                 base_sys.error = Some(format!(
                     "{} is missing (QEMU boots the bzImage built with {}): rebuild the guest \
                      image",
@@ -541,11 +548,11 @@ pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
                     image.kernel.display()
                 ))
             }
-            Ok(qemu) => {
+            (Ok(qemu), Ok(qemu_initrd)) => {
                 let b = baseline::Baseline {
                     qemu: &qemu,
                     bzimage: &bzimage,
-                    initrd: &qemu_initrd,
+                    initrd: qemu_initrd,
                     cmdline: &cmdline,
                     mem: &mem,
                     rtc_base: baseline::rtc_base(rtc_epoch),

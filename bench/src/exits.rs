@@ -192,10 +192,10 @@ fn etcd_scenario(scenario: Scenario, tmp: &TempDir) -> Result<ScenarioPlan> {
         ram_bytes: a.ram_bytes,
         guest: ScenarioGuest::Up(Box::new(a.prepared)),
         bzimage: a.bzimage,
-        qemu_initrd: a.qemu_initrd,
+        qemu_initrd: a.qemu_initrd.clone().unwrap_or_default(),
         rtc_epoch: a.rtc_epoch,
         error: None,
-        qemu_error: None,
+        qemu_error: a.qemu_initrd.err(),
     })
 }
 
