@@ -47,6 +47,8 @@ pub struct SystemSummary {
     /// Medians of the KVM statistics of the runs' VMs (`exits`, `io_exits`, ...; debugfs of the
     /// kernel the runs are on), when read.
     pub kvm: BTreeMap<String, u64>,
+    /// `kvm["exits"]` per virtual second (QEMU-KVM's exit rate, the physical limit's).
+    pub kvm_exits_per_virtual_s: Option<f64>,
     /// detvisor's `vm::run` (median, ms).
     pub inner_wall_ms: Option<u64>,
     /// Whether every successful run gave the same output (at least 2 of them).
@@ -100,6 +102,7 @@ pub fn summarize(cell: &Cell) -> SystemSummary {
         exits,
         exits_per_virtual_s: ratio(exits.map(|e| e as f64), virtual_s),
         exits_by_kind,
+        kvm_exits_per_virtual_s: ratio(kvm.get("exits").map(|&e| e as f64), virtual_s),
         kvm,
         inner_wall_ms: median_u64(ok.iter().filter_map(|r| r.inner_wall_ms)),
         identical: (outputs.len() >= 2).then(|| outputs.iter().all(|o| *o == outputs[0])),
@@ -385,6 +388,18 @@ pub fn write_scenario(o: &mut dyn Write, s: &ScenarioReport) -> io::Result<()> {
                 v(&s.systems[2])
             )?;
         }
+        let rate = |m: &SystemSummary| {
+            m.kvm_exits_per_virtual_s
+                .map_or("n/a".into(), |v| format!("{v:.0}"))
+        };
+        writeln!(
+            o,
+            "    {:<24} {:>9} {:>10} {:>10}",
+            "exits per virtual s",
+            rate(&s.systems[0]),
+            rate(&s.systems[1]),
+            rate(&s.systems[2])
+        )?;
     }
     for m in &s.systems {
         if !m.clock_log.is_empty() {
@@ -666,6 +681,10 @@ mod tests {
         );
         assert_eq!(
             lines[11],
+            "    exits per virtual s           1839       7356        114"
+        );
+        assert_eq!(
+            lines[12],
             "  ratios: exits old/new 4.00x (goal >= 3x: met); wall old/new 2.95x; detvisor new / \
              QEMU-KVM wall 1.17x (goal <= 1.2x: met)"
         );
