@@ -691,6 +691,12 @@ mod tests {
         let mut out = Vec::new();
         write_report(&mut out, &r).unwrap();
         let text = String::from_utf8(out).unwrap();
+        assert!(!text.contains("CAVEAT: the run library cannot select the exit path"));
+        let mut r = r;
+        r.exit_path_selectable = false;
+        let mut out = Vec::new();
+        write_report(&mut out, &r).unwrap();
+        let text = String::from_utf8(out).unwrap();
         assert!(text.contains("CAVEAT: the run library cannot select the exit path yet"));
         let json: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(json["benchmark"], "exits");

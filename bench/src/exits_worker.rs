@@ -56,10 +56,9 @@ pub enum ExitPath {
     Legacy,
 }
 
-/// Whether the run library can select the exit path yet. Until `exit_path: vmm::ExitPath`
-/// exists in `run::plain::GuestSpec` and `run::up::UpOptions`, [`set_exit_path`] does nothing
-/// and "old" runs the library's default path like "new" (the report says so).
-pub const EXIT_PATH_SELECTABLE: bool = false;
+/// Whether the run library can select the exit path (`exit_path: vmm::ExitPath` in
+/// `run::plain::GuestSpec` and `run::up::UpOptions`); the report says so when it cannot.
+pub const EXIT_PATH_SELECTABLE: bool = true;
 
 /// A request's options that carry the exit path.
 pub enum ExitPathTarget<'a> {
@@ -67,25 +66,15 @@ pub enum ExitPathTarget<'a> {
     Up(&'a mut UpOptions),
 }
 
-/// Selects `path` for a run: the one place to change when the library's option lands, to
-///
-/// ```ignore
-/// let p = match path {
-///     ExitPath::ClockPage => vmm::ExitPath::ClockPage,
-///     ExitPath::Legacy => vmm::ExitPath::Legacy,
-/// };
-/// match target {
-///     ExitPathTarget::Plain(g) => g.exit_path = p,
-///     ExitPathTarget::Up(o) => o.exit_path = p,
-/// }
-/// ```
-///
-/// (and [`EXIT_PATH_SELECTABLE`] to `true`).
+/// Selects `path` for a run: the one place that knows the library's option.
 pub fn set_exit_path(target: ExitPathTarget<'_>, path: ExitPath) {
-    // Nothing to set yet (see EXIT_PATH_SELECTABLE).
-    match (target, path) {
-        (ExitPathTarget::Plain(_guest), _) => {}
-        (ExitPathTarget::Up(_options), _) => {}
+    let p = match path {
+        ExitPath::ClockPage => vmm::ExitPath::ClockPage,
+        ExitPath::Legacy => vmm::ExitPath::Legacy,
+    };
+    match target {
+        ExitPathTarget::Plain(guest) => guest.exit_path = p,
+        ExitPathTarget::Up(options) => options.exit_path = p,
     }
 }
 
@@ -474,6 +463,7 @@ fn detvisor_run(
                 snapshots: None,
                 stall_timeout: Default::default(),
                 pcap: None,
+                exit_path: vmm::ExitPath::default(),
             };
             set_exit_path(ExitPathTarget::Up(&mut options), path);
             let prepared = (**prepared).clone();
