@@ -409,6 +409,17 @@ pub fn write_scenario(o: &mut dyn Write, s: &ScenarioReport) -> io::Result<()> {
             }
         }
     }
+    // What each system's workload said last: the same work done? (Fewer exits for less work is
+    // no gain.)
+    for m in &s.systems {
+        if let Some(last) = m
+            .workload_tail
+            .as_deref()
+            .and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()))
+        {
+            writeln!(o, "  {:<26} ends: {}", m.name, last.trim())?;
+        }
+    }
     let r = &s.ratios;
     let exits_goal = if s.scenario == Scenario::Partition {
         format!(" (goal >= {EXITS_GOAL}x: {})", goal(r.exits_goal_met))
