@@ -18,7 +18,10 @@
 //!    scenario script as `bench etcd`'s TCG icount baseline (boot: the same command), QEMU and
 //!    its libraries and firmware shipped into the helper VM as `bench boot` does. The script
 //!    prints the guest's clocksource (`current_clocksource`), reported in the table; the
-//!    partition is a bridge port down for its 10 s (`etcd_baseline::fault_job`).
+//!    partition is a bridge port down for its 10 s (`etcd_baseline::fault_job`). `-cpu host`
+//!    (`--qemu-cpu`); in nested KVM its kernel cannot calibrate the TSC and would read the HPET
+//!    (an exit per clock read), so by default its command line gets the TSC's rate
+//!    (`--qemu-clock tsc`, [`exits_worker::tsc_words`]).
 //!
 //! The report ([`exits_report`]): per scenario and system the wall time per run (QEMU: process
 //! spawn to exit; detvisor: the request's call to its return, in process), virtual seconds,
