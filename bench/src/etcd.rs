@@ -20,7 +20,7 @@
 //! on the clock of the machine it runs on.
 
 #[path = "etcd_baseline.rs"]
-mod baseline;
+pub mod baseline;
 #[path = "etcd_report.rs"]
 mod report;
 
@@ -168,7 +168,7 @@ fn up_options(plan: &EtcdWorkerPlan, logs: &Path) -> Result<UpOptions> {
 
 /// One `up` run through the run library: its summary as `detvisor up --json` prints it (or why
 /// there is none), and the end of its events (what `detvisor up` writes to stderr).
-fn up_summary(
+pub fn up_summary(
     prepared: PreparedUp,
     options: UpOptions,
 ) -> (Result<serde_json::Value, String>, String) {
@@ -183,7 +183,7 @@ fn up_summary(
 
 /// Judges an `up` run that took `wall`: its summary (as `detvisor up --json` prints it), or why
 /// there is none.
-fn detvisor_result(
+pub fn detvisor_result(
     (summary, events): (Result<serde_json::Value, String>, String),
     wall: Duration,
     logs: &Path,
@@ -345,7 +345,7 @@ fn run_tool(mut cmd: Command, what: &str) -> Result<String> {
 /// The node image and the manifest beside it: builds (or reuses) the OCI layout with
 /// `examples/etcd/build-oci.sh`, then `etcd.img` from it unless it was built from the same
 /// layout (`etcd.img.source` holds the layout's `index.json` and `stamp`).
-fn prepare_manifest() -> Result<PathBuf> {
+fn prepare_manifest(file: &str) -> Result<PathBuf> {
     let example = guest::source_dir().join("examples/etcd");
     let script = example.join("build-oci.sh");
     if !script.is_file() {
@@ -377,9 +377,9 @@ fn prepare_manifest() -> Result<PathBuf> {
     } else {
         say!("bench: node image up to date: {}", img.display());
     }
-    let manifest = dir.join("cluster.toml");
-    fs::copy(example.join("cluster.toml"), &manifest)
-        .with_context(|| format!("copying cluster.toml to {}", manifest.display()))?;
+    let manifest = dir.join(file);
+    fs::copy(example.join(file), &manifest)
+        .with_context(|| format!("copying {file} to {}", manifest.display()))?;
     Ok(manifest)
 }
 
@@ -445,11 +445,28 @@ fn helper_session(host_plan: &EtcdWorkerPlan) -> (Session, Option<EtcdWorkerRepo
     })
 }
 
-pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
-    let loadavg_before = loadavg();
-    check_runs_and_timeout(args.runs, args.timeout)?;
-    units::parse_duration(&args.until).context("--until")?;
-    let manifest_path = prepare_manifest()?;
+/// An etcd scenario, assembled on the host: detvisor's guest and the baseline's.
+pub struct Assembled {
+    /// The manifest (copied beside the node image).
+    pub manifest_path: PathBuf,
+    /// Guest RAM, as the manifest says (or [`DEFAULT_MEM`]).
+    pub mem: String,
+    pub ram_bytes: u64,
+    /// detvisor's guest, as `detvisor up` assembles it, its initrd in a file.
+    pub prepared: PreparedUp,
+    /// The same initrd bytes plus the baseline's script ([`baseline::script`]), or why the
+    /// baseline cannot run the scenario (a fault its script does not model).
+    pub qemu_initrd: Result<PathBuf, String>,
+    /// The kernel QEMU boots (built with the `vmlinux` detvisor boots).
+    pub bzimage: PathBuf,
+    pub image: guest::GuestImage,
+    pub rtc_epoch: i64,
+}
+
+/// Assembles the scenario of `examples/etcd/<manifest_file>` (building the node image if
+/// needed), its initrds written in `tmp` as `initrd-up<tag>` and `initrd-qemu<tag>`.
+pub fn assemble(manifest_file: &str, tmp: &Path, tag: &str) -> Result<Assembled> {
+    let manifest_path = prepare_manifest(manifest_file)?;
     let manifest = manifest::load(&manifest_path)?;
     let mem = manifest.mem.clone().unwrap_or_else(|| DEFAULT_MEM.into());
     let ram_bytes = units::parse_size(&mem)?;
@@ -457,24 +474,54 @@ pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
     let bzimage = image.kernel.with_file_name("bzImage");
     let agent = guest::agent_binary()?;
     let (specs, mut overlay) = up::assemble(&manifest, &agent)?;
-    let tmp = TempDir::new("detvisor-bench-etcd-")
-        .context("cannot create a temporary directory for the benchmark")?;
     let base = fs::read(&image.initrd)
         .with_context(|| format!("cannot read {}", image.initrd.display()))?;
     // detvisor's guest, as `detvisor up` assembles it (its initrd staged in a file).
     let mut prepared = up::prepare(&manifest, &[], Some(ram_bytes), Some(&image.kernel))?;
     if let Initrd::Bytes(bytes) = &prepared.initrd {
-        let up_initrd = tmp.path().join("initrd-up");
+        let up_initrd = tmp.join(format!("initrd-up{tag}"));
         fs::write(&up_initrd, bytes)?;
         prepared.initrd = Initrd::File(up_initrd);
     }
     // The baseline: the same bytes plus the script the default /init runs.
-    let script = baseline::script(&specs, manifest.workload.as_ref())?;
-    overlay.add_file("detvisor/cmd", 0o644, script.into_bytes())?;
-    let qemu_initrd = tmp.path().join("initrd-qemu");
-    fs::write(&qemu_initrd, initrd_with(&base, &overlay)?)?;
+    let qemu_initrd = match baseline::script(&specs, manifest.workload.as_ref(), &prepared.faults) {
+        Ok(script) => {
+            overlay.add_file("detvisor/cmd", 0o644, script.into_bytes())?;
+            let path = tmp.join(format!("initrd-qemu{tag}"));
+            fs::write(&path, initrd_with(&base, &overlay)?)?;
+            Ok(path)
+        }
+        Err(e) => Err(format!("{e:#}")),
+    };
+    Ok(Assembled {
+        manifest_path,
+        mem,
+        ram_bytes,
+        prepared,
+        qemu_initrd,
+        bzimage,
+        image,
+        rtc_epoch: manifest.rtc_epoch.unwrap_or(DEFAULT_RTC_EPOCH),
+    })
+}
+
+pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
+    let loadavg_before = loadavg();
+    check_runs_and_timeout(args.runs, args.timeout)?;
+    units::parse_duration(&args.until).context("--until")?;
+    let tmp = TempDir::new("detvisor-bench-etcd-")
+        .context("cannot create a temporary directory for the benchmark")?;
+    let Assembled {
+        manifest_path,
+        mem,
+        prepared,
+        qemu_initrd,
+        bzimage,
+        image,
+        rtc_epoch,
+        ..
+    } = assemble("cluster.toml", tmp.path(), "")?;
     let cmdline = guest::default_cmdline();
-    let rtc_epoch = manifest.rtc_epoch.unwrap_or(DEFAULT_RTC_EPOCH);
 
     let placement = Placement::choose(args.host_vm);
     let place = placement.place();
@@ -491,9 +538,10 @@ pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
     if args.no_baseline {
         base_sys.skipped = Some("--no-baseline".into());
     } else {
-        match baseline::find_qemu() {
-            Err(e) => base_sys.error = Some(format!("{e:#}")),
-            Ok(_) if !bzimage.is_file() => {
+        match (baseline::find_qemu(), &qemu_initrd) {
+            (Err(e), _) => base_sys.error = Some(format!("{e:#}")),
+            (_, Err(e)) => base_sys.error = Some(e.clone()),
+            (Ok(_), _) if !bzimage.is_file() => {
                 base_sys.error = Some(format!(
                     "{} is missing (QEMU boots the bzImage built with {}): rebuild the guest \
                      image",
@@ -501,11 +549,11 @@ pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
                     image.kernel.display()
                 ))
             }
-            Ok(qemu) => {
+            (Ok(qemu), Ok(qemu_initrd)) => {
                 let b = baseline::Baseline {
                     qemu: &qemu,
                     bzimage: &bzimage,
-                    initrd: &qemu_initrd,
+                    initrd: qemu_initrd,
                     cmdline: &cmdline,
                     mem: &mem,
                     rtc_base: baseline::rtc_base(rtc_epoch),

@@ -37,6 +37,7 @@ use std::time::Duration;
 use super::EtcdRun;
 use crate::process::{last_lines, run_timed, Watch};
 use crate::stats::ms;
+use run::faults::{Fault, FaultAction, NetworkFault};
 use run::guest::shell_quote;
 use run::manifest::WorkloadPlan;
 
@@ -44,6 +45,10 @@ use run::manifest::WorkloadPlan;
 const DEFAULT_PATH: &str = "/usr/sbin:/usr/bin:/sbin:/bin";
 /// The line the script prints when the workload has ended (then `status N uptime S`).
 pub const DONE_MARK: &str = "etcd-bench: workload exited: ";
+/// The file naming the clocksource the guest kernel uses; the script prints it first, in a
+/// line `etcd-bench: clocksource NAME`.
+pub const CLOCKSOURCE_FILE: &str =
+    "/sys/devices/system/clocksource/clocksource0/current_clocksource";
 const QEMU_BIN: &str = "qemu-system-x86_64";
 
 /// `env -i K=V ...` words for a command's whole environment.
@@ -68,10 +73,14 @@ fn var(prefix: &str, index: usize) -> String {
     format!("{prefix}{index}")
 }
 
-/// The guest script (`/detvisor/cmd`): the nodes of `specs`, then the workload.
-pub fn script(specs: &[NodeSpec], workload: Option<&WorkloadPlan>) -> Result<String> {
-    let mut s = String::from(
-        r#"# detvisor bench etcd: the QEMU TCG baseline's guest script (generated).
+/// The guest script (`/detvisor/cmd`): the nodes of `specs`, then the workload, with `faults`
+/// (the manifest's, in time order) carried out by a background job ([`fault_job`]).
+pub fn script(
+    specs: &[NodeSpec],
+    workload: Option<&WorkloadPlan>,
+    faults: &[Fault],
+) -> Result<String> {
+    let mut s = r#"# detvisor bench etcd: the QEMU TCG baseline's guest script (generated).
 # Does what detvisor's agent does for `detvisor up`: one set of namespaces, one root and
 # one NIC per node, a bridge between them, then the workload. Run by the default /init.
 set -u
@@ -81,6 +90,7 @@ mkdir -p "$B"
 CHROOT=$(command -v chroot)
 say() { echo "etcd-bench: $*"; }
 uptime_s() { cut -d' ' -f1 /proc/uptime; }
+echo "etcd-bench: clocksource $(cat CLOCKSOURCE_FILE)"
 ip link add br0 type bridge 2>/dev/null || brctl addbr br0 || exit 90
 ip link set br0 up || exit 90
 # newns: a holder process in fresh network, UTS and IPC namespaces; sets HOLDER.
@@ -111,8 +121,8 @@ root() {
     mount -o bind /dev "$1/dev" || exit 92
     mount -t tmpfs -o mode=1777 tmpfs "$1/tmp" || exit 92
 }
-"#,
-    );
+"#
+    .replace("CLOCKSOURCE_FILE", CLOCKSOURCE_FILE);
     let own_node = matches!(workload, Some(WorkloadPlan::OwnNode(_)));
     let node_count = specs.len() - usize::from(own_node);
     let index_of = |name: &str| specs.iter().position(|n| n.name == name);
@@ -142,6 +152,10 @@ root() {
         }
     }
     s.push_str("\nsay \"all nodes started at $(uptime_s)\"\n");
+    let job = fault_job(specs, faults)?;
+    if let Some(job) = &job {
+        s.push_str(job);
+    }
     match workload {
         None => bail!("the manifest has no workload: the baseline needs one to end the run"),
         Some(WorkloadPlan::InNode { node, command, env }) => {
@@ -177,6 +191,9 @@ root() {
         .map(|i| format!("${}", var("P", i)))
         .collect();
     pids.extend((0..specs.len()).map(|i| format!("${}", var("H", i))));
+    if job.is_some() {
+        pids.push("$FAULTS".into());
+    }
     s.push_str(&format!(
         "kill -9 {} 2>/dev/null\nwait 2>/dev/null\n",
         pids.join(" ")
@@ -189,6 +206,65 @@ root() {
     }
     s.push_str("exit $status\n");
     Ok(s)
+}
+
+/// The background job that carries out `faults` at their times of guest uptime (`/proc/uptime`,
+/// to the hundredth of a second), ending with `FAULTS=$!`; `None` without faults.
+///
+/// Only what a bridge can do exactly is modelled: a partition whose groups are all single nodes
+/// but at most one (each single node's bridge port goes down, which cuts it off from everyone)
+/// and `heal` (every port up again). Anything else is an error: the baseline cannot run the
+/// scenario.
+pub fn fault_job(specs: &[NodeSpec], faults: &[Fault]) -> Result<Option<String>> {
+    if faults.is_empty() {
+        return Ok(None);
+    }
+    let port = |name: &str| -> Result<String> {
+        let i = specs
+            .iter()
+            .position(|n| n.name == name)
+            .with_context(|| format!("a fault names {name}, which is no node"))?;
+        Ok(format!("hv{i}"))
+    };
+    let all_up: Vec<String> = (0..specs.len()).map(|i| format!("hv{i}")).collect();
+    let mut s = String::from(
+        "# at CENTISECONDS: waits until the guest's uptime reaches it.\n\
+         at() {\n    while [ \"$(cut -d' ' -f1 /proc/uptime | tr -d .)\" -lt \"$1\" ]; do sleep 0.05; done\n}\n\
+         fault_job() {\n",
+    );
+    for f in faults {
+        let down: Vec<String> = match &f.action {
+            FaultAction::Network(NetworkFault::Heal) => Vec::new(),
+            FaultAction::Network(NetworkFault::Partition(groups)) => {
+                if groups.iter().filter(|g| g.len() > 1).count() > 1 {
+                    bail!(
+                        "fault {f}: the baseline models partitions that cut single nodes off \
+                         only (bridge ports down)"
+                    );
+                }
+                groups
+                    .iter()
+                    .filter(|g| g.len() == 1)
+                    .map(|g| port(&g[0]))
+                    .collect::<Result<_>>()?
+            }
+            _ => bail!("fault {f}: the baseline models partitions and heal only"),
+        };
+        let centis = f.at.as_nanos().div_ceil(10_000_000);
+        s.push_str(&format!("    at {centis}\n"));
+        for p in &all_up {
+            s.push_str(&format!("    ip link set {p} up\n"));
+        }
+        for p in &down {
+            s.push_str(&format!("    ip link set {p} down\n"));
+        }
+        s.push_str(&format!(
+            "    say \"fault at $(uptime_s): {}\"\n",
+            f.action.to_string().replace('"', "'")
+        ));
+    }
+    s.push_str("}\nfault_job &\nFAULTS=$!\n");
+    Ok(Some(s))
 }
 
 /// `YYYY-MM-DDTHH:MM:SS` (UTC) of a unix time, for `-rtc base=`.
@@ -344,7 +420,7 @@ mod tests {
             command: vec!["etcd-smoke".into()],
             env: BTreeMap::new(),
         };
-        let s = script(&specs, Some(&w)).unwrap();
+        let s = script(&specs, Some(&w), &[]).unwrap();
         assert!(s.contains("nic \"$H2\" 2 'eth2' '192.0.2.3/24'"));
         assert!(s.contains(
             "nsenter -t \"$H0\" -n -u -i env -i 'PATH=/usr/sbin:/usr/bin:/sbin:/bin' 'A=b c' \
@@ -355,6 +431,51 @@ mod tests {
              \"$CHROOT\" '/nodes/n1' 'etcd-smoke'\nstatus=$?"
         ));
         assert!(s.contains("kill -9 $P0 $P1 $P2 $H0 $H1 $H2"));
-        assert!(script(&specs, None).is_err());
+        assert!(script(&specs, None, &[]).is_err());
+        assert!(s.contains("etcd-bench: clocksource $(cat /sys/devices/system/clocksource/"));
+        assert!(!s.contains("fault_job"));
+    }
+
+    #[test]
+    fn fault_job_cuts_single_nodes_off_by_their_bridge_ports() {
+        let spec = |name: &str| NodeSpec {
+            name: name.into(),
+            rootfs: format!("/nodes/{name}"),
+            hostname: None,
+            nic: None,
+            address: None,
+            env: BTreeMap::new(),
+            command: vec!["true".into()],
+            disk: None,
+        };
+        let specs: Vec<NodeSpec> = ["n1", "n2", "n3", "workload"].map(spec).to_vec();
+        let names: Vec<String> = specs.iter().map(|n| n.name.clone()).collect();
+        let faults = run::faults::schedule(
+            &["at=20s partition n1 | n2,n3,workload for=10s".to_string()],
+            &names,
+        )
+        .unwrap();
+        let job = fault_job(&specs, &faults).unwrap().unwrap();
+        let at20 = job.find("    at 2000\n").unwrap();
+        let at30 = job.find("    at 3000\n").unwrap();
+        assert!(at20 < at30);
+        let (first, second) = job.split_at(at30);
+        assert!(first.contains("    ip link set hv3 up\n    ip link set hv0 down\n"));
+        assert!(!second.contains("down"));
+        assert!(job.ends_with("fault_job &\nFAULTS=$!\n"));
+        let w = WorkloadPlan::InNode {
+            node: "n2".into(),
+            command: vec!["true".into()],
+            env: BTreeMap::new(),
+        };
+        let s = script(&specs, Some(&w), &faults).unwrap();
+        assert!(s.contains(&job));
+        assert!(s.contains(" $FAULTS 2>/dev/null\n"));
+        assert!(fault_job(&specs, &[]).unwrap().is_none());
+        let cut =
+            run::faults::schedule(&["at=1s partition n1,n2 | n3,workload".into()], &names).unwrap();
+        assert!(fault_job(&specs, &cut).is_err());
+        let pause = run::faults::schedule(&["at=1s pause n2".into()], &names).unwrap();
+        assert!(fault_job(&specs, &pause).is_err());
     }
 }

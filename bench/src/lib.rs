@@ -6,6 +6,8 @@
 //!   against guest RAM size and dirty fraction, with full-copy baselines.
 //!
 //! - `bench etcd` ([`etcd`]): the etcd example, `up` against QEMU TCG with icount.
+//! - `bench exits` ([`exits`]): boot, the etcd smoke run and the etcd partition under
+//!   detvisor's new and old exit paths and QEMU-KVM: exits, exits by kind, wall times, ratios.
 //!
 //! Each runs its measurements in a worker: in this process when the host's KVM runs guests,
 //! else inside the helper VM (L1), where `detvisor bench serve-channel` ([`serve`]) answers the
@@ -26,12 +28,16 @@
 //! | [`serve`] | what answers the workers' plans inside the helper VM |
 //! | [`stats`] | medians, ratios and the formatting of numbers |
 //! | [`boot`], [`boot_worker`], [`boot_report`], [`qemu`] | `bench boot` |
+//! | [`etcd`] (`etcd_baseline`, `etcd_report`) | `bench etcd` |
+//! | [`exits`] (`exits_report`), [`exits_worker`] | `bench exits` |
 //! | [`snapshot`], [`snapshot_cell`], [`snapshot_restore`], [`snapshot_memory`], [`snapshot_report`] | `bench snapshot` |
 
 mod boot;
 mod boot_report;
 mod boot_worker;
 mod etcd;
+mod exits;
+mod exits_worker;
 mod helper;
 mod machine;
 mod monitor;
@@ -68,6 +74,10 @@ pub enum BenchCommand {
     /// The etcd example (3 members healthy, a put and a get): `detvisor up` vs QEMU TCG with
     /// icount running the same scenario. Prints a table and a final JSON line.
     Etcd(etcd::EtcdArgs),
+    /// Issue 12's "exits are the cost": boot, the etcd smoke run and the etcd partition, each
+    /// under detvisor's new exit path, its old one and QEMU -accel kvm (same place). Prints a
+    /// table per scenario, the ratios and a final JSON line.
+    Exits(exits::ExitsArgs),
     /// Inside the helper VM: answer the benches' worker plans on its channel.
     #[command(hide = true)]
     ServeChannel,
@@ -150,6 +160,7 @@ pub fn run(args: BenchArgs) -> Result<u8> {
         BenchCommand::Boot(args) => boot::orchestrate(&args),
         BenchCommand::Snapshot(args) => snapshot::orchestrate(&args),
         BenchCommand::Etcd(args) => etcd::orchestrate(&args),
+        BenchCommand::Exits(args) => exits::orchestrate(&args),
         BenchCommand::ServeChannel => serve::serve(),
     }
 }

@@ -160,7 +160,7 @@ pub fn kvm_stats_available(may_mount: bool) -> String {
 }
 
 /// The KVM statistics of one process's VM, from its per-VM debugfs directory
-/// (`/sys/kernel/debug/kvm/<pid>-<fd>/`; the global files only sum over live VMs). An open stat
+/// (`/sys/kernel/debug/kvm/<tid>-<fd>/`, `tid` the creating thread of the process; the global files only sum over live VMs). An open stat
 /// file holds a reference on the VM, so files opened while it lives give its final counts after
 /// the process has exited.
 pub struct KvmGrab {
@@ -185,12 +185,21 @@ impl KvmGrab {
         let Ok(dir) = fs::read_dir(DEBUGFS_KVM) else {
             return;
         };
-        let prefix = format!("{}-", self.pid);
+        // The directory is named after the thread that created the VM (`<tid>-<fd>`): the
+        // process's main thread for QEMU, a thread of its own for an in-process run.
+        let mut prefixes = vec![format!("{}-", self.pid)];
+        if let Ok(tasks) = fs::read_dir(format!("/proc/{}/task", self.pid)) {
+            prefixes.extend(
+                tasks
+                    .flatten()
+                    .filter_map(|t| t.file_name().to_str().map(|tid| format!("{tid}-"))),
+            );
+        }
         for entry in dir.flatten() {
             if !entry
                 .file_name()
                 .to_str()
-                .is_some_and(|n| n.starts_with(&prefix))
+                .is_some_and(|n| prefixes.iter().any(|p| n.starts_with(p.as_str())))
             {
                 continue;
             }

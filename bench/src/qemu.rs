@@ -195,7 +195,7 @@ fn qemu_opt(path: &Path) -> String {
     path.to_string_lossy().replace(',', ",,")
 }
 
-fn qemu_command(
+pub fn qemu_command(
     q: &QemuPlan,
     accel: Accel,
     files: &QemuFiles,

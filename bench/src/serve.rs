@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::boot_worker::{BootWorkerReport, WorkerPlan};
 use crate::etcd::{EtcdWorkerPlan, EtcdWorkerReport};
+use crate::exits_worker::{ExitsPlan, ExitsWorkerReport};
 use crate::machine::uptime;
 use crate::snapshot::{SnapWorkerPlan, SnapWorkerReport};
 
@@ -24,6 +25,7 @@ pub enum BenchCall {
     Boot(WorkerPlan),
     Snapshot(SnapWorkerPlan),
     Etcd(EtcdWorkerPlan),
+    Exits(Box<ExitsPlan>),
     /// A request of the run library (an end-to-end `Run`, as `detvisor
     /// run` sends it).
     Request(Box<Request>),
@@ -37,6 +39,7 @@ pub enum BenchReply {
     Boot(Box<BootWorkerReport>),
     Snapshot(Box<SnapWorkerReport>),
     Etcd(Box<EtcdWorkerReport>),
+    Exits(Box<ExitsWorkerReport>),
     Response(Box<Response>),
 }
 
@@ -47,6 +50,7 @@ pub fn answer(call: BenchCall) -> Result<BenchReply> {
         BenchCall::Boot(plan) => BenchReply::Boot(Box::new(crate::boot_worker::worker(&plan))),
         BenchCall::Snapshot(plan) => BenchReply::Snapshot(Box::new(crate::snapshot::worker(&plan))),
         BenchCall::Etcd(plan) => BenchReply::Etcd(Box::new(crate::etcd::worker(&plan))),
+        BenchCall::Exits(plan) => BenchReply::Exits(Box::new(crate::exits_worker::worker(&plan))),
         BenchCall::Request(request) => BenchReply::Response(Box::new(
             Controller::new().handle(*request, &run::streams::Discard)?,
         )),
