@@ -46,15 +46,8 @@ pub fn boot_command() -> Vec<String> {
 // ---------------------------------------------------------------------------------------------
 // detvisor's exit path.
 
-/// detvisor's exit path, as this bench names it (the library's `vmm::ExitPath`).
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum ExitPath {
-    /// The new path (the library's default): the clock page.
-    ClockPage,
-    /// The old path: HPET clocksource, an EOI per interrupt.
-    Legacy,
-}
+/// detvisor's exit path: the library's one type.
+pub use vmm::ExitPath;
 
 /// Whether the run library can select the exit path (`exit_path: vmm::ExitPath` in
 /// `run::plain::GuestSpec` and `run::up::UpOptions`); the report says so when it cannot.
@@ -68,13 +61,9 @@ pub enum ExitPathTarget<'a> {
 
 /// Selects `path` for a run: the one place that knows the library's option.
 pub fn set_exit_path(target: ExitPathTarget<'_>, path: ExitPath) {
-    let p = match path {
-        ExitPath::ClockPage => vmm::ExitPath::ClockPage,
-        ExitPath::Legacy => vmm::ExitPath::Legacy,
-    };
     match target {
-        ExitPathTarget::Plain(guest) => guest.exit_path = p,
-        ExitPathTarget::Up(options) => options.exit_path = p,
+        ExitPathTarget::Plain(guest) => guest.exit_path = path,
+        ExitPathTarget::Up(options) => options.exit_path = path,
     }
 }
 
@@ -379,6 +368,7 @@ fn plain_run(guest: GuestSpec) -> (Result<RunSummary, String>, String) {
         guest,
         snapshots: None,
         pcap: None,
+        trace: None,
     };
     let summary = match Controller::new().handle(request, &streams) {
         Ok(Response::Summary(summary)) => Ok(summary),
@@ -464,6 +454,7 @@ fn detvisor_run(
                 stall_timeout: Default::default(),
                 pcap: None,
                 exit_path: vmm::ExitPath::default(),
+                trace: None,
             };
             set_exit_path(ExitPathTarget::Up(&mut options), path);
             let prepared = (**prepared).clone();
