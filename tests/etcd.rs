@@ -127,13 +127,16 @@ fn writes(text: &str) -> Vec<(f64, String, bool)> {
 #[test]
 fn test_etcd_partitioned_leader_loses_writes_majority_goes_on_and_it_catches_up() {
     // A shorter observation than the example's (40 s), to keep the test quick,
-    // and without the example's own partition (of n1).
+    // and without the example's own partition (of n1). It runs past the heal
+    // (13 s) by several rounds: without pre-vote, the old leader's election
+    // attempts while cut off can depose the new leader at the heal, and writes
+    // fail for a second or two while they elect again (seen with seed 42).
     let path = manifest("partition.toml");
     let original = std::fs::read_to_string(&path).unwrap();
     let long = r#"command = ["etcd-partition", "40", "0.2"]"#;
     assert!(original.contains(long), "{original}");
     let edited: String = original
-        .replace(long, r#"command = ["etcd-partition", "14", "0.5"]"#)
+        .replace(long, r#"command = ["etcd-partition", "20", "0.5"]"#)
         .lines()
         .filter(|l| !l.starts_with("faults"))
         .collect::<Vec<_>>()
