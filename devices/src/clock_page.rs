@@ -134,11 +134,21 @@ impl ClockPage {
     /// guest-caused exits (and before the first entry after a boot or a
     /// restore, with the last exit's values).
     pub fn publish(&self, exits: u64, now: VirtNanos) {
-        let header = u64::from(MAGIC) | u64::from(VERSION) << 32;
+        // The VMM's fields are contiguous (magic, version, exits, time): one
+        // write per exit, not one per field.
         debug_assert_eq!(OFFSET_VERSION, OFFSET_MAGIC + 4);
-        self.write_u64(OFFSET_MAGIC, header);
-        self.write_u64(OFFSET_EXITS, exits);
-        self.write_u64(OFFSET_TIME, now.0);
+        debug_assert_eq!(OFFSET_EXITS, OFFSET_MAGIC + 8);
+        debug_assert_eq!(OFFSET_TIME, OFFSET_MAGIC + 16);
+        let mut fields = [0u8; 24];
+        fields[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        fields[4..8].copy_from_slice(&VERSION.to_le_bytes());
+        fields[8..16].copy_from_slice(&exits.to_le_bytes());
+        fields[16..24].copy_from_slice(&now.0.to_le_bytes());
+        // The page is in low RAM, which every machine has: it cannot miss.
+        let _ = self.memory.write_slice(
+            &fields,
+            GuestAddress(layout::CLOCK_PAGE_ADDR + OFFSET_MAGIC),
+        );
     }
 
     /// The deadline the guest's clockevent armed, if any.
