@@ -122,6 +122,12 @@ pub enum Request {
     Rekey { run: RunId, seed: u64 },
     /// The run's outcome so far (the run stays held).
     Outcome { run: RunId },
+    /// From now on keep what the guest of an `up` run reports (events, SDK
+    /// records, history lines; see [`crate::records`]).
+    CollectRecords { run: RunId },
+    /// What the guest reported since the last `TakeRecords` (or since
+    /// `CollectRecords`). A reset drops those not taken.
+    TakeRecords { run: RunId },
     /// Let a held run go.
     Close { run: RunId },
 }
@@ -186,6 +192,8 @@ pub enum Response {
         position: Position,
     },
     Snapshot(SnapshotRow),
+    /// `TakeRecords` (`CollectRecords` answers with `Position`).
+    Records(Vec<crate::records::GuestRecord>),
     Closed,
 }
 
@@ -427,6 +435,17 @@ impl Controller {
                 let exit_status = held.driven.exit_status(stop);
                 let outcome = held.driven.outcome(stop)?;
                 Response::Summary(RunSummary::new(seed, &outcome).with_exit_status(exit_status))
+            }
+            Request::CollectRecords { run } => {
+                let held = self.held(run)?;
+                let up = held.driven.up.as_mut().ok_or(ApiError::NoNodes(run))?;
+                up.collect_records();
+                Response::Position(held.position())
+            }
+            Request::TakeRecords { run } => {
+                let held = self.held(run)?;
+                let up = held.driven.up.as_mut().ok_or(ApiError::NoNodes(run))?;
+                Response::Records(up.take_records())
             }
             Request::Close { run } => {
                 self.runs.remove(&run).ok_or(ApiError::UnknownRun(run))?;

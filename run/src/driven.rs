@@ -161,6 +161,8 @@ impl Driven {
         self.session.reset_to(&mut checkpoint.session)?;
         if let (Some(up), Some(state)) = (&mut self.up, &checkpoint.up) {
             up.restore(state)?;
+            // Reported on the path just left: not part of the moment's past.
+            drop(up.take_records());
         }
         Ok(())
     }

@@ -21,6 +21,7 @@ pub mod manifest;
 pub mod outcome;
 pub mod pcap;
 pub mod plain;
+pub mod records;
 pub mod seeds;
 pub mod shell;
 pub mod snapshots;

@@ -25,6 +25,12 @@ pub enum Note {
     },
     /// News of a shell opened in a fork (`detvisor shell`).
     Shell(ShellEvent),
+    /// Something the guest reported for a caller that judges the run (see
+    /// [`crate::records`]).
+    Record {
+        node: Option<String>,
+        body: crate::records::RecordBody,
+    },
     /// A crashed node's disk was unmounted: the VMM must stop discarding
     /// its writes before the agent mounts it again (sent with this note).
     EndDiskCrash { node: String },

@@ -6,6 +6,7 @@
 use super::OutputError;
 use super::{Conductor, Note, OutputSink, ShellEvent, UpEvent, UpOutput, WORKLOAD_LOG};
 use crate::faults::{DiskFault, Fault, FaultAction, FaultError, NetworkFault, NodeFault};
+use crate::records::{GuestRecord, RecordBody, RecordLog};
 use detvisor_agent::protocol::{
     encode_frame, AgentToHost, FrameDecoder, FrameError, HostToAgent, MAX_FRAME_LEN,
 };
@@ -104,6 +105,11 @@ pub struct UpDriver {
     shell_events: Vec<ShellEvent>,
     /// See [`UpDriver::hold_conductor`]; never part of a recorded run.
     held: bool,
+    /// What the guest reported, kept for a caller that judges the run
+    /// (`None`: not collected; see [`UpDriver::collect_records`]).
+    records: Option<RecordLog>,
+    /// The exit the present step handled (for the records of faults).
+    exit_now: u64,
 }
 
 impl UpDriver {
@@ -143,6 +149,8 @@ impl UpDriver {
             notes: Vec::new(),
             shell_events: Vec::new(),
             held: false,
+            records: None,
+            exit_now: 0,
         }
     }
 
@@ -244,7 +252,18 @@ impl UpDriver {
     }
 
     fn announce_fault(&mut self, at: VirtNanos, action: FaultAction) {
-        (self.output.events)(at, &UpEvent::Fault { action });
+        let event = UpEvent::Fault { action };
+        (self.output.events)(at, &event);
+        if let Some(log) = &mut self.records {
+            // At the fault's own time; the exit is the one after which the
+            // host carried it out (or saw the switch do it).
+            log.push(GuestRecord {
+                exit: self.exit_now,
+                virtual_ns: at.0,
+                node: None,
+                body: RecordBody::Event { event },
+            });
+        }
     }
 
     /// Announces the disks' faults of `pending` due by `now`, at their own
@@ -309,6 +328,32 @@ impl UpDriver {
         std::mem::take(&mut self.shell_events)
     }
 
+    /// From now on, keep what the guest reports (events, SDK records,
+    /// history lines) until [`UpDriver::take_records`].
+    pub fn collect_records(&mut self) {
+        self.records.get_or_insert_with(RecordLog::default);
+    }
+
+    /// The records kept since the last call (none unless collecting).
+    pub fn take_records(&mut self) -> Vec<GuestRecord> {
+        self.records
+            .as_mut()
+            .map(RecordLog::take)
+            .unwrap_or_default()
+    }
+
+    /// Keeps `body` as reported at this exit (when collecting).
+    fn record(&mut self, session: &vmm::vm::Session, node: Option<String>, body: RecordBody) {
+        if let Some(log) = &mut self.records {
+            log.push(GuestRecord {
+                exit: session.exits(),
+                virtual_ns: session.now().0,
+                node,
+                body,
+            });
+        }
+    }
+
     /// Prints the node output still held back (lines without an end).
     pub fn flush(&mut self) -> Result<(), OutputError> {
         self.output.sink.flush()
@@ -336,6 +381,7 @@ impl UpDriver {
             return Ok(Some(stop));
         }
         let now = session.now();
+        self.exit_now = session.exits();
         if pending.first().is_some_and(|&(at, _)| at <= now) {
             let ports = session.devices_mut().nic_ports();
             self.announce_network_faults(pending, now, &ports)?;
@@ -363,7 +409,11 @@ impl UpDriver {
         self.conductor.due(now, &mut self.send, &mut self.notes);
         for note in std::mem::take(&mut self.notes) {
             match note {
-                Note::Event(event) => (self.output.events)(now, &event),
+                Note::Event(event) => {
+                    (self.output.events)(now, &event);
+                    self.record(session, None, RecordBody::Event { event });
+                }
+                Note::Record { node, body } => self.record(session, node, body),
                 Note::Shell(event) => self.shell_events.push(event),
                 Note::EndDiskCrash { node } => {
                     if let Some(index) = self.conductor.disk_index(&node) {

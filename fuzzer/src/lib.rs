@@ -1,0 +1,8 @@
+//! detvisor's campaign engine: it searches the histories of a system under
+//! test for those in which a property breaks, and hands back a reproducer.
+//!
+//! A caller of the run library ([`run::api`]), in-process or through the
+//! helper VM: it boots a run to its `setup_complete` moment, branches moments
+//! of a tree with new seeds and faults, judges each branch by the properties
+//! the guest reported and by checking its recorded history, keeps its state
+//! in a database, and writes one directory per distinct failure.
