@@ -87,6 +87,11 @@ pub struct Conductor {
     first_failure: Option<i32>,
     /// The run's status once the workload ended (or a setup step failed).
     status: Option<i32>,
+    /// Whether the system under test said its set-up is complete (the
+    /// Antithesis SDK's `setup_complete`): faults and test-composer commands
+    /// begin there, and a campaign takes its root moment there.
+    #[serde(default)]
+    setup_complete: bool,
 }
 
 /// Exit status when the guest could not be set up (a node failed to start).
@@ -104,6 +109,21 @@ impl Conductor {
             ever_started: BTreeSet::new(),
             first_failure: None,
             status: None,
+            setup_complete: false,
+        }
+    }
+
+    /// Whether the system under test said its set-up is complete.
+    pub fn setup_complete(&self) -> bool {
+        self.setup_complete
+    }
+
+    /// The system under test said its set-up is complete (the first time
+    /// counts; later ones are events of no consequence).
+    pub fn mark_setup_complete(&mut self, notes: &mut Vec<Note>) {
+        if !self.setup_complete {
+            self.setup_complete = true;
+            notes.push(Note::Event(UpEvent::SetupComplete));
         }
     }
 

@@ -65,6 +65,9 @@ pub enum UpEvent {
     },
     /// The agent said `booted` a second time.
     AgentBootedTwice,
+    /// The system under test said its set-up is complete (faults and
+    /// test-composer commands begin here).
+    SetupComplete,
     /// The agent speaks another protocol version.
     ProtocolMismatch {
         agent: u32,
@@ -138,6 +141,7 @@ impl std::fmt::Display for UpEvent {
             UpEvent::Fault { action } => write!(f, "fault: {action}"),
             UpEvent::AgentError { context, message } => write!(f, "agent: {context}: {message}"),
             UpEvent::AgentBootedTwice => write!(f, "agent: booted twice"),
+            UpEvent::SetupComplete => write!(f, "setup complete"),
             UpEvent::ProtocolMismatch { agent, host } => {
                 write!(f, "agent speaks protocol {agent}, this detvisor {host}")
             }
