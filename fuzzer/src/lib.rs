@@ -6,3 +6,13 @@
 //! of a tree with new seeds and faults, judges each branch by the properties
 //! the guest reported and by checking its recorded history, keeps its state
 //! in a database, and writes one directory per distinct failure.
+
+pub mod engine;
+pub mod findings;
+pub mod judge;
+pub mod replay;
+pub mod runner;
+pub mod shrink;
+pub mod spec;
+pub mod step;
+pub mod store;

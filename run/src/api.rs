@@ -90,8 +90,9 @@ pub enum Request {
 
     /// Boot a plain run and hold it, stopped before its first exit.
     Boot { guest: GuestSpec },
-    /// Boot an `up` run and hold it (node output to the stdout stream when
-    /// `options.stream_output`, events to stderr).
+    /// Boot an `up` run and hold it (node output to the stdout stream and
+    /// events to stderr when `options.stream_output`; node logs into
+    /// `options.logs` when given).
     BootUp {
         prepared: PreparedUp,
         options: UpOptions,
@@ -111,6 +112,11 @@ pub enum Request {
     Checkpoint { run: RunId },
     /// Return the run in place to a checkpoint of it.
     Reset {
+        run: RunId,
+        checkpoint: CheckpointId,
+    },
+    /// Let a checkpoint go (its kept pages are freed).
+    DropCheckpoint {
         run: RunId,
         checkpoint: CheckpointId,
     },
@@ -352,8 +358,15 @@ impl Controller {
                 } else {
                     Box::new(std::io::sink())
                 };
-                let output =
-                    UpOutput::plain(&prepared.node_names, out, Some(Box::new(streams.stderr())))?;
+                // Events go with the output: a caller that wants neither (a
+                // campaign) reads them as records instead.
+                let events: Option<Box<dyn std::io::Write>> = options
+                    .stream_output
+                    .then(|| Box::new(streams.stderr()) as Box<dyn std::io::Write>);
+                let mut output =
+                    UpOutput::plain(&prepared.node_names, Box::new(std::io::sink()), events)?;
+                output.sink =
+                    crate::up::OutputSink::new(&prepared.node_names, options.logs.clone(), out)?;
                 let driven = prepared.boot(&config, output)?;
                 self.hold(driven, None)
             }
@@ -408,6 +421,13 @@ impl Controller {
                     .ok_or(ApiError::UnknownCheckpoint { run, checkpoint })?;
                 held.driven.reset_to(saved)?;
                 held.stop = None;
+                Response::Position(held.position())
+            }
+            Request::DropCheckpoint { run, checkpoint } => {
+                let held = self.held(run)?;
+                held.checkpoints
+                    .remove(&checkpoint)
+                    .ok_or(ApiError::UnknownCheckpoint { run, checkpoint })?;
                 Response::Position(held.position())
             }
             Request::Snapshot { run, dir } => {

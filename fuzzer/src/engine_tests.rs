@@ -1,0 +1,378 @@
+//! The search loop driven against a simulated run (no VM): a history whose
+//! records and digest are a function of its path, failing when a `pause`
+//! fault is in it. What a real guest does is tested end to end (tests/).
+
+use super::*;
+use crate::judge::Verdict;
+use run::api::Response;
+use std::cell::RefCell;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::rc::Rc;
+
+/// A run's whole state: the time, and what was done to it, in order.
+#[derive(Clone, Debug, Default, Hash)]
+struct SimState {
+    now: u64,
+    events: Vec<String>,
+}
+
+#[derive(Default)]
+struct Sim {
+    state: SimState,
+    checkpoints: BTreeMap<u64, SimState>,
+    next: u64,
+    records: Vec<GuestRecord>,
+    /// Requests answered (for counting resets and replays).
+    calls: Rc<RefCell<Vec<String>>>,
+}
+
+fn record(at: u64, json: serde_json::Value) -> GuestRecord {
+    GuestRecord {
+        exit: at / 1_000,
+        virtual_ns: at,
+        node: None,
+        body: RecordBody::Sdk { json },
+    }
+}
+
+impl Sim {
+    fn position(&self) -> Position {
+        Position {
+            exits: self.state.now / 1_000,
+            virtual_ns: self.state.now,
+            stop: None,
+        }
+    }
+}
+
+impl Runner for Sim {
+    fn call(&mut self, request: Request) -> std::result::Result<Response, String> {
+        let name = format!("{request:?}");
+        self.calls
+            .borrow_mut()
+            .push(name.split_whitespace().next().unwrap_or("").to_string());
+        Ok(match request {
+            Request::BootUp { .. } => {
+                self.state = SimState::default();
+                Response::Started {
+                    run: RunId(1),
+                    position: self.position(),
+                }
+            }
+            Request::CollectRecords { .. } => Response::Position(self.position()),
+            Request::RunUntil { until, .. } => {
+                let Until::Time(t) = until else {
+                    return Err("only times".into());
+                };
+                // Time moves in whole milliseconds, like exits.
+                let target = t.0.div_ceil(1_000_000) * 1_000_000;
+                while self.state.now < target {
+                    self.state.now += 1_000_000;
+                    if self.state.now == 1_000_000_000 {
+                        self.records.push(GuestRecord {
+                            body: RecordBody::Event {
+                                event: UpEvent::SetupComplete,
+                            },
+                            ..record(self.state.now, serde_json::Value::Null)
+                        });
+                    }
+                    let paused = self.state.events.iter().any(|e| e.contains("pause n1"));
+                    let killed = self.state.events.iter().any(|e| e.contains("kill n2"));
+                    if paused && killed && self.state.now.is_multiple_of(500_000_000) {
+                        self.records.push(record(
+                            self.state.now,
+                            serde_json::json!({"fail": "pause+kill"}),
+                        ));
+                    }
+                }
+                Response::Position(self.position())
+            }
+            Request::Checkpoint { .. } => {
+                self.next += 1;
+                self.checkpoints.insert(self.next, self.state.clone());
+                Response::Checkpoint {
+                    checkpoint: CheckpointId(self.next),
+                    position: self.position(),
+                }
+            }
+            Request::Reset { checkpoint, .. } => {
+                self.state = self
+                    .checkpoints
+                    .get(&checkpoint.0)
+                    .ok_or("unknown checkpoint")?
+                    .clone();
+                self.records.clear();
+                Response::Position(self.position())
+            }
+            Request::DropCheckpoint { checkpoint, .. } => {
+                self.checkpoints
+                    .remove(&checkpoint.0)
+                    .ok_or("unknown checkpoint")?;
+                Response::Position(self.position())
+            }
+            Request::Rekey { seed, .. } => {
+                self.state.events.push(format!("seed {seed}"));
+                Response::Position(self.position())
+            }
+            Request::InjectFault { fault, .. } => {
+                self.state
+                    .events
+                    .push(format!("{} {}", fault.at.0, fault.action));
+                Response::Position(self.position())
+            }
+            Request::TakeRecords { .. } => Response::Records(std::mem::take(&mut self.records)),
+            Request::Outcome { .. } => {
+                let mut h = DefaultHasher::new();
+                self.state.hash(&mut h);
+                let mut summary: run::RunSummary = serde_json::from_value(serde_json::json!({}))
+                    .unwrap_or_else(|_| panic_free_summary());
+                summary.digest = format!("{:016x}", h.finish());
+                Response::Summary(summary)
+            }
+            Request::Close { .. } => Response::Closed,
+            other => return Err(format!("not simulated: {other:?}")),
+        })
+    }
+}
+
+fn panic_free_summary() -> run::RunSummary {
+    serde_json::from_value(serde_json::json!({
+        "exit_status": null, "stop": {"kind": "time_limit"}, "seed": 0, "virtual_ns": 0,
+        "exits": 0, "exits_by_kind": {}, "injected_interrupts": 0, "irq_windows_stepped": 0,
+        "single_steps": 0, "wall_ms": 0, "wall_setup_ms": 0, "wall_finish_ms": 0,
+        "exits_per_sec": 0, "digest": "", "digest_parts": {"records": "", "memory": "",
+        "devices": "", "console": ""}, "console_bytes": 0, "unhandled_accesses": 0,
+        "vmm_peak_rss_beyond_guest_kib": null, "cpu_model_version": 0
+    }))
+    .expect("a summary")
+}
+
+/// Fails a history with a `{"fail": key}` record; novelty for new keys.
+#[derive(Default)]
+struct FailJudge {
+    seen: std::collections::BTreeSet<String>,
+}
+
+fn fails(path: &[&[GuestRecord]]) -> Vec<Failure> {
+    let mut keys = std::collections::BTreeSet::new();
+    for record in path.iter().flat_map(|s| s.iter()) {
+        if let RecordBody::Sdk { json } = &record.body {
+            if let Some(key) = json.get("fail").and_then(|k| k.as_str()) {
+                keys.insert(key.to_string());
+            }
+        }
+    }
+    keys.into_iter()
+        .map(|key| Failure {
+            summary: format!("{key} happened"),
+            key,
+            details: serde_json::Value::Null,
+            artifacts: vec![("note.txt".into(), b"x".to_vec())],
+        })
+        .collect()
+}
+
+impl Judge for FailJudge {
+    fn judge(&mut self, path: &[&[GuestRecord]]) -> Verdict {
+        let failures = fails(path);
+        let novelty = failures
+            .iter()
+            .filter(|f| self.seen.insert(f.key.clone()))
+            .count() as f64;
+        Verdict { failures, novelty }
+    }
+    fn check(&self, path: &[&[GuestRecord]]) -> Vec<Failure> {
+        fails(path)
+    }
+    fn end_of_campaign(&self) -> Vec<Failure> {
+        Vec::new()
+    }
+    fn save(&self) -> String {
+        serde_json::to_string(&self.seen).unwrap()
+    }
+    fn load(&mut self, saved: &str) -> std::result::Result<(), String> {
+        self.seen = serde_json::from_str(saved).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+/// Draws a pause, a kill, both or a slow link from the seed.
+struct Draw;
+
+impl FaultSource for Draw {
+    fn draw(&self, seed: u64, _slice_ns: u64) -> Vec<String> {
+        let mut faults = vec!["at=+100ms slow n3 latency=5ms for=1s".to_string()];
+        if !seed.is_multiple_of(3) {
+            faults.push("at=+200ms pause n1 for=1s".into());
+        }
+        if seed.is_multiple_of(2) {
+            faults.push("at=+300ms kill n2".into());
+        }
+        faults.push("at=+400ms loss n3 0.1 for=1s".into());
+        faults
+    }
+}
+
+fn spec(live: u32) -> CampaignSpec {
+    let mut spec = CampaignSpec::parse(
+        "manifest = \"m.toml\"\nseed = 5\n[search]\nslice = \"2s\"\nmax_depth = 3",
+        Path::new("c.toml"),
+        Path::new("/"),
+    )
+    .unwrap();
+    spec.live_checkpoints = live;
+    spec
+}
+
+fn prepared(dir: &Path) -> PreparedUp {
+    let kernel = dir.join("vmlinux");
+    std::fs::write(&kernel, b"kernel bytes").unwrap();
+    serde_json::from_value(serde_json::json!({
+        "kernel": kernel, "initrd": {"bytes": [1, 2, 3]}, "specs": [], "node_names": [],
+        "workload": null, "network": serde_json::to_value(devices::NetworkConfig::reliable(devices::LatencyDist::Fixed(vmm::VirtNanos::ZERO))).unwrap(),
+        "rtc_epoch_unix_secs": 0, "ram_bytes": 1, "faults": [], "disks": []
+    }))
+    .expect("a prepared run")
+}
+
+struct Quiet;
+impl Progress for Quiet {
+    fn root(&mut self, _: &Position, _: &str) {}
+    fn branch(&mut self, _: &BranchReport) {}
+    fn finding(&mut self, _: u32, _: &str, _: &str, _: &Path) {}
+}
+
+fn campaign(dir: &Path, live: u32, branches: u64) -> (CampaignSummary, Vec<NodeRow>) {
+    let files = tempfile::tempdir().unwrap();
+    let run = prepared(files.path());
+    let mut sim = Sim::default();
+    let summary = {
+        let mut engine = Engine::create(
+            &mut sim,
+            spec(live),
+            &run,
+            run.clone(),
+            dir,
+            Box::new(FailJudge::default()),
+            Box::new(Draw),
+        )
+        .unwrap();
+        engine
+            .run(
+                Budget {
+                    wall_ms: 0,
+                    branches,
+                },
+                &mut Quiet,
+                &|| false,
+            )
+            .unwrap()
+    };
+    let nodes = Store::open(dir).unwrap().nodes().unwrap();
+    (summary, nodes)
+}
+
+#[test]
+fn test_a_campaign_finds_the_failure_shrinks_it_and_replays_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (summary, nodes) = campaign(dir.path(), 1, 12);
+    assert_eq!(summary.branches, 12);
+    assert_eq!(nodes.len(), 13, "the root and one moment per branch");
+    assert_eq!(summary.findings.len(), 1, "{:?}", summary.findings);
+    let finding = findings::load(&findings::finding_dir(dir.path(), 1)).unwrap();
+    assert_eq!(finding.file.key, "pause+kill");
+    // Shrunk to the two faults that matter, from more.
+    let faults: Vec<&String> = finding
+        .file
+        .path
+        .steps
+        .iter()
+        .flat_map(|s| &s.faults)
+        .collect();
+    assert_eq!(faults.len(), 2, "{faults:?}");
+    assert!(faults.iter().any(|f| f.contains("pause n1")));
+    assert!(faults.iter().any(|f| f.contains("kill n2")));
+    assert!(finding.file.found_path.fault_count() > 2);
+    // Replayed from a fresh runner: the same digest and the failure.
+    let mut fresh = Sim::default();
+    let report =
+        crate::replay::replay_loaded(&mut fresh, &finding, &FailJudge::default(), None).unwrap();
+    assert!(report.reproduced, "{report:?}");
+    // Copied elsewhere, it still loads (no absolute path).
+    let elsewhere = tempfile::tempdir().unwrap();
+    let copy = elsewhere.path().join("0001");
+    std::fs::create_dir_all(copy.join("blobs")).unwrap();
+    for entry in walk(&findings::finding_dir(dir.path(), 1)) {
+        let relative = entry
+            .strip_prefix(findings::finding_dir(dir.path(), 1))
+            .unwrap();
+        std::fs::copy(&entry, copy.join(relative)).unwrap();
+    }
+    let moved = findings::load(&copy).unwrap();
+    assert!(moved.run.kernel.starts_with(&copy));
+    let text = std::fs::read_to_string(copy.join("run.json")).unwrap();
+    assert!(
+        !text.contains(dir.path().to_str().unwrap()),
+        "no absolute paths"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+#[test]
+fn test_live_checkpoints_change_the_cost_not_the_search() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let (_, one) = campaign(a.path(), 1, 10);
+    let (_, many) = campaign(b.path(), 4, 10);
+    assert_eq!(one, many);
+}
+
+#[test]
+fn test_a_resumed_campaign_continues_the_same_search() {
+    let straight = tempfile::tempdir().unwrap();
+    let (_, all) = campaign(straight.path(), 3, 9);
+    let split = tempfile::tempdir().unwrap();
+    let (first, _) = campaign(split.path(), 3, 4);
+    assert_eq!(first.branches, 4);
+    let mut sim = Sim::default();
+    let summary = {
+        let mut engine = Engine::resume(
+            &mut sim,
+            split.path(),
+            Box::new(FailJudge::default()),
+            |_| Box::new(Draw) as Box<dyn FaultSource>,
+            |_, run| Ok(run),
+        )
+        .unwrap();
+        engine
+            .run(
+                Budget {
+                    wall_ms: 0,
+                    branches: 9,
+                },
+                &mut Quiet,
+                &|| false,
+            )
+            .unwrap()
+    };
+    assert_eq!(summary.branches, 9);
+    assert_eq!(summary.branches_this_run, 5);
+    let resumed = Store::open(split.path()).unwrap().nodes().unwrap();
+    assert_eq!(resumed, all);
+    let a = Store::open(straight.path()).unwrap().findings().unwrap();
+    let b = Store::open(split.path()).unwrap().findings().unwrap();
+    assert_eq!(a, b);
+}

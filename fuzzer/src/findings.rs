@@ -1,0 +1,279 @@
+//! A finding's directory, `findings/NNNN/`: everything needed to reproduce
+//! one distinct failure from a fresh process, also after the directory is
+//! copied elsewhere. Files:
+//!
+//! - `finding.json`: number, failure key and summary, the failed property's
+//!   or checker's details, the path from the root (shrunk, and as found),
+//!   the digest of the shrunk history's end, the campaign's spec;
+//! - `run.json`: the assembled `up` run, its kernel, initrd and disk images
+//!   named by content digest (`blobs/<blake3>`; no absolute path anywhere);
+//! - `blobs/`: those files (hard links into the campaign's own `blobs/`
+//!   where the file system allows, copies elsewhere);
+//! - the failure's artifacts: `history.jsonl`, `checker.html`, ...;
+//! - `records.jsonl`: everything the guest reported along the path.
+//!
+//! A directory is written under a temporary name and renamed into place,
+//! so a finding that exists is whole.
+
+use crate::judge::Failure;
+use crate::spec::CampaignSpec;
+use crate::step::Path as StepPath;
+use run::records::GuestRecord;
+use run::up::{Initrd, PreparedUp};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The findings' directory in a campaign directory.
+pub const FINDINGS_DIR: &str = "findings";
+/// The content-addressed files of a campaign directory or finding.
+pub const BLOBS_DIR: &str = "blobs";
+pub const FINDING_FILE: &str = "finding.json";
+pub const RUN_FILE: &str = "run.json";
+/// The format of `finding.json`.
+pub const FINDING_FORMAT: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FindingError {
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not a finding ({FINDING_FILE} is missing)")]
+    NotAFinding { path: PathBuf },
+    #[error("{path}")]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path}: finding format version {found}; this build reads version {FINDING_FORMAT}")]
+    Version { path: PathBuf, found: u32 },
+    #[error("{path}: blob {name:?} is not a content digest")]
+    BadBlobName { path: PathBuf, name: String },
+    #[error("{path}: its digest is {actual}, not {expected} (the file was changed or damaged)")]
+    BlobDigest {
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+}
+
+type Result<T, E = FindingError> = std::result::Result<T, E>;
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FindingError + '_ {
+    move |source| FindingError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// `finding.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FindingFile {
+    pub format: u32,
+    pub number: u32,
+    pub key: String,
+    pub summary: String,
+    pub details: serde_json::Value,
+    /// The shrunk path: replaying it from the root shows the failure.
+    pub path: StepPath,
+    /// The path as the search found it.
+    pub found_path: StepPath,
+    /// The run's digest at the end of `path`.
+    pub digest: String,
+    pub exits: u64,
+    pub virtual_ns: u64,
+    pub spec: CampaignSpec,
+}
+
+/// Where the run's files are, by digest, relative to the finding.
+fn blob_name(digest: &str) -> String {
+    format!("{BLOBS_DIR}/{digest}")
+}
+
+/// Stores `bytes` as a blob of `dir` (a campaign or finding directory).
+fn put_blob(dir: &Path, bytes: &[u8]) -> Result<String> {
+    let digest = blake3::hash(bytes).to_hex().to_string();
+    let blobs = dir.join(BLOBS_DIR);
+    std::fs::create_dir_all(&blobs).map_err(io(&blobs))?;
+    let path = blobs.join(&digest);
+    if !path.exists() {
+        let partial = blobs.join(format!(".{digest}.partial"));
+        std::fs::write(&partial, bytes).map_err(io(&partial))?;
+        std::fs::rename(&partial, &path).map_err(io(&path))?;
+    }
+    Ok(digest)
+}
+
+/// `prepared` with its files as blobs of the campaign directory `campaign`;
+/// the paths in the copy are `blobs/<digest>`.
+pub fn blobify(campaign: &Path, prepared: &PreparedUp) -> Result<PreparedUp> {
+    let mut out = prepared.clone();
+    let read = |path: &Path| std::fs::read(path).map_err(io(path));
+    let kernel = put_blob(campaign, &read(&prepared.kernel)?)?;
+    out.kernel = PathBuf::from(blob_name(&kernel));
+    let initrd = match &prepared.initrd {
+        Initrd::Bytes(bytes) => put_blob(campaign, bytes)?,
+        Initrd::File(path) => put_blob(campaign, &read(path)?)?,
+    };
+    out.initrd = Initrd::File(PathBuf::from(blob_name(&initrd)));
+    for disk in &mut out.disks {
+        let digest = put_blob(campaign, &read(&disk.image)?)?;
+        disk.image = PathBuf::from(blob_name(&digest));
+    }
+    Ok(out)
+}
+
+/// The blobs a blobified run names.
+fn blob_paths(prepared: &PreparedUp) -> Vec<PathBuf> {
+    let mut paths = vec![prepared.kernel.clone()];
+    if let Initrd::File(path) = &prepared.initrd {
+        paths.push(path.clone());
+    }
+    paths.extend(prepared.disks.iter().map(|d| d.image.clone()));
+    paths
+}
+
+/// A blobified run with its paths made absolute under `dir`, each blob's
+/// digest checked.
+pub fn resolve(dir: &Path, prepared: &PreparedUp) -> Result<PreparedUp> {
+    let mut out = prepared.clone();
+    let fix = |relative: &Path| -> Result<PathBuf> {
+        let name = relative
+            .strip_prefix(BLOBS_DIR)
+            .ok()
+            .and_then(|n| n.to_str())
+            .filter(|n| n.len() == 64 && n.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(|| FindingError::BadBlobName {
+                path: dir.join(RUN_FILE),
+                name: relative.display().to_string(),
+            })?;
+        let path = dir.join(relative);
+        let bytes = std::fs::read(&path).map_err(io(&path))?;
+        let actual = blake3::hash(&bytes).to_hex().to_string();
+        if actual != name {
+            return Err(FindingError::BlobDigest {
+                path,
+                expected: name.to_owned(),
+                actual,
+            });
+        }
+        Ok(path)
+    };
+    out.kernel = fix(&prepared.kernel)?;
+    if let Initrd::File(path) = &prepared.initrd {
+        out.initrd = Initrd::File(fix(path)?);
+    }
+    for disk in &mut out.disks {
+        disk.image = fix(&disk.image)?;
+    }
+    Ok(out)
+}
+
+/// Everything a finding's directory gets.
+pub struct NewFinding<'a> {
+    pub file: FindingFile,
+    /// The run, blobified against the campaign directory.
+    pub run: &'a PreparedUp,
+    pub failure: &'a Failure,
+    pub records: &'a [GuestRecord],
+}
+
+/// `findings/NNNN` of a campaign directory.
+pub fn finding_dir(campaign: &Path, number: u32) -> PathBuf {
+    campaign.join(FINDINGS_DIR).join(format!("{number:04}"))
+}
+
+/// The first finding number whose directory does not exist and is above
+/// `at_least` (a directory left by a campaign killed before it indexed it
+/// keeps its number).
+pub fn next_number(campaign: &Path, at_least: u32) -> u32 {
+    let mut number = at_least.max(1);
+    while finding_dir(campaign, number).exists() {
+        number += 1;
+    }
+    number
+}
+
+/// Writes `findings/NNNN/` whole (temporary name, then renamed).
+pub fn write(campaign: &Path, finding: &NewFinding<'_>) -> Result<PathBuf> {
+    let dir = finding_dir(campaign, finding.file.number);
+    let parent = campaign.join(FINDINGS_DIR);
+    std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+    let partial = parent.join(format!(".{:04}.partial", finding.file.number));
+    if partial.exists() {
+        std::fs::remove_dir_all(&partial).map_err(io(&partial))?;
+    }
+    std::fs::create_dir_all(partial.join(BLOBS_DIR)).map_err(io(&partial))?;
+    for relative in blob_paths(finding.run) {
+        let from = campaign.join(&relative);
+        let to = partial.join(&relative);
+        if std::fs::hard_link(&from, &to).is_err() {
+            std::fs::copy(&from, &to).map_err(io(&to))?;
+        }
+    }
+    let json = |path: PathBuf, text: String| std::fs::write(&path, text).map_err(io(&path));
+    json(
+        partial.join(FINDING_FILE),
+        serde_json::to_string_pretty(&finding.file).expect("findings serialize"),
+    )?;
+    json(
+        partial.join(RUN_FILE),
+        serde_json::to_string(finding.run).expect("runs serialize"),
+    )?;
+    for (name, bytes) in &finding.failure.artifacts {
+        let path = partial.join(name);
+        std::fs::write(&path, bytes).map_err(io(&path))?;
+    }
+    let mut lines = String::new();
+    for record in finding.records {
+        lines.push_str(&serde_json::to_string(record).expect("records serialize"));
+        lines.push('\n');
+    }
+    json(partial.join("records.jsonl"), lines)?;
+    std::fs::rename(&partial, &dir).map_err(io(&dir))?;
+    Ok(dir)
+}
+
+/// A finding read back: its file and its run, paths resolved under `dir`.
+pub struct LoadedFinding {
+    pub file: FindingFile,
+    pub run: PreparedUp,
+}
+
+pub fn load(dir: &Path) -> Result<LoadedFinding> {
+    let path = dir.join(FINDING_FILE);
+    if !path.is_file() {
+        return Err(FindingError::NotAFinding {
+            path: dir.to_owned(),
+        });
+    }
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|source| FindingError::Json {
+            path: path.clone(),
+            source,
+        })?;
+    let format = value.get("format").and_then(|f| f.as_u64()).unwrap_or(0) as u32;
+    if format != FINDING_FORMAT {
+        return Err(FindingError::Version {
+            path,
+            found: format,
+        });
+    }
+    let file: FindingFile = serde_json::from_value(value).map_err(|source| FindingError::Json {
+        path: path.clone(),
+        source,
+    })?;
+    let run_path = dir.join(RUN_FILE);
+    let text = std::fs::read_to_string(&run_path).map_err(io(&run_path))?;
+    let run: PreparedUp = serde_json::from_str(&text).map_err(|source| FindingError::Json {
+        path: run_path.clone(),
+        source,
+    })?;
+    let run = resolve(dir, &run)?;
+    Ok(LoadedFinding { file, run })
+}

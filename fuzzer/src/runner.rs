@@ -1,0 +1,171 @@
+//! Where a campaign's runs happen: a [`Runner`] answers the run library's
+//! requests, in this process ([`InProcess`], on a host whose KVM runs
+//! Linux) or in a helper VM (the CLI's runner). The campaign itself, its
+//! database and its findings stay in the calling process either way.
+
+use run::api::{CheckpointId, Controller, Position, Request, Response, RunId, Until};
+use run::records::GuestRecord;
+use run::RunSummary;
+
+/// Why a request to a runner failed: the run library's error chain as text
+/// (the same whether the run is here or in a helper VM).
+#[derive(Debug, thiserror::Error)]
+pub enum RunnerError {
+    #[error("{request}: {message}")]
+    Failed {
+        request: &'static str,
+        message: String,
+    },
+    #[error("{request}: unexpected answer {answer}")]
+    Unexpected {
+        request: &'static str,
+        answer: String,
+    },
+}
+
+/// Answers run requests, somewhere.
+pub trait Runner {
+    fn call(&mut self, request: Request) -> Result<Response, String>;
+}
+
+/// The run library in this process.
+pub struct InProcess {
+    controller: Controller,
+}
+
+impl InProcess {
+    pub fn new() -> Self {
+        InProcess {
+            controller: Controller::new(),
+        }
+    }
+}
+
+impl Default for InProcess {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Runner for InProcess {
+    fn call(&mut self, request: Request) -> Result<Response, String> {
+        self.controller
+            .handle(request, &run::streams::Discard)
+            .map_err(|e| run_error_chain(&e))
+    }
+}
+
+fn run_error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Typed calls over a [`Runner`]: each checks its answer's kind.
+pub struct Calls<'a> {
+    pub runner: &'a mut dyn Runner,
+}
+
+fn unexpected(request: &'static str, answer: Response) -> RunnerError {
+    let mut answer = format!("{answer:?}");
+    answer.truncate(200);
+    RunnerError::Unexpected { request, answer }
+}
+
+impl Calls<'_> {
+    fn call(&mut self, name: &'static str, request: Request) -> Result<Response, RunnerError> {
+        self.runner
+            .call(request)
+            .map_err(|message| RunnerError::Failed {
+                request: name,
+                message,
+            })
+    }
+
+    pub fn start(&mut self, request: Request) -> Result<(RunId, Position), RunnerError> {
+        match self.call("starting the run", request)? {
+            Response::Started { run, position } => Ok((run, position)),
+            other => Err(unexpected("starting the run", other)),
+        }
+    }
+
+    fn position(&mut self, name: &'static str, request: Request) -> Result<Position, RunnerError> {
+        match self.call(name, request)? {
+            Response::Position(position) => Ok(position),
+            other => Err(unexpected(name, other)),
+        }
+    }
+
+    pub fn run_until(&mut self, run: RunId, until: Until) -> Result<Position, RunnerError> {
+        self.position("running", Request::RunUntil { run, until })
+    }
+
+    pub fn collect_records(&mut self, run: RunId) -> Result<Position, RunnerError> {
+        self.position("collecting records", Request::CollectRecords { run })
+    }
+
+    pub fn take_records(&mut self, run: RunId) -> Result<Vec<GuestRecord>, RunnerError> {
+        match self.call("taking records", Request::TakeRecords { run })? {
+            Response::Records(records) => Ok(records),
+            other => Err(unexpected("taking records", other)),
+        }
+    }
+
+    pub fn checkpoint(&mut self, run: RunId) -> Result<(CheckpointId, Position), RunnerError> {
+        match self.call("checkpointing", Request::Checkpoint { run })? {
+            Response::Checkpoint {
+                checkpoint,
+                position,
+            } => Ok((checkpoint, position)),
+            other => Err(unexpected("checkpointing", other)),
+        }
+    }
+
+    pub fn reset(&mut self, run: RunId, checkpoint: CheckpointId) -> Result<Position, RunnerError> {
+        self.position("resetting", Request::Reset { run, checkpoint })
+    }
+
+    pub fn rekey(&mut self, run: RunId, seed: u64) -> Result<Position, RunnerError> {
+        self.position("re-keying", Request::Rekey { run, seed })
+    }
+
+    pub fn inject(
+        &mut self,
+        run: RunId,
+        fault: run::faults::Fault,
+    ) -> Result<Position, RunnerError> {
+        self.position("injecting a fault", Request::InjectFault { run, fault })
+    }
+
+    pub fn outcome(&mut self, run: RunId) -> Result<RunSummary, RunnerError> {
+        match self.call("reading the outcome", Request::Outcome { run })? {
+            Response::Summary(summary) => Ok(summary),
+            other => Err(unexpected("reading the outcome", other)),
+        }
+    }
+
+    /// Lets a checkpoint go (its pages are freed in the runner).
+    pub fn drop_checkpoint(
+        &mut self,
+        run: RunId,
+        checkpoint: CheckpointId,
+    ) -> Result<(), RunnerError> {
+        self.position(
+            "dropping a checkpoint",
+            Request::DropCheckpoint { run, checkpoint },
+        )
+        .map(drop)
+    }
+
+    pub fn close(&mut self, run: RunId) -> Result<(), RunnerError> {
+        match self.call("closing the run", Request::Close { run })? {
+            Response::Closed => Ok(()),
+            other => Err(unexpected("closing the run", other)),
+        }
+    }
+}

@@ -1,0 +1,565 @@
+//! A campaign's state in SQLite (`campaign.db` in its directory): the tree
+//! of moments, each branch's records and outcome, the property tallies, the
+//! findings index and the budgets used. One transaction per finished
+//! branch, so `kill -9` at any moment loses at most the branch in flight.
+//!
+//! The database lives on the host, in the process that runs the campaign,
+//! even when the runs happen in a helper VM: its 9p shares refuse the
+//! shared mappings SQLite's WAL needs and do not enforce locks. The journal
+//! is a rollback journal (`DELETE`), fully synced, and a second campaign on
+//! the same directory is refused by an exclusive `flock` on `DIR/lock`.
+
+use crate::step::Path as StepPath;
+use rusqlite::{params, Connection, OptionalExtension};
+use serde::{de::DeserializeOwned, Serialize};
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// The database file's name in a campaign directory.
+pub const DB_FILE: &str = "campaign.db";
+/// The lock file's name in a campaign directory.
+pub const LOCK_FILE: &str = "lock";
+/// What this build writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+/// The `application_id` of a campaign database ("DVCP").
+const APPLICATION_ID: i32 = 0x4456_4350;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("creating campaign directory {dir}")]
+    CreateDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{dir} is not a campaign directory (no {DB_FILE})")]
+    NotACampaign { dir: PathBuf },
+    #[error("{dir} already holds a campaign: resume it with `detvisor campaign --resume {dir}`, or choose another --out")]
+    Exists { dir: PathBuf },
+    #[error("opening lock file {path}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another campaign is running on {dir} (it holds {LOCK_FILE})")]
+    Busy { dir: PathBuf },
+    #[error("{path}: not a detvisor campaign database")]
+    Foreign { path: PathBuf },
+    #[error("{path}: campaign format version {found}; this build reads version {FORMAT_VERSION}")]
+    Version { path: PathBuf, found: u32 },
+    #[error("{path}")]
+    Sql {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("{path}: {what} is corrupt")]
+    Corrupt {
+        path: PathBuf,
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// One moment of the tree, as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeRow {
+    pub id: u64,
+    pub parent: Option<u64>,
+    pub depth: u32,
+    pub path: StepPath,
+    pub end_exits: u64,
+    pub end_ns: u64,
+    pub digest: String,
+    /// How interesting the branch that made it was (see `search`).
+    pub score: f64,
+    /// Set when the run stopped (it cannot be branched further).
+    pub stopped: bool,
+}
+
+/// A finding as indexed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FindingRow {
+    pub number: u32,
+    pub key: String,
+    pub node: u64,
+    pub summary: String,
+}
+
+/// An open campaign database, held exclusively.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+    /// Held for the store's life: the `flock`.
+    _lock: File,
+}
+
+fn lock(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|source| StoreError::Lock {
+            path: path.clone(),
+            source,
+        })?;
+    // SAFETY: flock on a descriptor this function owns; no memory involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(StoreError::Busy {
+                dir: dir.to_owned(),
+            });
+        }
+        return Err(StoreError::Lock { path, source: e });
+    }
+    Ok(file)
+}
+
+impl Store {
+    /// A new campaign in `dir` (created if missing; refused if it holds one).
+    pub fn create(dir: &Path, spec_json: &str) -> Result<Store> {
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
+            dir: dir.to_owned(),
+            source,
+        })?;
+        let lock = lock(dir)?;
+        let path = dir.join(DB_FILE);
+        if path.exists() {
+            return Err(StoreError::Exists {
+                dir: dir.to_owned(),
+            });
+        }
+        let sql = |source| StoreError::Sql {
+            path: path.clone(),
+            source,
+        };
+        let conn = Connection::open(&path).map_err(sql)?;
+        conn.execute_batch(&format!(
+            "PRAGMA journal_mode = DELETE;
+             PRAGMA synchronous = FULL;
+             PRAGMA application_id = {APPLICATION_ID};
+             PRAGMA user_version = {FORMAT_VERSION};
+             BEGIN;
+             CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+             CREATE TABLE nodes (
+                 id INTEGER PRIMARY KEY, parent INTEGER, depth INTEGER NOT NULL,
+                 path TEXT NOT NULL, end_exits INTEGER NOT NULL, end_ns INTEGER NOT NULL,
+                 digest TEXT NOT NULL, score REAL NOT NULL, stopped INTEGER NOT NULL);
+             CREATE TABLE records (node INTEGER PRIMARY KEY, body TEXT NOT NULL);
+             CREATE TABLE findings (
+                 number INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE,
+                 node INTEGER NOT NULL, summary TEXT NOT NULL);
+             COMMIT;"
+        ))
+        .map_err(sql)?;
+        let store = Store {
+            conn,
+            path,
+            _lock: lock,
+        };
+        store.set_meta("spec", spec_json)?;
+        store.set_meta("branches", "0")?;
+        store.set_meta("wall_ms", "0")?;
+        Ok(store)
+    }
+
+    /// The campaign in `dir`, to resume or read.
+    pub fn open(dir: &Path) -> Result<Store> {
+        let path = dir.join(DB_FILE);
+        if !path.is_file() {
+            return Err(StoreError::NotACampaign {
+                dir: dir.to_owned(),
+            });
+        }
+        let lock = lock(dir)?;
+        let sql = |source| StoreError::Sql {
+            path: path.clone(),
+            source,
+        };
+        let conn = Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(sql)?;
+        // A file that is not SQLite fails here, with SQLite's words.
+        let app: i32 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(|_| StoreError::Foreign { path: path.clone() })?;
+        if app != APPLICATION_ID {
+            return Err(StoreError::Foreign { path });
+        }
+        let version: u32 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(sql)?;
+        if version != FORMAT_VERSION {
+            return Err(StoreError::Version {
+                path,
+                found: version,
+            });
+        }
+        conn.execute_batch("PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL;")
+            .map_err(sql)?;
+        let store = Store {
+            conn,
+            path,
+            _lock: lock,
+        };
+        // Every table must be there and readable.
+        for table in ["meta", "nodes", "records", "findings"] {
+            store
+                .conn
+                .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| {
+                    r.get::<_, i64>(0)
+                })
+                .map_err(|source| StoreError::Sql {
+                    path: store.path.clone(),
+                    source,
+                })?;
+        }
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn sql(&self, source: rusqlite::Error) -> StoreError {
+        StoreError::Sql {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn set_meta(&self, key: &str, value: &str) -> Result<()> {
+        self.conn
+            .execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![key, value],
+            )
+            .map_err(|e| self.sql(e))?;
+        Ok(())
+    }
+
+    pub fn meta(&self, key: &str) -> Result<Option<String>> {
+        self.conn
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()
+            .map_err(|e| self.sql(e))
+    }
+
+    /// A JSON value kept under `key` in the metadata.
+    pub fn meta_json<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
+        match self.meta(key)? {
+            None => Ok(None),
+            Some(text) => {
+                serde_json::from_str(&text)
+                    .map(Some)
+                    .map_err(|source| StoreError::Corrupt {
+                        path: self.path.clone(),
+                        what: format!("meta {key:?}"),
+                        source,
+                    })
+            }
+        }
+    }
+
+    pub fn set_meta_json<T: Serialize>(&self, key: &str, value: &T) -> Result<()> {
+        let text = serde_json::to_string(value).expect("campaign state serializes");
+        self.set_meta(key, &text)
+    }
+
+    pub fn branches(&self) -> Result<u64> {
+        Ok(self
+            .meta("branches")?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
+    }
+
+    pub fn wall_ms(&self) -> Result<u64> {
+        Ok(self
+            .meta("wall_ms")?
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0))
+    }
+
+    /// Saves a finished branch: its node, its records, the tallies after
+    /// it, the findings it made, and the budgets used, in one transaction.
+    pub fn commit_branch(&mut self, branch: &FinishedBranch<'_>) -> Result<()> {
+        let path = self.path.clone();
+        let sql = |source| StoreError::Sql {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        insert_node(&tx, branch.node).map_err(sql)?;
+        tx.execute(
+            "INSERT OR REPLACE INTO records (node, body) VALUES (?1, ?2)",
+            params![branch.node.id as i64, branch.records_json],
+        )
+        .map_err(sql)?;
+        for finding in branch.findings {
+            tx.execute(
+                "INSERT INTO findings (number, key, node, summary) VALUES (?1, ?2, ?3, ?4)",
+                params![
+                    finding.number,
+                    finding.key,
+                    finding.node as i64,
+                    finding.summary
+                ],
+            )
+            .map_err(sql)?;
+        }
+        for (key, value) in branch.meta {
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![key, value],
+            )
+            .map_err(sql)?;
+        }
+        tx.commit().map_err(sql)
+    }
+
+    /// Sets metadata in one transaction.
+    pub fn commit_meta(&mut self, meta: &[(&str, String)]) -> Result<()> {
+        let path = self.path.clone();
+        let sql = |source| StoreError::Sql {
+            path: path.clone(),
+            source,
+        };
+        let tx = self.conn.transaction().map_err(sql)?;
+        for (key, value) in meta {
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![key, value],
+            )
+            .map_err(sql)?;
+        }
+        tx.commit().map_err(sql)
+    }
+
+    pub fn nodes(&self) -> Result<Vec<NodeRow>> {
+        let mut statement = self
+            .conn
+            .prepare(
+                "SELECT id, parent, depth, path, end_exits, end_ns, digest, score, stopped
+                 FROM nodes ORDER BY id",
+            )
+            .map_err(|e| self.sql(e))?;
+        let rows = statement
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, Option<i64>>(1)?,
+                    r.get::<_, u32>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, i64>(4)?,
+                    r.get::<_, i64>(5)?,
+                    r.get::<_, String>(6)?,
+                    r.get::<_, f64>(7)?,
+                    r.get::<_, bool>(8)?,
+                ))
+            })
+            .map_err(|e| self.sql(e))?;
+        let mut nodes = Vec::new();
+        for row in rows {
+            let (id, parent, depth, path, end_exits, end_ns, digest, score, stopped) =
+                row.map_err(|e| self.sql(e))?;
+            let path = serde_json::from_str(&path).map_err(|source| StoreError::Corrupt {
+                path: self.path.clone(),
+                what: format!("node {id}'s path"),
+                source,
+            })?;
+            nodes.push(NodeRow {
+                id: id as u64,
+                parent: parent.map(|p| p as u64),
+                depth,
+                path,
+                end_exits: end_exits as u64,
+                end_ns: end_ns as u64,
+                digest,
+                score,
+                stopped,
+            });
+        }
+        Ok(nodes)
+    }
+
+    /// The records of node `id`'s stretch, as saved.
+    pub fn records<T: DeserializeOwned>(&self, id: u64) -> Result<Option<T>> {
+        let text: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT body FROM records WHERE node = ?1",
+                [id as i64],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.sql(e))?;
+        text.map(|text| {
+            serde_json::from_str(&text).map_err(|source| StoreError::Corrupt {
+                path: self.path.clone(),
+                what: format!("node {id}'s records"),
+                source,
+            })
+        })
+        .transpose()
+    }
+
+    pub fn findings(&self) -> Result<Vec<FindingRow>> {
+        let mut statement = self
+            .conn
+            .prepare("SELECT number, key, node, summary FROM findings ORDER BY number")
+            .map_err(|e| self.sql(e))?;
+        let rows = statement
+            .query_map([], |r| {
+                Ok(FindingRow {
+                    number: r.get(0)?,
+                    key: r.get(1)?,
+                    node: r.get::<_, i64>(2)? as u64,
+                    summary: r.get(3)?,
+                })
+            })
+            .map_err(|e| self.sql(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.sql(e))
+    }
+}
+
+fn insert_node(tx: &rusqlite::Transaction<'_>, node: &NodeRow) -> rusqlite::Result<usize> {
+    tx.execute(
+        "INSERT OR REPLACE INTO nodes (id, parent, depth, path, end_exits, end_ns, digest, score, stopped)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        params![
+            node.id as i64,
+            node.parent.map(|p| p as i64),
+            node.depth,
+            serde_json::to_string(&node.path).expect("paths serialize"),
+            node.end_exits as i64,
+            node.end_ns as i64,
+            node.digest,
+            node.score,
+            node.stopped
+        ],
+    )
+}
+
+/// Everything one finished branch changes.
+pub struct FinishedBranch<'a> {
+    pub node: &'a NodeRow,
+    /// The stretch's records, as JSON.
+    pub records_json: &'a str,
+    pub findings: &'a [FindingRow],
+    /// Metadata after the branch (tallies, budgets used, counters).
+    pub meta: &'a [(&'a str, String)],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: u64, parent: Option<u64>) -> NodeRow {
+        NodeRow {
+            id,
+            parent,
+            depth: parent.map_or(0, |_| 1),
+            path: StepPath::default().child(id, vec!["at=+1s pause n1".into()], 1_000),
+            end_exits: 10 * id,
+            end_ns: 1_000 * id,
+            digest: format!("{id:032x}"),
+            score: 0.5,
+            stopped: false,
+        }
+    }
+
+    #[test]
+    fn test_a_branch_is_saved_whole_and_read_back_after_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::create(dir.path(), "{}").unwrap();
+        let root = node(0, None);
+        let child = node(1, Some(0));
+        store
+            .commit_branch(&FinishedBranch {
+                node: &root,
+                records_json: "[]",
+                findings: &[],
+                meta: &[("branches", "0".into())],
+            })
+            .unwrap();
+        let finding = FindingRow {
+            number: 1,
+            key: "property:x".into(),
+            node: 1,
+            summary: "x failed".into(),
+        };
+        store
+            .commit_branch(&FinishedBranch {
+                node: &child,
+                records_json: "[1,2]",
+                findings: std::slice::from_ref(&finding),
+                meta: &[("branches", "1".into()), ("tally", "{\"a\":1}".into())],
+            })
+            .unwrap();
+        drop(store);
+        let store = Store::open(dir.path()).unwrap();
+        assert_eq!(store.nodes().unwrap(), vec![root, child]);
+        assert_eq!(store.findings().unwrap(), vec![finding]);
+        assert_eq!(store.branches().unwrap(), 1);
+        assert_eq!(store.records::<Vec<u32>>(1).unwrap(), Some(vec![1, 2]));
+        assert_eq!(store.meta("tally").unwrap().as_deref(), Some("{\"a\":1}"));
+    }
+
+    #[test]
+    fn test_a_second_campaign_on_one_directory_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = Store::create(dir.path(), "{}").unwrap();
+        let second = Store::open(dir.path()).err().unwrap();
+        assert!(matches!(second, StoreError::Busy { .. }), "{second}");
+        drop(_first);
+        let again = Store::create(dir.path(), "{}").err().unwrap();
+        assert!(matches!(again, StoreError::Exists { .. }), "{again}");
+        assert!(again.to_string().contains("--resume"));
+    }
+
+    #[test]
+    fn test_a_foreign_or_corrupt_directory_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = Store::open(dir.path()).err().unwrap();
+        assert!(matches!(missing, StoreError::NotACampaign { .. }));
+        std::fs::write(
+            dir.path().join(DB_FILE),
+            b"this is not sqlite, it is a text file",
+        )
+        .unwrap();
+        let foreign = Store::open(dir.path()).err().unwrap();
+        assert!(foreign.to_string().contains(DB_FILE), "{foreign}");
+        // Another SQLite database (not ours).
+        std::fs::remove_file(dir.path().join(DB_FILE)).unwrap();
+        let other = Connection::open(dir.path().join(DB_FILE)).unwrap();
+        other.execute_batch("CREATE TABLE t (x INTEGER);").unwrap();
+        drop(other);
+        let foreign = Store::open(dir.path()).err().unwrap();
+        assert!(matches!(foreign, StoreError::Foreign { .. }), "{foreign}");
+        // Ours, from another version.
+        std::fs::remove_file(dir.path().join(DB_FILE)).unwrap();
+        drop(Store::create(dir.path(), "{}").unwrap());
+        let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+        conn.execute_batch("PRAGMA user_version = 99;").unwrap();
+        drop(conn);
+        let newer = Store::open(dir.path()).err().unwrap();
+        let text = newer.to_string();
+        assert!(
+            text.contains("99") && text.contains(&FORMAT_VERSION.to_string()),
+            "{text}"
+        );
+    }
+}
