@@ -20,7 +20,8 @@ pub const FAULT_PROFILE_STREAM: &str = "fault-profile";
 
 /// The step of the arrival process: each tick of a slice starts a fault of
 /// a category with probability `rate * TICK` (a Bernoulli approximation of
-/// a Poisson process at `rate` per second).
+/// a Poisson process at `rate` per second). A slice's last partial tick
+/// starts nothing.
 pub const TICK: VirtNanos = VirtNanos(10_000_000);
 
 /// Fault times are whole milliseconds after the branch point.

@@ -28,7 +28,9 @@
 //! command is known once it exits, or once the caller names it
 //! ([`PropertyTally::expect_command`]). The two command properties share
 //! the command's [`FailureKey`]: a command that never exited 0 either exited
-//! nonzero (already a failure) or never finished at all.
+//! nonzero (already a failure) or never finished at all. (A `sometimes`
+//! without `must_hit`, which no SDK writes, fails at the end only if it was
+//! hit and never true.)
 
 mod sdk;
 
@@ -62,6 +64,26 @@ pub enum Observation {
     Sdk(SdkRecord),
     /// A test-composer command finished with this exit status.
     CommandExited { command: String, status: i32 },
+}
+
+/// The SDK records among a stretch's guest records, as observations, and
+/// the records that are not SDK records (with their index in `records`),
+/// for the caller to report. Command exits are the caller's to add
+/// ([`Observation::CommandExited`]), from the run's events.
+pub fn sdk_observations(
+    records: &[run::records::GuestRecord],
+) -> (Vec<Observation>, Vec<(usize, SdkRecordError)>) {
+    let mut observations = Vec::new();
+    let mut malformed = Vec::new();
+    for (index, record) in records.iter().enumerate() {
+        if let run::records::RecordBody::Sdk { json } = &record.body {
+            match SdkRecord::parse(json) {
+                Ok(sdk) => observations.push(Observation::Sdk(sdk)),
+                Err(e) => malformed.push((index, e)),
+            }
+        }
+    }
+    (observations, malformed)
 }
 
 /// When a property was found broken.

@@ -427,3 +427,33 @@ fn test_the_tally_round_trips_and_resumes() {
     let text = serde_json::to_string(&a).unwrap();
     assert_eq!(serde_json::from_str::<StretchNews>(&text).unwrap(), a);
 }
+
+#[test]
+fn test_sdk_observations_of_guest_records() {
+    use run::records::{GuestRecord, RecordBody};
+    let record = |body| GuestRecord {
+        exit: 1,
+        virtual_ns: 2,
+        node: Some("n1".into()),
+        body,
+    };
+    let records = [
+        record(RecordBody::Sdk {
+            json: assert_json("always", "Always", true, "a", true, false),
+        }),
+        record(RecordBody::History {
+            json: json!({"process": 1}),
+        }),
+        record(RecordBody::Sdk { json: json!([1]) }),
+        record(RecordBody::Sdk {
+            json: json!({"my_event": {}}),
+        }),
+    ];
+    let (observations, malformed) = sdk_observations(&records);
+    assert_eq!(observations.len(), 2);
+    assert_eq!(malformed.len(), 1);
+    assert_eq!(malformed[0].0, 2);
+    let mut tally = PropertyTally::new();
+    let news = tally.add_stretch(StretchId(1), &observations).unwrap();
+    assert_eq!(failure_keys(&news), vec![(key("a"), true)]);
+}
