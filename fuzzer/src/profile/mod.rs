@@ -2,38 +2,18 @@
 //! (network, nodes, clocks, disks), and the draw of one slice's faults from
 //! a seed ([`FaultProfile::draw`]).
 //!
-//! A profile is TOML (every key optional; what is left out keeps the
-//! default, [`FaultProfile::default`]):
+//! A profile is TOML; every key is optional, and what is left out keeps
+//! the default ([`FaultProfile::default`], annotated in
+//! [`DEFAULT_PROFILE_TOML`]):
 //!
 //! ```toml
 //! exclude = ["workload"]        # nodes no fault targets by name
-//!
 //! [network]
-//! enabled = true
 //! rate = 0.1                    # expected faults per virtual second
 //! duration = "1s..15s"          # for= of each fault (it heals after)
-//! latency = "5ms..200ms"        # slow: the link latency range drawn within
-//! loss = "0.05..0.5"            # loss: the probability
 //! weights = { partition = 4, cut = 2, one-way = 1, bridge = 1, majorities-ring = 1, slow = 3, loss = 2 }
-//!
 //! [node]
-//! rate = 0.05
-//! pause = "1s..10s"             # pause for=
-//! down = "1s..10s"              # kill and crash: until the restart
 //! weights = { pause = 4, kill = 2, restart = 1, crash = 1 }
-//!
-//! [clock]
-//! rate = 0.02
-//! step = "10ms..2s"             # a step's size (its sign is drawn)
-//! drift = "10ppm..500ppm"       # a drift's size (its sign is drawn)
-//! duration = "5s..30s"          # drift for=
-//! weights = { step = 1, drift = 1 }
-//!
-//! [disk]
-//! rate = 0.05
-//! fsync-delay = "1ms..200ms"
-//! duration = "1s..10s"          # for= of each disk fault
-//! weights = { fsync-delay = 3, fsync-error = 1, full = 1 }
 //! ```
 //!
 //! The rate is per virtual second of a slice: a slice of `s` seconds draws
@@ -53,6 +33,10 @@ pub use span::{Bound, Ppm, Span, SpanError};
 use devices::switch::Probability;
 use devices::VirtNanos;
 use serde::{Deserialize, Serialize};
+
+/// The default profile as annotated TOML (what `detvisor` can print as a
+/// starting point); it reads back as [`FaultProfile::default`].
+pub const DEFAULT_PROFILE_TOML: &str = include_str!("default-profile.toml");
 
 /// The most faults per virtual second a category may ask for (one per
 /// [`TICK`]).

@@ -37,6 +37,11 @@ fn test_the_default_profile_is_valid_and_round_trips_through_toml() {
     assert_eq!(profile.exclude, ["workload"]);
     let text = profile.to_toml();
     assert_eq!(FaultProfile::from_toml(&text).unwrap(), profile);
+    // The annotated default reads back as the default.
+    assert_eq!(
+        FaultProfile::from_toml(DEFAULT_PROFILE_TOML).unwrap(),
+        profile
+    );
     // An empty file is the default profile.
     assert_eq!(FaultProfile::from_toml("").unwrap(), profile);
 }
