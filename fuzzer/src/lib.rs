@@ -8,8 +8,11 @@
 //! in a database, and writes one directory per distinct failure.
 
 pub mod engine;
+pub mod failure;
 pub mod findings;
 pub mod judge;
+pub mod profile;
+pub mod properties;
 pub mod replay;
 pub mod runner;
 pub mod shrink;
