@@ -1,0 +1,358 @@
+//! `detvisor campaign`, `detvisor findings` and `detvisor replay`:
+//! arguments, placement (runs here or in a helper VM, for the campaign's
+//! whole life) and printing. The campaign itself is the `fuzzer` library.
+
+use crate::helper::Remote;
+use crate::HostVmMode;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fuzzer::engine::{BranchReport, Budget, Engine, Progress};
+use fuzzer::findings;
+use fuzzer::runner::{InProcess, Runner};
+use fuzzer::spec::CampaignSpec;
+use helper_vm::Placement;
+use run::api::{Request, Response};
+use run::up::{PreparedUp, UpOptions};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use vmm::stall::StallTimeout;
+
+#[derive(Args, Debug)]
+pub struct CampaignArgs {
+    /// The campaign file (TOML; see docs/campaigns.md). Not with --resume.
+    campaign: Option<PathBuf>,
+    /// Where the campaign keeps its database, findings and files.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Continue the campaign in DIR (killed, interrupted or out of budget).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["campaign", "out"])]
+    resume: Option<PathBuf>,
+    /// Wall time this run of the campaign may take (e.g. 30m), overriding
+    /// the file's budget.wall.
+    #[arg(long)]
+    budget: Option<String>,
+    /// Stop after this many branches in all (0: no limit), overriding the
+    /// file's budget.branches.
+    #[arg(long)]
+    branches: Option<u64>,
+    /// Workers: branches run at once (0: one per core). This build runs one
+    /// branch at a time.
+    #[arg(long, default_value_t = 1)]
+    jobs: u32,
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    host_vm: HostVmMode,
+}
+
+#[derive(Args, Debug)]
+pub struct FindingsArgs {
+    /// A campaign directory.
+    dir: PathBuf,
+    /// One JSON object per finding, a line each.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// A finding's directory (DIR/findings/NNNN), wherever it was copied.
+    finding: PathBuf,
+    /// Write the nodes' logs here (<node>.log).
+    #[arg(long)]
+    logs: Option<PathBuf>,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    host_vm: HostVmMode,
+}
+
+/// Set by SIGINT: the campaign stops after the branch in flight.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Where a campaign's runs happen.
+enum Place {
+    Here(InProcess),
+    HelperVm(Remote),
+}
+
+/// The runner for a place: stall policy set for it on every request.
+struct PlacedRunner {
+    place: Place,
+    stall: StallTimeout,
+}
+
+impl Runner for PlacedRunner {
+    fn call(&mut self, mut request: Request) -> Result<Response, String> {
+        if let Some(timeout) = request.stall_timeout_mut() {
+            *timeout = self.stall;
+        }
+        match &mut self.place {
+            Place::Here(runner) => runner.call(request),
+            Place::HelperVm(remote) => remote.call(&request, false).map_err(|e| format!("{e:#}")),
+        }
+    }
+}
+
+/// Starts the place for runs of `prepared` (and returns it as the runner
+/// sees it: in a helper VM, its files are shipped there).
+fn place(mode: HostVmMode, prepared: &PreparedUp, shared: &[&Path]) -> Result<(PlacedRunner, PreparedUp)> {
+    match helper_vm::placement(mode) {
+        Placement::Host => Ok((
+            PlacedRunner {
+                place: Place::Here(InProcess::new()),
+                stall: StallTimeout::HARDWARE,
+            },
+            prepared.clone(),
+        )),
+        Placement::HelperVm { reason } => {
+            let mut there = prepared.clone();
+            let mut options = UpOptions {
+                seed: 0,
+                until: None,
+                runs: 1,
+                logs: None,
+                stream_output: false,
+                snapshots: None,
+                stall_timeout: StallTimeout::HELPER_VM,
+                pcap: None,
+                trace: None,
+                exit_path: Default::default(),
+            };
+            let mut needs = crate::up_cmd::helper_needs(&mut there, &mut options)?;
+            for dir in shared {
+                needs.share(dir)?;
+            }
+            let remote = Remote::start(&reason, needs)?;
+            Ok((
+                PlacedRunner {
+                    place: Place::HelperVm(remote),
+                    stall: StallTimeout::HELPER_VM,
+                },
+                there,
+            ))
+        }
+    }
+}
+
+struct Printer;
+
+impl Progress for Printer {
+    fn root(&mut self, position: &run::api::Position, digest: &str) {
+        eprintln!(
+            "detvisor: root moment at {} (exit {}), digest {digest}",
+            vmm::VirtNanos(position.virtual_ns),
+            position.exits
+        );
+    }
+
+    fn branch(&mut self, r: &BranchReport) {
+        eprintln!(
+            "detvisor: branch {} from moment {} (depth {}), seed {}, {} fault{}: to {}, {} failure{}, novelty {:.2} ({:.1} s)",
+            r.number,
+            r.parent,
+            r.depth,
+            r.seed,
+            r.faults,
+            if r.faults == 1 { "" } else { "s" },
+            vmm::VirtNanos(r.end_ns),
+            r.failures,
+            if r.failures == 1 { "" } else { "s" },
+            r.novelty,
+            r.wall_ms as f64 / 1000.0
+        );
+    }
+
+    fn finding(&mut self, number: u32, key: &str, summary: &str, dir: &Path) {
+        eprintln!("detvisor: FINDING {number:04} {key}: {summary} -> {}", dir.display());
+    }
+}
+
+fn budget(args: &CampaignArgs, spec: &CampaignSpec) -> Result<Budget> {
+    let wall_ms = match &args.budget {
+        Some(text) => run::units::parse_duration(text).context("--budget")?.0 / 1_000_000,
+        None => spec.wall_ms,
+    };
+    Ok(Budget {
+        wall_ms,
+        branches: args.branches.unwrap_or(spec.max_branches),
+    })
+}
+
+pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
+    if args.jobs != 1 {
+        eprintln!(
+            "detvisor: --jobs {}: this build runs one branch at a time (one worker)",
+            args.jobs
+        );
+    }
+    // SAFETY: installs a handler that only stores to an atomic.
+    unsafe { libc::signal(libc::SIGINT, on_sigint as usize) };
+    let stop = || INTERRUPTED.load(Ordering::SeqCst);
+    let summary = if let Some(dir) = &args.resume {
+        let dir = absolute(dir)?;
+        // The spec and run are the campaign's own; checked before any VM starts.
+        let store = fuzzer::store::Store::open(&dir)?;
+        let spec: CampaignSpec = store
+            .meta_json("spec")?
+            .context("the campaign database holds no spec")?;
+        let saved: PreparedUp = store
+            .meta_json("run")?
+            .context("the campaign database holds no run")?;
+        drop(store);
+        let host_run = findings::resolve(&dir, &saved)?;
+        let budget = budget(&args, &spec)?;
+        let (mut runner, there) = place(args.host_vm, &host_run, &[&dir])?;
+        let judge = fuzzer::judges::campaign_judge(&spec)?;
+        let faults = fuzzer::judges::fault_source(&spec, &there)?;
+        let mut engine = Engine::resume(
+            &mut runner,
+            &dir,
+            judge,
+            |_| faults,
+            |_, _| Ok(there.clone()),
+        )?;
+        engine.run(budget, &mut Printer, &stop)?
+    } else {
+        let (Some(file), Some(out)) = (&args.campaign, &args.out) else {
+            bail!("give a campaign file and --out DIR, or --resume DIR");
+        };
+        let spec = CampaignSpec::load(file)?;
+        let budget = budget(&args, &spec)?;
+        let manifest = run::manifest::load(&spec.manifest)?;
+        let prepared = run::up::prepare(&manifest, &[], None, None)?;
+        let judge = fuzzer::judges::campaign_judge(&spec)?;
+        let faults = fuzzer::judges::fault_source(&spec, &prepared)?;
+        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+        let out = absolute(out)?;
+        if out.join(fuzzer::store::DB_FILE).exists() {
+            bail!(
+                "{} already holds a campaign: resume it with `detvisor campaign --resume {}`, or choose another --out",
+                out.display(),
+                out.display()
+            );
+        }
+        let (mut runner, there) = place(args.host_vm, &prepared, &[&out])?;
+        let mut engine = Engine::create(&mut runner, spec, &prepared, there, &out, judge, faults)?;
+        engine.run(budget, &mut Printer, &stop)?
+    };
+    eprintln!(
+        "detvisor: campaign stopped ({}): {} branches ({} in this run), {} finding{}, {:.1} min of wall time",
+        summary.stopped_by,
+        summary.branches,
+        summary.branches_this_run,
+        summary.findings.len(),
+        if summary.findings.len() == 1 { "" } else { "s" },
+        summary.wall_ms as f64 / 60_000.0
+    );
+    for finding in &summary.findings {
+        println!("{:04}  {}  {}", finding.number, finding.key, finding.summary);
+    }
+    for failure in &summary.end_failures {
+        println!("end   {}  {}", failure.key, failure.summary);
+    }
+    Ok(if summary.findings.is_empty() { 0 } else { 1 })
+}
+
+fn absolute(dir: &Path) -> Result<PathBuf> {
+    dir.canonicalize()
+        .with_context(|| format!("directory {}", dir.display()))
+}
+
+pub fn cmd_findings(args: FindingsArgs) -> Result<u8> {
+    let dir = args.dir.join(findings::FINDINGS_DIR);
+    if !args.dir.join(fuzzer::store::DB_FILE).is_file() {
+        bail!(
+            "{} is not a campaign directory (no {})",
+            args.dir.display(),
+            fuzzer::store::DB_FILE
+        );
+    }
+    let mut entries: Vec<PathBuf> = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.len() == 4 && n.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+    };
+    entries.sort();
+    for path in &entries {
+        let text = std::fs::read_to_string(path.join(findings::FINDING_FILE))
+            .with_context(|| format!("reading {}", path.join(findings::FINDING_FILE).display()))?;
+        let file: findings::FindingFile = serde_json::from_str(&text)
+            .with_context(|| format!("{}", path.join(findings::FINDING_FILE).display()))?;
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "number": file.number, "key": file.key, "summary": file.summary,
+                    "faults": file.path.fault_count(), "found_faults": file.found_path.fault_count(),
+                    "virtual_ns": file.virtual_ns, "digest": file.digest,
+                    "dir": path,
+                })
+            );
+        } else {
+            println!(
+                "{:04}  {}  {}  ({} fault{} after shrinking from {}; ends at {})",
+                file.number,
+                file.key,
+                file.summary,
+                file.path.fault_count(),
+                if file.path.fault_count() == 1 { "" } else { "s" },
+                file.found_path.fault_count(),
+                vmm::VirtNanos(file.virtual_ns)
+            );
+        }
+    }
+    if entries.is_empty() && !args.json {
+        println!("no findings");
+    }
+    Ok(0)
+}
+
+pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
+    let dir = absolute(&args.finding)?;
+    let finding = findings::load(&dir)?;
+    let judge = fuzzer::judges::campaign_judge(&finding.file.spec)?;
+    let mut shared: Vec<&Path> = Vec::new();
+    let logs = match &args.logs {
+        Some(logs) => {
+            std::fs::create_dir_all(logs).with_context(|| format!("creating {}", logs.display()))?;
+            Some(absolute(logs)?)
+        }
+        None => None,
+    };
+    if let Some(logs) = &logs {
+        shared.push(logs);
+    }
+    let (mut runner, there) = place(args.host_vm, &finding.run, &shared)?;
+    let loaded = findings::LoadedFinding {
+        file: finding.file.clone(),
+        run: there,
+    };
+    let report = fuzzer::replay::replay_loaded(&mut runner, &loaded, judge.as_ref(), logs.as_deref())?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "finding {:04} {}: {} (digest {} {} recorded {}; failure {})",
+            report.number,
+            report.key,
+            if report.reproduced { "reproduced" } else { "NOT reproduced" },
+            report.digest,
+            if report.digest == report.expected_digest { "=" } else { "!=" },
+            report.expected_digest,
+            if report.failed_again { "seen again" } else { "not seen" }
+        );
+    }
+    Ok(if report.reproduced { 0 } else { 1 })
+}
