@@ -6,3 +6,5 @@
 //! of a tree with new seeds and faults, judges each branch by the properties
 //! the guest reported and by checking its recorded history, keeps its state
 //! in a database, and writes one directory per distinct failure.
+
+pub mod linearizability;
