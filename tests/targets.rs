@@ -137,7 +137,9 @@ fn history(text: &str) -> Vec<Op> {
                 });
             }
             kind @ ("ok" | "fail" | "info") => {
-                let i = open.remove(&id).unwrap_or_else(|| panic!("{id:?} completed twice"));
+                let i = open
+                    .remove(&id)
+                    .unwrap_or_else(|| panic!("{id:?} completed twice"));
                 assert!(time >= ops[i].call_ns, "{line}");
                 ops[i].done = Some((kind.into(), e["value"].clone(), time));
             }
@@ -154,7 +156,10 @@ fn history(text: &str) -> Vec<Op> {
 /// write, so "the write of w" is one operation. Histories with deletes are
 /// not judged (a null read could be a delete's).
 fn stale_reads(ops: &[Op]) -> Vec<(Op, Op)> {
-    assert!(ops.iter().all(|o| o.f != "delete"), "deletes are not judged");
+    assert!(
+        ops.iter().all(|o| o.f != "delete"),
+        "deletes are not judged"
+    );
     let ok_at = |o: &Op| match &o.done {
         Some((kind, _, t)) if kind == "ok" => Some(*t),
         _ => None,
@@ -293,7 +298,10 @@ fn raft_paused_leader_run(example: &str, seed: &str) -> (Vec<Op>, Vec<(Op, Op)>)
     let manifest = manifest(example);
     let leader = raft_leader(&manifest, seed, "7s");
     let fault = format!("at=8s pause {leader} for=1s");
-    let out = up(&manifest, &["--seed", seed, "--until", "120s", "--fault", &fault]);
+    let out = up(
+        &manifest,
+        &["--seed", seed, "--until", "120s", "--fault", &fault],
+    );
     assert_eq!(out.status.code(), Some(0), "the workload ends by itself");
     assert!(
         stderr(&out).contains(&format!("fault: pause {leader}")),
@@ -314,7 +322,8 @@ fn raft_paused_leader_run(example: &str, seed: &str) -> (Vec<Op>, Vec<(Op, Op)>)
     // A real history: reads and writes completed, before and after the pause.
     let ok = |f: &str, after: bool| {
         ops.iter().any(|o| {
-            o.f == f && o.done.as_ref().is_some_and(|d| d.0 == "ok")
+            o.f == f
+                && o.done.as_ref().is_some_and(|d| d.0 == "ok")
                 && (o.call_ns > 9_500_000_000) == after
         })
     };
@@ -343,21 +352,56 @@ fn test_raft_with_verify_leader_serves_no_stale_read_under_the_same_fault() {
     assert!(stale.is_empty(), "stale reads: {stale:?}");
 }
 
-#[test]
-fn test_etcd_serializable_reads_from_a_cut_off_member_are_stale() {
+/// The etcd kv example `example` (its workload reads with `--consistency s`
+/// or `l`) with n1 cut off from n2 and n3 at 12 s for 6 s (the workload still
+/// reaches all three) while the workload writes through the majority.
+/// Returns the history's stale reads.
+fn etcd_cut_member_run(example: &str) -> Option<Vec<(Op, Op)>> {
     let (raft, etcd) = (raft_image(), etcd_image());
     if let Err(why) = raft.and(etcd) {
         eprintln!("SKIPPED: an image cannot be built: {why}");
-        return;
+        return None;
     }
-    let manifest = manifest("etcd/kv-serializable.toml");
-    // n1 cut off from n2 and n3 (the workload still reaches all three) while
-    // the workload writes through the majority.
+    let manifest = manifest(example);
     let fault = "at=12s cut n1 <-> n2,n3 for=6s";
-    let out = up(&manifest, &["--seed", "1", "--until", "150s", "--fault", fault]);
+    let out = up(
+        &manifest,
+        &["--seed", "1", "--until", "150s", "--fault", fault],
+    );
     assert_eq!(out.status.code(), Some(0), "the workload ends by itself");
     let ops = history(&stdout(&out));
     let stale = stale_reads(&ops);
-    eprintln!("etcd serializable: {} ops {}, {} stale reads", ops.len(), tally(&ops), stale.len());
-    assert!(!stale.is_empty(), "no stale read: {}", tally(&ops));
+    eprintln!(
+        "{example}: {} ops {}, {} stale reads",
+        ops.len(),
+        tally(&ops),
+        stale.len()
+    );
+    for (get, put) in stale.iter().take(5) {
+        eprintln!("stale: {get:?}\n  after {put:?}");
+    }
+    // Reads and writes completed during the cut (through the majority).
+    let during = |f: &str| {
+        ops.iter().any(|o| {
+            o.f == f
+                && o.done.as_ref().is_some_and(|d| d.0 == "ok")
+                && (12_500_000_000..17_500_000_000).contains(&o.call_ns)
+        })
+    };
+    assert!(during("get") && during("put"), "{}", tally(&ops));
+    Some(stale)
+}
+
+#[test]
+fn test_etcd_serializable_reads_from_a_cut_off_member_are_stale() {
+    if let Some(stale) = etcd_cut_member_run("etcd/kv-serializable.toml") {
+        assert!(!stale.is_empty(), "no stale read");
+    }
+}
+
+#[test]
+fn test_etcd_linearizable_reads_are_never_stale_under_the_same_cut() {
+    if let Some(stale) = etcd_cut_member_run("etcd/kv-linearizable.toml") {
+        assert!(stale.is_empty(), "stale reads: {stale:?}");
+    }
 }
