@@ -71,10 +71,14 @@ fn etcd_image() -> Result<PathBuf, String> {
 }
 
 /// A copy of an example manifest in the scratch directory (beside the built
-/// images), with `../raft/raft.img` pointing at the scratch copy too.
-fn manifest(example: &str) -> PathBuf {
+/// images), with `../raft/raft.img` pointing at the scratch copy too, and
+/// the workload's 20 s shortened to `duration` (a test's time is dear).
+fn manifest(example: &str, duration: &str) -> PathBuf {
     let text = std::fs::read_to_string(root().join("examples").join(example)).unwrap();
     let text = text.replace("\"../raft/raft.img\"", "\"raft.img\"");
+    let long = r#""--duration", "20s""#;
+    assert!(text.contains(long), "{example} runs its workload for 20 s");
+    let text = text.replace(long, &format!(r#""--duration", "{duration}""#));
     let name = example.replace('/', "-");
     let path = scratch().join(name);
     std::fs::write(&path, text).unwrap();
@@ -281,8 +285,7 @@ fn raft_leader(manifest: &Path, seed: &str, until: &str) -> String {
         .filter(|n| {
             let log = log_of(manifest, n);
             log.lines()
-                .filter(|l| l.starts_with(&format!("raftkv {n}: leader=")))
-                .last()
+                .rfind(|l| l.starts_with(&format!("raftkv {n}: leader=")))
                 .is_some_and(|l| l.ends_with("leader=true"))
         })
         .collect();
@@ -295,7 +298,7 @@ fn raft_leader(manifest: &Path, seed: &str, until: &str) -> String {
 /// longer than an election, shorter than the stale variant's 2 s read lease.
 /// Returns the history and its stale reads, and prints a summary.
 fn raft_paused_leader_run(example: &str, seed: &str) -> (Vec<Op>, Vec<(Op, Op)>) {
-    let manifest = manifest(example);
+    let manifest = manifest(example, "12s");
     let leader = raft_leader(&manifest, seed, "7s");
     let fault = format!("at=8s pause {leader} for=1s");
     let out = up(
@@ -362,7 +365,7 @@ fn etcd_cut_member_run(example: &str) -> Option<Vec<(Op, Op)>> {
         eprintln!("SKIPPED: an image cannot be built: {why}");
         return None;
     }
-    let manifest = manifest(example);
+    let manifest = manifest(example, "16s");
     let fault = "at=12s cut n1 <-> n2,n3 for=6s";
     let out = up(
         &manifest,
