@@ -168,7 +168,7 @@ fn run(name: &str, history: &History) {
         .filter(|op| op.ret.is_none())
         .count();
     let start = Instant::now();
-    let report = check_kv(history, Some(Duration::from_secs(120)));
+    let report = check_kv(history, Some(Duration::from_secs(30)));
     let elapsed = start.elapsed();
     let verdict = match &report.verdict {
         Verdict::Ok => "ok".to_owned(),
@@ -196,7 +196,28 @@ fn run(name: &str, history: &History) {
 }
 
 fn main() {
+    let only: Option<usize> = std::env::args().nth(1).and_then(|arg| arg.parse().ok());
     let cases = [
+        (
+            "10k ops, 1 key, 16 clients, none lost",
+            Workload {
+                operations: 10_000,
+                keys: 1,
+                clients: 16,
+                unreturned_percent: 0,
+                seed: 4,
+            },
+        ),
+        (
+            "10k ops, 1 key, 8 clients, none lost",
+            Workload {
+                operations: 10_000,
+                keys: 1,
+                clients: 8,
+                unreturned_percent: 0,
+                seed: 3,
+            },
+        ),
         (
             "1k ops, 10 keys, 8 clients",
             Workload {
@@ -238,8 +259,13 @@ fn main() {
             },
         ),
     ];
-    for (name, workload) in &cases {
-        run(name, &simulate(workload));
+    for (index, (name, workload)) in cases.iter().enumerate() {
+        if only.is_none_or(|only| only == index) {
+            run(name, &simulate(workload));
+        }
+    }
+    if only.is_some() {
+        return;
     }
     let mut history = simulate(&Workload {
         operations: 10_000,

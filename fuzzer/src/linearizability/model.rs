@@ -6,7 +6,7 @@
 //! operation. A step with no output (an operation that did not return)
 //! applies the operation's effect whatever it would have answered.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 
@@ -39,8 +39,11 @@ pub struct Partition {
 
 /// A sequential specification.
 pub trait Model {
-    type Op: Timed;
+    type Op: Timed + Clone;
     type State: Clone + Eq + Hash + Debug;
+    /// What an operation without a return does, as far as the search can
+    /// tell: two such operations with equal effects are interchangeable.
+    type Effect: Hash + Eq;
 
     /// Splits operations into independent partitions (each op in exactly
     /// one).
@@ -52,6 +55,17 @@ pub trait Model {
     /// Whether the op can be left out of a check altogether because it
     /// constrains nothing (for example a read that never returned).
     fn is_inert(&self, op: &Self::Op) -> bool;
+    /// The partition's operations rewritten so that more states coincide,
+    /// without changing which sub-histories are linearizable (one op out per
+    /// op in, in order). By default, unchanged.
+    fn canonicalize(&self, ops: &[&Self::Op]) -> Vec<Self::Op> {
+        ops.iter().map(|&op| op.clone()).collect()
+    }
+    /// The effect of an operation without a return.
+    fn effect(&self, op: &Self::Op) -> Self::Effect;
+    /// Whether the op is possible in every state and leaves the same state
+    /// whatever the state before it (a blind write).
+    fn overwrites(&self, op: &Self::Op) -> bool;
     /// Whether every value the `kept` ops observed that some op of `all`
     /// wrote is still written by a kept op (see [`super::minimize`]).
     fn reads_explained(&self, kept: &[&Self::Op], all: &[&Self::Op]) -> bool {
@@ -117,8 +131,64 @@ impl Model for KvModel {
         }
     }
 
+    type Effect = KvInput;
+
     fn is_inert(&self, op: &Operation) -> bool {
         matches!(op.input, KvInput::Get) && op.output.is_none()
+    }
+
+    /// Values no operation of the partition observes (no get reads them, no
+    /// cas compares with them) are indistinguishable: every write of one
+    /// writes a single stand-in value instead, so that the states after
+    /// them, and the operations without a return that write them, coincide.
+    fn canonicalize(&self, ops: &[&Operation]) -> Vec<Operation> {
+        let mut observed: HashSet<&str> = HashSet::new();
+        let mut used: HashSet<&str> = HashSet::new();
+        for op in ops {
+            match (&op.input, &op.output) {
+                (KvInput::Get, Some(KvOutput::Get { value: Some(value) })) => {
+                    observed.insert(value);
+                }
+                (KvInput::Cas { from, to }, _) => {
+                    observed.insert(from);
+                    used.insert(to);
+                }
+                (KvInput::Put { value }, _) => {
+                    used.insert(value);
+                }
+                _ => {}
+            }
+        }
+        let mut stand_in = String::from("\u{0}unobserved");
+        while used.contains(stand_in.as_str()) || observed.contains(stand_in.as_str()) {
+            stand_in.push('\'');
+        }
+        ops.iter()
+            .map(|&op| {
+                let mut op = op.clone();
+                match &mut op.input {
+                    KvInput::Put { value } | KvInput::Cas { to: value, .. }
+                        if !observed.contains(value.as_str()) =>
+                    {
+                        value.clone_from(&stand_in);
+                    }
+                    _ => {}
+                }
+                op
+            })
+            .collect()
+    }
+
+    fn effect(&self, op: &Operation) -> KvInput {
+        op.input.clone()
+    }
+
+    fn overwrites(&self, op: &Operation) -> bool {
+        matches!(
+            (&op.input, &op.output),
+            (KvInput::Put { .. }, None | Some(KvOutput::Put))
+                | (KvInput::Delete, None | Some(KvOutput::Delete))
+        )
     }
 
     /// A value read (by a get, or the `from` of a swapped cas) must keep a
