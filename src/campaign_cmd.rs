@@ -99,7 +99,11 @@ impl Runner for PlacedRunner {
 
 /// Starts the place for runs of `prepared` (and returns it as the runner
 /// sees it: in a helper VM, its files are shipped there).
-fn place(mode: HostVmMode, prepared: &PreparedUp, shared: &[&Path]) -> Result<(PlacedRunner, PreparedUp)> {
+fn place(
+    mode: HostVmMode,
+    prepared: &PreparedUp,
+    shared: &[&Path],
+) -> Result<(PlacedRunner, PreparedUp)> {
     match helper_vm::placement(mode) {
         Placement::Host => Ok((
             PlacedRunner {
@@ -167,7 +171,10 @@ impl Progress for Printer {
     }
 
     fn finding(&mut self, number: u32, key: &str, summary: &str, dir: &Path) {
-        eprintln!("detvisor: FINDING {number:04} {key}: {summary} -> {}", dir.display());
+        eprintln!(
+            "detvisor: FINDING {number:04} {key}: {summary} -> {}",
+            dir.display()
+        );
     }
 }
 
@@ -190,7 +197,7 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
         );
     }
     // SAFETY: installs a handler that only stores to an atomic.
-    unsafe { libc::signal(libc::SIGINT, on_sigint as usize) };
+    unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
     let stop = || INTERRUPTED.load(Ordering::SeqCst);
     let summary = if let Some(dir) = &args.resume {
         let dir = absolute(dir)?;
@@ -249,7 +256,10 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
         summary.wall_ms as f64 / 60_000.0
     );
     for finding in &summary.findings {
-        println!("{:04}  {}  {}", finding.number, finding.key, finding.summary);
+        println!(
+            "{:04}  {}  {}",
+            finding.number, finding.key, finding.summary
+        );
     }
     for failure in &summary.end_failures {
         println!("end   {}  {}", failure.key, failure.summary);
@@ -307,7 +317,11 @@ pub fn cmd_findings(args: FindingsArgs) -> Result<u8> {
                 file.key,
                 file.summary,
                 file.path.fault_count(),
-                if file.path.fault_count() == 1 { "" } else { "s" },
+                if file.path.fault_count() == 1 {
+                    ""
+                } else {
+                    "s"
+                },
                 file.found_path.fault_count(),
                 vmm::VirtNanos(file.virtual_ns)
             );
@@ -326,7 +340,8 @@ pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
     let mut shared: Vec<&Path> = Vec::new();
     let logs = match &args.logs {
         Some(logs) => {
-            std::fs::create_dir_all(logs).with_context(|| format!("creating {}", logs.display()))?;
+            std::fs::create_dir_all(logs)
+                .with_context(|| format!("creating {}", logs.display()))?;
             Some(absolute(logs)?)
         }
         None => None,
@@ -339,7 +354,8 @@ pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
         file: finding.file.clone(),
         run: there,
     };
-    let report = fuzzer::replay::replay_loaded(&mut runner, &loaded, judge.as_ref(), logs.as_deref())?;
+    let report =
+        fuzzer::replay::replay_loaded(&mut runner, &loaded, judge.as_ref(), logs.as_deref())?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -347,11 +363,23 @@ pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
             "finding {:04} {}: {} (digest {} {} recorded {}; failure {})",
             report.number,
             report.key,
-            if report.reproduced { "reproduced" } else { "NOT reproduced" },
+            if report.reproduced {
+                "reproduced"
+            } else {
+                "NOT reproduced"
+            },
             report.digest,
-            if report.digest == report.expected_digest { "=" } else { "!=" },
+            if report.digest == report.expected_digest {
+                "="
+            } else {
+                "!="
+            },
             report.expected_digest,
-            if report.failed_again { "seen again" } else { "not seen" }
+            if report.failed_again {
+                "seen again"
+            } else {
+                "not seen"
+            }
         );
     }
     Ok(if report.reproduced { 0 } else { 1 })

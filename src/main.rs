@@ -1,5 +1,6 @@
 //! detvisor: a deterministic hypervisor for testing distributed systems under faults.
 
+mod campaign_cmd;
 mod helper;
 mod image_cmd;
 mod print;
@@ -59,6 +60,13 @@ enum Command {
     /// Boot a multi-node system under test from a manifest, run its workload
     /// (with scheduled faults), and exit with the workload's status.
     Up(up_cmd::UpArgs),
+    /// Search the histories of a system under test for broken properties
+    /// (see docs/campaigns.md); `--resume DIR` continues one.
+    Campaign(campaign_cmd::CampaignArgs),
+    /// A campaign's findings, one line per distinct failure.
+    Findings(campaign_cmd::FindingsArgs),
+    /// Reproduce a finding (DIR/findings/NNNN) bit for bit from a fresh process.
+    Replay(campaign_cmd::ReplayArgs),
     /// Where the exits of a trace (`run`/`up`/`branch --trace FILE`) went:
     /// counts by kind and by device, in all and per virtual second.
     Trace(trace_cmd::TraceArgs),
@@ -730,6 +738,9 @@ fn main() -> ExitCode {
         Command::Shell(args) => cmd_shell(args),
         Command::Up(args) => up_cmd::cmd_up(args),
         Command::Trace(args) => trace_cmd::cmd_trace(args),
+        Command::Campaign(args) => campaign_cmd::cmd_campaign(args),
+        Command::Findings(args) => campaign_cmd::cmd_findings(args),
+        Command::Replay(args) => campaign_cmd::cmd_replay(args),
         Command::Image(cmd) => image_cmd::run(cmd),
         Command::ServeChannel => serve::serve(),
     };

@@ -133,7 +133,7 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
 
 /// An `up` run in the helper VM: the assembled initrd (staged in a file)
 /// and the kernel shipped along, the log and snapshot directories shared.
-fn helper_needs(prepared: &mut PreparedUp, options: &mut UpOptions) -> Result<Needs> {
+pub(crate) fn helper_needs(prepared: &mut PreparedUp, options: &mut UpOptions) -> Result<Needs> {
     let mut needs = Needs::default();
     // Removed with its files when the helper VM is done with them.
     let staging = TempDir::new("detvisor-up-")

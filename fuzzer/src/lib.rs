@@ -11,6 +11,7 @@ pub mod engine;
 pub mod failure;
 pub mod findings;
 pub mod judge;
+pub mod judges;
 pub mod linearizability;
 pub mod profile;
 pub mod properties;
