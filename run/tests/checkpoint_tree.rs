@@ -135,6 +135,12 @@ impl Run<'_> {
             Response::Summary(summary) => summary,
             other => panic!("expected a summary, got {other:?}"),
         };
+        // The final hash's cost: a whole scan for a restored run, the pages
+        // changed since the previous digest for one moved in place.
+        eprintln!(
+            "outcome of {:?} at exit {}: finishing took {} ms",
+            self.run, at.exits, summary.wall_finish_ms
+        );
         Seen {
             at,
             digest: summary.digest,

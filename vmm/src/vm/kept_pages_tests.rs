@@ -336,7 +336,7 @@ proptest! {
         let mut tree = CheckpointTree::new(ram.len());
         let flags = vec![true; 12];
         let root = if backing_is_zero { tree.take(&ram, &[], fresh(&flags)) }
-            else { tree.take(&ram, &[], restored(&vec![false; 12])) }.unwrap();
+            else { tree.take(&ram, &[], restored(&[false; 12])) }.unwrap();
         let mut live: Vec<(NodeId, Vec<u8>)> = vec![(root, ram.bytes())];
         for step in steps {
             match step {
