@@ -674,7 +674,7 @@ fn resets(plan: &CellPlan, store: &str, dir: &Path) -> Result<ResetResult> {
 fn in_place_resets(plan: &CellPlan, dir: &Path, burst_end: u64) -> Result<InPlaceResets> {
     let (mut s, _) = restore_to_first_exit(dir, Staging::On9p)?;
     let c = Instant::now();
-    let mut checkpoint = s.checkpoint()?;
+    let checkpoint = s.checkpoint()?;
     let mut p = InPlaceResets {
         checkpoint_ms: ms(c.elapsed()),
         checkpoint_pages: checkpoint.pages_kept(),
@@ -689,7 +689,7 @@ fn in_place_resets(plan: &CellPlan, dir: &Path, burst_end: u64) -> Result<InPlac
             bail!("the guest stopped during an in-place burst: {stop:?}");
         }
         let r = Instant::now();
-        let stats = s.reset_to(&mut checkpoint)?;
+        let stats = s.reset_to(&checkpoint)?;
         reset_t.push(ms(r.elapsed()));
         burst_t.push(ms(r - b));
         copied.push(stats.pages_copied as f64);
@@ -701,14 +701,14 @@ fn in_place_resets(plan: &CellPlan, dir: &Path, burst_end: u64) -> Result<InPlac
     p.burst_ms = median(&mut burst_t).unwrap_or(0.0);
     p.pages_copied = median(&mut copied).unwrap_or(0.0);
     p.pages_fetched = median(&mut fetched).unwrap_or(0.0);
-    p.checkpoint_pages_at_end = checkpoint.pages_kept();
+    p.checkpoint_pages_at_end = s.checkpoint_memory().pages;
     // Untimed: two more bursts must end in the same state.
     let mut digest_of_burst = || -> Result<String> {
         if let Some(stop) = s.run_until(Some(burst_end), None)? {
             bail!("the guest stopped during an in-place burst: {stop:?}");
         }
         let digest = s.outcome(vmm::exit::StopReason::TimeLimit).digest;
-        s.reset_to(&mut checkpoint)?;
+        s.reset_to(&checkpoint)?;
         Ok(digest)
     };
     p.identical = digest_of_burst()? == digest_of_burst()?;

@@ -149,17 +149,20 @@ impl Calls<'_> {
         }
     }
 
-    /// Lets a checkpoint go (its pages are freed in the runner).
+    /// Lets a checkpoint go (its pages are freed in the runner); what the
+    /// run's checkpoints hold after.
     pub fn drop_checkpoint(
         &mut self,
         run: RunId,
         checkpoint: CheckpointId,
-    ) -> Result<(), RunnerError> {
-        self.position(
+    ) -> Result<vmm::vm::CheckpointMemory, RunnerError> {
+        match self.call(
             "dropping a checkpoint",
             Request::DropCheckpoint { run, checkpoint },
-        )
-        .map(drop)
+        )? {
+            Response::CheckpointMemory(memory) => Ok(memory),
+            other => Err(unexpected("dropping a checkpoint", other)),
+        }
     }
 
     pub fn close(&mut self, run: RunId) -> Result<(), RunnerError> {

@@ -107,19 +107,30 @@ pub enum Request {
     /// Run a held run on.
     RunUntil { run: RunId, until: Until },
     /// Keep the run's present moment in memory, to return to in place.
-    /// A run keeps one checkpoint: a newer one, or a snapshot chain started
-    /// by the run's own plan, makes older ones stale (refused by `Reset`).
+    /// A run keeps a tree of checkpoints, all alive until dropped: each new
+    /// one is a child of the checkpoint the run was last reset to or taken
+    /// at, and keeps only the pages written since (see docs/snapshots.md).
     Checkpoint { run: RunId },
-    /// Return the run in place to a checkpoint of it.
+    /// Return the run in place to any checkpoint of it: only the pages
+    /// written since its last checkpoint or reset, and those that differ on
+    /// the way through the two moments' common ancestor, are copied back.
     Reset {
         run: RunId,
         checkpoint: CheckpointId,
     },
-    /// Let a checkpoint go (its kept pages are freed).
+    /// Let a checkpoint go (it can no longer be reset to): the pages only it
+    /// needed are freed. Answers with the memory the run's checkpoints hold.
     DropCheckpoint {
         run: RunId,
         checkpoint: CheckpointId,
     },
+    /// The host memory the run's checkpoints hold, and their budget.
+    CheckpointMemory { run: RunId },
+    /// The most bytes of pages the run's checkpoints may hold from now on
+    /// (`None`: no limit): a checkpoint past it is refused, naming the
+    /// figures, for the caller to drop older ones. Answers as
+    /// `CheckpointMemory`.
+    CheckpointBudget { run: RunId, bytes: Option<u64> },
     /// Write a full snapshot of the run's present into `dir`.
     Snapshot { run: RunId, dir: PathBuf },
     /// Add a fault to an `up` run (at or after its present).
@@ -198,6 +209,8 @@ pub enum Response {
         position: Position,
     },
     Snapshot(SnapshotRow),
+    /// `DropCheckpoint`, `CheckpointMemory`, `CheckpointBudget`.
+    CheckpointMemory(vmm::vm::CheckpointMemory),
     /// `TakeRecords` (`CollectRecords` answers with `Position`).
     Records(Vec<crate::records::GuestRecord>),
     Closed,
@@ -425,10 +438,21 @@ impl Controller {
             }
             Request::DropCheckpoint { run, checkpoint } => {
                 let held = self.held(run)?;
-                held.checkpoints
+                let saved = held
+                    .checkpoints
                     .remove(&checkpoint)
                     .ok_or(ApiError::UnknownCheckpoint { run, checkpoint })?;
-                Response::Position(held.position())
+                held.driven.release(saved)?;
+                Response::CheckpointMemory(held.driven.session.checkpoint_memory())
+            }
+            Request::CheckpointMemory { run } => {
+                let held = self.held(run)?;
+                Response::CheckpointMemory(held.driven.session.checkpoint_memory())
+            }
+            Request::CheckpointBudget { run, bytes } => {
+                let held = self.held(run)?;
+                held.driven.session.set_checkpoint_budget(bytes);
+                Response::CheckpointMemory(held.driven.session.checkpoint_memory())
             }
             Request::Snapshot { run, dir } => {
                 let held = self.held(run)?;

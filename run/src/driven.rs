@@ -149,6 +149,9 @@ impl Driven {
         })
     }
 
+    /// Keeps this moment in memory, with the `up` driver's host side (see
+    /// [`Session::checkpoint`]): a child of the checkpoint last taken or
+    /// reset to.
     pub fn checkpoint(&mut self) -> Result<DrivenCheckpoint> {
         Ok(DrivenCheckpoint {
             session: self.session.checkpoint()?,
@@ -156,15 +159,21 @@ impl Driven {
         })
     }
 
-    /// Back to `checkpoint`, in place (see [`Session::reset_to`]).
-    pub fn reset_to(&mut self, checkpoint: &mut DrivenCheckpoint) -> Result<()> {
-        self.session.reset_to(&mut checkpoint.session)?;
+    /// Back to `checkpoint`, in place, from anywhere in the run's tree of
+    /// checkpoints (see [`Session::reset_to`]).
+    pub fn reset_to(&mut self, checkpoint: &DrivenCheckpoint) -> Result<()> {
+        self.session.reset_to(&checkpoint.session)?;
         if let (Some(up), Some(state)) = (&mut self.up, &checkpoint.up) {
             up.restore(state)?;
             // Reported on the path just left: not part of the moment's past.
             drop(up.take_records());
         }
         Ok(())
+    }
+
+    /// Lets `checkpoint` go, freeing the pages only it needed.
+    pub fn release(&mut self, checkpoint: DrivenCheckpoint) -> Result<()> {
+        Ok(self.session.release_checkpoint(checkpoint.session)?)
     }
 
     /// The run's exit status once it stopped with `stop`: the guest's, or

@@ -243,7 +243,7 @@ fn in_place_worker(
         let checkpoint = driven.checkpoint()?;
         Ok((driven, checkpoint))
     };
-    let (mut driven, mut checkpoint) = match setup() {
+    let (mut driven, checkpoint) = match setup() {
         Ok(ready) => ready,
         Err(e) => {
             // Only this seed fails; seeds this worker would have taken go to
@@ -254,7 +254,7 @@ fn in_place_worker(
     };
     loop {
         done(run_branch(&mut driven, seed, &request.faults));
-        if let Err(e) = driven.reset_to(&mut checkpoint) {
+        if let Err(e) = driven.reset_to(&checkpoint) {
             // The next seed cannot start from the branch point here; this
             // worker stops, the others go on.
             if let Some(next) = next_seed() {

@@ -1,25 +1,38 @@
-//! In-place checkpoints of a session (the fuzzing loop's reset) and the
-//! dirty-page log they rest on: taking one, and returning the live guest to
-//! it by copying back only the pages written since.
+//! In-place checkpoints of a session (the fuzzing loop's reset, the
+//! campaign's tree of moments) and the dirty-page log they rest on: taking
+//! them, moving the live guest among them by copying back only the pages
+//! that differ, and keeping the memory digest up to date from the pages
+//! that changed.
 //!
-//! The rules about pages live in `kept_pages` (plain data, unit-tested);
-//! this file connects them to KVM's dirty log and the guest's mapping.
+//! The rules about pages live in `kept_pages` (the tree, plain data,
+//! unit-tested) and `page_digest`; this file connects them to KVM's dirty
+//! log and the guest's mapping.
 
-use super::kept_pages::{self, CheckpointPages, GuestPages, InitialPages};
+use super::kept_pages::{
+    self, root_pages, CheckpointMemory, CheckpointTree, GuestPages, InitialPages, NodeId,
+};
 use super::memory::{host_ram, PAGE_SIZE};
-use super::memory_scan::{candidate_pages, private_copies, MemoryBacking};
+use super::memory_scan::{
+    candidate_pages, memory_hash_and_residency, page_hashes_and_residency, private_copies,
+    resident_bytes, MemoryBacking,
+};
+use super::page_digest::PageHashes;
 use super::{kvm_err, stepping, CheckpointError, ResetStats, Session, SessionState, VmError};
 use crate::irq_window::WindowGuard;
 use crate::vcpu_state;
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 /// A moment of a session kept in host memory, to return to in place
-/// (`Session::reset_to`) as often as wanted: the fuzzing loop's reset.
+/// (`Session::reset_to`) as often as wanted, from anywhere in the session's
+/// tree of checkpoints. Its pages are the session's: hand it back with
+/// `Session::release_checkpoint` to free them.
 pub struct Checkpoint {
     state: SessionState,
-    pages: CheckpointPages,
+    node: NodeId,
+    pages_kept: u64,
 }
 
 impl Checkpoint {
@@ -27,12 +40,55 @@ impl Checkpoint {
         self.state.machine.exits
     }
 
-    /// Pages it keeps a copy of: when taken, for a session restored from a
-    /// snapshot, its private copies (pages written since the restore, and
-    /// layers read in rather than mapped); for a fresh one, the non-zero
-    /// pages. Resets add the pages they return (see `reset_to`).
+    /// Pages it kept a copy of when taken: the first of a session keeps,
+    /// restored from a snapshot, its private copies (pages written since the
+    /// restore, and layers read in rather than mapped), fresh from boot the
+    /// non-zero pages; any later one the pages written since the checkpoint
+    /// the session was last reset to or taken at.
     pub fn pages_kept(&self) -> u64 {
-        self.pages.len()
+        self.pages_kept
+    }
+}
+
+/// What a session knows about its pages beyond the RAM itself: the tree of
+/// checkpoints, the digest kept up to date, and who still has to hear of
+/// pages changed. All are fed from the one dirty log.
+#[derive(Default)]
+pub(super) struct PageLedger {
+    tree: CheckpointTree,
+    /// Every page's hash, once a digest was asked for with the log on.
+    hashes: Option<PageHashes>,
+    /// Pages changed since `hashes` was last brought up to date.
+    unhashed: BTreeSet<u64>,
+    /// Whether someone outside reads the log (`take_dirty_pages`: a
+    /// snapshot chain) ...
+    outside_reader: bool,
+    /// ... and then the pages changed that it has not heard of: read from
+    /// the log by a checkpoint, reset or digest, or rewritten by a reset
+    /// (which the log does not show).
+    unreported: BTreeSet<u64>,
+}
+
+impl PageLedger {
+    /// The dirty log said these pages were written.
+    fn note_written(&mut self, pages: &[u64]) {
+        self.tree.note_written(pages);
+        if self.hashes.is_some() {
+            self.unhashed.extend(pages);
+        }
+        if self.outside_reader {
+            self.unreported.extend(pages);
+        }
+    }
+
+    /// A reset rewrote these pages.
+    fn note_rewritten(&mut self, pages: &[u64]) {
+        if self.hashes.is_some() {
+            self.unhashed.extend(pages);
+        }
+        if self.outside_reader {
+            self.unreported.extend(pages);
+        }
     }
 }
 
@@ -97,24 +153,36 @@ impl Session {
     /// on, `take_dirty_pages` tells what changed since the previous call (or
     /// since now). Costs the guest a write fault per page per interval.
     pub fn start_dirty_log(&mut self) -> Result<(), VmError> {
+        self.ram_ledger.outside_reader = true;
+        self.turn_dirty_log_on()?;
+        self.take_dirty_pages().map(drop)
+    }
+
+    fn turn_dirty_log_on(&mut self) -> Result<(), VmError> {
         if !self.vm.dirty_log {
             self.vm
                 .register_memory(kvm_bindings::KVM_MEM_LOG_DIRTY_PAGES)?;
             self.vm.dirty_log = true;
+            // From here on the log counts; what it held before means nothing.
+            self.read_dirty_log()?;
         }
-        self.take_dirty_pages().map(drop)
+        Ok(())
     }
 
     /// The guest pages (page numbers, ascending) written since the previous
-    /// call or `start_dirty_log`, by the guest or by the VMM; resets the log.
-    /// May include a few pages that were only touched (KVM's own page-table
-    /// walks), never misses a written one.
+    /// call or `start_dirty_log`, by the guest or by the VMM, or rewritten
+    /// by a reset; resets the log. May include a few pages that were only
+    /// touched (KVM's own page-table walks), never misses a written one.
+    /// The checkpoints and the digest hear of them too, so they stay valid.
     pub fn take_dirty_pages(&mut self) -> Result<Vec<u64>, VmError> {
-        // The log restarts here: a checkpoint counting from earlier is stale.
-        self.live_checkpoint.clear();
-        self.read_dirty_log()
+        self.ram_ledger.outside_reader = true;
+        self.read_dirty_log()?;
+        Ok(std::mem::take(&mut self.ram_ledger.unreported)
+            .into_iter()
+            .collect())
     }
 
+    /// Reads and resets the dirty log, telling the ledger.
     fn read_dirty_log(&mut self) -> Result<Vec<u64>, VmError> {
         if !self.vm.dirty_log {
             return Err(CheckpointError::DirtyLogOff.into());
@@ -132,53 +200,63 @@ impl Session {
             kept_pages::collect_dirty(first_page, &guest_writes, &vmm_writes, &mut pages);
             first_page += region.len() / PAGE_SIZE as u64;
         }
+        self.ram_ledger.note_written(&pages);
         Ok(pages)
     }
 
-    /// Keeps this moment in memory for `reset_to`: the complete state and a
-    /// copy of the pages the backing cannot give back by itself. Restored
-    /// from a snapshot, those are only the pages written since the restore
-    /// (the others are the file's, shared copy-on-write); fresh from boot,
-    /// the non-zero pages. Starts the dirty log, so a reset costs only the
-    /// pages written since; a session that is reset must not also take
-    /// incremental snapshots (they share the log).
+    /// Keeps this moment in memory for `reset_to`: the complete state, and
+    /// the pages needed to come back to it from any other checkpoint. The
+    /// first checkpoint of a session (the tree's root) copies the pages the
+    /// backing cannot give back by itself: restored from a snapshot, the
+    /// pages written since the restore (the others are the file's, shared
+    /// copy-on-write); fresh from boot, the non-zero pages. Each later one
+    /// is a child of the checkpoint the session was last reset to or taken
+    /// at, and copies only the pages written since. Starts the dirty log.
     pub fn checkpoint(&mut self) -> Result<Checkpoint, VmError> {
         let state = self.capture()?;
-        self.start_dirty_log()?;
+        self.turn_dirty_log_on()?;
+        let dirty = self.read_dirty_log()?;
         let (ptr, ram_len) = host_ram(&self.vm.memory);
         // SAFETY: `ptr..ptr+ram_len` is the live guest RAM mapping, owned by
-        // the session, which outlives this borrow; the vCPU is stopped (we
-        // hold the session), so nothing writes to it meanwhile.
-        let ram = unsafe { std::slice::from_raw_parts(ptr, ram_len) };
-        let pages = match &self.backing {
-            MemoryBacking::File { .. } => match private_copies(ptr, ram_len) {
-                Some(copies) => CheckpointPages::new(ram, InitialPages::Flagged(&copies)),
-                // Without pagemap a page the guest zeroed cannot be told from
-                // the file's: keep every page that may be non-zero, zero or not.
-                None => {
-                    let candidates = candidate_pages(ptr, ram_len, 0, &self.backing);
-                    CheckpointPages::new(ram, InitialPages::Flagged(&candidates))
+        // the session, and writable; the vCPU is stopped (we hold the
+        // session), so nothing else touches it while `mapped` is used.
+        let mapped = unsafe { MappedRam::new((ptr, ram_len)) };
+        let backing = &self.backing;
+        let node = self
+            .ram_ledger
+            .tree
+            .take(&mapped, &dirty, |ram| match backing {
+                MemoryBacking::File { .. } => match private_copies(ptr, ram_len) {
+                    Some(copies) => root_pages(ram, InitialPages::Flagged(&copies)),
+                    // Without pagemap a page the guest zeroed cannot be told from
+                    // the file's: keep every page that may be non-zero, zero or not.
+                    None => {
+                        let candidates = candidate_pages(ptr, ram_len, 0, backing);
+                        root_pages(ram, InitialPages::Flagged(&candidates))
+                    }
+                },
+                // Fresh memory: `DONTNEED` gives back zeros, so every non-zero
+                // page is kept.
+                MemoryBacking::Anonymous => {
+                    let candidates = candidate_pages(ptr, ram_len, 0, backing);
+                    root_pages(ram, InitialPages::FlaggedNonZero(&candidates))
                 }
-            },
-            // Fresh memory: `DONTNEED` gives back zeros, so every non-zero
-            // page is kept.
-            MemoryBacking::Anonymous => {
-                let candidates = candidate_pages(ptr, ram_len, 0, &self.backing);
-                CheckpointPages::new(ram, InitialPages::FlaggedNonZero(&candidates))
-            }
-        };
-        self.live_checkpoint.set(&pages);
-        Ok(Checkpoint { state, pages })
+            })?;
+        Ok(Checkpoint {
+            state,
+            pages_kept: self.ram_ledger.tree.pages_of(node),
+            node,
+        })
     }
 
-    /// Returns this session, in place, to `checkpoint` (taken from it): the
-    /// pages written since the checkpoint or the previous reset are copied
-    /// back, and the vCPU, devices, clock, records and console digest are
-    /// restored. What runs next is exactly what ran after the checkpoint
-    /// (or, after `rekey`, an alternate history from it).
-    pub fn reset_to(&mut self, checkpoint: &mut Checkpoint) -> Result<ResetStats, VmError> {
-        let ram = host_ram(&self.vm.memory);
-        self.live_checkpoint.check(&checkpoint.pages, ram.1)?;
+    /// Returns this session, in place, to `checkpoint` (taken from it, from
+    /// anywhere in its tree): the pages written since the checkpoint it was
+    /// last reset to or taken at, and those that differ on the way from
+    /// there to `checkpoint`, are copied back, and the vCPU, devices, clock,
+    /// records and console digest are restored. What runs next is exactly
+    /// what ran after the checkpoint (or, after `rekey`, an alternate
+    /// history from it).
+    pub fn reset_to(&mut self, checkpoint: &Checkpoint) -> Result<ResetStats, VmError> {
         if self.window.stepping() {
             // Only after a failed step: never leave the guest single-stepped.
             stepping::set_single_step(&self.vm.vcpu, false)?;
@@ -186,16 +264,84 @@ impl Session {
         // A pending I/O completion would otherwise run after the restore and
         // change the restored registers.
         vcpu_state::complete_pending_exit(&mut self.vm.vcpu)?;
-        let dirty = self.read_dirty_log()?;
+        let dirty = if self.ram_ledger.tree.is_empty() {
+            Vec::new()
+        } else {
+            self.read_dirty_log()?
+        };
+        let ram = host_ram(&self.vm.memory);
         // SAFETY: `ram` is the live guest RAM mapping, owned by the session
         // and writable; the vCPU is not running and nothing else borrows the
         // memory while `mapped` is used (we hold `&mut self`).
         let mut mapped = unsafe { MappedRam::new(ram) };
-        let stats = checkpoint.pages.reset(&dirty, &mut mapped)?;
+        let ledger = &mut self.ram_ledger;
+        let (stats, rewritten) = ledger.tree.reset(checkpoint.node, &dirty, &mut mapped)?;
+        ledger.note_rewritten(&rewritten);
         self.restore_state(&checkpoint.state)?;
         self.window = WindowGuard::default();
         self.started = Instant::now();
         self.wall_setup = Duration::ZERO;
         Ok(stats)
+    }
+
+    /// Lets `checkpoint` go: it can no longer be reset to, and the pages
+    /// only it needed are freed (see [`Session::checkpoint_memory`]).
+    pub fn release_checkpoint(&mut self, checkpoint: Checkpoint) -> Result<(), VmError> {
+        Ok(self.ram_ledger.tree.release(checkpoint.node)?)
+    }
+
+    /// How much host memory the checkpoints hold, and the budget.
+    pub fn checkpoint_memory(&self) -> CheckpointMemory {
+        self.ram_ledger.tree.memory()
+    }
+
+    /// The most bytes of kept pages from now on (`None`: no limit): a
+    /// checkpoint that would pass it is refused with
+    /// `CheckpointError::OverBudget`, for the caller to release older ones
+    /// (or to write the moment as an incremental snapshot instead).
+    pub fn set_checkpoint_budget(&mut self, bytes: Option<u64>) {
+        self.ram_ledger.tree.set_budget(bytes);
+    }
+
+    /// The digest of guest RAM (see `page_digest`), and (when `residency`)
+    /// the bytes of it the host has backed. With the dirty log on
+    /// (checkpoints, snapshot chains), RAM is scanned once and from then on
+    /// only the pages changed since the previous digest are hashed again.
+    pub(super) fn memory_digest(&mut self, residency: bool) -> (u64, Option<u64>) {
+        if !self.vm.dirty_log {
+            let (digest, resident) = memory_hash_and_residency(&self.vm.memory, &self.backing);
+            return (digest, Some(resident));
+        }
+        if self.read_dirty_log().is_err() {
+            // The log could not be read: what changed is unknown, so the
+            // kept hashes are of no use; a whole scan is still right.
+            self.ram_ledger.hashes = None;
+            let (digest, resident) = memory_hash_and_residency(&self.vm.memory, &self.backing);
+            return (digest, Some(resident));
+        }
+        let (ptr, ram_len) = host_ram(&self.vm.memory);
+        let ledger = &mut self.ram_ledger;
+        let (hashes, resident) = match &mut ledger.hashes {
+            Some(hashes) => {
+                let resident = residency.then(|| resident_bytes(&self.vm.memory, &self.backing));
+                (hashes, resident)
+            }
+            None => {
+                let (hashes, resident) =
+                    page_hashes_and_residency(&self.vm.memory, &self.backing, ram_len);
+                ledger.unhashed.clear();
+                (ledger.hashes.insert(hashes), Some(resident))
+            }
+        };
+        // SAFETY: the live guest RAM mapping, owned by the session; the vCPU
+        // is stopped (we hold `&mut self`), so nothing writes to it while
+        // `mapped` is read.
+        let mapped = unsafe { MappedRam::new((ptr, ram_len)) };
+        for page in std::mem::take(&mut ledger.unhashed) {
+            if (page as usize + 1) * PAGE_SIZE <= ram_len {
+                hashes.set(page, mapped.page(page));
+            }
+        }
+        (hashes.digest(), resident)
     }
 }

@@ -1,24 +1,36 @@
-//! The memory bookkeeping of in-place checkpoints, over plain data: which
-//! pages a checkpoint keeps, which checkpoint the dirty log counts from, and
-//! what a reset copies back or returns to the backing.
+//! The memory bookkeeping of in-place checkpoints, over plain data: the tree
+//! of kept moments, the pages each one keeps, and what moving the live RAM
+//! from one moment to another copies back or returns to the backing.
+//!
+//! Every checkpoint is a node whose parent is the checkpoint the live RAM
+//! descended from when it was taken (the one last taken or reset to). A node
+//! keeps its own bytes of the pages written between its parent and it (the
+//! root: the pages that differ from the backing); the bytes of any page at
+//! any node are those of the nearest node on its way to the root that keeps
+//! the page, else the backing's. Moving the live RAM from its present (a
+//! node X plus the pages written since X) to a node Y rewrites only the
+//! pages written since X and those kept on the path X → common ancestor → Y.
 //!
 //! Nothing here touches KVM or the guest's mapping directly: guest RAM is
 //! reached through [`GuestPages`], so the rules can be tested over byte
 //! buffers.
 
 use super::memory::PAGE_SIZE;
-use super::memory_scan::flagged_pages;
-use serde::Serialize;
-use std::collections::BTreeMap;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use thiserror::Error;
 
-/// A checkpoint cannot be taken or returned to.
+/// A checkpoint cannot be taken, returned to or released.
 #[derive(Debug, Error)]
 pub enum CheckpointError {
     #[error("dirty pages were asked for, but dirty logging was never started")]
     DirtyLogOff,
-    #[error("this checkpoint is not the session's live one (another checkpoint or a snapshot read the dirty log since, or it is of another session): take a new one")]
+    #[error(
+        "this checkpoint is not one of the session's (it was released, or is of another session)"
+    )]
     StaleCheckpoint,
+    #[error("keeping this checkpoint needs {needed} more bytes of kept pages, but {held} of the budget of {budget} bytes are held: release a checkpoint or raise the budget")]
+    OverBudget { held: u64, needed: u64, budget: u64 },
     #[error("returning guest page {page} to its checkpoint")]
     ResetPage {
         page: u64,
@@ -30,13 +42,29 @@ pub enum CheckpointError {
 /// What one in-place reset did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ResetStats {
-    /// Pages written since the checkpoint (or the previous reset) copied back
-    /// from the checkpoint ...
+    /// Pages written since the present's checkpoint, or kept on the way to
+    /// the target, copied back from the checkpoints that keep them ...
     pub pages_copied: u64,
     /// ... and returned to the backing's page instead (the snapshot file's,
-    /// or zeros: what they were at the checkpoint), which the checkpoint
+    /// or zeros: what they were at the checkpoint), which the tree's root
     /// keeps from now on.
     pub pages_fetched: u64,
+}
+
+/// How much host memory a session's checkpoints hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointMemory {
+    /// Checkpoints that can be reset to (taken and not released).
+    pub checkpoints: u64,
+    /// Nodes of the tree, including released ones still needed by others
+    /// (a shared ancestor, the present's own).
+    pub nodes: u64,
+    /// Pages kept over all nodes ...
+    pub pages: u64,
+    /// ... and their bytes.
+    pub bytes: u64,
+    /// The most `bytes` may grow to (`None`: no limit).
+    pub budget: Option<u64>,
 }
 
 /// Guest RAM as a reset sees it: pages to read, overwrite, or hand back to
@@ -53,7 +81,7 @@ pub(super) trait GuestPages {
     fn discard(&mut self, page: u64) -> std::io::Result<()>;
 }
 
-/// Which pages a new checkpoint keeps a copy of, per page of RAM.
+/// Which pages a new root keeps a copy of, per page of RAM.
 pub(super) enum InitialPages<'a> {
     /// Every flagged page, zero or not: a restored session's private copies
     /// (a page the guest zeroed differs from the file's).
@@ -63,127 +91,337 @@ pub(super) enum InitialPages<'a> {
     FlaggedNonZero(&'a [bool]),
 }
 
-/// Source of `CheckpointPages::id`.
-static NEXT_CHECKPOINT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+/// A node of the tree: unique in the process, so a checkpoint of another
+/// session is never taken for one of this one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct NodeId(u64);
 
-/// The guest pages a checkpoint keeps, and which RAM they are of.
-pub(super) struct CheckpointPages {
-    /// Unique in the process: a reset accepts only the session's live
-    /// checkpoint (the dirty log counts from it).
-    id: u64,
-    /// Length of the guest RAM it was taken of.
+/// Source of `NodeId`s.
+static NEXT_NODE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+struct Node {
+    parent: Option<NodeId>,
+    children: Vec<NodeId>,
+    /// Released by its owner: kept only while others need its pages.
+    released: bool,
+    /// Its bytes of the pages written between its parent and it (the root:
+    /// of the pages that differ from the backing's).
+    pages: BTreeMap<u64, Box<[u8]>>,
+}
+
+/// A session's kept moments and where its live RAM is among them.
+pub(super) struct CheckpointTree {
+    /// Length of the guest RAM the checkpoints are of.
     ram_len: usize,
-    /// Guest pages kept, by page number: where each one's bytes are in
-    /// `bytes` (slot `i` is `bytes[i * PAGE_SIZE..][..PAGE_SIZE]`). At first
-    /// the pages that differ from what the backing gives back after
-    /// `MADV_DONTNEED` (zeros for fresh memory; the snapshot file's bytes for
-    /// a restored session); resets add each other page the first time they
-    /// return it, so later resets copy it without a page fault.
-    slots: BTreeMap<u64, usize>,
-    bytes: Vec<u8>,
+    nodes: HashMap<NodeId, Node>,
+    /// The node the live RAM descends from (last taken or reset to); `None`
+    /// while the tree is empty.
+    base: Option<NodeId>,
+    /// Pages written since `base` (as far as the dirty log told so far).
+    since_base: BTreeSet<u64>,
+    budget: Option<u64>,
+    pages_held: u64,
 }
 
-impl CheckpointPages {
-    /// The pages of `ram` that `initial` selects.
-    pub(super) fn new(ram: &[u8], initial: InitialPages<'_>) -> Self {
-        let mut pages = CheckpointPages {
-            id: NEXT_CHECKPOINT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-            ram_len: ram.len(),
-            slots: BTreeMap::new(),
-            bytes: Vec::new(),
-        };
-        match initial {
-            InitialPages::Flagged(flags) => {
-                for (page, chunk) in flagged_pages(ram, flags) {
-                    pages.keep(page as u64, chunk);
-                }
-            }
-            InitialPages::FlaggedNonZero(flags) => {
-                for (page, chunk) in flagged_pages(ram, flags) {
-                    if chunk.iter().any(|b| *b != 0) {
-                        pages.keep(page as u64, chunk);
-                    }
-                }
-            }
-        }
-        pages
-    }
-
-    /// How many pages it keeps a copy of.
-    pub(super) fn len(&self) -> u64 {
-        self.slots.len() as u64
-    }
-
-    /// The kept copy of `page`, if any.
-    fn page(&self, page: u64) -> Option<&[u8]> {
-        let slot = *self.slots.get(&page)?;
-        Some(&self.bytes[slot * PAGE_SIZE..(slot + 1) * PAGE_SIZE])
-    }
-
-    fn keep(&mut self, page: u64, bytes: &[u8]) {
-        self.slots.insert(page, self.slots.len());
-        self.bytes.extend_from_slice(bytes);
-    }
-
-    /// Returns the `dirty` pages of `ram` to this checkpoint: a kept page is
-    /// copied back; any other page was the backing's at the checkpoint, so
-    /// its private copy is dropped, and the backing's page is kept from now
-    /// on. Pages beyond the RAM are ignored.
-    pub(super) fn reset(
-        &mut self,
-        dirty: &[u64],
-        ram: &mut impl GuestPages,
-    ) -> Result<ResetStats, CheckpointError> {
-        let mut stats = ResetStats::default();
-        for &page in dirty {
-            if (page as usize + 1) * PAGE_SIZE > ram.len() {
-                continue;
-            }
-            if self.page(page).is_none() {
-                ram.discard(page)
-                    .map_err(|source| CheckpointError::ResetPage { page, source })?;
-                self.keep(page, ram.page(page));
-                stats.pages_fetched += 1;
-            } else {
-                stats.pages_copied += 1;
-            }
-            // Written back even when just fetched: the guest, which wrote
-            // this page in this loop and likely will again, then finds a
-            // private copy instead of faulting on it.
-            ram.write_page(page, self.page(page).expect("kept above"));
-        }
-        Ok(stats)
+impl Default for CheckpointTree {
+    fn default() -> Self {
+        CheckpointTree::new(0)
     }
 }
 
-/// Which checkpoint the dirty log counts from: the last one taken, until
-/// anything else reads the log (a snapshot, a newer checkpoint).
-#[derive(Debug, Default)]
-pub(super) struct LiveCheckpoint(Option<u64>);
-
-impl LiveCheckpoint {
-    /// The dirty log counts from `pages` now.
-    pub(super) fn set(&mut self, pages: &CheckpointPages) {
-        self.0 = Some(pages.id);
+impl CheckpointTree {
+    /// An empty tree (its root fixes the RAM's length).
+    pub(super) fn new(ram_len: usize) -> Self {
+        CheckpointTree {
+            ram_len,
+            nodes: HashMap::new(),
+            base: None,
+            since_base: BTreeSet::new(),
+            budget: None,
+            pages_held: 0,
+        }
     }
 
-    /// The dirty log was read by someone else: no checkpoint is live.
-    pub(super) fn clear(&mut self) {
-        self.0 = None;
+    /// Whether no checkpoint is kept (the next one is a root).
+    pub(super) fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
     }
 
-    /// Whether a reset of RAM of `ram_len` bytes may use `pages`: only the
-    /// live checkpoint, and only of RAM of that size.
-    pub(super) fn check(
-        &self,
-        pages: &CheckpointPages,
-        ram_len: usize,
-    ) -> Result<(), CheckpointError> {
-        if self.0 != Some(pages.id) || pages.ram_len != ram_len {
-            return Err(CheckpointError::StaleCheckpoint);
+    /// The pages the dirty log reported as written: the present moved
+    /// further from its checkpoint.
+    pub(super) fn note_written(&mut self, pages: &[u64]) {
+        if self.base.is_some() {
+            self.since_base.extend(pages);
+        }
+    }
+
+    /// The most bytes of kept pages from now on (`None`: no limit); a
+    /// checkpoint that would pass it is refused.
+    pub(super) fn set_budget(&mut self, budget: Option<u64>) {
+        self.budget = budget;
+    }
+
+    pub(super) fn memory(&self) -> CheckpointMemory {
+        CheckpointMemory {
+            checkpoints: self.nodes.values().filter(|n| !n.released).count() as u64,
+            nodes: self.nodes.len() as u64,
+            pages: self.pages_held,
+            bytes: self.pages_held * PAGE_SIZE as u64,
+            budget: self.budget,
+        }
+    }
+
+    /// Pages `node` keeps itself (those written between its parent and it).
+    pub(super) fn pages_of(&self, node: NodeId) -> u64 {
+        self.nodes.get(&node).map_or(0, |n| n.pages.len() as u64)
+    }
+
+    fn in_ram(&self, page: u64) -> bool {
+        (page as usize + 1) * PAGE_SIZE <= self.ram_len
+    }
+
+    fn check_budget(&self, new_pages: u64) -> Result<(), CheckpointError> {
+        if let Some(budget) = self.budget {
+            let held = self.pages_held * PAGE_SIZE as u64;
+            let needed = new_pages * PAGE_SIZE as u64;
+            if held + needed > budget {
+                return Err(CheckpointError::OverBudget {
+                    held,
+                    needed,
+                    budget,
+                });
+            }
         }
         Ok(())
     }
+
+    /// Keeps the present of `ram` as a new node: the root (with the pages
+    /// `root` picks, see [`root_pages`]) when the tree is empty, else a child
+    /// of the base keeping the pages written since it (`dirty`, plus those
+    /// noted).
+    pub(super) fn take(
+        &mut self,
+        ram: &impl GuestPages,
+        dirty: &[u64],
+        root: impl FnOnce(&dyn GuestPages) -> BTreeMap<u64, Box<[u8]>>,
+    ) -> Result<NodeId, CheckpointError> {
+        let (parent, pages) = match self.base {
+            None => {
+                self.ram_len = ram.len();
+                (None, root(ram as &dyn GuestPages))
+            }
+            Some(base) => {
+                self.since_base.extend(dirty);
+                let pages = self
+                    .since_base
+                    .iter()
+                    .filter(|&&p| self.in_ram(p))
+                    .map(|&p| (p, Box::<[u8]>::from(ram.page(p))))
+                    .collect();
+                (Some(base), pages)
+            }
+        };
+        self.check_budget(pages.len() as u64)?;
+        let id = NodeId(NEXT_NODE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        self.pages_held += pages.len() as u64;
+        self.nodes.insert(
+            id,
+            Node {
+                parent,
+                children: Vec::new(),
+                released: false,
+                pages,
+            },
+        );
+        if let Some(parent) = parent {
+            self.node_mut(parent).children.push(id);
+        }
+        self.move_base(id);
+        Ok(id)
+    }
+
+    fn node(&self, id: NodeId) -> &Node {
+        self.nodes.get(&id).expect("a node of the tree")
+    }
+
+    fn node_mut(&mut self, id: NodeId) -> &mut Node {
+        self.nodes.get_mut(&id).expect("a node of the tree")
+    }
+
+    /// The base is `id` now, with nothing written since; the old base may
+    /// go if it was released.
+    fn move_base(&mut self, id: NodeId) {
+        let old = self.base.replace(id);
+        self.since_base.clear();
+        if let Some(old) = old.filter(|&old| old != id) {
+            self.compact(old);
+        }
+    }
+
+    /// `id` and its ancestors, nearest first.
+    fn lineage(&self, id: NodeId) -> Vec<NodeId> {
+        let mut chain = vec![id];
+        while let Some(parent) = self.node(*chain.last().expect("non-empty")).parent {
+            chain.push(parent);
+        }
+        chain
+    }
+
+    /// The bytes of `page` at `id`, if a node keeps them (else they are
+    /// the backing's).
+    fn bytes_at(&self, id: NodeId, page: u64) -> Option<&[u8]> {
+        let mut at = Some(id);
+        while let Some(node) = at.map(|id| self.node(id)) {
+            if let Some(bytes) = node.pages.get(&page) {
+                return Some(bytes);
+            }
+            at = node.parent;
+        }
+        None
+    }
+
+    /// Moves the live RAM to checkpoint `to`. `dirty` are the pages written
+    /// since the dirty log was last read; with those noted before, the pages
+    /// written since the base are rewritten, and the pages kept on the path
+    /// from the base up to the common ancestor and down to `to`. A page no
+    /// node keeps is the backing's at `to`: its private copy is dropped and
+    /// the root keeps the backing's bytes from now on. Returns what was
+    /// done and the pages rewritten (ascending).
+    pub(super) fn reset(
+        &mut self,
+        to: NodeId,
+        dirty: &[u64],
+        ram: &mut impl GuestPages,
+    ) -> Result<(ResetStats, Vec<u64>), CheckpointError> {
+        match self.nodes.get(&to) {
+            Some(node) if !node.released && ram.len() == self.ram_len => {}
+            _ => return Err(CheckpointError::StaleCheckpoint),
+        }
+        let base = self.base.expect("a non-empty tree has a base");
+        let mut rewrite = std::mem::take(&mut self.since_base);
+        rewrite.extend(dirty);
+        let from_base = self.lineage(base);
+        let to_target = self.lineage(to);
+        let on_target_path: BTreeSet<NodeId> = to_target.iter().copied().collect();
+        let common = *from_base
+            .iter()
+            .find(|n| on_target_path.contains(n))
+            .expect("one tree has one root");
+        let below_common = |chain: &[NodeId]| -> Vec<NodeId> {
+            chain.iter().copied().take_while(|&n| n != common).collect()
+        };
+        for node in below_common(&from_base)
+            .into_iter()
+            .chain(below_common(&to_target))
+        {
+            rewrite.extend(self.node(node).pages.keys());
+        }
+        let rewrite: Vec<u64> = rewrite.into_iter().filter(|&p| self.in_ram(p)).collect();
+        let mut stats = ResetStats::default();
+        for &page in &rewrite {
+            if let Some(bytes) = self.bytes_at(to, page) {
+                ram.write_page(page, bytes);
+                stats.pages_copied += 1;
+                continue;
+            }
+            if let Err(source) = ram.discard(page) {
+                // The present is now somewhere between the base and `to`:
+                // every page of the move may differ from the base.
+                self.since_base = rewrite.iter().copied().collect();
+                return Err(CheckpointError::ResetPage { page, source });
+            }
+            let root = *to_target.last().expect("non-empty");
+            let bytes = Box::<[u8]>::from(ram.page(page));
+            // Written back at once: the guest, which wrote this page on the
+            // path just left and likely will again, then finds a private
+            // copy instead of faulting on it.
+            ram.write_page(page, &bytes);
+            self.node_mut(root).pages.insert(page, bytes);
+            self.pages_held += 1;
+            stats.pages_fetched += 1;
+        }
+        self.move_base(to);
+        Ok((stats, rewrite))
+    }
+
+    /// Lets checkpoint `id` go: it can no longer be reset to, and its pages
+    /// go as soon as no other node needs them (a node with one child is
+    /// merged into it; one shared by several stays).
+    pub(super) fn release(&mut self, id: NodeId) -> Result<(), CheckpointError> {
+        match self.nodes.get_mut(&id) {
+            Some(node) if !node.released => node.released = true,
+            _ => return Err(CheckpointError::StaleCheckpoint),
+        }
+        self.compact(id);
+        Ok(())
+    }
+
+    /// Drops or merges released `id` if nothing needs it as it is.
+    fn compact(&mut self, id: NodeId) {
+        let node = self.node(id);
+        if !node.released || self.base == Some(id) {
+            return;
+        }
+        let parent = node.parent;
+        match node.children.len() {
+            0 => {
+                let node = self.nodes.remove(&id).expect("present");
+                self.pages_held -= node.pages.len() as u64;
+                if let Some(parent) = parent {
+                    self.node_mut(parent).children.retain(|&c| c != id);
+                    self.compact(parent);
+                }
+            }
+            1 => {
+                let node = self.nodes.remove(&id).expect("present");
+                let child = node.children[0];
+                let child_node = self.node_mut(child);
+                child_node.parent = parent;
+                let mut merged_away = 0;
+                for (page, bytes) in node.pages {
+                    match child_node.pages.entry(page) {
+                        std::collections::btree_map::Entry::Vacant(e) => {
+                            e.insert(bytes);
+                        }
+                        std::collections::btree_map::Entry::Occupied(_) => merged_away += 1,
+                    }
+                }
+                self.pages_held -= merged_away;
+                if let Some(parent) = parent {
+                    for c in &mut self.node_mut(parent).children {
+                        if *c == id {
+                            *c = child;
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The pages of `ram` that `initial` selects, as a root keeps them.
+pub(super) fn root_pages(
+    ram: &dyn GuestPages,
+    initial: InitialPages<'_>,
+) -> BTreeMap<u64, Box<[u8]>> {
+    let (flags, non_zero_only) = match initial {
+        InitialPages::Flagged(flags) => (flags, false),
+        InitialPages::FlaggedNonZero(flags) => (flags, true),
+    };
+    let mut pages = BTreeMap::new();
+    for (page, flagged) in flags.iter().enumerate() {
+        let page = page as u64;
+        if !*flagged || (page as usize + 1) * PAGE_SIZE > ram.len() {
+            continue;
+        }
+        let bytes = ram.page(page);
+        if non_zero_only && bytes.iter().all(|b| *b == 0) {
+            continue;
+        }
+        pages.insert(page, Box::<[u8]>::from(bytes));
+    }
+    pages
 }
 
 /// Appends to `pages` the numbers of the pages set in either bitmap (KVM's
@@ -201,181 +439,5 @@ pub(super) fn collect_dirty(first_page: u64, guest: &[u64], vmm: &[u64], pages: 
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Guest RAM over a buffer, with the backing (what a page reads as after
-    /// its private copy is dropped) as a second buffer.
-    struct FakeRam {
-        ram: Vec<u8>,
-        backing: Vec<u8>,
-        discarded: Vec<u64>,
-        fail_discard: bool,
-    }
-
-    impl FakeRam {
-        /// RAM and its backing, one page per byte given, each page filled
-        /// with its byte.
-        fn new(ram: &[u8], backing: &[u8]) -> Self {
-            let fill = |bytes: &[u8]| bytes.iter().flat_map(|b| [*b; PAGE_SIZE]).collect();
-            FakeRam {
-                ram: fill(ram),
-                backing: fill(backing),
-                discarded: Vec::new(),
-                fail_discard: false,
-            }
-        }
-
-        fn set(&mut self, page: u64, byte: u8) {
-            let at = page as usize * PAGE_SIZE;
-            self.ram[at..at + PAGE_SIZE].fill(byte);
-        }
-
-        /// The byte every page holds (pages are filled uniformly).
-        fn bytes(&self) -> Vec<u8> {
-            self.ram.chunks_exact(PAGE_SIZE).map(|p| p[0]).collect()
-        }
-    }
-
-    impl GuestPages for FakeRam {
-        fn len(&self) -> usize {
-            self.ram.len()
-        }
-        fn page(&self, page: u64) -> &[u8] {
-            &self.ram[page as usize * PAGE_SIZE..][..PAGE_SIZE]
-        }
-        fn write_page(&mut self, page: u64, bytes: &[u8]) {
-            self.ram[page as usize * PAGE_SIZE..][..PAGE_SIZE].copy_from_slice(bytes);
-        }
-        fn discard(&mut self, page: u64) -> std::io::Result<()> {
-            if self.fail_discard {
-                return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-            }
-            self.discarded.push(page);
-            let at = page as usize * PAGE_SIZE;
-            self.ram[at..at + PAGE_SIZE].copy_from_slice(&self.backing[at..at + PAGE_SIZE]);
-            Ok(())
-        }
-    }
-
-    fn kept_pages(pages: &CheckpointPages) -> Vec<(u64, u8)> {
-        pages
-            .slots
-            .keys()
-            .map(|&p| (p, pages.page(p).expect("kept")[0]))
-            .collect()
-    }
-
-    #[test]
-    fn fresh_memory_keeps_the_non_zero_candidates() {
-        let ram = FakeRam::new(&[1, 0, 3, 4], &[0; 4]);
-        // Page 3 is not a candidate (never backed): not even looked at.
-        let pages = CheckpointPages::new(
-            &ram.ram,
-            InitialPages::FlaggedNonZero(&[true, true, true, false]),
-        );
-        assert_eq!(kept_pages(&pages), [(0, 1), (2, 3)]);
-        assert_eq!(pages.len(), 2);
-    }
-
-    #[test]
-    fn a_restored_session_keeps_its_private_copies_even_zero_ones() {
-        // Page 1 was zeroed by the guest: it differs from the file's page,
-        // so it must be kept although it is zero.
-        let ram = FakeRam::new(&[5, 0, 7], &[5, 6, 7]);
-        let pages = CheckpointPages::new(&ram.ram, InitialPages::Flagged(&[false, true, true]));
-        assert_eq!(kept_pages(&pages), [(1, 0), (2, 7)]);
-    }
-
-    #[test]
-    fn a_reset_copies_kept_pages_back_and_fetches_the_others() {
-        let mut ram = FakeRam::new(&[1, 0, 3, 0], &[0; 4]);
-        let mut pages = CheckpointPages::new(&ram.ram, InitialPages::FlaggedNonZero(&[true; 4]));
-        // The guest writes a kept page and a page that was zero.
-        ram.set(0, 9);
-        ram.set(3, 8);
-        let stats = pages.reset(&[0, 3], &mut ram).expect("reset");
-        assert_eq!((stats.pages_copied, stats.pages_fetched), (1, 1));
-        assert_eq!(ram.bytes(), [1, 0, 3, 0]);
-        // Only the page the checkpoint did not keep went back to the backing.
-        assert_eq!(ram.discarded, [3]);
-        // ... and is kept from now on: the next reset copies it.
-        assert_eq!(kept_pages(&pages), [(0, 1), (2, 3), (3, 0)]);
-        ram.set(3, 7);
-        let stats = pages.reset(&[3], &mut ram).expect("second reset");
-        assert_eq!((stats.pages_copied, stats.pages_fetched), (1, 0));
-        assert_eq!(ram.bytes(), [1, 0, 3, 0]);
-        assert_eq!(ram.discarded, [3]);
-    }
-
-    #[test]
-    fn a_fetched_page_is_the_backing_s_page() {
-        // A restored session: page 1 is the file's (6) and not kept.
-        let mut ram = FakeRam::new(&[5, 6], &[5, 6]);
-        let mut pages = CheckpointPages::new(&ram.ram, InitialPages::Flagged(&[false, false]));
-        ram.set(1, 0);
-        pages.reset(&[1], &mut ram).expect("reset");
-        assert_eq!(ram.bytes(), [5, 6]);
-        assert_eq!(kept_pages(&pages), [(1, 6)]);
-    }
-
-    #[test]
-    fn a_reset_leaves_clean_pages_and_ignores_pages_beyond_ram() {
-        let mut ram = FakeRam::new(&[1, 2], &[0; 2]);
-        let mut pages = CheckpointPages::new(&ram.ram, InitialPages::FlaggedNonZero(&[true; 2]));
-        // Page 1 changed but is not reported dirty: left as it is.
-        ram.set(1, 4);
-        let stats = pages.reset(&[2, 1000], &mut ram).expect("reset");
-        assert_eq!(stats, ResetStats::default());
-        assert_eq!(ram.bytes(), [1, 4]);
-        assert!(ram.discarded.is_empty());
-    }
-
-    #[test]
-    fn a_failed_discard_names_the_page() {
-        let mut ram = FakeRam::new(&[0, 0], &[0; 2]);
-        let mut pages = CheckpointPages::new(&ram.ram, InitialPages::FlaggedNonZero(&[true; 2]));
-        ram.fail_discard = true;
-        let err = pages.reset(&[1], &mut ram).expect_err("discard fails");
-        assert!(
-            matches!(err, CheckpointError::ResetPage { page: 1, .. }),
-            "{err:?}"
-        );
-        assert_eq!(pages.len(), 0, "nothing kept for the failed page");
-    }
-
-    #[test]
-    fn only_the_live_checkpoint_of_the_same_ram_is_accepted() {
-        let ram = vec![0u8; 2 * PAGE_SIZE];
-        let first = CheckpointPages::new(&ram, InitialPages::Flagged(&[false; 2]));
-        let second = CheckpointPages::new(&ram, InitialPages::Flagged(&[false; 2]));
-        assert_ne!(first.id, second.id);
-        let mut live = LiveCheckpoint::default();
-        assert!(matches!(
-            live.check(&first, ram.len()),
-            Err(CheckpointError::StaleCheckpoint)
-        ));
-        live.set(&first);
-        live.check(&first, ram.len()).expect("the live checkpoint");
-        // A newer checkpoint makes the first stale.
-        live.set(&second);
-        assert!(live.check(&first, ram.len()).is_err());
-        live.check(&second, ram.len()).expect("the newer one");
-        // Of RAM of another size (another session): refused.
-        assert!(live.check(&second, ram.len() + PAGE_SIZE).is_err());
-        // Someone else read the dirty log: nothing is live.
-        live.clear();
-        assert!(live.check(&second, ram.len()).is_err());
-    }
-
-    #[test]
-    fn dirty_pages_merge_both_logs_in_order() {
-        let mut pages = vec![];
-        // Guest wrote pages 0 and 65, the VMM pages 0, 3 and 130 (a third
-        // word only the VMM's bitmap has).
-        collect_dirty(100, &[1, 1 << 1], &[1 | 1 << 3, 0, 1 << 2], &mut pages);
-        assert_eq!(pages, [100, 103, 165, 230]);
-        collect_dirty(0, &[], &[], &mut pages);
-        assert_eq!(pages.len(), 4, "empty logs add nothing");
-    }
-}
+#[path = "kept_pages_tests.rs"]
+mod tests;

@@ -7,6 +7,7 @@
 //! can be non-zero.
 
 use super::memory::PAGE_SIZE;
+use super::page_digest::{digest_of_sum, page_hash, PageHashes};
 use devices::GuestMemory;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
@@ -19,20 +20,63 @@ pub(super) enum MemoryBacking {
     File { data_ranges: Vec<(u64, u64)> },
 }
 
-/// Hash of guest RAM: every non-zero 4 KiB page, with its page number.
+/// The digest of guest RAM (see `page_digest`), and how many bytes of it
+/// the host has backed.
 ///
-/// Pages the host never backed (per /proc/self/pagemap) are zero by construction and
-/// are skipped without being touched, and zero pages that are backed are
-/// skipped too, so the hash depends only on contents, never on which pages
-/// the host happened to populate (transparent huge pages, read faults).
-/// Cost is proportional to the memory the guest and VMM actually touched.
-pub(super) fn memory_hash(mem: &GuestMemory, backing: &MemoryBacking) -> u64 {
-    memory_hash_and_residency(mem, backing).0
+/// Pages the host never backed (per /proc/self/pagemap) are zero by
+/// construction and are skipped without being touched, and zero pages that
+/// are backed add nothing, so the digest depends only on contents, never on
+/// which pages the host happened to populate (transparent huge pages, read
+/// faults). Cost is proportional to the memory the guest and VMM actually
+/// touched.
+pub(super) fn memory_hash_and_residency(mem: &GuestMemory, backing: &MemoryBacking) -> (u64, u64) {
+    let mut sum = 0u64;
+    let resident = scan_pages(mem, backing, |page, bytes| {
+        sum = sum.wrapping_add(page_hash(page, bytes));
+    });
+    (digest_of_sum(sum), resident)
 }
 
-/// The memory hash, and how many bytes of guest RAM the host has backed.
-pub(super) fn memory_hash_and_residency(mem: &GuestMemory, backing: &MemoryBacking) -> (u64, u64) {
-    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+/// Every page's hash, to keep the digest up to date from changed pages
+/// from now on, and the bytes of RAM the host has backed.
+pub(super) fn page_hashes_and_residency(
+    mem: &GuestMemory,
+    backing: &MemoryBacking,
+    ram_len: usize,
+) -> (PageHashes, u64) {
+    let mut hashes = PageHashes::zero(ram_len / PAGE_SIZE);
+    let resident = scan_pages(mem, backing, |page, bytes| hashes.set(page, bytes));
+    (hashes, resident)
+}
+
+/// How many bytes of guest RAM may be non-zero (as `scan_pages` counts
+/// them), from the page tables alone: no page is touched.
+pub(super) fn resident_bytes(mem: &GuestMemory, backing: &MemoryBacking) -> u64 {
+    let base = mem
+        .iter()
+        .next()
+        .map_or(std::ptr::null_mut(), |r| r.as_ptr());
+    let pages: usize = mem
+        .iter()
+        .map(|region| {
+            let (ptr, len) = (region.as_ptr(), region.len() as usize);
+            let host_offset = (ptr as usize).wrapping_sub(base as usize) as u64;
+            candidate_pages(ptr, len, host_offset, backing)
+                .iter()
+                .filter(|c| **c)
+                .count()
+        })
+        .sum();
+    (pages * PAGE_SIZE) as u64
+}
+
+/// Calls `visit` with the number (in the RAM's host mapping) and bytes of
+/// every page that may be non-zero; returns how many bytes those are.
+fn scan_pages(
+    mem: &GuestMemory,
+    backing: &MemoryBacking,
+    mut visit: impl FnMut(u64, &[u8]),
+) -> u64 {
     let mut resident_pages = 0u64;
     let base = mem
         .iter()
@@ -41,6 +85,7 @@ pub(super) fn memory_hash_and_residency(mem: &GuestMemory, backing: &MemoryBacki
     for region in mem.iter() {
         let (ptr, len) = (region.as_ptr(), region.len() as usize);
         let host_offset = (ptr as usize).wrapping_sub(base as usize) as u64;
+        let first_page = host_offset / PAGE_SIZE as u64;
         let candidates = candidate_pages(ptr, len, host_offset, backing);
         // SAFETY: the region is part of the live guest RAM mapping, owned by
         // the session, which outlives this borrow; the vCPU is stopped
@@ -48,15 +93,10 @@ pub(super) fn memory_hash_and_residency(mem: &GuestMemory, backing: &MemoryBacki
         let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
         for (page, chunk) in flagged_pages(bytes, &candidates) {
             resident_pages += 1;
-            if chunk.iter().all(|b| *b == 0) {
-                continue;
-            }
-            let gpa = region.start_addr().0 + (page * PAGE_SIZE) as u64;
-            hasher.update(&gpa.to_le_bytes());
-            hasher.update(chunk);
+            visit(first_page + page as u64, chunk);
         }
     }
-    (hasher.digest(), resident_pages * PAGE_SIZE as u64)
+    resident_pages * PAGE_SIZE as u64
 }
 
 /// The pages of `bytes` whose flag is set, with their index, in order;

@@ -5,11 +5,11 @@
 //! Running it (the exit loop) is in `stepping`, in-place checkpoints in
 //! `checkpoint`.
 
+use super::checkpoint::PageLedger;
 use super::console::{self, ConsoleCapture, ConsoleInput};
-use super::kept_pages::LiveCheckpoint;
 use super::kvm_vm::{create_vm, Vm};
 use super::memory::{fresh_ram, host_ram, GuestRam};
-use super::memory_scan::{memory_hash_and_residency, MemoryBacking};
+use super::memory_scan::MemoryBacking;
 use super::wiring::{build_devices, DeviceSetSpec, DiskSpec, NetworkSpec};
 use super::{kvm_err, DigestParts, IncompatibleState, ResumeConfig, RunOutcome, VmConfig, VmError};
 use crate::boot::{self, BootError, BootInputs};
@@ -85,9 +85,9 @@ pub struct Session {
     /// Finds where interrupt windows really open (not saved: it is idle
     /// between exits, and its counters are per process).
     pub(super) window: WindowGuard,
-    /// The checkpoint the dirty log counts from, if any: any other reader of
-    /// the log (a snapshot, a newer checkpoint) makes it stale.
-    pub(super) live_checkpoint: LiveCheckpoint,
+    /// The checkpoint tree, the kept page hashes, and who has to hear of
+    /// pages changed (fed from the dirty log).
+    pub(super) ram_ledger: PageLedger,
     pub(super) started: Instant,
     pub(super) wall_setup: Duration,
     /// Ends a run whose guest executes too long without an exit (host
@@ -180,7 +180,7 @@ impl Session {
             stall: StallGuard::new(config.stall_timeout),
             last_exit_rip: 0,
             window: WindowGuard::default(),
-            live_checkpoint: LiveCheckpoint::default(),
+            ram_ledger: PageLedger::default(),
             wall_setup: started.elapsed(),
             started,
         })
@@ -378,7 +378,7 @@ impl Session {
             stall: StallGuard::new(config.stall_timeout),
             last_exit_rip: state.last_exit_rip,
             window: WindowGuard::default(),
-            live_checkpoint: LiveCheckpoint::default(),
+            ram_ledger: PageLedger::default(),
             wall_setup: started.elapsed(),
             started,
         })
@@ -393,8 +393,8 @@ impl Session {
     /// session usable (for `reset_to`); its kept records move to the outcome.
     pub fn outcome(&mut self, stop: StopReason) -> RunOutcome {
         let finishing = Instant::now();
-        let (mut final_memory, guest_resident_bytes) =
-            memory_hash_and_residency(&self.vm.memory, &self.backing);
+        let (mut final_memory, resident) = self.memory_digest(true);
+        let guest_resident_bytes = resident.unwrap_or_default();
         // A stalled guest kept changing its memory after its last exit, by
         // as much as the host let it run: that is not part of the history.
         let stalled = matches!(stop, StopReason::Stalled { .. });

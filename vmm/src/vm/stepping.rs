@@ -8,7 +8,6 @@
 
 use super::console::feed_console_input;
 use super::kvm_exit::{complete, convert_exit, regs_hash, ResponseSlot};
-use super::memory_scan::memory_hash;
 use super::session::devices_hash;
 use super::{kvm_err, Session, VmError};
 use crate::cpu_model::MsrAccess;
@@ -218,7 +217,7 @@ impl Session {
             NO_HASH
         };
         let memory_hash = if self.recorder.wants_memory_hash(index) {
-            memory_hash(&self.vm.memory, &self.backing)
+            self.memory_digest(false).0
         } else {
             NO_HASH
         };
