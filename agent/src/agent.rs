@@ -30,6 +30,7 @@ use crate::clock::{self, ClockChange};
 use crate::container::{self, Command, NodeNamespaces, NodePlan, SdkMounts, Setup};
 use crate::disk::Disk;
 use crate::history::HistoryLines;
+use crate::local_output::LocalOutput;
 use crate::netlink::{link_index, Netlink};
 use crate::sdk::{SdkEvent, SdkReady, SdkServer};
 use crate::sys::{self, NsId};
@@ -83,6 +84,8 @@ struct Node {
     crash_pending: bool,
     /// A start waits for the disk to be mounted again (after a crash).
     start_when_mounted: bool,
+    /// The SDKs' fallback file (`ANTITHESIS_SDK_LOCAL_OUTPUT`), if set.
+    local_output: Option<LocalOutput>,
 }
 
 #[derive(Debug)]
@@ -104,6 +107,7 @@ enum Ready {
     Shell,
     ShellWritable,
     Sdk(SdkReady),
+    LocalOutputTimer,
 }
 
 /// The shell a user opened in a fork, on a pseudo-terminal.
@@ -137,6 +141,8 @@ pub struct Agent {
     sdk: Option<SdkServer>,
     /// The agent's own executable, bind-mounted as `detvisor-assert`.
     own_executable: Option<std::path::PathBuf>,
+    /// Fires while some node has a local output file to read.
+    local_output_timer: Option<OwnedFd>,
 }
 
 /// Chunks read at most from a finished process's pipes (or terminal).
@@ -168,6 +174,7 @@ impl Agent {
             shell: None,
             sdk: None,
             own_executable: None,
+            local_output_timer: None,
         })
     }
 
@@ -241,6 +248,9 @@ impl Agent {
                         .map(|(fd, ready)| (fd, Ready::Sdk(ready))),
                 );
             }
+            if let Some(timer) = &self.local_output_timer {
+                interest.push((timer.as_fd(), Ready::LocalOutputTimer));
+            }
             let mut pollfds: Vec<libc::pollfd> = interest
                 .iter()
                 .map(|(fd, ready)| libc::pollfd {
@@ -274,6 +284,15 @@ impl Agent {
                         }
                     }
                     Ready::Sdk(ready) => self.serve_sdk(ready),
+                    Ready::LocalOutputTimer => {
+                        if let Some(timer) = &self.local_output_timer {
+                            sys::drain_timerfd(timer.as_fd());
+                        }
+                        let names: Vec<String> = self.nodes.keys().cloned().collect();
+                        for name in names {
+                            self.read_local_output(&name);
+                        }
+                    }
                     Ready::Sigchld | Ready::Channel => {}
                 }
             }
@@ -308,6 +327,28 @@ impl Agent {
                     self.send_error(&context, message);
                 }
             }
+        }
+    }
+
+    /// Passes on the lines added to node `name`'s local output file (read
+    /// through its running PID 1's root, or its root directory).
+    fn read_local_output(&mut self, name: &str) {
+        let Some(node) = self.nodes.get_mut(name) else {
+            return;
+        };
+        let Some(local) = &mut node.local_output else {
+            return;
+        };
+        let root = match &node.running {
+            Some(running) => std::path::PathBuf::from(format!("/proc/{}/root", running.pid)),
+            None => node.plan.rootfs().to_path_buf(),
+        };
+        let lines = local.read_new(&local.file_under(&root));
+        for json in lines {
+            self.send(&AgentToHost::Sdk {
+                node: Some(name.to_string()),
+                json,
+            });
         }
     }
 
@@ -442,6 +483,9 @@ impl Agent {
             };
             let owner = Owner::Node(name.clone());
             self.drain_and_close(&owner, buffer);
+            // What it wrote last (readable if the file is on its root).
+            self.nodes.get_mut(&name).expect("node exists").running = None;
+            self.read_local_output(&name);
             let node = self.nodes.get_mut(&name).expect("node exists");
             node.running = None;
             node.pidns = None;
@@ -660,8 +704,16 @@ impl Agent {
                 disk,
                 crash_pending: false,
                 start_when_mounted: false,
+                local_output: LocalOutput::from_env(&spec.env),
             },
         );
+        if spec.env.contains_key(crate::local_output::VARIABLE) && self.local_output_timer.is_none()
+        {
+            self.local_output_timer = Some(
+                sys::interval_timerfd(crate::local_output::POLL_INTERVAL_NS)
+                    .map_err(context_error("timerfd for the local output files"))?,
+            );
+        }
         if let Err(message) = self.start_node(&spec.name) {
             // The node never ran: forget it (and its network namespace).
             self.nodes.remove(&spec.name);

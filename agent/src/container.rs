@@ -291,6 +291,11 @@ impl NodePlan {
         })
     }
 
+    /// The node's root directory (canonical).
+    pub fn rootfs(&self) -> &Path {
+        &self.rootfs
+    }
+
     /// Adds the SDK's bind mounts (after /run's tmpfs, before the root
     /// switch).
     pub fn add_sdk(&mut self, sdk: &SdkMounts) -> io::Result<()> {

@@ -24,6 +24,7 @@ mod clock;
 mod container;
 mod disk;
 mod history;
+mod local_output;
 mod netlink;
 mod sdk;
 mod sys;
