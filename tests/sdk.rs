@@ -31,6 +31,12 @@ fn build_rust_example() -> PathBuf {
 /// `ldd` names, each at its own path.
 fn install_dynamic(root: &Path, program: &Path, name: &str) {
     std::fs::copy(program, root.join("bin").join(name)).unwrap();
+    install_libs(root, program);
+}
+
+/// Copies every shared library `ldd` names for `program` into `root`, each
+/// at its own path.
+fn install_libs(root: &Path, program: &Path) {
     let ldd = std::process::Command::new("ldd")
         .arg(program)
         .output()
@@ -49,7 +55,9 @@ fn install_dynamic(root: &Path, program: &Path, name: &str) {
 }
 
 /// n1 runs the Rust SDK program; n2 a shell using detvisor-assert and
-/// printing a history line. The run ends when both have ended.
+/// printing a history line; n3 writes the SDKs' fallback file (as a
+/// program that cannot load libvoidstar would). The run ends when all
+/// have ended.
 const MANIFEST: &str = r#"
 [[node]]
 name = "n1"
@@ -67,6 +75,12 @@ echo "random $(detvisor-assert random)"
 echo '{"detvisor_history":{"process":1,"op":1,"type":"invoke","f":"put","key":"k","value":"v","time_ns":1}}'
 detvisor-assert bogus; echo "bogus status $?"
 """]
+
+[[node]]
+name = "n3"
+rootfs = "root"
+env = { ANTITHESIS_SDK_LOCAL_OUTPUT = "/sdk-local.jsonl" }
+command = ["sh", "-c", "echo '{\"local\":{\"n\":3}}' > /sdk-local.jsonl; sleep 1; echo '{\"local\":{\"n\":4}}' >> /sdk-local.jsonl"]
 "#;
 
 fn records(path: &Path) -> Vec<Value> {
@@ -209,6 +223,16 @@ fn test_sdk_records_arrive_through_the_shim_and_follow_the_seed() {
     assert_eq!(history[0]["body"]["json"]["f"], "put");
     assert!(log.contains("{\"detvisor_history\""), "{log}");
 
+    // The fallback file, read while n3 ran and after it ended.
+    let n3 = sdk_of(&a, "n3");
+    assert_eq!(
+        n3,
+        vec![
+            serde_json::json!({"local": {"n": 3}}),
+            serde_json::json!({"local": {"n": 4}})
+        ]
+    );
+
     // Same seed: the same records, the same random values.
     let (_, b) = run("5", "b.jsonl", &[]);
     assert_eq!(a, b, "same seed, same records");
@@ -216,4 +240,108 @@ fn test_sdk_records_arrive_through_the_shim_and_follow_the_seed() {
     let (_, d) = run("6", "d.jsonl", &[]);
     assert_ne!(drawn(&sdk_of(&a, "n1")), drawn(&sdk_of(&d, "n1")));
     assert_ne!(a_shell_random, shell_random(&cluster.log("n2")));
+}
+
+/// A program on the Python SDK from PyPI (`antithesis`), unmodified.
+const PYTHON_PROGRAM: &str = r#"
+import sys
+sys.path.insert(0, "/app/site")
+from antithesis.assertions import always, sometimes, unreachable
+from antithesis.lifecycle import setup_complete, send_event
+from antithesis.random import get_random
+always(True, "py always", {"k": 1})
+sometimes(False, "py sometimes", None)
+if len(sys.argv) > 100:
+    unreachable("py never", None)
+setup_complete({"from": "python"})
+send_event("py_drew", {"value": get_random()})
+"#;
+
+/// The Python files and extension modules `program` imports on this host
+/// (run with the SDK's local output going nowhere), for a minimal root.
+fn python_closure(program: &Path, site: &Path) -> Vec<PathBuf> {
+    let script = "import runpy, sys\n\
+        runpy.run_path(sys.argv[1], run_name='__main__')\n\
+        import encodings.utf_8, encodings.latin_1, encodings.ascii\n\
+        for m in list(sys.modules.values()):\n\
+        \x20   f = getattr(m, '__file__', None)\n\
+        \x20   if f: print(f)\n";
+    let out = std::process::Command::new("/usr/bin/python3.11")
+        .args(["-S", "-c", script])
+        .arg(program)
+        .env("ANTITHESIS_SDK_LOCAL_OUTPUT", "/dev/null")
+        .env("PYTHONPATH", site)
+        .output()
+        .expect("Debian's python3.11 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute() && !p.starts_with(site))
+        .collect()
+}
+
+#[test]
+fn test_python_sdk_from_pypi_reports_through_the_shim() {
+    let cluster = Cluster::new(
+        "sdk-python",
+        "[[node]]\nname = \"py\"\nrootfs = \"root\"\ncommand = [\"/usr/bin/python3.11\", \"-S\", \"/app/prog.py\"]\n",
+    );
+    let root = cluster.dir.join("root");
+    let wheels = cluster.dir.join("wheels");
+    let status = std::process::Command::new("/usr/bin/python3.11")
+        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:"])
+        .args(["antithesis==0.4.0", "-d"])
+        .arg(&wheels)
+        .status()
+        .expect("pip runs");
+    assert!(status.success(), "pip download antithesis");
+    let wheel = std::fs::read_dir(&wheels)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .expect("a wheel");
+    let site = root.join("app/site");
+    let status = std::process::Command::new("/usr/bin/python3.11")
+        .args(["-m", "zipfile", "-e"])
+        .arg(&wheel)
+        .arg(&site)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::write(root.join("app/prog.py"), PYTHON_PROGRAM).unwrap();
+    std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+    std::fs::copy("/usr/bin/python3.11", root.join("usr/bin/python3.11")).unwrap();
+    install_libs(&root, Path::new("/usr/bin/python3.11"));
+    for file in python_closure(&root.join("app/prog.py"), &site) {
+        let target = root.join(file.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(&file, &target).unwrap_or_else(|e| panic!("{file:?}: {e}"));
+        if file.extension().is_some_and(|e| e == "so") {
+            install_libs(&root, &file);
+        }
+    }
+    let file = cluster.dir.join("records.jsonl");
+    let path = file.display().to_string();
+    let out = cluster.up(&["--seed", "3", "--until", "60s", "--records", &path]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let py = sdk_of(&records(&file), "py");
+    assert!(
+        py.iter()
+            .any(|r| r["antithesis_sdk"]["language"]["name"] == "Python"),
+        "{py:?}"
+    );
+    let always = asserts(&py, "py always", true);
+    assert_eq!(always.len(), 1, "{py:?}");
+    assert_eq!(always[0]["condition"], true);
+    assert_eq!(always[0]["display_type"], "Always");
+    assert_eq!(asserts(&py, "py sometimes", true)[0]["condition"], false);
+    assert!(py
+        .iter()
+        .any(|r| r["antithesis_setup"]["details"]["from"] == "python"));
+    assert!(py.iter().any(|r| r["py_drew"]["value"].is_u64()), "{py:?}");
 }
