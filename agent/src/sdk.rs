@@ -524,4 +524,136 @@ mod tests {
         let mut byte = [0u8; 1];
         assert_eq!(bad.read(&mut byte).unwrap(), 0);
     }
+
+    /// The shim itself (loaded with dlopen) against the server, in a mount
+    /// namespace of its own where /run is a fresh tmpfs (the shim's socket
+    /// path is fixed): run by the test below as a child, never directly.
+    #[test]
+    #[ignore = "run by test_the_shim_talks_to_the_server_in_a_private_run"]
+    fn shim_child() {
+        if std::env::var_os("DETVISOR_SHIM_CHILD").is_none() {
+            return;
+        }
+        let mut server = SdkServer::start(Path::new("/run/detvisor")).unwrap();
+        let shim = std::ffi::CString::new(server.shim_path().to_str().unwrap()).unwrap();
+        // SAFETY: dlopen of the shim, which has no initializers.
+        let lib = unsafe { libc::dlopen(shim.as_ptr(), libc::RTLD_NOW) };
+        assert!(!lib.is_null(), "dlopen the shim");
+        let symbol = |name: &str| {
+            let name = std::ffi::CString::new(name).unwrap();
+            // SAFETY: dlsym on a valid handle with a NUL-terminated name.
+            let pointer = unsafe { libc::dlsym(lib, name.as_ptr()) };
+            assert!(!pointer.is_null(), "{name:?}");
+            pointer as usize
+        };
+        type JsonData = extern "C" fn(*const libc::c_char, usize);
+        type Flush = extern "C" fn();
+        type Random = extern "C" fn() -> u64;
+        type InitCoverage = extern "C" fn(usize, *const libc::c_char) -> usize;
+        type Notify = extern "C" fn(usize) -> bool;
+        // Each transmute below: the address of the shim's exported
+        // function of exactly that C signature.
+        // SAFETY: as said.
+        let json_data = unsafe { std::mem::transmute::<usize, JsonData>(symbol("fuzz_json_data")) };
+        // SAFETY: as above.
+        let flush = unsafe { std::mem::transmute::<usize, Flush>(symbol("fuzz_flush")) };
+        // SAFETY: as above.
+        let random = unsafe { std::mem::transmute::<usize, Random>(symbol("fuzz_get_random")) };
+        // SAFETY: as above.
+        let init_coverage =
+            unsafe { std::mem::transmute::<usize, InitCoverage>(symbol("init_coverage_module")) };
+        // SAFETY: as above.
+        let notify = unsafe { std::mem::transmute::<usize, Notify>(symbol("notify_coverage")) };
+        assert_eq!(init_coverage(10, c"a".as_ptr()), 0);
+        assert_eq!(init_coverage(5, c"b".as_ptr()), 10);
+        assert!(!notify(3));
+        let client = std::thread::spawn(move || {
+            let record = br#"{"antithesis_setup":{"status":"complete","details":null}}"#;
+            json_data(record.as_ptr().cast(), record.len());
+            flush();
+            random()
+        });
+        let mut events = Vec::new();
+        let mut answered = false;
+        while !client.is_finished() {
+            let ready: Vec<SdkReady> = server.interest().into_iter().map(|(_, r)| r).collect();
+            for r in ready {
+                server.serve(&r, &mut events);
+            }
+            if !answered
+                && events
+                    .iter()
+                    .any(|e| matches!(e, SdkEvent::RandomRequest { .. }))
+            {
+                server.answer_random(0, 0xdead_beef_0bad_cafe);
+                answered = true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(client.join().unwrap(), 0xdead_beef_0bad_cafe);
+        assert_eq!(
+            events,
+            vec![
+                SdkEvent::Record {
+                    node: None,
+                    json: r#"{"antithesis_setup":{"status":"complete","details":null}}"#.into()
+                },
+                SdkEvent::RandomRequest { node: None, id: 0 },
+            ]
+        );
+        println!("shim child: ok");
+    }
+
+    #[test]
+    fn test_the_shim_talks_to_the_server_in_a_private_run() {
+        // SAFETY: geteuid has no memory effects.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root (a mount namespace with its own /run)");
+            return;
+        }
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg("mount -t tmpfs tmpfs /run && exec \"$0\" --exact sdk::tests::shim_child --ignored --nocapture")
+            .arg(&exe)
+            .env("DETVISOR_SHIM_CHILD", "1")
+            .output()
+            .expect("unshare runs");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("shim child: ok"),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn test_the_shim_exports_the_sdk_symbols_and_needs_no_library() {
+        let path = env!("DETVISOR_SHIM_PATH");
+        let dynamic = std::process::Command::new("readelf")
+            .args(["-dW", path])
+            .output()
+            .expect("readelf runs");
+        let dynamic = String::from_utf8_lossy(&dynamic.stdout);
+        assert!(!dynamic.contains("(NEEDED)"), "{dynamic}");
+        let symbols = std::process::Command::new("nm")
+            .args(["-D", "--defined-only", path])
+            .output()
+            .expect("nm runs");
+        let mut names: Vec<String> = String::from_utf8_lossy(&symbols.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(2).map(String::from))
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "fuzz_flush",
+                "fuzz_get_random",
+                "fuzz_json_data",
+                "init_coverage_module",
+                "notify_coverage"
+            ]
+        );
+    }
 }
