@@ -203,7 +203,10 @@ fn install_root_sdk(agent: &Agent) {
         .and_then(|()| std::fs::copy(&shim, "/usr/lib/libvoidstar.so").map(drop))
         .and_then(|()| std::fs::create_dir_all("/usr/bin"))
         .and_then(|()| match std::env::current_exe() {
-            Ok(own) => std::os::unix::fs::symlink(own, "/usr/bin/detvisor-assert"),
+            Ok(own) => match std::os::unix::fs::symlink(own, "/usr/bin/detvisor-assert") {
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+                other => other,
+            },
             Err(error) => Err(error),
         });
     if let Err(error) = result {
