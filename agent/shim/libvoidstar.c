@@ -51,7 +51,7 @@ typedef _Bool bool;
 #define SOCK_CLOEXEC 02000000
 #define EINTR 4
 
-#define SHIM_MAX_PAYLOAD (1u << 20)
+#define SHIM_MAX_PAYLOAD (128u << 10) /* sdk.rs MAX_RECORD_LEN */
 #define KIND_JSON 1
 #define KIND_FLUSH 2
 #define KIND_RANDOM 3
