@@ -66,6 +66,25 @@ impl Needs {
     }
 }
 
+impl Needs {
+    /// A file the request writes inside the helper VM (`what`: for errors,
+    /// e.g. "records"): created here first, so that a path that cannot be
+    /// written is an error before the helper VM starts; its directory
+    /// shared. Returns its absolute path, the same inside the helper VM.
+    pub fn output_file(&mut self, path: &Path, what: &str) -> Result<PathBuf> {
+        std::fs::File::create(path)
+            .with_context(|| format!("{what} {}: cannot create it", path.display()))?;
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        let name = path
+            .file_name()
+            .with_context(|| format!("{what} {}: not a file name", path.display()))?;
+        Ok(self.share(dir)?.join(name))
+    }
+}
+
 /// A helper VM serving run requests.
 pub struct Remote {
     vm: HelperVm,

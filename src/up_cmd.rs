@@ -61,6 +61,11 @@ pub struct UpArgs {
     /// `detvisor trace FILE` sums them up.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Write what the guest reported in the (first) run into FILE, a JSON
+    /// line each: events, Antithesis SDK records (assertions, guidance,
+    /// setup, events) and history lines, each with its exit and virtual time.
+    #[arg(long, value_name = "FILE")]
+    records: Option<PathBuf>,
     /// How the guest reads the time and takes interrupts: clock-page (no
     /// exit per clock read, timer arming or interrupt) or legacy (the HPET
     /// and an EOI per interrupt, kept for comparisons).
@@ -95,6 +100,7 @@ impl UpArgs {
             stall_timeout: vmm::stall::StallTimeout::default(),
             pcap: self.pcap.clone(),
             trace: self.trace.clone(),
+            records: self.records.clone(),
             exit_path: self.exit_path,
         })
     }
@@ -174,6 +180,9 @@ pub(crate) fn helper_needs(prepared: &mut PreparedUp, options: &mut UpOptions) -
     }
     if let Some(file) = &options.trace {
         options.trace = Some(needs.trace_file(file)?);
+    }
+    if let Some(file) = &options.records {
+        options.records = Some(needs.output_file(file, "records")?);
     }
     // The initrd is shipped in the helper's own initramfs and then read
     // into the VMM: count it about three times over.

@@ -27,9 +27,12 @@ use detvisor_agent::protocol::{
 mod disks;
 
 use crate::clock::{self, ClockChange};
-use crate::container::{self, Command, NodeNamespaces, NodePlan, Setup};
+use crate::container::{self, Command, NodeNamespaces, NodePlan, SdkMounts, Setup};
 use crate::disk::Disk;
+use crate::history::HistoryLines;
+use crate::local_output::LocalOutput;
 use crate::netlink::{link_index, Netlink};
+use crate::sdk::{SdkEvent, SdkReady, SdkServer};
 use crate::sys::{self, NsId};
 
 /// How the agent treats the system around it.
@@ -49,6 +52,8 @@ struct Running {
     pid: libc::pid_t,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
+    /// The unfinished line of stdout, for history lines.
+    history: HistoryLines,
 }
 
 impl Running {
@@ -79,6 +84,8 @@ struct Node {
     crash_pending: bool,
     /// A start waits for the disk to be mounted again (after a crash).
     start_when_mounted: bool,
+    /// The SDKs' fallback file (`ANTITHESIS_SDK_LOCAL_OUTPUT`), if set.
+    local_output: Option<LocalOutput>,
 }
 
 #[derive(Debug)]
@@ -99,6 +106,8 @@ enum Ready {
     Pipe(Owner, Stream),
     Shell,
     ShellWritable,
+    Sdk(SdkReady),
+    LocalOutputTimer,
 }
 
 /// The shell a user opened in a fork, on a pseudo-terminal.
@@ -128,6 +137,12 @@ pub struct Agent {
     workload: Option<Workload>,
     workload_status: Option<ExitStatus>,
     shell: Option<Shell>,
+    /// The SDK sockets (`None`: not started, see [`Agent::start_sdk`]).
+    sdk: Option<SdkServer>,
+    /// The agent's own executable, bind-mounted as `detvisor-assert`.
+    own_executable: Option<std::path::PathBuf>,
+    /// Fires while some node has a local output file to read.
+    local_output_timer: Option<OwnedFd>,
 }
 
 /// Chunks read at most from a finished process's pipes (or terminal).
@@ -157,7 +172,23 @@ impl Agent {
             workload: None,
             workload_status: None,
             shell: None,
+            sdk: None,
+            own_executable: None,
+            local_output_timer: None,
         })
+    }
+
+    /// Opens the SDK sockets and installs the shim under `dir` (see
+    /// `sdk.rs`); nodes created from now on get them.
+    pub fn start_sdk(&mut self, dir: &Path) -> io::Result<()> {
+        self.sdk = Some(SdkServer::start(dir)?);
+        self.own_executable = std::env::current_exe().ok();
+        Ok(())
+    }
+
+    /// The shim's file in the agent's namespace (once started).
+    pub fn shim_path(&self) -> Option<std::path::PathBuf> {
+        self.sdk.as_ref().map(SdkServer::shim_path)
     }
 
     /// The status of the last workload that ended, if any.
@@ -210,6 +241,16 @@ impl Agent {
                     }
                 }
             }
+            if let Some(sdk) = &self.sdk {
+                interest.extend(
+                    sdk.interest()
+                        .into_iter()
+                        .map(|(fd, ready)| (fd, Ready::Sdk(ready))),
+                );
+            }
+            if let Some(timer) = &self.local_output_timer {
+                interest.push((timer.as_fd(), Ready::LocalOutputTimer));
+            }
             let mut pollfds: Vec<libc::pollfd> = interest
                 .iter()
                 .map(|(fd, ready)| libc::pollfd {
@@ -242,6 +283,16 @@ impl Agent {
                             self.send_error("shell_input", message);
                         }
                     }
+                    Ready::Sdk(ready) => self.serve_sdk(ready),
+                    Ready::LocalOutputTimer => {
+                        if let Some(timer) = &self.local_output_timer {
+                            sys::drain_timerfd(timer.as_fd());
+                        }
+                        let names: Vec<String> = self.nodes.keys().cloned().collect();
+                        for name in names {
+                            self.read_local_output(&name);
+                        }
+                    }
                     Ready::Sigchld | Ready::Channel => {}
                 }
             }
@@ -252,6 +303,52 @@ impl Agent {
             if ready.iter().any(|r| matches!(r, Ready::Channel)) {
                 self.read_channel(&mut buffer);
             }
+        }
+    }
+
+    /// Serves one SDK socket and passes what its clients asked on.
+    fn serve_sdk(&mut self, ready: &SdkReady) {
+        let Some(sdk) = &mut self.sdk else {
+            return;
+        };
+        let mut events = Vec::new();
+        sdk.serve(ready, &mut events);
+        for event in events {
+            match event {
+                SdkEvent::Record { node, json } => self.send(&AgentToHost::Sdk { node, json }),
+                SdkEvent::RandomRequest { node, id } => {
+                    self.send(&AgentToHost::RandomRequest { node, id })
+                }
+                SdkEvent::BadClient { node, message } => {
+                    let context = match node {
+                        Some(node) => format!("sdk {node}"),
+                        None => "sdk".to_string(),
+                    };
+                    self.send_error(&context, message);
+                }
+            }
+        }
+    }
+
+    /// Passes on the lines added to node `name`'s local output file (read
+    /// through its running PID 1's root, or its root directory).
+    fn read_local_output(&mut self, name: &str) {
+        let Some(node) = self.nodes.get_mut(name) else {
+            return;
+        };
+        let Some(local) = &mut node.local_output else {
+            return;
+        };
+        let root = match &node.running {
+            Some(running) => std::path::PathBuf::from(format!("/proc/{}/root", running.pid)),
+            None => node.plan.rootfs().to_path_buf(),
+        };
+        let lines = local.read_new(&local.file_under(&root));
+        for json in lines {
+            self.send(&AgentToHost::Sdk {
+                node: Some(name.to_string()),
+                json,
+            });
         }
     }
 
@@ -296,11 +393,21 @@ impl Agent {
                         Owner::Node(name) => Some(name.clone()),
                         Owner::Workload => None,
                     };
+                    let history = match (stream, self.running_mut(owner)) {
+                        (Stream::Stdout, Some(running)) => running.history.push(&buffer[..n]),
+                        _ => Vec::new(),
+                    };
                     self.send(&AgentToHost::Output {
-                        node,
+                        node: node.clone(),
                         stream,
                         data: buffer[..n].to_vec(),
                     });
+                    for json in history {
+                        self.send(&AgentToHost::History {
+                            node: node.clone(),
+                            json,
+                        });
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                 Err(e) => {
@@ -376,6 +483,9 @@ impl Agent {
             };
             let owner = Owner::Node(name.clone());
             self.drain_and_close(&owner, buffer);
+            // What it wrote last (readable if the file is on its root).
+            self.nodes.get_mut(&name).expect("node exists").running = None;
+            self.read_local_output(&name);
             let node = self.nodes.get_mut(&name).expect("node exists");
             node.running = None;
             node.pidns = None;
@@ -476,6 +586,7 @@ impl Agent {
             HostToAgent::OpenShell { .. } => "open_shell".to_string(),
             HostToAgent::ShellInput { .. } => "shell_input".to_string(),
             HostToAgent::Reseed { .. } => "reseed".to_string(),
+            HostToAgent::Random { id, .. } => format!("random {id}"),
         };
         let result = if self.shutting_down {
             Err("the agent is shutting down".to_string())
@@ -519,6 +630,12 @@ impl Agent {
                 } => self.open_shell(node, rows, cols, term),
                 HostToAgent::ShellInput { data } => self.shell_input(&data),
                 HostToAgent::Reseed { .. } => unreachable!("handled above"),
+                HostToAgent::Random { id, value } => {
+                    if let Some(sdk) = &mut self.sdk {
+                        sdk.answer_random(id, value);
+                    }
+                    Ok(())
+                }
             }
         };
         if let Err(message) = result {
@@ -554,12 +671,22 @@ impl Agent {
         let command = Command::new(&spec.command, &spec.env).map_err(|e| e.to_string())?;
         let hostname = spec.hostname.as_deref().unwrap_or(&spec.name);
         let disk = spec.disk.as_ref().map(Disk::new).transpose()?;
-        let plan = NodePlan::new(
+        let mut plan = NodePlan::new(
             Path::new(&spec.rootfs),
             hostname,
             disk.as_ref().map(Disk::mount_spec),
         )
         .map_err(|e| e.to_string())?;
+        if let Some(sdk) = &mut self.sdk {
+            sdk.add_node(&spec.name)
+                .map_err(context_error("the node's SDK socket"))?;
+            plan.add_sdk(&SdkMounts {
+                shim: sdk.shim_path(),
+                assert_command: self.own_executable.clone(),
+                socket_dir: sdk.node_dir(&spec.name),
+            })
+            .map_err(|e| e.to_string())?;
+        }
         let netns = self.new_netns()?;
         self.configure_network(netns.as_fd(), spec.nic.as_deref(), address)?;
         let timens = clock::new_timens(self.own_timens.as_ref().map(AsFd::as_fd))
@@ -577,8 +704,16 @@ impl Agent {
                 disk,
                 crash_pending: false,
                 start_when_mounted: false,
+                local_output: LocalOutput::from_env(&spec.env),
             },
         );
+        if spec.env.contains_key(crate::local_output::VARIABLE) && self.local_output_timer.is_none()
+        {
+            self.local_output_timer = Some(
+                sys::interval_timerfd(crate::local_output::POLL_INTERVAL_NS)
+                    .map_err(context_error("timerfd for the local output files"))?,
+            );
+        }
         if let Err(message) = self.start_node(&spec.name) {
             // The node never ran: forget it (and its network namespace).
             self.nodes.remove(&spec.name);
@@ -652,6 +787,7 @@ impl Agent {
             pid: spawned.pid,
             stdout: Some(spawned.stdout),
             stderr: Some(spawned.stderr),
+            history: HistoryLines::default(),
         });
         self.send(&AgentToHost::NodeStarted {
             name: name.to_string(),
@@ -701,6 +837,7 @@ impl Agent {
                 pid,
                 stdout: Some(spawned.stdout),
                 stderr: Some(spawned.stderr),
+                history: HistoryLines::default(),
             },
         });
         self.workload_status = None;

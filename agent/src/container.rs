@@ -138,7 +138,27 @@ enum Op {
 pub struct NodePlan {
     ops: Vec<(Op, String)>,
     hostname: CString,
+    /// The node's root directory (canonical), for [`NodePlan::add_sdk`].
+    rootfs: PathBuf,
 }
+
+/// What every node gets for the Antithesis SDKs (see `sdk.rs`): the shim
+/// at `/usr/lib/libvoidstar.so`, `detvisor-assert` at
+/// `/usr/bin/detvisor-assert`, and its own socket directory at
+/// `/run/detvisor`. Bind mounts in the node's mount namespace only: the
+/// node's files are not changed (an empty mount point is created if the
+/// root lacks one).
+#[derive(Clone, Debug)]
+pub struct SdkMounts {
+    pub shim: PathBuf,
+    /// The agent's own executable (it is `detvisor-assert` by that name).
+    pub assert_command: Option<PathBuf>,
+    pub socket_dir: PathBuf,
+}
+
+/// Steps before the root switch at the end of every plan (chdir, move,
+/// chroot, chdir).
+const ROOT_SWITCH_OPS: usize = 4;
 
 impl NodePlan {
     /// Builds the plan for root directory `rootfs` (absolute) and creates
@@ -267,7 +287,45 @@ impl NodePlan {
         Ok(Self {
             ops: plan.ops,
             hostname: cstring(hostname)?,
+            rootfs,
         })
+    }
+
+    /// The node's root directory (canonical).
+    pub fn rootfs(&self) -> &Path {
+        &self.rootfs
+    }
+
+    /// Adds the SDK's bind mounts (after /run's tmpfs, before the root
+    /// switch).
+    pub fn add_sdk(&mut self, sdk: &SdkMounts) -> io::Result<()> {
+        let r = |sub: &str| -> PathBuf { self.rootfs.join(sub) };
+        let mut plan = PlanBuilder::default();
+        for dir in ["usr", "usr/lib", "usr/bin"] {
+            plan.mkdir(&r(dir))?;
+        }
+        let mut files = vec![(sdk.shim.as_path(), r("usr/lib/libvoidstar.so"))];
+        if let Some(command) = &sdk.assert_command {
+            files.push((command.as_path(), r("usr/bin/detvisor-assert")));
+        }
+        for (source, target) in files {
+            plan.op(
+                Op::Touch(path_cstring(&target)?),
+                format!("create {target:?}"),
+            );
+            plan.mount(Some(source), &target, None, libc::MS_BIND, None)?;
+        }
+        plan.mkdir(&r("run/detvisor"))?;
+        plan.mount(
+            Some(&sdk.socket_dir),
+            &r("run/detvisor"),
+            None,
+            libc::MS_BIND,
+            None,
+        )?;
+        let at = self.ops.len() - ROOT_SWITCH_OPS;
+        self.ops.splice(at..at, plan.ops);
+        Ok(())
     }
 }
 
@@ -819,6 +877,36 @@ mod tests {
             plan.ops[2].1,
             format!("mount ext4 on {:?}", root.join("var/lib/n1"))
         );
+    }
+
+    #[test]
+    fn test_sdk_mounts_come_after_run_and_before_the_root_switch() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut plan = NodePlan::new(dir.path(), "n1", None).unwrap();
+        let before = plan.ops.len();
+        plan.add_sdk(&SdkMounts {
+            shim: PathBuf::from("/run/detvisor/libvoidstar.so"),
+            assert_command: Some(PathBuf::from("/detvisor-agent")),
+            socket_dir: PathBuf::from("/run/detvisor/nodes/n1"),
+        })
+        .unwrap();
+        let whats: Vec<&str> = plan.ops.iter().map(|(_, w)| w.as_str()).collect();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        let at = |what: &str| whats.iter().position(|w| *w == what).expect(what);
+        let run_tmpfs = at(&format!("mount tmpfs on {:?}", root.join("run")));
+        let sockets = at(&format!(
+            "bind-mount Some({:?}) on {:?}",
+            Path::new("/run/detvisor/nodes/n1"),
+            root.join("run/detvisor")
+        ));
+        let shim = at(&format!(
+            "bind-mount Some({:?}) on {:?}",
+            Path::new("/run/detvisor/libvoidstar.so"),
+            root.join("usr/lib/libvoidstar.so")
+        ));
+        assert!(run_tmpfs < shim && shim < sockets);
+        assert_eq!(whats.len(), before + 9);
+        assert!(whats[whats.len() - 3].starts_with("move mount"));
     }
 
     #[test]

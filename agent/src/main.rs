@@ -19,10 +19,14 @@
 //! See `agent/README.md` for the protocol and how nodes are built.
 
 mod agent;
+mod assert_cmd;
 mod clock;
 mod container;
 mod disk;
+mod history;
+mod local_output;
 mod netlink;
+mod sdk;
 mod sys;
 
 use std::io;
@@ -84,7 +88,16 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
     Ok(options)
 }
 
+/// The SDK sockets and the shim's file in a guest (see `sdk.rs`).
+const GUEST_SDK_DIR: &str = "/run/detvisor";
+
 fn main() {
+    // The same binary is `detvisor-assert` in every node (see assert_cmd.rs).
+    let argv0 = std::env::args().next().unwrap_or_default();
+    if Path::new(&argv0).file_name() == Some(std::ffi::OsStr::new("detvisor-assert")) {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        std::process::exit(assert_cmd::main(&args));
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!("{USAGE}");
@@ -146,6 +159,16 @@ fn run(options: &Options) -> io::Result<Option<detvisor_agent::protocol::ExitSta
     ensure_std_fds();
     let channel = open_channel(&options.channel)?;
     let mut agent = Agent::new(channel)?;
+    let sdk_dir = match options.mode {
+        Mode::Guest => PathBuf::from(GUEST_SDK_DIR),
+        Mode::Test => std::env::temp_dir().join(format!("detvisor-agent-{}", std::process::id())),
+    };
+    // Without the SDK sockets the nodes still run (their SDKs fall back).
+    match agent.start_sdk(&sdk_dir) {
+        Ok(()) if options.mode == Mode::Guest => install_root_sdk(&agent),
+        Ok(()) => {}
+        Err(error) => eprintln!("detvisor-agent: the SDK sockets in {sdk_dir:?}: {error}"),
+    }
     agent.run()?;
     Ok(agent.workload_status())
 }
@@ -168,6 +191,27 @@ fn open_channel(channel: &Channel) -> io::Result<OwnedFd> {
     sys::make_raw_if_tty(fd.as_fd())
         .map_err(|e| io::Error::new(e.kind(), format!("raw mode on the channel: {e}")))?;
     Ok(fd)
+}
+
+/// In a guest, the root namespaces (a workload outside every node) get the
+/// shim and `detvisor-assert` too: the initramfs is the agent's own.
+fn install_root_sdk(agent: &Agent) {
+    let Some(shim) = agent.shim_path() else {
+        return;
+    };
+    let result = std::fs::create_dir_all("/usr/lib")
+        .and_then(|()| std::fs::copy(&shim, "/usr/lib/libvoidstar.so").map(drop))
+        .and_then(|()| std::fs::create_dir_all("/usr/bin"))
+        .and_then(|()| match std::env::current_exe() {
+            Ok(own) => match std::os::unix::fs::symlink(own, "/usr/bin/detvisor-assert") {
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+                other => other,
+            },
+            Err(error) => Err(error),
+        });
+    if let Err(error) = result {
+        eprintln!("detvisor-agent: installing the SDK shim in the guest's root: {error}");
+    }
 }
 
 /// Makes sure descriptors 0-2 are open (on /dev/null if not), so the pipes

@@ -45,13 +45,21 @@
 //! | `fill_disk` / `free_disk` | `disk_filled` / `disk_freed` |
 //! | `step_clock` / `drift_clock` | `clock_set` (the node's realtime offset and rate now) |
 //! | `shutdown` | `exited` / `workload_exited` for whatever was still running, then the agent ends |
+//! | `random` | nothing: it answers the agent's `random_request` of the same id |
+//!
+//! Unsolicited, besides output and exits: `sdk` (a record an Antithesis SDK
+//! wrote through the guest's libvoidstar shim, `detvisor-assert`, or an
+//! `ANTITHESIS_SDK_LOCAL_OUTPUT` file), `history` (a `{"detvisor_history":..}`
+//! line a node or the workload printed on stdout) and `random_request` (a
+//! guest program waits for a value from the host's seeded stream: the host
+//! answers `random` with the same id at the exit where it reads the request).
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version exchanged in `hello` / `ready`; bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest payload (JSON bytes, without the 4-byte length) either side
 /// accepts. Output chunks are at most [`MAX_OUTPUT_CHUNK`] raw bytes, which
@@ -148,6 +156,9 @@ pub enum HostToAgent {
         #[serde(with = "base64")]
         bytes: Vec<u8>,
     },
+    /// The answer to the agent's `random_request` `id`: a value of the
+    /// host's seeded SDK stream, for the guest program waiting on it.
+    Random { id: u64, value: u64 },
 }
 
 /// One node: a container with its own namespaces and root directory.
@@ -252,6 +263,28 @@ pub enum AgentToHost {
     /// A request failed, or something went wrong on the agent's side.
     /// `context` names the request (e.g. `create_node n1`) or the subsystem.
     Error { context: String, message: String },
+    /// One record an Antithesis SDK wrote (a JSON object, as the guest
+    /// wrote it: the host parses it), from node `node` (`None`: the root
+    /// namespaces' socket, i.e. a workload that runs outside every node).
+    Sdk {
+        #[serde(default)]
+        node: Option<String>,
+        json: String,
+    },
+    /// One `{"detvisor_history":{..}}` line of stdout (without its newline)
+    /// of node `node` (`None`: the workload's stdout).
+    History {
+        #[serde(default)]
+        node: Option<String>,
+        json: String,
+    },
+    /// A guest program on node `node` waits for a random value; the host
+    /// answers `random` with this `id` (ids are the agent's, increasing).
+    RandomRequest {
+        #[serde(default)]
+        node: Option<String>,
+        id: u64,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -542,6 +575,10 @@ mod tests {
             HostToAgent::ShellInput {
                 data: b"ls\r\x04".to_vec(),
             },
+            HostToAgent::Random {
+                id: 3,
+                value: u64::MAX,
+            },
         ]
     }
 
@@ -583,6 +620,18 @@ mod tests {
             AgentToHost::Error {
                 context: "kill n9".into(),
                 message: "no such node".into(),
+            },
+            AgentToHost::Sdk {
+                node: Some("n1".into()),
+                json: r#"{"antithesis_setup":{"status":"complete","details":null}}"#.into(),
+            },
+            AgentToHost::History {
+                node: None,
+                json: r#"{"detvisor_history":{"process":1}}"#.into(),
+            },
+            AgentToHost::RandomRequest {
+                node: Some("n2".into()),
+                id: 7,
             },
         ]
     }

@@ -377,3 +377,33 @@ pub fn reseed_kernel_rng(bytes: &[u8]) -> io::Result<()> {
     cvt(unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG as _) })?;
     Ok(())
 }
+
+/// A non-blocking CLOCK_MONOTONIC timer firing every `interval_ns`.
+pub fn interval_timerfd(interval_ns: i64) -> io::Result<OwnedFd> {
+    // SAFETY: timerfd_create has no memory effects.
+    let fd = cvt(unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+        )
+    })?;
+    // SAFETY: `timerfd_create` returned a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let spec = libc::timespec {
+        tv_sec: interval_ns / 1_000_000_000,
+        tv_nsec: interval_ns % 1_000_000_000,
+    };
+    let value = libc::itimerspec {
+        it_interval: spec,
+        it_value: spec,
+    };
+    // SAFETY: `value` is a valid itimerspec; the old value is not asked for.
+    cvt(unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &value, std::ptr::null_mut()) })?;
+    Ok(fd)
+}
+
+/// Reads a timerfd's expiration count (nothing if it has not fired).
+pub fn drain_timerfd(fd: BorrowedFd<'_>) {
+    let mut count = [0u8; 8];
+    let _ = read(fd, &mut count);
+}

@@ -460,7 +460,8 @@ fn test_output_comes_before_exited_and_rootfs_is_isolated() {
     let listing: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with('x')).collect();
     assert_eq!(
         listing,
-        ["bin", "dev", "marker", "proc", "run", "sys", "tmp"]
+        // usr: the mount points of the SDK shim and detvisor-assert.
+        ["bin", "dev", "marker", "proc", "run", "sys", "tmp", "usr"]
     );
     assert_eq!(stdout.matches('x').count(), 200000);
     let chunks = agent
@@ -537,7 +538,8 @@ fn test_workload_in_root_and_in_node() {
     let node_output = &AgentProcess::output_of(&log, None)[root_output.len()..];
     assert_eq!(
         node_output,
-        "n1\nbin dev proc run sys tmp\nsleep\nnot-pid-1\n"
+        // usr: the mount points of the SDK shim and detvisor-assert.
+        "n1\nbin dev proc run sys tmp usr\nsleep\nnot-pid-1\n"
     );
     assert!(log.contains(&AgentToHost::Exited {
         node: "n1".into(),
@@ -1029,4 +1031,73 @@ fn test_shell_pauses_the_nodes_and_runs_sh_on_a_terminal_inside_a_node() {
     );
     let (status, _) = agent.shutdown();
     assert!(status.success());
+}
+
+#[test]
+fn test_sdk_records_history_lines_random_and_local_output_reach_the_host() {
+    if !can_run() {
+        return;
+    }
+    // Arrange
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = AgentProcess::start();
+    agent.hello();
+    let script = "test -s /usr/lib/libvoidstar.so && echo shim; \
+                  detvisor-assert always 'in n1' --details '{\"k\":1}'; \
+                  echo '{\"detvisor_history\":{\"op\":1}}'; \
+                  echo \"random $(detvisor-assert random)\"; \
+                  printf '{\"local\":1}\\n' > /local.jsonl; \
+                  sleep 1";
+    let root = make_rootfs(dir.path(), "n1");
+    // detvisor-assert is the agent's binary: static in a guest, dynamic here.
+    let ldd = Command::new("ldd").arg(agent_bin()).output().unwrap();
+    for lib in String::from_utf8_lossy(&ldd.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with('/'))
+    {
+        let target = root.join(&lib[1..]);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(lib, target).unwrap();
+    }
+    let mut spec = node("n1", &root, script);
+    spec.env = [(
+        "ANTITHESIS_SDK_LOCAL_OUTPUT".to_string(),
+        "/local.jsonl".to_string(),
+    )]
+    .into();
+
+    // Act
+    agent.send(&HostToAgent::CreateNode(spec));
+    let request = agent.wait_for("random_request", |m| {
+        matches!(m, AgentToHost::RandomRequest { .. })
+    });
+    let AgentToHost::RandomRequest { node, id } = request else {
+        unreachable!()
+    };
+    assert_eq!(node.as_deref(), Some("n1"));
+    agent.send(&HostToAgent::Random {
+        id,
+        value: 123_456_789,
+    });
+    agent.exited("n1");
+    let (_, log) = agent.shutdown();
+
+    // Assert
+    let sdk: Vec<&str> = log
+        .iter()
+        .filter_map(|m| match m {
+            AgentToHost::Sdk { node, json } if node.as_deref() == Some("n1") => Some(json.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sdk.len(), 2, "{log:?}");
+    let assert: serde_json::Value = serde_json::from_str(sdk[0]).unwrap();
+    assert_eq!(assert["antithesis_assert"]["id"], "in n1");
+    assert_eq!(assert["antithesis_assert"]["details"]["k"], 1);
+    assert_eq!(sdk[1], "{\"local\":1}");
+    assert!(log.iter().any(|m| matches!(m,
+        AgentToHost::History { node: Some(n), json } if n == "n1" && json == "{\"detvisor_history\":{\"op\":1}}")));
+    let stdout = AgentProcess::output_of(&log, Some("n1"));
+    assert!(stdout.starts_with("shim\n"), "{stdout}");
+    assert!(stdout.contains("random 123456789\n"), "{stdout}");
 }

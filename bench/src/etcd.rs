@@ -163,6 +163,7 @@ fn up_options(plan: &EtcdWorkerPlan, logs: &Path) -> Result<UpOptions> {
         stall_timeout: Default::default(),
         pcap: None,
         trace: None,
+        records: None,
     })
 }
 

@@ -455,6 +455,7 @@ fn detvisor_run(
                 pcap: None,
                 exit_path: vmm::ExitPath::default(),
                 trace: None,
+                records: None,
             };
             set_exit_path(ExitPathTarget::Up(&mut options), path);
             let prepared = (**prepared).clone();

@@ -26,13 +26,19 @@ pub mod stream {
     /// branch (`RNDADDENTROPY`, then `RNDRESEEDCRNG`), so the guest's CRNG
     /// diverges at once instead of at its next reseed from the hwrng.
     pub const GUEST_POOL: &str = "guest-pool";
+    /// Values the Antithesis SDKs' `get_random()` returns to guest programs
+    /// (through the libvoidstar shim or `detvisor-assert random`): the host
+    /// answers each request from this stream, held in the `up` conductor's
+    /// saved state.
+    pub const SDK_RANDOM: &str = "sdk-random";
 }
 
 /// The streams a branch re-keys, all from (seed, exit index).
-pub const REKEYED_AT_BRANCH: [&str; 3] = [
+pub const REKEYED_AT_BRANCH: [&str; 4] = [
     stream::VIRTIO_RNG,
     stream::NETWORK_SWITCH,
     stream::GUEST_POOL,
+    stream::SDK_RANDOM,
 ];
 
 /// Bytes of [`stream::GUEST_POOL`] the agent mixes in at a branch.
@@ -77,6 +83,12 @@ pub struct EntropyStreamState {
 }
 
 impl EntropyStream {
+    /// Stream `name` in the history re-keyed with `seed` at exit `exit`
+    /// (keyed by [`branch_key`]).
+    pub fn at_branch(seed: u64, exit: u64, name: &str) -> Self {
+        EntropyStream::new(seed, &format!("{name}@exit{exit}"))
+    }
+
     pub fn new(seed: u64, name: &str) -> Self {
         let key = stream_key(seed, name);
         EntropyStream {
@@ -122,6 +134,15 @@ impl Persist for EntropyStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_a_stream_at_a_branch_is_keyed_by_branch_key_and_round_trips() {
+        let mut at = EntropyStream::at_branch(3, 99, stream::SDK_RANDOM);
+        let mut direct = ChaCha20Rng::from_seed(branch_key(3, 99, stream::SDK_RANDOM));
+        assert_eq!(at.next_u64(), direct.next_u64());
+        let mut back = EntropyStream::from_state(&at.save());
+        assert_eq!(back.next_u64(), at.next_u64());
+    }
 
     #[test]
     fn test_branch_keys_differ_by_seed_exit_and_stream_and_repeat() {

@@ -92,6 +92,31 @@ pub struct Conductor {
     /// begin there, and a campaign takes its root moment there.
     #[serde(default)]
     setup_complete: bool,
+    /// Where the SDKs' random values come from (`sdk-random`; see
+    /// [`Conductor::seed_sdk_random`]). `None` in states saved before it
+    /// existed: then the stream of seed 0.
+    #[serde(default)]
+    sdk_random: Option<vmm::entropy::EntropyStreamState>,
+}
+
+/// What an SDK record's error names.
+fn sdk_context(node: &Option<String>) -> String {
+    match node {
+        Some(node) => format!("sdk {node}"),
+        None => "sdk".to_string(),
+    }
+}
+
+/// The entry of a history line (`{"detvisor_history": ENTRY}`, that key
+/// alone); `None` for any other line.
+pub fn history_entry(line: &str) -> Option<serde_json::Value> {
+    let serde_json::Value::Object(mut object) = serde_json::from_str(line).ok()? else {
+        return None;
+    };
+    if object.len() != 1 {
+        return None;
+    }
+    object.remove("detvisor_history")
 }
 
 /// Exit status when the guest could not be set up (a node failed to start).
@@ -110,7 +135,32 @@ impl Conductor {
             first_failure: None,
             status: None,
             setup_complete: false,
+            sdk_random: None,
         }
+    }
+
+    /// The SDKs' random values come from the run's seed.
+    pub fn seed_sdk_random(&mut self, seed: u64) {
+        let stream = vmm::entropy::EntropyStream::new(seed, vmm::entropy::stream::SDK_RANDOM);
+        self.sdk_random = Some(devices::Persist::save(&stream));
+    }
+
+    /// Re-keys the SDKs' random stream at a branch (seed `seed`, exit `exit`).
+    pub fn rekey_sdk_random(&mut self, seed: u64, exit: u64) {
+        let stream =
+            vmm::entropy::EntropyStream::at_branch(seed, exit, vmm::entropy::stream::SDK_RANDOM);
+        self.sdk_random = Some(devices::Persist::save(&stream));
+    }
+
+    /// The next value of the SDKs' random stream.
+    fn next_sdk_random(&mut self) -> u64 {
+        let mut stream = match &self.sdk_random {
+            Some(state) => vmm::entropy::EntropyStream::from_state(state),
+            None => vmm::entropy::EntropyStream::new(0, vmm::entropy::stream::SDK_RANDOM),
+        };
+        let value = stream.next_u64();
+        self.sdk_random = Some(devices::Persist::save(&stream));
+        value
     }
 
     /// Whether the system under test said its set-up is complete.
@@ -169,6 +219,39 @@ impl Conductor {
             return None;
         }
         self.faults.front().map(|&(at, _)| at)
+    }
+
+    /// One SDK record: kept (parsed), and `setup_complete` noted. A record
+    /// that is not a JSON object is an agent error event.
+    fn sdk_record(&mut self, node: Option<String>, json: &str, notes: &mut Vec<Note>) {
+        let value = match serde_json::from_str::<serde_json::Value>(json) {
+            Ok(value) if value.is_object() => value,
+            Ok(_) => {
+                notes.push(Note::Event(UpEvent::AgentError {
+                    context: sdk_context(&node),
+                    message: format!("an SDK record is not a JSON object: {json:.200}"),
+                }));
+                return;
+            }
+            Err(error) => {
+                notes.push(Note::Event(UpEvent::AgentError {
+                    context: sdk_context(&node),
+                    message: format!("an SDK record is not JSON ({error}): {json:.200}"),
+                }));
+                return;
+            }
+        };
+        let setup_complete = value
+            .get("antithesis_setup")
+            .and_then(|setup| setup.get("status"))
+            .is_some_and(|status| status == "complete");
+        notes.push(Note::Record {
+            node,
+            body: crate::records::RecordBody::Sdk { json: value },
+        });
+        if setup_complete {
+            self.mark_setup_complete(notes);
+        }
     }
 
     /// Handles one message from the agent.
@@ -277,6 +360,19 @@ impl Conductor {
                 offset_ns,
                 rate_ppm,
             })),
+            AgentToHost::Sdk { node, json } => self.sdk_record(node, &json, notes),
+            AgentToHost::History { node, json } => {
+                if let Some(json) = history_entry(&json) {
+                    notes.push(Note::Record {
+                        node,
+                        body: crate::records::RecordBody::History { json },
+                    });
+                }
+            }
+            AgentToHost::RandomRequest { id, .. } => {
+                let value = self.next_sdk_random();
+                send.push(HostToAgent::Random { id, value });
+            }
             AgentToHost::Error { context, message }
                 if context == "open_shell" || context == "shell_input" =>
             {
@@ -726,5 +822,153 @@ pub(crate) mod tests {
             vec![HostToAgent::Shutdown]
         );
         assert_eq!(c.status(), Some(3));
+    }
+
+    fn notes_of(c: &mut Conductor, m: AgentToHost) -> (Vec<HostToAgent>, Vec<Note>) {
+        let mut send = Vec::new();
+        let mut notes = Vec::new();
+        c.on_message(m, &mut send, &mut notes);
+        (send, notes)
+    }
+
+    #[test]
+    fn test_sdk_records_are_kept_and_setup_complete_is_noted_once() {
+        let mut c = conductor(None, &[]);
+        boot(&mut c);
+        let setup = r#"{"antithesis_setup":{"status":"complete","details":{"a":1}}}"#;
+        let message = AgentToHost::Sdk {
+            node: Some("n1".into()),
+            json: setup.into(),
+        };
+        let (send, notes) = notes_of(&mut c, message.clone());
+        assert!(send.is_empty());
+        assert_eq!(
+            notes,
+            vec![
+                Note::Record {
+                    node: Some("n1".into()),
+                    body: crate::records::RecordBody::Sdk {
+                        json: serde_json::from_str(setup).unwrap()
+                    },
+                },
+                Note::Event(UpEvent::SetupComplete),
+            ]
+        );
+        assert!(c.setup_complete());
+        // A second one is a record, not a second event.
+        let (_, notes) = notes_of(&mut c, message);
+        assert_eq!(notes.len(), 1);
+        // An assertion does not complete anything.
+        let mut fresh = conductor(None, &[]);
+        let (_, notes) = notes_of(
+            &mut fresh,
+            AgentToHost::Sdk {
+                node: None,
+                json: r#"{"antithesis_assert":{"hit":true}}"#.into(),
+            },
+        );
+        assert!(matches!(
+            notes.as_slice(),
+            [Note::Record { node: None, .. }]
+        ));
+        assert!(!fresh.setup_complete());
+    }
+
+    #[test]
+    fn test_a_bad_sdk_record_is_an_agent_error_not_a_record() {
+        let mut c = conductor(None, &[]);
+        for (json, says) in [("{nope", "is not JSON"), ("[1]", "not a JSON object")] {
+            let (_, notes) = notes_of(
+                &mut c,
+                AgentToHost::Sdk {
+                    node: Some("n2".into()),
+                    json: json.into(),
+                },
+            );
+            match notes.as_slice() {
+                [Note::Event(UpEvent::AgentError { context, message })] => {
+                    assert_eq!(context, "sdk n2");
+                    assert!(message.contains(says), "{message}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // The run goes on.
+        assert_eq!(c.status(), None);
+    }
+
+    #[test]
+    fn test_history_lines_keep_their_entry_and_others_are_ignored() {
+        let mut c = conductor(None, &[]);
+        let line = r#"{"detvisor_history":{"process":1,"op":2,"type":"invoke","f":"get","key":"k","value":null,"time_ns":3}}"#;
+        let (_, notes) = notes_of(
+            &mut c,
+            AgentToHost::History {
+                node: None,
+                json: line.into(),
+            },
+        );
+        assert_eq!(
+            notes,
+            vec![Note::Record {
+                node: None,
+                body: crate::records::RecordBody::History {
+                    json: serde_json::json!({"process":1,"op":2,"type":"invoke","f":"get","key":"k","value":null,"time_ns":3})
+                },
+            }]
+        );
+        for other in [
+            r#"{"detvisor_history":{},"x":1}"#,
+            r#"{"detvisor_history" {}"#,
+            r#"{"history":{}}"#,
+        ] {
+            let (_, notes) = notes_of(
+                &mut c,
+                AgentToHost::History {
+                    node: None,
+                    json: other.into(),
+                },
+            );
+            assert!(notes.is_empty(), "{other}");
+        }
+    }
+
+    #[test]
+    fn test_random_requests_are_answered_from_the_seeded_stream_and_rekeyed() {
+        let draw = |c: &mut Conductor, id| match feed(
+            c,
+            AgentToHost::RandomRequest {
+                node: Some("n1".into()),
+                id,
+            },
+        )
+        .as_slice()
+        {
+            [HostToAgent::Random { id: got, value }] if *got == id => *value,
+            other => panic!("{other:?}"),
+        };
+        let run = |seed| {
+            let mut c = conductor(None, &[]);
+            c.seed_sdk_random(seed);
+            let first = draw(&mut c, 0);
+            // Saved and restored in between: the stream goes on.
+            let mut c: Conductor =
+                serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+            (first, draw(&mut c, 1), c)
+        };
+        let (a1, a2, mut a) = run(7);
+        let (b1, b2, _) = run(7);
+        let (c1, _, _) = run(8);
+        assert_eq!((a1, a2), (b1, b2));
+        assert_ne!(a1, a2);
+        assert_ne!(a1, c1);
+        // A branch re-keys it: the same branch twice gives the same values.
+        let mut b = a.clone();
+        a.rekey_sdk_random(3, 500);
+        b.rekey_sdk_random(3, 500);
+        assert_eq!(draw(&mut a, 2), draw(&mut b, 2));
+        let mut other = a.clone();
+        other.rekey_sdk_random(4, 500);
+        assert_ne!(draw(&mut a, 3), draw(&mut other, 3));
     }
 }

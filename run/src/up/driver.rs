@@ -224,6 +224,11 @@ impl UpDriver {
         )
     }
 
+    /// Re-keys the SDKs' random stream (part of re-keying at a branch).
+    pub fn rekey_sdk_random(&mut self, seed: u64, exit: u64) {
+        self.conductor.rekey_sdk_random(seed, exit);
+    }
+
     /// The index of node `node`'s disk, or why `action` cannot have it.
     fn disk_of(&self, action: &FaultAction, node: &str) -> Result<usize> {
         self.conductor

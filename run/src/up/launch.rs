@@ -124,6 +124,12 @@ pub enum UpError {
     Pcap(#[from] crate::pcap::PcapError),
     #[error(transparent)]
     Trace(#[from] crate::trace::TraceError),
+    #[error("writing the records to {}", path.display())]
+    Records {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("an up run ended without a status")]
     NoStatus,
     #[error("an up run ran no run")]
@@ -294,6 +300,11 @@ pub struct UpOptions {
     /// [`crate::trace`]; a run held by `BootUp` writes none).
     #[serde(default)]
     pub trace: Option<PathBuf>,
+    /// Write every record of the first run here (what the guest reported:
+    /// events, SDK records, history lines; a [`crate::records::GuestRecord`]
+    /// as a JSON line each). Collecting them changes nothing in the run.
+    #[serde(default)]
+    pub records: Option<PathBuf>,
     /// How the guest reads the time and takes interrupts (the clock page
     /// unless told otherwise; the legacy HPET path is for comparisons).
     #[serde(default)]
@@ -374,7 +385,8 @@ impl PreparedUp {
     /// Boots this guest as a [`Driven`] `up` run, its node output and events
     /// going to `output`.
     pub fn boot(&self, config: &VmConfig, output: UpOutput) -> Result<Driven, UpError> {
-        let conductor = Conductor::new(self.specs.clone(), self.workload.clone());
+        let mut conductor = Conductor::new(self.specs.clone(), self.workload.clone());
+        conductor.seed_sdk_random(config.seed);
         let mut session = vmm::vm::Session::boot(config, Box::new(std::io::sink()), None)?;
         let driver = UpDriver::start(
             &mut session,
@@ -388,6 +400,33 @@ impl PreparedUp {
             up: Some(driver),
         })
     }
+}
+
+/// Creates the records file before the VM starts (a path that cannot be
+/// written stops nothing running).
+fn create_records_file(path: &Path) -> Result<std::fs::File, UpError> {
+    std::fs::File::create(path).map_err(|source| UpError::Records {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// One JSON line per record.
+fn write_records(
+    path: &Path,
+    file: std::fs::File,
+    records: &[crate::records::GuestRecord],
+) -> Result<(), UpError> {
+    let error = |source| UpError::Records {
+        path: path.to_owned(),
+        source,
+    };
+    let mut out = std::io::BufWriter::new(file);
+    for record in records {
+        serde_json::to_writer(&mut out, record).map_err(|e| error(e.into()))?;
+        out.write_all(b"\n").map_err(error)?;
+    }
+    out.flush().map_err(error)
 }
 
 /// Runs `prepared` as `options` say: node output (first run) to `streams`'
@@ -433,7 +472,16 @@ pub fn run(
         // Created before the VM starts: a path that cannot be written stops
         // nothing running.
         let trace = crate::trace::TraceFile::create_if(options.trace.as_deref().filter(|_| first))?;
+        let records = match options.records.as_deref().filter(|_| first) {
+            Some(path) => Some((path, create_records_file(path)?)),
+            None => None,
+        };
         let mut driven = prepared.boot(&config, output)?;
+        if records.is_some() {
+            if let Some(up) = &mut driven.up {
+                up.collect_records();
+            }
+        }
         if let Some(trace) = &trace {
             trace.attach(&mut driven.session);
         }
@@ -461,6 +509,9 @@ pub fn run(
         }
         if let Some(trace) = trace {
             trace.finish()?;
+        }
+        if let (Some((path, file)), Some(up)) = (records, &mut driven.up) {
+            write_records(path, file, &up.take_records())?;
         }
         let status = driven.exit_status(stop).ok_or(UpError::NoStatus)?;
         let outcome = driven.outcome(stop)?;

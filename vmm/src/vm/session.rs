@@ -200,8 +200,9 @@ impl Session {
     }
 
     /// Re-keys every seeded stream the machine draws from
-    /// ([`entropy::REKEYED_AT_BRANCH`] but the guest pool, which is the
-    /// agent's: see `run::driven::Driven::rekey`) from `seed` and the present
+    /// ([`entropy::REKEYED_AT_BRANCH`] but the guest pool and the SDKs'
+    /// random stream, which are the `up` run's: see
+    /// `run::driven::Driven::rekey`) from `seed` and the present
     /// exit index: an alternate history from this moment. Branching the same
     /// moment with the same seed twice gives the same history.
     pub fn rekey(&mut self, seed: u64) {
