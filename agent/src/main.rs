@@ -20,6 +20,7 @@
 
 mod agent;
 mod clock;
+mod composer;
 mod container;
 mod disk;
 mod netlink;

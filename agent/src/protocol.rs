@@ -45,6 +45,9 @@
 //! | `fill_disk` / `free_disk` | `disk_filled` / `disk_freed` |
 //! | `step_clock` / `drift_clock` | `clock_set` (the node's realtime offset and rate now) |
 //! | `shutdown` | `exited` / `workload_exited` for whatever was still running, then the agent ends |
+//! | `list_template` | `template_commands` (the test-composer commands of a template directory) |
+//! | `start_command` | `command_started` (then `command_output`*, `command_exited`) |
+//! | `kill_command` | nothing immediate; `command_exited` once it is gone (nothing if it had ended) |
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -148,6 +151,22 @@ pub enum HostToAgent {
         #[serde(with = "base64")]
         bytes: Vec<u8>,
     },
+    /// List the test-composer template `/opt/antithesis/test/v1/<template>/`
+    /// as node `node` sees its root: answered by `template_commands`.
+    ListTemplate { node: String, template: String },
+    /// Start the template's command `command` (a file name listed by
+    /// `template_commands`) inside node `node`, as a workload is started;
+    /// `id` names this run of it in the answers (unique per run).
+    StartCommand {
+        id: u32,
+        node: String,
+        template: String,
+        command: String,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
+    /// SIGKILL command run `id`'s process group (its `command_exited` follows).
+    KillCommand { id: u32 },
 }
 
 /// One node: a container with its own namespaces and root directory.
@@ -252,6 +271,23 @@ pub enum AgentToHost {
     /// A request failed, or something went wrong on the agent's side.
     /// `context` names the request (e.g. `create_node n1`) or the subsystem.
     Error { context: String, message: String },
+    /// Answer to `list_template`: the template's commands, sorted by name,
+    /// `helper_` files left out.
+    TemplateCommands {
+        template: String,
+        commands: Vec<String>,
+    },
+    /// A template command runs; `pid` in the agent's namespace.
+    CommandStarted { id: u32, pid: i32 },
+    /// A chunk of a template command's output.
+    CommandOutput {
+        id: u32,
+        stream: Stream,
+        #[serde(with = "base64")]
+        data: Vec<u8>,
+    },
+    /// A template command ended (its output read so far was sent before this).
+    CommandExited { id: u32, status: ExitStatus },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -542,6 +578,18 @@ mod tests {
             HostToAgent::ShellInput {
                 data: b"ls\r\x04".to_vec(),
             },
+            HostToAgent::ListTemplate {
+                node: "n1".into(),
+                template: "t".into(),
+            },
+            HostToAgent::StartCommand {
+                id: 3,
+                node: "n1".into(),
+                template: "t".into(),
+                command: "parallel_driver_a.sh".into(),
+                env: BTreeMap::new(),
+            },
+            HostToAgent::KillCommand { id: 3 },
         ]
     }
 
@@ -583,6 +631,20 @@ mod tests {
             AgentToHost::Error {
                 context: "kill n9".into(),
                 message: "no such node".into(),
+            },
+            AgentToHost::TemplateCommands {
+                template: "t".into(),
+                commands: vec!["first_a".into(), "parallel_driver_b".into()],
+            },
+            AgentToHost::CommandStarted { id: 3, pid: 77 },
+            AgentToHost::CommandOutput {
+                id: 3,
+                stream: Stream::Stdout,
+                data: b"x\n".to_vec(),
+            },
+            AgentToHost::CommandExited {
+                id: 3,
+                status: ExitStatus::Code(1),
             },
         ]
     }

@@ -116,6 +116,7 @@ impl Driven {
         let exit = self.session.exits();
         self.session.rekey(seed);
         if let Some(up) = &mut self.up {
+            up.rekey_composer(seed, exit);
             up.reseed_guest(
                 &mut self.session,
                 vmm::entropy::guest_pool_bytes(seed, exit),

@@ -26,13 +26,18 @@ pub mod stream {
     /// branch (`RNDADDENTROPY`, then `RNDRESEEDCRNG`), so the guest's CRNG
     /// diverges at once instead of at its next reseed from the hwrng.
     pub const GUEST_POOL: &str = "guest-pool";
+    /// The host's test-composer scheduler (`run::up::composer`): which
+    /// template commands run, how many at once, when `eventually_` starts.
+    /// Host-side state, re-keyed by the conductor at a branch.
+    pub const TEST_COMPOSER: &str = "test-composer";
 }
 
 /// The streams a branch re-keys, all from (seed, exit index).
-pub const REKEYED_AT_BRANCH: [&str; 3] = [
+pub const REKEYED_AT_BRANCH: [&str; 4] = [
     stream::VIRTIO_RNG,
     stream::NETWORK_SWITCH,
     stream::GUEST_POOL,
+    stream::TEST_COMPOSER,
 ];
 
 /// Bytes of [`stream::GUEST_POOL`] the agent mixes in at a branch.

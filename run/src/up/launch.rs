@@ -374,7 +374,8 @@ impl PreparedUp {
     /// Boots this guest as a [`Driven`] `up` run, its node output and events
     /// going to `output`.
     pub fn boot(&self, config: &VmConfig, output: UpOutput) -> Result<Driven, UpError> {
-        let conductor = Conductor::new(self.specs.clone(), self.workload.clone());
+        let mut conductor = Conductor::new(self.specs.clone(), self.workload.clone());
+        conductor.seed_composer(config.seed);
         let mut session = vmm::vm::Session::boot(config, Box::new(std::io::sink()), None)?;
         let driver = UpDriver::start(
             &mut session,
