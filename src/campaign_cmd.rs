@@ -124,6 +124,7 @@ fn place(
                 stall_timeout: StallTimeout::HELPER_VM,
                 pcap: None,
                 trace: None,
+                records: None,
                 exit_path: Default::default(),
             };
             let mut needs = crate::up_cmd::helper_needs(&mut there, &mut options)?;

@@ -28,6 +28,8 @@ mod disks;
 
 use crate::clock::{self, ClockChange};
 use crate::container::{self, Command, NodeNamespaces, NodePlan, SdkMounts, Setup};
+use crate::composer;
+use crate::container::{self, Command, NodeNamespaces, NodePlan, Setup};
 use crate::disk::Disk;
 use crate::history::HistoryLines;
 use crate::local_output::LocalOutput;
@@ -97,6 +99,8 @@ struct Workload {
 enum Owner {
     Node(String),
     Workload,
+    /// A test-composer command run, by its id.
+    Command(u32),
 }
 
 #[derive(Clone, Debug)]
@@ -136,6 +140,8 @@ pub struct Agent {
     nodes: BTreeMap<String, Node>,
     workload: Option<Workload>,
     workload_status: Option<ExitStatus>,
+    /// Test-composer command runs, by id (see `start_command`).
+    commands: BTreeMap<u32, Running>,
     shell: Option<Shell>,
     /// The SDK sockets (`None`: not started, see [`Agent::start_sdk`]).
     sdk: Option<SdkServer>,
@@ -171,6 +177,7 @@ impl Agent {
             nodes: BTreeMap::new(),
             workload: None,
             workload_status: None,
+            commands: BTreeMap::new(),
             shell: None,
             sdk: None,
             own_executable: None,
@@ -222,6 +229,11 @@ impl Agent {
                     self.workload
                         .as_ref()
                         .map(|w| (Owner::Workload, &w.running)),
+                )
+                .chain(
+                    self.commands
+                        .iter()
+                        .map(|(id, running)| (Owner::Command(*id), running)),
                 );
             for (owner, running) in runs {
                 for (pipe, stream) in [
@@ -354,6 +366,7 @@ impl Agent {
 
     fn nothing_running(&self) -> bool {
         self.workload.is_none()
+            && self.commands.is_empty()
             && self.shell.is_none()
             && self.nodes.values().all(|node| node.running.is_none())
     }
@@ -362,6 +375,7 @@ impl Agent {
         match owner {
             Owner::Node(name) => self.nodes.get_mut(name)?.running.as_mut(),
             Owner::Workload => self.workload.as_mut().map(|w| &mut w.running),
+            Owner::Command(id) => self.commands.get_mut(id),
         }
     }
 
@@ -401,6 +415,23 @@ impl Agent {
                         node: node.clone(),
                         stream,
                         data: buffer[..n].to_vec(),
+                    let data = buffer[..n].to_vec();
+                    self.send(&match owner {
+                        Owner::Node(name) => AgentToHost::Output {
+                            node: Some(name.clone()),
+                            stream,
+                            data,
+                        },
+                        Owner::Workload => AgentToHost::Output {
+                            node: None,
+                            stream,
+                            data,
+                        },
+                        Owner::Command(id) => AgentToHost::CommandOutput {
+                            id: *id,
+                            stream,
+                            data,
+                        },
                     });
                     for json in history {
                         self.send(&AgentToHost::History {
@@ -470,6 +501,17 @@ impl Agent {
                 self.workload = None;
                 self.workload_status = Some(status);
                 self.send(&AgentToHost::WorkloadExited { status });
+                continue;
+            }
+            let command = self
+                .commands
+                .iter()
+                .find(|(_, running)| running.pid == pid)
+                .map(|(id, _)| *id);
+            if let Some(id) = command {
+                self.drain_and_close(&Owner::Command(id), buffer);
+                self.commands.remove(&id);
+                self.send(&AgentToHost::CommandExited { id, status });
                 continue;
             }
             let name = self
@@ -587,6 +629,13 @@ impl Agent {
             HostToAgent::ShellInput { .. } => "shell_input".to_string(),
             HostToAgent::Reseed { .. } => "reseed".to_string(),
             HostToAgent::Random { id, .. } => format!("random {id}"),
+            HostToAgent::ListTemplate { template, .. } => format!("list_template {template}"),
+            HostToAgent::StartCommand { command, .. } => format!("start_command {command}"),
+            HostToAgent::KillCommand { id } => format!("kill_command {id}"),
+        };
+        let failed_command = match &message {
+            HostToAgent::StartCommand { id, .. } => Some(*id),
+            _ => None,
         };
         let result = if self.shutting_down {
             Err("the agent is shutting down".to_string())
@@ -636,10 +685,28 @@ impl Agent {
                     }
                     Ok(())
                 }
+                HostToAgent::ListTemplate { node, template } => {
+                    self.list_template(&node, &template)
+                }
+                HostToAgent::StartCommand {
+                    id,
+                    node,
+                    template,
+                    command,
+                    env,
+                } => self.start_command(id, &node, &template, &command, &env),
+                HostToAgent::KillCommand { id } => self.kill_command(id),
             }
         };
         if let Err(message) = result {
             self.send_error(&context, message);
+            if let Some(id) = failed_command {
+                // The host waits for every run's end: this one ends here.
+                self.send(&AgentToHost::CommandExited {
+                    id,
+                    status: ExitStatus::Code(127),
+                });
+            }
         }
     }
 
@@ -842,6 +909,65 @@ impl Agent {
         });
         self.workload_status = None;
         self.send(&AgentToHost::WorkloadStarted { node, pid });
+        Ok(())
+    }
+
+    /// Lists template `template` as node `node` sees its root.
+    fn list_template(&mut self, node: &str, template: &str) -> Result<(), String> {
+        let (_, pid) = self.running_node(node)?;
+        let commands = composer::list_for_process(pid, template)?;
+        self.send(&AgentToHost::TemplateCommands {
+            template: template.to_string(),
+            commands,
+        });
+        Ok(())
+    }
+
+    /// Starts a template's command inside `node`, as a workload is started
+    /// (its own session and process group, output on pipes).
+    fn start_command(
+        &mut self,
+        id: u32,
+        node: &str,
+        template: &str,
+        command: &str,
+        env: &BTreeMap<String, String>,
+    ) -> Result<(), String> {
+        if self.commands.contains_key(&id) {
+            return Err(format!("command run {id} is already running"));
+        }
+        let path = composer::command_path(template, command)?;
+        let command = Command::new(&[path], env).map_err(|e| e.to_string())?;
+        let (_, pid) = self.running_node(node)?;
+        let namespaces = NodeNamespaces::of(pid).map_err(|e| e.to_string())?;
+        let setup = Setup::EnterNode {
+            namespaces: &namespaces,
+            own_pidns: self.own_pidns.as_fd(),
+        };
+        let spawned = container::spawn(&command, &setup, self.devnull.as_fd(), None)?;
+        self.commands.insert(
+            id,
+            Running {
+                pid: spawned.pid,
+                stdout: Some(spawned.stdout),
+                stderr: Some(spawned.stderr),
+            },
+        );
+        self.send(&AgentToHost::CommandStarted {
+            id,
+            pid: spawned.pid,
+        });
+        Ok(())
+    }
+
+    /// SIGKILL a command run's process group (it leads its own session),
+    /// then itself. One that has ended already is no error: the host may
+    /// ask before it hears of the end.
+    fn kill_command(&mut self, id: u32) -> Result<(), String> {
+        if let Some(running) = self.commands.get(&id) {
+            let _ = sys::kill(-running.pid, libc::SIGKILL);
+            let _ = sys::kill(running.pid, libc::SIGKILL);
+        }
         Ok(())
     }
 
@@ -1058,6 +1184,10 @@ impl Agent {
             if let Some(running) = &node.running {
                 let _ = sys::kill(running.pid, libc::SIGKILL);
             }
+        }
+        for running in self.commands.values() {
+            let _ = sys::kill(-running.pid, libc::SIGKILL);
+            let _ = sys::kill(running.pid, libc::SIGKILL);
         }
         if let Some(workload) = &self.workload {
             // Its process group (it is a session leader), then itself.

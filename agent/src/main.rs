@@ -21,6 +21,7 @@
 mod agent;
 mod assert_cmd;
 mod clock;
+mod composer;
 mod container;
 mod disk;
 mod history;

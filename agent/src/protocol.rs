@@ -53,6 +53,9 @@
 //! line a node or the workload printed on stdout) and `random_request` (a
 //! guest program waits for a value from the host's seeded stream: the host
 //! answers `random` with the same id at the exit where it reads the request).
+//! | `list_template` | `template_commands` (the test-composer commands of a template directory) |
+//! | `start_command` | `command_started` (then `command_output`*, `command_exited`) |
+//! | `kill_command` | nothing immediate; `command_exited` once it is gone (nothing if it had ended) |
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -159,6 +162,22 @@ pub enum HostToAgent {
     /// The answer to the agent's `random_request` `id`: a value of the
     /// host's seeded SDK stream, for the guest program waiting on it.
     Random { id: u64, value: u64 },
+    /// List the test-composer template `/opt/antithesis/test/v1/<template>/`
+    /// as node `node` sees its root: answered by `template_commands`.
+    ListTemplate { node: String, template: String },
+    /// Start the template's command `command` (a file name listed by
+    /// `template_commands`) inside node `node`, as a workload is started;
+    /// `id` names this run of it in the answers (unique per run).
+    StartCommand {
+        id: u32,
+        node: String,
+        template: String,
+        command: String,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
+    /// SIGKILL command run `id`'s process group (its `command_exited` follows).
+    KillCommand { id: u32 },
 }
 
 /// One node: a container with its own namespaces and root directory.
@@ -285,6 +304,23 @@ pub enum AgentToHost {
         node: Option<String>,
         id: u64,
     },
+    /// Answer to `list_template`: the template's commands, sorted by name,
+    /// `helper_` files left out.
+    TemplateCommands {
+        template: String,
+        commands: Vec<String>,
+    },
+    /// A template command runs; `pid` in the agent's namespace.
+    CommandStarted { id: u32, pid: i32 },
+    /// A chunk of a template command's output.
+    CommandOutput {
+        id: u32,
+        stream: Stream,
+        #[serde(with = "base64")]
+        data: Vec<u8>,
+    },
+    /// A template command ended (its output read so far was sent before this).
+    CommandExited { id: u32, status: ExitStatus },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -579,6 +615,18 @@ mod tests {
                 id: 3,
                 value: u64::MAX,
             },
+            HostToAgent::ListTemplate {
+                node: "n1".into(),
+                template: "t".into(),
+            },
+            HostToAgent::StartCommand {
+                id: 3,
+                node: "n1".into(),
+                template: "t".into(),
+                command: "parallel_driver_a.sh".into(),
+                env: BTreeMap::new(),
+            },
+            HostToAgent::KillCommand { id: 3 },
         ]
     }
 
@@ -632,6 +680,20 @@ mod tests {
             AgentToHost::RandomRequest {
                 node: Some("n2".into()),
                 id: 7,
+            },
+            AgentToHost::TemplateCommands {
+                template: "t".into(),
+                commands: vec!["first_a".into(), "parallel_driver_b".into()],
+            },
+            AgentToHost::CommandStarted { id: 3, pid: 77 },
+            AgentToHost::CommandOutput {
+                id: 3,
+                stream: Stream::Stdout,
+                data: b"x\n".to_vec(),
+            },
+            AgentToHost::CommandExited {
+                id: 3,
+                status: ExitStatus::Code(1),
             },
         ]
     }

@@ -1035,6 +1035,13 @@ fn test_shell_pauses_the_nodes_and_runs_sh_on_a_terminal_inside_a_node() {
 
 #[test]
 fn test_sdk_records_history_lines_random_and_local_output_reach_the_host() {
+/// The test-composer requests: a template listed as the node sees its root
+/// (sorted, `helper_` left out), commands started inside the node with
+/// their output tagged by run id, a long one killed with its process
+/// group, a missing one failing with an error and a 127 exit.
+#[test]
+fn test_template_commands_are_listed_started_and_killed_inside_a_node() {
+    use std::os::unix::fs::PermissionsExt;
     if !can_run() {
         return;
     }
@@ -1100,4 +1107,128 @@ fn test_sdk_records_history_lines_random_and_local_output_reach_the_host() {
     let stdout = AgentProcess::output_of(&log, Some("n1"));
     assert!(stdout.starts_with("shim\n"), "{stdout}");
     assert!(stdout.contains("random 123456789\n"), "{stdout}");
+    let root = make_rootfs(dir.path(), "n1");
+    let template = root.join("opt/antithesis/test/v1/basic");
+    std::fs::create_dir_all(&template).unwrap();
+    for (file, body, mode) in [
+        ("first_init.sh", "echo init $X $(hostname)", 0o755),
+        ("parallel_driver_long.sh", "sleep 1000 & sleep 1000", 0o755),
+        ("eventually_fail.sh", "echo bad >&2; exit 3", 0o755),
+        ("helper_lib.sh", "echo helper", 0o644),
+    ] {
+        let path = template.join(file);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let broken = root.join("opt/antithesis/test/v1/broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::write(broken.join("anytime_x"), "#!/bin/sh\n").unwrap();
+    let mut agent = AgentProcess::start();
+    agent.hello();
+    let mut spec = node("n1", &root, "");
+    spec.command = vec!["sleep".into(), "1000".into()];
+    agent.send(&HostToAgent::CreateNode(spec));
+    agent.started("n1");
+    let start = |id: u32, command: &str| HostToAgent::StartCommand {
+        id,
+        node: "n1".into(),
+        template: "basic".into(),
+        command: command.into(),
+        env: [("X".to_string(), "x1".to_string())].into(),
+    };
+
+    // Act + Assert: the listing.
+    agent.send(&HostToAgent::ListTemplate {
+        node: "n1".into(),
+        template: "basic".into(),
+    });
+    assert_eq!(
+        agent.wait_for("template_commands", |m| matches!(
+            m,
+            AgentToHost::TemplateCommands { .. }
+        )),
+        AgentToHost::TemplateCommands {
+            template: "basic".into(),
+            commands: vec![
+                "eventually_fail.sh".into(),
+                "first_init.sh".into(),
+                "parallel_driver_long.sh".into()
+            ],
+        }
+    );
+    agent.send(&HostToAgent::ListTemplate {
+        node: "n1".into(),
+        template: "broken".into(),
+    });
+    let e = agent.error("list_template broken");
+    assert!(
+        e.contains("not executable") && e.contains("anytime_x"),
+        "{e}"
+    );
+
+    // A command runs inside the node, with the environment given.
+    agent.send(&start(1, "first_init.sh"));
+    agent.wait_for("command_started 1", |m| {
+        matches!(m, AgentToHost::CommandStarted { id: 1, .. })
+    });
+    let exited = |id: u32| move |m: &AgentToHost| matches!(m, AgentToHost::CommandExited { id: i, .. } if *i == id);
+    assert_eq!(
+        agent.wait_for("command_exited 1", exited(1)),
+        AgentToHost::CommandExited {
+            id: 1,
+            status: ExitStatus::Code(0)
+        }
+    );
+    // A long one (with a child in its group) is killed on request.
+    agent.send(&start(2, "parallel_driver_long.sh"));
+    let pid = match agent.wait_for("command_started 2", |m| {
+        matches!(m, AgentToHost::CommandStarted { id: 2, .. })
+    }) {
+        AgentToHost::CommandStarted { pid, .. } => pid,
+        _ => unreachable!(),
+    };
+    agent.send(&HostToAgent::KillCommand { id: 2 });
+    assert_eq!(
+        agent.wait_for("command_exited 2", exited(2)),
+        AgentToHost::CommandExited {
+            id: 2,
+            status: ExitStatus::Signal(9)
+        }
+    );
+    assert!(!Path::new(&format!("/proc/{pid}")).exists() || process_state(pid) == 'Z');
+    // A failing one: its status; a missing one: an error, then 127.
+    agent.send(&start(3, "eventually_fail.sh"));
+    assert_eq!(
+        agent.wait_for("command_exited 3", exited(3)),
+        AgentToHost::CommandExited {
+            id: 3,
+            status: ExitStatus::Code(3)
+        }
+    );
+    agent.send(&start(4, "nothing_here"));
+    let e = agent.error("start_command nothing_here");
+    assert!(!e.is_empty());
+    assert_eq!(
+        agent.wait_for("command_exited 4", exited(4)),
+        AgentToHost::CommandExited {
+            id: 4,
+            status: ExitStatus::Code(127)
+        }
+    );
+    let (status, log) = agent.shutdown();
+    assert!(status.success());
+    let output = |id: u32, stream: Stream| -> String {
+        log.iter()
+            .filter_map(|m| match m {
+                AgentToHost::CommandOutput {
+                    id: i,
+                    stream: s,
+                    data,
+                } if *i == id && *s == stream => Some(String::from_utf8_lossy(data).into_owned()),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(output(1, Stream::Stdout), "init x1 n1\n");
+    assert_eq!(output(3, Stream::Stderr), "bad\n");
 }

@@ -172,6 +172,9 @@ root() {
                 argv = argv_words(command),
             ));
         }
+        Some(WorkloadPlan::Template(_)) => {
+            bail!("the baseline runs a workload command, not a test-composer template")
+        }
         Some(WorkloadPlan::OwnNode(_)) => {
             let i = specs.len() - 1;
             let n = &specs[i];

@@ -133,6 +133,7 @@ fn boot_options(spec: &CampaignSpec) -> UpOptions {
         stall_timeout: Default::default(),
         pcap: None,
         trace: None,
+        records: None,
         exit_path: Default::default(),
     }
 }

@@ -10,7 +10,7 @@ use crate::profile::FaultProfile;
 use crate::properties::{self, sdk_observations, Observation, PropertyTally, StretchId};
 use crate::spec::{CampaignSpec, HistoryChecker};
 use run::records::{GuestRecord, RecordBody};
-use run::up::PreparedUp;
+use run::up::{PreparedUp, UpEvent};
 use std::time::Duration;
 use vmm::VirtNanos;
 
@@ -40,7 +40,21 @@ pub fn campaign_judge(spec: &CampaignSpec) -> Result<Box<dyn Judge>, JudgesError
 /// What a stretch shows about the properties: its SDK records and the
 /// test-composer commands that ended in it.
 fn observations(records: &[GuestRecord]) -> Vec<Observation> {
-    let (observations, _malformed) = sdk_observations(records);
+    let (mut observations, _malformed) = sdk_observations(records);
+    // A command the composer killed has no exit here: no verdict on it.
+    for record in records {
+        if let RecordBody::Event {
+            event: UpEvent::CommandExited {
+                command, status, ..
+            },
+        } = &record.body
+        {
+            observations.push(Observation::CommandExited {
+                command: command.clone(),
+                status: status.shell_code(),
+            });
+        }
+    }
     observations
 }
 

@@ -67,6 +67,7 @@ pub fn replay_loaded(
         stall_timeout: Default::default(),
         pcap: None,
         trace: None,
+        records: None,
         exit_path: Default::default(),
     };
     let (run, _) = calls

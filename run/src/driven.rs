@@ -117,6 +117,7 @@ impl Driven {
         self.session.rekey(seed);
         if let Some(up) = &mut self.up {
             up.rekey_sdk_random(seed, exit);
+            up.rekey_composer(seed, exit);
             up.reseed_guest(
                 &mut self.session,
                 vmm::entropy::guest_pool_bytes(seed, exit),

@@ -87,8 +87,16 @@ pub enum ManifestError {
     Mem(#[source] SizeError),
     #[error("faults")]
     Faults(#[source] FaultError),
-    #[error("workload: `command` is missing or empty")]
+    #[error("workload: `command` is missing or empty (or give `template`)")]
     WorkloadCommand,
+    #[error("workload: give `command` or `template`, not both (a template inside a node runs its own commands)")]
+    WorkloadCommandAndTemplate,
+    #[error("workload: template = {template:?} must be a directory name under /opt/antithesis/test/v1 (no `/`, not `.` or `..`)")]
+    WorkloadTemplateName { template: String },
+    #[error("workload: `{key}` only applies with `template`")]
+    WorkloadTemplateOnly { key: &'static str },
+    #[error("workload: parallel_drivers = {count}: give 1..={MAX_PARALLEL_DRIVERS}")]
+    WorkloadParallelDrivers { count: u32 },
     #[error("workload")]
     Workload(#[source] Box<ManifestError>),
     #[error(
@@ -214,7 +222,16 @@ struct WorkloadSection {
     command: Vec<String>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    /// A test-composer template: `/opt/antithesis/test/v1/<template>/`.
+    template: Option<String>,
+    /// The most `parallel_driver_` runs at once (with `template`).
+    parallel_drivers: Option<u32>,
+    /// When the template's commands may start (with `template`).
+    setup: Option<SetupSignal>,
 }
+
+/// The most `parallel_drivers` a manifest may ask for.
+pub const MAX_PARALLEL_DRIVERS: u32 = 64;
 
 /// Where a node's root filesystem comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -275,6 +292,49 @@ pub enum WorkloadPlan {
     },
     /// Runs as a node of its own (named [`WORKLOAD_NODE`], with a NIC).
     OwnNode(NodePlan),
+    /// A test-composer template's commands (see [`TemplatePlan`]).
+    Template(TemplatePlan),
+}
+
+impl WorkloadPlan {
+    /// The workload's own node, if it has one.
+    pub fn own_node(&self) -> Option<&NodePlan> {
+        match self {
+            WorkloadPlan::OwnNode(node) => Some(node),
+            WorkloadPlan::Template(plan) => plan.own_node.as_deref(),
+            WorkloadPlan::InNode { .. } => None,
+        }
+    }
+}
+
+/// When a template's commands may start (and faults begin).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SetupSignal {
+    /// Once every node runs (for systems that do not use the SDK).
+    #[default]
+    Immediate,
+    /// When the system under test says `setup_complete` (the Antithesis
+    /// SDK's `antithesis_setup` record).
+    Sdk,
+}
+
+/// A workload in the Antithesis test-composer conventions: the commands of
+/// `/opt/antithesis/test/v1/<template>/` as the node `node` sees it,
+/// scheduled by `run::up::composer`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct TemplatePlan {
+    pub template: String,
+    /// The node the commands run in: a declared node, or
+    /// [`WORKLOAD_NODE`] (then `own_node` is it).
+    pub node: String,
+    /// The workload's own node, when it has an image of its own.
+    pub own_node: Option<Box<NodePlan>>,
+    pub parallel_drivers: u32,
+    pub setup: SetupSignal,
+    /// Added to the node's environment for every command.
+    pub env: BTreeMap<String, String>,
 }
 
 /// A validated manifest, paths resolved against the manifest's directory.
@@ -292,9 +352,7 @@ impl Manifest {
     /// Every node the guest runs, the workload's own node last.
     pub fn all_nodes(&self) -> Vec<&NodePlan> {
         let mut all: Vec<&NodePlan> = self.nodes.iter().collect();
-        if let Some(WorkloadPlan::OwnNode(node)) = &self.workload {
-            all.push(node);
-        }
+        all.extend(self.workload.as_ref().and_then(WorkloadPlan::own_node));
         all
     }
 
@@ -359,9 +417,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
         Some(w) => Some(workload_plan(w, &nodes, base)?),
     };
     let mut all: Vec<&NodePlan> = nodes.iter().collect();
-    if let Some(WorkloadPlan::OwnNode(node)) = &workload {
-        all.push(node);
-    }
+    all.extend(workload.as_ref().and_then(WorkloadPlan::own_node));
     if all.len() > MAX_NODES {
         return Err(ManifestError::TooManyNodes { count: all.len() });
     }
@@ -412,6 +468,17 @@ pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
 }
 
 fn workload_plan(w: &WorkloadSection, nodes: &[NodePlan], base: &Path) -> Result<WorkloadPlan> {
+    if let Some(template) = &w.template {
+        return template_plan(w, template, nodes, base);
+    }
+    if w.parallel_drivers.is_some() {
+        return Err(ManifestError::WorkloadTemplateOnly {
+            key: "parallel_drivers",
+        });
+    }
+    if w.setup.is_some() {
+        return Err(ManifestError::WorkloadTemplateOnly { key: "setup" });
+    }
     if w.command.is_empty() {
         return Err(ManifestError::WorkloadCommand);
     }
@@ -443,6 +510,72 @@ fn workload_plan(w: &WorkloadSection, nodes: &[NodePlan], base: &Path) -> Result
         })),
         (None, None) => Err(ManifestError::WorkloadNoSource),
     }
+}
+
+/// `[workload] template = "..."`: inside `node`, or on a node of its own
+/// (whose main process is `command`, or its image's entrypoint).
+fn template_plan(
+    w: &WorkloadSection,
+    template: &str,
+    nodes: &[NodePlan],
+    base: &Path,
+) -> Result<WorkloadPlan> {
+    if template.is_empty()
+        || template == "."
+        || template == ".."
+        || template.contains('/')
+        || template.contains('\0')
+    {
+        return Err(ManifestError::WorkloadTemplateName {
+            template: template.to_owned(),
+        });
+    }
+    let parallel_drivers = w
+        .parallel_drivers
+        .unwrap_or(crate::up::composer::DEFAULT_PARALLEL_DRIVERS);
+    if !(1..=MAX_PARALLEL_DRIVERS).contains(&parallel_drivers) {
+        return Err(ManifestError::WorkloadParallelDrivers {
+            count: parallel_drivers,
+        });
+    }
+    let workload = |source| ManifestError::Workload(Box::new(source));
+    let source = root_source(&w.image, &w.oci, &w.rootfs, base).map_err(workload)?;
+    let (node, own_node) = match (&w.node, source) {
+        (Some(_), Some(_)) => return Err(ManifestError::WorkloadNodeAndImage),
+        (Some(node), None) => {
+            if !nodes.iter().any(|n| &n.name == node) {
+                return Err(ManifestError::WorkloadUnknownNode { node: node.clone() });
+            }
+            if w.address.is_some() {
+                return Err(ManifestError::WorkloadAddress);
+            }
+            if !w.command.is_empty() {
+                return Err(ManifestError::WorkloadCommandAndTemplate);
+            }
+            (node.clone(), None)
+        }
+        (None, Some(source)) => (
+            WORKLOAD_NODE.to_owned(),
+            Some(Box::new(NodePlan {
+                name: WORKLOAD_NODE.into(),
+                source,
+                address: address_or_default(&w.address, nodes.len()).map_err(workload)?,
+                hostname: None,
+                command: w.command.clone(),
+                env: w.env.clone(),
+                disk: None,
+            })),
+        ),
+        (None, None) => return Err(ManifestError::WorkloadNoSource),
+    };
+    Ok(WorkloadPlan::Template(TemplatePlan {
+        template: template.to_owned(),
+        node,
+        own_node,
+        parallel_drivers,
+        setup: w.setup.unwrap_or_default(),
+        env: w.env.clone(),
+    }))
 }
 
 fn root_source(
@@ -665,6 +798,79 @@ command = ["sh", "-c", "true"]
         assert_eq!(node.source, RootSource::Oci("/m/layout:v1".into()));
         assert_eq!(node.address, "192.0.2.2/24");
         assert_eq!(m.node_names(), vec!["a", "workload"]);
+    }
+
+    #[test]
+    fn test_a_template_workload_runs_in_a_node_or_its_own() {
+        let m = parse(
+            "[[node]]\nname='a'\nrootfs='r'\n[workload]\nnode='a'\ntemplate='basic'\n\
+             parallel_drivers=5\nsetup='sdk'\nenv={X='1'}\n",
+            Path::new("/m"),
+        )
+        .unwrap();
+        assert_eq!(
+            m.workload,
+            Some(WorkloadPlan::Template(TemplatePlan {
+                template: "basic".into(),
+                node: "a".into(),
+                own_node: None,
+                parallel_drivers: 5,
+                setup: SetupSignal::Sdk,
+                env: [("X".to_string(), "1".to_string())].into(),
+            }))
+        );
+        assert_eq!(m.node_names(), vec!["a"]);
+        let m = parse(
+            "[[node]]\nname='a'\nrootfs='r'\n[workload]\nimage='t.img'\ntemplate='basic'\n\
+             command=['sleep','infinity']\n",
+            Path::new("/m"),
+        )
+        .unwrap();
+        let Some(WorkloadPlan::Template(plan)) = &m.workload else {
+            panic!("a template workload");
+        };
+        assert_eq!(plan.node, WORKLOAD_NODE);
+        assert_eq!(plan.setup, SetupSignal::Immediate);
+        assert_eq!(
+            plan.parallel_drivers,
+            crate::up::composer::DEFAULT_PARALLEL_DRIVERS
+        );
+        let own = plan.own_node.as_ref().unwrap();
+        assert_eq!(own.source, RootSource::Image("/m/t.img".into()));
+        assert_eq!(own.command, ["sleep", "infinity"]);
+        assert_eq!(m.node_names(), vec!["a", "workload"]);
+    }
+
+    #[test]
+    fn test_template_errors_name_the_key() {
+        let base = "[[node]]\nname='a'\nrootfs='r'\n[workload]\nnode='a'\n";
+        assert_eq!(
+            err(&format!("{base}template='t'\ncommand=['x']\n")),
+            "workload: give `command` or `template`, not both (a template inside a node runs \
+             its own commands)"
+        );
+        assert!(err(&format!("{base}template='../t'\n")).contains("template = \"../t\""));
+        assert!(err(&format!("{base}template=''\n")).contains("template = \"\""));
+        assert_eq!(
+            err(&format!("{base}command=['x']\nparallel_drivers=2\n")),
+            "workload: `parallel_drivers` only applies with `template`"
+        );
+        assert_eq!(
+            err(&format!("{base}command=['x']\nsetup='sdk'\n")),
+            "workload: `setup` only applies with `template`"
+        );
+        assert!(err(&format!("{base}template='t'\nparallel_drivers=0\n"))
+            .contains("parallel_drivers = 0: give 1..=64"));
+        let e = err(&format!("{base}template='t'\nsetup='later'\n"));
+        assert!(
+            e.contains("unknown variant `later`, expected `immediate` or `sdk`")
+                && e.contains("line 7"),
+            "{e}"
+        );
+        assert!(
+            err("[[node]]\nname='a'\nrootfs='r'\n[workload]\ntemplate='t'\n")
+                .contains("give `node`")
+        );
     }
 
     #[test]

@@ -31,14 +31,19 @@ pub mod stream {
     /// answers each request from this stream, held in the `up` conductor's
     /// saved state.
     pub const SDK_RANDOM: &str = "sdk-random";
+    /// The host's test-composer scheduler (`run::up::composer`): which
+    /// template commands run, how many at once, when `eventually_` starts.
+    /// Host-side state, re-keyed by the conductor at a branch.
+    pub const TEST_COMPOSER: &str = "test-composer";
 }
 
 /// The streams a branch re-keys, all from (seed, exit index).
-pub const REKEYED_AT_BRANCH: [&str; 4] = [
+pub const REKEYED_AT_BRANCH: [&str; 5] = [
     stream::VIRTIO_RNG,
     stream::NETWORK_SWITCH,
     stream::GUEST_POOL,
     stream::SDK_RANDOM,
+    stream::TEST_COMPOSER,
 ];
 
 /// Bytes of [`stream::GUEST_POOL`] the agent mixes in at a branch.

@@ -2,9 +2,10 @@
 //! the agent's messages and the virtual time, answering with the messages
 //! to send (hello, create_node, start_workload, faults, shutdown).
 
+use super::composer::{Action, Composer};
 use super::UpEvent;
 use crate::faults::{FaultAction, NodeFault};
-use crate::manifest::WorkloadPlan;
+use crate::manifest::{SetupSignal, WorkloadPlan};
 use detvisor_agent::protocol::{
     AgentToHost, ExitStatus, HostToAgent, NodeSpec, Stream, PROTOCOL_VERSION,
 };
@@ -34,6 +35,16 @@ pub enum Note {
     /// A crashed node's disk was unmounted: the VMM must stop discarding
     /// its writes before the agent mounts it again (sent with this note).
     EndDiskCrash { node: String },
+    /// Output of a test-composer command (`command`: its file name, the
+    /// name its output goes under).
+    CommandOutput {
+        command: String,
+        stream: Stream,
+        data: Vec<u8>,
+    },
+    /// Faults stopped for good (a template's terminal command starts): the
+    /// switch's partitions must heal and its pending faults be undone.
+    StopNetworkFaults,
 }
 
 /// What the agent reports about a fork's shell.
@@ -97,6 +108,12 @@ pub struct Conductor {
     /// existed: then the stream of seed 0.
     #[serde(default)]
     sdk_random: Option<vmm::entropy::EntropyStreamState>,
+    /// The test-composer scheduler, when the workload is a template.
+    #[serde(default)]
+    composer: Option<Composer>,
+    /// Nodes paused by a fault and not resumed yet (resumed when faults stop).
+    #[serde(default)]
+    paused: BTreeSet<String>,
 }
 
 /// What an SDK record's error names.
@@ -125,7 +142,15 @@ pub const SETUP_FAILED: i32 = crate::exit_status::NO_STATUS as i32;
 impl Conductor {
     /// A conversation with no faults yet (see [`Conductor::add_fault`]).
     pub fn new(nodes: Vec<NodeSpec>, workload: Option<WorkloadPlan>) -> Self {
+        let composer = match &workload {
+            Some(WorkloadPlan::Template(plan)) => {
+                Some(Composer::new(&plan.template, plan.parallel_drivers, 0))
+            }
+            _ => None,
+        };
         Conductor {
+            composer,
+            paused: BTreeSet::new(),
             nodes,
             workload,
             faults: VecDeque::new(),
@@ -174,6 +199,41 @@ impl Conductor {
         if !self.setup_complete {
             self.setup_complete = true;
             notes.push(Note::Event(UpEvent::SetupComplete));
+            if let Some(composer) = &mut self.composer {
+                composer.set_setup_complete();
+            }
+        }
+    }
+
+    /// Whether faults may happen now. Without a template always; with one,
+    /// only while its drivers run: not before the set-up is complete,
+    /// during `first_` commands, nor once `eventually_`/`finally_` stopped
+    /// them (faults due meanwhile wait, or are dropped once stopped).
+    pub fn faults_allowed(&self) -> bool {
+        match &self.composer {
+            None => true,
+            Some(composer) => self.setup_complete && composer.faults_allowed(),
+        }
+    }
+
+    /// The test-composer scheduler, when the workload is a template.
+    pub fn composer(&self) -> Option<&Composer> {
+        self.composer.as_ref()
+    }
+
+    /// The test composer's draws come from the run's `seed` (set before
+    /// the run starts; a plain run draws nothing from it).
+    pub fn seed_composer(&mut self, seed: u64) {
+        if let Some(composer) = &mut self.composer {
+            composer.seed(seed);
+        }
+    }
+
+    /// Re-keys the test composer's draws at a branch (with `seed` at exit
+    /// `exit`, as [`vmm::entropy::branch_key`] keys every stream).
+    pub fn rekey_composer(&mut self, seed: u64, exit: u64) {
+        if let Some(composer) = &mut self.composer {
+            composer.rekey(seed, exit);
         }
     }
 
@@ -218,7 +278,18 @@ impl Conductor {
         if self.phase == Phase::ShuttingDown {
             return None;
         }
-        self.faults.front().map(|&(at, _)| at)
+        // Faults held back wait for the composer, not for their time.
+        let fault = self
+            .faults
+            .front()
+            .map(|&(at, _)| at)
+            .filter(|_| self.faults_allowed());
+        let composer = self
+            .composer
+            .as_ref()
+            .filter(|_| self.phase == Phase::Running)
+            .and_then(Composer::next_wakeup);
+        fault.into_iter().chain(composer).min()
     }
 
     /// One SDK record: kept (parsed), and `setup_complete` noted. A record
@@ -285,7 +356,7 @@ impl Conductor {
                 send.extend(self.nodes.iter().cloned().map(HostToAgent::CreateNode));
                 self.phase = Phase::Starting;
                 if self.nodes.is_empty() {
-                    self.all_started(send);
+                    self.all_started(send, notes);
                 }
             }
             AgentToHost::NodeStarted { name, pid } => {
@@ -301,7 +372,7 @@ impl Conductor {
                         .iter()
                         .all(|n| self.ever_started.contains(&n.name))
                 {
-                    self.all_started(send);
+                    self.all_started(send, notes);
                 }
             }
             AgentToHost::WorkloadStarted { node, .. } => {
@@ -316,7 +387,12 @@ impl Conductor {
                     node: node.clone(),
                     status,
                 }));
-                if matches!(&self.workload, Some(WorkloadPlan::OwnNode(w)) if w.name == node) {
+                if self
+                    .workload
+                    .as_ref()
+                    .and_then(WorkloadPlan::own_node)
+                    .is_some_and(|w| w.name == node)
+                {
                     self.finish(status.shell_code(), send);
                 } else if self.workload.is_none() {
                     if status != ExitStatus::Code(0) {
@@ -337,8 +413,63 @@ impl Conductor {
             AgentToHost::ShellExited { status } => {
                 notes.push(Note::Shell(ShellEvent::Exited(status)))
             }
-            AgentToHost::Paused { node } => notes.push(Note::Event(UpEvent::NodePaused { node })),
-            AgentToHost::Resumed { node } => notes.push(Note::Event(UpEvent::NodeResumed { node })),
+            AgentToHost::Paused { node } => {
+                self.paused.insert(node.clone());
+                notes.push(Note::Event(UpEvent::NodePaused { node }))
+            }
+            AgentToHost::Resumed { node } => {
+                self.paused.remove(&node);
+                notes.push(Note::Event(UpEvent::NodeResumed { node }))
+            }
+            AgentToHost::TemplateCommands { template, commands } => {
+                notes.push(Note::Event(UpEvent::TemplateCommands {
+                    template: template.clone(),
+                    commands: commands.clone(),
+                }));
+                if let Some(composer) = &mut self.composer {
+                    if let Err(e) = composer.set_commands(&commands) {
+                        notes.push(Note::Event(UpEvent::TemplateRefused {
+                            template,
+                            message: e.to_string(),
+                        }));
+                        self.finish(SETUP_FAILED, send);
+                    }
+                }
+            }
+            AgentToHost::CommandStarted { id, pid } => {
+                if let Some(run) = self.composer.as_ref().and_then(|c| c.run(id)) {
+                    notes.push(Note::Event(UpEvent::CommandStarted {
+                        command: run.command.clone(),
+                        kind: run.kind,
+                        pid,
+                    }));
+                }
+            }
+            AgentToHost::CommandOutput { id, stream, data } => {
+                if let Some(run) = self.composer.as_ref().and_then(|c| c.run(id)) {
+                    notes.push(Note::CommandOutput {
+                        command: run.command.clone(),
+                        stream,
+                        data,
+                    });
+                }
+            }
+            AgentToHost::CommandExited { id, status } => {
+                if let Some(run) = self.composer.as_mut().and_then(|c| c.on_exited(id, status)) {
+                    notes.push(Note::Event(if run.killed {
+                        UpEvent::CommandKilled {
+                            command: run.command,
+                            kind: run.kind,
+                        }
+                    } else {
+                        UpEvent::CommandExited {
+                            command: run.command,
+                            kind: run.kind,
+                            status,
+                        }
+                    }));
+                }
+            }
             AgentToHost::DiskReleased { node } => {
                 notes.push(Note::Event(UpEvent::DiskReleased { node: node.clone() }));
                 notes.push(Note::EndDiskCrash { node: node.clone() });
@@ -378,6 +509,16 @@ impl Conductor {
             {
                 notes.push(Note::Shell(ShellEvent::Failed { context, message }));
             }
+            AgentToHost::Error { context, message } if context.starts_with("list_template") => {
+                // The template cannot be listed: nothing would ever run.
+                let template = self
+                    .composer
+                    .as_ref()
+                    .map(|c| c.template().to_owned())
+                    .unwrap_or_default();
+                notes.push(Note::Event(UpEvent::TemplateRefused { template, message }));
+                self.finish(SETUP_FAILED, send);
+            }
             AgentToHost::Error { context, message } => {
                 notes.push(Note::Event(UpEvent::AgentError {
                     context: context.clone(),
@@ -402,8 +543,24 @@ impl Conductor {
         if self.phase != Phase::Running {
             return;
         }
+        if let Some(composer) = &mut self.composer {
+            let mut actions = Vec::new();
+            composer.due(now, &mut actions);
+            for action in actions {
+                self.act(action, send, notes);
+            }
+        }
+        let stopped = self.composer.as_ref().is_some_and(Composer::faults_stopped);
+        if !self.faults_allowed() && !stopped {
+            // They wait for the drivers (see `faults_allowed`).
+            return;
+        }
         while self.faults.front().is_some_and(|&(at, _)| at <= now) {
             let (_, fault) = self.faults.pop_front().expect("checked above");
+            if stopped {
+                // Added after the faults stopped (at a branch): dropped.
+                continue;
+            }
             notes.push(Note::Event(UpEvent::Fault {
                 action: FaultAction::Node(fault.clone()),
             }));
@@ -411,8 +568,55 @@ impl Conductor {
         }
     }
 
-    fn all_started(&mut self, send: &mut Vec<HostToAgent>) {
+    /// Carries out what the test composer asks.
+    fn act(&mut self, action: Action, send: &mut Vec<HostToAgent>, notes: &mut Vec<Note>) {
+        let Some(WorkloadPlan::Template(plan)) = &self.workload else {
+            return;
+        };
+        match action {
+            Action::Start { id, command, .. } => {
+                let mut env = self
+                    .nodes
+                    .iter()
+                    .find(|n| n.name == plan.node)
+                    .map(|n| n.env.clone())
+                    .unwrap_or_default();
+                env.extend(plan.env.clone());
+                send.push(HostToAgent::StartCommand {
+                    id,
+                    node: plan.node.clone(),
+                    template: plan.template.clone(),
+                    command,
+                    env,
+                });
+            }
+            Action::Kill { id } => send.push(HostToAgent::KillCommand { id }),
+            Action::StopFaults => {
+                // Pending node faults go; paused nodes run again; the
+                // switch heals (the driver's part).
+                self.faults.clear();
+                for node in std::mem::take(&mut self.paused) {
+                    send.push(HostToAgent::Resume { node });
+                }
+                notes.push(Note::Event(UpEvent::FaultsStopped));
+                notes.push(Note::StopNetworkFaults);
+            }
+            Action::Finish { status } => self.finish(status, send),
+        }
+    }
+
+    fn all_started(&mut self, send: &mut Vec<HostToAgent>, notes: &mut Vec<Note>) {
         self.phase = Phase::Running;
+        if let Some(WorkloadPlan::Template(plan)) = &self.workload {
+            send.push(HostToAgent::ListTemplate {
+                node: plan.node.clone(),
+                template: plan.template.clone(),
+            });
+            if plan.setup == SetupSignal::Immediate {
+                self.mark_setup_complete(notes);
+            }
+            return;
+        }
         if let Some(WorkloadPlan::InNode { node, command, env }) = &self.workload {
             // The node's environment (its image's PATH among it) under the workload's own.
             let mut merged = self

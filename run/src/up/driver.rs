@@ -229,6 +229,41 @@ impl UpDriver {
         self.conductor.rekey_sdk_random(seed, exit);
     }
 
+    /// Re-keys the test composer's draws at a branch (host state: nothing
+    /// is sent to the guest).
+    pub fn rekey_composer(&mut self, seed: u64, exit: u64) {
+        self.conductor.rekey_composer(seed, exit);
+    }
+
+    /// Faults stopped for good (a template's terminal command starts): the
+    /// switch heals now, and each network fault it still holds is healed
+    /// at its own time, right after it (the switch has no way to cancel
+    /// one). Link latency and loss changes (`slow`, `loss`) stay.
+    fn stop_network_faults(&mut self, session: &mut vmm::vm::Session) -> Result<()> {
+        let now = session.now();
+        let Some(switch) = session.devices_mut().switch() else {
+            return Ok(());
+        };
+        let mut times: Vec<VirtNanos> = switch
+            .scheduled_faults()
+            .into_iter()
+            .map(|(at, _)| at)
+            .filter(|&at| at > now)
+            .collect();
+        times.dedup();
+        for at in std::iter::once(now).chain(times) {
+            session
+                .devices_mut()
+                .schedule_network_fault(at, SwitchFault::Heal)
+                .map_err(|source| DriveError::Schedule {
+                    fault: NetworkFault::Heal,
+                    source,
+                })?;
+        }
+        self.announce(now, NetworkFault::Heal);
+        Ok(())
+    }
+
     /// The index of node `node`'s disk, or why `action` cannot have it.
     fn disk_of(&self, action: &FaultAction, node: &str) -> Result<usize> {
         self.conductor
@@ -428,6 +463,12 @@ impl UpDriver {
                             .map_err(|source| DriveError::Disk { node, source })?;
                     }
                 }
+                Note::CommandOutput {
+                    command,
+                    stream,
+                    data,
+                } => self.output.sink.output(&command, stream, &data)?,
+                Note::StopNetworkFaults => self.stop_network_faults(session)?,
                 Note::Output { node, stream, data } => match node {
                     None => self.output.sink.output(WORKLOAD_LOG, stream, &data)?,
                     Some(name) if self.node_names.contains(&name) => {

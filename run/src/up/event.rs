@@ -1,6 +1,7 @@
 //! What happens in an `up` run that users are told about (a node started, a
 //! fault, the workload exited...): one typed event, printed in one place.
 
+use super::composer::CommandKind;
 use crate::faults::FaultAction;
 use detvisor_agent::protocol::ExitStatus;
 use serde::{Deserialize, Serialize};
@@ -81,6 +82,39 @@ pub enum UpEvent {
     UnknownNodeOutput {
         node: String,
     },
+    /// The test-composer template's commands, as listed in its directory
+    /// (sorted, `helper_` files left out).
+    TemplateCommands {
+        template: String,
+        commands: Vec<String>,
+    },
+    /// The template cannot run (no driver, or it could not be listed).
+    TemplateRefused {
+        template: String,
+        message: String,
+    },
+    /// A template command started (`command`: its file name).
+    CommandStarted {
+        command: String,
+        kind: CommandKind,
+        pid: i32,
+    },
+    /// A template command ended by itself: a nonzero status is a failure,
+    /// a zero one counts for "every command exits 0 at least once".
+    CommandExited {
+        command: String,
+        kind: CommandKind,
+        status: ExitStatus,
+    },
+    /// A template command was killed by the composer (when `eventually_`
+    /// starts): no verdict on it.
+    CommandKilled {
+        command: String,
+        kind: CommandKind,
+    },
+    /// Faults stop for good (the terminal command is about to run):
+    /// pending node faults dropped, paused nodes resumed, the network healed.
+    FaultsStopped,
 }
 
 impl UpEvent {
@@ -90,6 +124,7 @@ impl UpEvent {
         match self {
             UpEvent::WorkloadStarted { .. } => true,
             UpEvent::NodeStarted { node, .. } => node == crate::manifest::WORKLOAD_NODE,
+            UpEvent::CommandStarted { .. } => true,
             _ => false,
         }
     }
@@ -149,6 +184,28 @@ impl std::fmt::Display for UpEvent {
             UpEvent::UnknownNodeOutput { node } => {
                 write!(f, "agent: output for unknown node {node:?} dropped")
             }
+            UpEvent::TemplateCommands { template, commands } => {
+                write!(f, "template {template}: {}", commands.join(" "))
+            }
+            UpEvent::TemplateRefused { template, message } => {
+                write!(f, "template {template} refused: {message}")
+            }
+            UpEvent::CommandStarted { command, kind, pid } => {
+                write!(f, "command {command} ({kind}) started (pid {pid})")
+            }
+            UpEvent::CommandExited {
+                command,
+                kind,
+                status,
+            } => write!(
+                f,
+                "command {command} ({kind}) exited ({})",
+                describe(status)
+            ),
+            UpEvent::CommandKilled { command, kind } => {
+                write!(f, "command {command} ({kind}) killed")
+            }
+            UpEvent::FaultsStopped => write!(f, "faults stopped"),
         }
     }
 }
@@ -200,6 +257,37 @@ mod tests {
                 },
                 "fault: drift n2 -50ppm",
             ),
+            (
+                UpEvent::CommandStarted {
+                    command: "parallel_driver_a.sh".into(),
+                    kind: CommandKind::ParallelDriver,
+                    pid: 40,
+                },
+                "command parallel_driver_a.sh (parallel_driver) started (pid 40)",
+            ),
+            (
+                UpEvent::CommandExited {
+                    command: "first_init.sh".into(),
+                    kind: CommandKind::First,
+                    status: ExitStatus::Code(1),
+                },
+                "command first_init.sh (first) exited (status 1)",
+            ),
+            (
+                UpEvent::CommandKilled {
+                    command: "anytime_c.sh".into(),
+                    kind: CommandKind::Anytime,
+                },
+                "command anytime_c.sh (anytime) killed",
+            ),
+            (
+                UpEvent::TemplateCommands {
+                    template: "t".into(),
+                    commands: vec!["first_a".into(), "anytime_b".into()],
+                },
+                "template t: first_a anytime_b",
+            ),
+            (UpEvent::FaultsStopped, "faults stopped"),
         ];
         for (event, text) in cases {
             assert_eq!(event.to_string(), text);

@@ -387,6 +387,7 @@ impl PreparedUp {
     pub fn boot(&self, config: &VmConfig, output: UpOutput) -> Result<Driven, UpError> {
         let mut conductor = Conductor::new(self.specs.clone(), self.workload.clone());
         conductor.seed_sdk_random(config.seed);
+        conductor.seed_composer(config.seed);
         let mut session = vmm::vm::Session::boot(config, Box::new(std::io::sink()), None)?;
         let driver = UpDriver::start(
             &mut session,

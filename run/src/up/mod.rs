@@ -8,6 +8,7 @@
 //! time: the whole run, faults included, is a function of the seed.
 
 mod assemble;
+pub mod composer;
 mod conductor;
 mod disk;
 mod driver;
