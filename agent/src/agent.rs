@@ -29,7 +29,6 @@ mod disks;
 use crate::clock::{self, ClockChange};
 use crate::container::{self, Command, NodeNamespaces, NodePlan, SdkMounts, Setup};
 use crate::composer;
-use crate::container::{self, Command, NodeNamespaces, NodePlan, Setup};
 use crate::disk::Disk;
 use crate::history::HistoryLines;
 use crate::local_output::LocalOutput;
@@ -403,18 +402,16 @@ impl Agent {
                     return false;
                 }
                 Ok(n) => {
+                    // History lines of a template command count as the
+                    // workload's.
                     let node = match owner {
                         Owner::Node(name) => Some(name.clone()),
-                        Owner::Workload => None,
+                        Owner::Workload | Owner::Command(_) => None,
                     };
                     let history = match (stream, self.running_mut(owner)) {
                         (Stream::Stdout, Some(running)) => running.history.push(&buffer[..n]),
                         _ => Vec::new(),
                     };
-                    self.send(&AgentToHost::Output {
-                        node: node.clone(),
-                        stream,
-                        data: buffer[..n].to_vec(),
                     let data = buffer[..n].to_vec();
                     self.send(&match owner {
                         Owner::Node(name) => AgentToHost::Output {
@@ -951,6 +948,7 @@ impl Agent {
                 pid: spawned.pid,
                 stdout: Some(spawned.stdout),
                 stderr: Some(spawned.stderr),
+                history: HistoryLines::default(),
             },
         );
         self.send(&AgentToHost::CommandStarted {

@@ -1033,8 +1033,6 @@ fn test_shell_pauses_the_nodes_and_runs_sh_on_a_terminal_inside_a_node() {
     assert!(status.success());
 }
 
-#[test]
-fn test_sdk_records_history_lines_random_and_local_output_reach_the_host() {
 /// The test-composer requests: a template listed as the node sees its root
 /// (sorted, `helper_` left out), commands started inside the node with
 /// their output tagged by run id, a long one killed with its process
@@ -1047,66 +1045,6 @@ fn test_template_commands_are_listed_started_and_killed_inside_a_node() {
     }
     // Arrange
     let dir = tempfile::tempdir().unwrap();
-    let mut agent = AgentProcess::start();
-    agent.hello();
-    let script = "test -s /usr/lib/libvoidstar.so && echo shim; \
-                  detvisor-assert always 'in n1' --details '{\"k\":1}'; \
-                  echo '{\"detvisor_history\":{\"op\":1}}'; \
-                  echo \"random $(detvisor-assert random)\"; \
-                  printf '{\"local\":1}\\n' > /local.jsonl; \
-                  sleep 1";
-    let root = make_rootfs(dir.path(), "n1");
-    // detvisor-assert is the agent's binary: static in a guest, dynamic here.
-    let ldd = Command::new("ldd").arg(agent_bin()).output().unwrap();
-    for lib in String::from_utf8_lossy(&ldd.stdout)
-        .split_whitespace()
-        .filter(|w| w.starts_with('/'))
-    {
-        let target = root.join(&lib[1..]);
-        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        std::fs::copy(lib, target).unwrap();
-    }
-    let mut spec = node("n1", &root, script);
-    spec.env = [(
-        "ANTITHESIS_SDK_LOCAL_OUTPUT".to_string(),
-        "/local.jsonl".to_string(),
-    )]
-    .into();
-
-    // Act
-    agent.send(&HostToAgent::CreateNode(spec));
-    let request = agent.wait_for("random_request", |m| {
-        matches!(m, AgentToHost::RandomRequest { .. })
-    });
-    let AgentToHost::RandomRequest { node, id } = request else {
-        unreachable!()
-    };
-    assert_eq!(node.as_deref(), Some("n1"));
-    agent.send(&HostToAgent::Random {
-        id,
-        value: 123_456_789,
-    });
-    agent.exited("n1");
-    let (_, log) = agent.shutdown();
-
-    // Assert
-    let sdk: Vec<&str> = log
-        .iter()
-        .filter_map(|m| match m {
-            AgentToHost::Sdk { node, json } if node.as_deref() == Some("n1") => Some(json.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(sdk.len(), 2, "{log:?}");
-    let assert: serde_json::Value = serde_json::from_str(sdk[0]).unwrap();
-    assert_eq!(assert["antithesis_assert"]["id"], "in n1");
-    assert_eq!(assert["antithesis_assert"]["details"]["k"], 1);
-    assert_eq!(sdk[1], "{\"local\":1}");
-    assert!(log.iter().any(|m| matches!(m,
-        AgentToHost::History { node: Some(n), json } if n == "n1" && json == "{\"detvisor_history\":{\"op\":1}}")));
-    let stdout = AgentProcess::output_of(&log, Some("n1"));
-    assert!(stdout.starts_with("shim\n"), "{stdout}");
-    assert!(stdout.contains("random 123456789\n"), "{stdout}");
     let root = make_rootfs(dir.path(), "n1");
     let template = root.join("opt/antithesis/test/v1/basic");
     std::fs::create_dir_all(&template).unwrap();
@@ -1231,4 +1169,73 @@ fn test_template_commands_are_listed_started_and_killed_inside_a_node() {
     };
     assert_eq!(output(1, Stream::Stdout), "init x1 n1\n");
     assert_eq!(output(3, Stream::Stderr), "bad\n");
+}
+
+#[test]
+fn test_sdk_records_history_lines_random_and_local_output_reach_the_host() {
+    if !can_run() {
+        return;
+    }
+    // Arrange
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = AgentProcess::start();
+    agent.hello();
+    let script = "test -s /usr/lib/libvoidstar.so && echo shim; \
+                  detvisor-assert always 'in n1' --details '{\"k\":1}'; \
+                  echo '{\"detvisor_history\":{\"op\":1}}'; \
+                  echo \"random $(detvisor-assert random)\"; \
+                  printf '{\"local\":1}\\n' > /local.jsonl; \
+                  sleep 1";
+    let root = make_rootfs(dir.path(), "n1");
+    // detvisor-assert is the agent's binary: static in a guest, dynamic here.
+    let ldd = Command::new("ldd").arg(agent_bin()).output().unwrap();
+    for lib in String::from_utf8_lossy(&ldd.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with('/'))
+    {
+        let target = root.join(&lib[1..]);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(lib, target).unwrap();
+    }
+    let mut spec = node("n1", &root, script);
+    spec.env = [(
+        "ANTITHESIS_SDK_LOCAL_OUTPUT".to_string(),
+        "/local.jsonl".to_string(),
+    )]
+    .into();
+
+    // Act
+    agent.send(&HostToAgent::CreateNode(spec));
+    let request = agent.wait_for("random_request", |m| {
+        matches!(m, AgentToHost::RandomRequest { .. })
+    });
+    let AgentToHost::RandomRequest { node, id } = request else {
+        unreachable!()
+    };
+    assert_eq!(node.as_deref(), Some("n1"));
+    agent.send(&HostToAgent::Random {
+        id,
+        value: 123_456_789,
+    });
+    agent.exited("n1");
+    let (_, log) = agent.shutdown();
+
+    // Assert
+    let sdk: Vec<&str> = log
+        .iter()
+        .filter_map(|m| match m {
+            AgentToHost::Sdk { node, json } if node.as_deref() == Some("n1") => Some(json.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sdk.len(), 2, "{log:?}");
+    let assert: serde_json::Value = serde_json::from_str(sdk[0]).unwrap();
+    assert_eq!(assert["antithesis_assert"]["id"], "in n1");
+    assert_eq!(assert["antithesis_assert"]["details"]["k"], 1);
+    assert_eq!(sdk[1], "{\"local\":1}");
+    assert!(log.iter().any(|m| matches!(m,
+        AgentToHost::History { node: Some(n), json } if n == "n1" && json == "{\"detvisor_history\":{\"op\":1}}")));
+    let stdout = AgentProcess::output_of(&log, Some("n1"));
+    assert!(stdout.starts_with("shim\n"), "{stdout}");
+    assert!(stdout.contains("random 123456789\n"), "{stdout}");
 }

@@ -109,7 +109,7 @@ impl Runner for Sim {
                 self.checkpoints
                     .remove(&checkpoint.0)
                     .ok_or("unknown checkpoint")?;
-                Response::Position(self.position())
+                Response::CheckpointMemory(Default::default())
             }
             Request::Rekey { seed, .. } => {
                 self.state.events.push(format!("seed {seed}"));
