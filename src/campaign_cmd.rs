@@ -76,7 +76,7 @@ extern "C" fn on_sigint(_: libc::c_int) {
 /// Where a campaign's runs happen.
 enum Place {
     Here(InProcess),
-    HelperVm(Remote),
+    HelperVm(Box<Remote>),
 }
 
 /// The runner for a place: stall policy set for it on every request.
@@ -134,7 +134,7 @@ fn place(
             let remote = Remote::start(&reason, needs)?;
             Ok((
                 PlacedRunner {
-                    place: Place::HelperVm(remote),
+                    place: Place::HelperVm(Box::new(remote)),
                     stall: StallTimeout::HELPER_VM,
                 },
                 there,

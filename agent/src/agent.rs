@@ -27,8 +27,8 @@ use detvisor_agent::protocol::{
 mod disks;
 
 use crate::clock::{self, ClockChange};
-use crate::container::{self, Command, NodeNamespaces, NodePlan, SdkMounts, Setup};
 use crate::composer;
+use crate::container::{self, Command, NodeNamespaces, NodePlan, SdkMounts, Setup};
 use crate::disk::Disk;
 use crate::history::HistoryLines;
 use crate::local_output::LocalOutput;

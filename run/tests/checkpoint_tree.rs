@@ -173,6 +173,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
         exit_path: Default::default(),
         pcap: None,
         trace: None,
+        records: None,
     };
     let run = started(
         c.handle(Request::BootUp { prepared, options }, &streams)
