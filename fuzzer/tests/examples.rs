@@ -1,0 +1,50 @@
+//! The campaign files in examples/ are valid: their spec, their fault
+//! profile (drawn over their nodes) and the manifest each names.
+
+use fuzzer::profile::FaultProfile;
+use fuzzer::spec::{CampaignSpec, HistoryChecker};
+use std::path::{Path, PathBuf};
+
+fn campaign_files() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    let mut files = Vec::new();
+    for dir in ["raft", "etcd"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_str().unwrap().to_owned();
+            if name.starts_with("campaign-") && !name.ends_with("-manifest.toml") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn test_every_example_campaign_file_is_valid() {
+    let files = campaign_files();
+    assert_eq!(files.len(), 4, "{files:?}");
+    for file in files {
+        let spec = CampaignSpec::load(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert_eq!(spec.checker, HistoryChecker::Kv, "{}", file.display());
+        let profile = FaultProfile::from_toml(&toml::to_string(&spec.faults).unwrap())
+            .unwrap_or_else(|e| panic!("{}: [faults]: {e}", file.display()));
+        let manifest = run::manifest::load(&spec.manifest)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", spec.manifest.display()));
+        let nodes = manifest.node_names();
+        assert!(nodes.len() >= 3, "{nodes:?}");
+        // Faults drawn over the nodes parse, and none names the workload.
+        let faults = profile.draw(7, vmm::VirtNanos::from_secs(60), &nodes, &[]);
+        assert!(
+            !faults.is_empty(),
+            "{}: a minute draws faults",
+            file.display()
+        );
+        for text in &faults {
+            run::faults::parse_fault_after(text, Some(vmm::VirtNanos(0)))
+                .unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!(!text.contains("pause workload"), "{text}");
+        }
+    }
+}
