@@ -157,9 +157,22 @@ impl<'a> Engine<'a> {
         judge: Box<dyn Judge + 'a>,
         faults: Box<dyn FaultSource + 'a>,
     ) -> Result<Self> {
-        let store = Store::create(dir, &serde_json::to_string(&spec).expect("specs serialize"))?;
+        // The run's files go by digest into the directory first: a database
+        // that exists names only files that do.
         let blobified = findings::blobify(dir, host_run)?;
-        store.set_meta_json("run", &blobified)?;
+        let store = Store::create(
+            dir,
+            &[
+                (
+                    "spec",
+                    serde_json::to_string(&spec).expect("specs serialize"),
+                ),
+                (
+                    "run",
+                    serde_json::to_string(&blobified).expect("runs serialize"),
+                ),
+            ],
+        )?;
         Ok(Engine {
             calls: Calls { runner },
             spec,

@@ -25,6 +25,8 @@ struct Sim {
     records: Vec<GuestRecord>,
     /// Requests answered (for counting resets and replays).
     calls: Rc<RefCell<Vec<String>>>,
+    /// Wall time each run request takes (to be killed in the middle of).
+    delay: Option<std::time::Duration>,
 }
 
 fn record(at: u64, json: serde_json::Value) -> GuestRecord {
@@ -65,6 +67,9 @@ impl Runner for Sim {
                 let Until::Time(t) = until else {
                     return Err("only times".into());
                 };
+                if let Some(delay) = self.delay {
+                    std::thread::sleep(delay);
+                }
                 // Time moves in whole milliseconds, like exits.
                 let target = t.0.div_ceil(1_000_000) * 1_000_000;
                 while self.state.now < target {
@@ -375,4 +380,133 @@ fn test_a_resumed_campaign_continues_the_same_search() {
     let a = Store::open(straight.path()).unwrap().findings().unwrap();
     let b = Store::open(split.path()).unwrap().findings().unwrap();
     assert_eq!(a, b);
+}
+
+/// `kill -9` at any moment of a campaign loses nothing already committed,
+/// and `--resume` makes the same tree and findings as a campaign never
+/// killed: a child process runs the campaign and is killed at several
+/// moments; the parent resumes it each time.
+#[test]
+fn test_a_campaign_killed_at_any_moment_resumes_to_the_same_tree() {
+    let straight = tempfile::tempdir().unwrap();
+    let (_, all) = campaign(straight.path(), 3, 10);
+    let expected_findings = Store::open(straight.path()).unwrap().findings().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let run = prepared(files.path());
+    for (round, kill_after_ms) in [35u64, 90, 160].into_iter().enumerate() {
+        // SAFETY: the child only runs this test's code and then _exits; it
+        // touches no lock another thread of the harness could hold mid-way
+        // (it allocates, and glibc's malloc is fork-safe).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            // The harness's other tests' descriptors (their campaigns' lock
+            // files among them) are not this child's to hold.
+            // SAFETY: closes descriptors this child inherited and does not use.
+            unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+            let mut sim = Sim {
+                delay: Some(std::time::Duration::from_millis(3)),
+                ..Sim::default()
+            };
+            // Killed before its database was whole, a campaign has none: it
+            // starts again.
+            let fresh = !dir.path().join(crate::store::DB_FILE).exists();
+            let result = if fresh {
+                Engine::create(
+                    &mut sim,
+                    spec(3),
+                    &run,
+                    run.clone(),
+                    dir.path(),
+                    Box::new(FailJudge::default()),
+                    Box::new(Draw),
+                )
+                .and_then(|mut e| {
+                    e.run(
+                        Budget {
+                            wall_ms: 0,
+                            branches: 10,
+                        },
+                        &mut Quiet,
+                        &|| false,
+                    )
+                })
+            } else {
+                Engine::resume(
+                    &mut sim,
+                    dir.path(),
+                    Box::new(FailJudge::default()),
+                    |_| Box::new(Draw) as Box<dyn FaultSource>,
+                    |_, run| Ok(run),
+                )
+                .and_then(|mut e| {
+                    e.run(
+                        Budget {
+                            wall_ms: 0,
+                            branches: 10,
+                        },
+                        &mut Quiet,
+                        &|| false,
+                    )
+                })
+            };
+            // SAFETY: ends the forked child without running the harness's
+            // exit handlers.
+            unsafe { libc::_exit(if result.is_ok() { 0 } else { 1 }) };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(kill_after_ms));
+        // SAFETY: signals the child forked above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let mut status = 0;
+        // SAFETY: reaps that child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        // What was committed is whole: every node's path is one step longer
+        // than its parent's, and every indexed finding has its directory.
+        let _ = round;
+        if !dir.path().join(crate::store::DB_FILE).exists() {
+            continue;
+        }
+        let store = Store::open(dir.path()).unwrap();
+        let nodes = store.nodes().unwrap();
+        assert!(nodes.len() as u64 <= 11);
+        for node in &nodes {
+            if let Some(parent) = node.parent {
+                assert_eq!(
+                    node.path.steps.len(),
+                    nodes[parent as usize].path.steps.len() + 1
+                );
+            }
+        }
+        for finding in store.findings().unwrap() {
+            findings::load(&findings::finding_dir(dir.path(), finding.number)).unwrap();
+        }
+        assert_eq!(
+            &all[..nodes.len()],
+            &nodes[..],
+            "round {round}: a prefix of the same search"
+        );
+    }
+    let mut sim = Sim::default();
+    let summary = Engine::resume(
+        &mut sim,
+        dir.path(),
+        Box::new(FailJudge::default()),
+        |_| Box::new(Draw) as Box<dyn FaultSource>,
+        |_, run| Ok(run),
+    )
+    .unwrap()
+    .run(
+        Budget {
+            wall_ms: 0,
+            branches: 10,
+        },
+        &mut Quiet,
+        &|| false,
+    )
+    .unwrap();
+    assert_eq!(summary.branches, 10);
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.nodes().unwrap(), all);
+    assert_eq!(store.findings().unwrap(), expected_findings);
 }

@@ -124,8 +124,11 @@ fn lock(dir: &Path) -> Result<File> {
 }
 
 impl Store {
-    /// A new campaign in `dir` (created if missing; refused if it holds one).
-    pub fn create(dir: &Path, spec_json: &str) -> Result<Store> {
+    /// A new campaign in `dir` (created if missing; refused if it holds
+    /// one), with its first metadata. The database is made whole under a
+    /// temporary name and renamed into place, so a campaign killed while it
+    /// starts leaves no half-made database behind.
+    pub fn create(dir: &Path, meta: &[(&str, String)]) -> Result<Store> {
         std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
             dir: dir.to_owned(),
             source,
@@ -137,11 +140,27 @@ impl Store {
                 dir: dir.to_owned(),
             });
         }
+        let partial = dir.join(format!(".{DB_FILE}.partial"));
+        for leftover in [
+            partial.clone(),
+            dir.join(format!(".{DB_FILE}.partial-journal")),
+        ] {
+            match std::fs::remove_file(&leftover) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(StoreError::Lock {
+                        path: leftover,
+                        source,
+                    })
+                }
+            }
+        }
         let sql = |source| StoreError::Sql {
-            path: path.clone(),
+            path: partial.clone(),
             source,
         };
-        let conn = Connection::open(&path).map_err(sql)?;
+        let mut conn = Connection::open(&partial).map_err(sql)?;
         conn.execute_batch(&format!(
             "PRAGMA journal_mode = DELETE;
              PRAGMA synchronous = FULL;
@@ -160,15 +179,35 @@ impl Store {
              COMMIT;"
         ))
         .map_err(sql)?;
-        let store = Store {
+        let tx = conn.transaction().map_err(sql)?;
+        let initial = [("branches", "0".to_string()), ("wall_ms", "0".to_string())];
+        for (key, value) in initial
+            .iter()
+            .map(|(k, v)| (*k, v))
+            .chain(meta.iter().map(|(k, v)| (*k, v)))
+        {
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![key, value],
+            )
+            .map_err(sql)?;
+        }
+        tx.commit().map_err(sql)?;
+        drop(conn);
+        std::fs::rename(&partial, &path).map_err(|source| StoreError::Lock {
+            path: path.clone(),
+            source,
+        })?;
+        let conn = Connection::open(&path).map_err(|source| StoreError::Sql {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Store {
             conn,
             path,
             _lock: lock,
-        };
-        store.set_meta("spec", spec_json)?;
-        store.set_meta("branches", "0")?;
-        store.set_meta("wall_ms", "0")?;
-        Ok(store)
+        })
     }
 
     /// The campaign in `dir`, to resume or read.
@@ -484,7 +523,7 @@ mod tests {
     #[test]
     fn test_a_branch_is_saved_whole_and_read_back_after_reopening() {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = Store::create(dir.path(), "{}").unwrap();
+        let mut store = Store::create(dir.path(), &[("spec", "{}".into())]).unwrap();
         let root = node(0, None);
         let child = node(1, Some(0));
         store
@@ -521,11 +560,13 @@ mod tests {
     #[test]
     fn test_a_second_campaign_on_one_directory_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let _first = Store::create(dir.path(), "{}").unwrap();
+        let _first = Store::create(dir.path(), &[("spec", "{}".into())]).unwrap();
         let second = Store::open(dir.path()).err().unwrap();
         assert!(matches!(second, StoreError::Busy { .. }), "{second}");
         drop(_first);
-        let again = Store::create(dir.path(), "{}").err().unwrap();
+        let again = Store::create(dir.path(), &[("spec", "{}".into())])
+            .err()
+            .unwrap();
         assert!(matches!(again, StoreError::Exists { .. }), "{again}");
         assert!(again.to_string().contains("--resume"));
     }
@@ -551,7 +592,7 @@ mod tests {
         assert!(matches!(foreign, StoreError::Foreign { .. }), "{foreign}");
         // Ours, from another version.
         std::fs::remove_file(dir.path().join(DB_FILE)).unwrap();
-        drop(Store::create(dir.path(), "{}").unwrap());
+        drop(Store::create(dir.path(), &[("spec", "{}".into())]).unwrap());
         let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
         conn.execute_batch("PRAGMA user_version = 99;").unwrap();
         drop(conn);
