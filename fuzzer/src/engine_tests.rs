@@ -126,7 +126,9 @@ impl Runner for Sim {
                     .push(format!("{} {}", fault.at.0, fault.action));
                 Response::Position(self.position())
             }
-            Request::TakeRecords { .. } => Response::Records(std::mem::take(&mut self.records)),
+            Request::TakeRecords { .. } => Response::Records {
+                records: std::mem::take(&mut self.records),
+            },
             Request::Outcome { .. } => {
                 let mut h = DefaultHasher::new();
                 self.state.hash(&mut h);

@@ -111,7 +111,7 @@ impl Calls<'_> {
 
     pub fn take_records(&mut self, run: RunId) -> Result<Vec<GuestRecord>, RunnerError> {
         match self.call("taking records", Request::TakeRecords { run })? {
-            Response::Records(records) => Ok(records),
+            Response::Records { records } => Ok(records),
             other => Err(unexpected("taking records", other)),
         }
     }

@@ -212,7 +212,9 @@ pub enum Response {
     /// `DropCheckpoint`, `CheckpointMemory`, `CheckpointBudget`.
     CheckpointMemory(vmm::vm::CheckpointMemory),
     /// `TakeRecords` (`CollectRecords` answers with `Position`).
-    Records(Vec<crate::records::GuestRecord>),
+    Records {
+        records: Vec<crate::records::GuestRecord>,
+    },
     Closed,
 }
 
@@ -489,7 +491,9 @@ impl Controller {
             Request::TakeRecords { run } => {
                 let held = self.held(run)?;
                 let up = held.driven.up.as_mut().ok_or(ApiError::NoNodes(run))?;
-                Response::Records(up.take_records())
+                Response::Records {
+                    records: up.take_records(),
+                }
             }
             Request::Close { run } => {
                 self.runs.remove(&run).ok_or(ApiError::UnknownRun(run))?;
@@ -502,6 +506,25 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every answer crosses into and out of the helper VM as JSON (an
+    /// internally tagged enum cannot hold a bare sequence).
+    #[test]
+    fn test_records_answers_round_trip_through_json() {
+        let response = Response::Records {
+            records: vec![crate::records::GuestRecord {
+                exit: 1,
+                virtual_ns: 2,
+                node: Some("n1".into()),
+                body: crate::records::RecordBody::History {
+                    json: serde_json::json!({"op": 1}),
+                },
+            }],
+        };
+        let text = serde_json::to_string(&response).unwrap();
+        let back: Response = serde_json::from_str(&text).unwrap();
+        assert!(matches!(back, Response::Records { records } if records.len() == 1));
+    }
 
     #[test]
     fn test_an_error_chain_prints_each_cause_once() {
