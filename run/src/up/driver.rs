@@ -529,7 +529,13 @@ impl Persist for UpDriver {
         );
         // Unfinished lines belong to the history being left.
         output.sink.drop_partial_lines();
+        // A caller collecting records goes on collecting (those of the
+        // history being left are dropped).
+        let collecting = self.records.is_some();
         *self = Self::from_state(state.clone(), output);
+        if collecting {
+            self.collect_records();
+        }
         Ok(())
     }
 }
@@ -724,6 +730,34 @@ mod tests {
         let mut value: serde_json::Value = serde_json::from_str(&text).unwrap();
         value["extra"] = serde_json::json!(1);
         assert!(serde_json::from_value::<UpState>(value).is_err());
+    }
+
+    /// A caller collecting records (a campaign) goes on collecting after a
+    /// return to a checkpoint; what was collected on the path left is gone.
+    #[test]
+    fn test_a_restored_driver_keeps_collecting_records() {
+        let names = vec!["n1".to_string(), "n2".to_string()];
+        let state = UpState {
+            conductor: conductor(None, &[]),
+            agent_frame_bytes: Vec::new(),
+            node_names: names.clone(),
+        };
+        let output = UpOutput::plain(&names, Box::new(std::io::sink()), None).unwrap();
+        let mut driver = UpDriver::from_state(state.clone(), output);
+        driver.collect_records();
+        driver.announce_fault(
+            VirtNanos(5),
+            FaultAction::Node(NodeFault::Pause { node: "n1".into() }),
+        );
+        driver.restore(&state).unwrap();
+        assert!(driver.take_records().is_empty(), "the path left is dropped");
+        driver.announce_fault(
+            VirtNanos(6),
+            FaultAction::Node(NodeFault::Pause { node: "n2".into() }),
+        );
+        let records = driver.take_records();
+        assert_eq!(records.len(), 1, "still collecting after the restore");
+        assert_eq!(records[0].virtual_ns, 6);
     }
 
     /// A driver of the two-node run at the state `conductor` is in.
