@@ -210,15 +210,16 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
         let saved: PreparedUp = store
             .meta_json("run")?
             .context("the campaign database holds no run")?;
-        drop(store);
         let host_run = findings::resolve(&dir, &saved)?;
         let budget = budget(&args, &spec)?;
         let (mut runner, there) = place(args.host_vm, &host_run, &[&dir])?;
         let judge = fuzzer::judges::campaign_judge(&spec)?;
         let faults = fuzzer::judges::fault_source(&spec, &there)?;
-        let mut engine = Engine::resume(
+        // The store stays open (and locked) from here to the campaign's end.
+        let mut engine = Engine::resume_store(
             &mut runner,
             &dir,
+            store,
             judge,
             |_| faults,
             |_, _| Ok(there.clone()),

@@ -200,6 +200,20 @@ impl<'a> Engine<'a> {
         resolve_run: impl FnOnce(&Path, PreparedUp) -> Result<PreparedUp>,
     ) -> Result<Self> {
         let store = Store::open(dir)?;
+        Self::resume_store(runner, dir, store, judge, faults, resolve_run)
+    }
+
+    /// As [`Engine::resume`], with the campaign's database already open
+    /// (and so locked: a caller that read the spec first keeps the lock
+    /// until the campaign ends).
+    pub fn resume_store(
+        runner: &'a mut dyn Runner,
+        dir: &Path,
+        store: Store,
+        judge: Box<dyn Judge + 'a>,
+        faults: impl FnOnce(&CampaignSpec) -> Box<dyn FaultSource + 'a>,
+        resolve_run: impl FnOnce(&Path, PreparedUp) -> Result<PreparedUp>,
+    ) -> Result<Self> {
         let spec: CampaignSpec = store
             .meta_json("spec")?
             .ok_or_else(|| EngineError::Tally("no spec saved".into()))?;
