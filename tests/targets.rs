@@ -336,6 +336,7 @@ fn raft_paused_leader_run(example: &str, seed: &str) -> (Vec<Op>, Vec<(Op, Op)>)
 }
 
 #[test]
+#[ignore = "never run yet (no guest kernel in the session that wrote it): run with --ignored; issue 13"]
 fn test_raft_without_verify_leader_serves_a_stale_read_after_a_paused_leader_resumes() {
     if let Err(why) = raft_image() {
         eprintln!("SKIPPED: the raft image cannot be built: {why}");
@@ -346,6 +347,7 @@ fn test_raft_without_verify_leader_serves_a_stale_read_after_a_paused_leader_res
 }
 
 #[test]
+#[ignore = "never run yet (no guest kernel in the session that wrote it): run with --ignored; issue 13"]
 fn test_raft_with_verify_leader_serves_no_stale_read_under_the_same_fault() {
     if let Err(why) = raft_image() {
         eprintln!("SKIPPED: the raft image cannot be built: {why}");
@@ -396,6 +398,7 @@ fn etcd_cut_member_run(example: &str) -> Option<Vec<(Op, Op)>> {
 }
 
 #[test]
+#[ignore = "never run yet (no guest kernel in the session that wrote it): run with --ignored; issue 13"]
 fn test_etcd_serializable_reads_from_a_cut_off_member_are_stale() {
     if let Some(stale) = etcd_cut_member_run("etcd/kv-serializable.toml") {
         assert!(!stale.is_empty(), "no stale read");
@@ -403,6 +406,7 @@ fn test_etcd_serializable_reads_from_a_cut_off_member_are_stale() {
 }
 
 #[test]
+#[ignore = "never run yet (no guest kernel in the session that wrote it): run with --ignored; issue 13"]
 fn test_etcd_linearizable_reads_are_never_stale_under_the_same_cut() {
     if let Some(stale) = etcd_cut_member_run("etcd/kv-linearizable.toml") {
         assert!(stale.is_empty(), "stale reads: {stale:?}");
