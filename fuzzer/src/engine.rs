@@ -500,7 +500,14 @@ impl<'a> Engine<'a> {
             let chain = path_records(&self.nodes, id);
             self.judge.judge(&chain)
         };
-        self.nodes[id as usize].row.score = verdict.novelty + verdict.failures.len() as f64;
+        // Failures already found are no news: branching their subtree again
+        // would find them again.
+        let new_failures = verdict
+            .failures
+            .iter()
+            .filter(|f| !self.findings.contains_key(&f.key))
+            .count();
+        self.nodes[id as usize].row.score = verdict.novelty + new_failures as f64;
         if depth < self.spec.max_depth && position.stop.is_none() {
             self.keep(id)?;
             self.at_node = Some(id);
