@@ -121,13 +121,14 @@ pub struct Engine<'a> {
     at_node: Option<u64>,
 }
 
-/// Options for the root's boot.
-fn boot_options(spec: &CampaignSpec) -> UpOptions {
+/// Options for booting a campaign's run (the campaign's, or a replay's
+/// with node logs): quiet, held, seeded by the campaign.
+pub(crate) fn boot_options(spec: &CampaignSpec, logs: Option<&Path>) -> UpOptions {
     UpOptions {
         seed: spec.seed,
         until: None,
         runs: 1,
-        logs: None,
+        logs: logs.map(Path::to_path_buf),
         stream_output: false,
         snapshots: None,
         stall_timeout: Default::default(),
@@ -273,7 +274,7 @@ impl<'a> Engine<'a> {
     fn reach_root(&mut self) -> Result<(RunId, Position, Vec<GuestRecord>)> {
         let (run, _) = self.calls.start(Request::BootUp {
             prepared: self.prepared.clone(),
-            options: boot_options(&self.spec),
+            options: boot_options(&self.spec, None),
         })?;
         self.calls.collect_records(run)?;
         let (position, records) = reach(&mut self.calls, run, &self.spec.root)?;

@@ -3,12 +3,11 @@
 //! reach the root moment by the campaign's rule, take the path's steps, and
 //! compare the digest and the failure with those recorded.
 
-use crate::engine::{apply_steps, reach, EngineError};
+use crate::engine::{apply_steps, boot_options, reach, EngineError};
 use crate::findings::{self, FindingError};
 use crate::judge::{Failure, Judge};
 use crate::runner::{Calls, Runner};
 use run::api::Request;
-use run::up::UpOptions;
 use serde::Serialize;
 use std::path::Path;
 
@@ -57,19 +56,7 @@ pub fn replay_loaded(
 ) -> Result<ReplayReport, ReplayError> {
     let file = &finding.file;
     let mut calls = Calls { runner };
-    let options = UpOptions {
-        seed: file.spec.seed,
-        until: None,
-        runs: 1,
-        logs: logs.map(Path::to_path_buf),
-        stream_output: false,
-        snapshots: None,
-        stall_timeout: Default::default(),
-        pcap: None,
-        trace: None,
-        records: None,
-        exit_path: Default::default(),
-    };
+    let options = boot_options(&file.spec, logs);
     let (run, _) = calls
         .start(Request::BootUp {
             prepared: finding.run.clone(),

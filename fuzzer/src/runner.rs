@@ -51,19 +51,8 @@ impl Runner for InProcess {
     fn call(&mut self, request: Request) -> Result<Response, String> {
         self.controller
             .handle(request, &run::streams::Discard)
-            .map_err(|e| run_error_chain(&e))
+            .map_err(|e| run::chain(&e))
     }
-}
-
-fn run_error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Typed calls over a [`Runner`]: each checks its answer's kind.

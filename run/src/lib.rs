@@ -34,7 +34,7 @@ pub use outcome::{exit_status, RunSummary};
 
 /// An error and its causes as one line, `a: b: c` (as anyhow's `{:#}` prints
 /// them): for the texts that must carry a whole chain, serde's messages.
-pub(crate) fn chain(error: &dyn std::error::Error) -> String {
+pub fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
