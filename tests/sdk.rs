@@ -119,7 +119,6 @@ fn drawn(sdk: &[Value]) -> u64 {
 }
 
 #[test]
-#[ignore = "never run yet (no guest kernel in the session that wrote it): run with --ignored; issue 13"]
 fn test_sdk_records_arrive_through_the_shim_and_follow_the_seed() {
     let example = build_rust_example();
     let cluster = Cluster::new("sdk", MANIFEST);
@@ -287,7 +286,6 @@ fn python_closure(program: &Path, site: &Path) -> Vec<PathBuf> {
 }
 
 #[test]
-#[ignore = "never run yet (no guest kernel in the session that wrote it): run with --ignored; issue 13"]
 fn test_python_sdk_from_pypi_reports_through_the_shim() {
     let cluster = Cluster::new(
         "sdk-python",

@@ -8,81 +8,21 @@
 
 mod common;
 
+use common::images::*;
 use common::*;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn scratch() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("detvisor-targets-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Runs an OCI build script and `detvisor image build` of what it printed.
-/// `Err` (a reason to skip) only when the image cannot be built.
-fn build_image(script: &str, name: &str) -> Result<PathBuf, String> {
-    let oci = Command::new("bash")
-        .arg(root().join(script))
-        .output()
-        .map_err(|e| format!("{script}: {e}"))?;
-    if !oci.status.success() {
-        return Err(format!(
-            "{script} failed: {}",
-            String::from_utf8_lossy(&oci.stderr)
-        ));
-    }
-    let layout = String::from_utf8_lossy(&oci.stdout)
-        .lines()
-        .last()
-        .unwrap_or_default()
-        .to_string();
-    let image = scratch().join(name);
-    let out = detvisor(&[
-        "image",
-        "build",
-        "--oci",
-        &format!("{layout}:latest"),
-        "--out",
-        image.to_str().unwrap(),
-    ]);
-    if out.status.code() != Some(0) {
-        return Err(format!("detvisor image build {name}: {}", stderr(&out)));
-    }
-    Ok(image)
-}
-
-fn raft_image() -> Result<PathBuf, String> {
-    static IMAGE: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    IMAGE
-        .get_or_init(|| build_image("examples/raft/build.sh", "raft.img"))
-        .clone()
-}
-
-fn etcd_image() -> Result<PathBuf, String> {
-    static IMAGE: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    IMAGE
-        .get_or_init(|| build_image("examples/etcd/build-oci.sh", "etcd.img"))
-        .clone()
-}
 
 /// A copy of an example manifest in the scratch directory (beside the built
 /// images), with `../raft/raft.img` pointing at the scratch copy too, and
 /// the workload's 20 s shortened to `duration` (a test's time is dear).
 fn manifest(example: &str, duration: &str) -> PathBuf {
-    let text = std::fs::read_to_string(root().join("examples").join(example)).unwrap();
-    let text = text.replace("\"../raft/raft.img\"", "\"raft.img\"");
-    let long = r#""--duration", "20s""#;
-    assert!(text.contains(long), "{example} runs its workload for 20 s");
-    let text = text.replace(long, &format!(r#""--duration", "{duration}""#));
-    let name = example.replace('/', "-");
-    let path = scratch().join(name);
-    std::fs::write(&path, text).unwrap();
-    path
+    example_copy(example, |text| {
+        let text = text.replace("\"../raft/raft.img\"", "\"raft.img\"");
+        let long = r#""--duration", "20s""#;
+        assert!(text.contains(long), "{example} runs its workload for 20 s");
+        text.replace(long, &format!(r#""--duration", "{duration}""#))
+    })
 }
 
 fn up(manifest: &Path, extra: &[&str]) -> std::process::Output {
@@ -336,23 +276,15 @@ fn raft_paused_leader_run(example: &str, seed: &str) -> (Vec<Op>, Vec<(Op, Op)>)
 }
 
 #[test]
-#[ignore = "never run yet (no guest kernel in the session that wrote it): run with --ignored; issue 13"]
 fn test_raft_without_verify_leader_serves_a_stale_read_after_a_paused_leader_resumes() {
-    if let Err(why) = raft_image() {
-        eprintln!("SKIPPED: the raft image cannot be built: {why}");
-        return;
-    }
+    raft_image();
     let (_, stale) = raft_paused_leader_run("raft/raft-stale.toml", "1");
     assert!(!stale.is_empty(), "no stale read");
 }
 
 #[test]
-#[ignore = "never run yet (no guest kernel in the session that wrote it): run with --ignored; issue 13"]
 fn test_raft_with_verify_leader_serves_no_stale_read_under_the_same_fault() {
-    if let Err(why) = raft_image() {
-        eprintln!("SKIPPED: the raft image cannot be built: {why}");
-        return;
-    }
+    raft_image();
     let (_, stale) = raft_paused_leader_run("raft/raft-verified.toml", "1");
     assert!(stale.is_empty(), "stale reads: {stale:?}");
 }
@@ -361,12 +293,9 @@ fn test_raft_with_verify_leader_serves_no_stale_read_under_the_same_fault() {
 /// or `l`) with n1 cut off from n2 and n3 at 12 s for 6 s (the workload still
 /// reaches all three) while the workload writes through the majority.
 /// Returns the history's stale reads.
-fn etcd_cut_member_run(example: &str) -> Option<Vec<(Op, Op)>> {
-    let (raft, etcd) = (raft_image(), etcd_image());
-    if let Err(why) = raft.and(etcd) {
-        eprintln!("SKIPPED: an image cannot be built: {why}");
-        return None;
-    }
+fn etcd_cut_member_run(example: &str) -> Vec<(Op, Op)> {
+    raft_image();
+    etcd_image();
     let manifest = manifest(example, "16s");
     let fault = "at=12s cut n1 <-> n2,n3 for=6s";
     let out = up(
@@ -394,21 +323,17 @@ fn etcd_cut_member_run(example: &str) -> Option<Vec<(Op, Op)>> {
         })
     };
     assert!(during("get") && during("put"), "{}", tally(&ops));
-    Some(stale)
+    stale
 }
 
 #[test]
-#[ignore = "never run yet (no guest kernel in the session that wrote it): run with --ignored; issue 13"]
 fn test_etcd_serializable_reads_from_a_cut_off_member_are_stale() {
-    if let Some(stale) = etcd_cut_member_run("etcd/kv-serializable.toml") {
-        assert!(!stale.is_empty(), "no stale read");
-    }
+    let stale = etcd_cut_member_run("etcd/kv-serializable.toml");
+    assert!(!stale.is_empty(), "no stale read");
 }
 
 #[test]
-#[ignore = "never run yet (no guest kernel in the session that wrote it): run with --ignored; issue 13"]
 fn test_etcd_linearizable_reads_are_never_stale_under_the_same_cut() {
-    if let Some(stale) = etcd_cut_member_run("etcd/kv-linearizable.toml") {
-        assert!(stale.is_empty(), "stale reads: {stale:?}");
-    }
+    let stale = etcd_cut_member_run("etcd/kv-linearizable.toml");
+    assert!(stale.is_empty(), "stale reads: {stale:?}");
 }
