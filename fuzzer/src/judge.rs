@@ -25,7 +25,8 @@ pub struct Failure {
 pub struct Verdict {
     pub failures: Vec<Failure>,
     /// How much new the branch showed (assertions hit or failed for the first
-    /// time, new guidance maxima): the search prefers to branch such moments.
+    /// time, new guidance maxima, a rare combination of fault kinds): the
+    /// search prefers to branch such moments.
     pub novelty: f64,
 }
 

@@ -11,6 +11,8 @@ use crate::properties::{self, sdk_observations, Observation, PropertyTally, Stre
 use crate::spec::{CampaignSpec, HistoryChecker};
 use run::records::{GuestRecord, RecordBody};
 use run::up::{PreparedUp, UpEvent};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use vmm::VirtNanos;
 
@@ -28,12 +30,44 @@ pub const CHECK_DEADLINE: Duration = Duration::from_secs(60);
 pub struct CampaignJudge {
     tally: PropertyTally,
     checker: HistoryChecker,
+    /// How many stretches had each combination of fault kinds (see
+    /// [`fault_combination`]): a rare combination scores as news.
+    combinations: BTreeMap<String, u64>,
+}
+
+/// What [`CampaignJudge::save`] keeps (and `load` reads back, owned).
+#[derive(Serialize)]
+struct SavedJudge<'a> {
+    tally: &'a PropertyTally,
+    fault_combinations: &'a BTreeMap<String, u64>,
+}
+
+#[derive(Deserialize)]
+struct LoadedJudge {
+    tally: PropertyTally,
+    fault_combinations: BTreeMap<String, u64>,
+}
+
+/// The kinds of the faults that began in a stretch, sorted and joined with
+/// `+` (`""`: none began).
+fn fault_combination(records: &[GuestRecord]) -> String {
+    let kinds: BTreeSet<&str> = records
+        .iter()
+        .filter_map(|r| match &r.body {
+            RecordBody::Event {
+                event: UpEvent::Fault { action },
+            } => action.kind(),
+            _ => None,
+        })
+        .collect();
+    kinds.into_iter().collect::<Vec<_>>().join("+")
 }
 
 pub fn campaign_judge(spec: &CampaignSpec) -> Result<Box<dyn Judge>, JudgesError> {
     Ok(Box::new(CampaignJudge {
         tally: PropertyTally::new(),
         checker: spec.checker,
+        combinations: BTreeMap::new(),
     }))
 }
 
@@ -143,10 +177,17 @@ impl Judge for CampaignJudge {
             .add_stretch(stretch, &observations(last))
             .unwrap_or_default();
         let new_failures = news.failures.iter().filter(|f| f.new).count();
+        let seen = self
+            .combinations
+            .entry(fault_combination(last))
+            .or_default();
+        let rarity = 1.0 / (1.0 + *seen as f64);
+        *seen += 1;
         let novelty = news.first_hits.len() as f64
             + news.first_passes.len() as f64
             + 0.5 * news.guidance.len() as f64
-            + 2.0 * new_failures as f64;
+            + 2.0 * new_failures as f64
+            + rarity;
         let mut failures: Vec<Failure> = news
             .failures
             .into_iter()
@@ -179,11 +220,18 @@ impl Judge for CampaignJudge {
     }
 
     fn save(&self) -> String {
-        serde_json::to_string(&self.tally).expect("tallies serialize")
+        serde_json::to_string(&SavedJudge {
+            tally: &self.tally,
+            fault_combinations: &self.combinations,
+        })
+        .expect("tallies serialize")
     }
 
     fn load(&mut self, saved: &str) -> Result<(), String> {
-        self.tally = serde_json::from_str(saved).map_err(|e| format!("the property tally: {e}"))?;
+        let saved: LoadedJudge =
+            serde_json::from_str(saved).map_err(|e| format!("the property tally: {e}"))?;
+        self.tally = saved.tally;
+        self.combinations = saved.fault_combinations;
         Ok(())
     }
 }
@@ -229,4 +277,67 @@ pub fn fault_source(
         nodes: prepared.node_names.clone(),
         nodes_with_disks,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stretch(faults: &[&str]) -> Vec<GuestRecord> {
+        faults
+            .iter()
+            .flat_map(|text| run::faults::parse_fault(text).unwrap())
+            .map(|fault| GuestRecord {
+                exit: 0,
+                virtual_ns: fault.at.0,
+                node: None,
+                body: RecordBody::Event {
+                    event: UpEvent::Fault {
+                        action: fault.action,
+                    },
+                },
+            })
+            .collect()
+    }
+
+    fn judge() -> CampaignJudge {
+        CampaignJudge {
+            tally: PropertyTally::new(),
+            checker: HistoryChecker::None,
+            combinations: BTreeMap::new(),
+        }
+    }
+
+    fn novelty(judge: &mut CampaignJudge, faults: &[&str]) -> f64 {
+        judge.judge(&[&stretch(faults)]).novelty
+    }
+
+    #[test]
+    fn test_a_fault_combination_is_news_the_less_it_was_seen() {
+        let mut j = judge();
+        assert_eq!(novelty(&mut j, &[]), 1.0);
+        assert_eq!(novelty(&mut j, &["at=1s pause n1 for=1s"]), 1.0);
+        // The same kinds on other nodes and times: the same combination.
+        assert_eq!(novelty(&mut j, &["at=3s pause n2"]), 0.5);
+        let both = ["at=1s partition n1 | n2,n3 for=2s", "at=2s pause n3"];
+        assert_eq!(novelty(&mut j, &both), 1.0);
+        assert_eq!(novelty(&mut j, &["at=1s pause n1"]), 1.0 / 3.0);
+        // Sorted kinds, endings (heal) left out.
+        assert_eq!(fault_combination(&stretch(&both)), "partition+pause");
+    }
+
+    #[test]
+    fn test_saved_judge_scores_the_next_stretch_as_the_original() {
+        let mut j = judge();
+        novelty(&mut j, &[]);
+        novelty(&mut j, &["at=1s kill n1"]);
+        let mut loaded = judge();
+        loaded.load(&j.save()).unwrap();
+        assert_eq!(loaded.combinations, j.combinations);
+        assert_eq!(
+            novelty(&mut loaded, &["at=2s kill n2"]),
+            novelty(&mut j, &["at=2s kill n2"])
+        );
+        assert!(judge().load("{\"tally\":1}").is_err());
+    }
 }

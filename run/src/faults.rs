@@ -342,6 +342,48 @@ impl fmt::Display for NodeFault {
     }
 }
 
+impl FaultAction {
+    /// What kind of fault this is, without its nodes and settings (e.g.
+    /// `partition`, `cut`, `pause`, `fsync-error`): the alphabet of fault
+    /// combinations a campaign scores as rare or common. `None` for an
+    /// action that ends a fault (heal, resume, a node's clock or disk back
+    /// to normal): the fault it ends was counted when it began.
+    pub fn kind(&self) -> Option<&'static str> {
+        Some(match self {
+            FaultAction::Network(fault) => match fault {
+                NetworkFault::Partition(_) => "partition",
+                NetworkFault::Cut(_) => "cut",
+                NetworkFault::Bridge => "bridge",
+                NetworkFault::MajoritiesRing => "majorities-ring",
+                NetworkFault::Slow {
+                    latency: Some(_), ..
+                } => "slow",
+                NetworkFault::Loss { loss: Some(_), .. } => "loss",
+                NetworkFault::Heal
+                | NetworkFault::HealLinks(_)
+                | NetworkFault::Slow { latency: None, .. }
+                | NetworkFault::Loss { loss: None, .. } => return None,
+            },
+            FaultAction::Node(fault) => match fault {
+                NodeFault::Pause { .. } => "pause",
+                NodeFault::Kill { .. } => "kill",
+                NodeFault::Restart { .. } => "restart",
+                NodeFault::Crash { .. } => "crash",
+                NodeFault::DiskFull { .. } => "disk-full",
+                NodeFault::ClockStep { .. } => "clock",
+                NodeFault::Drift { ppm: 0, .. } => return None,
+                NodeFault::Drift { .. } => "drift",
+                NodeFault::Resume { .. } | NodeFault::DiskFree { .. } => return None,
+            },
+            FaultAction::Disk(fault) => match fault {
+                DiskFault::FsyncDelay { .. } => "fsync-delay",
+                DiskFault::FsyncError { .. } => "fsync-error",
+                DiskFault::FsyncOk { .. } => return None,
+            },
+        })
+    }
+}
+
 impl fmt::Display for FaultAction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -581,6 +623,20 @@ impl<'de> Deserialize<'de> for NodeFault {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn test_fault_kinds_name_beginnings_and_not_endings() {
+        let kind = |text: &str| parse_fault(text).unwrap()[0].action.kind();
+        assert_eq!(kind("at=1s pause n1"), Some("pause"));
+        assert_eq!(kind("at=1s resume n1"), None);
+        assert_eq!(kind("at=1s partition n1 | n2"), Some("partition"));
+        assert_eq!(kind("at=1s cut n1 <-> n2"), Some("cut"));
+        assert_eq!(kind("at=1s heal"), None);
+        assert_eq!(kind("at=1s kill n1"), Some("kill"));
+        let paused = parse_fault("at=1s pause n1 for=2s").unwrap();
+        let kinds: Vec<_> = paused.iter().map(|f| f.action.kind()).collect();
+        assert_eq!(kinds, [Some("pause"), None]);
+    }
+
     use super::*;
     use devices::switch::Fault as SwitchFault;
     use devices::PortId;
