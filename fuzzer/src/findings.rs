@@ -18,6 +18,7 @@
 use crate::judge::Failure;
 use crate::spec::CampaignSpec;
 use crate::step::Path as StepPath;
+use run::manifest::{NodePlan, RootSource, WorkloadPlan};
 use run::records::GuestRecord;
 use run::up::{Initrd, PreparedUp};
 use serde::{Deserialize, Serialize};
@@ -124,7 +125,30 @@ pub fn blobify(campaign: &Path, prepared: &PreparedUp) -> Result<PreparedUp> {
         let digest = put_blob(campaign, &read(&disk.image)?)?;
         disk.image = PathBuf::from(blob_name(&digest));
     }
+    if let Some(node) = own_node_mut(&mut out) {
+        forget_host_path(&mut node.source);
+    }
     Ok(out)
+}
+
+fn own_node_mut(prepared: &mut PreparedUp) -> Option<&mut NodePlan> {
+    match prepared.workload.as_mut()? {
+        WorkloadPlan::OwnNode(node) => Some(node),
+        WorkloadPlan::Template(plan) => plan.own_node.as_deref_mut(),
+        WorkloadPlan::InNode { .. } => None,
+    }
+}
+
+/// The workload node's root was packed into the initrd when the run was
+/// prepared; the run never reads its source again. Only its file name is
+/// kept (for people reading run.json): a finding names no path of the
+/// machine that found it.
+fn forget_host_path(source: &mut RootSource) {
+    let name = |path: &Path| PathBuf::from(path.file_name().unwrap_or_default());
+    match source {
+        RootSource::Image(path) | RootSource::Rootfs(path) => *path = name(path),
+        RootSource::Oci(layout) => *layout = name(Path::new(layout)).display().to_string(),
+    }
 }
 
 /// The blobs a blobified run names.
@@ -276,4 +300,38 @@ pub fn load(dir: &Path) -> Result<LoadedFinding> {
     })?;
     let run = resolve(dir, &run)?;
     Ok(LoadedFinding { file, run })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_a_blobified_run_names_no_host_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let kernel = dir.path().join("vmlinux");
+        let image = dir.path().join("raft.img");
+        std::fs::write(&kernel, b"kernel bytes").unwrap();
+        let node = serde_json::json!({
+            "name": "workload", "source": {"image": image}, "address": "192.0.2.10/24",
+            "hostname": null, "command": ["kvclient"], "env": {}, "disk": null
+        });
+        let prepared: PreparedUp = serde_json::from_value(serde_json::json!({
+            "kernel": kernel, "initrd": {"bytes": [1, 2, 3]}, "specs": [], "node_names": [],
+            "workload": {"own_node": node},
+            "network": serde_json::to_value(devices::NetworkConfig::reliable(
+                devices::LatencyDist::Fixed(vmm::VirtNanos::ZERO))).unwrap(),
+            "rtc_epoch_unix_secs": 0, "ram_bytes": 1, "faults": [], "disks": []
+        }))
+        .unwrap();
+        let campaign = dir.path().join("campaign");
+        std::fs::create_dir(&campaign).unwrap();
+        let blobified = blobify(&campaign, &prepared).unwrap();
+        let text = serde_json::to_string(&blobified).unwrap();
+        assert!(!text.contains(dir.path().to_str().unwrap()), "{text}");
+        assert!(text.contains(r#""source":{"image":"raft.img"}"#), "{text}");
+        // And it resolves (digests checked) from the campaign directory.
+        let resolved = resolve(&campaign, &blobified).unwrap();
+        assert!(resolved.kernel.starts_with(&campaign));
+    }
 }
