@@ -45,9 +45,13 @@ fn campaign(file: &Path, out: &Path) -> std::process::Output {
     ])
 }
 
+/// A campaign's state as its database holds it: the tree (every moment as a
+/// JSON row), the findings (number, key, branch) and the property tally.
+type CampaignState = (Vec<String>, Vec<(u32, String, u64)>, Option<String>);
+
 /// The campaign's tree (every moment: parent, path, end, digest, score) and
 /// findings and property tally, as its database holds them.
-fn state(dir: &Path) -> (Vec<String>, Vec<(u32, String, u64)>, Option<String>) {
+fn state(dir: &Path) -> CampaignState {
     let store = Store::open(dir).unwrap();
     let nodes = store
         .nodes()
