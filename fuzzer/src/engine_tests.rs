@@ -4,11 +4,10 @@
 
 use super::*;
 use crate::judge::Verdict;
-use run::api::Response;
-use std::cell::RefCell;
+use run::api::{CheckpointId, Request, Response};
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 /// A run's whole state: the time, and what was done to it, in order.
 #[derive(Clone, Debug, Default, Hash)]
@@ -24,7 +23,7 @@ struct Sim {
     next: u64,
     records: Vec<GuestRecord>,
     /// Requests answered (for counting resets and replays).
-    calls: Rc<RefCell<Vec<String>>>,
+    calls: Arc<Mutex<Vec<String>>>,
     /// Wall time each run request takes (to be killed in the middle of).
     delay: Option<std::time::Duration>,
 }
@@ -52,7 +51,8 @@ impl Runner for Sim {
     fn call(&mut self, request: Request) -> std::result::Result<Response, String> {
         let name = format!("{request:?}");
         self.calls
-            .borrow_mut()
+            .lock()
+            .unwrap()
             .push(name.split_whitespace().next().unwrap_or("").to_string());
         Ok(match request {
             Request::BootUp { .. } => {

@@ -28,6 +28,13 @@ pub trait Runner {
     fn call(&mut self, request: Request) -> Result<Response, String>;
 }
 
+/// A borrowed runner (a campaign's only worker, its caller's).
+impl<R: Runner + ?Sized> Runner for &mut R {
+    fn call(&mut self, request: Request) -> Result<Response, String> {
+        (**self).call(request)
+    }
+}
+
 /// The run library in this process.
 pub struct InProcess {
     controller: Controller,

@@ -47,13 +47,18 @@ pub(crate) fn qemu_args(config: &HelperVmConfig, f: &QemuFiles<'_>) -> Vec<OsStr
         v.extend_from_slice(&qemu_opt_bytes(path));
         OsString::from_vec(v)
     };
+    // One vCPU: single-threaded TCG. More: multi-threaded TCG, asked for explicitly (QEMU
+    // falls back to one thread for all vCPUs when it thinks the guest/host pair unsafe).
+    let cpus = config.cpus.max(1);
+    let accel = if cpus > 1 { "tcg,thread=multi" } else { "tcg" };
+    let smp = cpus.to_string();
     let mut a: Vec<OsString> = [
         "-accel",
-        "tcg",
+        accel,
         "-cpu",
         "EPYC,+svm,+npt,+nrip-save",
         "-smp",
-        "1",
+        &smp,
         "-m",
         &config.memory_mib.to_string(),
         "-nodefaults",
