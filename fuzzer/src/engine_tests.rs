@@ -26,6 +26,12 @@ struct Sim {
     calls: Arc<Mutex<Vec<String>>>,
     /// Wall time each run request takes (to be killed in the middle of).
     delay: Option<std::time::Duration>,
+    /// Seeds a random wall time (0..4 ms) for each run request: workers
+    /// that finish in their own order.
+    jitter: Option<u64>,
+    /// Something done at boot that no other worker does (a run that is
+    /// not deterministic).
+    boot_salt: Option<String>,
 }
 
 fn record(at: u64, json: serde_json::Value) -> GuestRecord {
@@ -57,6 +63,7 @@ impl Runner for Sim {
         Ok(match request {
             Request::BootUp { .. } => {
                 self.state = SimState::default();
+                self.state.events.extend(self.boot_salt.clone());
                 Response::Started {
                     run: RunId(1),
                     position: self.position(),
@@ -69,6 +76,10 @@ impl Runner for Sim {
                 };
                 if let Some(delay) = self.delay {
                     std::thread::sleep(delay);
+                }
+                if let Some(jitter) = &mut self.jitter {
+                    *jitter = jitter.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    std::thread::sleep(std::time::Duration::from_micros((*jitter >> 33) % 4_000));
                 }
                 // Time moves in whole milliseconds, like exits.
                 let target = t.0.div_ceil(1_000_000) * 1_000_000;
@@ -511,4 +522,177 @@ fn test_a_campaign_killed_at_any_moment_resumes_to_the_same_tree() {
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(store.nodes().unwrap(), all);
     assert_eq!(store.findings().unwrap(), expected_findings);
+}
+
+/// A campaign of batches `width` wide run by `sims` (one worker each).
+fn campaign_with(
+    dir: &Path,
+    width: u32,
+    branches: u64,
+    sims: Vec<Sim>,
+) -> (CampaignSummary, Vec<NodeRow>, Vec<FindingRow>) {
+    let files = tempfile::tempdir().unwrap();
+    let run = prepared(files.path());
+    let mut spec = spec(3);
+    spec.batch_width = width;
+    let runners: Vec<Box<dyn Runner + Send>> = sims
+        .into_iter()
+        .map(|s| Box::new(s) as Box<dyn Runner + Send>)
+        .collect();
+    let summary = Engine::create_workers(
+        runners,
+        spec,
+        &run,
+        run.clone(),
+        dir,
+        Box::new(FailJudge::default()),
+        Box::new(Draw),
+    )
+    .unwrap()
+    .run(
+        Budget {
+            wall_ms: 0,
+            branches,
+        },
+        &mut Quiet,
+        &|| false,
+    )
+    .unwrap();
+    let store = Store::open(dir).unwrap();
+    (summary, store.nodes().unwrap(), store.findings().unwrap())
+}
+
+fn jittery(seed: u64) -> Sim {
+    Sim {
+        jitter: Some(seed),
+        ..Sim::default()
+    }
+}
+
+/// The digests of the findings' shrunk paths, in order.
+fn finding_digests(dir: &Path, rows: &[FindingRow]) -> Vec<String> {
+    rows.iter()
+        .map(|f| {
+            findings::load(&findings::finding_dir(dir, f.number))
+                .unwrap()
+                .file
+                .digest
+        })
+        .collect()
+}
+
+#[test]
+fn test_batches_make_the_same_search_whatever_the_workers_timing_and_number() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let c = tempfile::tempdir().unwrap();
+    let (sa, na, fa) = campaign_with(a.path(), 2, 12, vec![jittery(1), jittery(2)]);
+    let (sb, nb, fb) = campaign_with(b.path(), 2, 12, vec![jittery(77), jittery(5)]);
+    let (_, nc, fc) = campaign_with(c.path(), 2, 12, vec![Sim::default()]);
+    assert_eq!((sa.branches, sa.batch_width, sa.workers), (12, 2, 2));
+    assert_eq!(na.len(), 13);
+    assert_eq!(na, nb, "two workers, other timings: the same tree");
+    assert_eq!(na, nc, "one worker: the same tree");
+    assert_eq!(fa, fb);
+    assert_eq!(fa, fc);
+    assert_eq!(sa.findings.len(), 1, "{:?}", sa.findings);
+    assert_eq!(sb.findings, sa.findings);
+    assert_eq!(
+        finding_digests(a.path(), &fa),
+        finding_digests(b.path(), &fb)
+    );
+    assert_eq!(
+        finding_digests(a.path(), &fa),
+        finding_digests(c.path(), &fc)
+    );
+    let store = Store::open(a.path()).unwrap();
+    assert_eq!(store.meta("batch_width").unwrap().as_deref(), Some("2"));
+    let spec: CampaignSpec = store.meta_json("spec").unwrap().unwrap();
+    assert_eq!(spec.batch_width, 2);
+    // Branches of one batch never descend from each other.
+    for node in &na[1..] {
+        let start = tree::batch_start(node.id - 1, 2);
+        assert!(node.parent.unwrap() <= start, "{node:?}");
+    }
+}
+
+#[test]
+fn test_a_batch_cut_short_resumes_to_the_same_tree_with_any_workers() {
+    let straight = tempfile::tempdir().unwrap();
+    let (_, all, all_findings) = campaign_with(straight.path(), 2, 9, vec![jittery(3), jittery(4)]);
+    // 3 branches: the second batch has one of its two committed, as a kill
+    // after that branch's transaction leaves it.
+    let split = tempfile::tempdir().unwrap();
+    let (first, part, _) = campaign_with(split.path(), 2, 3, vec![jittery(9), jittery(8)]);
+    assert_eq!(first.branches, 3);
+    assert_eq!(&all[..4], &part[..]);
+    // Resumed with one worker, then with three: the batch's width is the
+    // campaign's.
+    for (budget, sims) in [
+        (6, vec![Sim::default()]),
+        (9, vec![jittery(1), jittery(2), jittery(6)]),
+    ] {
+        let runners: Vec<Box<dyn Runner + Send>> = sims
+            .into_iter()
+            .map(|s| Box::new(s) as Box<dyn Runner + Send>)
+            .collect();
+        let store = Store::open(split.path()).unwrap();
+        let summary = Engine::resume_store(
+            runners,
+            split.path(),
+            store,
+            Box::new(FailJudge::default()),
+            |_| Box::new(Draw) as Box<dyn FaultSource>,
+            |_, run| Ok(run),
+        )
+        .unwrap()
+        .run(
+            Budget {
+                wall_ms: 0,
+                branches: budget,
+            },
+            &mut Quiet,
+            &|| false,
+        )
+        .unwrap();
+        assert_eq!(summary.branches, budget);
+        assert_eq!(summary.batch_width, 2);
+    }
+    let store = Store::open(split.path()).unwrap();
+    assert_eq!(store.nodes().unwrap(), all);
+    assert_eq!(store.findings().unwrap(), all_findings);
+}
+
+#[test]
+fn test_workers_that_reach_different_roots_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let run = prepared(files.path());
+    let odd = Sim {
+        boot_salt: Some("a timer read twice".into()),
+        ..Sim::default()
+    };
+    let runners: Vec<Box<dyn Runner + Send>> = vec![Box::new(Sim::default()), Box::new(odd)];
+    let error = Engine::create_workers(
+        runners,
+        spec(3),
+        &run,
+        run.clone(),
+        dir.path(),
+        Box::new(FailJudge::default()),
+        Box::new(Draw),
+    )
+    .unwrap()
+    .run(Budget::default(), &mut Quiet, &|| false)
+    .err()
+    .expect("refused");
+    let text = error.to_string();
+    assert!(
+        matches!(error, EngineError::WorkersDiverged { worker: 1, .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains("worker 1") && text.contains("not deterministic"),
+        "{text}"
+    );
 }
