@@ -114,7 +114,7 @@ fn place(
 /// `workers` runners for runs of `prepared`: here, a run library each; in
 /// the helper VM, a helper VM each (one vCPU: measured faster than one
 /// helper VM with a vCPU per worker, whose multi-threaded TCG also changed
-/// the guest's digest; see docs/campaigns.md), started at once.
+/// the guest's digest; see docs/campaigns.md).
 fn place_workers(
     mode: HostVmMode,
     prepared: &PreparedUp,
@@ -159,24 +159,13 @@ fn place_workers(
             if workers > 1 {
                 eprintln!("detvisor: {workers} workers, a helper VM each");
             }
-            let started: Vec<Result<Remote>> = std::thread::scope(|s| {
-                let handles: Vec<_> = all_needs
-                    .into_iter()
-                    .map(|needs| {
-                        let reason = &reason;
-                        s.spawn(move || Remote::start(reason, needs))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().expect("starting a helper VM panicked"))
-                    .collect()
-            });
-            let runners = started
+            // One after the other, on this thread: QEMU is tied to the
+            // thread that starts it (it is killed when that thread ends).
+            let runners = all_needs
                 .into_iter()
-                .map(|remote| {
+                .map(|needs| {
                     Ok(PlacedRunner {
-                        place: Place::HelperVm(Box::new(remote?)),
+                        place: Place::HelperVm(Box::new(Remote::start(&reason, needs)?)),
                         stall: StallTimeout::HELPER_VM,
                     })
                 })
