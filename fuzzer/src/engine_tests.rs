@@ -262,31 +262,7 @@ impl Progress for Quiet {
 }
 
 fn campaign(dir: &Path, live: u32, branches: u64) -> (CampaignSummary, Vec<NodeRow>) {
-    let files = tempfile::tempdir().unwrap();
-    let run = prepared(files.path());
-    let mut sim = Sim::default();
-    let summary = {
-        let mut engine = Engine::create(
-            &mut sim,
-            spec(live),
-            &run,
-            run.clone(),
-            dir,
-            Box::new(FailJudge::default()),
-            Box::new(Draw),
-        )
-        .unwrap();
-        engine
-            .run(
-                Budget {
-                    wall_ms: 0,
-                    branches,
-                },
-                &mut Quiet,
-                &|| false,
-            )
-            .unwrap()
-    };
+    let summary = try_campaign(dir, spec(live), branches, vec![Sim::default()]).unwrap();
     let nodes = Store::open(dir).unwrap().nodes().unwrap();
     (summary, nodes)
 }
@@ -500,53 +476,23 @@ fn test_a_campaign_killed_at_any_moment_resumes_to_the_same_tree() {
             "round {round}: a prefix of the same search"
         );
     }
-    let mut sim = Sim::default();
-    let summary = Engine::resume(
-        &mut sim,
-        dir.path(),
-        Box::new(FailJudge::default()),
-        |_| Box::new(Draw) as Box<dyn FaultSource>,
-        |_, run| Ok(run),
-    )
-    .unwrap()
-    .run(
-        Budget {
-            wall_ms: 0,
-            branches: 10,
-        },
-        &mut Quiet,
-        &|| false,
-    )
-    .unwrap();
+    let summary = resume_with(dir.path(), vec![Box::new(Sim::default())], 10);
     assert_eq!(summary.branches, 10);
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(store.nodes().unwrap(), all);
     assert_eq!(store.findings().unwrap(), expected_findings);
 }
 
-/// A campaign of batches `width` wide run by `sims` (one worker each).
-fn campaign_with(
-    dir: &Path,
-    width: u32,
-    branches: u64,
-    sims: Vec<Sim>,
-) -> (CampaignSummary, Vec<NodeRow>, Vec<FindingRow>) {
-    let files = tempfile::tempdir().unwrap();
-    let run = prepared(files.path());
-    let mut spec = spec(3);
-    spec.batch_width = width;
-    let runners: Vec<Box<dyn Runner + Send>> = sims
-        .into_iter()
-        .map(|s| Box::new(s) as Box<dyn Runner + Send>)
-        .collect();
-    let summary = Engine::create_workers(
+/// Resumes the campaign in `dir` with a worker per runner, to `branches`.
+fn resume_with(dir: &Path, runners: Vec<Box<dyn Runner + Send>>, branches: u64) -> CampaignSummary {
+    let store = Store::open(dir).unwrap();
+    Engine::resume_store(
         runners,
-        spec,
-        &run,
-        run.clone(),
         dir,
+        store,
         Box::new(FailJudge::default()),
-        Box::new(Draw),
+        |_| Box::new(Draw) as Box<dyn FaultSource>,
+        |_, run| Ok(run),
     )
     .unwrap()
     .run(
@@ -557,7 +503,51 @@ fn campaign_with(
         &mut Quiet,
         &|| false,
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// A new campaign of `spec` run by `sims` (one worker each), to `branches`.
+fn try_campaign(
+    dir: &Path,
+    spec: CampaignSpec,
+    branches: u64,
+    sims: Vec<Sim>,
+) -> Result<CampaignSummary> {
+    let files = tempfile::tempdir().unwrap();
+    let run = prepared(files.path());
+    let runners: Vec<Box<dyn Runner + Send>> = sims
+        .into_iter()
+        .map(|s| Box::new(s) as Box<dyn Runner + Send>)
+        .collect();
+    Engine::create_workers(
+        runners,
+        spec,
+        &run,
+        run.clone(),
+        dir,
+        Box::new(FailJudge::default()),
+        Box::new(Draw),
+    )?
+    .run(
+        Budget {
+            wall_ms: 0,
+            branches,
+        },
+        &mut Quiet,
+        &|| false,
+    )
+}
+
+/// A campaign of batches `width` wide run by `sims` (one worker each).
+fn campaign_with(
+    dir: &Path,
+    width: u32,
+    branches: u64,
+    sims: Vec<Sim>,
+) -> (CampaignSummary, Vec<NodeRow>, Vec<FindingRow>) {
+    let mut spec = spec(3);
+    spec.batch_width = width;
+    let summary = try_campaign(dir, spec, branches, sims).unwrap();
     let store = Store::open(dir).unwrap();
     (summary, store.nodes().unwrap(), store.findings().unwrap())
 }
@@ -636,25 +626,7 @@ fn test_a_batch_cut_short_resumes_to_the_same_tree_with_any_workers() {
             .into_iter()
             .map(|s| Box::new(s) as Box<dyn Runner + Send>)
             .collect();
-        let store = Store::open(split.path()).unwrap();
-        let summary = Engine::resume_store(
-            runners,
-            split.path(),
-            store,
-            Box::new(FailJudge::default()),
-            |_| Box::new(Draw) as Box<dyn FaultSource>,
-            |_, run| Ok(run),
-        )
-        .unwrap()
-        .run(
-            Budget {
-                wall_ms: 0,
-                branches: budget,
-            },
-            &mut Quiet,
-            &|| false,
-        )
-        .unwrap();
+        let summary = resume_with(split.path(), runners, budget);
         assert_eq!(summary.branches, budget);
         assert_eq!(summary.batch_width, 2);
     }
@@ -666,26 +638,13 @@ fn test_a_batch_cut_short_resumes_to_the_same_tree_with_any_workers() {
 #[test]
 fn test_workers_that_reach_different_roots_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let files = tempfile::tempdir().unwrap();
-    let run = prepared(files.path());
     let odd = Sim {
         boot_salt: Some("a timer read twice".into()),
         ..Sim::default()
     };
-    let runners: Vec<Box<dyn Runner + Send>> = vec![Box::new(Sim::default()), Box::new(odd)];
-    let error = Engine::create_workers(
-        runners,
-        spec(3),
-        &run,
-        run.clone(),
-        dir.path(),
-        Box::new(FailJudge::default()),
-        Box::new(Draw),
-    )
-    .unwrap()
-    .run(Budget::default(), &mut Quiet, &|| false)
-    .err()
-    .expect("refused");
+    let error = try_campaign(dir.path(), spec(3), 0, vec![Sim::default(), odd])
+        .err()
+        .expect("refused");
     let text = error.to_string();
     assert!(
         matches!(error, EngineError::WorkersDiverged { worker: 1, .. }),
