@@ -494,8 +494,13 @@ fn resume_with(dir: &Path, runners: Vec<Box<dyn Runner + Send>>, branches: u64) 
         |_| Box::new(Draw) as Box<dyn FaultSource>,
         |_, run| Ok(run),
     )
+    .and_then(|engine| run_to(engine, branches))
     .unwrap()
-    .run(
+}
+
+/// Runs `engine` quietly to `branches` in all.
+fn run_to(mut engine: Engine<'_>, branches: u64) -> Result<CampaignSummary> {
+    engine.run(
         Budget {
             wall_ms: 0,
             branches,
@@ -503,7 +508,6 @@ fn resume_with(dir: &Path, runners: Vec<Box<dyn Runner + Send>>, branches: u64) 
         &mut Quiet,
         &|| false,
     )
-    .unwrap()
 }
 
 /// A new campaign of `spec` run by `sims` (one worker each), to `branches`.
@@ -527,15 +531,8 @@ fn try_campaign(
         dir,
         Box::new(FailJudge::default()),
         Box::new(Draw),
-    )?
-    .run(
-        Budget {
-            wall_ms: 0,
-            branches,
-        },
-        &mut Quiet,
-        &|| false,
     )
+    .and_then(|engine| run_to(engine, branches))
 }
 
 /// A campaign of batches `width` wide run by `sims` (one worker each).
