@@ -639,9 +639,8 @@ fn test_workers_that_reach_different_roots_are_refused() {
         boot_salt: Some("a timer read twice".into()),
         ..Sim::default()
     };
-    let error = try_campaign(dir.path(), spec(3), 0, vec![Sim::default(), odd])
-        .err()
-        .expect("refused");
+    let error =
+        try_campaign(dir.path(), spec(3), 0, vec![Sim::default(), odd]).expect_err("refused");
     let text = error.to_string();
     assert!(
         matches!(error, EngineError::WorkersDiverged { worker: 1, .. }),
