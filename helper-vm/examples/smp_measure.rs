@@ -57,6 +57,7 @@ fn main() {
         file("/lib64/ld-linux-x86-64.so.2", "ld.so"),
         file("/lib/x86_64-linux-gnu/libc.so.6", "libc.so.6"),
         file("/lib/x86_64-linux-gnu/libgcc_s.so.1", "libgcc_s.so.1"),
+        file("/lib/x86_64-linux-gnu/libm.so.6", "libm.so.6"),
     ];
     let config = HelperVmConfig {
         assets_dir: helper_vm::ensure_assets(None).unwrap(),
