@@ -315,7 +315,7 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
             );
         }
         let (mut runners, there) = place_workers(args.host_vm, &prepared, &[&out], workers)?;
-        let mut engine = Engine::create_workers(
+        let mut engine = Engine::create(
             boxed(&mut runners),
             spec,
             &prepared,

@@ -149,35 +149,14 @@ pub fn branch_seed(seed: u64, k: u64) -> u64 {
 }
 
 impl<'a> Engine<'a> {
-    /// A new campaign in `dir` with one worker (see [`Engine::create_workers`]).
-    pub fn create(
-        runner: &'a mut (dyn Runner + Send),
-        spec: CampaignSpec,
-        host_run: &PreparedUp,
-        prepared: PreparedUp,
-        dir: &Path,
-        judge: Box<dyn Judge + 'a>,
-        faults: Box<dyn FaultSource + 'a>,
-    ) -> Result<Self> {
-        Self::create_workers(
-            vec![Box::new(runner)],
-            spec,
-            host_run,
-            prepared,
-            dir,
-            judge,
-            faults,
-        )
-    }
-
     /// A new campaign in `dir` (the spec and prepared run checked by the
     /// caller), run by one worker per runner: `host_run` is the run as
     /// assembled here (its files are kept in the campaign's directory by
     /// digest), `prepared` the same run as the runners see it (in a helper
     /// VM, its files are shipped there). A spec's batch width of 0 becomes
     /// the number of runners, for the campaign's whole life.
-    pub fn create_workers(
-        runners: Vec<Box<dyn Runner + Send + 'a>>,
+    pub fn create(
+        runners: impl Into<Runners<'a>>,
         mut spec: CampaignSpec,
         host_run: &PreparedUp,
         prepared: PreparedUp,
@@ -185,6 +164,7 @@ impl<'a> Engine<'a> {
         judge: Box<dyn Judge + 'a>,
         faults: Box<dyn FaultSource + 'a>,
     ) -> Result<Self> {
+        let Runners(runners) = runners.into();
         if runners.is_empty() {
             return Err(EngineError::NoWorkers);
         }
@@ -223,38 +203,32 @@ impl<'a> Engine<'a> {
         })
     }
 
-    /// The campaign in `dir`, to continue with one worker: its spec and run
-    /// as saved.
+    /// The campaign in `dir`, to continue with a worker per runner (any
+    /// number: the search is the campaign's batch width's, whoever runs
+    /// it): its spec and run as saved.
     pub fn resume(
-        runner: &'a mut (dyn Runner + Send),
+        runners: impl Into<Runners<'a>>,
         dir: &Path,
         judge: Box<dyn Judge + 'a>,
         faults: impl FnOnce(&CampaignSpec) -> Box<dyn FaultSource + 'a>,
         resolve_run: impl FnOnce(&Path, PreparedUp) -> Result<PreparedUp>,
     ) -> Result<Self> {
         let store = Store::open(dir)?;
-        Self::resume_store(
-            vec![Box::new(runner)],
-            dir,
-            store,
-            judge,
-            faults,
-            resolve_run,
-        )
+        Self::resume_store(runners, dir, store, judge, faults, resolve_run)
     }
 
-    /// As [`Engine::resume`], with a worker per runner (any number: the
-    /// search is the campaign's batch width's, whoever runs it) and the
-    /// campaign's database already open (and so locked: a caller that read
-    /// the spec first keeps the lock until the campaign ends).
+    /// As [`Engine::resume`], with the campaign's database already open
+    /// (and so locked: a caller that read the spec first keeps the lock
+    /// until the campaign ends).
     pub fn resume_store(
-        runners: Vec<Box<dyn Runner + Send + 'a>>,
+        runners: impl Into<Runners<'a>>,
         dir: &Path,
         store: Store,
         judge: Box<dyn Judge + 'a>,
         faults: impl FnOnce(&CampaignSpec) -> Box<dyn FaultSource + 'a>,
         resolve_run: impl FnOnce(&Path, PreparedUp) -> Result<PreparedUp>,
     ) -> Result<Self> {
+        let Runners(runners) = runners.into();
         if runners.is_empty() {
             return Err(EngineError::NoWorkers);
         }
@@ -653,6 +627,22 @@ impl<'a> Engine<'a> {
             summary: failure.summary,
             node,
         })
+    }
+}
+
+/// The runners of a campaign's workers: one borrowed (`&mut runner`), or
+/// several boxed.
+pub struct Runners<'a>(pub Vec<Box<dyn Runner + Send + 'a>>);
+
+impl<'a, R: Runner + Send + 'a> From<&'a mut R> for Runners<'a> {
+    fn from(runner: &'a mut R) -> Self {
+        Runners(vec![Box::new(runner)])
+    }
+}
+
+impl<'a> From<Vec<Box<dyn Runner + Send + 'a>>> for Runners<'a> {
+    fn from(runners: Vec<Box<dyn Runner + Send + 'a>>) -> Self {
+        Runners(runners)
     }
 }
 

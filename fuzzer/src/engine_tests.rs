@@ -523,7 +523,7 @@ fn try_campaign(
         .into_iter()
         .map(|s| Box::new(s) as Box<dyn Runner + Send>)
         .collect();
-    Engine::create_workers(
+    Engine::create(
         runners,
         spec,
         &run,
