@@ -377,12 +377,34 @@ fn test_a_resumed_campaign_continues_the_same_search() {
 /// moments; the parent resumes it each time.
 #[test]
 fn test_a_campaign_killed_at_any_moment_resumes_to_the_same_tree() {
+    killed_and_resumed(1, 1);
+}
+
+/// As above, for batches of two on two workers: kills land in the middle of
+/// batches too (some of a batch's branches committed).
+#[test]
+fn test_a_campaign_of_batches_killed_at_any_moment_resumes_to_the_same_tree() {
+    killed_and_resumed(2, 2);
+}
+
+fn boxed(sims: Vec<Sim>) -> Vec<Box<dyn Runner + Send>> {
+    sims.into_iter()
+        .map(|s| Box::new(s) as Box<dyn Runner + Send>)
+        .collect()
+}
+
+/// A campaign of batches `width` wide on `workers` workers, killed in a
+/// child process at several moments and resumed each time, then finished:
+/// the same tree and findings as a campaign never killed.
+fn killed_and_resumed(width: u32, workers: usize) {
     let straight = tempfile::tempdir().unwrap();
-    let (_, all) = campaign(straight.path(), 3, 10);
-    let expected_findings = Store::open(straight.path()).unwrap().findings().unwrap();
+    let (_, all, expected_findings) = campaign_with(
+        straight.path(),
+        width,
+        10,
+        (0..workers).map(|_| Sim::default()).collect(),
+    );
     let dir = tempfile::tempdir().unwrap();
-    let files = tempfile::tempdir().unwrap();
-    let run = prepared(files.path());
     for (round, kill_after_ms) in [35u64, 90, 160].into_iter().enumerate() {
         // SAFETY: the child only runs this test's code and then _exits; it
         // touches no lock another thread of the harness could hold mid-way
@@ -394,51 +416,21 @@ fn test_a_campaign_killed_at_any_moment_resumes_to_the_same_tree() {
             // files among them) are not this child's to hold.
             // SAFETY: closes descriptors this child inherited and does not use.
             unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
-            let mut sim = Sim {
-                delay: Some(std::time::Duration::from_millis(3)),
-                ..Sim::default()
-            };
+            let sims: Vec<Sim> = (0..workers)
+                .map(|_| Sim {
+                    delay: Some(std::time::Duration::from_millis(3)),
+                    ..Sim::default()
+                })
+                .collect();
             // Killed before its database was whole, a campaign has none: it
             // starts again.
             let fresh = !dir.path().join(crate::store::DB_FILE).exists();
             let result = if fresh {
-                Engine::create(
-                    &mut sim,
-                    spec(3),
-                    &run,
-                    run.clone(),
-                    dir.path(),
-                    Box::new(FailJudge::default()),
-                    Box::new(Draw),
-                )
-                .and_then(|mut e| {
-                    e.run(
-                        Budget {
-                            wall_ms: 0,
-                            branches: 10,
-                        },
-                        &mut Quiet,
-                        &|| false,
-                    )
-                })
+                let mut spec = spec(3);
+                spec.batch_width = width;
+                try_campaign(dir.path(), spec, 10, sims)
             } else {
-                Engine::resume(
-                    &mut sim,
-                    dir.path(),
-                    Box::new(FailJudge::default()),
-                    |_| Box::new(Draw) as Box<dyn FaultSource>,
-                    |_, run| Ok(run),
-                )
-                .and_then(|mut e| {
-                    e.run(
-                        Budget {
-                            wall_ms: 0,
-                            branches: 10,
-                        },
-                        &mut Quiet,
-                        &|| false,
-                    )
-                })
+                try_resume(dir.path(), boxed(sims), 10)
             };
             // SAFETY: ends the forked child without running the harness's
             // exit handlers.
@@ -476,7 +468,11 @@ fn test_a_campaign_killed_at_any_moment_resumes_to_the_same_tree() {
             "round {round}: a prefix of the same search"
         );
     }
-    let summary = resume_with(dir.path(), vec![Box::new(Sim::default())], 10);
+    let summary = resume_with(
+        dir.path(),
+        boxed((0..workers).map(|_| Sim::default()).collect()),
+        10,
+    );
     assert_eq!(summary.branches, 10);
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(store.nodes().unwrap(), all);
@@ -485,17 +481,22 @@ fn test_a_campaign_killed_at_any_moment_resumes_to_the_same_tree() {
 
 /// Resumes the campaign in `dir` with a worker per runner, to `branches`.
 fn resume_with(dir: &Path, runners: Vec<Box<dyn Runner + Send>>, branches: u64) -> CampaignSummary {
-    let store = Store::open(dir).unwrap();
-    Engine::resume_store(
+    try_resume(dir, runners, branches).unwrap()
+}
+
+fn try_resume(
+    dir: &Path,
+    runners: Vec<Box<dyn Runner + Send>>,
+    branches: u64,
+) -> Result<CampaignSummary> {
+    Engine::resume(
         runners,
         dir,
-        store,
         Box::new(FailJudge::default()),
         |_| Box::new(Draw) as Box<dyn FaultSource>,
         |_, run| Ok(run),
     )
     .and_then(|engine| run_to(engine, branches))
-    .unwrap()
 }
 
 /// Runs `engine` quietly to `branches` in all.
@@ -519,12 +520,8 @@ fn try_campaign(
 ) -> Result<CampaignSummary> {
     let files = tempfile::tempdir().unwrap();
     let run = prepared(files.path());
-    let runners: Vec<Box<dyn Runner + Send>> = sims
-        .into_iter()
-        .map(|s| Box::new(s) as Box<dyn Runner + Send>)
-        .collect();
     Engine::create(
-        runners,
+        boxed(sims),
         spec,
         &run,
         run.clone(),
@@ -619,11 +616,7 @@ fn test_a_batch_cut_short_resumes_to_the_same_tree_with_any_workers() {
         (6, vec![Sim::default()]),
         (9, vec![jittery(1), jittery(2), jittery(6)]),
     ] {
-        let runners: Vec<Box<dyn Runner + Send>> = sims
-            .into_iter()
-            .map(|s| Box::new(s) as Box<dyn Runner + Send>)
-            .collect();
-        let summary = resume_with(split.path(), runners, budget);
+        let summary = resume_with(split.path(), boxed(sims), budget);
         assert_eq!(summary.branches, budget);
         assert_eq!(summary.batch_width, 2);
     }
