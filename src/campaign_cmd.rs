@@ -10,6 +10,7 @@ use fuzzer::engine::{BranchReport, Budget, Engine, Progress};
 use fuzzer::findings;
 use fuzzer::runner::{InProcess, Runner};
 use fuzzer::spec::CampaignSpec;
+use fuzzer::spec::MAX_BATCH_WIDTH;
 use helper_vm::Placement;
 use run::api::{Request, Response};
 use run::up::{PreparedUp, UpOptions};
@@ -35,9 +36,11 @@ pub struct CampaignArgs {
     /// file's budget.branches.
     #[arg(long)]
     branches: Option<u64>,
-    /// Workers: branches run at once (0: one per core). This build runs one
-    /// branch at a time.
-    #[arg(long, default_value_t = 1)]
+    /// Workers: branches run at once (0: one per core, at most 64). Through
+    /// the helper VM each worker has a helper VM of its own, kept for the
+    /// campaign's whole run. A new campaign chooses its branches in batches
+    /// of this many (the search is the same whatever --jobs a resume gives).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=64))]
     jobs: u32,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
@@ -66,7 +69,7 @@ pub struct ReplayArgs {
     host_vm: HostVmMode,
 }
 
-/// Set by SIGINT: the campaign stops after the branch in flight.
+/// Set by SIGINT: the campaign stops after the branches in flight.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_sigint(_: libc::c_int) {
@@ -104,43 +107,113 @@ fn place(
     prepared: &PreparedUp,
     shared: &[&Path],
 ) -> Result<(PlacedRunner, PreparedUp)> {
+    let (mut runners, there) = place_workers(mode, prepared, shared, 1)?;
+    Ok((runners.remove(0), there))
+}
+
+/// `workers` runners for runs of `prepared`: here, a run library each; in
+/// the helper VM, a helper VM each (one vCPU: measured faster than one
+/// helper VM with a vCPU per worker, whose multi-threaded TCG also changed
+/// the guest's digest; see docs/campaigns.md).
+fn place_workers(
+    mode: HostVmMode,
+    prepared: &PreparedUp,
+    shared: &[&Path],
+    workers: u32,
+) -> Result<(Vec<PlacedRunner>, PreparedUp)> {
     match helper_vm::placement(mode) {
         Placement::Host => Ok((
-            PlacedRunner {
-                place: Place::Here(InProcess::new()),
-                stall: StallTimeout::HARDWARE,
-            },
+            (0..workers)
+                .map(|_| PlacedRunner {
+                    place: Place::Here(InProcess::new()),
+                    stall: StallTimeout::HARDWARE,
+                })
+                .collect(),
             prepared.clone(),
         )),
         Placement::HelperVm { reason } => {
+            let mut all_needs = Vec::new();
             let mut there = prepared.clone();
-            let mut options = UpOptions {
-                seed: 0,
-                until: None,
-                runs: 1,
-                logs: None,
-                stream_output: false,
-                snapshots: None,
-                stall_timeout: StallTimeout::HELPER_VM,
-                pcap: None,
-                trace: None,
-                records: None,
-                exit_path: Default::default(),
-            };
-            let mut needs = crate::up_cmd::helper_needs(&mut there, &mut options)?;
-            for dir in shared {
-                needs.share(dir)?;
+            for _ in 0..workers {
+                there = prepared.clone();
+                let mut options = UpOptions {
+                    seed: 0,
+                    until: None,
+                    runs: 1,
+                    logs: None,
+                    stream_output: false,
+                    snapshots: None,
+                    stall_timeout: StallTimeout::HELPER_VM,
+                    pcap: None,
+                    trace: None,
+                    records: None,
+                    exit_path: Default::default(),
+                };
+                let mut needs = crate::up_cmd::helper_needs(&mut there, &mut options)?;
+                for dir in shared {
+                    needs.share(dir)?;
+                }
+                all_needs.push(needs);
             }
-            let remote = Remote::start(&reason, needs)?;
-            Ok((
-                PlacedRunner {
-                    place: Place::HelperVm(Box::new(remote)),
-                    stall: StallTimeout::HELPER_VM,
-                },
-                there,
-            ))
+            check_host_memory(workers, all_needs[0].memory_mib)?;
+            if workers > 1 {
+                eprintln!("detvisor: {workers} workers, a helper VM each");
+            }
+            // One after the other, on this thread: QEMU is tied to the
+            // thread that starts it (it is killed when that thread ends).
+            let runners = all_needs
+                .into_iter()
+                .map(|needs| {
+                    Ok(PlacedRunner {
+                        place: Place::HelperVm(Box::new(Remote::start(&reason, needs)?)),
+                        stall: StallTimeout::HELPER_VM,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok((runners, there))
         }
     }
+}
+
+/// Refuses `workers` helper VMs of `memory_mib` each that the host's
+/// available memory cannot hold (QEMU would be killed half-way instead).
+fn check_host_memory(workers: u32, memory_mib: u32) -> Result<()> {
+    let Some(available_mib) = available_memory_mib() else {
+        return Ok(());
+    };
+    let needed = u64::from(workers) * u64::from(memory_mib);
+    if needed > available_mib {
+        bail!(
+            "--jobs {workers}: {workers} helper VMs of {memory_mib} MiB need {needed} MiB, and this host has {available_mib} MiB available"
+        );
+    }
+    Ok(())
+}
+
+/// `MemAvailable` of /proc/meminfo, in MiB.
+fn available_memory_mib() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}
+
+/// Workers for `--jobs`: 0 is one per core of this host.
+fn workers(jobs: u32) -> u32 {
+    if jobs > 0 {
+        return jobs;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get() as u32)
+        .min(MAX_BATCH_WIDTH)
+}
+
+/// Boxes runners for the engine's workers.
+fn boxed<'a>(runners: &'a mut [PlacedRunner]) -> Vec<Box<dyn Runner + Send + 'a>> {
+    runners
+        .iter_mut()
+        .map(|r| Box::new(r) as Box<dyn Runner + Send + 'a>)
+        .collect()
 }
 
 struct Printer;
@@ -156,7 +229,7 @@ impl Progress for Printer {
 
     fn branch(&mut self, r: &BranchReport) {
         eprintln!(
-            "detvisor: branch {} from moment {} (depth {}), seed {}, {} fault{}: to {}, {} failure{}, novelty {:.2} ({:.1} s)",
+            "detvisor: branch {} from moment {} (depth {}), seed {}, {} fault{}: to {}, {} failure{}, novelty {:.2} ({:.1} s, worker {})",
             r.number,
             r.parent,
             r.depth,
@@ -167,7 +240,8 @@ impl Progress for Printer {
             r.failures,
             if r.failures == 1 { "" } else { "s" },
             r.novelty,
-            r.wall_ms as f64 / 1000.0
+            r.wall_ms as f64 / 1000.0,
+            r.worker
         );
     }
 
@@ -191,12 +265,8 @@ fn budget(args: &CampaignArgs, spec: &CampaignSpec) -> Result<Budget> {
 }
 
 pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
-    if args.jobs != 1 {
-        eprintln!(
-            "detvisor: --jobs {}: this build runs one branch at a time (one worker)",
-            args.jobs
-        );
-    }
+    // --jobs was checked by clap (0..=64) before anything started.
+    let workers = workers(args.jobs);
     // SAFETY: installs a handler that only stores to an atomic.
     unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
     let stop = || INTERRUPTED.load(Ordering::SeqCst);
@@ -212,12 +282,12 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
             .context("the campaign database holds no run")?;
         let host_run = findings::resolve(&dir, &saved)?;
         let budget = budget(&args, &spec)?;
-        let (mut runner, there) = place(args.host_vm, &host_run, &[&dir])?;
+        let (mut runners, there) = place_workers(args.host_vm, &host_run, &[&dir], workers)?;
         let judge = fuzzer::judges::campaign_judge(&spec)?;
         let faults = fuzzer::judges::fault_source(&spec, &there)?;
         // The store stays open (and locked) from here to the campaign's end.
         let mut engine = Engine::resume_store(
-            &mut runner,
+            boxed(&mut runners),
             &dir,
             store,
             judge,
@@ -244,15 +314,26 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
                 out.display()
             );
         }
-        let (mut runner, there) = place(args.host_vm, &prepared, &[&out])?;
-        let mut engine = Engine::create(&mut runner, spec, &prepared, there, &out, judge, faults)?;
+        let (mut runners, there) = place_workers(args.host_vm, &prepared, &[&out], workers)?;
+        let mut engine = Engine::create(
+            boxed(&mut runners),
+            spec,
+            &prepared,
+            there,
+            &out,
+            judge,
+            faults,
+        )?;
         engine.run(budget, &mut Printer, &stop)?
     };
     eprintln!(
-        "detvisor: campaign stopped ({}): {} branches ({} in this run), {} finding{}, {:.1} min of wall time",
+        "detvisor: campaign stopped ({}): {} branches ({} in this run, {} worker{}, batches of {}), {} finding{}, {:.1} min of wall time",
         summary.stopped_by,
         summary.branches,
         summary.branches_this_run,
+        summary.workers,
+        if summary.workers == 1 { "" } else { "s" },
+        summary.batch_width,
         summary.findings.len(),
         if summary.findings.len() == 1 { "" } else { "s" },
         summary.wall_ms as f64 / 60_000.0

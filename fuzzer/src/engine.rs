@@ -12,7 +12,9 @@ use crate::shrink::ddmin;
 use crate::spec::{CampaignSpec, RootRule, ROOT_POLL_NS};
 use crate::step::Path as StepPath;
 use crate::store::{FindingRow, FinishedBranch, NodeRow, Store, StoreError};
-use run::api::{CheckpointId, Position, Request, RunId, Until};
+use crate::tree::{self, path_records, TreeNode};
+use crate::worker::{BranchJob, BranchRun, Root, Worker};
+use run::api::{Position, RunId, Until};
 use run::faults::parse_fault_after;
 use run::records::{GuestRecord, RecordBody};
 use run::up::{PreparedUp, UpEvent, UpOptions};
@@ -42,6 +44,14 @@ pub enum EngineError {
     DrawnFault { text: String, message: String },
     #[error("resuming: the run reached its root moment with digest {now}, but the campaign was started from {then}: the manifest, its images or this detvisor changed")]
     RootMoved { then: String, now: String },
+    #[error("worker {worker} reached the root moment with digest {digest}, worker 0 with {first}: the run is not deterministic")]
+    WorkersDiverged {
+        worker: usize,
+        digest: String,
+        first: String,
+    },
+    #[error("a campaign needs at least one worker")]
+    NoWorkers,
     #[error("campaign state: {0}")]
     Tally(String),
 }
@@ -74,13 +84,8 @@ pub struct BranchReport {
     pub failures: usize,
     pub novelty: f64,
     pub wall_ms: u64,
-}
-
-/// The moments a campaign keeps.
-struct TreeNode {
-    row: NodeRow,
-    children: u32,
-    records: Vec<GuestRecord>,
+    /// The worker that ran it.
+    pub worker: usize,
 }
 
 /// Limits on a campaign's run (this process's share; the database keeps
@@ -96,6 +101,10 @@ pub struct Budget {
 pub struct CampaignSummary {
     pub branches: u64,
     pub branches_this_run: u64,
+    /// Branches chosen together (the campaign's, fixed at its creation).
+    pub batch_width: u32,
+    /// Workers that ran this process's share.
+    pub workers: usize,
     pub findings: Vec<FindingRow>,
     pub end_failures: Vec<Failure>,
     pub wall_ms: u64,
@@ -103,22 +112,17 @@ pub struct CampaignSummary {
 }
 
 pub struct Engine<'a> {
-    calls: Calls<'a>,
+    workers: Vec<Worker<'a>>,
     spec: CampaignSpec,
     dir: PathBuf,
     store: Store,
     judge: Box<dyn Judge + 'a>,
     faults: Box<dyn FaultSource + 'a>,
     prepared: PreparedUp,
-    run: Option<RunId>,
     nodes: Vec<TreeNode>,
-    /// Live checkpoints, least recently used first; the root's is never let go.
-    live: Vec<(u64, CheckpointId)>,
     findings: BTreeMap<String, u32>,
     branches: u64,
     wall_before_ms: u64,
-    /// Where the run is now: (node, at its moment exactly).
-    at_node: Option<u64>,
 }
 
 /// Options for booting a campaign's run (the campaign's, or a replay's
@@ -146,18 +150,27 @@ pub fn branch_seed(seed: u64, k: u64) -> u64 {
 
 impl<'a> Engine<'a> {
     /// A new campaign in `dir` (the spec and prepared run checked by the
-    /// caller): `host_run` is the run as assembled here (its files are kept
-    /// in the campaign's directory by digest), `prepared` the same run as the
-    /// runner sees it (in a helper VM, its files are shipped there).
+    /// caller), run by one worker per runner: `host_run` is the run as
+    /// assembled here (its files are kept in the campaign's directory by
+    /// digest), `prepared` the same run as the runners see it (in a helper
+    /// VM, its files are shipped there). A spec's batch width of 0 becomes
+    /// the number of runners, for the campaign's whole life.
     pub fn create(
-        runner: &'a mut dyn Runner,
-        spec: CampaignSpec,
+        runners: impl Into<Runners<'a>>,
+        mut spec: CampaignSpec,
         host_run: &PreparedUp,
         prepared: PreparedUp,
         dir: &Path,
         judge: Box<dyn Judge + 'a>,
         faults: Box<dyn FaultSource + 'a>,
     ) -> Result<Self> {
+        let Runners(runners) = runners.into();
+        if runners.is_empty() {
+            return Err(EngineError::NoWorkers);
+        }
+        if spec.batch_width == 0 {
+            spec.batch_width = runners.len() as u32;
+        }
         // The run's files go by digest into the directory first: a database
         // that exists names only files that do.
         let blobified = findings::blobify(dir, host_run)?;
@@ -172,49 +185,53 @@ impl<'a> Engine<'a> {
                     "run",
                     serde_json::to_string(&blobified).expect("runs serialize"),
                 ),
+                ("batch_width", spec.batch_width.to_string()),
             ],
         )?;
         Ok(Engine {
-            calls: Calls { runner },
+            workers: workers(runners, &spec),
             spec,
             dir: dir.to_owned(),
             store,
             judge,
             faults,
             prepared,
-            run: None,
             nodes: Vec::new(),
-            live: Vec::new(),
             findings: BTreeMap::new(),
             branches: 0,
             wall_before_ms: 0,
-            at_node: None,
         })
     }
 
-    /// The campaign in `dir`, to continue: its spec and run as saved.
+    /// The campaign in `dir`, to continue with a worker per runner (any
+    /// number: the search is the campaign's batch width's, whoever runs
+    /// it): its spec and run as saved.
     pub fn resume(
-        runner: &'a mut dyn Runner,
+        runners: impl Into<Runners<'a>>,
         dir: &Path,
         judge: Box<dyn Judge + 'a>,
         faults: impl FnOnce(&CampaignSpec) -> Box<dyn FaultSource + 'a>,
         resolve_run: impl FnOnce(&Path, PreparedUp) -> Result<PreparedUp>,
     ) -> Result<Self> {
         let store = Store::open(dir)?;
-        Self::resume_store(runner, dir, store, judge, faults, resolve_run)
+        Self::resume_store(runners, dir, store, judge, faults, resolve_run)
     }
 
     /// As [`Engine::resume`], with the campaign's database already open
     /// (and so locked: a caller that read the spec first keeps the lock
     /// until the campaign ends).
     pub fn resume_store(
-        runner: &'a mut dyn Runner,
+        runners: impl Into<Runners<'a>>,
         dir: &Path,
         store: Store,
         judge: Box<dyn Judge + 'a>,
         faults: impl FnOnce(&CampaignSpec) -> Box<dyn FaultSource + 'a>,
         resolve_run: impl FnOnce(&Path, PreparedUp) -> Result<PreparedUp>,
     ) -> Result<Self> {
+        let Runners(runners) = runners.into();
+        if runners.is_empty() {
+            return Err(EngineError::NoWorkers);
+        }
         let spec: CampaignSpec = store
             .meta_json("spec")?
             .ok_or_else(|| EngineError::Tally("no spec saved".into()))?;
@@ -229,16 +246,7 @@ impl<'a> Engine<'a> {
         let mut nodes = Vec::new();
         for row in store.nodes()? {
             let records = store.records(row.id)?.unwrap_or_default();
-            nodes.push(TreeNode {
-                row,
-                children: 0,
-                records,
-            });
-        }
-        for i in 0..nodes.len() {
-            if let Some(parent) = nodes[i].row.parent {
-                nodes[parent as usize].children += 1;
-            }
+            nodes.push(TreeNode { row, records });
         }
         let findings = store
             .findings()?
@@ -249,20 +257,17 @@ impl<'a> Engine<'a> {
         let wall_before_ms = store.wall_ms()?;
         let faults = faults(&spec);
         Ok(Engine {
-            calls: Calls { runner },
+            workers: workers(runners, &spec),
             spec,
             dir: dir.to_owned(),
             store,
             judge,
             faults,
             prepared,
-            run: None,
             nodes,
-            live: Vec::new(),
             findings,
             branches,
             wall_before_ms,
-            at_node: None,
         })
     }
 
@@ -270,15 +275,32 @@ impl<'a> Engine<'a> {
         &self.spec
     }
 
-    /// Boots and runs to the root moment; records its stretch.
-    fn reach_root(&mut self) -> Result<(RunId, Position, Vec<GuestRecord>)> {
-        let (run, _) = self.calls.start(Request::BootUp {
-            prepared: self.prepared.clone(),
-            options: boot_options(&self.spec, None),
-        })?;
-        self.calls.collect_records(run)?;
-        let (position, records) = reach(&mut self.calls, run, &self.spec.root)?;
-        Ok((run, position, records))
+    /// Every worker boots and runs to the root moment, at once; they must
+    /// all reach it with the same digest. Worker 0's records and position.
+    fn reach_root(&mut self) -> Result<Root> {
+        let (prepared, spec) = (&self.prepared, &self.spec);
+        let roots: Vec<Result<Root>> = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .workers
+                .iter_mut()
+                .map(|w| s.spawn(move || w.boot(prepared, spec)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a worker panicked"))
+                .collect()
+        });
+        let mut roots = roots.into_iter().collect::<Result<Vec<Root>>>()?;
+        for (worker, root) in roots.iter().enumerate().skip(1) {
+            if root.digest != roots[0].digest {
+                return Err(EngineError::WorkersDiverged {
+                    worker,
+                    digest: root.digest.clone(),
+                    first: roots[0].digest.clone(),
+                });
+            }
+        }
+        Ok(roots.swap_remove(0))
     }
 
     /// Runs the campaign until a budget is spent or `stop` says so.
@@ -289,12 +311,11 @@ impl<'a> Engine<'a> {
         stop: &dyn Fn() -> bool,
     ) -> Result<CampaignSummary> {
         let started = Instant::now();
-        let (run, position, root_records) = self.reach_root()?;
-        self.run = Some(run);
-        let digest = self.calls.outcome(run)?.digest;
-        let (checkpoint, _) = self.calls.checkpoint(run)?;
-        self.live = vec![(0, checkpoint)];
-        self.at_node = Some(0);
+        let Root {
+            position,
+            records: root_records,
+            digest,
+        } = self.reach_root()?;
         if self.nodes.is_empty() {
             let row = NodeRow {
                 id: 0,
@@ -311,7 +332,7 @@ impl<'a> Engine<'a> {
                 stopped: position.stop.is_some(),
             };
             // The root's stretch counts once, like any other.
-            let verdict = self.judge.judge(&[&root_records]);
+            let _ = self.judge.judge(&[&root_records]);
             let tally = self.judge.save();
             let records_json = serde_json::to_string(&root_records).expect("records serialize");
             self.store.commit_branch(&FinishedBranch {
@@ -322,10 +343,8 @@ impl<'a> Engine<'a> {
             })?;
             self.nodes.push(TreeNode {
                 row,
-                children: 0,
                 records: root_records,
             });
-            let _ = verdict;
         } else if self.nodes[0].row.digest != digest {
             return Err(EngineError::RootMoved {
                 then: self.nodes[0].row.digest.clone(),
@@ -333,6 +352,7 @@ impl<'a> Engine<'a> {
             });
         }
         progress.root(&position, &digest);
+        let width = self.spec.batch_width.max(1);
         let mut this_run = 0u64;
         let stopped_by = loop {
             let wall_ms = started.elapsed().as_millis() as u64;
@@ -345,17 +365,33 @@ impl<'a> Engine<'a> {
             if stop() {
                 break "interrupted".to_string();
             }
-            if self.candidates().is_empty() {
+            // The rest of the present batch (all of it, unless a kill or a
+            // budget cut it short), as many at once as there are workers.
+            let k = self.branches;
+            let start = tree::batch_start(k, width);
+            let Some(parents) = tree::choose_batch(
+                &self.nodes,
+                self.spec.seed,
+                self.spec.max_depth,
+                start,
+                start + u64::from(width),
+            ) else {
                 break "no moment left to branch (every run stopped or at the depth limit)"
                     .to_string();
+            };
+            let mut end = (start + u64::from(width)).min(k + self.workers.len() as u64);
+            if budget.branches > 0 {
+                end = end.min(budget.branches);
             }
-            let branch_started = Instant::now();
-            let report = self.branch_once(progress, started)?;
-            this_run += 1;
-            progress.branch(&BranchReport {
-                wall_ms: branch_started.elapsed().as_millis() as u64,
-                ..report
-            });
+            let jobs: Vec<BranchJob> = (k..end)
+                .map(|j| self.job(j, parents[(j - start) as usize]))
+                .collect();
+            let runs = self.run_wave(&jobs)?;
+            for (job, done) in jobs.into_iter().zip(runs) {
+                let report = self.commit(job, done, progress, started)?;
+                this_run += 1;
+                progress.branch(&report);
+            }
         };
         let wall_ms = self.wall_before_ms + started.elapsed().as_millis() as u64;
         self.store
@@ -363,6 +399,8 @@ impl<'a> Engine<'a> {
         Ok(CampaignSummary {
             branches: self.branches,
             branches_this_run: this_run,
+            batch_width: width,
+            workers: self.workers.len(),
             findings: self.store.findings()?,
             end_failures: self.judge.end_of_campaign(),
             wall_ms,
@@ -370,133 +408,86 @@ impl<'a> Engine<'a> {
         })
     }
 
-    /// Moments that may be branched.
-    fn candidates(&self) -> Vec<u64> {
-        self.nodes
-            .iter()
-            .filter(|n| !n.row.stopped && n.row.depth < self.spec.max_depth)
-            .map(|n| n.row.id)
-            .collect()
-    }
-
-    /// Branch `k`'s moment: weighted by its branch's novelty, against how
-    /// often it was branched already; drawn from the campaign's seed and `k`.
-    fn choose(&self, k: u64) -> u64 {
-        let candidates = self.candidates();
-        let weights: Vec<f64> = candidates
-            .iter()
-            .map(|&id| {
-                let node = &self.nodes[id as usize];
-                (1.0 + 4.0 * node.row.score) / (1.0 + node.children as f64)
-            })
-            .collect();
-        let total: f64 = weights.iter().sum();
-        let mut stream = EntropyStream::new(self.spec.seed, &format!("campaign-choice-{k}"));
-        let draw = (stream.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
-        let mut acc = 0.0;
-        for (id, w) in candidates.iter().zip(&weights) {
-            acc += w;
-            if draw < acc {
-                return *id;
-            }
+    /// Branch `k` of `parent`: its seed, its faults (drawn from the seed)
+    /// and its path.
+    fn job(&self, k: u64, parent: u64) -> BranchJob {
+        let seed = branch_seed(self.spec.seed, k);
+        let faults = self.faults.draw(seed, self.spec.slice_ns);
+        let parent_row = &self.nodes[parent as usize].row;
+        BranchJob {
+            id: k + 1,
+            parent,
+            seed,
+            path: parent_row.path.child(seed, faults, self.spec.slice_ns),
+            keep: parent_row.depth + 1 < self.spec.max_depth,
         }
-        *candidates.last().expect("candidates are not empty")
     }
 
-    fn run_id(&self) -> RunId {
-        self.run.expect("the run was booted")
-    }
-
-    /// The run at `node`'s moment: reset to it if it is live, or to its
-    /// nearest live ancestor and replayed from there (then kept).
-    fn go_to(&mut self, node: u64) -> Result<Position> {
-        let run = self.run_id();
-        let mut ancestor = node;
-        let checkpoint = loop {
-            if let Some(i) = self.live.iter().position(|(id, _)| *id == ancestor) {
-                let entry = self.live.remove(i);
-                self.live.push(entry);
-                break entry.1;
-            }
-            ancestor = self.nodes[ancestor as usize]
-                .row
-                .parent
-                .expect("the root is always live");
-        };
-        let mut position = self.calls.reset(run, checkpoint)?;
-        if ancestor != node {
-            let from = self.nodes[ancestor as usize].row.depth as usize;
-            let path = self.nodes[node as usize].row.path.clone();
-            position = apply_steps(&mut self.calls, run, &path.steps[from..], path.end_ns)?;
-            drop(self.calls.take_records(run)?);
-            self.keep(node)?;
+    /// Runs `jobs` (at most one per worker) at once, each on the free
+    /// worker where it is cheapest to reach (its parent live there, else
+    /// the deepest live ancestor; ties to the lowest worker); their results
+    /// in the jobs' order, with the worker that ran each.
+    fn run_wave(&mut self, jobs: &[BranchJob]) -> Result<Vec<(usize, BranchRun)>> {
+        let mut placed: Vec<Option<usize>> = vec![None; self.workers.len()];
+        for (j, job) in jobs.iter().enumerate() {
+            let worker = (0..self.workers.len())
+                .filter(|&w| placed[w].is_none())
+                .min_by_key(|&w| (self.workers[w].replay_cost(job.parent, &self.nodes), w))
+                .expect("a wave has at most one job per worker");
+            placed[worker] = Some(j);
         }
-        self.at_node = Some(node);
-        Ok(position)
+        let nodes = &self.nodes;
+        let mut results: Vec<(usize, Result<(usize, BranchRun)>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .workers
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(w, worker)| placed[w].map(|j| (w, j, worker)))
+                .map(|(w, j, worker)| {
+                    let job = &jobs[j];
+                    (
+                        j,
+                        s.spawn(move || worker.branch(job, nodes).map(|r| (w, r))),
+                    )
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(j, h)| (j, h.join().expect("a worker panicked")))
+                .collect()
+        });
+        results.sort_by_key(|(j, _)| *j);
+        results.into_iter().map(|(_, r)| r).collect()
     }
 
-    /// Keeps the present moment (node `node`'s) as a live checkpoint, when
-    /// the campaign keeps more than the root.
-    fn keep(&mut self, node: u64) -> Result<()> {
-        if self.spec.live_checkpoints <= 1 {
-            return Ok(());
-        }
-        let (checkpoint, _) = self.calls.checkpoint(self.run_id())?;
-        self.live.push((node, checkpoint));
-        while self.live.len() > self.spec.live_checkpoints as usize {
-            // The least recently used, never the root.
-            let i = self
-                .live
-                .iter()
-                .position(|(id, _)| *id != 0)
-                .expect("more than the root");
-            let (_, old) = self.live.remove(i);
-            self.calls.drop_checkpoint(self.run_id(), old)?;
-        }
-        Ok(())
-    }
-
-    fn branch_once(
+    /// Judges branch `job` as `done` by `worker` and commits it: its
+    /// moment, new findings (shrunk first), the judge's tally. Called in
+    /// branch order, so verdicts and novelty do not depend on timing.
+    fn commit(
         &mut self,
+        job: BranchJob,
+        (worker, done): (usize, BranchRun),
         progress: &mut dyn Progress,
         started: Instant,
     ) -> Result<BranchReport> {
-        let k = self.branches;
-        let parent = self.choose(k);
-        let seed = branch_seed(self.spec.seed, k);
-        let faults = self.faults.draw(seed, self.spec.slice_ns);
-        self.go_to(parent)?;
-        let run = self.run_id();
-        let parent_path = self.nodes[parent as usize].row.path.clone();
-        let path = parent_path.child(seed, faults.clone(), self.spec.slice_ns);
-        let step = path.steps.last().expect("a child has a step").clone();
-        let position = apply_steps(
-            &mut self.calls,
-            run,
-            std::slice::from_ref(&step),
-            path.end_ns,
-        )?;
-        let records = self.calls.take_records(run)?;
-        let digest = self.calls.outcome(run)?.digest;
-        self.at_node = None;
-        let id = self.nodes.len() as u64;
-        let depth = self.nodes[parent as usize].row.depth + 1;
+        let id = job.id;
+        debug_assert_eq!(id as usize, self.nodes.len());
+        let depth = self.nodes[job.parent as usize].row.depth + 1;
+        let faults = job.path.steps.last().map_or(0, |s| s.faults.len());
         self.nodes.push(TreeNode {
             row: NodeRow {
                 id,
-                parent: Some(parent),
+                parent: Some(job.parent),
                 depth,
-                path: path.clone(),
-                end_exits: position.exits,
-                end_ns: position.virtual_ns,
-                digest,
+                path: job.path,
+                end_exits: done.position.exits,
+                end_ns: done.position.virtual_ns,
+                digest: done.digest,
                 score: 0.0,
-                stopped: position.stop.is_some(),
+                stopped: done.position.stop.is_some(),
             },
-            children: 0,
-            records,
+            records: done.records,
         });
-        self.nodes[parent as usize].children += 1;
         let verdict = {
             let chain = path_records(&self.nodes, id);
             self.judge.judge(&chain)
@@ -509,16 +500,12 @@ impl<'a> Engine<'a> {
             .filter(|f| !self.findings.contains_key(&f.key))
             .count();
         self.nodes[id as usize].row.score = verdict.novelty + new_failures as f64;
-        if depth < self.spec.max_depth && position.stop.is_none() {
-            self.keep(id)?;
-            self.at_node = Some(id);
-        }
         let mut new_findings = Vec::new();
         for failure in &verdict.failures {
             if self.findings.contains_key(&failure.key) {
                 continue;
             }
-            let row = self.make_finding(id, failure, progress)?;
+            let row = self.make_finding(id, failure)?;
             self.findings.insert(row.key.clone(), row.number);
             new_findings.push(row);
         }
@@ -545,55 +532,36 @@ impl<'a> Engine<'a> {
             );
         }
         Ok(BranchReport {
-            number: k + 1,
-            parent,
+            number: id,
+            parent: job.parent,
             depth,
-            seed,
-            faults: step.faults.len(),
-            end_ns: position.virtual_ns,
+            seed: job.seed,
+            faults,
+            end_ns: done.position.virtual_ns,
             failures: verdict.failures.len(),
             novelty: verdict.novelty,
-            wall_ms: 0,
+            wall_ms: done.wall_ms,
+            worker,
         })
     }
 
-    /// Replays `path` from the root; the records of its steps (the root's
-    /// stretch not included) and where it ended.
-    fn replay_from_root(&mut self, path: &StepPath) -> Result<(Vec<GuestRecord>, Position)> {
-        let run = self.run_id();
-        let root = self
-            .live
-            .iter()
-            .find(|(id, _)| *id == 0)
-            .expect("the root is live")
-            .1;
-        self.calls.reset(run, root)?;
-        self.at_node = None;
-        let position = apply_steps(&mut self.calls, run, &path.steps, path.end_ns)?;
-        Ok((self.calls.take_records(run)?, position))
-    }
-
-    /// Shrinks `failure`'s faults on `node`'s path, writes its directory.
-    fn make_finding(
-        &mut self,
-        node: u64,
-        failure: &Failure,
-        progress: &mut dyn Progress,
-    ) -> Result<FindingRow> {
-        let _ = progress;
+    /// Shrinks `failure`'s faults on `node`'s path (on worker 0, every
+    /// trial replayed from the root), writes its directory.
+    fn make_finding(&mut self, node: u64, failure: &Failure) -> Result<FindingRow> {
         let found = self.nodes[node as usize].row.path.clone();
         let positions = found.fault_positions();
         let key = failure.key.clone();
         let root_records = self.nodes[0].records.clone();
+        let worker = &mut self.workers[0];
+        let judge = &self.judge;
         let mut trial_error = None;
         let (kept, _trials) = ddmin(&positions, 48, |keep| {
             if trial_error.is_some() {
                 return false;
             }
             let trial = found.with_faults(keep);
-            match self.replay_from_root(&trial) {
-                Ok((records, _)) => self
-                    .judge
+            match worker.replay_from_root(&trial) {
+                Ok((records, _)) => judge
                     .check(&[&root_records, &records])
                     .iter()
                     .any(|f| f.key == key),
@@ -608,17 +576,17 @@ impl<'a> Engine<'a> {
         }
         let shrunk = found.with_faults(&kept);
         // The shrunk path, once more: its digest and its failure's details.
-        let (records, position) = self.replay_from_root(&shrunk)?;
-        let digest = self.calls.outcome(self.run_id())?.digest;
-        let failures = self.judge.check(&[&root_records, &records]);
+        let (records, position) = worker.replay_from_root(&shrunk)?;
+        let digest = worker.digest()?;
+        let failures = judge.check(&[&root_records, &records]);
         let (path, failure, digest, position, records) =
             match failures.into_iter().find(|f| f.key == key) {
                 Some(shrunk_failure) => (shrunk, shrunk_failure, digest, position, records),
                 // Shrinking must keep the failure; if the final replay
                 // disagrees, keep the path as found.
                 None => {
-                    let (records, position) = self.replay_from_root(&found)?;
-                    let digest = self.calls.outcome(self.run_id())?.digest;
+                    let (records, position) = worker.replay_from_root(&found)?;
+                    let digest = worker.digest()?;
                     (found.clone(), failure.clone(), digest, position, records)
                 }
             };
@@ -662,16 +630,28 @@ impl<'a> Engine<'a> {
     }
 }
 
-/// The records of every stretch from the boot to `node`.
-fn path_records(nodes: &[TreeNode], node: u64) -> Vec<&[GuestRecord]> {
-    let mut chain = Vec::new();
-    let mut at = Some(node);
-    while let Some(id) = at {
-        chain.push(nodes[id as usize].records.as_slice());
-        at = nodes[id as usize].row.parent;
+/// The runners of a campaign's workers: one borrowed (`&mut runner`), or
+/// several boxed.
+pub struct Runners<'a>(pub Vec<Box<dyn Runner + Send + 'a>>);
+
+impl<'a, R: Runner + Send + 'a> From<&'a mut R> for Runners<'a> {
+    fn from(runner: &'a mut R) -> Self {
+        Runners(vec![Box::new(runner)])
     }
-    chain.reverse();
-    chain
+}
+
+impl<'a> From<Vec<Box<dyn Runner + Send + 'a>>> for Runners<'a> {
+    fn from(runners: Vec<Box<dyn Runner + Send + 'a>>) -> Self {
+        Runners(runners)
+    }
+}
+
+/// A worker per runner, each keeping the spec's live checkpoints.
+fn workers<'a>(runners: Vec<Box<dyn Runner + Send + 'a>>, spec: &CampaignSpec) -> Vec<Worker<'a>> {
+    runners
+        .into_iter()
+        .map(|r| Worker::new(r, spec.live_checkpoints))
+        .collect()
 }
 
 /// Runs `run` to its root moment; the records of the way there.

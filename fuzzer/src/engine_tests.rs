@@ -4,11 +4,10 @@
 
 use super::*;
 use crate::judge::Verdict;
-use run::api::Response;
-use std::cell::RefCell;
+use run::api::{CheckpointId, Request, Response};
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 /// A run's whole state: the time, and what was done to it, in order.
 #[derive(Clone, Debug, Default, Hash)]
@@ -24,9 +23,15 @@ struct Sim {
     next: u64,
     records: Vec<GuestRecord>,
     /// Requests answered (for counting resets and replays).
-    calls: Rc<RefCell<Vec<String>>>,
+    calls: Arc<Mutex<Vec<String>>>,
     /// Wall time each run request takes (to be killed in the middle of).
     delay: Option<std::time::Duration>,
+    /// Seeds a random wall time (0..4 ms) for each run request: workers
+    /// that finish in their own order.
+    jitter: Option<u64>,
+    /// Something done at boot that no other worker does (a run that is
+    /// not deterministic).
+    boot_salt: Option<String>,
 }
 
 fn record(at: u64, json: serde_json::Value) -> GuestRecord {
@@ -52,11 +57,13 @@ impl Runner for Sim {
     fn call(&mut self, request: Request) -> std::result::Result<Response, String> {
         let name = format!("{request:?}");
         self.calls
-            .borrow_mut()
+            .lock()
+            .unwrap()
             .push(name.split_whitespace().next().unwrap_or("").to_string());
         Ok(match request {
             Request::BootUp { .. } => {
                 self.state = SimState::default();
+                self.state.events.extend(self.boot_salt.clone());
                 Response::Started {
                     run: RunId(1),
                     position: self.position(),
@@ -69,6 +76,10 @@ impl Runner for Sim {
                 };
                 if let Some(delay) = self.delay {
                     std::thread::sleep(delay);
+                }
+                if let Some(jitter) = &mut self.jitter {
+                    *jitter = jitter.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    std::thread::sleep(std::time::Duration::from_micros((*jitter >> 33) % 4_000));
                 }
                 // Time moves in whole milliseconds, like exits.
                 let target = t.0.div_ceil(1_000_000) * 1_000_000;
@@ -251,31 +262,7 @@ impl Progress for Quiet {
 }
 
 fn campaign(dir: &Path, live: u32, branches: u64) -> (CampaignSummary, Vec<NodeRow>) {
-    let files = tempfile::tempdir().unwrap();
-    let run = prepared(files.path());
-    let mut sim = Sim::default();
-    let summary = {
-        let mut engine = Engine::create(
-            &mut sim,
-            spec(live),
-            &run,
-            run.clone(),
-            dir,
-            Box::new(FailJudge::default()),
-            Box::new(Draw),
-        )
-        .unwrap();
-        engine
-            .run(
-                Budget {
-                    wall_ms: 0,
-                    branches,
-                },
-                &mut Quiet,
-                &|| false,
-            )
-            .unwrap()
-    };
+    let summary = try_campaign(dir, spec(live), branches, vec![Sim::default()]).unwrap();
     let nodes = Store::open(dir).unwrap().nodes().unwrap();
     (summary, nodes)
 }
@@ -390,12 +377,34 @@ fn test_a_resumed_campaign_continues_the_same_search() {
 /// moments; the parent resumes it each time.
 #[test]
 fn test_a_campaign_killed_at_any_moment_resumes_to_the_same_tree() {
+    killed_and_resumed(1, 1);
+}
+
+/// As above, for batches of two on two workers: kills land in the middle of
+/// batches too (some of a batch's branches committed).
+#[test]
+fn test_a_campaign_of_batches_killed_at_any_moment_resumes_to_the_same_tree() {
+    killed_and_resumed(2, 2);
+}
+
+fn boxed(sims: Vec<Sim>) -> Vec<Box<dyn Runner + Send>> {
+    sims.into_iter()
+        .map(|s| Box::new(s) as Box<dyn Runner + Send>)
+        .collect()
+}
+
+/// A campaign of batches `width` wide on `workers` workers, killed in a
+/// child process at several moments and resumed each time, then finished:
+/// the same tree and findings as a campaign never killed.
+fn killed_and_resumed(width: u32, workers: usize) {
     let straight = tempfile::tempdir().unwrap();
-    let (_, all) = campaign(straight.path(), 3, 10);
-    let expected_findings = Store::open(straight.path()).unwrap().findings().unwrap();
+    let (_, all, expected_findings) = campaign_with(
+        straight.path(),
+        width,
+        10,
+        (0..workers).map(|_| Sim::default()).collect(),
+    );
     let dir = tempfile::tempdir().unwrap();
-    let files = tempfile::tempdir().unwrap();
-    let run = prepared(files.path());
     for (round, kill_after_ms) in [35u64, 90, 160].into_iter().enumerate() {
         // SAFETY: the child only runs this test's code and then _exits; it
         // touches no lock another thread of the harness could hold mid-way
@@ -407,51 +416,21 @@ fn test_a_campaign_killed_at_any_moment_resumes_to_the_same_tree() {
             // files among them) are not this child's to hold.
             // SAFETY: closes descriptors this child inherited and does not use.
             unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
-            let mut sim = Sim {
-                delay: Some(std::time::Duration::from_millis(3)),
-                ..Sim::default()
-            };
+            let sims: Vec<Sim> = (0..workers)
+                .map(|_| Sim {
+                    delay: Some(std::time::Duration::from_millis(3)),
+                    ..Sim::default()
+                })
+                .collect();
             // Killed before its database was whole, a campaign has none: it
             // starts again.
             let fresh = !dir.path().join(crate::store::DB_FILE).exists();
             let result = if fresh {
-                Engine::create(
-                    &mut sim,
-                    spec(3),
-                    &run,
-                    run.clone(),
-                    dir.path(),
-                    Box::new(FailJudge::default()),
-                    Box::new(Draw),
-                )
-                .and_then(|mut e| {
-                    e.run(
-                        Budget {
-                            wall_ms: 0,
-                            branches: 10,
-                        },
-                        &mut Quiet,
-                        &|| false,
-                    )
-                })
+                let mut spec = spec(3);
+                spec.batch_width = width;
+                try_campaign(dir.path(), spec, 10, sims)
             } else {
-                Engine::resume(
-                    &mut sim,
-                    dir.path(),
-                    Box::new(FailJudge::default()),
-                    |_| Box::new(Draw) as Box<dyn FaultSource>,
-                    |_, run| Ok(run),
-                )
-                .and_then(|mut e| {
-                    e.run(
-                        Budget {
-                            wall_ms: 0,
-                            branches: 10,
-                        },
-                        &mut Quiet,
-                        &|| false,
-                    )
-                })
+                try_resume(dir.path(), boxed(sims), 10)
             };
             // SAFETY: ends the forked child without running the harness's
             // exit handlers.
@@ -489,26 +468,179 @@ fn test_a_campaign_killed_at_any_moment_resumes_to_the_same_tree() {
             "round {round}: a prefix of the same search"
         );
     }
-    let mut sim = Sim::default();
-    let summary = Engine::resume(
-        &mut sim,
+    let summary = resume_with(
         dir.path(),
-        Box::new(FailJudge::default()),
-        |_| Box::new(Draw) as Box<dyn FaultSource>,
-        |_, run| Ok(run),
-    )
-    .unwrap()
-    .run(
-        Budget {
-            wall_ms: 0,
-            branches: 10,
-        },
-        &mut Quiet,
-        &|| false,
-    )
-    .unwrap();
+        boxed((0..workers).map(|_| Sim::default()).collect()),
+        10,
+    );
     assert_eq!(summary.branches, 10);
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(store.nodes().unwrap(), all);
     assert_eq!(store.findings().unwrap(), expected_findings);
+}
+
+/// Resumes the campaign in `dir` with a worker per runner, to `branches`.
+fn resume_with(dir: &Path, runners: Vec<Box<dyn Runner + Send>>, branches: u64) -> CampaignSummary {
+    try_resume(dir, runners, branches).unwrap()
+}
+
+fn try_resume(
+    dir: &Path,
+    runners: Vec<Box<dyn Runner + Send>>,
+    branches: u64,
+) -> Result<CampaignSummary> {
+    Engine::resume(
+        runners,
+        dir,
+        Box::new(FailJudge::default()),
+        |_| Box::new(Draw) as Box<dyn FaultSource>,
+        |_, run| Ok(run),
+    )
+    .and_then(|engine| run_to(engine, branches))
+}
+
+/// Runs `engine` quietly to `branches` in all.
+fn run_to(mut engine: Engine<'_>, branches: u64) -> Result<CampaignSummary> {
+    engine.run(
+        Budget {
+            wall_ms: 0,
+            branches,
+        },
+        &mut Quiet,
+        &|| false,
+    )
+}
+
+/// A new campaign of `spec` run by `sims` (one worker each), to `branches`.
+fn try_campaign(
+    dir: &Path,
+    spec: CampaignSpec,
+    branches: u64,
+    sims: Vec<Sim>,
+) -> Result<CampaignSummary> {
+    let files = tempfile::tempdir().unwrap();
+    let run = prepared(files.path());
+    Engine::create(
+        boxed(sims),
+        spec,
+        &run,
+        run.clone(),
+        dir,
+        Box::new(FailJudge::default()),
+        Box::new(Draw),
+    )
+    .and_then(|engine| run_to(engine, branches))
+}
+
+/// A campaign of batches `width` wide run by `sims` (one worker each).
+fn campaign_with(
+    dir: &Path,
+    width: u32,
+    branches: u64,
+    sims: Vec<Sim>,
+) -> (CampaignSummary, Vec<NodeRow>, Vec<FindingRow>) {
+    let mut spec = spec(3);
+    spec.batch_width = width;
+    let summary = try_campaign(dir, spec, branches, sims).unwrap();
+    let store = Store::open(dir).unwrap();
+    (summary, store.nodes().unwrap(), store.findings().unwrap())
+}
+
+fn jittery(seed: u64) -> Sim {
+    Sim {
+        jitter: Some(seed),
+        ..Sim::default()
+    }
+}
+
+/// The digests of the findings' shrunk paths, in order.
+fn finding_digests(dir: &Path, rows: &[FindingRow]) -> Vec<String> {
+    rows.iter()
+        .map(|f| {
+            findings::load(&findings::finding_dir(dir, f.number))
+                .unwrap()
+                .file
+                .digest
+        })
+        .collect()
+}
+
+#[test]
+fn test_batches_make_the_same_search_whatever_the_workers_timing_and_number() {
+    let a = tempfile::tempdir().unwrap();
+    let b = tempfile::tempdir().unwrap();
+    let c = tempfile::tempdir().unwrap();
+    let (sa, na, fa) = campaign_with(a.path(), 2, 12, vec![jittery(1), jittery(2)]);
+    let (sb, nb, fb) = campaign_with(b.path(), 2, 12, vec![jittery(77), jittery(5)]);
+    let (_, nc, fc) = campaign_with(c.path(), 2, 12, vec![Sim::default()]);
+    assert_eq!((sa.branches, sa.batch_width, sa.workers), (12, 2, 2));
+    assert_eq!(na.len(), 13);
+    assert_eq!(na, nb, "two workers, other timings: the same tree");
+    assert_eq!(na, nc, "one worker: the same tree");
+    assert_eq!(fa, fb);
+    assert_eq!(fa, fc);
+    assert_eq!(sa.findings.len(), 1, "{:?}", sa.findings);
+    assert_eq!(sb.findings, sa.findings);
+    assert_eq!(
+        finding_digests(a.path(), &fa),
+        finding_digests(b.path(), &fb)
+    );
+    assert_eq!(
+        finding_digests(a.path(), &fa),
+        finding_digests(c.path(), &fc)
+    );
+    let store = Store::open(a.path()).unwrap();
+    assert_eq!(store.meta("batch_width").unwrap().as_deref(), Some("2"));
+    let spec: CampaignSpec = store.meta_json("spec").unwrap().unwrap();
+    assert_eq!(spec.batch_width, 2);
+    // Branches of one batch never descend from each other.
+    for node in &na[1..] {
+        let start = tree::batch_start(node.id - 1, 2);
+        assert!(node.parent.unwrap() <= start, "{node:?}");
+    }
+}
+
+#[test]
+fn test_a_batch_cut_short_resumes_to_the_same_tree_with_any_workers() {
+    let straight = tempfile::tempdir().unwrap();
+    let (_, all, all_findings) = campaign_with(straight.path(), 2, 9, vec![jittery(3), jittery(4)]);
+    // 3 branches: the second batch has one of its two committed, as a kill
+    // after that branch's transaction leaves it.
+    let split = tempfile::tempdir().unwrap();
+    let (first, part, _) = campaign_with(split.path(), 2, 3, vec![jittery(9), jittery(8)]);
+    assert_eq!(first.branches, 3);
+    assert_eq!(&all[..4], &part[..]);
+    // Resumed with one worker, then with three: the batch's width is the
+    // campaign's.
+    for (budget, sims) in [
+        (6, vec![Sim::default()]),
+        (9, vec![jittery(1), jittery(2), jittery(6)]),
+    ] {
+        let summary = resume_with(split.path(), boxed(sims), budget);
+        assert_eq!(summary.branches, budget);
+        assert_eq!(summary.batch_width, 2);
+    }
+    let store = Store::open(split.path()).unwrap();
+    assert_eq!(store.nodes().unwrap(), all);
+    assert_eq!(store.findings().unwrap(), all_findings);
+}
+
+#[test]
+fn test_workers_that_reach_different_roots_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let odd = Sim {
+        boot_salt: Some("a timer read twice".into()),
+        ..Sim::default()
+    };
+    let error =
+        try_campaign(dir.path(), spec(3), 0, vec![Sim::default(), odd]).expect_err("refused");
+    let text = error.to_string();
+    assert!(
+        matches!(error, EngineError::WorkersDiverged { worker: 1, .. }),
+        "{text}"
+    );
+    assert!(
+        text.contains("worker 1") && text.contains("not deterministic"),
+        "{text}"
+    );
 }

@@ -21,3 +21,5 @@ pub mod shrink;
 pub mod spec;
 pub mod step;
 pub mod store;
+pub mod tree;
+pub mod worker;

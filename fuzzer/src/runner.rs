@@ -6,6 +6,7 @@
 use run::api::{CheckpointId, Controller, Position, Request, Response, RunId, Until};
 use run::records::GuestRecord;
 use run::RunSummary;
+use std::sync::mpsc;
 
 /// Why a request to a runner failed: the run library's error chain as text
 /// (the same whether the run is here or in a helper VM).
@@ -28,15 +29,50 @@ pub trait Runner {
     fn call(&mut self, request: Request) -> Result<Response, String>;
 }
 
-/// The run library in this process.
-pub struct InProcess {
-    controller: Controller,
+/// A borrowed runner (a campaign's only worker, its caller's).
+impl<R: Runner + ?Sized> Runner for &mut R {
+    fn call(&mut self, request: Request) -> Result<Response, String> {
+        (**self).call(request)
+    }
 }
+
+/// The run library in this process, on a thread of its own: a run's state
+/// (its output callbacks among it) may not move between threads, and a
+/// campaign's workers each call their runner from a thread of the
+/// campaign's. The thread ends when the runner is dropped.
+pub struct InProcess {
+    requests: Option<mpsc::Sender<Request>>,
+    replies: mpsc::Receiver<Result<Response, String>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The run library thread's stack: a guest's exits are handled on it, as
+/// they would be on a main thread's (8 MiB), with room to spare.
+const RUN_THREAD_STACK: usize = 32 << 20;
 
 impl InProcess {
     pub fn new() -> Self {
+        let (requests, incoming) = mpsc::channel::<Request>();
+        let (outgoing, replies) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("run-library".into())
+            .stack_size(RUN_THREAD_STACK)
+            .spawn(move || {
+                let mut controller = Controller::new();
+                for request in incoming {
+                    let reply = controller
+                        .handle(request, &run::streams::Discard)
+                        .map_err(|e| run::chain(&e));
+                    if outgoing.send(reply).is_err() {
+                        break;
+                    }
+                }
+            })
+            .expect("starting the run library's thread");
         InProcess {
-            controller: Controller::new(),
+            requests: Some(requests),
+            replies,
+            thread: Some(thread),
         }
     }
 }
@@ -47,11 +83,25 @@ impl Default for InProcess {
     }
 }
 
+impl Drop for InProcess {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread's loop (its runs closed with it).
+        drop(self.requests.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 impl Runner for InProcess {
     fn call(&mut self, request: Request) -> Result<Response, String> {
-        self.controller
-            .handle(request, &run::streams::Discard)
-            .map_err(|e| run::chain(&e))
+        let lost = || "the run library's thread ended (it panicked)".to_string();
+        self.requests
+            .as_ref()
+            .expect("open until dropped")
+            .send(request)
+            .map_err(|_| lost())?;
+        self.replies.recv().map_err(|_| lost())?
     }
 }
 

@@ -44,6 +44,13 @@ pub enum RootRule {
     At { at_ns: u64 },
 }
 
+/// The widest batch (and the most workers) a campaign may have.
+pub const MAX_BATCH_WIDTH: u32 = 64;
+
+fn one() -> u32 {
+    1
+}
+
 /// How often, in virtual time, a campaign looks for `setup_complete`.
 pub const ROOT_POLL_NS: u64 = 100_000_000;
 
@@ -69,8 +76,15 @@ pub struct CampaignSpec {
     pub slice_ns: u64,
     /// Steps from the root a moment may be at and still be branched.
     pub max_depth: u32,
-    /// Checkpoints kept in memory at once (the root included).
+    /// Checkpoints kept in memory at once (the root included), per worker.
     pub live_checkpoints: u32,
+    /// Branches chosen together, from the tree as it was before any of
+    /// them (see [`crate::tree`]): the search depends on it, never on how
+    /// many workers run them. Fixed when the campaign is created; 0 in a
+    /// file means the number of workers then. A campaign saved before
+    /// batches had one branch a batch.
+    #[serde(default = "one")]
+    pub batch_width: u32,
     pub checker: HistoryChecker,
     /// Branches the campaign may run (0: no limit).
     pub max_branches: u64,
@@ -115,6 +129,7 @@ struct SearchSection {
     slice: Option<String>,
     max_depth: Option<u32>,
     live_checkpoints: Option<u32>,
+    batch_width: Option<u32>,
     #[serde(default)]
     exclude: Vec<String>,
 }
@@ -211,6 +226,14 @@ impl CampaignSpec {
                 "must be at least 1 (the root)".into(),
             ));
         }
+        let batch_width = file.search.batch_width.unwrap_or(0);
+        if batch_width > MAX_BATCH_WIDTH {
+            return Err(bad(
+                "search.batch_width",
+                &batch_width.to_string(),
+                format!("must be at most {MAX_BATCH_WIDTH} (0: the number of workers)"),
+            ));
+        }
         let checker = match file.checker.history.as_deref() {
             None | Some("none") => HistoryChecker::None,
             Some("kv") => HistoryChecker::Kv,
@@ -233,6 +256,7 @@ impl CampaignSpec {
             slice_ns,
             max_depth,
             live_checkpoints,
+            batch_width,
             checker,
             max_branches: file.budget.branches.unwrap_or(0),
             wall_ms,

@@ -24,6 +24,9 @@ pub struct HelperVmConfig {
     pub assets_dir: PathBuf,
     /// Guest memory in MiB.
     pub memory_mib: u32,
+    /// Virtual CPUs of the helper VM (at least 1). More than one runs QEMU's multi-threaded
+    /// TCG (`-accel tcg,thread=multi`): one host thread per vCPU.
+    pub cpus: u32,
     /// Appended to the kernel command line.
     pub extra_kernel_args: String,
     /// Host directories shared read-write with the payload, each mounted in L1 at the same
@@ -46,6 +49,7 @@ impl Default for HelperVmConfig {
             qemu: PathBuf::from(DEFAULT_QEMU),
             assets_dir: default_assets_dir(),
             memory_mib: DEFAULT_MEMORY_MIB,
+            cpus: 1,
             extra_kernel_args: String::new(),
             shared_dirs: Vec::new(),
             workdir: None,

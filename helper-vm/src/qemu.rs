@@ -47,13 +47,18 @@ pub(crate) fn qemu_args(config: &HelperVmConfig, f: &QemuFiles<'_>) -> Vec<OsStr
         v.extend_from_slice(&qemu_opt_bytes(path));
         OsString::from_vec(v)
     };
+    // One vCPU: single-threaded TCG. More: multi-threaded TCG, asked for explicitly (QEMU
+    // falls back to one thread for all vCPUs when it thinks the guest/host pair unsafe).
+    let cpus = config.cpus.max(1);
+    let accel = if cpus > 1 { "tcg,thread=multi" } else { "tcg" };
+    let smp = cpus.to_string();
     let mut a: Vec<OsString> = [
         "-accel",
-        "tcg",
+        accel,
         "-cpu",
         "EPYC,+svm,+npt,+nrip-save",
         "-smp",
-        "1",
+        &smp,
         "-m",
         &config.memory_mib.to_string(),
         "-nodefaults",
@@ -259,6 +264,8 @@ mod tests {
         let args = strings(&qemu_args(&config, &files(&[], None)));
         let joined = args.join(" ");
         assert!(joined.contains("-m 1234 "), "{joined}");
+        assert!(joined.starts_with("-accel tcg -cpu "), "{joined}");
+        assert!(joined.contains(" -smp 1 "), "{joined}");
         assert!(
             joined.contains("-cpu EPYC,+svm,+npt,+nrip-save"),
             "{joined}"
@@ -269,6 +276,20 @@ mod tests {
         assert_eq!(append, "console=ttyS3 quiet panic=-1 foo=1");
         assert_eq!(args.iter().filter(|a| *a == "-serial").count(), 4);
         assert!(!args.iter().any(|a| a == "-fsdev" || a == "-device"));
+    }
+
+    #[test]
+    fn qemu_command_line_with_two_cpus_is_multi_threaded() {
+        let config = HelperVmConfig {
+            cpus: 2,
+            ..HelperVmConfig::default()
+        };
+        let joined = strings(&qemu_args(&config, &files(&[], None))).join(" ");
+        assert!(
+            joined.starts_with("-accel tcg,thread=multi -cpu "),
+            "{joined}"
+        );
+        assert!(joined.contains(" -smp 2 "), "{joined}");
     }
 
     #[test]

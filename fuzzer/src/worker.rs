@@ -1,0 +1,209 @@
+//! One worker of a campaign: a runner with its own run, booted to the
+//! root moment, the moments it keeps as live checkpoints (least recently
+//! used let go) and where its run is now. Workers run the branches of a
+//! batch at once; what they find is judged afterwards, in branch order, by
+//! the engine.
+
+use crate::engine::{apply_steps, boot_options, reach, EngineError};
+use crate::runner::{Calls, Runner};
+use crate::spec::CampaignSpec;
+use crate::step::Path as StepPath;
+use crate::tree::TreeNode;
+use run::api::{CheckpointId, Position, Request, RunId};
+use run::records::GuestRecord;
+use run::up::PreparedUp;
+use std::time::Instant;
+
+type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+pub(crate) struct Worker<'a> {
+    runner: Box<dyn Runner + Send + 'a>,
+    run: Option<RunId>,
+    /// Live checkpoints, least recently used first; the root's is never let go.
+    live: Vec<(u64, CheckpointId)>,
+    /// How many it may keep (the root included).
+    live_limit: u32,
+    /// Where the run is now: at this node's moment exactly.
+    at_node: Option<u64>,
+}
+
+/// What the root moment looked like to one worker.
+pub(crate) struct Root {
+    pub position: Position,
+    pub records: Vec<GuestRecord>,
+    pub digest: String,
+}
+
+/// A branch to run: node `id`, a child of `parent` along `path`.
+pub(crate) struct BranchJob {
+    pub id: u64,
+    pub parent: u64,
+    pub seed: u64,
+    pub path: StepPath,
+    /// Whether its moment may be branched in turn (above the depth limit),
+    /// so worth keeping.
+    pub keep: bool,
+}
+
+/// What a branch did, for the engine to judge.
+pub(crate) struct BranchRun {
+    pub position: Position,
+    pub records: Vec<GuestRecord>,
+    pub digest: String,
+    pub wall_ms: u64,
+}
+
+impl<'a> Worker<'a> {
+    pub fn new(runner: Box<dyn Runner + Send + 'a>, live_limit: u32) -> Self {
+        Worker {
+            runner,
+            run: None,
+            live: Vec::new(),
+            live_limit,
+            at_node: None,
+        }
+    }
+
+    fn calls(&mut self) -> Calls<'_> {
+        Calls {
+            runner: &mut *self.runner,
+        }
+    }
+
+    fn run_id(&self) -> RunId {
+        self.run.expect("the run was booted")
+    }
+
+    /// Boots and runs to the root moment; keeps it.
+    pub fn boot(&mut self, prepared: &PreparedUp, spec: &CampaignSpec) -> Result<Root> {
+        let mut calls = self.calls();
+        let (run, _) = calls.start(Request::BootUp {
+            prepared: prepared.clone(),
+            options: boot_options(spec, None),
+        })?;
+        calls.collect_records(run)?;
+        let (position, records) = reach(&mut calls, run, &spec.root)?;
+        let digest = calls.outcome(run)?.digest;
+        let (checkpoint, _) = calls.checkpoint(run)?;
+        self.run = Some(run);
+        self.live = vec![(0, checkpoint)];
+        self.at_node = Some(0);
+        Ok(Root {
+            position,
+            records,
+            digest,
+        })
+    }
+
+    /// Steps of `node`'s path this worker would replay to reach it (0 when
+    /// it is live here): the cost of running a branch of it here.
+    pub fn replay_cost(&self, node: u64, nodes: &[TreeNode]) -> u32 {
+        let mut ancestor = node;
+        while !self.live.iter().any(|(id, _)| *id == ancestor) {
+            ancestor = nodes[ancestor as usize]
+                .row
+                .parent
+                .expect("the root is always live");
+        }
+        nodes[node as usize].row.depth - nodes[ancestor as usize].row.depth
+    }
+
+    /// The run at `node`'s moment: reset to it if it is live, or to its
+    /// nearest live ancestor and replayed from there (then kept).
+    fn go_to(&mut self, node: u64, nodes: &[TreeNode]) -> Result<Position> {
+        let run = self.run_id();
+        let mut ancestor = node;
+        let checkpoint = loop {
+            if let Some(i) = self.live.iter().position(|(id, _)| *id == ancestor) {
+                let entry = self.live.remove(i);
+                self.live.push(entry);
+                break entry.1;
+            }
+            ancestor = nodes[ancestor as usize]
+                .row
+                .parent
+                .expect("the root is always live");
+        };
+        let mut position = self.calls().reset(run, checkpoint)?;
+        if ancestor != node {
+            let from = nodes[ancestor as usize].row.depth as usize;
+            let path = &nodes[node as usize].row.path;
+            let mut calls = self.calls();
+            position = apply_steps(&mut calls, run, &path.steps[from..], path.end_ns)?;
+            drop(calls.take_records(run)?);
+            self.keep(node)?;
+        }
+        self.at_node = Some(node);
+        Ok(position)
+    }
+
+    /// Keeps the present moment (node `node`'s) as a live checkpoint, when
+    /// the campaign keeps more than the root.
+    fn keep(&mut self, node: u64) -> Result<()> {
+        if self.live_limit <= 1 {
+            return Ok(());
+        }
+        let run = self.run_id();
+        let (checkpoint, _) = self.calls().checkpoint(run)?;
+        self.live.push((node, checkpoint));
+        while self.live.len() > self.live_limit as usize {
+            // The least recently used, never the root.
+            let i = self
+                .live
+                .iter()
+                .position(|(id, _)| *id != 0)
+                .expect("more than the root");
+            let (_, old) = self.live.remove(i);
+            self.calls().drop_checkpoint(run, old)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `job`: to its parent's moment, then its own step (re-key,
+    /// faults, a slice); its records and digest, its moment kept if it may
+    /// be branched.
+    pub fn branch(&mut self, job: &BranchJob, nodes: &[TreeNode]) -> Result<BranchRun> {
+        let started = Instant::now();
+        self.go_to(job.parent, nodes)?;
+        let run = self.run_id();
+        let step = job.path.steps.last().expect("a child has a step");
+        let mut calls = self.calls();
+        let position = apply_steps(&mut calls, run, std::slice::from_ref(step), job.path.end_ns)?;
+        let records = calls.take_records(run)?;
+        let digest = calls.outcome(run)?.digest;
+        self.at_node = None;
+        if job.keep && position.stop.is_none() {
+            self.keep(job.id)?;
+            self.at_node = Some(job.id);
+        }
+        Ok(BranchRun {
+            position,
+            records,
+            digest,
+            wall_ms: started.elapsed().as_millis() as u64,
+        })
+    }
+
+    /// Replays `path` from the root; the records of its steps (the root's
+    /// stretch not included) and where it ended.
+    pub fn replay_from_root(&mut self, path: &StepPath) -> Result<(Vec<GuestRecord>, Position)> {
+        let run = self.run_id();
+        let root = self
+            .live
+            .iter()
+            .find(|(id, _)| *id == 0)
+            .expect("the root is live")
+            .1;
+        self.at_node = None;
+        let mut calls = self.calls();
+        calls.reset(run, root)?;
+        let position = apply_steps(&mut calls, run, &path.steps, path.end_ns)?;
+        Ok((calls.take_records(run)?, position))
+    }
+
+    /// The digest of the run where it is now.
+    pub fn digest(&mut self) -> Result<String> {
+        let run = self.run_id();
+        Ok(self.calls().outcome(run)?.digest)
+    }
+}
