@@ -710,6 +710,8 @@ pub fn reach(
                 });
                 records.extend(taken);
                 if done {
+                    // The root's stretch keeps its output capped as one.
+                    run::records::cap_output(&mut records, run::records::OUTPUT_CAP_BYTES);
                     return Ok((position, records));
                 }
                 if position.stop.is_some() {

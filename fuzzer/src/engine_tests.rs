@@ -38,6 +38,15 @@ fn record(at: u64, json: serde_json::Value) -> GuestRecord {
     }
 }
 
+/// A chunk of node `n1`'s output.
+fn output(at: u64, text: &str) -> GuestRecord {
+    serde_json::from_value(serde_json::json!({
+        "exit": at / 1_000, "virtual_ns": at, "node": "n1",
+        "body": {"kind": "output", "log": "n1", "stream": "stdout", "text": text},
+    }))
+    .expect("an output record")
+}
+
 impl Sim {
     fn position(&self) -> Position {
         Position {
@@ -80,6 +89,12 @@ impl Runner for Sim {
                                 event: UpEvent::SetupComplete,
                             },
                             ..record(self.state.now, serde_json::Value::Null)
+                        });
+                    }
+                    if self.state.now.is_multiple_of(250_000_000) {
+                        self.records.push(GuestRecord {
+                            node: Some("n1".into()),
+                            ..output(self.state.now, &format!("t={}\n", self.state.now))
                         });
                     }
                     let paused = self.state.events.iter().any(|e| e.contains("pause n1"));
@@ -314,7 +329,9 @@ fn test_a_campaign_finds_the_failure_shrinks_it_and_replays_it() {
         let relative = entry
             .strip_prefix(findings::finding_dir(dir.path(), 1))
             .unwrap();
-        std::fs::copy(&entry, copy.join(relative)).unwrap();
+        let to = copy.join(relative);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&entry, to).unwrap();
     }
     let moved = findings::load(&copy).unwrap();
     assert!(moved.run.kernel.starts_with(&copy));
@@ -511,4 +528,24 @@ fn test_a_campaign_killed_at_any_moment_resumes_to_the_same_tree() {
     let store = Store::open(dir.path()).unwrap();
     assert_eq!(store.nodes().unwrap(), all);
     assert_eq!(store.findings().unwrap(), expected_findings);
+}
+
+/// A finding's `logs/` hold its path's output from the boot through the
+/// root and every step to the failure, in order, nothing missing.
+#[test]
+fn test_a_finding_holds_the_logs_of_its_whole_path() {
+    let dir = tempfile::tempdir().unwrap();
+    campaign(dir.path(), 1, 12);
+    let finding_dir = findings::finding_dir(dir.path(), 1);
+    let finding = findings::load(&finding_dir).unwrap();
+    let text = std::fs::read_to_string(finding_dir.join("logs/n1.log")).unwrap();
+    let times: Vec<u64> = text
+        .lines()
+        .map(|l| l.strip_prefix("t=").unwrap().parse().unwrap())
+        .collect();
+    let expected: Vec<u64> = (1..=finding.file.virtual_ns / 250_000_000)
+        .map(|i| i * 250_000_000)
+        .collect();
+    assert!(finding.file.path.steps.len() >= 2, "{:?}", finding.file.path);
+    assert_eq!(times, expected);
 }

@@ -13,6 +13,7 @@ pub mod findings;
 pub mod judge;
 pub mod judges;
 pub mod linearizability;
+pub mod node_logs;
 pub mod profile;
 pub mod properties;
 pub mod replay;
