@@ -375,4 +375,65 @@ proptest! {
             prop_assert_eq!(&ram.bytes(), expected);
         }
     }
+
+    /// A saved image loaded in place in the middle of random moves
+    /// (`load_in_place`): RAM is the image, the pages it wrote are noted as
+    /// written, and every checkpoint, older or taken after, still comes
+    /// back exactly.
+    #[test]
+    fn a_load_in_place_gives_the_image_and_keeps_every_checkpoint(
+        start in proptest::collection::vec(0u8..3, 12),
+        image in proptest::collection::vec(0u8..3, 12),
+        before in proptest::collection::vec(step(), 1..40),
+        after in proptest::collection::vec(step(), 0..40),
+    ) {
+        let mut ram = FakeRam::new(&start, &[0; 12]);
+        let mut tree = CheckpointTree::new(ram.len());
+        let flags = vec![true; 12];
+        let root = tree.take(&ram, &[], fresh(&flags)).unwrap();
+        let mut live: Vec<(NodeId, Vec<u8>)> = vec![(root, ram.bytes())];
+        let image_ram = FakeRam::new(&image, &[0; 12]).ram;
+        // `Release` steps are loads here (one at least), half of them
+        // checkpointed at once.
+        let load = vec![Step::Release(0)];
+        for step in before.into_iter().chain(load).chain(after) {
+            match step {
+                Step::Write { page, byte } => ram.set(page, byte),
+                Step::Checkpoint => {
+                    let dirty = ram.dirty();
+                    let id = tree.take(&ram, &dirty, fresh(&flags)).unwrap();
+                    live.push((id, ram.bytes()));
+                }
+                Step::Reset(n) => {
+                    let (id, expected) = live[n % live.len()].clone();
+                    let dirty = ram.dirty();
+                    tree.reset(id, &dirty, &mut ram).unwrap();
+                    prop_assert_eq!(ram.bytes(), expected);
+                }
+                Step::Release(n) => {
+                    // As `Session::load_in_place`: the log read first, then
+                    // the pages written behind it noted.
+                    let dirty = ram.dirty();
+                    tree.note_written(&dirty);
+                    let written = crate::vm::load_in_place::load_pages(&mut ram, &image_ram, 0..12);
+                    tree.note_written(&written);
+                    prop_assert_eq!(&ram.bytes(), &image);
+                    if n % 2 == 0 {
+                        let dirty = ram.dirty();
+                        let id = tree.take(&ram, &dirty, fresh(&flags)).unwrap();
+                        live.push((id, image.clone()));
+                    }
+                }
+                Step::LogRead => {
+                    let dirty = ram.dirty();
+                    tree.note_written(&dirty);
+                }
+            }
+        }
+        for (id, expected) in live.iter().rev().chain(live.iter()) {
+            let dirty = ram.dirty();
+            tree.reset(*id, &dirty, &mut ram).unwrap();
+            prop_assert_eq!(&ram.bytes(), expected);
+        }
+    }
 }
