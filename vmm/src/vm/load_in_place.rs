@@ -14,11 +14,11 @@ use super::memory_scan::candidate_pages;
 use super::{stepping, IncompatibleState, Session, SessionState, VmError};
 use crate::irq_window::WindowGuard;
 use crate::{cpu_model, vcpu_state};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
 /// What one in-place load did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoadStats {
     /// Pages that could differ (non-zero in the image or in RAM), compared.
     pub pages_compared: u64,
