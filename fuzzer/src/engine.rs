@@ -30,6 +30,8 @@ pub enum EngineError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Finding(#[from] findings::FindingError),
+    #[error(transparent)]
+    Spill(#[from] crate::spill::SpillError),
     #[error("the run stopped ({stop}) at {at} before its root moment ({rule})")]
     StoppedBeforeRoot {
         stop: String,
@@ -119,6 +121,8 @@ pub struct Engine<'a> {
     wall_before_ms: u64,
     /// Where the run is now: (node, at its moment exactly).
     at_node: Option<u64>,
+    /// Checkpoints let go that are on disk (`None`: none are kept).
+    spill: Option<crate::spill::Spill>,
 }
 
 /// Options for booting a campaign's run (the campaign's, or a replay's
@@ -189,6 +193,7 @@ impl<'a> Engine<'a> {
             branches: 0,
             wall_before_ms: 0,
             at_node: None,
+            spill: None,
         })
     }
 
@@ -263,6 +268,7 @@ impl<'a> Engine<'a> {
             branches,
             wall_before_ms,
             at_node: None,
+            spill: None,
         })
     }
 
@@ -295,6 +301,9 @@ impl<'a> Engine<'a> {
         let (checkpoint, _) = self.calls.checkpoint(run)?;
         self.live = vec![(0, checkpoint)];
         self.at_node = Some(0);
+        if self.spec.spill && self.spec.live_checkpoints > 1 {
+            self.spill = Some(crate::spill::Spill::open(&self.dir)?);
+        }
         if self.nodes.is_empty() {
             let row = NodeRow {
                 id: 0,
@@ -360,6 +369,9 @@ impl<'a> Engine<'a> {
         let wall_ms = self.wall_before_ms + started.elapsed().as_millis() as u64;
         self.store
             .commit_meta(&[("wall_ms", wall_ms.to_string())])?;
+        if let Some(spill) = self.spill.take() {
+            spill.finish()?;
+        }
         Ok(CampaignSummary {
             branches: self.branches,
             branches_this_run: this_run,
@@ -416,14 +428,26 @@ impl<'a> Engine<'a> {
             if let Some(i) = self.live.iter().position(|(id, _)| *id == ancestor) {
                 let entry = self.live.remove(i);
                 self.live.push(entry);
-                break entry.1;
+                break Some(entry.1);
+            }
+            if self.spill.as_ref().is_some_and(|s| s.holds(ancestor)) {
+                break None;
             }
             ancestor = self.nodes[ancestor as usize]
                 .row
                 .parent
                 .expect("the root is always live");
         };
-        let mut position = self.calls.reset(run, checkpoint)?;
+        let mut position = match checkpoint {
+            Some(checkpoint) => self.calls.reset(run, checkpoint)?,
+            None => {
+                let digest = &self.nodes[ancestor as usize].row.digest;
+                let spill = self.spill.as_mut().expect("it holds the moment");
+                let position = spill.load(&mut self.calls, run, ancestor, digest)?;
+                self.keep(ancestor)?;
+                position
+            }
+        };
         if ancestor != node {
             let from = self.nodes[ancestor as usize].row.depth as usize;
             let path = self.nodes[node as usize].row.path.clone();
@@ -450,9 +474,13 @@ impl<'a> Engine<'a> {
                 .iter()
                 .position(|(id, _)| *id != 0)
                 .expect("more than the root");
-            let (_, old) = self.live.remove(i);
-            self.calls.drop_checkpoint(self.run_id(), old)?;
+            let old = self.live.remove(i);
+            let (run, spill) = (self.run_id(), self.spill.as_mut());
+            crate::spill::let_go(&mut self.calls, spill, run, old, checkpoint)?;
         }
+        let budget = self.spec.checkpoint_memory;
+        let (run, spill) = (self.run_id(), self.spill.as_mut());
+        crate::spill::within_budget(&mut self.calls, spill, run, &mut self.live, budget)?;
         Ok(())
     }
 

@@ -11,7 +11,7 @@ use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 
 /// A run's whole state: the time, and what was done to it, in order.
-#[derive(Clone, Debug, Default, Hash)]
+#[derive(Clone, Debug, Default, Hash, serde::Serialize, serde::Deserialize)]
 struct SimState {
     now: u64,
     events: Vec<String>,
@@ -48,6 +48,15 @@ fn output(at: u64, text: &str) -> GuestRecord {
 }
 
 impl Sim {
+    /// Every checkpoint holds 1000 bytes.
+    fn memory(&self) -> vmm::vm::CheckpointMemory {
+        vmm::vm::CheckpointMemory {
+            checkpoints: self.checkpoints.len() as u64,
+            bytes: 1000 * self.checkpoints.len() as u64,
+            ..Default::default()
+        }
+    }
+
     fn position(&self) -> Position {
         Position {
             exits: self.state.now / 1_000,
@@ -129,7 +138,35 @@ impl Runner for Sim {
                 self.checkpoints
                     .remove(&checkpoint.0)
                     .ok_or("unknown checkpoint")?;
-                Response::CheckpointMemory(Default::default())
+                Response::CheckpointMemory(self.memory())
+            }
+            Request::CheckpointMemory { .. } => Response::CheckpointMemory(self.memory()),
+            // A moment on disk: its state as JSON, under its id.
+            Request::Spill {
+                dir, id, parent, ..
+            } => {
+                let path = dir.join(&id);
+                std::fs::create_dir(&path).map_err(|e| e.to_string())?;
+                let json = serde_json::to_string(&self.state).unwrap();
+                std::fs::write(path.join("state.json"), json).map_err(|e| e.to_string())?;
+                Response::Snapshot(
+                    serde_json::from_value(serde_json::json!({
+                        "id": id, "parent": parent, "virtual_ns": self.state.now,
+                        "exit_index": 0, "ram_bytes": 0, "seed": 0, "incremental": false,
+                        "state_bytes": 0, "memory_pages_stored": 0, "disk_bytes": 0, "dir": path,
+                    }))
+                    .map_err(|e| e.to_string())?,
+                )
+            }
+            Request::LoadInPlace { dir, .. } => {
+                let json =
+                    std::fs::read_to_string(dir.join("state.json")).map_err(|e| e.to_string())?;
+                self.state = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+                self.records.clear();
+                Response::Loaded {
+                    position: self.position(),
+                    stats: Default::default(),
+                }
             }
             Request::Rekey { seed, .. } => {
                 self.state.events.push(format!("seed {seed}"));
@@ -546,6 +583,61 @@ fn test_a_finding_holds_the_logs_of_its_whole_path() {
     let expected: Vec<u64> = (1..=finding.file.virtual_ns / 250_000_000)
         .map(|i| i * 250_000_000)
         .collect();
-    assert!(finding.file.path.steps.len() >= 2, "{:?}", finding.file.path);
+    assert!(
+        finding.file.path.steps.len() >= 2,
+        "{:?}",
+        finding.file.path
+    );
     assert_eq!(times, expected);
+}
+
+/// A memory budget of three checkpoints: moments let go are spilled to
+/// disk and loaded back in place (digest checked) rather than replayed, and
+/// the search is the same as with one checkpoint and replays only.
+#[test]
+fn test_a_tiny_memory_budget_spills_moments_and_loads_them_back_for_the_same_search() {
+    let replayed = tempfile::tempdir().unwrap();
+    let (_, one) = campaign(replayed.path(), 1, 14);
+    let dir = tempfile::tempdir().unwrap();
+    let files = tempfile::tempdir().unwrap();
+    let run = prepared(files.path());
+    let calls = Rc::new(RefCell::new(Vec::new()));
+    let mut sim = Sim {
+        calls: calls.clone(),
+        ..Sim::default()
+    };
+    let mut spec = spec(8);
+    spec.checkpoint_memory = Some(3_000);
+    let summary = Engine::create(
+        &mut sim,
+        spec,
+        &run,
+        run.clone(),
+        dir.path(),
+        Box::new(FailJudge::default()),
+        Box::new(Draw),
+    )
+    .unwrap()
+    .run(
+        Budget {
+            wall_ms: 0,
+            branches: 14,
+        },
+        &mut Quiet,
+        &|| false,
+    )
+    .unwrap();
+    assert_eq!(summary.branches, 14);
+    let nodes = Store::open(dir.path()).unwrap().nodes().unwrap();
+    assert_eq!(nodes, one, "the same search");
+    let count = |name: &str| calls.borrow().iter().filter(|c| *c == name).count();
+    assert!(count("Spill") > 0, "{:?}", calls.borrow());
+    assert!(count("LoadInPlace") > 0, "{:?}", calls.borrow());
+    assert!(
+        !dir.path().join(crate::spill::SPILL_DIR).exists(),
+        "spill/ is removed at the end"
+    );
+    let a = Store::open(replayed.path()).unwrap().findings().unwrap();
+    let b = Store::open(dir.path()).unwrap().findings().unwrap();
+    assert_eq!(a, b);
 }

@@ -20,5 +20,6 @@ pub mod replay;
 pub mod runner;
 pub mod shrink;
 pub mod spec;
+pub mod spill;
 pub mod step;
 pub mod store;

@@ -8,7 +8,7 @@ use super::{Conductor, Note, OutputSink, ShellEvent, UpEvent, UpOutput, WORKLOAD
 use crate::faults::{DiskFault, Fault, FaultAction, FaultError, NetworkFault, NodeFault};
 use crate::records::{GuestRecord, RecordBody, RecordLog};
 use detvisor_agent::protocol::{
-    encode_frame, AgentToHost, FrameDecoder, FrameError, HostToAgent, MAX_FRAME_LEN, Stream,
+    encode_frame, AgentToHost, FrameDecoder, FrameError, HostToAgent, Stream, MAX_FRAME_LEN,
 };
 use devices::switch::Fault as SwitchFault;
 use devices::virtio::{DiskCommand, ScheduledDiskCommand};
