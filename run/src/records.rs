@@ -13,9 +13,10 @@ use std::collections::BTreeMap;
 
 /// The output of one log (a node, the workload, a test-composer command)
 /// kept per stretch: its last this many bytes; the rest is replaced by one
-/// [`RecordBody::OutputDropped`]. A guest can print without end, and a
-/// campaign keeps every stretch's records in its database.
-pub const OUTPUT_CAP_BYTES: usize = 1 << 20;
+/// [`RecordBody::OutputDropped`]. A guest can print without end, a
+/// campaign keeps every stretch's records in its database, and a stretch's
+/// records cross from the helper VM in one frame (at most 16 MiB).
+pub const OUTPUT_CAP_BYTES: usize = 256 << 10;
 
 /// One thing a guest reported, and when the host saw it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
