@@ -102,6 +102,8 @@ pub struct CampaignSummary {
     pub end_failures: Vec<Failure>,
     pub wall_ms: u64,
     pub stopped_by: String,
+    /// Checkpoints written to disk and loaded back in this process.
+    pub spill: crate::spill::SpillStats,
 }
 
 pub struct Engine<'a> {
@@ -369,9 +371,10 @@ impl<'a> Engine<'a> {
         let wall_ms = self.wall_before_ms + started.elapsed().as_millis() as u64;
         self.store
             .commit_meta(&[("wall_ms", wall_ms.to_string())])?;
-        if let Some(spill) = self.spill.take() {
-            spill.finish()?;
-        }
+        let spill = match self.spill.take() {
+            Some(spill) => spill.finish()?,
+            None => Default::default(),
+        };
         Ok(CampaignSummary {
             branches: self.branches,
             branches_this_run: this_run,
@@ -379,6 +382,7 @@ impl<'a> Engine<'a> {
             end_failures: self.judge.end_of_campaign(),
             wall_ms,
             stopped_by,
+            spill,
         })
     }
 

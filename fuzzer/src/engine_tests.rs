@@ -303,13 +303,22 @@ impl Progress for Quiet {
 }
 
 fn campaign(dir: &Path, live: u32, branches: u64) -> (CampaignSummary, Vec<NodeRow>) {
+    campaign_on(&mut Sim::default(), dir, spec(live), branches)
+}
+
+/// A new campaign of `spec` in `dir` on `sim`, `branches` long.
+fn campaign_on(
+    sim: &mut Sim,
+    dir: &Path,
+    spec: CampaignSpec,
+    branches: u64,
+) -> (CampaignSummary, Vec<NodeRow>) {
     let files = tempfile::tempdir().unwrap();
     let run = prepared(files.path());
-    let mut sim = Sim::default();
     let summary = {
         let mut engine = Engine::create(
-            &mut sim,
-            spec(live),
+            sim,
+            spec,
             &run,
             run.clone(),
             dir,
@@ -599,38 +608,18 @@ fn test_a_tiny_memory_budget_spills_moments_and_loads_them_back_for_the_same_sea
     let replayed = tempfile::tempdir().unwrap();
     let (_, one) = campaign(replayed.path(), 1, 14);
     let dir = tempfile::tempdir().unwrap();
-    let files = tempfile::tempdir().unwrap();
-    let run = prepared(files.path());
     let calls = Rc::new(RefCell::new(Vec::new()));
     let mut sim = Sim {
         calls: calls.clone(),
         ..Sim::default()
     };
+    let count = |name: &str| calls.borrow().iter().filter(|c| *c == name).count();
     let mut spec = spec(8);
     spec.checkpoint_memory = Some(3_000);
-    let summary = Engine::create(
-        &mut sim,
-        spec,
-        &run,
-        run.clone(),
-        dir.path(),
-        Box::new(FailJudge::default()),
-        Box::new(Draw),
-    )
-    .unwrap()
-    .run(
-        Budget {
-            wall_ms: 0,
-            branches: 14,
-        },
-        &mut Quiet,
-        &|| false,
-    )
-    .unwrap();
+    let (summary, nodes) = campaign_on(&mut sim, dir.path(), spec, 14);
     assert_eq!(summary.branches, 14);
-    let nodes = Store::open(dir.path()).unwrap().nodes().unwrap();
     assert_eq!(nodes, one, "the same search");
-    let count = |name: &str| calls.borrow().iter().filter(|c| *c == name).count();
+    assert_eq!(summary.spill.written, count("Spill") as u64);
     assert!(count("Spill") > 0, "{:?}", calls.borrow());
     assert!(count("LoadInPlace") > 0, "{:?}", calls.borrow());
     assert!(

@@ -353,7 +353,11 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
     assert_eq!(r.load(&b_file), at_b);
     let (b_again, _) = r.checkpoint();
     for name in ["A", "B", "C", "B"] {
-        let id = if name == "B" { b_again } else { moments[name].0 };
+        let id = if name == "B" {
+            b_again
+        } else {
+            moments[name].0
+        };
         r.reset(id);
         assert_eq!(r.on_and_outcome(), expected[name], "{name}, B from disk");
     }

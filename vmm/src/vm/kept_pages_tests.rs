@@ -321,6 +321,32 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
+/// Carries out a write, a checkpoint or a reset (checking RAM after it);
+/// false for the other steps, which are the caller's.
+fn common_step(
+    step: &Step,
+    ram: &mut FakeRam,
+    tree: &mut CheckpointTree,
+    live: &mut Vec<(NodeId, Vec<u8>)>,
+) -> Result<bool, TestCaseError> {
+    match *step {
+        Step::Write { page, byte } => ram.set(page, byte),
+        Step::Checkpoint => {
+            let dirty = ram.dirty();
+            let id = tree.take(ram, &dirty, fresh(&[true; 12])).unwrap();
+            live.push((id, ram.bytes()));
+        }
+        Step::Reset(n) if !live.is_empty() => {
+            let (id, expected) = live[n % live.len()].clone();
+            let dirty = ram.dirty();
+            tree.reset(id, &dirty, ram).unwrap();
+            prop_assert_eq!(ram.bytes(), expected);
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
 proptest! {
     /// Random trees, random writes, random visit orders: after every move
     /// the RAM is exactly the checkpoint's, and the memory held is what the
@@ -339,19 +365,10 @@ proptest! {
             else { tree.take(&ram, &[], restored(&[false; 12])) }.unwrap();
         let mut live: Vec<(NodeId, Vec<u8>)> = vec![(root, ram.bytes())];
         for step in steps {
+            if common_step(&step, &mut ram, &mut tree, &mut live)? {
+                continue;
+            }
             match step {
-                Step::Write { page, byte } => ram.set(page, byte),
-                Step::Checkpoint => {
-                    let dirty = ram.dirty();
-                    let id = tree.take(&ram, &dirty, fresh(&flags)).unwrap();
-                    live.push((id, ram.bytes()));
-                }
-                Step::Reset(n) if !live.is_empty() => {
-                    let (id, expected) = live[n % live.len()].clone();
-                    let dirty = ram.dirty();
-                    tree.reset(id, &dirty, &mut ram).unwrap();
-                    prop_assert_eq!(ram.bytes(), expected);
-                }
                 Step::Release(n) if !live.is_empty() => {
                     let (id, _) = live.remove(n % live.len());
                     tree.release(id).unwrap();
@@ -361,7 +378,7 @@ proptest! {
                     let dirty = ram.dirty();
                     tree.note_written(&dirty);
                 }
-                Step::Reset(_) | Step::Release(_) => {}
+                _ => {}
             }
             let memory = tree.memory();
             prop_assert_eq!(memory.checkpoints, live.len() as u64);
@@ -397,25 +414,17 @@ proptest! {
         // checkpointed at once.
         let load = vec![Step::Release(0)];
         for step in before.into_iter().chain(load).chain(after) {
+            if common_step(&step, &mut ram, &mut tree, &mut live)? {
+                continue;
+            }
             match step {
-                Step::Write { page, byte } => ram.set(page, byte),
-                Step::Checkpoint => {
-                    let dirty = ram.dirty();
-                    let id = tree.take(&ram, &dirty, fresh(&flags)).unwrap();
-                    live.push((id, ram.bytes()));
-                }
-                Step::Reset(n) => {
-                    let (id, expected) = live[n % live.len()].clone();
-                    let dirty = ram.dirty();
-                    tree.reset(id, &dirty, &mut ram).unwrap();
-                    prop_assert_eq!(ram.bytes(), expected);
-                }
                 Step::Release(n) => {
                     // As `Session::load_in_place`: the log read first, then
                     // the pages written behind it noted.
                     let dirty = ram.dirty();
                     tree.note_written(&dirty);
-                    let written = crate::vm::load_in_place::load_pages(&mut ram, &image_ram, 0..12);
+                    let written = crate::vm::load_in_place::load_pages(
+                        &mut ram, &image_ram, (0..12).map(|p| (p, image[p as usize] != 0)));
                     tree.note_written(&written);
                     prop_assert_eq!(&ram.bytes(), &image);
                     if n % 2 == 0 {
@@ -424,7 +433,7 @@ proptest! {
                         live.push((id, image.clone()));
                     }
                 }
-                Step::LogRead => {
+                _ => {
                     let dirty = ram.dirty();
                     tree.note_written(&dirty);
                 }

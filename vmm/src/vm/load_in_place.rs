@@ -27,17 +27,24 @@ pub struct LoadStats {
 }
 
 /// Makes `ram` equal to `image` (the whole RAM image) on `pages`, in
-/// ascending order; every page outside them must already be equal (zero in
+/// ascending order, each with whether the image stores it (one it does not
+/// store is zero: it is not read, so a lazily mapped image is not faulted
+/// in there); every page outside them must already be equal (zero in
 /// both). Returns the pages it wrote.
 pub(super) fn load_pages(
     ram: &mut dyn GuestPages,
     image: &[u8],
-    pages: impl Iterator<Item = u64>,
+    pages: impl Iterator<Item = (u64, bool)>,
 ) -> Vec<u64> {
     assert_eq!(ram.len(), image.len(), "the image is not this RAM's size");
+    let zero = [0u8; PAGE_SIZE];
     let mut written = Vec::new();
-    for page in pages {
-        let saved = &image[page as usize * PAGE_SIZE..][..PAGE_SIZE];
+    for (page, stored) in pages {
+        let saved = if stored {
+            &image[page as usize * PAGE_SIZE..][..PAGE_SIZE]
+        } else {
+            &zero[..]
+        };
         if ram.page(page) != saved {
             ram.write_page(page, saved);
             written.push(page);
@@ -87,11 +94,16 @@ impl Session {
             self.read_dirty_log()?;
         }
         // Pages that may differ: non-zero now, or stored in the image.
-        let mut maybe = candidate_pages(ptr, ram_len, 0, &self.backing);
+        let mut in_image = vec![false; ram_len / PAGE_SIZE];
         for &(start, end) in stored {
-            let first = (start as usize / PAGE_SIZE).min(maybe.len());
-            let last = (end as usize).div_ceil(PAGE_SIZE).min(maybe.len());
-            maybe[first..last].fill(true);
+            let first = (start as usize / PAGE_SIZE).min(in_image.len());
+            let last = (end as usize).div_ceil(PAGE_SIZE).min(in_image.len());
+            in_image[first..last].fill(true);
+        }
+        let mut maybe = candidate_pages(ptr, ram_len, 0, &self.backing);
+        maybe.resize(in_image.len(), true);
+        for (m, &i) in maybe.iter_mut().zip(&in_image) {
+            *m |= i;
         }
         let compared = maybe.iter().filter(|&&m| m).count() as u64;
         // SAFETY: `ptr..ptr+ram_len` is the live guest RAM mapping, owned by
@@ -100,9 +112,10 @@ impl Session {
         let mut mapped = unsafe { MappedRam::new((ptr, ram_len)) };
         let pages = maybe
             .iter()
+            .zip(&in_image)
             .enumerate()
-            .filter(|(_, &m)| m)
-            .map(|(page, _)| page as u64);
+            .filter(|(_, (&m, _))| m)
+            .map(|(page, (_, &i))| (page as u64, i));
         let written = load_pages(&mut mapped, image, pages);
         // Written by the VMM behind KVM's log and the memory's bitmap: the
         // ledger hears of them here, as of a guest's writes.
