@@ -36,6 +36,12 @@ pub enum SpillError {
         #[source]
         source: SnapshotError,
     },
+    #[error("reading the pages of {}", dir.display())]
+    ReadPages {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{}: not a moment of this run ({reason})", dir.display())]
     NotThisRun { dir: PathBuf, reason: String },
     #[error("loading {} in place", dir.display())]
@@ -117,16 +123,20 @@ pub fn load_in_place(driven: &mut Driven, dir: &Path) -> Result<LoadStats, Spill
             reason: "an `up` run and a plain one".into(),
         });
     }
+    let chain = snapshot::memory_chain(dir).map_err(read)?;
     // The pages the snapshot stores, from its checksummed index.
-    let stored: Vec<(u64, u64)> = snapshot::memory_chain(dir)
-        .map_err(read)?
+    let stored: Vec<(u64, u64)> = chain
         .iter()
         .flat_map(|layer| layer.runs.iter().map(|run| run.byte_range()))
         .collect();
-    let image = snapshot::map_memory_private(dir).map_err(read)?;
+    let image =
+        read_stored(&chain, saved.session.ram_bytes).map_err(|source| SpillError::ReadPages {
+            dir: dir.to_owned(),
+            source,
+        })?;
     let stats = driven
         .session
-        .load_in_place(&saved.session, image.as_slice(), &stored)
+        .load_in_place(&saved.session, &image, &stored)
         .map_err(|source| SpillError::Load {
             dir: dir.to_owned(),
             source,
@@ -140,4 +150,26 @@ pub fn load_in_place(driven: &mut Driven, dir: &Path) -> Result<LoadStats, Spill
         drop(up.take_records());
     }
     Ok(stats)
+}
+
+/// Guest RAM as `chain` (base first) stores it, read with one `pread` per
+/// run of stored pages (a lazily mapped image would fault them in one page
+/// at a time, each a round trip on a 9p share). The buffer is zeroed lazily
+/// (a large allocation is fresh anonymous memory): only the stored pages
+/// are touched, and the load reads nothing else of it.
+fn read_stored(chain: &[snapshot::MemoryLayer], ram_bytes: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let mut image = vec![0u8; ram_bytes as usize];
+    for layer in chain {
+        for run in &layer.runs {
+            let (start, end) = run.byte_range();
+            let end = end.min(ram_bytes);
+            if start < end {
+                layer
+                    .file
+                    .read_exact_at(&mut image[start as usize..end as usize], start)?;
+            }
+        }
+    }
+    Ok(image)
 }
