@@ -338,6 +338,13 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
         if summary.findings.len() == 1 { "" } else { "s" },
         summary.wall_ms as f64 / 60_000.0
     );
+    let spill = summary.spill;
+    if spill.written > 0 {
+        eprintln!(
+            "detvisor: {} checkpoint(s) spilled to disk ({} ms), {} loaded back in place ({} ms)",
+            spill.written, spill.write_ms, spill.loaded, spill.load_ms
+        );
+    }
     for finding in &summary.findings {
         println!(
             "{:04}  {}  {}",

@@ -32,6 +32,8 @@ pub enum EngineError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Finding(#[from] findings::FindingError),
+    #[error(transparent)]
+    Spill(#[from] crate::spill::SpillError),
     #[error("the run stopped ({stop}) at {at} before its root moment ({rule})")]
     StoppedBeforeRoot {
         stop: String,
@@ -109,6 +111,8 @@ pub struct CampaignSummary {
     pub end_failures: Vec<Failure>,
     pub wall_ms: u64,
     pub stopped_by: String,
+    /// Checkpoints written to disk and loaded back in this process.
+    pub spill: crate::spill::SpillStats,
 }
 
 pub struct Engine<'a> {
@@ -189,7 +193,7 @@ impl<'a> Engine<'a> {
             ],
         )?;
         Ok(Engine {
-            workers: workers(runners, &spec),
+            workers: workers(runners, &spec, dir),
             spec,
             dir: dir.to_owned(),
             store,
@@ -257,7 +261,7 @@ impl<'a> Engine<'a> {
         let wall_before_ms = store.wall_ms()?;
         let faults = faults(&spec);
         Ok(Engine {
-            workers: workers(runners, &spec),
+            workers: workers(runners, &spec, dir),
             spec,
             dir: dir.to_owned(),
             store,
@@ -311,6 +315,7 @@ impl<'a> Engine<'a> {
         stop: &dyn Fn() -> bool,
     ) -> Result<CampaignSummary> {
         let started = Instant::now();
+        crate::spill::clear(&self.dir)?;
         let Root {
             position,
             records: root_records,
@@ -396,6 +401,11 @@ impl<'a> Engine<'a> {
         let wall_ms = self.wall_before_ms + started.elapsed().as_millis() as u64;
         self.store
             .commit_meta(&[("wall_ms", wall_ms.to_string())])?;
+        let mut spill = crate::spill::SpillStats::default();
+        for worker in &mut self.workers {
+            spill += worker.finish_spill()?;
+        }
+        crate::spill::clear(&self.dir)?;
         Ok(CampaignSummary {
             branches: self.branches,
             branches_this_run: this_run,
@@ -405,6 +415,7 @@ impl<'a> Engine<'a> {
             end_failures: self.judge.end_of_campaign(),
             wall_ms,
             stopped_by,
+            spill,
         })
     }
 
@@ -647,10 +658,21 @@ impl<'a> From<Vec<Box<dyn Runner + Send + 'a>>> for Runners<'a> {
 }
 
 /// A worker per runner, each keeping the spec's live checkpoints.
-fn workers<'a>(runners: Vec<Box<dyn Runner + Send + 'a>>, spec: &CampaignSpec) -> Vec<Worker<'a>> {
+/// A worker per runner; each spills to its own `DIR/spill/wN/` when the
+/// campaign keeps checkpoints beyond the root and spills them.
+fn workers<'a>(
+    runners: Vec<Box<dyn Runner + Send + 'a>>,
+    spec: &CampaignSpec,
+    dir: &Path,
+) -> Vec<Worker<'a>> {
+    let spills = spec.spill && spec.live_checkpoints > 1;
     runners
         .into_iter()
-        .map(|r| Worker::new(r, spec.live_checkpoints))
+        .enumerate()
+        .map(|(i, r)| {
+            let spill_dir = spills.then(|| crate::spill::worker_dir(dir, i));
+            Worker::new(r, spec.live_checkpoints, spec.checkpoint_memory, spill_dir)
+        })
         .collect()
 }
 
@@ -690,6 +712,8 @@ pub fn reach(
                 });
                 records.extend(taken);
                 if done {
+                    // The root's stretch keeps its output capped as one.
+                    run::records::cap_output(&mut records, run::records::OUTPUT_CAP_BYTES);
                     return Ok((position, records));
                 }
                 if position.stop.is_some() {

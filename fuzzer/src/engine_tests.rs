@@ -10,7 +10,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 /// A run's whole state: the time, and what was done to it, in order.
-#[derive(Clone, Debug, Default, Hash)]
+#[derive(Clone, Debug, Default, Hash, serde::Serialize, serde::Deserialize)]
 struct SimState {
     now: u64,
     events: Vec<String>,
@@ -43,7 +43,25 @@ fn record(at: u64, json: serde_json::Value) -> GuestRecord {
     }
 }
 
+/// A chunk of node `n1`'s output.
+fn output(at: u64, text: &str) -> GuestRecord {
+    serde_json::from_value(serde_json::json!({
+        "exit": at / 1_000, "virtual_ns": at, "node": "n1",
+        "body": {"kind": "output", "log": "n1", "stream": "stdout", "text": text},
+    }))
+    .expect("an output record")
+}
+
 impl Sim {
+    /// Every checkpoint holds 1000 bytes.
+    fn memory(&self) -> vmm::vm::CheckpointMemory {
+        vmm::vm::CheckpointMemory {
+            checkpoints: self.checkpoints.len() as u64,
+            bytes: 1000 * self.checkpoints.len() as u64,
+            ..Default::default()
+        }
+    }
+
     fn position(&self) -> Position {
         Position {
             exits: self.state.now / 1_000,
@@ -93,6 +111,12 @@ impl Runner for Sim {
                             ..record(self.state.now, serde_json::Value::Null)
                         });
                     }
+                    if self.state.now.is_multiple_of(250_000_000) {
+                        self.records.push(GuestRecord {
+                            node: Some("n1".into()),
+                            ..output(self.state.now, &format!("t={}\n", self.state.now))
+                        });
+                    }
                     let paused = self.state.events.iter().any(|e| e.contains("pause n1"));
                     let killed = self.state.events.iter().any(|e| e.contains("kill n2"));
                     if paused && killed && self.state.now.is_multiple_of(500_000_000) {
@@ -125,7 +149,35 @@ impl Runner for Sim {
                 self.checkpoints
                     .remove(&checkpoint.0)
                     .ok_or("unknown checkpoint")?;
-                Response::CheckpointMemory(Default::default())
+                Response::CheckpointMemory(self.memory())
+            }
+            Request::CheckpointMemory { .. } => Response::CheckpointMemory(self.memory()),
+            // A moment on disk: its state as JSON, under its id.
+            Request::Spill {
+                dir, id, parent, ..
+            } => {
+                let path = dir.join(&id);
+                std::fs::create_dir(&path).map_err(|e| e.to_string())?;
+                let json = serde_json::to_string(&self.state).unwrap();
+                std::fs::write(path.join("state.json"), json).map_err(|e| e.to_string())?;
+                Response::Snapshot(
+                    serde_json::from_value(serde_json::json!({
+                        "id": id, "parent": parent, "virtual_ns": self.state.now,
+                        "exit_index": 0, "ram_bytes": 0, "seed": 0, "incremental": false,
+                        "state_bytes": 0, "memory_pages_stored": 0, "disk_bytes": 0, "dir": path,
+                    }))
+                    .map_err(|e| e.to_string())?,
+                )
+            }
+            Request::LoadInPlace { dir, .. } => {
+                let json =
+                    std::fs::read_to_string(dir.join("state.json")).map_err(|e| e.to_string())?;
+                self.state = serde_json::from_str(&json).map_err(|e| e.to_string())?;
+                self.records.clear();
+                Response::Loaded {
+                    position: self.position(),
+                    stats: Default::default(),
+                }
             }
             Request::Rekey { seed, .. } => {
                 self.state.events.push(format!("seed {seed}"));
@@ -262,7 +314,17 @@ impl Progress for Quiet {
 }
 
 fn campaign(dir: &Path, live: u32, branches: u64) -> (CampaignSummary, Vec<NodeRow>) {
-    let summary = try_campaign(dir, spec(live), branches, vec![Sim::default()]).unwrap();
+    campaign_on(Sim::default(), dir, spec(live), branches)
+}
+
+/// A new campaign of `spec` in `dir` on `sim`, `branches` long.
+fn campaign_on(
+    sim: Sim,
+    dir: &Path,
+    spec: CampaignSpec,
+    branches: u64,
+) -> (CampaignSummary, Vec<NodeRow>) {
+    let summary = try_campaign(dir, spec, branches, vec![sim]).unwrap();
     let nodes = Store::open(dir).unwrap().nodes().unwrap();
     (summary, nodes)
 }
@@ -301,7 +363,9 @@ fn test_a_campaign_finds_the_failure_shrinks_it_and_replays_it() {
         let relative = entry
             .strip_prefix(findings::finding_dir(dir.path(), 1))
             .unwrap();
-        std::fs::copy(&entry, copy.join(relative)).unwrap();
+        let to = copy.join(relative);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&entry, to).unwrap();
     }
     let moved = findings::load(&copy).unwrap();
     assert!(moved.run.kernel.starts_with(&copy));
@@ -643,4 +707,90 @@ fn test_workers_that_reach_different_roots_are_refused() {
         text.contains("worker 1") && text.contains("not deterministic"),
         "{text}"
     );
+}
+
+/// A finding's `logs/` hold its path's output from the boot through the
+/// root and every step to the failure, in order, nothing missing.
+#[test]
+fn test_a_finding_holds_the_logs_of_its_whole_path() {
+    let dir = tempfile::tempdir().unwrap();
+    campaign(dir.path(), 1, 12);
+    let finding_dir = findings::finding_dir(dir.path(), 1);
+    let finding = findings::load(&finding_dir).unwrap();
+    let text = std::fs::read_to_string(finding_dir.join("logs/n1.log")).unwrap();
+    let times: Vec<u64> = text
+        .lines()
+        .map(|l| l.strip_prefix("t=").unwrap().parse().unwrap())
+        .collect();
+    let expected: Vec<u64> = (1..=finding.file.virtual_ns / 250_000_000)
+        .map(|i| i * 250_000_000)
+        .collect();
+    assert!(
+        finding.file.path.steps.len() >= 2,
+        "{:?}",
+        finding.file.path
+    );
+    assert_eq!(times, expected);
+}
+
+/// A memory budget of three checkpoints: moments let go are spilled to
+/// disk and loaded back in place (digest checked) rather than replayed, and
+/// the search is the same as with one checkpoint and replays only.
+#[test]
+fn test_a_tiny_memory_budget_spills_moments_and_loads_them_back_for_the_same_search() {
+    let replayed = tempfile::tempdir().unwrap();
+    let (_, one) = campaign(replayed.path(), 1, 14);
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let sim = Sim {
+        calls: calls.clone(),
+        ..Sim::default()
+    };
+    let count = |name: &str| calls.lock().unwrap().iter().filter(|c| *c == name).count();
+    let mut spec = spec(8);
+    spec.checkpoint_memory = Some(3_000);
+    let (summary, nodes) = campaign_on(sim, dir.path(), spec, 14);
+    assert_eq!(summary.branches, 14);
+    assert_eq!(nodes, one, "the same search");
+    assert_eq!(summary.spill.written, count("Spill") as u64);
+    assert!(count("Spill") > 0, "{:?}", calls.lock().unwrap());
+    assert!(count("LoadInPlace") > 0, "{:?}", calls.lock().unwrap());
+    assert!(
+        !dir.path().join(crate::spill::SPILL_DIR).exists(),
+        "spill/ is removed at the end"
+    );
+    let a = Store::open(replayed.path()).unwrap().findings().unwrap();
+    let b = Store::open(dir.path()).unwrap().findings().unwrap();
+    assert_eq!(a, b);
+}
+
+/// Two workers under a tiny memory budget spill to their own folders (a
+/// moment both let go is written by each) and make the same search as two
+/// workers that only replay.
+#[test]
+fn test_workers_spill_to_their_own_folders_for_the_same_search() {
+    let replayed = tempfile::tempdir().unwrap();
+    let sims = || vec![jittery(1), jittery(2)];
+    let (_, one, found) = campaign_with(replayed.path(), 2, 16, sims());
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<Sim> = sims()
+        .into_iter()
+        .map(|sim| Sim {
+            calls: calls.clone(),
+            ..sim
+        })
+        .collect();
+    let count = |name: &str| calls.lock().unwrap().iter().filter(|c| *c == name).count();
+    let mut spec = spec(8);
+    spec.batch_width = 2;
+    spec.checkpoint_memory = Some(3_000);
+    let summary = try_campaign(dir.path(), spec, 16, workers).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.nodes().unwrap(), one, "the same search");
+    assert_eq!(store.findings().unwrap(), found);
+    assert_eq!(summary.workers, 2);
+    assert_eq!(summary.spill.written, count("Spill") as u64);
+    assert!(count("Spill") > 0 && count("LoadInPlace") > 0);
+    assert!(!dir.path().join(crate::spill::SPILL_DIR).exists());
 }

@@ -10,7 +10,9 @@
 //! - `blobs/`: those files (hard links into the campaign's own `blobs/`
 //!   where the file system allows, copies elsewhere);
 //! - the failure's artifacts: `history.jsonl`, `checker.html`, ...;
-//! - `records.jsonl`: everything the guest reported along the path.
+//! - `records.jsonl`: everything the guest reported along the path;
+//! - `logs/<name>.log`: each node's, the workload's and each test-composer
+//!   command's output along the path (`node_logs`).
 //!
 //! A directory is written under a temporary name and renamed into place,
 //! so a finding that exists is whole.
@@ -258,6 +260,7 @@ pub fn write(campaign: &Path, finding: &NewFinding<'_>) -> Result<PathBuf> {
         lines.push('\n');
     }
     json(partial.join("records.jsonl"), lines)?;
+    crate::node_logs::write(&partial, finding.records).map_err(io(&partial))?;
     std::fs::rename(&partial, &dir).map_err(io(&dir))?;
     Ok(dir)
 }

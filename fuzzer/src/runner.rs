@@ -204,6 +204,56 @@ impl Calls<'_> {
         }
     }
 
+    /// How much the run's checkpoints hold.
+    pub fn checkpoint_memory(
+        &mut self,
+        run: RunId,
+    ) -> Result<vmm::vm::CheckpointMemory, RunnerError> {
+        match self.call(
+            "reading checkpoint memory",
+            Request::CheckpointMemory { run },
+        )? {
+            Response::CheckpointMemory(memory) => Ok(memory),
+            other => Err(unexpected("reading checkpoint memory", other)),
+        }
+    }
+
+    /// Writes the run's present moment to disk (see `Request::Spill`).
+    pub fn spill(
+        &mut self,
+        run: RunId,
+        dir: &std::path::Path,
+        id: &str,
+        parent: Option<String>,
+    ) -> Result<run::snapshots::SnapshotRow, RunnerError> {
+        let request = Request::Spill {
+            run,
+            dir: dir.to_owned(),
+            id: id.to_owned(),
+            parent,
+        };
+        match self.call("spilling a moment", request)? {
+            Response::Snapshot(row) => Ok(row),
+            other => Err(unexpected("spilling a moment", other)),
+        }
+    }
+
+    /// Loads a spilled moment back into the run, in place.
+    pub fn load_in_place(
+        &mut self,
+        run: RunId,
+        dir: &std::path::Path,
+    ) -> Result<(Position, vmm::vm::LoadStats), RunnerError> {
+        let request = Request::LoadInPlace {
+            run,
+            dir: dir.to_owned(),
+        };
+        match self.call("loading a spilled moment", request)? {
+            Response::Loaded { position, stats } => Ok((position, stats)),
+            other => Err(unexpected("loading a spilled moment", other)),
+        }
+    }
+
     pub fn close(&mut self, run: RunId) -> Result<(), RunnerError> {
         match self.call("closing the run", Request::Close { run })? {
             Response::Closed => Ok(()),

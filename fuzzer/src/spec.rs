@@ -94,6 +94,19 @@ pub struct CampaignSpec {
     pub faults: toml::Table,
     /// Node names no fault may name (the workload's own node is added).
     pub exclude: Vec<String>,
+    /// Bytes the live checkpoints' kept pages may hold (`None`: only
+    /// `live_checkpoints` bounds them); least recently used ones are let
+    /// go (spilled) past it.
+    #[serde(default)]
+    pub checkpoint_memory: Option<u64>,
+    /// Whether a checkpoint let go is written to the campaign's `spill/`
+    /// first, to be loaded back instead of replayed.
+    #[serde(default = "spill_default")]
+    pub spill: bool,
+}
+
+fn spill_default() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -132,6 +145,8 @@ struct SearchSection {
     batch_width: Option<u32>,
     #[serde(default)]
     exclude: Vec<String>,
+    checkpoint_memory: Option<String>,
+    spill: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -249,7 +264,16 @@ impl CampaignSpec {
             Some(text) => duration("budget.wall", text)?.0 / 1_000_000,
             None => 0,
         };
+        let checkpoint_memory = match &file.search.checkpoint_memory {
+            Some(text) => Some(
+                run::units::parse_size(text)
+                    .map_err(|e| bad("search.checkpoint_memory", text, e.to_string()))?,
+            ),
+            None => None,
+        };
         Ok(CampaignSpec {
+            checkpoint_memory,
+            spill: file.search.spill.unwrap_or(true),
             manifest,
             seed: file.seed,
             root,
@@ -286,6 +310,8 @@ mod tests {
         );
         assert_eq!(spec.slice_ns, DEFAULT_SLICE.0);
         assert_eq!(spec.checker, HistoryChecker::None);
+        assert_eq!(spec.checkpoint_memory, None);
+        assert!(spec.spill);
         let spec = parse(
             r#"
 manifest = "m.toml"
@@ -297,6 +323,8 @@ slice = "2s"
 max_depth = 5
 live_checkpoints = 3
 exclude = ["workload"]
+checkpoint_memory = "4G"
+spill = false
 [budget]
 wall = "30m"
 branches = 100
@@ -316,6 +344,8 @@ rate = 0.5
         );
         assert_eq!(spec.slice_ns, 2_000_000_000);
         assert_eq!(spec.max_depth, 5);
+        assert_eq!(spec.checkpoint_memory, Some(4 << 30));
+        assert!(!spec.spill);
         assert_eq!(spec.wall_ms, 1_800_000);
         assert_eq!(spec.max_branches, 100);
         assert_eq!(spec.checker, HistoryChecker::Kv);

@@ -7,11 +7,13 @@
 use crate::engine::{apply_steps, boot_options, reach, EngineError};
 use crate::runner::{Calls, Runner};
 use crate::spec::CampaignSpec;
+use crate::spill::{self, Spill, SpillStats};
 use crate::step::Path as StepPath;
 use crate::tree::TreeNode;
 use run::api::{CheckpointId, Position, Request, RunId};
 use run::records::GuestRecord;
 use run::up::PreparedUp;
+use std::path::PathBuf;
 use std::time::Instant;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -23,6 +25,13 @@ pub(crate) struct Worker<'a> {
     live: Vec<(u64, CheckpointId)>,
     /// How many it may keep (the root included).
     live_limit: u32,
+    /// Let checkpoints go past this many bytes (the root's and the
+    /// present's excepted).
+    checkpoint_memory: Option<u64>,
+    /// Where checkpoints let go are written (`None`: they are not kept).
+    spill_dir: Option<PathBuf>,
+    /// Checkpoints let go that are on disk, once booted.
+    spill: Option<Spill>,
     /// Where the run is now: at this node's moment exactly.
     at_node: Option<u64>,
 }
@@ -54,12 +63,20 @@ pub(crate) struct BranchRun {
 }
 
 impl<'a> Worker<'a> {
-    pub fn new(runner: Box<dyn Runner + Send + 'a>, live_limit: u32) -> Self {
+    pub fn new(
+        runner: Box<dyn Runner + Send + 'a>,
+        live_limit: u32,
+        checkpoint_memory: Option<u64>,
+        spill_dir: Option<PathBuf>,
+    ) -> Self {
         Worker {
             runner,
             run: None,
             live: Vec::new(),
             live_limit,
+            checkpoint_memory,
+            spill_dir,
+            spill: None,
             at_node: None,
         }
     }
@@ -67,6 +84,23 @@ impl<'a> Worker<'a> {
     fn calls(&mut self) -> Calls<'_> {
         Calls {
             runner: &mut *self.runner,
+        }
+    }
+
+    /// The runner's calls and the spill, borrowed together.
+    fn calls_and_spill(&mut self) -> (Calls<'_>, Option<&mut Spill>) {
+        let calls = Calls {
+            runner: &mut *self.runner,
+        };
+        (calls, self.spill.as_mut())
+    }
+
+    /// Removes this worker's spilled checkpoints (the campaign is over in
+    /// this process); what spilling cost.
+    pub fn finish_spill(&mut self) -> Result<SpillStats> {
+        match self.spill.take() {
+            Some(spill) => Ok(spill.finish()?),
+            None => Ok(SpillStats::default()),
         }
     }
 
@@ -88,6 +122,9 @@ impl<'a> Worker<'a> {
         self.run = Some(run);
         self.live = vec![(0, checkpoint)];
         self.at_node = Some(0);
+        if let Some(dir) = &self.spill_dir {
+            self.spill = Some(Spill::open(dir)?);
+        }
         Ok(Root {
             position,
             records,
@@ -95,11 +132,16 @@ impl<'a> Worker<'a> {
         })
     }
 
+    /// Whether `node`'s moment is on this worker's disk.
+    fn spilled(&self, node: u64) -> bool {
+        self.spill.as_ref().is_some_and(|s| s.holds(node))
+    }
+
     /// Steps of `node`'s path this worker would replay to reach it (0 when
-    /// it is live here): the cost of running a branch of it here.
+    /// it is live or spilled here): the cost of running a branch of it here.
     pub fn replay_cost(&self, node: u64, nodes: &[TreeNode]) -> u32 {
         let mut ancestor = node;
-        while !self.live.iter().any(|(id, _)| *id == ancestor) {
+        while !self.live.iter().any(|(id, _)| *id == ancestor) && !self.spilled(ancestor) {
             ancestor = nodes[ancestor as usize]
                 .row
                 .parent
@@ -109,7 +151,8 @@ impl<'a> Worker<'a> {
     }
 
     /// The run at `node`'s moment: reset to it if it is live, or to its
-    /// nearest live ancestor and replayed from there (then kept).
+    /// nearest live or spilled ancestor (a spilled one loaded back in place
+    /// and kept) and replayed from there (then kept).
     fn go_to(&mut self, node: u64, nodes: &[TreeNode]) -> Result<Position> {
         let run = self.run_id();
         let mut ancestor = node;
@@ -117,14 +160,27 @@ impl<'a> Worker<'a> {
             if let Some(i) = self.live.iter().position(|(id, _)| *id == ancestor) {
                 let entry = self.live.remove(i);
                 self.live.push(entry);
-                break entry.1;
+                break Some(entry.1);
+            }
+            if self.spilled(ancestor) {
+                break None;
             }
             ancestor = nodes[ancestor as usize]
                 .row
                 .parent
                 .expect("the root is always live");
         };
-        let mut position = self.calls().reset(run, checkpoint)?;
+        let mut position = match checkpoint {
+            Some(checkpoint) => self.calls().reset(run, checkpoint)?,
+            None => {
+                let digest = &nodes[ancestor as usize].row.digest;
+                let (mut calls, spill) = self.calls_and_spill();
+                let spill = spill.expect("it holds the moment");
+                let position = spill.load(&mut calls, run, ancestor, digest)?;
+                self.keep(ancestor)?;
+                position
+            }
+        };
         if ancestor != node {
             let from = nodes[ancestor as usize].row.depth as usize;
             let path = &nodes[node as usize].row.path;
@@ -153,9 +209,15 @@ impl<'a> Worker<'a> {
                 .iter()
                 .position(|(id, _)| *id != 0)
                 .expect("more than the root");
-            let (_, old) = self.live.remove(i);
-            self.calls().drop_checkpoint(run, old)?;
+            let old = self.live.remove(i);
+            let (mut calls, spill) = self.calls_and_spill();
+            spill::let_go(&mut calls, spill, run, old, checkpoint)?;
         }
+        let budget = self.checkpoint_memory;
+        let mut calls = Calls {
+            runner: &mut *self.runner,
+        };
+        spill::within_budget(&mut calls, self.spill.as_mut(), run, &mut self.live, budget)?;
         Ok(())
     }
 

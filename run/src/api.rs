@@ -133,6 +133,19 @@ pub enum Request {
     CheckpointBudget { run: RunId, bytes: Option<u64> },
     /// Write a full snapshot of the run's present into `dir`.
     Snapshot { run: RunId, dir: PathBuf },
+    /// Writes the run's present moment as snapshot `id` in `dir`: full, or
+    /// over `parent` (the previous one this run wrote there) with only the
+    /// pages changed since (see [`crate::spill`]). Answers `Snapshot`.
+    Spill {
+        run: RunId,
+        dir: PathBuf,
+        id: String,
+        parent: Option<String>,
+    },
+    /// Returns the run in place to the moment a `Spill` saved in `dir`: only
+    /// the pages that differ are written, every live checkpoint stays valid.
+    /// Answers `Loaded`.
+    LoadInPlace { run: RunId, dir: PathBuf },
     /// Add a fault to an `up` run (at or after its present).
     InjectFault { run: RunId, fault: Fault },
     /// Re-key every seeded stream from here on: an alternate history.
@@ -211,6 +224,10 @@ pub enum Response {
     Snapshot(SnapshotRow),
     /// `DropCheckpoint`, `CheckpointMemory`, `CheckpointBudget`.
     CheckpointMemory(vmm::vm::CheckpointMemory),
+    Loaded {
+        position: Position,
+        stats: vmm::vm::LoadStats,
+    },
     /// `TakeRecords` (`CollectRecords` answers with `Position`).
     Records {
         records: Vec<crate::records::GuestRecord>,
@@ -257,6 +274,8 @@ pub enum ApiError {
     Branch(#[from] crate::branch::BranchError),
     #[error(transparent)]
     Snapshots(#[from] crate::snapshots::SnapshotsError),
+    #[error(transparent)]
+    Spill(#[from] crate::spill::SpillError),
     #[error(transparent)]
     Trace(#[from] crate::trace::TraceError),
 }
@@ -460,6 +479,25 @@ impl Controller {
                 let held = self.held(run)?;
                 let info = snapshots::write_full_snapshot(&dir, &mut held.driven, None)?;
                 Response::Snapshot(SnapshotRow::from(&info))
+            }
+            Request::Spill {
+                run,
+                dir,
+                id,
+                parent,
+            } => {
+                let held = self.held(run)?;
+                let info = crate::spill::write(&dir, &id, &mut held.driven, parent.as_deref())?;
+                Response::Snapshot(SnapshotRow::from(&info))
+            }
+            Request::LoadInPlace { run, dir } => {
+                let held = self.held(run)?;
+                let stats = crate::spill::load_in_place(&mut held.driven, &dir)?;
+                held.stop = None;
+                Response::Loaded {
+                    position: held.position(),
+                    stats,
+                }
             }
             Request::InjectFault { run, fault } => {
                 let held = self.held(run)?;

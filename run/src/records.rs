@@ -7,7 +7,16 @@
 //! [`crate::api::Request::TakeRecords`].
 
 use crate::up::UpEvent;
+use detvisor_agent::protocol::Stream;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The output of one log (a node, the workload, a test-composer command)
+/// kept per stretch: its last this many bytes; the rest is replaced by one
+/// [`RecordBody::OutputDropped`]. A guest can print without end, a
+/// campaign keeps every stretch's records in its database, and a stretch's
+/// records cross from the helper VM in one frame (at most 16 MiB).
+pub const OUTPUT_CAP_BYTES: usize = 256 << 10;
 
 /// One thing a guest reported, and when the host saw it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,25 +45,55 @@ pub enum RecordBody {
     /// One line of a recorded history (an operation's invocation or
     /// completion, see the fuzzer's history format).
     History { json: serde_json::Value },
+    /// A chunk of output, as the agent read it: `log` names the log it goes
+    /// to under `up --logs` (a node, the workload, a test-composer
+    /// command), `text` its bytes as UTF-8 (invalid sequences replaced).
+    Output {
+        log: String,
+        stream: Stream,
+        text: String,
+    },
+    /// `bytes` of `log`'s output were dropped here (see
+    /// [`OUTPUT_CAP_BYTES`]): the chunks after it are the log's last ones.
+    OutputDropped { log: String, bytes: u64 },
 }
 
 /// The records a driver collects between two [`crate::api::Request::TakeRecords`].
+/// Output is capped per log to [`OUTPUT_CAP_BYTES`] when taken, and on the
+/// way once a log holds twice that (so memory stays bounded).
 #[derive(Debug, Default)]
 pub struct RecordLog {
     records: Vec<GuestRecord>,
+    /// Output bytes held per log.
+    output: BTreeMap<String, usize>,
 }
 
 impl RecordLog {
     pub fn push(&mut self, record: GuestRecord) {
+        let mut over = false;
+        if let RecordBody::Output { log, text, .. } = &record.body {
+            let held = self.output.entry(log.clone()).or_default();
+            *held += text.len();
+            over = *held > 2 * OUTPUT_CAP_BYTES;
+        }
         self.records.push(record);
+        if over {
+            cap_output(&mut self.records, OUTPUT_CAP_BYTES);
+            self.output = output_bytes(&self.records);
+        }
     }
 
+    /// The records since the last take, each log's output capped.
     pub fn take(&mut self) -> Vec<GuestRecord> {
-        std::mem::take(&mut self.records)
+        self.output.clear();
+        let mut records = std::mem::take(&mut self.records);
+        cap_output(&mut records, OUTPUT_CAP_BYTES);
+        records
     }
 
     pub fn clear(&mut self) {
         self.records.clear();
+        self.output.clear();
     }
 
     pub fn len(&self) -> usize {
@@ -64,6 +103,108 @@ impl RecordLog {
     pub fn is_empty(&self) -> bool {
         self.records.is_empty()
     }
+}
+
+/// Output bytes per log in `records`.
+fn output_bytes(records: &[GuestRecord]) -> BTreeMap<String, usize> {
+    let mut bytes = BTreeMap::new();
+    for record in records {
+        if let RecordBody::Output { log, text, .. } = &record.body {
+            *bytes.entry(log.clone()).or_default() += text.len();
+        }
+    }
+    bytes
+}
+
+/// Keeps the last `cap` bytes of each log's output in `records` (one
+/// stretch, in order): earlier chunks are removed, the first one kept may
+/// lose its front (at a character boundary), and one
+/// [`RecordBody::OutputDropped`] where the first dropped chunk was says how
+/// much went (markers already there for that log are merged into it).
+pub fn cap_output(records: &mut Vec<GuestRecord>, cap: usize) {
+    let mut to_drop: BTreeMap<String, usize> = output_bytes(records)
+        .into_iter()
+        .filter(|(_, bytes)| *bytes > cap)
+        .map(|(log, bytes)| (log, bytes - cap))
+        .collect();
+    if to_drop.is_empty() {
+        return;
+    }
+    // Per log: the marker's index in `kept`, and the bytes it stands for.
+    let mut markers: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    let mut kept = Vec::with_capacity(records.len());
+    for mut record in std::mem::take(records) {
+        let (log, dropped) = match &mut record.body {
+            RecordBody::Output { log, text, .. } => match to_drop.get_mut(log.as_str()) {
+                Some(left) if *left > 0 => {
+                    if text.len() <= *left {
+                        *left -= text.len();
+                        (log.clone(), text.len() as u64)
+                    } else {
+                        let mut cut = *left;
+                        while !text.is_char_boundary(cut) {
+                            cut += 1;
+                        }
+                        *left = 0;
+                        text.drain(..cut);
+                        let log = log.clone();
+                        let at = record.exit;
+                        let ns = record.virtual_ns;
+                        add_marker(&mut markers, &mut kept, &log, cut as u64, at, ns);
+                        kept.push(record);
+                        continue;
+                    }
+                }
+                _ => {
+                    kept.push(record);
+                    continue;
+                }
+            },
+            RecordBody::OutputDropped { log, bytes } if to_drop.contains_key(log.as_str()) => {
+                (log.clone(), *bytes)
+            }
+            _ => {
+                kept.push(record);
+                continue;
+            }
+        };
+        add_marker(
+            &mut markers,
+            &mut kept,
+            &log,
+            dropped,
+            record.exit,
+            record.virtual_ns,
+        );
+    }
+    for (log, (index, bytes)) in markers {
+        kept[index].body = RecordBody::OutputDropped { log, bytes };
+    }
+    *records = kept;
+}
+
+/// Counts `bytes` dropped from `log`, placing its marker now if it has none.
+fn add_marker(
+    markers: &mut BTreeMap<String, (usize, u64)>,
+    kept: &mut Vec<GuestRecord>,
+    log: &str,
+    bytes: u64,
+    exit: u64,
+    virtual_ns: u64,
+) {
+    let marker = markers.entry(log.to_owned()).or_insert_with(|| {
+        kept.push(GuestRecord {
+            exit,
+            virtual_ns,
+            node: None,
+            body: RecordBody::OutputDropped {
+                log: log.to_owned(),
+                bytes: 0,
+            },
+        });
+        (kept.len() - 1, 0)
+    });
+    marker.1 += bytes;
 }
 
 #[cfg(test)]
@@ -109,5 +250,72 @@ mod tests {
         assert_eq!(log.len(), 1);
         assert_eq!(log.take(), vec![record]);
         assert!(log.is_empty());
+    }
+
+    fn output(at: u64, log: &str, text: &str) -> GuestRecord {
+        GuestRecord {
+            exit: at,
+            virtual_ns: at,
+            node: Some(log.into()),
+            body: RecordBody::Output {
+                log: log.into(),
+                stream: Stream::Stdout,
+                text: text.into(),
+            },
+        }
+    }
+
+    fn texts(records: &[GuestRecord]) -> Vec<String> {
+        records
+            .iter()
+            .map(|r| match &r.body {
+                RecordBody::Output { log, text, .. } => format!("{log}:{text}"),
+                RecordBody::OutputDropped { log, bytes } => format!("{log}-{bytes}"),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn test_output_keeps_the_last_bytes_of_each_log_and_says_what_went() {
+        let mut records = vec![
+            output(1, "a", "0123"),
+            output(2, "b", "xy"),
+            output(3, "a", "4567"),
+            output(4, "a", "89"),
+        ];
+        cap_output(&mut records, 5);
+        // "a" had 10 bytes: 5 dropped (all of the first chunk, one of the
+        // second); "b" is under the cap.
+        assert_eq!(texts(&records), ["a-5", "b:xy", "a:567", "a:89"]);
+        // Capping again merges the marker, and never cuts a character.
+        records.push(output(5, "a", "é!"));
+        cap_output(&mut records, 4);
+        assert_eq!(texts(&records), ["a-9", "b:xy", "a:9", "a:é!"]);
+        cap_output(&mut records, 2);
+        assert_eq!(texts(&records), ["a-12", "b:xy", "a:!"]);
+        let mut under = vec![output(1, "a", "01")];
+        cap_output(&mut under, 5);
+        assert_eq!(texts(&under), ["a:01"]);
+    }
+
+    #[test]
+    fn test_the_log_bounds_output_while_collecting_and_caps_it_when_taken() {
+        let mut log = RecordLog::default();
+        let chunk = "x".repeat(OUTPUT_CAP_BYTES / 4);
+        for i in 0..20 {
+            log.push(output(i, "n1", &chunk));
+            let held: usize = output_bytes(&log.records).values().sum();
+            assert!(held <= 2 * OUTPUT_CAP_BYTES + chunk.len());
+        }
+        let records = log.take();
+        assert_eq!(output_bytes(&records)["n1"], OUTPUT_CAP_BYTES);
+        assert_eq!(
+            records[0].body,
+            RecordBody::OutputDropped {
+                log: "n1".into(),
+                bytes: (20 * chunk.len() - OUTPUT_CAP_BYTES) as u64
+            }
+        );
     }
 }

@@ -6,7 +6,11 @@
 //! (digest, memory digest, exits, time) is compared with that of a run
 //! restored separately from the moment's snapshot: the in-place moves, and
 //! the memory digest kept up to date from changed pages, agree with whole
-//! restores and whole-RAM hashes.
+//! restores and whole-RAM hashes. Two moments are then spilled to disk
+//! (`Spill`: B full, C incremental over it) and loaded back in place
+//! (`LoadInPlace`) from elsewhere in the tree: each comes back with the
+//! moment's digest and runs on exactly as the restored run, and the live
+//! checkpoints stay exact around the loads.
 //!
 //! Where this host's KVM cannot run Linux, this test binary runs itself
 //! inside the helper VM on the shipped files, as run/tests/library.rs does.
@@ -151,6 +155,55 @@ impl Run<'_> {
         }
     }
 
+    /// Writes the present to `dir` as `id` (over `parent`); its path.
+    fn spill(&mut self, dir: &Path, id: &str, parent: Option<&str>) -> PathBuf {
+        let run = self.run;
+        let started = std::time::Instant::now();
+        let row = match self.ask(Request::Spill {
+            run,
+            dir: dir.to_path_buf(),
+            id: id.into(),
+            parent: parent.map(str::to_owned),
+        }) {
+            Response::Snapshot(row) => row,
+            other => panic!("expected a snapshot, got {other:?}"),
+        };
+        eprintln!(
+            "spill {id}: {} ms, incremental {}, {} pages stored",
+            started.elapsed().as_millis(),
+            row.incremental,
+            row.memory_pages_stored
+        );
+        dir.join(id)
+    }
+
+    fn load(&mut self, dir: &Path) -> Position {
+        let run = self.run;
+        let started = std::time::Instant::now();
+        match self.ask(Request::LoadInPlace {
+            run,
+            dir: dir.to_path_buf(),
+        }) {
+            Response::Loaded { position, stats } => {
+                eprintln!(
+                    "load {}: {} ms, {stats:?}",
+                    dir.display(),
+                    started.elapsed().as_millis()
+                );
+                position
+            }
+            other => panic!("expected a load, got {other:?}"),
+        }
+    }
+
+    fn digest(&mut self) -> String {
+        let run = self.run;
+        match self.ask(Request::Outcome { run }) {
+            Response::Summary(summary) => summary.digest,
+            other => panic!("expected a summary, got {other:?}"),
+        }
+    }
+
     fn memory(&mut self, request: Request) -> vmm::vm::CheckpointMemory {
         match self.ask(request) {
             Response::CheckpointMemory(memory) => memory,
@@ -248,6 +301,36 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
         assert_eq!(seen, expected[name], "{name} in place vs restored");
     }
 
+    // Spilled to disk (B full, C over it) and loaded back in place from
+    // elsewhere: the moment's digest, then the restored run's outcome; the
+    // live checkpoints stay exact around the loads.
+    let spill_dir = scratch.join("spill");
+    let (b_id, at_b, _) = moments["B"].clone();
+    let (c_id, at_c, _) = moments["C"].clone();
+    r.reset(b_id);
+    let b_digest = r.digest();
+    let b_file = r.spill(&spill_dir, "b", None);
+    r.reset(c_id);
+    let c_digest = r.digest();
+    let c_file = r.spill(&spill_dir, "c", Some("b"));
+    for (name, file, at, digest) in [
+        ("C", &c_file, at_c, &c_digest),
+        ("B", &b_file, at_b, &b_digest),
+        ("C", &c_file, at_c, &c_digest),
+    ] {
+        let (a_id, _, _) = moments["A"];
+        r.reset(a_id);
+        r.steps(ON);
+        assert_eq!(r.load(file), at, "{name} loaded");
+        assert_eq!(&r.digest(), digest, "{name} loaded: the moment's digest");
+        assert_eq!(r.on_and_outcome(), expected[name], "{name} loaded, on");
+        for other in ["A", "B", "C"] {
+            let (id, _, _) = &moments[other];
+            r.reset(*id);
+            assert_eq!(r.on_and_outcome(), expected[other], "{other} after a load");
+        }
+    }
+
     // Dropping B: refused from then on, the others still exact.
     let before = r.memory(Request::CheckpointMemory { run });
     let after = r.memory(Request::DropCheckpoint { run, checkpoint: b });
@@ -266,6 +349,19 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
             "{name} after dropping B"
         );
     }
+    // B back from disk, kept again (as a campaign does): exact.
+    assert_eq!(r.load(&b_file), at_b);
+    let (b_again, _) = r.checkpoint();
+    for name in ["A", "B", "C", "B"] {
+        let id = if name == "B" {
+            b_again
+        } else {
+            moments[name].0
+        };
+        r.reset(id);
+        assert_eq!(r.on_and_outcome(), expected[name], "{name}, B from disk");
+    }
+    let after = r.memory(Request::CheckpointMemory { run });
 
     // A budget below what is held refuses the next checkpoint, naming it.
     r.memory(Request::CheckpointBudget {

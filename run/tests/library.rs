@@ -163,10 +163,25 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
         other => panic!("expected a checkpoint, got {other:?}"),
     };
 
-    // 1. The history as it goes.
+    // 1. The history as it goes, its output collected as records too.
+    c.handle(Request::CollectRecords { run }, &streams).unwrap();
     let straight = to_the_end(&mut c, &streams, run);
     assert_eq!(straight.exit_status, Some(3), "{}", streams.stdout_text());
     assert!(streams.stdout_text().contains("reached n1"));
+    let records = match c.handle(Request::TakeRecords { run }, &streams).unwrap() {
+        Response::Records { records } => records,
+        other => panic!("expected records, got {other:?}"),
+    };
+    let workload: String = records
+        .iter()
+        .filter_map(|r| match &r.body {
+            run::records::RecordBody::Output { log, text, .. } if log == "workload" => {
+                Some(text.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(workload.contains("reached n1"), "{records:?}");
 
     // 2. Back to the checkpoint, n1 cut off 1 ms later: the workload cannot
     //    reach it, and says so with its status.

@@ -8,7 +8,7 @@ use super::{Conductor, Note, OutputSink, ShellEvent, UpEvent, UpOutput, WORKLOAD
 use crate::faults::{DiskFault, Fault, FaultAction, FaultError, NetworkFault, NodeFault};
 use crate::records::{GuestRecord, RecordBody, RecordLog};
 use detvisor_agent::protocol::{
-    encode_frame, AgentToHost, FrameDecoder, FrameError, HostToAgent, MAX_FRAME_LEN,
+    encode_frame, AgentToHost, FrameDecoder, FrameError, HostToAgent, Stream, MAX_FRAME_LEN,
 };
 use devices::switch::Fault as SwitchFault;
 use devices::virtio::{DiskCommand, ScheduledDiskCommand};
@@ -394,6 +394,27 @@ impl UpDriver {
         }
     }
 
+    /// Keeps a chunk of `log`'s output (when collecting): a campaign's
+    /// findings get the logs of their whole path from it.
+    fn record_output(
+        &mut self,
+        session: &vmm::vm::Session,
+        node: Option<String>,
+        log: &str,
+        stream: Stream,
+        data: &[u8],
+    ) {
+        if self.records.is_some() {
+            let text = String::from_utf8_lossy(data).into_owned();
+            let body = RecordBody::Output {
+                log: log.to_owned(),
+                stream,
+                text,
+            };
+            self.record(session, node, body);
+        }
+    }
+
     /// Prints the node output still held back (lines without an end).
     pub fn flush(&mut self) -> Result<(), OutputError> {
         self.output.sink.flush()
@@ -467,12 +488,19 @@ impl UpDriver {
                     command,
                     stream,
                     data,
-                } => self.output.sink.output(&command, stream, &data)?,
+                } => {
+                    self.output.sink.output(&command, stream, &data)?;
+                    self.record_output(session, None, &command, stream, &data);
+                }
                 Note::StopNetworkFaults => self.stop_network_faults(session)?,
                 Note::Output { node, stream, data } => match node {
-                    None => self.output.sink.output(WORKLOAD_LOG, stream, &data)?,
+                    None => {
+                        self.output.sink.output(WORKLOAD_LOG, stream, &data)?;
+                        self.record_output(session, None, WORKLOAD_LOG, stream, &data);
+                    }
                     Some(name) if self.node_names.contains(&name) => {
-                        self.output.sink.output(&name, stream, &data)?
+                        self.output.sink.output(&name, stream, &data)?;
+                        self.record_output(session, Some(name.clone()), &name, stream, &data);
                     }
                     // The name becomes a log file's name: only declared nodes.
                     Some(name) => {

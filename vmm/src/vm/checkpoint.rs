@@ -93,7 +93,7 @@ impl PageLedger {
 }
 
 /// The live guest RAM mapping, page by page, for a reset.
-struct MappedRam {
+pub(super) struct MappedRam {
     base: *mut u8,
     len: usize,
 }
@@ -103,7 +103,7 @@ impl MappedRam {
     /// `base..base+len` must be the live, writable guest RAM mapping, with
     /// the vCPU stopped and no other reference to the memory alive, for as
     /// long as the value is used.
-    unsafe fn new((base, len): (*mut u8, usize)) -> Self {
+    pub(super) unsafe fn new((base, len): (*mut u8, usize)) -> Self {
         MappedRam { base, len }
     }
 
@@ -183,7 +183,7 @@ impl Session {
     }
 
     /// Reads and resets the dirty log, telling the ledger.
-    fn read_dirty_log(&mut self) -> Result<Vec<u64>, VmError> {
+    pub(super) fn read_dirty_log(&mut self) -> Result<Vec<u64>, VmError> {
         if !self.vm.dirty_log {
             return Err(CheckpointError::DirtyLogOff.into());
         }
@@ -202,6 +202,13 @@ impl Session {
         }
         self.ram_ledger.note_written(&pages);
         Ok(pages)
+    }
+
+    /// The VMM wrote these pages behind the dirty log (an in-place load):
+    /// the checkpoints, the digest and a snapshot chain hear of them as of
+    /// the guest's writes.
+    pub(super) fn note_loaded(&mut self, pages: &[u64]) {
+        self.ram_ledger.note_written(pages);
     }
 
     /// Keeps this moment in memory for `reset_to`: the complete state, and

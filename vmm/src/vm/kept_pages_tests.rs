@@ -321,6 +321,32 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
+/// Carries out a write, a checkpoint or a reset (checking RAM after it);
+/// false for the other steps, which are the caller's.
+fn common_step(
+    step: &Step,
+    ram: &mut FakeRam,
+    tree: &mut CheckpointTree,
+    live: &mut Vec<(NodeId, Vec<u8>)>,
+) -> Result<bool, TestCaseError> {
+    match *step {
+        Step::Write { page, byte } => ram.set(page, byte),
+        Step::Checkpoint => {
+            let dirty = ram.dirty();
+            let id = tree.take(ram, &dirty, fresh(&[true; 12])).unwrap();
+            live.push((id, ram.bytes()));
+        }
+        Step::Reset(n) if !live.is_empty() => {
+            let (id, expected) = live[n % live.len()].clone();
+            let dirty = ram.dirty();
+            tree.reset(id, &dirty, ram).unwrap();
+            prop_assert_eq!(ram.bytes(), expected);
+        }
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
 proptest! {
     /// Random trees, random writes, random visit orders: after every move
     /// the RAM is exactly the checkpoint's, and the memory held is what the
@@ -339,19 +365,10 @@ proptest! {
             else { tree.take(&ram, &[], restored(&[false; 12])) }.unwrap();
         let mut live: Vec<(NodeId, Vec<u8>)> = vec![(root, ram.bytes())];
         for step in steps {
+            if common_step(&step, &mut ram, &mut tree, &mut live)? {
+                continue;
+            }
             match step {
-                Step::Write { page, byte } => ram.set(page, byte),
-                Step::Checkpoint => {
-                    let dirty = ram.dirty();
-                    let id = tree.take(&ram, &dirty, fresh(&flags)).unwrap();
-                    live.push((id, ram.bytes()));
-                }
-                Step::Reset(n) if !live.is_empty() => {
-                    let (id, expected) = live[n % live.len()].clone();
-                    let dirty = ram.dirty();
-                    tree.reset(id, &dirty, &mut ram).unwrap();
-                    prop_assert_eq!(ram.bytes(), expected);
-                }
                 Step::Release(n) if !live.is_empty() => {
                     let (id, _) = live.remove(n % live.len());
                     tree.release(id).unwrap();
@@ -361,7 +378,7 @@ proptest! {
                     let dirty = ram.dirty();
                     tree.note_written(&dirty);
                 }
-                Step::Reset(_) | Step::Release(_) => {}
+                _ => {}
             }
             let memory = tree.memory();
             prop_assert_eq!(memory.checkpoints, live.len() as u64);
@@ -370,6 +387,59 @@ proptest! {
         }
         // A last tour through every checkpoint still left.
         for (id, expected) in live.iter().rev() {
+            let dirty = ram.dirty();
+            tree.reset(*id, &dirty, &mut ram).unwrap();
+            prop_assert_eq!(&ram.bytes(), expected);
+        }
+    }
+
+    /// A saved image loaded in place in the middle of random moves
+    /// (`load_in_place`): RAM is the image, the pages it wrote are noted as
+    /// written, and every checkpoint, older or taken after, still comes
+    /// back exactly.
+    #[test]
+    fn a_load_in_place_gives_the_image_and_keeps_every_checkpoint(
+        start in proptest::collection::vec(0u8..3, 12),
+        image in proptest::collection::vec(0u8..3, 12),
+        before in proptest::collection::vec(step(), 1..40),
+        after in proptest::collection::vec(step(), 0..40),
+    ) {
+        let mut ram = FakeRam::new(&start, &[0; 12]);
+        let mut tree = CheckpointTree::new(ram.len());
+        let flags = vec![true; 12];
+        let root = tree.take(&ram, &[], fresh(&flags)).unwrap();
+        let mut live: Vec<(NodeId, Vec<u8>)> = vec![(root, ram.bytes())];
+        let image_ram = FakeRam::new(&image, &[0; 12]).ram;
+        // `Release` steps are loads here (one at least), half of them
+        // checkpointed at once.
+        let load = vec![Step::Release(0)];
+        for step in before.into_iter().chain(load).chain(after) {
+            if common_step(&step, &mut ram, &mut tree, &mut live)? {
+                continue;
+            }
+            match step {
+                Step::Release(n) => {
+                    // As `Session::load_in_place`: the log read first, then
+                    // the pages written behind it noted.
+                    let dirty = ram.dirty();
+                    tree.note_written(&dirty);
+                    let written = crate::vm::load_in_place::load_pages(
+                        &mut ram, &image_ram, (0..12).map(|p| (p, image[p as usize] != 0)));
+                    tree.note_written(&written);
+                    prop_assert_eq!(&ram.bytes(), &image);
+                    if n % 2 == 0 {
+                        let dirty = ram.dirty();
+                        let id = tree.take(&ram, &dirty, fresh(&flags)).unwrap();
+                        live.push((id, image.clone()));
+                    }
+                }
+                _ => {
+                    let dirty = ram.dirty();
+                    tree.note_written(&dirty);
+                }
+            }
+        }
+        for (id, expected) in live.iter().rev().chain(live.iter()) {
             let dirty = ram.dirty();
             tree.reset(*id, &dirty, &mut ram).unwrap();
             prop_assert_eq!(&ram.bytes(), expected);

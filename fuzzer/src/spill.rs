@@ -1,0 +1,224 @@
+//! Checkpoints spilled to disk: a live checkpoint the campaign lets go
+//! (beyond `live_checkpoints`, or past `checkpoint_memory`) is first written
+//! to `DIR/spill/` as a snapshot of the run (incremental over the one
+//! written before it), and going back to its moment later loads it into the
+//! run in place (only the pages that differ; every live checkpoint stays
+//! valid) instead of replaying the path from a live ancestor. A moment
+//! loaded back has its digest checked against the tree's.
+//!
+//! The files serve this process only: opening removes whatever an earlier
+//! process left (a resumed campaign trusts none of it), finishing removes
+//! the directory.
+
+use crate::runner::{Calls, RunnerError};
+use run::api::{CheckpointId, Position, RunId};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The spilled moments' directory in a campaign directory.
+pub const SPILL_DIR: &str = "spill";
+/// Every this many spills one is full: it bounds the chain a load maps.
+const FULL_EVERY: u32 = 32;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpillError {
+    #[error("{}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Runner(#[from] RunnerError),
+    #[error("moment {node} loaded back from {} has digest {actual}, not its own {expected}", dir.display())]
+    Digest {
+        node: u64,
+        dir: PathBuf,
+        expected: String,
+        actual: String,
+    },
+}
+
+type Result<T, E = SpillError> = std::result::Result<T, E>;
+
+/// What spilling cost, for progress lines and reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpillStats {
+    pub written: u64,
+    pub write_ms: u64,
+    pub loaded: u64,
+    pub load_ms: u64,
+}
+
+impl std::ops::AddAssign for SpillStats {
+    fn add_assign(&mut self, other: Self) {
+        self.written += other.written;
+        self.write_ms += other.write_ms;
+        self.loaded += other.loaded;
+        self.load_ms += other.load_ms;
+    }
+}
+
+/// The moments of a campaign's tree that are on disk.
+pub struct Spill {
+    dir: PathBuf,
+    /// Tree node → snapshot id.
+    on_disk: BTreeMap<u64, String>,
+    /// The last snapshot written (the next one's parent) and how many
+    /// since the last full one.
+    last: Option<String>,
+    since_full: u32,
+    pub stats: SpillStats,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SpillError + '_ {
+    move |source| SpillError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+impl Spill {
+    /// An empty spill directory `dir` (what an earlier process left there
+    /// is removed, never trusted).
+    pub fn open(dir: &Path) -> Result<Self> {
+        let dir = dir.to_owned();
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        }
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        Ok(Spill {
+            dir,
+            on_disk: BTreeMap::new(),
+            last: None,
+            since_full: 0,
+            stats: SpillStats::default(),
+        })
+    }
+
+    /// Whether `node`'s moment is on disk.
+    pub fn holds(&self, node: u64) -> bool {
+        self.on_disk.contains_key(&node)
+    }
+
+    /// Writes `node`'s moment (held by `checkpoint`, not the present) to
+    /// disk unless it is there already; the run is back at `present` after.
+    fn write(
+        &mut self,
+        calls: &mut Calls<'_>,
+        run: RunId,
+        node: u64,
+        checkpoint: CheckpointId,
+        present: CheckpointId,
+    ) -> Result<()> {
+        if self.holds(node) {
+            return Ok(());
+        }
+        let started = Instant::now();
+        calls.reset(run, checkpoint)?;
+        let id = format!("node-{node:08}");
+        let parent = if self.since_full == 0 {
+            None
+        } else {
+            self.last.clone()
+        };
+        calls.spill(run, &self.dir, &id, parent)?;
+        calls.reset(run, present)?;
+        self.since_full = (self.since_full + 1) % FULL_EVERY;
+        self.last = Some(id.clone());
+        self.on_disk.insert(node, id);
+        self.stats.written += 1;
+        self.stats.write_ms += started.elapsed().as_millis() as u64;
+        Ok(())
+    }
+
+    /// The run at `node`'s spilled moment, in place; its digest checked
+    /// against `digest` (the tree's).
+    pub fn load(
+        &mut self,
+        calls: &mut Calls<'_>,
+        run: RunId,
+        node: u64,
+        digest: &str,
+    ) -> Result<Position> {
+        let started = Instant::now();
+        let dir = self.dir.join(&self.on_disk[&node]);
+        let (position, _) = calls.load_in_place(run, &dir)?;
+        let actual = calls.outcome(run)?.digest;
+        if actual != digest {
+            return Err(SpillError::Digest {
+                node,
+                dir,
+                expected: digest.to_owned(),
+                actual,
+            });
+        }
+        self.stats.loaded += 1;
+        self.stats.load_ms += started.elapsed().as_millis() as u64;
+        Ok(position)
+    }
+
+    /// Removes `spill/` (the campaign is over in this process).
+    pub fn finish(self) -> Result<SpillStats> {
+        std::fs::remove_dir_all(&self.dir).map_err(io(&self.dir))?;
+        Ok(self.stats)
+    }
+}
+
+/// Worker `index`'s spill directory in `campaign`: each worker's run holds
+/// its own checkpoints, so each spills its own.
+pub fn worker_dir(campaign: &Path, index: usize) -> PathBuf {
+    campaign.join(SPILL_DIR).join(format!("w{index}"))
+}
+
+/// Removes `campaign`'s `spill/` and whatever is in it (before the workers
+/// start, what an earlier process left; after them, their empty folders).
+pub fn clear(campaign: &Path) -> Result<()> {
+    let dir = campaign.join(SPILL_DIR);
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&dir)(e)),
+        _ => Ok(()),
+    }
+}
+
+/// Lets `node`'s `checkpoint` go, written to disk first when spilling;
+/// `present` is the run's present moment's checkpoint (it is there after).
+/// What the run's checkpoints hold then.
+pub fn let_go(
+    calls: &mut Calls<'_>,
+    spill: Option<&mut Spill>,
+    run: RunId,
+    (node, checkpoint): (u64, CheckpointId),
+    present: CheckpointId,
+) -> Result<vmm::vm::CheckpointMemory> {
+    if let Some(spill) = spill {
+        spill.write(calls, run, node, checkpoint, present)?;
+    }
+    Ok(calls.drop_checkpoint(run, checkpoint)?)
+}
+
+/// Lets checkpoints of `live` (least recently used first; the root, node
+/// 0, and the present, the last, are never let go) go while the run's
+/// checkpoints hold more than `budget` bytes.
+pub fn within_budget(
+    calls: &mut Calls<'_>,
+    mut spill: Option<&mut Spill>,
+    run: RunId,
+    live: &mut Vec<(u64, CheckpointId)>,
+    budget: Option<u64>,
+) -> Result<()> {
+    let Some(budget) = budget else {
+        return Ok(());
+    };
+    let mut memory = calls.checkpoint_memory(run)?;
+    while memory.bytes > budget && live.len() > 2 {
+        let present = live.last().expect("more than two").1;
+        let Some(i) = live.iter().position(|(id, _)| *id != 0) else {
+            break;
+        };
+        let old = live.remove(i);
+        memory = let_go(calls, spill.as_deref_mut(), run, old, present)?;
+    }
+    Ok(())
+}
