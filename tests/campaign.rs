@@ -219,19 +219,40 @@ fn test_campaign_killed_mid_branch_resumes_the_same_search() {
     assert_eq!(tally, want_tally);
 }
 
+/// The variant that verifies leadership, searched by a worker per core
+/// (`--jobs 0`) that keep two moments each in memory, so moments are
+/// spilled to disk: nothing is found in the same number of branches.
 #[test]
 fn test_campaign_on_raft_that_verifies_leadership_finds_nothing_in_the_same_budget() {
     let out = out_dir("verified");
-    let run = campaign(&campaign_file("verified"), &out);
+    raft_image();
+    example_copy("raft/campaign-verified-manifest.toml", |t| t);
+    let file = example_copy("raft/campaign-verified.toml", |t| {
+        t.replace("live_checkpoints = 6", "live_checkpoints = 2")
+    });
+    let run = detvisor(&[
+        "campaign",
+        file.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--branches",
+        BRANCHES,
+        "--jobs",
+        "0",
+    ]);
     assert_eq!(run.status.code(), Some(0), "no finding: {}", stdout(&run));
     let (nodes, findings, _) = state(&out);
     assert_eq!(nodes.len(), 1 + BRANCHES.parse::<usize>().unwrap());
     assert!(findings.is_empty(), "{findings:?}");
-    // It searched the same moments with the same faults as the stale one
-    // (the campaigns differ only in the system under test).
-    assert!(
-        stderr(&run).contains("detvisor: branch 3 "),
-        "{}",
-        stderr(&run)
-    );
+    let err = stderr(&run);
+    assert!(err.contains("detvisor: branch 3 "), "{err}");
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cores > 1 {
+        assert!(
+            err.contains(&format!("{cores} workers, a helper VM each")) || !err.contains("helper VM"),
+            "{err}"
+        );
+    }
+    assert!(err.contains("spilled to disk"), "{err}");
+    assert!(!out.join("spill").exists(), "spill/ is removed at the end");
 }
