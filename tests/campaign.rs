@@ -249,7 +249,8 @@ fn test_campaign_on_raft_that_verifies_leadership_finds_nothing_in_the_same_budg
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     if cores > 1 {
         assert!(
-            err.contains(&format!("{cores} workers, a helper VM each")) || !err.contains("helper VM"),
+            err.contains(&format!("{cores} workers, a helper VM each"))
+                || !err.contains("helper VM"),
             "{err}"
         );
     }
