@@ -34,15 +34,18 @@ fn out_dir(name: &str) -> PathBuf {
     dir
 }
 
-fn campaign(file: &Path, out: &Path) -> std::process::Output {
-    detvisor(&[
+/// A campaign of `file` into `out`, `BRANCHES` long, with `more` arguments.
+fn campaign(file: &Path, out: &Path, more: &[&str]) -> std::process::Output {
+    let mut args = vec![
         "campaign",
         file.to_str().unwrap(),
         "--out",
         out.to_str().unwrap(),
         "--branches",
         BRANCHES,
-    ])
+    ];
+    args.extend_from_slice(more);
+    detvisor(&args)
 }
 
 /// A campaign's state as its database holds it: the tree (every moment as a
@@ -86,7 +89,7 @@ fn stale_campaign() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let out = out_dir("stale");
-        let run = campaign(&campaign_file("stale"), &out);
+        let run = campaign(&campaign_file("stale"), &out, &[]);
         assert_eq!(
             run.status.code(),
             Some(1),
@@ -230,16 +233,7 @@ fn test_campaign_on_raft_that_verifies_leadership_finds_nothing_in_the_same_budg
     let file = example_copy("raft/campaign-verified.toml", |t| {
         t.replace("live_checkpoints = 6", "live_checkpoints = 2")
     });
-    let run = detvisor(&[
-        "campaign",
-        file.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-        "--branches",
-        BRANCHES,
-        "--jobs",
-        "0",
-    ]);
+    let run = campaign(&file, &out, &["--jobs", "0"]);
     assert_eq!(run.status.code(), Some(0), "no finding: {}", stdout(&run));
     let (nodes, findings, _) = state(&out);
     assert_eq!(nodes.len(), 1 + BRANCHES.parse::<usize>().unwrap());
