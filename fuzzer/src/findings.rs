@@ -337,4 +337,23 @@ mod tests {
         let resolved = resolve(&campaign, &blobified).unwrap();
         assert!(resolved.kernel.starts_with(&campaign));
     }
+
+    /// A finding written by another format version is refused, naming both
+    /// versions and the file; so is one with no version at all.
+    #[test]
+    fn test_a_finding_of_another_format_version_is_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        for (text, found) in [(r#"{"format": 99}"#, "99"), ("{}", "0")] {
+            std::fs::write(dir.path().join(FINDING_FILE), text).unwrap();
+            let error = load(dir.path()).err().expect("refused");
+            let message = error.to_string();
+            assert!(matches!(error, FindingError::Version { .. }), "{message}");
+            assert!(
+                message.contains(&format!("version {found}"))
+                    && message.contains(&format!("reads version {FINDING_FORMAT}"))
+                    && message.contains(FINDING_FILE),
+                "{message}"
+            );
+        }
+    }
 }
