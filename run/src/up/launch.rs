@@ -13,7 +13,7 @@ use crate::outcome::{stepped_note, RunSummary};
 use crate::pcap::PcapRecorder;
 use crate::snapshots::{SnapshotPlan, SnapshotsError, Snapshotter};
 use crate::streams::{say, Streams};
-use crate::units::SizeError;
+use crate::units::RamError;
 use detvisor_agent::protocol::NodeSpec;
 use image_builder::ImageError;
 use serde::{Deserialize, Serialize};
@@ -34,7 +34,10 @@ pub enum PrepareError {
     #[error("fault {action}: the workload's own node can be partitioned, not paused, killed or restarted (its end is the run's end)")]
     WorkloadNodeFault { action: FaultAction },
     #[error("machine.mem")]
-    Mem(#[source] SizeError),
+    Mem(#[source] RamError),
+    /// The RAM the caller gave (`--mem`).
+    #[error(transparent)]
+    Ram(RamError),
     #[error(transparent)]
     Guest(#[from] GuestImageError),
     #[error("cannot read {}", path.display())]
@@ -195,8 +198,8 @@ pub fn prepare(
         }
     }
     let ram_bytes = match (ram_bytes, &manifest.mem) {
-        (Some(bytes), _) => bytes,
-        (None, Some(mem)) => crate::units::parse_size(mem).map_err(PrepareError::Mem)?,
+        (Some(bytes), _) => crate::units::check_ram(bytes).map_err(PrepareError::Ram)?,
+        (None, Some(mem)) => crate::units::parse_ram(mem).map_err(PrepareError::Mem)?,
         (None, None) => DEFAULT_RAM_BYTES,
     };
     for fault in &faults {
