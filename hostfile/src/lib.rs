@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 /// Why a file could not be read, each naming its path.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("{}: cannot open", path.display())]
+    #[error("{}", path.display())]
     Open {
         path: PathBuf,
         #[source]

@@ -36,12 +36,8 @@ pub const WORKLOAD_NODE: &str = "workload";
 /// check. A context (the file, a node, the workload) holds its cause.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
-    #[error("cannot read manifest {}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read the manifest")]
+    Read(#[source] hostfile::ReadError),
     #[error("manifest {}", path.display())]
     File {
         path: PathBuf,
@@ -374,12 +370,13 @@ impl Manifest {
     }
 }
 
+/// The largest manifest read (a regular file only).
+pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
+
 /// Reads and validates a manifest file.
 pub fn load(path: &Path) -> Result<Manifest> {
-    let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text =
+        hostfile::read_text_limited(path, MAX_MANIFEST_BYTES).map_err(ManifestError::Read)?;
     let base = path
         .parent()
         .map(Path::to_path_buf)
@@ -1049,6 +1046,28 @@ command = ["sh", "-c", "true"]
             Path::new("/"),
         )
         .unwrap();
+    }
+
+    #[test]
+    fn test_a_manifest_that_is_a_fifo_or_a_directory_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("m.toml");
+        let status = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let e = format!("{:#}", anyhow::Error::from(load(&fifo).unwrap_err()));
+        assert!(e.ends_with("m.toml: not a regular file (a FIFO)"), "{e}");
+        let e = format!("{:#}", anyhow::Error::from(load(dir.path()).unwrap_err()));
+        // Each cause once.
+        assert_eq!(
+            e,
+            format!(
+                "cannot read the manifest: {}: not a regular file (a directory)",
+                dir.path().display()
+            )
+        );
     }
 
     #[test]

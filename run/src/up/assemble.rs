@@ -10,14 +10,17 @@ use std::path::Path;
 
 type Result<T, E = PrepareError> = std::result::Result<T, E>;
 
+/// The largest node image (`image = ...`) read: 4 GiB, the most a newc
+/// archive's files can hold together with the guest's RAM.
+pub const MAX_NODE_IMAGE_BYTES: u64 = 4 << 30;
+
 /// A node's tree and image config from its source.
 fn load_root(source: &RootSource) -> Result<(RootFs, ImageConfig)> {
     match source {
         RootSource::Image(path) => {
-            let bytes = std::fs::read(path).map_err(|source| PrepareError::ReadNodeImage {
-                path: path.clone(),
-                source,
-            })?;
+            // A regular file (a FIFO would hang), of bounded size.
+            let bytes = hostfile::read_limited(path, MAX_NODE_IMAGE_BYTES)
+                .map_err(PrepareError::ReadNodeImage)?;
             let image = image_builder::NodeImage::load(&bytes).map_err(|source| {
                 PrepareError::NodeImage {
                     path: path.clone(),
@@ -129,7 +132,28 @@ mod tests {
         let e = assemble(&manifest, agent.path()).unwrap_err();
         assert_eq!(
             format!("{:#}", anyhow::Error::from(e)),
-            "node a: cannot read node image /nonexistent/a.img: No such file or directory (os error 2)"
+            "node a: cannot read the node image: /nonexistent/a.img: No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn test_a_node_image_that_is_a_fifo_is_refused_without_hanging() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("a.img");
+        let status = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let manifest = crate::manifest::parse(
+            &format!("[[node]]\nname='a'\nimage='{}'\n", fifo.display()),
+            Path::new("/"),
+        )
+        .unwrap();
+        let agent = tempfile::NamedTempFile::new().unwrap();
+        let e = assemble(&manifest, agent.path()).unwrap_err();
+        assert!(
+            format!("{:#}", anyhow::Error::from(e)).ends_with("a.img: not a regular file (a FIFO)")
         );
     }
 }

@@ -63,12 +63,8 @@ pub enum PrepareError {
         #[source]
         source: Box<PrepareError>,
     },
-    #[error("cannot read node image {}", path.display())]
-    ReadNodeImage {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read the node image")]
+    ReadNodeImage(#[source] hostfile::ReadError),
     #[error("node image {}", path.display())]
     NodeImage {
         path: PathBuf,
