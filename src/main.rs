@@ -1,6 +1,8 @@
 //! detvisor: a deterministic hypervisor for testing distributed systems under faults.
 
 mod campaign_cmd;
+#[cfg(test)]
+mod error_chains;
 mod helper;
 mod image_cmd;
 mod print;
