@@ -14,6 +14,34 @@ type Result<T, E = PrepareError> = std::result::Result<T, E>;
 /// archive's files can hold together with the guest's RAM.
 pub const MAX_NODE_IMAGE_BYTES: u64 = 4 << 30;
 
+/// Checks, before anything is built, that every node image (`image = ...`)
+/// is a regular file within [`MAX_NODE_IMAGE_BYTES`]: a FIFO is refused at
+/// once instead of after the agent and the default image are built.
+pub(super) fn check_node_images(manifest: &Manifest) -> Result<()> {
+    for node in manifest.all_nodes() {
+        if let RootSource::Image(path) = &node.source {
+            let too_large = |file: std::fs::File| {
+                let len = file.metadata().map_or(0, |m| m.len());
+                (len > MAX_NODE_IMAGE_BYTES).then(|| hostfile::ReadError::TooLarge {
+                    path: path.clone(),
+                    limit: MAX_NODE_IMAGE_BYTES,
+                })
+            };
+            let checked = match hostfile::open_regular(path) {
+                Ok(file) => too_large(file),
+                Err(e) => Some(e),
+            };
+            if let Some(e) = checked {
+                return Err(PrepareError::Node {
+                    name: node.name.clone(),
+                    source: Box::new(PrepareError::ReadNodeImage(e)),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A node's tree and image config from its source.
 fn load_root(source: &RootSource) -> Result<(RootFs, ImageConfig)> {
     match source {
@@ -155,5 +183,17 @@ mod tests {
         assert!(
             format!("{:#}", anyhow::Error::from(e)).ends_with("a.img: not a regular file (a FIFO)")
         );
+        // Checked before the guest is built, too.
+        let e = check_node_images(&manifest).unwrap_err();
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(e)),
+            format!(
+                "node a: cannot read the node image: {}: not a regular file (a FIFO)",
+                fifo.display()
+            )
+        );
+        std::fs::remove_file(&fifo).unwrap();
+        std::fs::write(&fifo, b"").unwrap();
+        check_node_images(&manifest).unwrap();
     }
 }

@@ -231,6 +231,7 @@ pub fn prepare(
             }
         }
     }
+    assemble::check_node_images(manifest)?;
     let disks = manifest
         .all_nodes()
         .into_iter()
