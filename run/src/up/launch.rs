@@ -40,12 +40,8 @@ pub enum PrepareError {
     Ram(RamError),
     #[error(transparent)]
     Guest(#[from] GuestImageError),
-    #[error("cannot read {}", path.display())]
-    ReadInitrd {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read the initrd")]
+    ReadInitrd(#[source] hostfile::ReadError),
     #[error("packing the guest initramfs")]
     Pack(#[source] Box<ImageError>),
     #[error("cannot read the agent {}", path.display())]
@@ -103,12 +99,8 @@ pub enum PrepareError {
 /// [`PreparedUp::boot`], [`run`]).
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
-    #[error("cannot read initrd {}", path.display())]
-    ReadInitrd {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read the initrd")]
+    ReadInitrd(#[source] hostfile::ReadError),
     #[error(transparent)]
     Vm(#[from] vmm::vm::VmError),
     #[error(transparent)]
@@ -248,10 +240,7 @@ pub fn prepare(
     let image = guest::default_image()?;
     let agent = guest::agent_binary()?;
     let (specs, overlay) = assemble(manifest, &agent)?;
-    let mut initrd = std::fs::read(&image.initrd).map_err(|source| PrepareError::ReadInitrd {
-        path: image.initrd.clone(),
-        source,
-    })?;
+    let mut initrd = guest::read_initrd(&image.initrd).map_err(PrepareError::ReadInitrd)?;
     // Archives in an initrd start on a 4-byte boundary.
     while initrd.len() % 4 != 0 {
         initrd.push(0);
@@ -346,10 +335,7 @@ impl PreparedUp {
     pub fn vm_config(&self, options: &UpOptions) -> Result<VmConfig, UpError> {
         let initrd = match &self.initrd {
             Initrd::Bytes(bytes) => bytes.clone(),
-            Initrd::File(path) => std::fs::read(path).map_err(|source| UpError::ReadInitrd {
-                path: path.clone(),
-                source,
-            })?,
+            Initrd::File(path) => guest::read_initrd(path).map_err(UpError::ReadInitrd)?,
         };
         Ok(VmConfig {
             kernel: self.kernel.clone(),
