@@ -271,12 +271,7 @@ mod tests {
         );
         // A FIFO is refused at once, not waited on.
         let dir = tempfile::tempdir().unwrap();
-        let fifo = dir.path().join("initrd");
-        let status = std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap();
-        assert!(status.success());
+        let fifo = crate::test_files::fifo(dir.path(), "initrd");
         let e = initrd_with_command(&fifo, &[]).unwrap_err();
         assert!(format!("{:#}", anyhow::Error::from(e))
             .ends_with("initrd: not a regular file (a FIFO)"));

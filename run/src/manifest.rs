@@ -1051,12 +1051,7 @@ command = ["sh", "-c", "true"]
     #[test]
     fn test_a_manifest_that_is_a_fifo_or_a_directory_is_refused_at_once() {
         let dir = tempfile::tempdir().unwrap();
-        let fifo = dir.path().join("m.toml");
-        let status = std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap();
-        assert!(status.success());
+        let fifo = crate::test_files::fifo(dir.path(), "m.toml");
         let e = format!("{:#}", anyhow::Error::from(load(&fifo).unwrap_err()));
         assert!(e.ends_with("m.toml: not a regular file (a FIFO)"), "{e}");
         let e = format!("{:#}", anyhow::Error::from(load(dir.path()).unwrap_err()));

@@ -246,12 +246,7 @@ mod tests {
             )
         );
         // A FIFO is refused, not waited on.
-        let fifo = dir.path().join("fifo");
-        let status = std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap();
-        assert!(status.success());
+        let fifo = crate::test_files::fifo(dir.path(), "fifo");
         let text = format!("{:#}", anyhow::Error::from(report(&fifo).unwrap_err()));
         assert!(
             text.ends_with("fifo: not a regular file (a FIFO)"),

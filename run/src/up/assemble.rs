@@ -167,12 +167,7 @@ mod tests {
     #[test]
     fn test_a_node_image_that_is_a_fifo_is_refused_without_hanging() {
         let dir = tempfile::tempdir().unwrap();
-        let fifo = dir.path().join("a.img");
-        let status = std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap();
-        assert!(status.success());
+        let fifo = crate::test_files::fifo(dir.path(), "a.img");
         let manifest = crate::manifest::parse(
             &format!("[[node]]\nname='a'\nimage='{}'\n", fifo.display()),
             Path::new("/"),
