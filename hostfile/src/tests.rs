@@ -154,3 +154,15 @@ fn test_an_output_dropped_uncommitted_leaves_nothing() {
     drop(a);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn test_an_output_has_the_mode_file_create_gives() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain");
+    std::fs::File::create(&plain).unwrap();
+    let out = dir.path().join("out");
+    write_atomic(&out, b"x").unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&out), mode(&plain));
+}
