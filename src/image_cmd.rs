@@ -29,7 +29,8 @@ pub struct BuildArgs {
     /// skipped, the config is empty).
     #[arg(long, value_name = "DIR")]
     pub rootfs: Option<PathBuf>,
-    /// Where to write the node image (written to FILE.partial, then renamed).
+    /// Where to write the node image: a new file or a regular file to replace (written to a
+    /// temporary file of a unique name beside it, then renamed).
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
 }

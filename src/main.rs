@@ -1,6 +1,8 @@
 //! detvisor: a deterministic hypervisor for testing distributed systems under faults.
 
 mod campaign_cmd;
+#[cfg(test)]
+mod error_chains;
 mod helper;
 mod image_cmd;
 mod print;
@@ -378,6 +380,8 @@ fn share_disk_cache(needs: &mut helper::Needs) -> Result<()> {
 /// directory new snapshots go to), the disk image cache, the spec made
 /// absolute.
 fn snapshot_needs(spec: &mut String, taking: Option<&mut SnapshotPlan>) -> Result<helper::Needs> {
+    // A spec that names no snapshot is refused before the helper VM starts.
+    run::snapshots::resolve(spec)?;
     let mut needs = helper::Needs::default();
     let absolute = spec.parse::<snapshot::SnapshotSpec>()?.absolute()?;
     needs.share(&absolute.root())?;
@@ -391,23 +395,24 @@ fn snapshot_needs(spec: &mut String, taking: Option<&mut SnapshotPlan>) -> Resul
 
 /// The guest `run` and `audit` boot, from their flags.
 fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
-    let network = if guest.nics == 0 {
-        None
-    } else {
-        let latency = units::parse_latency(&guest.net_latency).context("--net-latency")?;
-        let mut config = devices::NetworkConfig::reliable(latency);
-        config.loss = guest.net_loss;
-        Some(PlainNetwork {
-            nics: guest.nics,
-            config,
-        })
-    };
+    // Every flag is checked, whether or not it is used (`--net-*` without
+    // `--nics`), before anything starts.
+    let latency = units::parse_latency(&guest.net_latency).context("--net-latency")?;
+    let mut config = devices::NetworkConfig::reliable(latency);
+    config.latency.validate().context("--net-latency")?;
+    config.loss = guest.net_loss;
+    config.validate().context("--net-loss")?;
+    units::check_rtc_epoch(guest.rtc_epoch).context("--rtc-epoch")?;
+    let network = (guest.nics != 0).then_some(PlainNetwork {
+        nics: guest.nics,
+        config,
+    });
     let spec = GuestSpec {
         seed: guest.seed,
         kernel: guest.kernel.clone(),
         initrd: guest.initrd.clone(),
         cmdline: guest.cmdline.clone(),
-        ram_bytes: units::parse_size(&guest.mem).context("--mem")?,
+        ram_bytes: units::parse_ram(&guest.mem).context("--mem")?,
         until: guest
             .until
             .as_deref()

@@ -78,7 +78,7 @@ impl UpArgs {
     fn ram_bytes(&self) -> Result<Option<u64>> {
         self.mem
             .as_deref()
-            .map(units::parse_size)
+            .map(units::parse_ram)
             .transpose()
             .context("--mem")
     }
@@ -110,16 +110,13 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
     if args.runs == 0 {
         bail!("--runs must be at least 1");
     }
-    let manifest = manifest::load(&args.manifest)?;
+    // Every flag is checked before the manifest's images are read.
     let options = args.options()?;
+    let ram_bytes = args.ram_bytes()?;
+    let manifest = manifest::load(&args.manifest)?;
     // The guest is assembled here, where the images are, and checked before
     // any VM starts.
-    let prepared = run::up::prepare(
-        &manifest,
-        &args.faults,
-        args.ram_bytes()?,
-        args.kernel.as_deref(),
-    )?;
+    let prepared = run::up::prepare(&manifest, &args.faults, ram_bytes, args.kernel.as_deref())?;
     let request = Request::Up { prepared, options };
     let response = crate::dispatch(
         args.host_vm,

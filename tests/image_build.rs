@@ -168,6 +168,26 @@ fn hostile_layer_fails_naming_the_entry_and_writes_nothing() {
 }
 
 #[test]
+fn an_out_that_is_not_a_regular_file_is_refused_before_building() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("root");
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(dir.join("f"), b"x").unwrap();
+    let out = build(&["--rootfs", dir.to_str().unwrap()], Path::new("/dev/null"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("/dev/null: exists and is not a regular file (a character device)"),
+        "{}",
+        stderr(&out)
+    );
+    use std::os::unix::fs::FileTypeExt;
+    assert!(fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+}
+
+#[test]
 fn bad_sources_give_clear_errors() {
     let tmp = tempfile::tempdir().unwrap();
     let out_path = tmp.path().join("x.img");

@@ -39,7 +39,7 @@ pub use persist::{Persist, RestoreError};
 pub use status::GuestEvent;
 pub use switch::{
     FrameEvent, FrameTap, LatencyDist, NetworkConfig, PortCounters, PortId, Switch, SwitchError,
-    SwitchState,
+    SwitchState, MAX_LATENCY,
 };
 pub use time::{DurationError, VirtNanos};
 

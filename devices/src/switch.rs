@@ -86,7 +86,7 @@ mod config;
 mod faults;
 mod tap;
 
-pub use config::{LatencyDist, NetworkConfig};
+pub use config::{LatencyDist, NetworkConfig, MAX_LATENCY};
 pub use faults::{Fault, Links, Probability};
 pub use tap::{DropReason, FrameEvent, FrameTap};
 
@@ -133,7 +133,25 @@ pub struct PortCounters {
     pub duplicated: u64,
     /// Copies of this port's frames held back by the reorder delay.
     pub reordered: u64,
+    /// Copies of this port's frames dropped because [`MAX_IN_FLIGHT`]
+    /// frames were in flight already (not saved while 0, so that states
+    /// without such drops are unchanged).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub dropped_full: u64,
 }
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The most frames (copies, per destination) in flight in the switch at
+/// once. A copy that would exceed it is dropped and counted
+/// (`dropped_full`, [`DropReason::Full`]): a decision made by count, at
+/// submit, so it is as deterministic as the rest. With frames of at most
+/// `virtio::net::MAX_FRAME_LEN` bytes this bounds the switch's memory to
+/// about 256 MiB, however long the latencies (at most
+/// [`config::MAX_LATENCY`]) and however fast the guest sends.
+pub const MAX_IN_FLIGHT: usize = 4096;
 
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum SwitchError {
@@ -620,6 +638,18 @@ impl Switch {
             } else {
                 bytes.clone().unwrap_or_default()
             };
+            if self.in_flight.len() >= MAX_IN_FLIGHT {
+                self.count(from, |c| &mut c.dropped_full);
+                let at = self.now;
+                self.log(|| FrameEvent {
+                    at,
+                    from,
+                    to,
+                    dropped: Some(DropReason::Full),
+                    frame: frame_bytes,
+                });
+                continue;
+            }
             let floor = self
                 .link_floors
                 .get(&(from, to))

@@ -43,6 +43,8 @@ pub enum FindingError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Read(hostfile::ReadError),
     #[error("{path}: not a finding ({FINDING_FILE} is missing)")]
     NotAFinding { path: PathBuf },
     #[error("{path}")]
@@ -70,6 +72,21 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FindingError + '_ {
         path: path.to_owned(),
         source,
     }
+}
+
+/// The largest blob of a finding read (a kernel, an initrd): 4 GiB.
+pub const MAX_BLOB_BYTES: u64 = 4 << 30;
+/// The largest `finding.json` or `run.json` read.
+pub const MAX_JSON_BYTES: u64 = 64 << 20;
+
+/// A file of a campaign directory: a regular file only (never a FIFO or a
+/// device: directories are copied between machines), of bounded size.
+fn read_limited(path: &Path, limit: u64) -> Result<Vec<u8>> {
+    hostfile::read_limited(path, limit).map_err(FindingError::Read)
+}
+
+fn read_text(path: &Path) -> Result<String> {
+    hostfile::read_text_limited(path, MAX_JSON_BYTES).map_err(FindingError::Read)
 }
 
 /// `finding.json`.
@@ -115,7 +132,7 @@ fn put_blob(dir: &Path, bytes: &[u8]) -> Result<String> {
 /// the paths in the copy are `blobs/<digest>`.
 pub fn blobify(campaign: &Path, prepared: &PreparedUp) -> Result<PreparedUp> {
     let mut out = prepared.clone();
-    let read = |path: &Path| std::fs::read(path).map_err(io(path));
+    let read = |path: &Path| read_limited(path, MAX_BLOB_BYTES);
     let kernel = put_blob(campaign, &read(&prepared.kernel)?)?;
     out.kernel = PathBuf::from(blob_name(&kernel));
     let initrd = match &prepared.initrd {
@@ -178,7 +195,7 @@ pub fn resolve(dir: &Path, prepared: &PreparedUp) -> Result<PreparedUp> {
                 name: relative.display().to_string(),
             })?;
         let path = dir.join(relative);
-        let bytes = std::fs::read(&path).map_err(io(&path))?;
+        let bytes = read_limited(&path, MAX_BLOB_BYTES)?;
         let actual = blake3::hash(&bytes).to_hex().to_string();
         if actual != name {
             return Err(FindingError::BlobDigest {
@@ -278,7 +295,7 @@ pub fn load(dir: &Path) -> Result<LoadedFinding> {
             path: dir.to_owned(),
         });
     }
-    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let text = read_text(&path)?;
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|source| FindingError::Json {
             path: path.clone(),
@@ -296,7 +313,7 @@ pub fn load(dir: &Path) -> Result<LoadedFinding> {
         source,
     })?;
     let run_path = dir.join(RUN_FILE);
-    let text = std::fs::read_to_string(&run_path).map_err(io(&run_path))?;
+    let text = read_text(&run_path)?;
     let run: PreparedUp = serde_json::from_str(&text).map_err(|source| FindingError::Json {
         path: run_path.clone(),
         source,

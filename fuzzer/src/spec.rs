@@ -11,12 +11,8 @@ use vmm::VirtNanos;
 /// Why a campaign file was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
-    #[error("reading campaign file {path}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("reading the campaign file")]
+    Read(#[source] hostfile::ReadError),
     #[error("campaign file {path}")]
     Toml {
         path: PathBuf,
@@ -169,10 +165,8 @@ pub const DEFAULT_SETUP_WAIT: VirtNanos = VirtNanos::from_secs(300);
 
 impl CampaignSpec {
     pub fn load(path: &Path) -> Result<Self, SpecError> {
-        let text = std::fs::read_to_string(path).map_err(|source| SpecError::Read {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = hostfile::read_text_limited(path, run::manifest::MAX_MANIFEST_BYTES)
+            .map_err(SpecError::Read)?;
         let base = path.parent().unwrap_or(Path::new("."));
         Self::parse(&text, path, base)
     }

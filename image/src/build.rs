@@ -5,8 +5,6 @@ use crate::{
     flatten, parse_oci_ref, read_image, sha256_digest, write_node_image, ImageConfig, ImageError,
     RootFs,
 };
-use std::fs;
-use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 /// Where a node image's tree comes from.
@@ -29,12 +27,17 @@ pub struct NodeImageReport {
     pub digest: String,
 }
 
-/// Builds the node image of `source` into `out` (through `out.partial` and
-/// a rename: `out` is either the old file or the complete new one).
+/// Builds the node image of `source` into `out` (through a temporary file
+/// of a unique name beside it and a rename: `out` is either the old file
+/// or the complete new one). An `out` that exists and is not a regular
+/// file is refused.
 pub fn write_node_image_file(
     source: &NodeImageSource,
     out: &Path,
 ) -> Result<NodeImageReport, ImageError> {
+    // An output that is not a regular file (a device node, a symlink) is refused before
+    // any work.
+    hostfile::check_output(out)?;
     let (config, root) = match source {
         NodeImageSource::Oci(reference) => {
             let (config, layers) = read_image(&parse_oci_ref(reference)?)?;
@@ -44,7 +47,8 @@ pub fn write_node_image_file(
     };
     let mut bytes = Vec::new();
     write_node_image(&config, &root, &mut bytes)?;
-    write_atomically(out, &bytes)?;
+    // A temporary file of its own (two builds to one `out` never mix), renamed over `out`.
+    hostfile::write_atomic(out, &bytes)?;
     Ok(NodeImageReport {
         entries: root.len(),
         regular_files: root
@@ -56,37 +60,10 @@ pub fn write_node_image_file(
     })
 }
 
-fn write_atomically(out: &Path, bytes: &[u8]) -> Result<(), ImageError> {
-    let io_error = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| ImageError::Io { path, source }
-    };
-    let mut name = out
-        .file_name()
-        .ok_or_else(|| {
-            io_error(out)(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "that path does not name a file",
-            ))
-        })?
-        .to_owned();
-    name.push(".partial");
-    let partial = out.with_file_name(name);
-    let result = (|| -> io::Result<()> {
-        let mut f = fs::File::create(&partial)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        fs::rename(&partial, out)
-    })();
-    result.map_err(|e| {
-        let _ = fs::remove_file(&partial);
-        io_error(out)(e)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn test_a_directory_becomes_a_node_image_written_atomically() {
@@ -99,7 +76,11 @@ mod tests {
         assert_eq!(report.bytes as u64, fs::metadata(&out).unwrap().len());
         assert_eq!(report.regular_files, 1);
         assert!(report.digest.starts_with("sha256:"));
-        assert!(!dir.path().join("node.img.partial").exists());
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            2,
+            "no temporary file is left"
+        );
     }
 
     #[test]
@@ -119,5 +100,69 @@ mod tests {
         }
         assert!(chain.contains("nothing-here"), "{chain}");
         assert_eq!(chain.matches("No such file").count(), 1, "{chain}");
+    }
+
+    #[test]
+    fn test_an_output_that_is_not_a_regular_file_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        fs::create_dir_all(&root).unwrap();
+        fs::write(root.join("f"), b"x").unwrap();
+        let source = NodeImageSource::Dir(root);
+        let error = write_node_image_file(&source, Path::new("/dev/null")).unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("/dev/null: exists and is not a regular file (a character device)"),
+            "{error}"
+        );
+        use std::os::unix::fs::FileTypeExt;
+        assert!(fs::metadata("/dev/null")
+            .unwrap()
+            .file_type()
+            .is_char_device());
+        // An old fixed temporary name that is a symlink is never written through.
+        let victim = dir.path().join("victim");
+        fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.path().join("node.img.partial")).unwrap();
+        let out = dir.path().join("node.img");
+        let report = write_node_image_file(&source, &out).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(report.bytes as u64, fs::metadata(&out).unwrap().len());
+        // Nor is an output that is a symlink.
+        let link = dir.path().join("link.img");
+        std::os::unix::fs::symlink(&victim, &link).unwrap();
+        let error = write_node_image_file(&source, &link).unwrap_err();
+        assert!(error.to_string().contains("(a symbolic link)"), "{error}");
+        assert_eq!(fs::read(&victim).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn test_two_builds_to_one_output_each_write_their_own_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("node.img");
+        let sources: Vec<NodeImageSource> = (0..2)
+            .map(|i| {
+                let root = dir.path().join(format!("root{i}"));
+                fs::create_dir_all(&root).unwrap();
+                fs::write(root.join("f"), vec![i as u8; 1000 * (i + 1)]).unwrap();
+                NodeImageSource::Dir(root)
+            })
+            .collect();
+        let reports: Vec<NodeImageReport> = std::thread::scope(|scope| {
+            let handles: Vec<_> = sources
+                .iter()
+                .map(|source| scope.spawn(|| write_node_image_file(source, &out).unwrap()))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        // The file is one of the two images whole, as its build reported it.
+        let digest = crate::sha256_digest(&fs::read(&out).unwrap());
+        assert!(reports.iter().any(|r| r.digest == digest), "{digest}");
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            3,
+            "no temporary file is left"
+        );
     }
 }

@@ -18,6 +18,15 @@ pub enum ImageError {
     #[error("{}: not an OCI image layout: {reason}", path.display())]
     NotAnOciLayout { path: PathBuf, reason: String },
 
+    /// A file is not a regular one, too large, or could not be opened or read (the error
+    /// names the path and, for a size, the limit).
+    #[error(transparent)]
+    Read(hostfile::ReadError),
+
+    /// The output could not be written (or is not a regular file).
+    #[error(transparent)]
+    Output(#[from] hostfile::WriteError),
+
     /// A file of the layout could not be read.
     #[error("cannot read {}", path.display())]
     Io {

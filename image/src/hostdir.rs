@@ -6,7 +6,7 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use crate::rootfs::{check_link_target, join, Ctx, Node, NodeKind, RootFs, CALLER};
-use crate::ImageError;
+use crate::{FlattenOptions, ImageError};
 
 /// Knobs of [`RootFs::from_dir_with`].
 #[derive(Clone, Debug, Default)]
@@ -14,6 +14,9 @@ pub struct DirOptions {
     /// Keep the host uid/gid of every entry. Off by default: everything becomes `root:root`,
     /// so the tree does not depend on who unpacked or copied the directory.
     pub keep_owners: bool,
+    /// The limits of the OCI path, the same here: the largest file, the most file bytes in
+    /// all, the most entries (`max_layer_size` and `devices` do not apply).
+    pub limits: FlattenOptions,
 }
 
 impl RootFs {
@@ -57,6 +60,14 @@ impl RootFs {
         // (st_dev, st_ino) of multiply linked files -> the tree path of their first name.
         let mut links: HashMap<(u64, u64), String> = HashMap::new();
         let mut pending: Vec<(PathBuf, String)> = vec![(dir.to_owned(), String::new())];
+        let limits = &opts.limits;
+        let (mut entries, mut total) = (0u64, 0u64);
+        let too_large = |host: &Path, what, size, limit| ImageError::TooLarge {
+            subject: host.display().to_string(),
+            what,
+            size,
+            limit,
+        };
         while let Some((host_dir, rel_dir)) = pending.pop() {
             let mut children = fs::read_dir(&host_dir)
                 .map_err(io(&host_dir))?
@@ -77,6 +88,15 @@ impl RootFs {
                     layer: CALLER,
                     entry: &rel,
                 };
+                entries += 1;
+                if entries > limits.max_entries {
+                    return Err(too_large(
+                        &host,
+                        "number of entries",
+                        entries,
+                        limits.max_entries,
+                    ));
+                }
                 let md = fs::symlink_metadata(&host).map_err(io(&host))?;
                 let ft = md.file_type();
                 let perm = md.mode() & 0o7777;
@@ -93,9 +113,27 @@ impl RootFs {
                         }
                         links.insert(key, rel.clone());
                     }
-                    NodeKind::File {
-                        data: fs::read(&host).map_err(io(&host))?,
+                    if md.len() > limits.max_file_size {
+                        return Err(too_large(
+                            &host,
+                            "file size (bytes)",
+                            md.len(),
+                            limits.max_file_size,
+                        ));
                     }
+                    // A regular file still (not swapped for a FIFO), of bounded size.
+                    let data = hostfile::read_limited(&host, limits.max_file_size)
+                        .map_err(ImageError::Read)?;
+                    total = total.saturating_add(data.len() as u64);
+                    if total > limits.max_total_size {
+                        return Err(too_large(
+                            &host,
+                            "file content read so far (bytes)",
+                            total,
+                            limits.max_total_size,
+                        ));
+                    }
+                    NodeKind::File { data }
                 } else if ft.is_symlink() {
                     let target = fs::read_link(&host)
                         .map_err(io(&host))?
@@ -209,7 +247,14 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         write(&tmp.path().join("f"), 0o600, b"x");
         let md = fs::metadata(tmp.path().join("f")).unwrap();
-        let root = RootFs::from_dir_with(tmp.path(), &DirOptions { keep_owners: true }).unwrap();
+        let root = RootFs::from_dir_with(
+            tmp.path(),
+            &DirOptions {
+                keep_owners: true,
+                ..DirOptions::default()
+            },
+        )
+        .unwrap();
         let f = root.get("f").unwrap();
         assert_eq!((f.uid, f.gid), (md.uid(), md.gid()));
         assert_eq!(f.mode, 0o600);
@@ -245,6 +290,46 @@ mod tests {
         assert!(
             matches!(err, ImageError::HostEntry { ref path, .. } if path.ends_with(bad)),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn the_oci_limits_apply_to_a_host_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        write(&tmp.path().join("a"), 0o644, &[1; 100]);
+        write(&tmp.path().join("b"), 0o644, &[2; 100]);
+        let with = |max_file_size, max_total_size, max_entries| DirOptions {
+            limits: FlattenOptions {
+                max_file_size,
+                max_total_size,
+                max_entries,
+                ..FlattenOptions::default()
+            },
+            ..DirOptions::default()
+        };
+        RootFs::from_dir_with(tmp.path(), &with(100, 200, 2)).unwrap();
+        let err = RootFs::from_dir_with(tmp.path(), &with(99, 200, 2)).unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("a: file size (bytes) of 100 exceeds the limit of 99"),
+            "{err}"
+        );
+        let err = RootFs::from_dir_with(tmp.path(), &with(100, 199, 2)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("file content read so far (bytes) of 200"),
+            "{err}"
+        );
+        let err = RootFs::from_dir_with(tmp.path(), &with(100, 200, 1)).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("number of entries of 2 exceeds the limit of 1"),
+            "{err}"
+        );
+        // The defaults are the OCI path's.
+        assert_eq!(
+            DirOptions::default().limits.max_file_size,
+            FlattenOptions::default().max_file_size
         );
     }
 

@@ -1,7 +1,6 @@
 //! Reading an image out of an OCI image layout directory.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
@@ -348,8 +347,8 @@ impl Layout<'_> {
             source,
         };
         let mut bytes = Vec::new();
-        File::open(path)
-            .map_err(io_err)?
+        hostfile::open_regular(path)
+            .map_err(ImageError::Read)?
             .take(self.opts.max_json_size + 1)
             .read_to_end(&mut bytes)
             .map_err(io_err)?;
@@ -381,12 +380,13 @@ impl Layout<'_> {
                 limit,
             });
         }
-        let file = match File::open(&path) {
+        // A regular file only: a FIFO would hang the build.
+        let file = match hostfile::open_regular(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(ImageError::MissingBlob { digest, path })
             }
-            Err(source) => return Err(ImageError::Io { path, source }),
+            Err(e) => return Err(ImageError::Read(e)),
         };
         let mut data = Vec::with_capacity(size.min(64 << 20) as usize);
         if let Err(source) = file.take(size + 1).read_to_end(&mut data) {

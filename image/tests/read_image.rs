@@ -277,6 +277,28 @@ fn corrupted_blob_gives_digest_error() {
         }
         other => panic!("expected MissingBlob, got {other:?}"),
     }
+
+    // A FIFO in its place is refused at once (reading it would hang the build).
+    let status = std::process::Command::new("mkfifo")
+        .arg(&path)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reference = oci_ref(&layout, None);
+    std::thread::spawn(move || tx.send(read_image(&reference).map(|_| ())).unwrap());
+    match rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the read hung")
+    {
+        Err(e @ ImageError::Read(_)) => {
+            assert!(
+                e.to_string().ends_with("not a regular file (a FIFO)"),
+                "{e}"
+            );
+        }
+        other => panic!("expected Read, got {other:?}"),
+    }
 }
 
 #[test]

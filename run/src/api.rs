@@ -368,7 +368,7 @@ impl Controller {
                 Response::Up(up::run(&prepared, &options, streams)?)
             }
             Request::Branch(request) => Response::Summary(branch::branch(&request, streams)?),
-            Request::BranchSeeds(request) => Response::Seeds(seeds::branch_seeds(&request)),
+            Request::BranchSeeds(request) => Response::Seeds(seeds::branch_seeds(&request)?),
             Request::Seek { spec } => Response::Seek(snapshots::seek(&spec)?),
             Request::Shell(request) => Response::Shell {
                 status: shell::run(&request, streams)?,

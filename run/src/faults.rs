@@ -162,6 +162,8 @@ pub enum ActionError {
     Signal { value: String },
     #[error("unknown setting {key:?} (known: at=, for=, signal=, latency=)")]
     UnknownSetting { key: String },
+    #[error("{key}= is given twice")]
+    Repeated { key: &'static str },
     #[error("no action ({ACTIONS})")]
     NoAction,
     #[error("{verb} takes exactly one node name")]
@@ -193,6 +195,12 @@ pub enum FaultTextError {
     For(#[source] DurationError),
     #[error("missing at=<time> (e.g. at=10s)")]
     MissingAt,
+    #[error("{key}= is given twice")]
+    Repeated { key: &'static str },
+    #[error("at=+{after}: the branch point {base} plus that is beyond the largest time")]
+    AtBeyond { base: VirtNanos, after: VirtNanos },
+    #[error("for={duration}: at= plus that is beyond the largest time")]
+    ForBeyond { duration: VirtNanos },
     #[error("at=+<duration> is relative to a branch point: use it with `branch --fault`")]
     RelativeWithoutBase,
     #[error(transparent)]
@@ -411,6 +419,12 @@ impl FromStr for FaultAction {
         let mut words = Vec::new();
         for word in text.split_whitespace() {
             match word.split_once('=') {
+                Some(("signal", _)) if signal.is_some() => {
+                    return Err(ActionError::Repeated { key: "signal" })
+                }
+                Some(("latency", _)) if latency.is_some() => {
+                    return Err(ActionError::Repeated { key: "latency" })
+                }
                 Some(("signal", value)) => {
                     let n: i32 = value
                         .parse()
@@ -504,12 +518,19 @@ fn parse_text(
     let mut rest = Vec::new();
     for word in text.split_whitespace() {
         match word.split_once('=') {
+            Some(("at", _)) if at.is_some() => return Err(FaultTextError::Repeated { key: "at" }),
+            Some(("for", _)) if duration.is_some() => {
+                return Err(FaultTextError::Repeated { key: "for" })
+            }
             Some(("at", value)) => {
                 at = Some(match value.strip_prefix('+') {
                     Some(after) => {
                         let base = base.ok_or(FaultTextError::RelativeWithoutBase)?;
                         let after = parse_duration(after).map_err(FaultTextError::At)?;
-                        base.saturating_add(after)
+                        base.0
+                            .checked_add(after.0)
+                            .map(VirtNanos)
+                            .ok_or(FaultTextError::AtBeyond { base, after })?
                     }
                     None => parse_duration(value).map_err(FaultTextError::At)?,
                 })
@@ -521,6 +542,11 @@ fn parse_text(
         }
     }
     let at = at.ok_or(FaultTextError::MissingAt)?;
+    if let Some(duration) = duration {
+        if at.0.checked_add(duration.0).is_none() {
+            return Err(FaultTextError::ForBeyond { duration });
+        }
+    }
     let action = rest.join(" ").parse()?;
     Ok((Fault { at, action }, duration))
 }
@@ -749,6 +775,29 @@ mod tests {
         assert!(err("at=1s drift n2 200").contains("drift rate: expected a whole number of ppm"));
         assert!(err("at=1s drift n2 +2000000ppm").contains("beyond the largest drift"));
         assert!(err("at=1s drift +20ppm").contains("drift takes a node and a rate"));
+    }
+
+    #[test]
+    fn test_a_setting_given_twice_or_a_time_beyond_the_largest_is_refused() {
+        let err = parse_error;
+        assert_eq!(
+            err("at=1s at=2s pause n1"),
+            "fault \"at=1s at=2s pause n1\": at= is given twice"
+        );
+        assert!(err("at=1s pause n1 for=1s for=2s").ends_with("for= is given twice"));
+        assert!(err("at=1s kill n1 signal=9 signal=15").ends_with("signal= is given twice"));
+        assert!(err("at=1s slow n1 latency=1ms latency=2ms").ends_with("latency= is given twice"));
+        let beyond = parse_fault_after("at=+1s pause n1", Some(VirtNanos(u64::MAX)))
+            .map(|_| ())
+            .unwrap_err();
+        assert!(format!("{:#}", anyhow::Error::from(beyond)).ends_with(
+            "at=+1s: the branch point 18446744073.709551615s plus that is beyond the largest time"
+        ));
+        let max = VirtNanos(u64::MAX).to_string();
+        assert!(err(&format!("at={max} pause n1 for=1s"))
+            .ends_with("for=1s: at= plus that is beyond the largest time"));
+        // The largest time itself is fine.
+        parse_fault(&format!("at={max} pause n1")).unwrap();
     }
 
     #[test]

@@ -37,12 +37,8 @@ pub enum GuestImageError {
         #[source]
         source: std::io::Error,
     },
-    #[error("cannot read initrd {}", path.display())]
-    ReadInitrd {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read the initrd")]
+    ReadInitrd(#[source] hostfile::ReadError),
     #[error("building the command archive")]
     CommandArchive(#[source] image_builder::ImageError),
 }
@@ -164,14 +160,20 @@ pub const FORK_SHELL_LISTENER: &str = "[ -c /dev/hvc0 ] && ( stty -echo -opost; 
 eval \"$l\" 2>&1 </dev/null; done; printf '\\036detvisor-fork-shell-end\\n'; } ) \
 <>/dev/hvc0 >&0 2>/dev/null &\n";
 
+/// The largest initrd read (a regular file only): 4 GiB.
+pub const MAX_INITRD_BYTES: u64 = 4 << 30;
+
+/// The initrd at `path`: a regular file (a FIFO would hang), at most
+/// [`MAX_INITRD_BYTES`].
+pub fn read_initrd(path: &Path) -> Result<Vec<u8>, hostfile::ReadError> {
+    hostfile::read_limited(path, MAX_INITRD_BYTES)
+}
+
 /// The initrd the guest gets: the image's initramfs, then (when a command is
 /// given) an uncompressed newc archive holding `/detvisor/cmd`, which the
 /// kernel unpacks on top and the guest init runs.
 pub fn initrd_with_command(initrd: &Path, command: &[String]) -> Result<Vec<u8>> {
-    let mut bytes = std::fs::read(initrd).map_err(|source| GuestImageError::ReadInitrd {
-        path: initrd.to_owned(),
-        source,
-    })?;
+    let mut bytes = read_initrd(initrd).map_err(GuestImageError::ReadInitrd)?;
     if command.is_empty() {
         return Ok(bytes);
     }
@@ -265,8 +267,14 @@ mod tests {
         let e = initrd_with_command(missing, &[]).unwrap_err();
         assert_eq!(
             format!("{:#}", anyhow::Error::from(e)),
-            "cannot read initrd /nonexistent/detvisor-initrd: No such file or directory (os error 2)"
+            "cannot read the initrd: /nonexistent/detvisor-initrd: No such file or directory (os error 2)"
         );
+        // A FIFO is refused at once, not waited on.
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = crate::test_files::fifo(dir.path(), "initrd");
+        let e = initrd_with_command(&fifo, &[]).unwrap_err();
+        assert!(format!("{:#}", anyhow::Error::from(e))
+            .ends_with("initrd: not a regular file (a FIFO)"));
     }
 
     #[test]

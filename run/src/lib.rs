@@ -45,3 +45,20 @@ pub fn chain(error: &dyn std::error::Error) -> String {
     }
     text
 }
+
+/// Files for tests.
+#[cfg(test)]
+pub(crate) mod test_files {
+    use std::path::{Path, PathBuf};
+
+    /// A FIFO named `name` in `dir`: a file nothing may wait on.
+    pub fn fifo(dir: &Path, name: &str) -> PathBuf {
+        let path = dir.join(name);
+        let status = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        path
+    }
+}

@@ -7,7 +7,7 @@
 //! addresses, exactly one image source per node, a workload node that exists.
 
 use crate::faults::FaultError;
-use crate::units::SizeError;
+use crate::units::{RamError, SizeError};
 use devices::time::DurationError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -23,6 +23,9 @@ pub const MAX_NODES: usize = devices::layout::VIRTIO_MMIO_IRQS.len() - 2;
 pub const MIN_DISK_BYTES: u64 = 16 << 20;
 pub const MAX_DISK_BYTES: u64 = 4 << 30;
 
+/// The longest hostname the kernel takes (`HOST_NAME_MAX`).
+pub const MAX_HOSTNAME: usize = 64;
+
 /// Where a node's disk is mounted unless `data` says otherwise.
 pub const DEFAULT_DATA_DIR: &str = "/data";
 
@@ -33,12 +36,8 @@ pub const WORKLOAD_NODE: &str = "workload";
 /// check. A context (the file, a node, the workload) holds its cause.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
-    #[error("cannot read manifest {}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read the manifest")]
+    Read(#[source] hostfile::ReadError),
     #[error("manifest {}", path.display())]
     File {
         path: PathBuf,
@@ -84,7 +83,7 @@ pub enum ManifestError {
     #[error("machine.rtc_epoch {epoch} is outside 1970..9999 (unix seconds)")]
     RtcEpoch { epoch: i64 },
     #[error("machine.mem")]
-    Mem(#[source] SizeError),
+    Mem(#[source] RamError),
     #[error("faults")]
     Faults(#[source] FaultError),
     #[error("workload: `command` is missing or empty (or give `template`)")]
@@ -131,6 +130,16 @@ pub enum ManifestError {
     },
     #[error("[network]: {0}")]
     Network(devices::switch::SwitchError),
+    #[error("hostname = {hostname:?}: a hostname is 1..={MAX_HOSTNAME} bytes without NUL")]
+    Hostname { hostname: String },
+    #[error("command = [\"\", ...]: the program (the first word) is empty")]
+    EmptyProgram,
+    #[error("command word {index} ({word:?}) contains a NUL byte")]
+    CommandNul { index: usize, word: String },
+    #[error("env key {key:?} is not a variable name (give a non-empty name without `=` or NUL)")]
+    EnvKey { key: String },
+    #[error("env {key}: the value contains a NUL byte")]
+    EnvValue { key: String },
 }
 
 type Result<T, E = ManifestError> = std::result::Result<T, E>;
@@ -361,12 +370,13 @@ impl Manifest {
     }
 }
 
+/// The largest manifest read (a regular file only).
+pub const MAX_MANIFEST_BYTES: u64 = 16 << 20;
+
 /// Reads and validates a manifest file.
 pub fn load(path: &Path) -> Result<Manifest> {
-    let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text =
+        hostfile::read_text_limited(path, MAX_MANIFEST_BYTES).map_err(ManifestError::Read)?;
     let base = path
         .parent()
         .map(Path::to_path_buf)
@@ -393,6 +403,10 @@ pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
             source: Box::new(source),
         };
         check_name(&node.name).map_err(what)?;
+        if let Some(hostname) = &node.hostname {
+            check_hostname(hostname).map_err(what)?;
+        }
+        check_process(&node.command, &node.env).map_err(what)?;
         if node.name == WORKLOAD_NODE {
             return Err(ManifestError::ReservedName { number, name });
         }
@@ -455,12 +469,11 @@ pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
     };
     if let Some(epoch) = manifest.rtc_epoch {
         // The CMOS clock counts years 1970..9999.
-        if !(0..=253_402_300_799).contains(&epoch) {
-            return Err(ManifestError::RtcEpoch { epoch });
-        }
+        crate::units::check_rtc_epoch(epoch)
+            .map_err(|e| ManifestError::RtcEpoch { epoch: e.epoch })?;
     }
     if let Some(mem) = &manifest.mem {
-        crate::units::parse_size(mem).map_err(ManifestError::Mem)?;
+        crate::units::parse_ram(mem).map_err(ManifestError::Mem)?;
     }
     crate::faults::schedule(&manifest.faults, &manifest.node_names())
         .map_err(ManifestError::Faults)?;
@@ -468,6 +481,8 @@ pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
 }
 
 fn workload_plan(w: &WorkloadSection, nodes: &[NodePlan], base: &Path) -> Result<WorkloadPlan> {
+    check_process(&w.command, &w.env)
+        .map_err(|source| ManifestError::Workload(Box::new(source)))?;
     if let Some(template) = &w.template {
         return template_plan(w, template, nodes, base);
     }
@@ -640,6 +655,40 @@ fn disk_plan(size: &Option<String>, data: &Option<String>) -> Result<Option<Disk
         size_bytes: bytes,
         mount,
     }))
+}
+
+/// What the agent would refuse only after boot: a hostname it cannot set.
+fn check_hostname(hostname: &str) -> Result<()> {
+    if hostname.is_empty() || hostname.len() > MAX_HOSTNAME || hostname.contains('\0') {
+        return Err(ManifestError::Hostname {
+            hostname: hostname.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// What the agent would refuse only after boot: a command it cannot exec
+/// (an empty program, a NUL byte) or an environment it cannot pass (an
+/// empty name, one with `=`, a NUL byte). An empty command is the image's own.
+fn check_process(command: &[String], env: &BTreeMap<String, String>) -> Result<()> {
+    if command.first().is_some_and(|program| program.is_empty()) {
+        return Err(ManifestError::EmptyProgram);
+    }
+    if let Some((index, word)) = command.iter().enumerate().find(|(_, w)| w.contains('\0')) {
+        return Err(ManifestError::CommandNul {
+            index,
+            word: word.clone(),
+        });
+    }
+    for (key, value) in env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') {
+            return Err(ManifestError::EnvKey { key: key.clone() });
+        }
+        if value.contains('\0') {
+            return Err(ManifestError::EnvValue { key: key.clone() });
+        }
+    }
+    Ok(())
 }
 
 fn check_name(name: &str) -> Result<()> {
@@ -962,5 +1011,87 @@ command = ["sh", "-c", "true"]
             .map(|i| format!("[[node]]\nname='n{i}'\nrootfs='r'\n"))
             .collect();
         assert!(err(&many).contains("NICs for"));
+    }
+
+    #[test]
+    fn test_what_the_agent_would_refuse_is_refused_before_boot() {
+        let node = |extra: &str| err(&format!("[[node]]\nname='a'\nrootfs='r'\n{extra}\n"));
+        assert_eq!(
+            node("hostname=''"),
+            "node 1 (\"a\"): hostname = \"\": a hostname is 1..=64 bytes without NUL"
+        );
+        assert!(node(&format!("hostname='{}'", "h".repeat(65))).contains("hostname = "));
+        assert!(node("hostname=\"a\\u0000b\"").contains("hostname = \"a\\0b\""));
+        assert_eq!(
+            node("command=['']"),
+            "node 1 (\"a\"): command = [\"\", ...]: the program (the first word) is empty"
+        );
+        assert!(node("command=['sh', \"a\\u0000\"]").contains("command word 1"));
+        assert!(node("env={'A=B'='c'}").contains("env key \"A=B\" is not a variable name"));
+        assert!(node("env={''='c'}").contains("env key \"\" is not a variable name"));
+        assert!(node("env={A=\"x\\u0000\"}").contains("env A: the value contains a NUL"));
+        let workload = |extra: &str| {
+            err(&format!(
+                "[[node]]\nname='a'\nrootfs='r'\n[workload]\nnode='a'\n{extra}\n"
+            ))
+        };
+        assert!(workload("command=['']").starts_with("workload: command = [\"\""));
+        assert!(workload("command=['x']\nenv={'='='1'}").starts_with("workload: env key"));
+        // The boundaries are accepted.
+        parse(
+            &format!(
+                "[[node]]\nname='a'\nrootfs='r'\nhostname='{}'\ncommand=['sh']\nenv={{A=''}}\n",
+                "h".repeat(64)
+            ),
+            Path::new("/"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn test_a_manifest_that_is_a_fifo_or_a_directory_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = crate::test_files::fifo(dir.path(), "m.toml");
+        let e = format!("{:#}", anyhow::Error::from(load(&fifo).unwrap_err()));
+        assert!(e.ends_with("m.toml: not a regular file (a FIFO)"), "{e}");
+        let e = format!("{:#}", anyhow::Error::from(load(dir.path()).unwrap_err()));
+        // Each cause once.
+        assert_eq!(
+            e,
+            format!(
+                "cannot read the manifest: {}: not a regular file (a directory)",
+                dir.path().display()
+            )
+        );
+    }
+
+    #[test]
+    fn test_machine_mem_range_and_alignment_name_the_key() {
+        let mem = |m: &str| {
+            err(&format!(
+                "[machine]\nmem='{m}'\n[[node]]\nname='a'\nrootfs='r'\n"
+            ))
+        };
+        assert!(
+            mem("1M").starts_with("machine.mem: guest RAM of 1M"),
+            "{}",
+            mem("1M")
+        );
+        assert!(
+            mem("65G").starts_with("machine.mem: guest RAM of 65G"),
+            "{}",
+            mem("65G")
+        );
+        assert!(
+            mem("256M1K").starts_with("machine.mem: unparsable"),
+            "{}",
+            mem("256M1K")
+        );
+        let unaligned = mem(&format!("{}", (256 << 20) + 1));
+        assert!(
+            unaligned.contains("a whole number of 4K pages"),
+            "{unaligned}"
+        );
+        assert!(unaligned.starts_with("machine.mem: "), "{unaligned}");
     }
 }

@@ -82,6 +82,10 @@ pub enum PlainError {
     Nics { nics: u8, most: usize },
     #[error("network settings: {0}")]
     Network(devices::SwitchError),
+    #[error("ram_bytes")]
+    Ram(#[source] crate::units::RamError),
+    #[error("rtc_epoch_unix_secs")]
+    RtcEpoch(#[source] crate::units::RtcEpochError),
     #[error(transparent)]
     Guest(#[from] crate::guest::GuestImageError),
     #[error(transparent)]
@@ -133,6 +137,8 @@ impl GuestSpec {
 
     /// Checks what can be checked without building anything.
     pub fn validate(&self) -> Result<()> {
+        crate::units::check_ram(self.ram_bytes).map_err(PlainError::Ram)?;
+        crate::units::check_rtc_epoch(self.rtc_epoch_unix_secs).map_err(PlainError::RtcEpoch)?;
         if let Some(network) = &self.network {
             let most = devices::layout::VIRTIO_MMIO_IRQS.len() - 1;
             if network.nics == 0 || usize::from(network.nics) > most {
@@ -255,5 +261,24 @@ mod tests {
         };
         let e = spec.validate().unwrap_err();
         assert!(format!("{:#}", anyhow::Error::from(e)).starts_with("0 NICs: "));
+    }
+
+    #[test]
+    fn test_ram_and_the_wall_clock_are_checked_before_boot() {
+        let spec = |ram_bytes, rtc_epoch_unix_secs| GuestSpec {
+            ram_bytes,
+            rtc_epoch_unix_secs,
+            ..GuestSpec::default()
+        };
+        let text =
+            |spec: GuestSpec| format!("{:#}", anyhow::Error::from(spec.validate().unwrap_err()));
+        assert_eq!(
+            text(spec(1 << 20, DEFAULT_RTC_EPOCH)),
+            "ram_bytes: guest RAM of 1M is out of range: give 64M..=64G"
+        );
+        assert!(text(spec((256 << 20) + 512, DEFAULT_RTC_EPOCH)).contains("4K pages"));
+        assert!(text(spec(256 << 20, 99_999_999_999_999))
+            .starts_with("rtc_epoch_unix_secs: 99999999999999 is outside 1970..9999"));
+        spec(256 << 20, DEFAULT_RTC_EPOCH).validate().unwrap();
     }
 }

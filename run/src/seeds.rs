@@ -8,7 +8,7 @@
 
 use crate::driven::{Driven, DrivenCheckpoint};
 use crate::outcome::RunSummary;
-use crate::snapshots::{restore, NodeOutput};
+use crate::snapshots::{restore, NodeOutput, SnapshotsError};
 use serde::{Deserialize, Serialize};
 use std::sync::Mutex;
 use vmm::record::RecordConfig;
@@ -283,8 +283,10 @@ fn distinct_control_flows(branches: &[BranchOutcome]) -> usize {
     shapes.len()
 }
 
-/// Runs every seed of `request` and reports them in seed order.
-pub fn branch_seeds(request: &SeedsRequest) -> SeedsReport {
+/// Runs every seed of `request` and reports them in seed order. A spec that
+/// names no snapshot is one error, before any worker starts.
+pub fn branch_seeds(request: &SeedsRequest) -> Result<SeedsReport, SnapshotsError> {
+    crate::snapshots::resolve(&request.spec)?;
     let jobs = if request.jobs == 0 {
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -333,7 +335,7 @@ pub fn branch_seeds(request: &SeedsRequest) -> SeedsReport {
         .iter()
         .filter(|o| o.summary().is_some_and(|s| s.stop_kind() == "stalled"))
         .count();
-    SeedsReport {
+    Ok(SeedsReport {
         spec: request.spec.clone(),
         jobs,
         distinct_histories: digests.len(),
@@ -341,7 +343,7 @@ pub fn branch_seeds(request: &SeedsRequest) -> SeedsReport {
         stalled,
         failures,
         branches,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -387,6 +389,23 @@ mod tests {
             text.starts_with("resolving \"/nonexistent/detvisor-snaps@latest\": "),
             "{text}"
         );
+    }
+
+    #[test]
+    fn test_a_spec_naming_no_snapshot_is_one_error_before_any_worker() {
+        let dir = tempfile::tempdir().unwrap();
+        let request = SeedsRequest {
+            spec: format!("{}@bad", dir.path().display()),
+            seeds: "1..8".parse().unwrap(),
+            jobs: 4,
+            until: None,
+            in_place: false,
+            faults: Vec::new(),
+            stall_timeout: StallTimeout::default(),
+        };
+        let e = branch_seeds(&request).unwrap_err();
+        assert!(format!("{:#}", anyhow::Error::from(e))
+            .starts_with(&format!("resolving \"{}\"", request.spec)),);
     }
 
     #[test]

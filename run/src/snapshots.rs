@@ -239,7 +239,10 @@ pub fn write_full_snapshot(
 }
 
 /// The snapshot and moment `spec` names.
-fn resolve(spec: &str) -> Result<snapshot::Resolved> {
+/// Resolves `spec` against its directory (see `snapshot::resolve`): done
+/// before anything starts, so that a bad spec is one error, not one per
+/// worker or one after a helper VM has booted.
+pub fn resolve(spec: &str) -> Result<snapshot::Resolved> {
     snapshot::resolve(spec).map_err(|source| SnapshotsError::Resolve {
         spec: spec.to_owned(),
         source,

@@ -37,12 +37,8 @@ pub enum TraceError {
         #[source]
         source: std::io::Error,
     },
-    #[error("opening the trace {}", path.display())]
-    Open {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("opening the trace")]
+    Open(#[source] hostfile::ReadError),
     #[error("reading the trace {}", path.display())]
     Read {
         path: PathBuf,
@@ -145,10 +141,8 @@ impl TraceFile {
 /// Where the exits of the trace at `path` went: by kind, by device, per
 /// virtual second. Reads it a line at a time.
 pub fn report(path: &Path) -> Result<TraceReport, TraceError> {
-    let file = File::open(path).map_err(|source| TraceError::Open {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    // A regular file only: a FIFO would hang, a device never end.
+    let file = hostfile::open_regular(path).map_err(TraceError::Open)?;
     read_report(BufReader::with_capacity(1 << 16, file)).map_err(|source| TraceError::Read {
         path: path.to_path_buf(),
         source,
@@ -244,6 +238,19 @@ mod tests {
         );
         let missing = dir.path().join("missing");
         let text = format!("{:#}", anyhow::Error::from(report(&missing).unwrap_err()));
-        assert!(text.starts_with("opening the trace "), "{text}");
+        assert_eq!(
+            text,
+            format!(
+                "opening the trace: {}: No such file or directory (os error 2)",
+                missing.display()
+            )
+        );
+        // A FIFO is refused, not waited on.
+        let fifo = crate::test_files::fifo(dir.path(), "fifo");
+        let text = format!("{:#}", anyhow::Error::from(report(&fifo).unwrap_err()));
+        assert!(
+            text.ends_with("fifo: not a regular file (a FIFO)"),
+            "{text}"
+        );
     }
 }

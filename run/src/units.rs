@@ -100,6 +100,53 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     Ok(text.parse::<ByteSize>()?.0)
 }
 
+/// Why a text or a number of bytes is not a guest RAM size.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RamError {
+    #[error(transparent)]
+    Size(#[from] SizeError),
+    #[error("guest RAM of {} is out of range: give {}..={}", ByteSize(*bytes), ByteSize(vmm::boot::MIN_RAM), ByteSize(vmm::boot::MAX_RAM))]
+    Range { bytes: u64 },
+    #[error("guest RAM of {bytes} bytes is not a whole number of 4K pages")]
+    Unaligned { bytes: u64 },
+}
+
+/// Checks a guest RAM size: `vmm::boot::MIN_RAM..=MAX_RAM`, whole 4 KiB pages.
+pub fn check_ram(bytes: u64) -> Result<u64, RamError> {
+    if !(vmm::boot::MIN_RAM..=vmm::boot::MAX_RAM).contains(&bytes) {
+        return Err(RamError::Range { bytes });
+    }
+    if !bytes.is_multiple_of(4096) {
+        return Err(RamError::Unaligned { bytes });
+    }
+    Ok(bytes)
+}
+
+/// A guest RAM size (`--mem`, `machine.mem`): a size, checked by [`check_ram`].
+pub fn parse_ram(text: &str) -> Result<u64, RamError> {
+    check_ram(parse_size(text)?)
+}
+
+/// The latest wall-clock date the guest's CMOS clock can show (9999-12-31
+/// 23:59:59 UTC), as unix seconds; the earliest is 0 (1970).
+pub const MAX_RTC_EPOCH: i64 = 253_402_300_799;
+
+/// A wall-clock start the CMOS clock cannot show.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{epoch} is outside 1970..9999 (unix seconds 0..={MAX_RTC_EPOCH})")]
+pub struct RtcEpochError {
+    pub epoch: i64,
+}
+
+/// Checks a guest wall-clock start (`--rtc-epoch`, `machine.rtc_epoch`).
+pub fn check_rtc_epoch(epoch: i64) -> Result<i64, RtcEpochError> {
+    if (0..=MAX_RTC_EPOCH).contains(&epoch) {
+        Ok(epoch)
+    } else {
+        Err(RtcEpochError { epoch })
+    }
+}
+
 /// A duration: the one grammar of `VirtNanos`'s `FromStr` (`30s`, `500ms`, `5µs`, `2.5s`,
 /// `600` = seconds).
 pub fn parse_duration(text: &str) -> Result<VirtNanos, DurationError> {
@@ -120,6 +167,33 @@ pub fn parse_latency(text: &str) -> Result<devices::LatencyDist, DurationError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_ram_is_checked_for_range_and_pages() {
+        assert_eq!(parse_ram("256M"), Ok(256 << 20));
+        assert_eq!(parse_ram("64M"), Ok(64 << 20));
+        assert_eq!(parse_ram("64G"), Ok(64 << 30));
+        assert_eq!(parse_ram("1M"), Err(RamError::Range { bytes: 1 << 20 }));
+        assert_eq!(parse_ram("65G"), Err(RamError::Range { bytes: 65 << 30 }));
+        let odd = (256 << 20) + 1;
+        assert_eq!(
+            parse_ram(&odd.to_string()),
+            Err(RamError::Unaligned { bytes: odd })
+        );
+        assert_eq!(
+            RamError::Range { bytes: 1 << 20 }.to_string(),
+            "guest RAM of 1M is out of range: give 64M..=64G"
+        );
+        assert!(matches!(parse_ram("lots"), Err(RamError::Size(_))));
+    }
+
+    #[test]
+    fn test_rtc_epoch_is_within_the_cmos_years() {
+        assert_eq!(check_rtc_epoch(0), Ok(0));
+        assert_eq!(check_rtc_epoch(MAX_RTC_EPOCH), Ok(MAX_RTC_EPOCH));
+        assert!(check_rtc_epoch(99_999_999_999_999).is_err());
+        assert!(check_rtc_epoch(-1).is_err());
+    }
     use proptest::prelude::*;
 
     #[test]

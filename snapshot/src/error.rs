@@ -15,6 +15,11 @@ pub enum SnapshotError {
         source: std::io::Error,
     },
 
+    /// A part could not be read: not a regular file, too large, or an I/O error (each names
+    /// the path).
+    #[error(transparent)]
+    Read(hostfile::ReadError),
+
     /// The file does not start with the expected magic: it is not a detvisor snapshot file.
     #[error("{}: not a detvisor snapshot file (expected magic \"{expected}\", found \"{found}\")", .path.display())]
     BadMagic {

@@ -18,6 +18,12 @@ use crate::FORMAT_VERSION;
 
 pub(crate) const HEADER_LEN: usize = 32;
 
+/// The largest `state.bin` or `memory.idx` read (1 GiB): far above what a
+/// machine's state takes (the switch's frames in flight are bounded, see
+/// `devices::switch::MAX_IN_FLIGHT`), so that a file that is not a snapshot
+/// part cannot exhaust memory.
+pub const MAX_FRAMED_BYTES: u64 = 1 << 30;
+
 /// CRC-64/XZ (a.k.a. CRC-64/GO-ECMA): ECMA-182 polynomial 0x42F0E1EBA9EA3693, reflected,
 /// init and xorout all ones. The CRC of `b"123456789"` is `0x995dc9bbdf1939fa`.
 pub(crate) const CRC64: crc::Crc<u64, crc::Table<16>> =
@@ -45,7 +51,8 @@ pub(crate) fn read_framed(
     magic: &[u8; 8],
     what: &'static str,
 ) -> Result<(u32, Vec<u8>)> {
-    let mut bytes = match std::fs::read(path) {
+    // A regular file only (never a FIFO or a device), of bounded size.
+    let mut bytes = match hostfile::read_limited(path, MAX_FRAMED_BYTES) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(SnapshotError::MissingPart {
@@ -53,7 +60,7 @@ pub(crate) fn read_framed(
                 what,
             })
         }
-        Err(e) => return Err(io(path, "read")(e)),
+        Err(e) => return Err(SnapshotError::Read(e)),
     };
     let actual = bytes.len() as u64;
     let head = &bytes[..bytes.len().min(8)];

@@ -57,6 +57,7 @@
 
 mod error;
 mod frame;
+pub use frame::MAX_FRAMED_BYTES;
 mod memory;
 mod spec;
 
@@ -429,6 +430,15 @@ fn check_layer(dir: &Path, flags: u32, meta: SnapshotMeta, state_bytes: u64) -> 
             meta.ram_bytes
         )));
     }
+    validate_id(&meta.id).map_err(|e| inconsistent(format!("meta.id: {e}")))?;
+    if let Some(parent) = &meta.parent {
+        validate_id(parent).map_err(|e| inconsistent(format!("meta.parent: {e}")))?;
+        if *parent == meta.id {
+            return Err(inconsistent(format!(
+                "snapshot {parent:?} is its own parent"
+            )));
+        }
+    }
     let incremental = flags & FLAG_INCREMENTAL != 0;
     if incremental && meta.parent.is_none() {
         return Err(inconsistent("incremental snapshot without a parent".into()));
@@ -623,6 +633,7 @@ pub fn list(root: &Path) -> Result<Vec<SnapshotInfo>> {
             }
         }
     }
+    check_no_cycle(&out)?;
     out.sort_by(|a, b| {
         (a.meta.virtual_ns, a.meta.exit_index, &a.meta.id).cmp(&(
             b.meta.virtual_ns,
@@ -631,6 +642,28 @@ pub fn list(root: &Path) -> Result<Vec<SnapshotInfo>> {
         ))
     });
     Ok(out)
+}
+
+/// Refuses parent links among `snapshots` that go round in a cycle.
+fn check_no_cycle(snapshots: &[SnapshotInfo]) -> Result<()> {
+    let parents: std::collections::HashMap<&str, &str> = snapshots
+        .iter()
+        .filter_map(|i| Some((i.meta.id.as_str(), i.meta.parent.as_deref()?)))
+        .collect();
+    for info in snapshots {
+        let mut seen = HashSet::new();
+        let mut id = info.meta.id.as_str();
+        while let Some(&parent) = parents.get(id) {
+            if !seen.insert(id) {
+                return Err(SnapshotError::BrokenChain {
+                    path: info.dir.clone(),
+                    reason: format!("its parents go round in a cycle through {id:?}"),
+                });
+            }
+            id = parent;
+        }
+    }
+    Ok(())
 }
 
 /// Removes snapshot `id` from `root` atomically (rename to `.del-<id>-<pid>`, then delete).
@@ -687,7 +720,7 @@ pub fn memory_chain(dir: &Path) -> Result<Vec<MemoryLayer>> {
         .into_iter()
         .map(|l| {
             let path = l.dir.join(MEMORY_FILE);
-            let file = File::open(&path).map_err(io(&path, "open"))?;
+            let file = hostfile::open_regular(&path).map_err(SnapshotError::Read)?;
             Ok(MemoryLayer {
                 dir: l.dir,
                 id: l.meta.id,
@@ -711,7 +744,7 @@ pub fn memory_file(dir: &Path) -> Result<(File, u64)> {
         });
     }
     let path = dir.join(MEMORY_FILE);
-    let file = File::open(&path).map_err(io(&path, "open"))?;
+    let file = hostfile::open_regular(&path).map_err(SnapshotError::Read)?;
     Ok((file, layer.meta.ram_bytes))
 }
 
@@ -771,7 +804,7 @@ pub fn memory_data_ranges(dir: &Path) -> Result<Vec<(u64, u64)>> {
 pub fn verify_memory(dir: &Path) -> Result<()> {
     for l in resolve_chain(load_layer(dir)?)? {
         let path = l.dir.join(MEMORY_FILE);
-        let file = File::open(&path).map_err(io(&path, "open"))?;
+        let file = hostfile::open_regular(&path).map_err(SnapshotError::Read)?;
         let mut digest = CRC64.digest();
         let mut buf = vec![0u8; 1 << 20];
         let mut read = |start: u64, end: u64, f: &mut dyn FnMut(&[u8]) -> bool| -> Result<bool> {
@@ -864,5 +897,95 @@ mod tests {
             let m = map_memory_private_with(&root.path().join("child"), budget).unwrap();
             assert!(m.as_slice() == mem.as_slice(), "budget {budget}");
         }
+    }
+
+    /// Rewrites the metadata in `root/dir/state.bin` (a valid frame, so only the new
+    /// metadata can be wrong).
+    fn edit_meta(root: &Path, dir: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+        let path = root.join(dir).join(STATE_FILE);
+        let (flags, payload) = read_framed(&path, STATE_MAGIC, "state.bin").unwrap();
+        let mut env: serde_json::Value = serde_json::from_slice(&payload).unwrap();
+        edit(&mut env["meta"]);
+        std::fs::remove_file(&path).unwrap();
+        let payload = serde_json::to_vec(&env).unwrap();
+        write_framed(&path, STATE_MAGIC, flags, &payload).unwrap();
+    }
+
+    fn full(root: &Path, id: &str, at: u64) {
+        let mem = vec![0u8; 4 * PAGE_SIZE as usize];
+        let meta = SnapshotMeta::new(id, at, at, mem.len() as u64, 0);
+        write_snapshot(root, &meta, &(), &mem).unwrap();
+    }
+
+    fn list_error(root: &Path) -> String {
+        let e = list(root).unwrap_err();
+        let mut text = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(cause) = source {
+            text.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        text
+    }
+
+    #[test]
+    fn test_a_fifo_state_is_refused_without_hanging() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("s1");
+        std::fs::create_dir(&dir).unwrap();
+        let c = std::ffi::CString::new(dir.join(STATE_FILE).into_os_string().into_encoded_bytes())
+            .unwrap();
+        // SAFETY: `c` is a valid NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let root_path = root.path().to_owned();
+        std::thread::spawn(move || tx.send(list_error(&root_path)).unwrap());
+        let e = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("listing hung on a FIFO");
+        assert!(
+            e.ends_with("s1/state.bin: not a regular file (a FIFO)"),
+            "{e}"
+        );
+        // A symlink to a device is refused too (it would be read for ever).
+        std::fs::remove_file(dir.join(STATE_FILE)).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", dir.join(STATE_FILE)).unwrap();
+        let e = list_error(root.path());
+        assert!(
+            e.ends_with("not a regular file (a character device)"),
+            "{e}"
+        );
+        let e = info(&dir).unwrap_err();
+        assert!(matches!(e, SnapshotError::Read(_)), "{e}");
+    }
+
+    #[test]
+    fn test_bad_ids_self_parents_and_cycles_are_not_listed_as_valid() {
+        let root = tempfile::tempdir().unwrap();
+        full(root.path(), "a", 1);
+        full(root.path(), "b", 2);
+        list(root.path()).unwrap();
+        // An id with a space, in a directory of that name.
+        edit_meta(root.path(), "a", |m| m["id"] = "a b".into());
+        std::fs::rename(root.path().join("a"), root.path().join("a b")).unwrap();
+        let e = list_error(root.path());
+        assert!(e.contains("meta.id: invalid snapshot id \"a b\""), "{e}");
+        std::fs::rename(root.path().join("a b"), root.path().join("a")).unwrap();
+        edit_meta(root.path(), "a", |m| m["id"] = "a".into());
+        // Its own parent.
+        edit_meta(root.path(), "a", |m| m["parent"] = "a".into());
+        let e = list_error(root.path());
+        assert!(e.contains("snapshot \"a\" is its own parent"), "{e}");
+        // A parent with a bad id.
+        edit_meta(root.path(), "a", |m| m["parent"] = "../b".into());
+        assert!(list_error(root.path()).contains("meta.parent: invalid snapshot id"));
+        // Two snapshots each other's parent.
+        edit_meta(root.path(), "a", |m| m["parent"] = "b".into());
+        edit_meta(root.path(), "b", |m| m["parent"] = "a".into());
+        let e = list_error(root.path());
+        assert!(
+            e.contains("broken incremental chain: its parents go round in a cycle"),
+            "{e}"
+        );
     }
 }

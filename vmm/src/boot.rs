@@ -15,7 +15,6 @@ use kvm_bindings::{kvm_regs, kvm_segment, kvm_sregs};
 use linux_loader::loader::bootparam::{boot_e820_entry, boot_params};
 use linux_loader::loader::elf::Elf;
 use linux_loader::loader::KernelLoader;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 use vm_memory::{Bytes, GuestAddress};
@@ -57,12 +56,9 @@ const KERNEL_MIN_ALIGNMENT: u32 = 0x100_0000;
 
 #[derive(Debug, Error)]
 pub enum BootError {
-    #[error("cannot open kernel {path}")]
-    OpenKernel {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Not a regular file (a FIFO would hang the open), or it cannot be opened.
+    #[error("cannot open the kernel")]
+    OpenKernel(#[source] hostfile::ReadError),
     #[error("{path} is not a loadable x86-64 vmlinux ELF kernel: {reason}")]
     NotAKernel { path: PathBuf, reason: String },
     #[error("initrd of {initrd} bytes does not fit in {ram} bytes of guest RAM next to the kernel (kernel ends at {kernel_end:#x})")]
@@ -98,10 +94,7 @@ fn write(mem: &GuestMemory, addr: u64, bytes: &[u8]) -> Result<(), BootError> {
 
 /// Loads the vmlinux ELF at its physical addresses.
 pub fn load_kernel(mem: &GuestMemory, path: &Path) -> Result<LoadedKernel, BootError> {
-    let mut file = File::open(path).map_err(|source| BootError::OpenKernel {
-        path: path.to_owned(),
-        source,
-    })?;
+    let mut file = hostfile::open_regular(path).map_err(BootError::OpenKernel)?;
     let result =
         Elf::load(mem, None, &mut file, Some(GuestAddress(HIGH_RAM_START))).map_err(|e| {
             BootError::NotAKernel {
@@ -355,6 +348,31 @@ pub fn initial_regs(entry: u64) -> kvm_regs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn test_a_kernel_that_is_a_fifo_is_refused_without_hanging() {
+        let dir = std::env::temp_dir().join(format!("detvisor-kernel-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("vmlinux");
+        let _ = std::fs::remove_file(&fifo);
+        let status = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let mem = GuestMemory::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+            tx.send(load_kernel(&mem, &path).err().map(|e| e.to_string()))
+                .unwrap()
+        });
+        let error = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("opening a FIFO kernel hung");
+        assert_eq!(error.as_deref(), Some("cannot open the kernel"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn test_ram_beyond_the_mmio_hole_continues_at_4_gib() {

@@ -25,9 +25,29 @@ pub enum LatencyDist {
     },
 }
 
+/// The longest latency a link may have (a minute): a frame waits at most
+/// this long in the switch, which bounds the frames a guest can keep in
+/// flight together with [`super::MAX_IN_FLIGHT`].
+pub const MAX_LATENCY: VirtNanos = VirtNanos(60_000_000_000);
+
 impl LatencyDist {
-    /// Checks `min <= max` and `terms >= 1`.
+    /// The longest latency this distribution draws.
+    pub fn max(&self) -> VirtNanos {
+        match *self {
+            LatencyDist::Fixed(latency) => latency,
+            LatencyDist::Uniform { min, max } | LatencyDist::Normal { min, max, .. } => {
+                min.max(max)
+            }
+        }
+    }
+
+    /// Checks `min <= max`, `terms >= 1` and at most [`MAX_LATENCY`].
     pub fn validate(&self) -> Result<(), SwitchError> {
+        if self.max() > MAX_LATENCY {
+            return Err(SwitchError::InvalidConfig {
+                reason: format!("latency {} is above the largest, {MAX_LATENCY}", self.max()),
+            });
+        }
         match *self {
             LatencyDist::Fixed(_) => Ok(()),
             LatencyDist::Uniform { min, max } | LatencyDist::Normal { min, max, .. }

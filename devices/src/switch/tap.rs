@@ -12,6 +12,8 @@ pub enum DropReason {
     Blocked,
     /// The loss probability hit.
     Loss,
+    /// The switch held `MAX_IN_FLIGHT` frames already.
+    Full,
 }
 
 impl DropReason {
@@ -19,6 +21,7 @@ impl DropReason {
         match self {
             DropReason::Blocked => "partition",
             DropReason::Loss => "loss",
+            DropReason::Full => "full",
         }
     }
 }

@@ -710,3 +710,47 @@ fn test_switch_rekey_changes_later_draws_and_repeats_per_key() {
     // Re-keyed with the key it had, the switch starts its stream over.
     assert_eq!(delays(Some(KEY)), delays(None));
 }
+
+#[test]
+fn test_frames_in_flight_are_bounded_and_the_drops_counted() {
+    let mut switch = switch_with(KEY, fixed(VirtNanos::from_micros(10_000)));
+    // From A to B and C: two copies a frame.
+    let sent = MAX_IN_FLIGHT / 2 + 10;
+    for i in 0..sent {
+        switch
+            .submit(VirtNanos::ZERO, A, frame([0xff; 6], A, i as u32))
+            .unwrap();
+    }
+    assert_eq!(switch.in_flight_len(), MAX_IN_FLIGHT);
+    let counters = switch.counters(A).unwrap();
+    assert_eq!(counters.dropped_full, 20);
+    // The first frames got through; the last ones were dropped, by count.
+    let delivered = drain(&mut switch);
+    assert_eq!(delivered.len(), MAX_IN_FLIGHT);
+    assert_eq!(delivered.last().unwrap().2, (MAX_IN_FLIGHT / 2 - 1) as u32);
+    // Once delivered, frames flow again.
+    switch
+        .submit(VirtNanos::from_micros(20_000), A, frame(MAC_B, A, 7))
+        .unwrap();
+    assert_eq!(switch.in_flight_len(), 1);
+    // A state without such drops is saved as before (no new field).
+    let quiet = switch_with(KEY, fixed(VirtNanos::from_micros(10_000)));
+    let text = serde_json::to_string(&quiet.save()).unwrap();
+    assert!(!text.contains("dropped_full"), "{text}");
+}
+
+#[test]
+fn test_a_latency_beyond_the_largest_is_refused() {
+    let hours = LatencyDist::Fixed(VirtNanos::from_secs(100_000 * 3600));
+    let e = Switch::new(KEY, NetworkConfig::reliable(hours)).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid network configuration: latency 360000000s is above the largest, 60s"
+    );
+    let range = LatencyDist::Uniform {
+        min: VirtNanos::ZERO,
+        max: VirtNanos(MAX_LATENCY.0 + 1),
+    };
+    assert!(range.validate().is_err());
+    LatencyDist::Fixed(MAX_LATENCY).validate().unwrap();
+}

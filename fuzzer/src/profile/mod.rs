@@ -358,6 +358,16 @@ impl FaultProfile {
         check_rate("network.rate", n.rate)?;
         check_positive("network.duration", &n.duration)?;
         check_span("network.latency", &n.latency)?;
+        if n.latency.max > devices::MAX_LATENCY {
+            return Err(invalid(
+                "network.latency",
+                format!(
+                    "{}: above the largest latency, {}",
+                    n.latency,
+                    devices::MAX_LATENCY
+                ),
+            ));
+        }
         check_span("network.loss", &n.loss)?;
         let w = &n.weights;
         check_weights(

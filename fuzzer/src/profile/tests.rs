@@ -161,6 +161,14 @@ fn test_bad_profiles_name_the_key() {
         profile.validate().unwrap_err().to_string(),
         "fault profile: network.latency: 2s..1s: the minimum is above the maximum"
     );
+    profile.network.latency = Span {
+        min: secs(1),
+        max: secs(61),
+    };
+    assert_eq!(
+        profile.validate().unwrap_err().to_string(),
+        "fault profile: network.latency: 1s..61s: above the largest latency, 60s"
+    );
 }
 
 #[test]

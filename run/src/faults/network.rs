@@ -59,6 +59,8 @@ pub enum NetworkActionError {
     Latency(#[source] devices::DurationError),
     #[error("latency={text}: the minimum is above the maximum")]
     LatencyOrder { text: String },
+    #[error("latency={text}: above the largest latency, {}", devices::MAX_LATENCY)]
+    LatencyTooLong { text: String },
     #[error("latency= only applies to slow")]
     LatencyNotSlow,
     #[error("loss {text}: not a probability (a number in 0..=1)")]
@@ -354,6 +356,11 @@ impl LatencyRange {
                 text: text.to_owned(),
             });
         }
+        if max > devices::MAX_LATENCY {
+            return Err(NetworkActionError::LatencyTooLong {
+                text: text.to_owned(),
+            });
+        }
         Ok(LatencyRange { min, max })
     }
 
@@ -510,6 +517,9 @@ pub(super) mod tests {
         assert!(err("at=1s loss n1 1.5").contains("not a probability"));
         assert!(err("at=1s loss n1").contains("loss takes one node and a probability"));
         assert!(err("at=1s pause n1 latency=1s").contains("latency= only applies to slow"));
+        assert!(err("at=1s slow n1 latency=1ms..100000h")
+            .ends_with("latency=1ms..100000h: above the largest latency, 60s"));
+        parse_fault("at=1s slow n1 latency=60s").unwrap();
         assert!(err("at=1s heal n1 off").contains("heal needs nodes on both sides"));
         assert!(err("at=1s slow n1 off for=1s").contains("for= applies"));
     }
@@ -594,7 +604,7 @@ pub(super) mod tests {
     }
 
     fn latency() -> impl Strategy<Value = LatencyRange> {
-        (0u64..(1 << 40), 0u64..(1 << 40)).prop_map(|(a, b)| LatencyRange {
+        (0..=devices::MAX_LATENCY.0, 0..=devices::MAX_LATENCY.0).prop_map(|(a, b)| LatencyRange {
             min: VirtNanos(a.min(b)),
             max: VirtNanos(a.max(b)),
         })

@@ -10,14 +10,45 @@ use std::path::Path;
 
 type Result<T, E = PrepareError> = std::result::Result<T, E>;
 
+/// The largest node image (`image = ...`) read: 4 GiB, the most a newc
+/// archive's files can hold together with the guest's RAM.
+pub const MAX_NODE_IMAGE_BYTES: u64 = 4 << 30;
+
+/// Checks, before anything is built, that every node image (`image = ...`)
+/// is a regular file within [`MAX_NODE_IMAGE_BYTES`]: a FIFO is refused at
+/// once instead of after the agent and the default image are built.
+pub(super) fn check_node_images(manifest: &Manifest) -> Result<()> {
+    for node in manifest.all_nodes() {
+        if let RootSource::Image(path) = &node.source {
+            let too_large = |file: std::fs::File| {
+                let len = file.metadata().map_or(0, |m| m.len());
+                (len > MAX_NODE_IMAGE_BYTES).then(|| hostfile::ReadError::TooLarge {
+                    path: path.clone(),
+                    limit: MAX_NODE_IMAGE_BYTES,
+                })
+            };
+            let checked = match hostfile::open_regular(path) {
+                Ok(file) => too_large(file),
+                Err(e) => Some(e),
+            };
+            if let Some(e) = checked {
+                return Err(PrepareError::Node {
+                    name: node.name.clone(),
+                    source: Box::new(PrepareError::ReadNodeImage(e)),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A node's tree and image config from its source.
 fn load_root(source: &RootSource) -> Result<(RootFs, ImageConfig)> {
     match source {
         RootSource::Image(path) => {
-            let bytes = std::fs::read(path).map_err(|source| PrepareError::ReadNodeImage {
-                path: path.clone(),
-                source,
-            })?;
+            // A regular file (a FIFO would hang), of bounded size.
+            let bytes = hostfile::read_limited(path, MAX_NODE_IMAGE_BYTES)
+                .map_err(PrepareError::ReadNodeImage)?;
             let image = image_builder::NodeImage::load(&bytes).map_err(|source| {
                 PrepareError::NodeImage {
                     path: path.clone(),
@@ -129,7 +160,35 @@ mod tests {
         let e = assemble(&manifest, agent.path()).unwrap_err();
         assert_eq!(
             format!("{:#}", anyhow::Error::from(e)),
-            "node a: cannot read node image /nonexistent/a.img: No such file or directory (os error 2)"
+            "node a: cannot read the node image: /nonexistent/a.img: No such file or directory (os error 2)"
         );
+    }
+
+    #[test]
+    fn test_a_node_image_that_is_a_fifo_is_refused_without_hanging() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = crate::test_files::fifo(dir.path(), "a.img");
+        let manifest = crate::manifest::parse(
+            &format!("[[node]]\nname='a'\nimage='{}'\n", fifo.display()),
+            Path::new("/"),
+        )
+        .unwrap();
+        let agent = tempfile::NamedTempFile::new().unwrap();
+        let e = assemble(&manifest, agent.path()).unwrap_err();
+        assert!(
+            format!("{:#}", anyhow::Error::from(e)).ends_with("a.img: not a regular file (a FIFO)")
+        );
+        // Checked before the guest is built, too.
+        let e = check_node_images(&manifest).unwrap_err();
+        assert_eq!(
+            format!("{:#}", anyhow::Error::from(e)),
+            format!(
+                "node a: cannot read the node image: {}: not a regular file (a FIFO)",
+                fifo.display()
+            )
+        );
+        std::fs::remove_file(&fifo).unwrap();
+        std::fs::write(&fifo, b"").unwrap();
+        check_node_images(&manifest).unwrap();
     }
 }

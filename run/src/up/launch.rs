@@ -13,7 +13,7 @@ use crate::outcome::{stepped_note, RunSummary};
 use crate::pcap::PcapRecorder;
 use crate::snapshots::{SnapshotPlan, SnapshotsError, Snapshotter};
 use crate::streams::{say, Streams};
-use crate::units::SizeError;
+use crate::units::RamError;
 use detvisor_agent::protocol::NodeSpec;
 use image_builder::ImageError;
 use serde::{Deserialize, Serialize};
@@ -34,15 +34,14 @@ pub enum PrepareError {
     #[error("fault {action}: the workload's own node can be partitioned, not paused, killed or restarted (its end is the run's end)")]
     WorkloadNodeFault { action: FaultAction },
     #[error("machine.mem")]
-    Mem(#[source] SizeError),
+    Mem(#[source] RamError),
+    /// The RAM the caller gave (`--mem`).
+    #[error(transparent)]
+    Ram(RamError),
     #[error(transparent)]
     Guest(#[from] GuestImageError),
-    #[error("cannot read {}", path.display())]
-    ReadInitrd {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read the initrd")]
+    ReadInitrd(#[source] hostfile::ReadError),
     #[error("packing the guest initramfs")]
     Pack(#[source] Box<ImageError>),
     #[error("cannot read the agent {}", path.display())]
@@ -60,12 +59,8 @@ pub enum PrepareError {
         #[source]
         source: Box<PrepareError>,
     },
-    #[error("cannot read node image {}", path.display())]
-    ReadNodeImage {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read the node image")]
+    ReadNodeImage(#[source] hostfile::ReadError),
     #[error("node image {}", path.display())]
     NodeImage {
         path: PathBuf,
@@ -104,12 +99,8 @@ pub enum PrepareError {
 /// [`PreparedUp::boot`], [`run`]).
 #[derive(Debug, thiserror::Error)]
 pub enum UpError {
-    #[error("cannot read initrd {}", path.display())]
-    ReadInitrd {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("cannot read the initrd")]
+    ReadInitrd(#[source] hostfile::ReadError),
     #[error(transparent)]
     Vm(#[from] vmm::vm::VmError),
     #[error(transparent)]
@@ -195,8 +186,8 @@ pub fn prepare(
         }
     }
     let ram_bytes = match (ram_bytes, &manifest.mem) {
-        (Some(bytes), _) => bytes,
-        (None, Some(mem)) => crate::units::parse_size(mem).map_err(PrepareError::Mem)?,
+        (Some(bytes), _) => crate::units::check_ram(bytes).map_err(PrepareError::Ram)?,
+        (None, Some(mem)) => crate::units::parse_ram(mem).map_err(PrepareError::Mem)?,
         (None, None) => DEFAULT_RAM_BYTES,
     };
     for fault in &faults {
@@ -232,6 +223,7 @@ pub fn prepare(
             }
         }
     }
+    assemble::check_node_images(manifest)?;
     let disks = manifest
         .all_nodes()
         .into_iter()
@@ -248,10 +240,7 @@ pub fn prepare(
     let image = guest::default_image()?;
     let agent = guest::agent_binary()?;
     let (specs, overlay) = assemble(manifest, &agent)?;
-    let mut initrd = std::fs::read(&image.initrd).map_err(|source| PrepareError::ReadInitrd {
-        path: image.initrd.clone(),
-        source,
-    })?;
+    let mut initrd = guest::read_initrd(&image.initrd).map_err(PrepareError::ReadInitrd)?;
     // Archives in an initrd start on a 4-byte boundary.
     while initrd.len() % 4 != 0 {
         initrd.push(0);
@@ -346,10 +335,7 @@ impl PreparedUp {
     pub fn vm_config(&self, options: &UpOptions) -> Result<VmConfig, UpError> {
         let initrd = match &self.initrd {
             Initrd::Bytes(bytes) => bytes.clone(),
-            Initrd::File(path) => std::fs::read(path).map_err(|source| UpError::ReadInitrd {
-                path: path.clone(),
-                source,
-            })?,
+            Initrd::File(path) => guest::read_initrd(path).map_err(UpError::ReadInitrd)?,
         };
         Ok(VmConfig {
             kernel: self.kernel.clone(),

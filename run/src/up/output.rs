@@ -32,6 +32,11 @@ pub enum OutputError {
 
 type Result<T, E = OutputError> = std::result::Result<T, E>;
 
+/// The longest line of node output printed as one (64 KiB, newline
+/// included): a longer one is printed in pieces of this size, each on a
+/// line of its own. The node logs keep the raw bytes.
+pub const MAX_LINE: usize = 64 << 10;
+
 /// Prints node output line by line with the node's name in front, and keeps
 /// each node's raw output in `<logs>/<node>.log`.
 pub struct OutputSink {
@@ -78,11 +83,26 @@ impl OutputSink {
         }
         let key = (node.to_string(), stream == Stream::Stderr);
         let buffer = self.partial.entry(key).or_default();
-        buffer.extend_from_slice(data);
-        while let Some(end) = buffer.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = buffer.drain(..=end).collect();
-            write!(self.out, "{node:>width$} | ", width = self.width)?;
-            self.out.write_all(&line)?;
+        // Only the new bytes are scanned, and a line is cut at MAX_LINE:
+        // the host's work and memory stay linear in what the guest prints.
+        let mut rest = data;
+        while !rest.is_empty() {
+            let room = MAX_LINE - buffer.len();
+            let window = &rest[..rest.len().min(room)];
+            let (taken, complete) = match window.iter().position(|&b| b == b'\n') {
+                Some(end) => (end + 1, true),
+                None => (window.len(), window.len() == room),
+            };
+            buffer.extend_from_slice(&rest[..taken]);
+            rest = &rest[taken..];
+            if complete {
+                write!(self.out, "{node:>width$} | ", width = self.width)?;
+                self.out.write_all(buffer)?;
+                if buffer.last() != Some(&b'\n') {
+                    writeln!(self.out)?;
+                }
+                buffer.clear();
+            }
         }
         Ok(())
     }
@@ -195,5 +215,46 @@ mod tests {
             b"hello\nworoops\n"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn test_a_line_without_newline_is_cut_at_max_line_and_the_buffer_bounded() {
+        #[derive(Clone, Default)]
+        struct Lines(std::rc::Rc<std::cell::RefCell<Vec<u8>>>);
+        impl Write for Lines {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.borrow_mut().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let printed = Lines::default();
+        let mut sink = OutputSink::new(&["n1".into()], None, Box::new(printed.clone())).unwrap();
+        // 3.5 lines' worth without a newline, in chunks that do not divide MAX_LINE.
+        let total = 3 * MAX_LINE + MAX_LINE / 2;
+        for _ in 0..total / 1000 {
+            sink.output("n1", Stream::Stdout, &[b'x'; 1000]).unwrap();
+            assert!(sink.partial.values().all(|b| b.len() < MAX_LINE));
+        }
+        sink.output("n1", Stream::Stdout, &vec![b'x'; total % 1000])
+            .unwrap();
+        sink.output("n1", Stream::Stdout, b"\n").unwrap();
+        let text = String::from_utf8(printed.0.borrow().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 4);
+        let prefix = "      n1 | ";
+        for line in &lines[..3] {
+            assert_eq!(line.len(), prefix.len() + MAX_LINE, "a full piece");
+        }
+        assert_eq!(lines[3].len(), prefix.len() + MAX_LINE / 2);
+        assert_eq!(text.matches('x').count(), total);
+        // A line of exactly MAX_LINE bytes with its newline is one line.
+        let mut exact = vec![b'y'; MAX_LINE - 1];
+        exact.push(b'\n');
+        printed.0.borrow_mut().clear();
+        sink.output("n1", Stream::Stdout, &exact).unwrap();
+        assert_eq!(printed.0.borrow().len(), prefix.len() + MAX_LINE);
     }
 }

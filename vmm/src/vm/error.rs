@@ -24,12 +24,9 @@ pub enum SetupError {
     Devices(#[source] devices::DevicesError),
     #[error("setting up the network")]
     Network(#[source] devices::SwitchError),
-    #[error("cannot read disk image {}", path.display())]
-    ReadDisk {
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// Not a regular file, larger than `MAX_DISK_IMAGE_BYTES`, or unreadable.
+    #[error("cannot read a disk image")]
+    ReadDisk(#[source] hostfile::ReadError),
     #[error("disk image {} has digest {found}, expected {expected} (it changed since it was made)", path.display())]
     DiskDigest {
         path: std::path::PathBuf,
@@ -153,10 +150,10 @@ mod tests {
                 &io_text,
             ),
             (
-                BootError::OpenKernel {
+                BootError::OpenKernel(hostfile::ReadError::Open {
                     path: "/boot".into(),
                     source: eisdir(),
-                }
+                })
                 .into(),
                 &io_text,
             ),

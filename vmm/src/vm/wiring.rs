@@ -38,14 +38,16 @@ pub fn disk_digest(bytes: &[u8]) -> String {
     blake3::hash(bytes).to_hex().to_string()
 }
 
+/// The largest disk image read (a regular file only): 4 GiB, the largest
+/// node disk.
+pub const MAX_DISK_IMAGE_BYTES: u64 = 4 << 30;
+
 impl DiskSpec {
     /// Reads the image and checks its digest.
     pub fn load(&self) -> Result<DiskImage, SetupError> {
         let path = &self.image;
-        let bytes = std::fs::read(path).map_err(|source| SetupError::ReadDisk {
-            path: path.clone(),
-            source,
-        })?;
+        let bytes =
+            hostfile::read_limited(path, MAX_DISK_IMAGE_BYTES).map_err(SetupError::ReadDisk)?;
         let found = disk_digest(&bytes);
         if found != self.digest {
             return Err(SetupError::DiskDigest {
@@ -62,10 +64,8 @@ impl DiskSpec {
 
     /// The spec of the image at `image`, its digest computed now.
     pub fn of_file(image: &Path, serial: &str) -> Result<DiskSpec, SetupError> {
-        let bytes = std::fs::read(image).map_err(|source| SetupError::ReadDisk {
-            path: image.to_path_buf(),
-            source,
-        })?;
+        let bytes =
+            hostfile::read_limited(image, MAX_DISK_IMAGE_BYTES).map_err(SetupError::ReadDisk)?;
         Ok(DiskSpec {
             image: image.to_path_buf(),
             digest: disk_digest(&bytes),
