@@ -3,7 +3,7 @@
 //! whole life) and printing. The campaign itself is the `fuzzer` library.
 
 use crate::helper::Remote;
-use crate::HostVmMode;
+use crate::{HostVmMode, SeccompArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fuzzer::engine::{BranchReport, Budget, Engine, Progress};
@@ -44,6 +44,8 @@ pub struct CampaignArgs {
     jobs: u32,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
+    #[command(flatten)]
+    seccomp: SeccompArgs,
 }
 
 #[derive(Args, Debug)]
@@ -67,6 +69,8 @@ pub struct ReplayArgs {
     json: bool,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
+    #[command(flatten)]
+    seccomp: SeccompArgs,
 }
 
 /// Set by SIGINT: the campaign stops after the branches in flight.
@@ -104,10 +108,11 @@ impl Runner for PlacedRunner {
 /// sees it: in a helper VM, its files are shipped there).
 fn place(
     mode: HostVmMode,
+    seccomp: bool,
     prepared: &PreparedUp,
     shared: &[&Path],
 ) -> Result<(PlacedRunner, PreparedUp)> {
-    let (mut runners, there) = place_workers(mode, prepared, shared, 1)?;
+    let (mut runners, there) = place_workers(mode, seccomp, prepared, shared, 1)?;
     Ok((runners.remove(0), there))
 }
 
@@ -116,6 +121,27 @@ fn place(
 /// helper VM with a vCPU per worker, whose multi-threaded TCG also changed
 /// the guest's digest; see docs/campaigns.md).
 fn place_workers(
+    mode: HostVmMode,
+    seccomp: bool,
+    prepared: &PreparedUp,
+    shared: &[&Path],
+    workers: u32,
+) -> Result<(Vec<PlacedRunner>, PreparedUp)> {
+    let (mut runners, there) = start_workers(mode, prepared, shared, workers)?;
+    // The filter is on by default wherever the runs are (a worker's
+    // thread here, the whole serving process in a helper VM).
+    if !seccomp {
+        for runner in &mut runners {
+            runner
+                .call(Request::Seccomp { enabled: false })
+                .map_err(anyhow::Error::msg)
+                .context("turning seccomp off (--no-seccomp)")?;
+        }
+    }
+    Ok((runners, there))
+}
+
+fn start_workers(
     mode: HostVmMode,
     prepared: &PreparedUp,
     shared: &[&Path],
@@ -282,7 +308,13 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
             .context("the campaign database holds no run")?;
         let host_run = findings::resolve(&dir, &saved)?;
         let budget = budget(&args, &spec)?;
-        let (mut runners, there) = place_workers(args.host_vm, &host_run, &[&dir], workers)?;
+        let (mut runners, there) = place_workers(
+            args.host_vm,
+            args.seccomp.enabled(),
+            &host_run,
+            &[&dir],
+            workers,
+        )?;
         let judge = fuzzer::judges::campaign_judge(&spec)?;
         let faults = fuzzer::judges::fault_source(&spec, &there)?;
         // The store stays open (and locked) from here to the campaign's end.
@@ -314,7 +346,13 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
                 out.display()
             );
         }
-        let (mut runners, there) = place_workers(args.host_vm, &prepared, &[&out], workers)?;
+        let (mut runners, there) = place_workers(
+            args.host_vm,
+            args.seccomp.enabled(),
+            &prepared,
+            &[&out],
+            workers,
+        )?;
         let mut engine = Engine::create(
             boxed(&mut runners),
             spec,
@@ -439,7 +477,7 @@ pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
     if let Some(logs) = &logs {
         shared.push(logs);
     }
-    let (mut runner, there) = place(args.host_vm, &finding.run, &shared)?;
+    let (mut runner, there) = place(args.host_vm, args.seccomp.enabled(), &finding.run, &shared)?;
     let loaded = findings::LoadedFinding {
         file: finding.file.clone(),
         run: there,

@@ -132,6 +132,24 @@ struct BranchArgs {
     stall_timeout: Option<StallTimeout>,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
+    #[command(flatten)]
+    seccomp: SeccompArgs,
+}
+
+/// `--no-seccomp`, on every verb that runs guests.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct SeccompArgs {
+    /// Run guests without the VMM's seccomp filter (for debugging; see
+    /// docs/security.md).
+    #[arg(long)]
+    no_seccomp: bool,
+}
+
+impl SeccompArgs {
+    /// Whether the guests run under the filter.
+    pub fn enabled(self) -> bool {
+        !self.no_seccomp
+    }
 }
 
 #[derive(Args, Debug)]
@@ -142,6 +160,8 @@ struct SeekArgs {
     json: bool,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
+    #[command(flatten)]
+    seccomp: SeccompArgs,
 }
 
 #[derive(Args, Debug)]
@@ -154,6 +174,8 @@ struct ShellArgs {
     node: Option<String>,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
+    #[command(flatten)]
+    seccomp: SeccompArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -201,6 +223,8 @@ struct GuestArgs {
     /// Where to run: the host's KVM, or a helper VM with real KVM inside.
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
+    #[command(flatten)]
+    seccomp: SeccompArgs,
     /// The command to run inside the guest (none: an interactive shell).
     #[arg(last = true)]
     command: Vec<String>,
@@ -300,6 +324,17 @@ fn handle(request: Request, streams: StdStreams) -> Result<Response> {
     Ok(Controller::new().handle(request, &streams)?)
 }
 
+/// Carries out a request that runs guests here: this process is detvisor's
+/// own, so once a guest is set up the seccomp filter covers all of its
+/// threads (the stdin pump and the terminal's among them), unless
+/// `seccomp` is off.
+fn handle_guests(request: Request, streams: StdStreams, seccomp: bool) -> Result<Response> {
+    vmm::seccomp::set_scope(vmm::seccomp::Scope::Process);
+    let mut controller = Controller::new();
+    controller.handle(Request::Seccomp { enabled: seccomp }, &streams)?;
+    Ok(controller.handle(request, &streams)?)
+}
+
 /// What a request reads from this process's stdin.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stdin {
@@ -316,9 +351,11 @@ enum Stdin {
 /// host paths to where they are inside it).
 ///
 /// A request that runs a guest gets `stall` as its stall timeout, or where
-/// none was given the default for where it runs.
+/// none was given the default for where it runs; its guests run under the
+/// VMM's seccomp filter unless `seccomp` is false (`--no-seccomp`).
 fn dispatch(
     mode: HostVmMode,
+    seccomp: bool,
     stall: Option<StallTimeout>,
     mut request: Request,
     stdin: Stdin,
@@ -338,11 +375,16 @@ fn dispatch(
                 Stdin::Raw => Some(terminal::StdinEnd::Never),
                 Stdin::UntilEot => Some(terminal::StdinEnd::AtEot),
             };
-            handle(request, StdStreams::with_input(input))
+            handle_guests(request, StdStreams::with_input(input), seccomp)
         }
         Placement::HelperVm { reason } => {
             let needs = needs(&mut request)?;
-            helper::call_once(&reason, needs, &request, stdin != Stdin::None)
+            let mut remote = helper::Remote::start(&reason, needs)?;
+            // On by default there; turned off before the request if asked.
+            if !seccomp {
+                remote.call(&Request::Seccomp { enabled: false }, false)?;
+            }
+            remote.call(&request, stdin != Stdin::None)
         }
     }
 }
@@ -446,6 +488,7 @@ fn cmd_run(args: RunArgs) -> Result<u8> {
     let stdin = if interactive { Stdin::Raw } else { Stdin::None };
     let response = dispatch(
         args.guest.host_vm,
+        args.guest.seccomp.enabled(),
         args.guest.stall_timeout,
         request,
         stdin,
@@ -490,6 +533,7 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
     };
     let response = dispatch(
         args.guest.host_vm,
+        args.guest.seccomp.enabled(),
         args.guest.stall_timeout,
         request,
         Stdin::None,
@@ -528,6 +572,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         });
         let response = dispatch(
             args.host_vm,
+            args.seccomp.enabled(),
             args.stall_timeout,
             request,
             Stdin::None,
@@ -555,6 +600,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
     });
     let response = dispatch(
         args.host_vm,
+        args.seccomp.enabled(),
         args.stall_timeout,
         request,
         Stdin::None,
@@ -590,6 +636,7 @@ fn cmd_shell(args: ShellArgs) -> Result<u8> {
     });
     let response = dispatch(
         args.host_vm,
+        args.seccomp.enabled(),
         None,
         request,
         Stdin::UntilEot,
@@ -608,6 +655,7 @@ fn cmd_seek(args: SeekArgs) -> Result<u8> {
     let request = Request::Seek { spec: args.spec };
     let response = dispatch(
         args.host_vm,
+        args.seccomp.enabled(),
         None,
         request,
         Stdin::None,

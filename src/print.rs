@@ -18,19 +18,24 @@ pub fn summary(summary: &RunSummary, json: bool) -> Result<u8> {
         let mut out = std::io::stdout().lock();
         writeln!(out)?;
         writeln!(out, "{}", serde_json::to_string(summary)?)?;
-        // Why a run stalled is for people too, whatever reads the JSON.
-        stall_note(summary);
+        // Why a run stalled or was stopped is for people too, whatever
+        // reads the JSON.
+        stop_note(summary);
     } else {
         eprintln!("{}", summary.human());
     }
     Ok(summary.process_status())
 }
 
-/// The stall's message on stderr, if the run stalled.
-fn stall_note(summary: &RunSummary) {
+/// On stderr: the stall's message, if the run stalled; the refused call,
+/// if the seccomp filter stopped it.
+fn stop_note(summary: &RunSummary) {
     let message = run::outcome::stall_message(&summary.stop);
     if !message.is_empty() {
         eprintln!("detvisor: stalled: {message}");
+    }
+    if let vmm::exit::StopReason::SeccompViolation { violation } = summary.stop {
+        eprintln!("detvisor: stopped: {violation}");
     }
 }
 
@@ -38,8 +43,8 @@ fn stall_note(summary: &RunSummary) {
 pub fn up(summary: &UpSummary, json: bool) -> Result<u8> {
     if json {
         println!("{}", serde_json::to_string(summary)?);
-        stall_note(&summary.run);
-    } else if summary.run.stop_kind() == "stalled" {
+        stop_note(&summary.run);
+    } else if matches!(summary.run.stop_kind(), "stalled" | "seccomp_violation") {
         eprintln!("{}", summary.run.human());
     } else {
         eprintln!(

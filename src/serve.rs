@@ -30,6 +30,11 @@ impl Streams for CallStreams {
 
 /// Serves requests until the host shuts the channel down.
 pub fn serve() -> Result<u8> {
+    // This process is detvisor's own: once the first guest is set up, the
+    // seccomp filter covers every thread of it (the channel's reader
+    // among them), for every later request too. `Request::Seccomp` turns
+    // it off before that, for `--no-seccomp`.
+    vmm::seccomp::set_scope(vmm::seccomp::Scope::Process);
     let mut controller = Controller::new();
     helper_vm::channel::serve(|request: Request, io: &mut CallIo| -> Reply {
         let input = io.stdin.take_receiver();

@@ -2,7 +2,7 @@
 //! helper VM), the runs (one, or several compared as an audit) and the summary.
 
 use crate::helper::Needs;
-use crate::{HostVmMode, SnapshotArgs};
+use crate::{HostVmMode, SeccompArgs, SnapshotArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use helper_vm::TempDir;
@@ -50,6 +50,8 @@ pub struct UpArgs {
     stall_timeout: Option<vmm::stall::StallTimeout>,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     host_vm: HostVmMode,
+    #[command(flatten)]
+    seccomp: SeccompArgs,
     /// Snapshots of the (first) run, to branch, seek or open a shell in later.
     #[command(flatten)]
     snapshots: SnapshotArgs,
@@ -120,6 +122,7 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
     let request = Request::Up { prepared, options };
     let response = crate::dispatch(
         args.host_vm,
+        args.seccomp.enabled(),
         args.stall_timeout,
         request,
         crate::Stdin::None,

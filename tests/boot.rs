@@ -32,6 +32,28 @@ fn test_run_uname_boots_linux_and_reports_summary() {
     assert_eq!(s["digest"].as_str().unwrap().len(), 32);
 }
 
+/// The guest runs under the VMM's seccomp filter (the summary reads the
+/// filters on the thread that ran it from /proc/thread-self/status), and
+/// `--no-seccomp` runs it without; the history is the same either way.
+#[test]
+fn test_guests_run_under_seccomp_unless_no_seccomp() {
+    let on = detvisor(&["run", "--json", "--", "true"]);
+    assert_eq!(on.status.code(), Some(0), "{}", stderr(&on));
+    let on = summary(&on);
+    assert!(
+        on["seccomp_filters"].as_u64().unwrap() >= 1,
+        "filtered: {on}"
+    );
+    let off = detvisor(&["run", "--json", "--no-seccomp", "--", "true"]);
+    assert_eq!(off.status.code(), Some(0), "{}", stderr(&off));
+    let off = summary(&off);
+    assert_eq!(off["seccomp_filters"], 0, "not filtered: {off}");
+    assert_eq!(
+        on["digest"], off["digest"],
+        "seccomp changes nothing the guest sees"
+    );
+}
+
 #[test]
 fn test_run_exit_status_propagates() {
     let out = detvisor(&["run", "--", "sh", "-c", "echo bye; exit 7"]);

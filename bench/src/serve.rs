@@ -51,10 +51,30 @@ pub fn answer(call: BenchCall) -> Result<BenchReply> {
         BenchCall::Snapshot(plan) => BenchReply::Snapshot(Box::new(crate::snapshot::worker(&plan))),
         BenchCall::Etcd(plan) => BenchReply::Etcd(Box::new(crate::etcd::worker(&plan))),
         BenchCall::Exits(plan) => BenchReply::Exits(Box::new(crate::exits_worker::worker(&plan))),
-        BenchCall::Request(request) => BenchReply::Response(Box::new(
-            Controller::new().handle(*request, &run::streams::Discard)?,
-        )),
+        BenchCall::Request(request) => BenchReply::Response(Box::new(on_own_thread(move || {
+            Controller::new()
+                .handle(*request, &run::streams::Discard)
+                .map_err(anyhow::Error::from)
+        })?)),
     })
+}
+
+/// Runs `f` on a thread of its own and waits for it: a run installs the
+/// VMM's seccomp filter on the thread that runs its guest (see
+/// docs/security.md), and this process's main thread goes on to start QEMU
+/// baselines and tools, which the filter would refuse. The benches' other
+/// runs are on threads of their own already (`process::run_in_process`).
+fn on_own_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            // A main thread's stack (8 MiB) and room to spare, as the
+            // campaign's run thread.
+            .stack_size(32 << 20)
+            .spawn_scoped(s, f)
+            .expect("starting a run's thread")
+            .join()
+    })
+    .unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
 
 /// A plain run to its end through the run library (its console thrown away).

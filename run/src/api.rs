@@ -160,6 +160,11 @@ pub enum Request {
     TakeRecords { run: RunId },
     /// Let a held run go.
     Close { run: RunId },
+    /// Whether runs started from now on in this process install the VMM's
+    /// seccomp filter (on unless turned off; `--no-seccomp`, for
+    /// debugging). A thread that runs under it already stays filtered: a
+    /// filter cannot be taken off. See [`vmm::seccomp`]. Answers `Seccomp`.
+    Seccomp { enabled: bool },
 }
 
 impl Request {
@@ -233,6 +238,12 @@ pub enum Response {
         records: Vec<crate::records::GuestRecord>,
     },
     Closed,
+    /// `Seccomp`: the setting now, and the filters on the thread that
+    /// answered.
+    Seccomp {
+        enabled: bool,
+        thread_filters: Option<u32>,
+    },
 }
 
 /// A [`Response`], or the failure's whole chain of causes as text: what
@@ -248,6 +259,14 @@ pub enum ApiError {
     UnknownCheckpoint {
         run: RunId,
         checkpoint: CheckpointId,
+    },
+    /// A request failed after the seccomp filter refused a call (the call
+    /// failed with EPERM, and that failure ended the request).
+    #[error("{violation}")]
+    SeccompViolation {
+        violation: vmm::seccomp::Violation,
+        #[source]
+        source: Box<ApiError>,
     },
     #[error("run {0:?} has stopped; it runs no further (reset it to a checkpoint, or close it)")]
     Stopped(RunId),
@@ -331,13 +350,32 @@ impl Controller {
     }
 
     /// Carries out one request, its output on `streams` (a held run keeps
-    /// writing to the streams of the request that started it).
+    /// writing to the streams of the request that started it). A request
+    /// that fails because the seccomp filter refused a call says which.
     pub fn handle(
         &mut self,
         request: Request,
         streams: &dyn Streams,
     ) -> Result<Response, ApiError> {
+        self.answer(request, streams)
+            .map_err(|source| match vmm::seccomp::take_violation() {
+                Some(violation) => ApiError::SeccompViolation {
+                    violation,
+                    source: Box::new(source),
+                },
+                None => source,
+            })
+    }
+
+    fn answer(&mut self, request: Request, streams: &dyn Streams) -> Result<Response, ApiError> {
         Ok(match request {
+            Request::Seccomp { enabled } => {
+                vmm::seccomp::set_enabled(enabled);
+                Response::Seccomp {
+                    enabled,
+                    thread_filters: vmm::seccomp::thread_filters(),
+                }
+            }
             Request::Run {
                 guest,
                 snapshots,
@@ -562,6 +600,58 @@ mod tests {
         let text = serde_json::to_string(&response).unwrap();
         let back: Response = serde_json::from_str(&text).unwrap();
         assert!(matches!(back, Response::Records { records } if records.len() == 1));
+    }
+
+    /// `--no-seccomp` is a request: it crosses into the helper VM as JSON
+    /// and sets whether the runs set up afterwards install the filter.
+    #[test]
+    fn test_the_seccomp_request_turns_the_filter_off_and_on() {
+        let request: Request = serde_json::from_str(
+            &serde_json::to_string(&Request::Seccomp { enabled: false }).unwrap(),
+        )
+        .unwrap();
+        let mut controller = Controller::new();
+        let answer = controller
+            .handle(request, &crate::streams::Discard)
+            .unwrap();
+        assert!(matches!(answer, Response::Seccomp { enabled: false, .. }));
+        assert!(!vmm::seccomp::enabled());
+        let answer = controller
+            .handle(Request::Seccomp { enabled: true }, &crate::streams::Discard)
+            .unwrap();
+        assert!(matches!(answer, Response::Seccomp { enabled: true, .. }));
+        assert!(vmm::seccomp::enabled());
+    }
+
+    /// A request that fails after the filter refused a call names the call
+    /// (on a thread of its own: a filter cannot be taken off).
+    #[test]
+    fn test_a_request_failing_after_a_refused_call_names_it() {
+        let (message, tid) = std::thread::Builder::new()
+            .name("api-victim".into())
+            .spawn(|| {
+                vmm::seccomp::install_on_this_thread().unwrap();
+                // SAFETY: socket(2) with constant arguments; the filter refuses it.
+                let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+                assert_eq!(fd, -1);
+                let error = Controller::new()
+                    .handle(Request::Outcome { run: RunId(9) }, &crate::streams::Discard)
+                    .unwrap_err();
+                // SAFETY: gettid has no preconditions.
+                (format!("{:#}", anyhow::Error::from(error)), unsafe {
+                    libc::gettid()
+                })
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert_eq!(
+            message,
+            format!(
+                "seccomp refused syscall 41 (socket) on thread {tid} (api-victim): \
+                 no run RunId(9) is held (it was closed, or never started)"
+            )
+        );
     }
 
     #[test]

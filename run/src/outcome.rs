@@ -51,6 +51,12 @@ pub struct RunSummary {
     /// backed: what the VMM itself costs.
     pub vmm_peak_rss_beyond_guest_kib: Option<u64>,
     pub cpu_model_version: u32,
+    /// seccomp filters on the thread that ran the guest when the summary
+    /// was made (`Seccomp_filters` in /proc/thread-self/status; 0 under
+    /// `--no-seccomp`, none where /proc cannot tell). See
+    /// [`vmm::seccomp`].
+    #[serde(default)]
+    pub seccomp_filters: Option<u32>,
 }
 
 /// VmHWM (peak resident set) of this process, in KiB.
@@ -88,6 +94,7 @@ impl RunSummary {
             vmm_peak_rss_beyond_guest_kib: peak_rss_kib()
                 .map(|peak| peak.saturating_sub(outcome.guest_resident_bytes / 1024)),
             cpu_model_version: vmm::cpu_model::CPU_MODEL_VERSION,
+            seccomp_filters: vmm::seccomp::thread_filters(),
         }
     }
 
@@ -123,6 +130,7 @@ impl RunSummary {
             StopReason::HaltedForever => "guest halted with nothing left to wake it".into(),
             StopReason::Failure { failure } => format!("KVM failure: {failure:?}"),
             StopReason::Stalled { .. } => format!("stalled: {}", stall_message(&self.stop)),
+            StopReason::SeccompViolation { violation } => format!("stopped: {violation}"),
         };
         format!("detvisor: {status}; {}", self.details())
     }
@@ -149,6 +157,7 @@ pub fn stop_kind(stop: &StopReason) -> &'static str {
         StopReason::HaltedForever => "halted_forever",
         StopReason::Failure { .. } => "failure",
         StopReason::Stalled { .. } => "stalled",
+        StopReason::SeccompViolation { .. } => "seccomp_violation",
     }
 }
 
@@ -216,6 +225,7 @@ mod tests {
             unhandled_accesses: 0,
             vmm_peak_rss_beyond_guest_kib: Some(100),
             cpu_model_version: 1,
+            seccomp_filters: None,
         }
     }
 
@@ -231,6 +241,7 @@ mod tests {
                 rip: 0x401000,
                 timeout_ms: 5000,
             },
+            seccomp_stop(),
         ] {
             let s = summary(stop).with_exit_status(Some(3));
             let text = serde_json::to_string(&s).unwrap();
@@ -257,6 +268,37 @@ mod tests {
             ),
             "{}",
             s.human()
+        );
+    }
+
+    fn seccomp_stop() -> StopReason {
+        StopReason::SeccompViolation {
+            violation: vmm::seccomp::Violation {
+                syscall: libc::SYS_socket,
+                tid: 1234,
+                thread: vmm::seccomp::ThreadName::new("run-library"),
+            },
+        }
+    }
+
+    #[test]
+    fn test_seccomp_violation_names_the_call_and_the_thread() {
+        let s = summary(seccomp_stop());
+        assert_eq!(s.stop_kind(), "seccomp_violation");
+        assert_eq!(s.process_status(), exit_status::NO_STATUS);
+        assert!(
+            s.human().starts_with(
+                "detvisor: stopped: seccomp refused syscall 41 (socket) on thread 1234 \
+                 (run-library); virtual"
+            ),
+            "{}",
+            s.human()
+        );
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            json["stop"],
+            serde_json::json!({"kind": "seccomp_violation",
+                "violation": {"syscall": 41, "tid": 1234, "thread": "run-library"}})
         );
     }
 

@@ -195,6 +195,12 @@ pub enum StopReason {
         rip: u64,
         timeout_ms: u64,
     },
+    /// The VMM tried a syscall its seccomp filter refuses (see
+    /// [`crate::seccomp`]): a defect of detvisor or an attack through it,
+    /// not an event of the history.
+    SeccompViolation {
+        violation: crate::seccomp::Violation,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -11,6 +11,7 @@ pub mod irq_window;
 mod kvm_util;
 pub mod probe;
 pub mod record;
+pub mod seccomp;
 pub mod stall;
 pub mod trace;
 pub mod vcpu_state;

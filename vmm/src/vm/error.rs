@@ -66,6 +66,8 @@ pub enum VmError {
         #[source]
         source: kvm_ioctls::Error,
     },
+    #[error(transparent)]
+    Seccomp(#[from] crate::seccomp::SeccompError),
     #[error("the stall guard: {0}")]
     StallGuard(&'static str, #[source] std::io::Error),
     #[error("injecting an interrupt failed")]

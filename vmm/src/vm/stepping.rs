@@ -63,6 +63,12 @@ pub(super) fn set_single_step(vcpu: &VcpuFd, on: bool) -> Result<(), VmError> {
 impl Session {
     /// Enters the guest until it makes an exit of its own and handles that exit.
     fn step(&mut self) -> Result<ExitAction, VmError> {
+        // Set-up is over once the guest is about to run: from here on the
+        // thread runs under the allowlist (a no-op once it does).
+        crate::seccomp::ensure_installed()?;
+        if let Some(violation) = crate::seccomp::take_violation() {
+            return Ok(ExitAction::Stop(StopReason::SeccompViolation { violation }));
+        }
         if std::mem::take(&mut self.publish_before_entry) {
             self.machine.publish_clock_page();
         }
@@ -80,6 +86,9 @@ impl Session {
             if exit == Exit::Interrupted {
                 if self.stall.look(self.machine.exits()) {
                     return Ok(ExitAction::Stop(self.stalled()));
+                }
+                if let Some(violation) = crate::seccomp::take_violation() {
+                    return Ok(ExitAction::Stop(StopReason::SeccompViolation { violation }));
                 }
                 continue;
             }

@@ -1,0 +1,153 @@
+use super::*;
+
+/// Runs `f` on a thread of its own named `name` (a filter cannot be taken
+/// off, so the test harness's threads never get one).
+fn on_thread<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .unwrap()
+        .join()
+        .unwrap()
+}
+
+#[test]
+fn the_allowlist_compiles_to_bpf_for_x86_64() {
+    let program = compile().unwrap();
+    assert!(!program.is_empty());
+    // BPF programs are limited to 4096 instructions.
+    assert!(program.len() < 4096, "{} instructions", program.len());
+}
+
+#[test]
+fn the_allowlist_has_what_a_run_needs_and_not_what_it_does_not() {
+    let rules = rules().unwrap();
+    for nr in [
+        libc::SYS_read,
+        libc::SYS_write,
+        libc::SYS_openat,
+        libc::SYS_mmap,
+        libc::SYS_madvise,
+        libc::SYS_futex,
+        libc::SYS_clone3,
+        libc::SYS_timer_settime,
+        libc::SYS_rt_sigreturn,
+        libc::SYS_exit_group,
+    ] {
+        assert_eq!(
+            rules.get(&nr).map(Vec::len),
+            Some(0),
+            "{nr} allowed outright"
+        );
+    }
+    // ioctl only with conditions: KVM's type and a terminal's requests.
+    assert_eq!(rules[&libc::SYS_ioctl].len(), 1 + TERMINAL_IOCTLS.len());
+    for nr in [
+        libc::SYS_socket,
+        libc::SYS_connect,
+        libc::SYS_execve,
+        libc::SYS_ptrace,
+        libc::SYS_mount,
+        libc::SYS_bpf,
+        libc::SYS_process_vm_writev,
+    ] {
+        assert!(!rules.contains_key(&nr), "{nr} must not be allowed");
+    }
+}
+
+#[test]
+fn names_are_known_for_allowed_and_likely_refused_calls() {
+    assert_eq!(syscall_name(libc::SYS_socket), Some("socket"));
+    assert_eq!(syscall_name(libc::SYS_ioctl), Some("ioctl"));
+    assert_eq!(syscall_name(libc::SYS_ptrace), Some("ptrace"));
+    assert_eq!(syscall_name(100_000), None);
+    // No number is listed twice (allowed and refused, or under two names).
+    let mut numbers: Vec<i64> = ALLOWED
+        .iter()
+        .chain(REFUSED_NAMES)
+        .map(|&(n, _)| n)
+        .collect();
+    numbers.sort_unstable();
+    let before = numbers.len();
+    numbers.dedup();
+    assert_eq!(numbers.len(), before);
+}
+
+#[test]
+fn the_filter_is_installed_on_the_thread_that_installs_it_only() {
+    let before = thread_filters();
+    let (filtered, status) = on_thread("seccomp-status", || {
+        install_on_this_thread().unwrap();
+        let status = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        (thread_filters(), status)
+    });
+    assert!(filtered.unwrap() >= 1, "{status}");
+    assert!(status.lines().any(|l| l == "Seccomp:\t2"), "{status}");
+    // The test's own thread is as it was.
+    assert_eq!(thread_filters(), before);
+}
+
+#[test]
+fn a_refused_call_traps_names_itself_and_fails_with_eperm() {
+    let (results, violations, tid) = on_thread("seccomp-victim", || {
+        install_on_this_thread().unwrap();
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        let mut results = Vec::new();
+        let mut violations = Vec::new();
+        // SAFETY: socket(2) with constant arguments; the filter refuses it.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) };
+        results.push((fd, std::io::Error::last_os_error().raw_os_error()));
+        violations.push(take_violation());
+        // A terminal request outside the list: TIOCSTI (pushing input into
+        // a terminal) is refused before it could act.
+        let byte: u8 = b'x';
+        // SAFETY: TIOCSTI reads one byte through the pointer given.
+        let r = unsafe { libc::ioctl(0, libc::TIOCSTI, &byte) };
+        results.push((r, std::io::Error::last_os_error().raw_os_error()));
+        violations.push(take_violation());
+        // Allowed calls still work after a violation.
+        let file = std::fs::read_to_string("/proc/thread-self/comm").unwrap();
+        assert_eq!(file.trim(), "seccomp-victim");
+        (results, violations, tid)
+    });
+    for (r, errno) in &results {
+        assert_eq!((*r, *errno), (-1, Some(libc::EPERM)));
+    }
+    let socket = violations[0].expect("socket recorded");
+    assert_eq!(socket.syscall, libc::SYS_socket);
+    assert_eq!(socket.tid, tid);
+    assert_eq!(socket.thread.as_str(), "seccomp-victim");
+    assert_eq!(
+        socket.to_string(),
+        format!("seccomp refused syscall 41 (socket) on thread {tid} (seccomp-victim)")
+    );
+    assert_eq!(
+        violations[1].expect("ioctl recorded").syscall,
+        libc::SYS_ioctl
+    );
+    assert_eq!(take_violation(), None, "taken once");
+}
+
+#[test]
+fn thread_names_round_trip_through_json() {
+    let violation = Violation {
+        syscall: 41,
+        tid: 7,
+        thread: ThreadName::new("a-very-long-thread-name"),
+    };
+    let text = serde_json::to_string(&violation).unwrap();
+    assert_eq!(text, r#"{"syscall":41,"tid":7,"thread":"a-very-long-thr"}"#);
+    assert_eq!(serde_json::from_str::<Violation>(&text).unwrap(), violation);
+}
+
+#[test]
+fn the_handler_formats_numbers_without_allocating() {
+    let mut m = Message::default();
+    m.push_number(0);
+    m.push(b" ");
+    m.push_number(-41);
+    m.push(b" ");
+    m.push_number(i64::MAX);
+    assert_eq!(&m.bytes[..m.len], b"0 -41 9223372036854775807");
+}
