@@ -3,53 +3,9 @@
 
 mod common;
 
+use common::images::etcd_image;
 use common::*;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-/// The etcd node image, built once per test process: the OCI layout from
-/// Debian packages (cached by build-oci.sh), then `detvisor image build`.
-fn etcd_image() -> PathBuf {
-    static IMAGE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    IMAGE
-        .get_or_init(|| {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let oci = Command::new("bash")
-                .arg(root.join("examples/etcd/build-oci.sh"))
-                .output()
-                .expect("build-oci.sh runs");
-            assert!(
-                oci.status.success(),
-                "build-oci.sh: {}",
-                String::from_utf8_lossy(&oci.stderr)
-            );
-            let layout = String::from_utf8_lossy(&oci.stdout).trim().to_string();
-            let layout = if layout.is_empty() {
-                let cache = std::env::var("DETVISOR_CACHE")
-                    .map(PathBuf::from)
-                    .unwrap_or_else(|_| {
-                        PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/detvisor")
-                    });
-                cache.join("examples/etcd-oci").display().to_string()
-            } else {
-                layout.lines().last().unwrap().to_string()
-            };
-            let dir = std::env::temp_dir().join(format!("detvisor-etcd-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let image = dir.join("etcd.img");
-            let out = detvisor(&[
-                "image",
-                "build",
-                "--oci",
-                &format!("{layout}:latest"),
-                "--out",
-                image.to_str().unwrap(),
-            ]);
-            assert_eq!(out.status.code(), Some(0));
-            image
-        })
-        .clone()
-}
 
 /// A copy of an example manifest next to the built image.
 fn manifest(example: &str) -> PathBuf {
