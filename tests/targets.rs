@@ -1,10 +1,15 @@
-//! Real systems under test for fault-injection campaigns, with a fixed fault
-//! (no search): raftkv on Debian's hashicorp/raft (examples/raft) serves a
-//! stale read after its paused leader resumes unless it verifies leadership,
-//! and etcd 3.4 (examples/etcd) serves a stale serializable read from a member
-//! cut off from the others. The histories come from kvclient (stdout lines in
-//! the history format); the check here is a simple stale-read search, not a
-//! linearizability checker.
+//! Real systems under test with a fixed fault (no search): etcd 3.4
+//! (examples/etcd) serves a stale serializable read from a member cut off
+//! from the others, and no stale linearizable read under the same cut. The
+//! histories come from kvclient (stdout lines in the history format); the
+//! check here is a simple stale-read search written apart from the fuzzer's
+//! linearizability checker, so the two check each other.
+//!
+//! The Raft example's stale read (a paused leader that resumes and serves
+//! reads without verifying leadership) is found, shrunk and replayed by the
+//! campaign in tests/campaign.rs, and its verified variant is searched there
+//! with no finding: a fixed-fault copy of those runs here would only repeat
+//! them at the cost of two more guest runs in CI.
 
 mod common;
 
@@ -213,80 +218,6 @@ fn test_stale_read_check_on_small_histories() {
     text += &line(2, 1, "invoke", "get", "k1", "null", 50);
     text += &line(2, 1, "ok", "get", "k1", "\"a\"", 60);
     assert!(stale_reads(&history(&text)).is_empty());
-}
-
-/// The raftkv node that says it leads (`raftkv nX: leader=true` last) after
-/// a probe run of `manifest` to `until` with `seed`.
-fn raft_leader(manifest: &Path, seed: &str, until: &str) -> String {
-    let out = up(manifest, &["--seed", seed, "--until", until, "--quiet"]);
-    assert_eq!(out.status.code(), Some(124), "the probe stops at --until");
-    let leaders: Vec<&str> = ["n1", "n2", "n3"]
-        .into_iter()
-        .filter(|n| {
-            let log = log_of(manifest, n);
-            log.lines()
-                .rfind(|l| l.starts_with(&format!("raftkv {n}: leader=")))
-                .is_some_and(|l| l.ends_with("leader=true"))
-        })
-        .collect();
-    assert_eq!(leaders.len(), 1, "one leader at {until}: {leaders:?}");
-    leaders[0].to_string()
-}
-
-/// Runs a raft example with its leader (found by a probe run to 7 s: one
-/// seed's histories agree up to the first fault) paused at 8 s for 1 s:
-/// longer than an election, shorter than the stale variant's 2 s read lease.
-/// Returns the history and its stale reads, and prints a summary.
-fn raft_paused_leader_run(example: &str, seed: &str) -> (Vec<Op>, Vec<(Op, Op)>) {
-    let manifest = manifest(example, "12s");
-    let leader = raft_leader(&manifest, seed, "7s");
-    let fault = format!("at=8s pause {leader} for=1s");
-    let out = up(
-        &manifest,
-        &["--seed", seed, "--until", "120s", "--fault", &fault],
-    );
-    assert_eq!(out.status.code(), Some(0), "the workload ends by itself");
-    assert!(
-        stderr(&out).contains(&format!("fault: pause {leader}")),
-        "{}",
-        stderr(&out)
-    );
-    let ops = history(&stdout(&out));
-    let stale = stale_reads(&ops);
-    eprintln!(
-        "{example} seed {seed}, leader {leader} paused: {} ops {}, {} stale reads",
-        ops.len(),
-        tally(&ops),
-        stale.len()
-    );
-    for (get, put) in &stale {
-        eprintln!("stale: {get:?}\n  after {put:?}");
-    }
-    // A real history: reads and writes completed, before and after the pause.
-    let ok = |f: &str, after: bool| {
-        ops.iter().any(|o| {
-            o.f == f
-                && o.done.as_ref().is_some_and(|d| d.0 == "ok")
-                && (o.call_ns > 9_500_000_000) == after
-        })
-    };
-    assert!(ok("get", false) && ok("put", false), "{}", tally(&ops));
-    assert!(ok("get", true) && ok("put", true), "{}", tally(&ops));
-    (ops, stale)
-}
-
-#[test]
-fn test_raft_without_verify_leader_serves_a_stale_read_after_a_paused_leader_resumes() {
-    raft_image();
-    let (_, stale) = raft_paused_leader_run("raft/raft-stale.toml", "1");
-    assert!(!stale.is_empty(), "no stale read");
-}
-
-#[test]
-fn test_raft_with_verify_leader_serves_no_stale_read_under_the_same_fault() {
-    raft_image();
-    let (_, stale) = raft_paused_leader_run("raft/raft-verified.toml", "1");
-    assert!(stale.is_empty(), "stale reads: {stale:?}");
 }
 
 /// The etcd kv example `example` (its workload reads with `--consistency s`
