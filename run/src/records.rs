@@ -18,6 +18,26 @@ use std::collections::BTreeMap;
 /// records cross from the helper VM in one frame (at most 16 MiB).
 pub const OUTPUT_CAP_BYTES: usize = 256 << 10;
 
+/// The records other than output (events, SDK records, history lines) a
+/// driver holds between two takes, in bytes of their JSON: 8 MiB. They are
+/// what a campaign judges, so none may be dropped; a guest that reports more
+/// in one stretch stops the run with [`RecordsFull`] instead (a stretch's
+/// records cross from the helper VM in one frame of at most 16 MiB).
+pub const RECORDS_CAP_BYTES: usize = 8 << 20;
+
+/// A guest reported more than [`RECORDS_CAP_BYTES`] of records in one
+/// stretch (between two takes).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the guest reported more than {limit} bytes of records (events, SDK records, history \
+     lines) since they were last taken, at exit {exit}; take them more often (shorter \
+     stretches) or report less"
+)]
+pub struct RecordsFull {
+    pub limit: usize,
+    pub exit: u64,
+}
+
 /// One thing a guest reported, and when the host saw it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GuestRecord {
@@ -61,31 +81,68 @@ pub enum RecordBody {
 /// The records a driver collects between two [`crate::api::Request::TakeRecords`].
 /// Output is capped per log to [`OUTPUT_CAP_BYTES`] when taken, and on the
 /// way once a log holds twice that (so memory stays bounded).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RecordLog {
     records: Vec<GuestRecord>,
     /// Output bytes held per log.
     output: BTreeMap<String, usize>,
+    /// JSON bytes of the other records held.
+    other: usize,
+    /// The most `other` may reach ([`RECORDS_CAP_BYTES`]; tests lower it).
+    other_cap: usize,
+}
+
+impl Default for RecordLog {
+    fn default() -> Self {
+        Self::with_cap(RECORDS_CAP_BYTES)
+    }
 }
 
 impl RecordLog {
-    pub fn push(&mut self, record: GuestRecord) {
+    /// A log that holds at most `cap` bytes of records other than output.
+    pub fn with_cap(cap: usize) -> Self {
+        RecordLog {
+            records: Vec::new(),
+            output: BTreeMap::new(),
+            other: 0,
+            other_cap: cap,
+        }
+    }
+
+    /// Keeps `record`; refuses it (and keeps nothing) once the records
+    /// other than output would pass the cap.
+    pub fn push(&mut self, record: GuestRecord) -> Result<(), RecordsFull> {
         let mut over = false;
-        if let RecordBody::Output { log, text, .. } = &record.body {
-            let held = self.output.entry(log.clone()).or_default();
-            *held += text.len();
-            over = *held > 2 * OUTPUT_CAP_BYTES;
+        match &record.body {
+            RecordBody::Output { log, text, .. } => {
+                let held = self.output.entry(log.clone()).or_default();
+                *held += text.len();
+                over = *held > 2 * OUTPUT_CAP_BYTES;
+            }
+            RecordBody::OutputDropped { .. } => {}
+            other => {
+                let bytes = serde_json::to_vec(other).map_or(0, |json| json.len());
+                if self.other + bytes > self.other_cap {
+                    return Err(RecordsFull {
+                        limit: self.other_cap,
+                        exit: record.exit,
+                    });
+                }
+                self.other += bytes;
+            }
         }
         self.records.push(record);
         if over {
             cap_output(&mut self.records, OUTPUT_CAP_BYTES);
             self.output = output_bytes(&self.records);
         }
+        Ok(())
     }
 
     /// The records since the last take, each log's output capped.
     pub fn take(&mut self) -> Vec<GuestRecord> {
         self.output.clear();
+        self.other = 0;
         let mut records = std::mem::take(&mut self.records);
         cap_output(&mut records, OUTPUT_CAP_BYTES);
         records
@@ -94,6 +151,7 @@ impl RecordLog {
     pub fn clear(&mut self) {
         self.records.clear();
         self.output.clear();
+        self.other = 0;
     }
 
     pub fn len(&self) -> usize {
@@ -246,10 +304,48 @@ mod tests {
                 json: serde_json::json!({"x": 1}),
             },
         };
-        log.push(record.clone());
+        log.push(record.clone()).unwrap();
         assert_eq!(log.len(), 1);
         assert_eq!(log.take(), vec![record]);
         assert!(log.is_empty());
+    }
+
+    /// A guest that reports history lines without end fills the log to its
+    /// cap and no further: the push past it is refused with the cap and the
+    /// exit named, nothing is dropped silently, and a take starts afresh.
+    #[test]
+    fn test_records_past_the_cap_are_refused_not_held() {
+        let line = |exit: u64| GuestRecord {
+            exit,
+            virtual_ns: exit,
+            node: Some("workload".into()),
+            body: RecordBody::History {
+                json: serde_json::json!({"process": 1, "op": exit, "type": "invoke", "f": "get"}),
+            },
+        };
+        let one = serde_json::to_vec(&line(0).body).unwrap().len();
+        let mut log = RecordLog::with_cap(10 * one);
+        for exit in 0..10 {
+            log.push(line(exit)).unwrap();
+        }
+        let full = log.push(line(10)).unwrap_err();
+        assert_eq!(
+            full,
+            RecordsFull {
+                limit: 10 * one,
+                exit: 10
+            }
+        );
+        assert!(full
+            .to_string()
+            .contains(&format!("more than {} bytes", 10 * one)));
+        assert_eq!(log.len(), 10, "the refused record is not held");
+        // Output is capped on its own terms, not refused.
+        log.push(output(11, "n1", &"x".repeat(one))).unwrap();
+        assert_eq!(log.take().len(), 11);
+        log.push(line(12)).unwrap();
+        // The default holds 8 MiB of JSON, below the helper VM's 16 MiB frames.
+        assert_eq!(RecordLog::default().other_cap, RECORDS_CAP_BYTES);
     }
 
     fn output(at: u64, log: &str, text: &str) -> GuestRecord {
@@ -304,7 +400,7 @@ mod tests {
         let mut log = RecordLog::default();
         let chunk = "x".repeat(OUTPUT_CAP_BYTES / 4);
         for i in 0..20 {
-            log.push(output(i, "n1", &chunk));
+            log.push(output(i, "n1", &chunk)).unwrap();
             let held: usize = output_bytes(&log.records).values().sum();
             assert!(held <= 2 * OUTPUT_CAP_BYTES + chunk.len());
         }

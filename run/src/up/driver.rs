@@ -45,6 +45,8 @@ pub enum DriveError {
     ChannelBroke(FrameError),
     #[error(transparent)]
     Output(#[from] OutputError),
+    #[error(transparent)]
+    RecordsFull(#[from] crate::records::RecordsFull),
     #[error("fault {action}: node {node} has no disk (give it one: disk = \"64M\")")]
     NoDisk { action: FaultAction, node: String },
     #[error("the disk of node {node}")]
@@ -110,6 +112,9 @@ pub struct UpDriver {
     records: Option<RecordLog>,
     /// The exit the present step handled (for the records of faults).
     exit_now: u64,
+    /// Set when the guest reported more records than are held: the step
+    /// fails with it.
+    records_full: Option<crate::records::RecordsFull>,
 }
 
 impl UpDriver {
@@ -151,6 +156,7 @@ impl UpDriver {
             held: false,
             records: None,
             exit_now: 0,
+            records_full: None,
         }
     }
 
@@ -385,12 +391,15 @@ impl UpDriver {
     /// Keeps `body` as reported at this exit (when collecting).
     fn record(&mut self, session: &vmm::vm::Session, node: Option<String>, body: RecordBody) {
         if let Some(log) = &mut self.records {
-            log.push(GuestRecord {
+            let pushed = log.push(GuestRecord {
                 exit: session.exits(),
                 virtual_ns: session.now().0,
                 node,
                 body,
             });
+            if let Err(full) = pushed {
+                self.records_full.get_or_insert(full);
+            }
         }
     }
 
@@ -513,6 +522,9 @@ impl UpDriver {
             if !self.held {
                 send_message(session, &message)?;
             }
+        }
+        if let Some(full) = self.records_full.take() {
+            return Err(full.into());
         }
         Ok(None)
     }

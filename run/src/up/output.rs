@@ -37,14 +37,49 @@ type Result<T, E = OutputError> = std::result::Result<T, E>;
 /// line of its own. The node logs keep the raw bytes.
 pub const MAX_LINE: usize = 64 << 10;
 
+/// The most a node log under `--logs` holds: 1 GiB. A guest can print
+/// without end; past this the log gets one line saying so and nothing more
+/// (the output is still printed, and a campaign keeps its own capped copy).
+pub const MAX_LOG_BYTES: u64 = 1 << 30;
+
 /// Prints node output line by line with the node's name in front, and keeps
 /// each node's raw output in `<logs>/<node>.log`.
 pub struct OutputSink {
     width: usize,
     partial: BTreeMap<(String, bool), Vec<u8>>,
     logs: Option<PathBuf>,
-    files: BTreeMap<String, std::fs::File>,
+    files: BTreeMap<String, NodeLog>,
+    log_limit: u64,
     out: Box<dyn Write>,
+}
+
+/// One node's log file and how much of it is written.
+struct NodeLog {
+    file: std::fs::File,
+    written: u64,
+}
+
+impl NodeLog {
+    /// Appends `data`, up to `limit` bytes in all; the first write past it
+    /// adds a line that says the log ends there.
+    fn append(&mut self, node: &str, data: &[u8], limit: u64) -> std::io::Result<()> {
+        if self.written > limit {
+            return Ok(());
+        }
+        let room = usize::try_from(limit - self.written).unwrap_or(usize::MAX);
+        if data.len() <= room {
+            self.file.write_all(data)?;
+            self.written += data.len() as u64;
+            return Ok(());
+        }
+        self.file.write_all(&data[..room])?;
+        writeln!(
+            self.file,
+            "\n[detvisor: this log reached its limit of {limit} bytes; the rest of {node}'s output is not kept here]"
+        )?;
+        self.written = limit + 1;
+        Ok(())
+    }
 }
 
 impl OutputSink {
@@ -60,8 +95,16 @@ impl OutputSink {
             partial: BTreeMap::new(),
             logs,
             files: BTreeMap::new(),
+            log_limit: MAX_LOG_BYTES,
             out,
         })
+    }
+
+    /// The same sink with node logs cut at `limit` bytes instead of
+    /// [`MAX_LOG_BYTES`].
+    pub fn with_log_limit(mut self, limit: u64) -> Self {
+        self.log_limit = limit;
+        self
     }
 
     /// A sink that drops everything.
@@ -76,10 +119,12 @@ impl OutputSink {
                 let path = dir.join(format!("{node}.log"));
                 let file = std::fs::File::create(&path)
                     .map_err(|source| OutputError::CreateLog { path, source })?;
-                self.files.insert(node.to_string(), file);
+                let log = NodeLog { file, written: 0 };
+                self.files.insert(node.to_string(), log);
             }
-            let file = self.files.get_mut(node).expect("inserted above");
-            file.write_all(data).map_err(OutputError::WriteLog)?;
+            let log = self.files.get_mut(node).expect("inserted above");
+            log.append(node, data, self.log_limit)
+                .map_err(OutputError::WriteLog)?;
         }
         let key = (node.to_string(), stream == Stream::Stderr);
         let buffer = self.partial.entry(key).or_default();
@@ -215,6 +260,34 @@ mod tests {
             b"hello\nworoops\n"
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A node that prints without end fills its log to the limit and no
+    /// further; the log says where it ends; other nodes' logs go on.
+    #[test]
+    fn test_a_node_log_stops_at_its_limit_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = ["n1".to_string(), "n2".to_string()];
+        let mut sink = OutputSink::new(&names, Some(dir.path().into()), Box::new(std::io::sink()))
+            .unwrap()
+            .with_log_limit(10);
+        sink.output("n1", Stream::Stdout, b"0123456").unwrap();
+        sink.output("n1", Stream::Stdout, b"789abc").unwrap();
+        for _ in 0..1000 {
+            sink.output("n1", Stream::Stderr, b"more and more\n")
+                .unwrap();
+        }
+        sink.output("n2", Stream::Stdout, b"fine\n").unwrap();
+        sink.flush().unwrap();
+        let n1 = std::fs::read_to_string(dir.path().join("n1.log")).unwrap();
+        assert_eq!(
+            n1,
+            "0123456789\n[detvisor: this log reached its limit of 10 bytes; \
+             the rest of n1's output is not kept here]\n"
+        );
+        let n2 = std::fs::read_to_string(dir.path().join("n2.log")).unwrap();
+        assert_eq!(n2, "fine\n");
+        assert_eq!(MAX_LOG_BYTES, 1 << 30);
     }
 
     #[test]
