@@ -20,6 +20,16 @@ pub enum SnapshotError {
     #[error(transparent)]
     Read(hostfile::ReadError),
 
+    /// A part to be written is larger than a snapshot part may be read back
+    /// ([`crate::frame::MAX_FRAMED_BYTES`]): written, it could never be restored.
+    #[error(
+        "{}: {bytes} bytes, over the {max} bytes a snapshot part may hold (a disk's changed \
+         blocks are kept in the state, at two bytes each: write less to disks between \
+         snapshots, or give them less to change)",
+        .path.display()
+    )]
+    PartTooLarge { path: PathBuf, bytes: u64, max: u64 },
+
     /// The file does not start with the expected magic: it is not a detvisor snapshot file.
     #[error("{}: not a detvisor snapshot file (expected magic \"{expected}\", found \"{found}\")", .path.display())]
     BadMagic {

@@ -18,10 +18,13 @@ use crate::FORMAT_VERSION;
 
 pub(crate) const HEADER_LEN: usize = 32;
 
-/// The largest `state.bin` or `memory.idx` read (1 GiB): far above what a
-/// machine's state takes (the switch's frames in flight are bounded, see
-/// `devices::switch::MAX_IN_FLIGHT`), so that a file that is not a snapshot
-/// part cannot exhaust memory.
+/// The largest `state.bin` or `memory.idx` read or written (1 GiB), so that
+/// a file that is not a snapshot part cannot exhaust memory. A machine's
+/// state is far below it (the switch's frames in flight are bounded, see
+/// `devices::switch::MAX_IN_FLIGHT`) except for its disks' changed blocks,
+/// which the state holds (hex: two bytes a byte): a guest that changes more
+/// than about 500 MiB of disk makes the snapshot fail with
+/// [`SnapshotError::PartTooLarge`] rather than write one that cannot be read.
 pub const MAX_FRAMED_BYTES: u64 = 1 << 30;
 
 /// CRC-64/XZ (a.k.a. CRC-64/GO-ECMA): ECMA-182 polynomial 0x42F0E1EBA9EA3693, reflected,
@@ -29,8 +32,27 @@ pub const MAX_FRAMED_BYTES: u64 = 1 << 30;
 pub(crate) const CRC64: crc::Crc<u64, crc::Table<16>> =
     crc::Crc::<u64, crc::Table<16>>::new(&crc::CRC_64_XZ);
 
-/// Writes header and payload to a new file at `path` and fsyncs it.
+/// Writes header and payload to a new file at `path` and fsyncs it; refuses
+/// a file larger than [`MAX_FRAMED_BYTES`], which could not be read back.
 pub(crate) fn write_framed(path: &Path, magic: &[u8; 8], flags: u32, payload: &[u8]) -> Result<()> {
+    write_framed_within(path, magic, flags, payload, MAX_FRAMED_BYTES)
+}
+
+fn write_framed_within(
+    path: &Path,
+    magic: &[u8; 8],
+    flags: u32,
+    payload: &[u8],
+    max: u64,
+) -> Result<()> {
+    let bytes = (HEADER_LEN + payload.len()) as u64;
+    if bytes > max {
+        return Err(SnapshotError::PartTooLarge {
+            path: path.to_owned(),
+            bytes,
+            max,
+        });
+    }
     let mut buf = Vec::with_capacity(HEADER_LEN + payload.len());
     buf.extend_from_slice(magic);
     buf.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -128,4 +150,32 @@ pub(crate) fn check_flags(path: &Path, flags: u32, known: u32) -> Result<()> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state too large to read back is refused when written, naming the
+    /// sizes, and leaves no file; one at the limit is written and read back.
+    #[test]
+    fn test_a_part_over_the_read_limit_is_refused_when_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.bin");
+        let payload = vec![7u8; 100];
+        let max = (HEADER_LEN + 99) as u64;
+        let err = write_framed_within(&path, b"DVSTATE\0", 0, &payload, max).unwrap_err();
+        assert!(
+            matches!(err, SnapshotError::PartTooLarge { bytes, max: m, .. } if bytes == max + 1 && m == max),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains(&format!("over the {max} bytes")),
+            "{err}"
+        );
+        assert!(!path.exists());
+        write_framed_within(&path, b"DVSTATE\0", 0, &payload[..99], max).unwrap();
+        let (_, back) = read_framed(&path, b"DVSTATE\0", "state").unwrap();
+        assert_eq!(back, payload[..99]);
+    }
 }
