@@ -55,6 +55,15 @@ pub enum StoreError {
         #[source]
         source: rusqlite::Error,
     },
+    /// A stored value is not of the type it is read as (text that is not
+    /// UTF-8, a number out of range...): the database was edited or damaged.
+    #[error("{path}: {what} cannot be read")]
+    BadValue {
+        path: PathBuf,
+        what: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     #[error("{path}: {what} is corrupt")]
     Corrupt {
         path: PathBuf,
@@ -65,6 +74,26 @@ pub enum StoreError {
 }
 
 type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// A database error on `path`. rusqlite's conversion errors print their
+/// cause in their own message and give it as their source too, so they
+/// become [`StoreError::BadValue`], whose chain names the cause once.
+fn sql_error(path: impl Into<PathBuf>, source: rusqlite::Error) -> StoreError {
+    let path = path.into();
+    match source {
+        rusqlite::Error::FromSqlConversionFailure(column, stored, source) => StoreError::BadValue {
+            path,
+            what: format!("a stored {stored} value (column {column})"),
+            source,
+        },
+        rusqlite::Error::Utf8Error(e) => StoreError::BadValue {
+            path,
+            what: "a stored text value".into(),
+            source: Box::new(e),
+        },
+        source => StoreError::Sql { path, source },
+    }
+}
 
 /// One moment of the tree, as stored.
 #[derive(Clone, Debug, PartialEq)]
@@ -156,10 +185,7 @@ impl Store {
                 }
             }
         }
-        let sql = |source| StoreError::Sql {
-            path: partial.clone(),
-            source,
-        };
+        let sql = |source| sql_error(partial.clone(), source);
         let mut conn = Connection::open(&partial).map_err(sql)?;
         conn.execute_batch(&format!(
             "PRAGMA journal_mode = DELETE;
@@ -199,10 +225,7 @@ impl Store {
             path: path.clone(),
             source,
         })?;
-        let conn = Connection::open(&path).map_err(|source| StoreError::Sql {
-            path: path.clone(),
-            source,
-        })?;
+        let conn = Connection::open(&path).map_err(|source| sql_error(path.clone(), source))?;
         Ok(Store {
             conn,
             path,
@@ -219,10 +242,7 @@ impl Store {
             });
         }
         let lock = lock(dir)?;
-        let sql = |source| StoreError::Sql {
-            path: path.clone(),
-            source,
-        };
+        let sql = |source| sql_error(path.clone(), source);
         let conn = Connection::open_with_flags(
             &path,
             rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -258,10 +278,7 @@ impl Store {
                 .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| {
                     r.get::<_, i64>(0)
                 })
-                .map_err(|source| StoreError::Sql {
-                    path: store.path.clone(),
-                    source,
-                })?;
+                .map_err(|source| sql_error(store.path.clone(), source))?;
         }
         Ok(store)
     }
@@ -271,10 +288,7 @@ impl Store {
     }
 
     fn sql(&self, source: rusqlite::Error) -> StoreError {
-        StoreError::Sql {
-            path: self.path.clone(),
-            source,
-        }
+        sql_error(self.path.clone(), source)
     }
 
     fn set_meta(&self, key: &str, value: &str) -> Result<()> {
@@ -334,10 +348,7 @@ impl Store {
     /// it, the findings it made, and the budgets used, in one transaction.
     pub fn commit_branch(&mut self, branch: &FinishedBranch<'_>) -> Result<()> {
         let path = self.path.clone();
-        let sql = |source| StoreError::Sql {
-            path: path.clone(),
-            source,
-        };
+        let sql = |source| sql_error(path.clone(), source);
         let tx = self.conn.transaction().map_err(sql)?;
         insert_node(&tx, branch.node).map_err(sql)?;
         tx.execute(
@@ -371,10 +382,7 @@ impl Store {
     /// Sets metadata in one transaction.
     pub fn commit_meta(&mut self, meta: &[(&str, String)]) -> Result<()> {
         let path = self.path.clone();
-        let sql = |source| StoreError::Sql {
-            path: path.clone(),
-            source,
-        };
+        let sql = |source| sql_error(path.clone(), source);
         let tx = self.conn.transaction().map_err(sql)?;
         for (key, value) in meta {
             tx.execute(
@@ -602,5 +610,33 @@ mod tests {
             text.contains("99") && text.contains(&FORMAT_VERSION.to_string()),
             "{text}"
         );
+    }
+
+    /// A metadata value that is not UTF-8 (found by the `file_campaign_dir`
+    /// fuzz target): a typed refusal naming the database, whose chain gives
+    /// the cause once (rusqlite's own error prints it twice).
+    #[test]
+    fn test_a_value_that_is_not_utf8_is_refused_naming_its_cause_once() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Store::create(dir.path(), &[("spec", "{}".into())]).unwrap());
+        let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+        conn.execute_batch("UPDATE meta SET value = CAST(X'7B22FF' AS TEXT) WHERE key = 'spec';")
+            .unwrap();
+        drop(conn);
+        let store = Store::open(dir.path()).unwrap();
+        let err = store.meta("spec").unwrap_err();
+        assert!(matches!(err, StoreError::BadValue { .. }), "{err:?}");
+        let mut chain = vec![err.to_string()];
+        let mut source = std::error::Error::source(&err);
+        while let Some(cause) = source {
+            chain.push(cause.to_string());
+            source = cause.source();
+        }
+        assert!(chain[0].contains(DB_FILE), "{chain:?}");
+        let cause = chain.last().unwrap();
+        assert!(cause.contains("invalid utf-8"), "{chain:?}");
+        let text = chain.join(": ");
+        assert_eq!(text.matches(cause.as_str()).count(), 1, "{text}");
+        assert!(store.meta_json::<serde_json::Value>("spec").is_err());
     }
 }
