@@ -26,7 +26,7 @@
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
-use detvisor_fuzz::{fnv1a, two_memories, GuardedMemory};
+use detvisor_fuzz::{fnv1a, two_memories};
 use devices::persist::Persist;
 use devices::virtio::mmio::{MMIO_MAGIC, MMIO_VERSION, STATUS_NEEDS_RESET};
 use devices::virtio::{VirtioConsole, VirtioDevice, VirtioMmioTransport, VirtioNet, VirtioRng};
