@@ -12,8 +12,9 @@
 //!    attached virtio window; an unowned read returns all ones and counts
 //!    one unhandled access, an owned one counts none.
 //! 3. Reads of unowned ports return all ones.
-//! 4. Time: after every step, the next device deadline (if any) is later
-//!    than the board's time: nothing due is left unfired.
+//! 4. Time: after every step that is an exit (every one but a store into
+//!    RAM), the next device deadline (if any) is later than the board's
+//!    time: nothing due is left unfired.
 //! 5. Determinism: a second board fed the same steps, with a save, JSON
 //!    round trip and restore into a freshly built board wherever the input
 //!    asks, reads the same values, acknowledges the same vectors, reports
@@ -411,12 +412,16 @@ impl Machine<'_> {
                 }
             }
         }
-        if let Some(deadline) = self.devices.next_deadline() {
-            assert!(
-                deadline > self.now,
-                "deadline {deadline} not after {}",
-                self.now
-            );
+        // A store is no exit: a clock-page deadline it set in the past is
+        // only seen at the next device step.
+        if !matches!(op, Op::Store { .. }) {
+            if let Some(deadline) = self.devices.next_deadline() {
+                assert!(
+                    deadline > self.now,
+                    "deadline {deadline} not after {}",
+                    self.now
+                );
+            }
         }
         let console = self.devices.take_virtio_console_output();
         if !console.is_empty() {

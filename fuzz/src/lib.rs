@@ -31,7 +31,10 @@ impl GuardedMemory {
     /// # Panics
     /// If the mapping cannot be made: the target cannot run without it.
     pub fn new(size: usize) -> Self {
-        assert!(size > 0 && size.is_multiple_of(GUARD), "size must be whole pages");
+        assert!(
+            size > 0 && size.is_multiple_of(GUARD),
+            "size must be whole pages"
+        );
         let total = size + 2 * GUARD;
         // SAFETY: a fresh anonymous mapping; no existing memory is touched.
         let base = unsafe {
