@@ -224,8 +224,13 @@ fn frame(to: &Destination, from: usize, tag: u32, len: u16) -> Vec<u8> {
     bytes.extend_from_slice(&mac(from));
     bytes.extend_from_slice(&[0x88, 0xb5]);
     bytes.extend_from_slice(&tag.to_le_bytes());
-    bytes.resize(usize::from(len).max(bytes.len()), 0xa5);
-    bytes.truncate(usize::from(len));
+    // Shorter than a header: dropped. Otherwise long enough for the tag.
+    let len = match usize::from(len) {
+        len if len < 14 => len,
+        len => len.max(bytes.len()),
+    };
+    bytes.resize(len.max(bytes.len()), 0xa5);
+    bytes.truncate(len);
     bytes
 }
 
