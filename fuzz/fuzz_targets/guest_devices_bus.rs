@@ -445,7 +445,7 @@ fn owns(address: u64) -> bool {
     hpet || virtio
 }
 
-fn run(input: &Input, which: usize, restore: bool) -> (Vec<String>, String, u64) {
+fn run(input: &Input, which: usize, restore: bool) -> (Vec<String>, String, Vec<u8>) {
     let memory = &two_memories(MEMORY_SIZE)[which];
     memory.clear();
     let output = Output::default();
@@ -463,7 +463,7 @@ fn run(input: &Input, which: usize, restore: bool) -> (Vec<String>, String, u64)
     let serial = output.0.lock().expect("output lock").clone();
     machine.trace.push(format!("com1 {:x}", fnv1a(&serial)));
     let state = serde_json::to_string(&machine.devices.save()).expect("serializes");
-    (machine.trace, state, memory.digest())
+    (machine.trace, state, memory.contents())
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -474,5 +474,5 @@ fuzz_target!(|data: &[u8]| {
     let restored = run(&input, 1, true);
     assert_eq!(plain.0, restored.0, "the traces differ");
     assert_eq!(plain.1, restored.1, "the final states differ");
-    assert_eq!(plain.2, restored.2, "guest memory differs");
+    assert!(plain.2 == restored.2, "guest memory differs");
 });

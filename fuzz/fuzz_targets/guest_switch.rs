@@ -31,6 +31,11 @@ use std::collections::BTreeMap;
 const PORTS: usize = 4;
 /// Frames of one burst at most: enough to reach `MAX_IN_FLIGHT`.
 const MAX_BURST: usize = 1600;
+/// Frames per input at most (each costs up to a thousand draws).
+const MAX_FRAMES: usize = 4000;
+/// Save/restore steps per input at most: each costs time in proportion to
+/// the frames in flight (thousands), and more find nothing new.
+const MAX_RESTORES: usize = 2;
 
 #[derive(Arbitrary, Debug, Clone)]
 enum Latency {
@@ -242,6 +247,7 @@ fn run(input: &Input, restore: bool) -> Option<(Trace, devices::SwitchState)> {
     let mut copies: BTreeMap<(usize, usize), u32> = BTreeMap::new();
     let mut duplicates_possible = switch.config().duplicate > 0.0;
     let mut delivered_total = 0u64;
+    let mut restores = 0;
 
     for op in &input.ops {
         let mut submitted = Vec::new();
@@ -252,7 +258,9 @@ fn run(input: &Input, restore: bool) -> Option<(Trace, devices::SwitchState)> {
             }
             Op::Burst { from, count } => {
                 let from = usize::from(*from) % PORTS;
-                for _ in 0..usize::from(*count) % MAX_BURST {
+                let count =
+                    (usize::from(*count) % MAX_BURST).min(MAX_FRAMES.saturating_sub(sent.len()));
+                for _ in 0..count {
                     let tag = (sent.len() + submitted.len()) as u32;
                     submitted.push((from, frame(&Destination::Broadcast, from, tag, 60)));
                 }
@@ -286,7 +294,8 @@ fn run(input: &Input, restore: bool) -> Option<(Trace, devices::SwitchState)> {
                 }
             }
             Op::SaveRestore => {
-                if restore {
+                if restore && restores < MAX_RESTORES {
+                    restores += 1;
                     let json = serde_json::to_string(&switch.save()).expect("state serializes");
                     let state = serde_json::from_str(&json).expect("state deserializes");
                     let mut fresh = new_switch(input)?;

@@ -388,16 +388,9 @@ fn check_step<D: Backend>(
     }
 }
 
-fn snapshot(mem: &GuestMemory) -> Vec<u8> {
-    let mut bytes = vec![0u8; MEMORY_SIZE];
-    mem.read_slice(&mut bytes, GuestAddress(0))
-        .expect("guest memory");
-    bytes
-}
-
 /// Runs the steps on memory `which`; with `restore`, a SaveRestore step
 /// replaces the device with a fresh one restored from its saved state.
-fn run<D: Backend>(ops: &[Op], which: usize, restore: bool) -> (Vec<String>, String, u64) {
+fn run<D: Backend>(ops: &[Op], which: usize, restore: bool) -> (Vec<String>, String, Vec<u8>) {
     let guarded = &two_memories(MEMORY_SIZE)[which];
     guarded.clear();
     let mem = guarded.memory();
@@ -516,7 +509,7 @@ fn run<D: Backend>(ops: &[Op], which: usize, restore: bool) -> (Vec<String>, Str
         ));
     }
     let state = serde_json::to_string(&(t.save(), t.device().save())).expect("serializes");
-    (trace, state, guarded.digest())
+    (trace, state, guarded.contents())
 }
 
 fn check<D: Backend>(ops: &[Op]) {
@@ -524,7 +517,7 @@ fn check<D: Backend>(ops: &[Op]) {
     let restored = run::<D>(ops, 1, true);
     assert_eq!(plain.0, restored.0, "the traces differ");
     assert_eq!(plain.1, restored.1, "the final states differ");
-    assert_eq!(plain.2, restored.2, "guest memory differs");
+    assert!(plain.2 == restored.2, "guest memory differs");
 }
 
 fuzz_target!(|data: &[u8]| {
