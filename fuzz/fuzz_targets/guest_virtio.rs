@@ -401,7 +401,7 @@ fn run<D: Backend>(ops: &[Op], which: usize, restore: bool) -> (Vec<String>, Str
         // Only these steps run the queues and are checked (see check_step).
         let runs_queues = matches!(op, Op::Notify { .. } | Op::Deliver { .. });
         let before_memory = if runs_queues {
-            snapshot(mem)
+            guarded.contents()
         } else {
             Vec::new()
         };
