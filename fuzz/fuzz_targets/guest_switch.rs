@@ -31,8 +31,12 @@ use std::collections::BTreeMap;
 const PORTS: usize = 4;
 /// Frames of one burst at most: enough to reach `MAX_IN_FLIGHT`.
 const MAX_BURST: usize = 1600;
-/// Frames per input at most (each costs up to a thousand draws).
+/// Frames per input at most (each costs up to a thousand draws), and
+/// their bytes: a save/restore step is in proportion to what is in flight
+/// (a JSON number per byte), a second for a few megabytes under the
+/// sanitizer, which is the snapshot format's cost, not a hang.
 const MAX_FRAMES: usize = 4000;
+const MAX_FRAME_BYTES: usize = 256 << 10;
 /// Save/restore steps per input at most: each costs time in proportion to
 /// the frames in flight (thousands), and more find nothing new.
 const MAX_RESTORES: usize = 2;
@@ -248,6 +252,7 @@ fn run(input: &Input, restore: bool) -> Option<(Trace, devices::SwitchState)> {
     let mut duplicates_possible = switch.config().duplicate > 0.0;
     let mut delivered_total = 0u64;
     let mut restores = 0;
+    let mut sent_bytes = 0;
 
     for op in &input.ops {
         let mut submitted = Vec::new();
@@ -307,6 +312,10 @@ fn run(input: &Input, restore: bool) -> Option<(Trace, devices::SwitchState)> {
         }
         // As Devices does: submit what the NICs sent now, then deliver.
         for (from, bytes) in submitted {
+            sent_bytes += bytes.len();
+            if sent_bytes > MAX_FRAME_BYTES {
+                break;
+            }
             switch
                 .submit(now, PortId(from), bytes.clone())
                 .expect("every NIC is a port");
