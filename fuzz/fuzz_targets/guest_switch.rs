@@ -29,14 +29,15 @@ use std::collections::BTreeMap;
 
 /// Ports on the switch (as NICs in slots 0..PORTS).
 const PORTS: usize = 4;
-/// Frames of one burst at most: enough to reach `MAX_IN_FLIGHT`.
+/// Frames of one burst at most (minimal ones, 18 bytes, broadcast to
+/// three ports): enough to reach `MAX_IN_FLIGHT`.
 const MAX_BURST: usize = 1600;
 /// Frames per input at most (each costs up to a thousand draws), and
 /// their bytes: a save/restore step is in proportion to what is in flight
 /// (a JSON number per byte), a second for a few megabytes under the
 /// sanitizer, which is the snapshot format's cost, not a hang.
 const MAX_FRAMES: usize = 4000;
-const MAX_FRAME_BYTES: usize = 256 << 10;
+const MAX_FRAME_BYTES: usize = 48 << 10;
 /// Save/restore steps per input at most: each costs time in proportion to
 /// the frames in flight (thousands), and more find nothing new.
 const MAX_RESTORES: usize = 2;
@@ -267,7 +268,7 @@ fn run(input: &Input, restore: bool) -> Option<(Trace, devices::SwitchState)> {
                     (usize::from(*count) % MAX_BURST).min(MAX_FRAMES.saturating_sub(sent.len()));
                 for _ in 0..count {
                     let tag = (sent.len() + submitted.len()) as u32;
-                    submitted.push((from, frame(&Destination::Broadcast, from, tag, 60)));
+                    submitted.push((from, frame(&Destination::Broadcast, from, tag, 18)));
                 }
             }
             Op::Advance { ns, shift } => {
