@@ -107,7 +107,7 @@ fn read_store(store: &Store, dir: &Path) {
     ok_or_refused(store.wall_ms().map(drop));
 }
 
-fn load_finding(dir: &Path) -> Result<(FindingFile, PreparedUp), String> {
+fn load_finding(campaign: &Path, dir: &Path) -> Result<(FindingFile, PreparedUp), String> {
     match findings::load(dir) {
         Ok(loaded) => {
             assert_eq!(loaded.file.format, findings::FINDING_FORMAT);
@@ -115,7 +115,8 @@ fn load_finding(dir: &Path) -> Result<(FindingFile, PreparedUp), String> {
             Ok((loaded.file, loaded.run))
         }
         Err(e) => {
-            refusal(&e, dir);
+            // The finding's own name may not be UTF-8; the campaign's is.
+            refusal(&e, campaign);
             Err(check_error(&e))
         }
     }
@@ -129,8 +130,8 @@ fn check_findings(dir: &Path) {
     names.sort();
     for name in names.into_iter().take(MAX_FINDINGS) {
         let finding = dir.join(FINDINGS_DIR).join(name);
-        let first = load_finding(&finding);
-        let second = load_finding(&finding);
+        let first = load_finding(dir, &finding);
+        let second = load_finding(dir, &finding);
         let same = match (&first, &second) {
             (Ok((f1, r1)), Ok((f2, r2))) => {
                 f1 == f2
