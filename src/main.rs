@@ -7,6 +7,7 @@ mod helper;
 mod image_cmd;
 mod print;
 mod serve;
+mod soak_cmd;
 mod terminal;
 mod trace_cmd;
 mod up_cmd;
@@ -42,6 +43,9 @@ enum Command {
     Run(RunArgs),
     /// Run the same configuration several times and compare every exit.
     Audit(AuditArgs),
+    /// A determinism soak: many runs with one seed, every exit compared with
+    /// a stored reference run; resumable (see docs/determinism.md).
+    Soak(soak_cmd::SoakArgs),
     /// Report what this host's KVM offers and whether guests can run on it.
     Check(CheckArgs),
     /// Benchmarks: boot time against QEMU baselines, side by side.
@@ -783,6 +787,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cmd_run(args),
         Command::Audit(args) => cmd_audit(args),
+        Command::Soak(args) => soak_cmd::cmd_soak(args),
         Command::Check(args) => cmd_check(args),
         Command::Bench(args) => detvisor_bench::run(args),
         Command::Snapshot(command) => cmd_snapshot(command),
