@@ -269,12 +269,26 @@ struct AuditArgs {
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     json: bool,
-    /// Testing the audit itself: in run K (1-based) ...
+    #[command(flatten)]
+    perturb: PerturbArgs,
+}
+
+/// Testing the audit (or soak) itself: hidden flags that perturb one run.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct PerturbArgs {
+    /// In run K (1-based) ...
     #[arg(long, hide = true)]
     perturb_run: Option<u32>,
     /// ... flip a bit of the first value the guest reads at or after exit E.
     #[arg(long, hide = true, default_value_t = 100_000)]
     perturb_exit: u64,
+}
+
+impl PerturbArgs {
+    /// (run, exit), if a run is perturbed.
+    pub fn perturb(self) -> Option<(u32, u64)> {
+        self.perturb_run.map(|run| (run, self.perturb_exit))
+    }
 }
 
 #[derive(Args, Debug)]
@@ -532,7 +546,7 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
             runs: args.runs,
             memory_every: args.memory_every,
             devices_every: args.devices_every,
-            perturb: args.perturb_run.map(|run| (run, args.perturb_exit)),
+            perturb: args.perturb.perturb(),
         },
     };
     let response = dispatch(

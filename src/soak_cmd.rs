@@ -53,12 +53,8 @@ struct SoakOptions {
     /// Print the report as one JSON object on stdout.
     #[arg(long)]
     json: bool,
-    /// Testing the soak itself: in run K (1-based) ...
-    #[arg(long, hide = true)]
-    perturb_run: Option<u32>,
-    /// ... flip a bit of the first value the guest reads at or after exit E.
-    #[arg(long, hide = true, default_value_t = 100_000)]
-    perturb_exit: u64,
+    #[command(flatten)]
+    perturb: crate::PerturbArgs,
 }
 
 /// `soak up`'s run: `up`'s flags that shape the history.
@@ -168,7 +164,7 @@ fn soak_target(
         seed,
         config: run::soak::fingerprint(&target)?,
         build: run::soak::executable_id()?,
-        perturb: soak.perturb_run.map(|run| (run, soak.perturb_exit)),
+        perturb: soak.perturb.perturb(),
     };
     // Another soak's directory is refused before any VM starts.
     let before = run::soak::status(&dir, &identity, soak.runs)?;
