@@ -478,7 +478,7 @@ mod tests {
         assert_eq!(partial.missing(), vec![2, 4]);
         assert_eq!(partial.done(), 2);
         // More runs asked for later: the soak extends.
-        assert_eq!(report(true, vec![result(2, false)], 2).missing(), vec![]);
+        assert!(report(true, vec![result(2, false)], 2).missing().is_empty());
         assert_eq!(
             report(true, vec![result(2, false)], 5).missing(),
             vec![3, 4, 5]
