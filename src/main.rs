@@ -7,6 +7,7 @@ mod helper;
 mod image_cmd;
 mod print;
 mod serve;
+mod soak_cmd;
 mod terminal;
 mod trace_cmd;
 mod up_cmd;
@@ -42,6 +43,9 @@ enum Command {
     Run(RunArgs),
     /// Run the same configuration several times and compare every exit.
     Audit(AuditArgs),
+    /// A determinism soak: many runs with one seed, every exit compared with
+    /// a stored reference run; resumable (see docs/determinism.md).
+    Soak(soak_cmd::SoakArgs),
     /// Report what this host's KVM offers and whether guests can run on it.
     Check(CheckArgs),
     /// Benchmarks: boot time against QEMU baselines, side by side.
@@ -265,12 +269,26 @@ struct AuditArgs {
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     json: bool,
-    /// Testing the audit itself: in run K (1-based) ...
+    #[command(flatten)]
+    perturb: PerturbArgs,
+}
+
+/// Testing the audit (or soak) itself: hidden flags that perturb one run.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct PerturbArgs {
+    /// In run K (1-based) ...
     #[arg(long, hide = true)]
     perturb_run: Option<u32>,
     /// ... flip a bit of the first value the guest reads at or after exit E.
     #[arg(long, hide = true, default_value_t = 100_000)]
     perturb_exit: u64,
+}
+
+impl PerturbArgs {
+    /// (run, exit), if a run is perturbed.
+    pub fn perturb(self) -> Option<(u32, u64)> {
+        self.perturb_run.map(|run| (run, self.perturb_exit))
+    }
 }
 
 #[derive(Args, Debug)]
@@ -528,7 +546,7 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
             runs: args.runs,
             memory_every: args.memory_every,
             devices_every: args.devices_every,
-            perturb: args.perturb_run.map(|run| (run, args.perturb_exit)),
+            perturb: args.perturb.perturb(),
         },
     };
     let response = dispatch(
@@ -783,6 +801,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => cmd_run(args),
         Command::Audit(args) => cmd_audit(args),
+        Command::Soak(args) => soak_cmd::cmd_soak(args),
         Command::Check(args) => cmd_check(args),
         Command::Bench(args) => detvisor_bench::run(args),
         Command::Snapshot(command) => cmd_snapshot(command),

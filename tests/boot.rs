@@ -155,6 +155,56 @@ fn test_audit_detects_injected_divergence() {
     assert!(text.contains("run 1:") && text.contains("run 2:"));
 }
 
+/// The soak (one helper VM, two short runs): a perturbed run is named, a
+/// finished soak is read back without running, another soak's directory is
+/// refused. Resuming and torn results lines: run::soak's unit tests.
+#[test]
+fn test_soak_names_a_perturbed_run_keeps_its_results_and_refuses_another_soak() {
+    let dir = std::env::temp_dir().join(format!("detvisor-soak-{}", std::process::id()));
+    let out_dir = dir.to_str().unwrap();
+    let soak = |seed: &str| {
+        detvisor(&[
+            "soak",
+            "boot",
+            "--runs",
+            "2",
+            "--seed",
+            seed,
+            "--out",
+            out_dir,
+            "--perturb-run",
+            "2",
+            "--perturb-exit",
+            "200",
+            "--",
+            "true",
+        ])
+    };
+    let out = soak("0");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("DIVERGED: boot 2 of 2 runs done, 1 identical, 1 diverged"),
+        "{text}"
+    );
+    assert!(
+        text.contains("first divergence: run 2: runs 1 and 2 diverge at exit"),
+        "{text}"
+    );
+    let again = soak("0");
+    assert_eq!(again.status.code(), Some(1));
+    assert_eq!(stdout(&again), text, "the same verdict, from the directory");
+    assert!(stderr(&again).contains("all 2 runs done already"));
+    let other = soak("1");
+    assert_eq!(other.status.code(), Some(2));
+    assert!(
+        stderr(&other).contains("holds another soak"),
+        "{}",
+        stderr(&other)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn test_missing_kernel_is_a_clear_error() {
     let out = detvisor(&["run", "--kernel", "/nonexistent/vmlinux", "--", "true"]);

@@ -12,6 +12,7 @@ use crate::plain::{self, GuestSpec};
 use crate::seeds::{self, SeedsReport, SeedsRequest};
 use crate::shell::{self, ShellRequest};
 use crate::snapshots::{self, NodeOutput, SeekReport, SnapshotDetails, SnapshotPlan, SnapshotRow};
+use crate::soak::{self, SoakReport, SoakRequest, SoakTarget};
 use crate::streams::Streams;
 use crate::up::{self, PreparedUp, UpOptions, UpOutput, UpSummary};
 use serde::{Deserialize, Serialize};
@@ -65,6 +66,9 @@ pub enum Request {
         guest: GuestSpec,
         options: AuditOptions,
     },
+    /// A determinism soak: runs until its directory holds the runs asked
+    /// for, each compared with the stored reference (`detvisor soak`).
+    Soak(SoakRequest),
     /// A multi-node run, assembled by [`up::prepare`] (`detvisor up`).
     Up {
         prepared: PreparedUp,
@@ -178,6 +182,10 @@ impl Request {
             Request::Up { options, .. } | Request::BootUp { options, .. } => {
                 Some(&mut options.stall_timeout)
             }
+            Request::Soak(request) => Some(match &mut request.target {
+                SoakTarget::Boot(guest) => &mut guest.stall_timeout,
+                SoakTarget::Up { options, .. } => &mut options.stall_timeout,
+            }),
             Request::Branch(request) => Some(&mut request.stall_timeout),
             Request::BranchSeeds(request) => Some(&mut request.stall_timeout),
             Request::Restore { stall_timeout, .. } => Some(stall_timeout),
@@ -202,6 +210,7 @@ pub enum Response {
     /// `Run`, `Branch`, `Outcome`.
     Summary(RunSummary),
     Audit(AuditSummary),
+    Soak(SoakReport),
     Up(UpSummary),
     Seeds(SeedsReport),
     Seek(SeekReport),
@@ -289,6 +298,8 @@ pub enum ApiError {
     Plain(#[from] crate::plain::PlainError),
     #[error(transparent)]
     Audit(#[from] crate::audit::AuditError),
+    #[error(transparent)]
+    Soak(#[from] crate::soak::SoakError),
     #[error(transparent)]
     Branch(#[from] crate::branch::BranchError),
     #[error(transparent)]
@@ -401,6 +412,10 @@ impl Controller {
             Request::Audit { guest, options } => {
                 let mut progress = |line: &str| crate::streams::say(streams, line);
                 Response::Audit(audit::audit(&guest, &options, &mut progress)?)
+            }
+            Request::Soak(request) => {
+                let mut progress = |line: &str| crate::streams::say(streams, line);
+                Response::Soak(soak::soak(&request, &mut progress)?)
             }
             Request::Up { prepared, options } => {
                 Response::Up(up::run(&prepared, &options, streams)?)

@@ -6,7 +6,7 @@ use crate::plain::GuestSpec;
 use serde::{Deserialize, Serialize};
 use vmm::exit::Perturbation;
 use vmm::record::{first_divergence, Divergence, RecordConfig};
-use vmm::vm::RunOutcome;
+use vmm::vm::{DigestParts, RunOutcome};
 
 /// How an audit runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,35 +132,56 @@ pub fn audit(
 /// differing exit, or else which part of the final state differs.
 pub fn compare_runs(reference: &RunOutcome, outcome: &RunOutcome, run: u32) -> Option<String> {
     match first_divergence(&reference.records, &outcome.records) {
-        Some(Divergence::Record {
+        Some(divergence) => Some(divergence_text(&divergence, run)),
+        None => final_state_text(
+            (&reference.digest, &reference.digest_parts),
+            (&outcome.digest, &outcome.digest_parts),
+            run,
+        ),
+    }
+}
+
+/// The first place run `run`'s exits differ from run 1's, for people.
+pub fn divergence_text(divergence: &Divergence, run: u32) -> String {
+    match divergence {
+        Divergence::Record {
             position,
             left,
             right,
-        }) => Some(format!(
+        } => format!(
             "runs 1 and {run} diverge at exit {position}:\n  run 1: {left}\n  run {run}: {right}"
-        )),
-        Some(Divergence::Length { left, right, next }) => Some(format!(
+        ),
+        Divergence::Length { left, right, next } => format!(
             "runs 1 and {run} diverge in length: {left} vs {right} exits; first extra: {}",
             next.map(|r| r.to_string()).unwrap_or_default()
-        )),
-        None if reference.digest != outcome.digest => {
-            let (a, b) = (&reference.digest_parts, &outcome.digest_parts);
-            let differing: Vec<&str> = [
-                ("memory", a.memory != b.memory),
-                ("devices", a.devices != b.devices),
-                ("console", a.console != b.console),
-            ]
-            .iter()
-            .filter(|(_, differs)| *differs)
-            .map(|(name, _)| *name)
-            .collect();
-            Some(format!(
-                "runs 1 and {run} have equal exits but different final state (digest {} vs {}): {} differ",
-                reference.digest,
-                outcome.digest,
-                differing.join(", ")
-            ))
-        }
-        None => None,
+        ),
     }
+}
+
+/// Which part of the final state (memory, devices, console) differs
+/// between two runs whose exits are equal, if the digests differ.
+/// Each side is a run's digest and its parts.
+pub fn final_state_text(
+    (reference, a): (&str, &DigestParts),
+    (digest, b): (&str, &DigestParts),
+    run: u32,
+) -> Option<String> {
+    if reference == digest {
+        return None;
+    }
+    let differing: Vec<&str> = [
+        ("memory", a.memory != b.memory),
+        ("devices", a.devices != b.devices),
+        ("console", a.console != b.console),
+    ]
+    .iter()
+    .filter(|(_, differs)| *differs)
+    .map(|(name, _)| *name)
+    .collect();
+    Some(format!(
+        "runs 1 and {run} have equal exits but different final state (digest {} vs {}): {} differ",
+        reference,
+        digest,
+        differing.join(", ")
+    ))
 }

@@ -25,6 +25,7 @@ pub mod records;
 pub mod seeds;
 pub mod shell;
 pub mod snapshots;
+pub mod soak;
 pub mod spill;
 pub mod streams;
 pub mod trace;

@@ -133,6 +133,29 @@ pub enum ExitKind {
     SingleStep = 12,
 }
 
+impl ExitKind {
+    /// The kind whose code (`kind as u8`) is `code`.
+    pub fn from_code(code: u8) -> Option<ExitKind> {
+        use ExitKind::*;
+        [
+            IoIn,
+            IoOut,
+            MmioRead,
+            MmioWrite,
+            RdMsr,
+            WrMsr,
+            Hlt,
+            IrqWindowOpen,
+            Shutdown,
+            Interrupted,
+            Fatal,
+            SingleStep,
+        ]
+        .into_iter()
+        .find(|kind| *kind as u8 == code)
+    }
+}
+
 impl Exit {
     pub fn kind(&self) -> ExitKind {
         match self {

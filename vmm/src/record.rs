@@ -37,9 +37,13 @@ pub struct ExitRecord {
     pub memory_hash: u64,
 }
 
+/// The size of an [`ExitRecord`] as bytes ([`ExitRecord::to_bytes`]).
+pub const RECORD_BYTES: usize = 68;
+
 impl ExitRecord {
-    fn to_bytes(self) -> [u8; 68] {
-        let mut b = [0u8; 68];
+    /// The record as the digest hashes it (and a soak stores it).
+    pub fn to_bytes(self) -> [u8; RECORD_BYTES] {
+        let mut b = [0u8; RECORD_BYTES];
         b[0..8].copy_from_slice(&self.index.to_le_bytes());
         b[8..16].copy_from_slice(&self.time.0.to_le_bytes());
         b[16] = self.kind as u8;
@@ -52,6 +56,29 @@ impl ExitRecord {
         b[52..60].copy_from_slice(&self.device_hash.to_le_bytes());
         b[60..68].copy_from_slice(&self.memory_hash.to_le_bytes());
         b
+    }
+
+    /// The record [`ExitRecord::to_bytes`] made these bytes of (`None`: no
+    /// exit kind has the code in them).
+    pub fn from_bytes(b: &[u8; RECORD_BYTES]) -> Option<ExitRecord> {
+        let u64_at = |at: usize| {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(word)
+        };
+        Some(ExitRecord {
+            index: u64_at(0),
+            time: VirtNanos(u64_at(8)),
+            kind: ExitKind::from_code(b[16])?,
+            address: u64_at(17),
+            data: u64_at(25),
+            size: b[33],
+            rip: u64_at(34),
+            regs_hash: u64_at(42),
+            injected: u16::from_le_bytes([b[50], b[51]]),
+            device_hash: u64_at(52),
+            memory_hash: u64_at(60),
+        })
     }
 }
 
@@ -359,6 +386,17 @@ mod tests {
             resumed.finish(1, 2, [3; 32]).0,
             straight.finish(1, 2, [3; 32]).0
         );
+    }
+
+    #[test]
+    fn test_record_bytes_round_trip() {
+        let mut r = record(5);
+        r.injected = 0x30;
+        r.memory_hash = 0x1234;
+        assert_eq!(ExitRecord::from_bytes(&r.to_bytes()), Some(r));
+        let mut bytes = r.to_bytes();
+        bytes[16] = 0;
+        assert_eq!(ExitRecord::from_bytes(&bytes), None);
     }
 
     #[test]

@@ -1,0 +1,233 @@
+//! The `detvisor soak` command: a determinism soak of a plain run (`soak
+//! boot`) or a multi-node run (`soak up MANIFEST`), many runs with one seed
+//! in one helper VM, every run compared with a stored reference, results in
+//! a directory that a later invocation resumes (see run::soak and
+//! docs/determinism.md).
+
+use crate::{GuestArgs, HostVmMode, SeccompArgs, Stdin};
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use run::api::{Request, Response};
+use run::soak::{SoakIdentity, SoakReport, SoakRequest, SoakTarget};
+use run::units;
+use run::up::UpOptions;
+use std::path::PathBuf;
+use vmm::stall::StallTimeout;
+
+#[derive(Args, Debug)]
+pub struct SoakArgs {
+    #[command(subcommand)]
+    target: SoakCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum SoakCommand {
+    /// Soak a plain run (the guest `run` and `audit` boot).
+    Boot {
+        #[command(flatten)]
+        soak: SoakOptions,
+        #[command(flatten)]
+        guest: GuestArgs,
+    },
+    /// Soak a multi-node run from a manifest (as `up`), faults and all.
+    Up {
+        #[command(flatten)]
+        soak: SoakOptions,
+        #[command(flatten)]
+        up: UpTarget,
+    },
+}
+
+/// What every soak takes.
+#[derive(Args, Debug)]
+struct SoakOptions {
+    /// Runs in all (the first is the reference); a soak with fewer done resumes.
+    #[arg(long, default_value_t = 100)]
+    runs: u32,
+    /// The scenario's name (default: `boot`, or the manifest's file stem).
+    #[arg(long)]
+    name: Option<String>,
+    /// The results directory (default: ~/.cache/detvisor/soak/NAME).
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Print the report as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    perturb: crate::PerturbArgs,
+}
+
+/// `soak up`'s run: `up`'s flags that shape the history.
+#[derive(Args, Debug)]
+struct UpTarget {
+    /// The manifest (TOML), as for `up`.
+    manifest: PathBuf,
+    /// Stop after this much virtual time (e.g. 20s).
+    #[arg(long)]
+    until: Option<String>,
+    /// A fault, e.g. 'at=10s partition n1 | n2,n3 for=5s' (repeatable; added
+    /// to the manifest's `faults`).
+    #[arg(long = "fault")]
+    faults: Vec<String>,
+    /// Seed of every source of nondeterminism the guest can observe.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Guest RAM (e.g. 1G), overriding the manifest's machine.mem.
+    #[arg(long)]
+    mem: Option<String>,
+    /// Kernel (uncompressed vmlinux); default: the built-in guest image's.
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// How the guest reads the time and takes interrupts (as for `up`).
+    #[arg(long, default_value_t = vmm::ExitPath::default())]
+    exit_path: vmm::ExitPath,
+    /// Wall time the guest may execute without a VM exit (as for `up`).
+    #[arg(long)]
+    stall_timeout: Option<StallTimeout>,
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    host_vm: HostVmMode,
+    #[command(flatten)]
+    seccomp: SeccompArgs,
+}
+
+pub fn cmd_soak(args: SoakArgs) -> Result<u8> {
+    match args.target {
+        SoakCommand::Boot { soak, guest } => {
+            if guest.command.is_empty() {
+                bail!("a soak's runs must end: give the command to run after --");
+            }
+            let target = SoakTarget::Boot(crate::guest_spec(&guest)?);
+            let place = (guest.host_vm, guest.seccomp.enabled(), guest.stall_timeout);
+            soak_target(soak, "boot".into(), guest.seed, target, place)
+        }
+        SoakCommand::Up { soak, up } => {
+            let until = up
+                .until
+                .as_deref()
+                .map(units::parse_duration)
+                .transpose()
+                .context("--until")?;
+            if until.is_none() {
+                bail!("a soak's runs must end: give --until");
+            }
+            let ram_bytes = up
+                .mem
+                .as_deref()
+                .map(units::parse_ram)
+                .transpose()
+                .context("--mem")?;
+            let manifest = run::manifest::load(&up.manifest)?;
+            let prepared =
+                run::up::prepare(&manifest, &up.faults, ram_bytes, up.kernel.as_deref())?;
+            let options = UpOptions {
+                seed: up.seed,
+                until,
+                runs: 1,
+                exit_path: up.exit_path,
+                ..UpOptions::default()
+            };
+            let name = up
+                .manifest
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "up".into());
+            let target = SoakTarget::Up {
+                prepared: Box::new(prepared),
+                options,
+            };
+            let place = (up.host_vm, up.seccomp.enabled(), up.stall_timeout);
+            soak_target(soak, name, up.seed, target, place)
+        }
+    }
+}
+
+/// Where a soak runs: `--host-vm`, the seccomp filter, `--stall-timeout`.
+type Place = (HostVmMode, bool, Option<StallTimeout>);
+
+fn soak_target(
+    soak: SoakOptions,
+    default_name: String,
+    seed: u64,
+    target: SoakTarget,
+    (host_vm, seccomp, stall): Place,
+) -> Result<u8> {
+    if soak.runs < 2 {
+        bail!("--runs must be at least 2 to compare anything");
+    }
+    let name = soak.name.unwrap_or(default_name);
+    let dir = match soak.out {
+        Some(dir) => dir,
+        None => run::guest::cache_root().join("soak").join(&name),
+    };
+    let identity = SoakIdentity {
+        scenario: name,
+        seed,
+        config: run::soak::fingerprint(&target)?,
+        build: run::soak::executable_id()?,
+        perturb: soak.perturb.perturb(),
+    };
+    // Another soak's directory is refused before any VM starts.
+    let before = run::soak::status(&dir, &identity, soak.runs)?;
+    if before.missing().is_empty() {
+        eprintln!(
+            "detvisor soak: {}: all {} runs done already",
+            dir.display(),
+            soak.runs
+        );
+        return print(&before, soak.json);
+    }
+    if before.done() > 0 {
+        eprintln!(
+            "detvisor soak: {}: resuming, {} of {} runs done",
+            dir.display(),
+            before.done(),
+            soak.runs
+        );
+    }
+    let request = Request::Soak(SoakRequest {
+        target,
+        identity,
+        dir,
+        runs: soak.runs,
+    });
+    let response = crate::dispatch(host_vm, seccomp, stall, request, Stdin::None, |request| {
+        let Request::Soak(request) = request else {
+            unreachable!("a soak request")
+        };
+        let mut needs = match &mut request.target {
+            SoakTarget::Boot(guest) => crate::guest_needs(guest, None)?,
+            SoakTarget::Up { prepared, options } => crate::up_cmd::helper_needs(prepared, options)?,
+        };
+        request.dir = needs.share(&request.dir)?;
+        Ok(needs)
+    })?;
+    match response {
+        Response::Soak(report) => print(&report, soak.json),
+        other => crate::print::unexpected(&other),
+    }
+}
+
+/// The report: the verdict line (and the first divergence) on stdout, or
+/// JSON; exit status 1 if any run diverged, 2 if runs are missing.
+fn print(report: &SoakReport, json: bool) -> Result<u8> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        println!("{}", report.verdict());
+        if let Some(first) = report.first_divergence() {
+            println!(
+                "first divergence: run {}: {}",
+                first.run,
+                first.divergence.as_deref().unwrap_or("")
+            );
+        }
+        println!("results: {}", report.dir.display());
+    }
+    Ok(if report.diverged() > 0 {
+        1
+    } else if !report.missing().is_empty() {
+        2
+    } else {
+        0
+    })
+}
