@@ -43,11 +43,6 @@ fn up(manifest: &Path, extra: &[&str]) -> std::process::Output {
     detvisor(&args)
 }
 
-fn log_of(manifest: &Path, node: &str) -> String {
-    std::fs::read_to_string(manifest.with_extension("logs").join(format!("{node}.log")))
-        .unwrap_or_default()
-}
-
 /// One operation of a history: its invocation and its completion, if any.
 #[derive(Debug, Clone)]
 struct Op {

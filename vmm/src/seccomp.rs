@@ -37,13 +37,13 @@ use seccompiler::{
 /// Why the filter could not be built or installed.
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompError {
-    #[error("building the seccomp filter: {0}")]
+    #[error("building the seccomp filter")]
     Build(#[source] seccompiler::BackendError),
-    #[error("compiling the seccomp filter to BPF: {0}")]
+    #[error("compiling the seccomp filter to BPF")]
     Compile(#[source] seccompiler::BackendError),
-    #[error("installing the seccomp filter: {0}")]
+    #[error("installing the seccomp filter")]
     Install(#[source] seccompiler::Error),
-    #[error("installing the SIGSYS handler: {0}")]
+    #[error("installing the SIGSYS handler")]
     Handler(#[source] std::io::Error),
 }
 
