@@ -303,12 +303,15 @@ impl UpDriver {
         if let Some(log) = &mut self.records {
             // At the fault's own time; the exit is the one after which the
             // host carried it out (or saw the switch do it).
-            log.push(GuestRecord {
+            let pushed = log.push(GuestRecord {
                 exit: self.exit_now,
                 virtual_ns: at.0,
                 node: None,
                 body: RecordBody::Event { event },
             });
+            if let Err(full) = pushed {
+                self.records_full.get_or_insert(full);
+            }
         }
     }
 
