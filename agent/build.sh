@@ -19,7 +19,7 @@ if [ "${1:-}" = "--debug" ]; then
 	profile=debug
 	profile_flag=()
 fi
-target_dir=${DETVISOR_AGENT_TARGET_DIR:-$PWD/target/agent-static}
+target_dir=${DETVISOR_AGENT_TARGET_DIR:-${CARGO_TARGET_DIR:-$PWD/target}/agent-static}
 
 if [ ! -e /usr/lib/x86_64-linux-gnu/libc.a ]; then
 	echo "agent/build.sh: glibc's libc.a is missing: apt-get install libc6-dev" >&2

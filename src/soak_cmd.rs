@@ -4,12 +4,12 @@
 //! a directory that a later invocation resumes (see run::soak and
 //! docs/determinism.md).
 
-use crate::{GuestArgs, HostVmMode, SeccompArgs, Stdin};
-use anyhow::{bail, Context, Result};
+use crate::up_cmd::UpRunArgs;
+use crate::{GuestArgs, HostVmMode, Stdin};
+use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
 use run::api::{Request, Response};
 use run::soak::{SoakIdentity, SoakReport, SoakRequest, SoakTarget};
-use run::units;
 use run::up::UpOptions;
 use std::path::PathBuf;
 use vmm::stall::StallTimeout;
@@ -34,7 +34,7 @@ enum SoakCommand {
         #[command(flatten)]
         soak: SoakOptions,
         #[command(flatten)]
-        up: UpTarget,
+        up: UpRunArgs,
     },
 }
 
@@ -57,39 +57,6 @@ struct SoakOptions {
     perturb: crate::PerturbArgs,
 }
 
-/// `soak up`'s run: `up`'s flags that shape the history.
-#[derive(Args, Debug)]
-struct UpTarget {
-    /// The manifest (TOML), as for `up`.
-    manifest: PathBuf,
-    /// Stop after this much virtual time (e.g. 20s).
-    #[arg(long)]
-    until: Option<String>,
-    /// A fault, e.g. 'at=10s partition n1 | n2,n3 for=5s' (repeatable; added
-    /// to the manifest's `faults`).
-    #[arg(long = "fault")]
-    faults: Vec<String>,
-    /// Seed of every source of nondeterminism the guest can observe.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Guest RAM (e.g. 1G), overriding the manifest's machine.mem.
-    #[arg(long)]
-    mem: Option<String>,
-    /// Kernel (uncompressed vmlinux); default: the built-in guest image's.
-    #[arg(long)]
-    kernel: Option<PathBuf>,
-    /// How the guest reads the time and takes interrupts (as for `up`).
-    #[arg(long, default_value_t = vmm::ExitPath::default())]
-    exit_path: vmm::ExitPath,
-    /// Wall time the guest may execute without a VM exit (as for `up`).
-    #[arg(long)]
-    stall_timeout: Option<StallTimeout>,
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    host_vm: HostVmMode,
-    #[command(flatten)]
-    seccomp: SeccompArgs,
-}
-
 pub fn cmd_soak(args: SoakArgs) -> Result<u8> {
     match args.target {
         SoakCommand::Boot { soak, guest } => {
@@ -101,24 +68,11 @@ pub fn cmd_soak(args: SoakArgs) -> Result<u8> {
             soak_target(soak, "boot".into(), guest.seed, target, place)
         }
         SoakCommand::Up { soak, up } => {
-            let until = up
-                .until
-                .as_deref()
-                .map(units::parse_duration)
-                .transpose()
-                .context("--until")?;
+            let until = up.until()?;
             if until.is_none() {
                 bail!("a soak's runs must end: give --until");
             }
-            let ram_bytes = up
-                .mem
-                .as_deref()
-                .map(units::parse_ram)
-                .transpose()
-                .context("--mem")?;
-            let manifest = run::manifest::load(&up.manifest)?;
-            let prepared =
-                run::up::prepare(&manifest, &up.faults, ram_bytes, up.kernel.as_deref())?;
+            let prepared = up.prepare()?;
             let options = UpOptions {
                 seed: up.seed,
                 until,

@@ -12,12 +12,15 @@ use run::units;
 use run::up::{Initrd, PreparedUp, UpOptions};
 use std::path::PathBuf;
 
+/// What shapes an `up` run's history, and where it runs: `up`'s flags
+/// that `soak up` takes too.
 #[derive(Args, Debug)]
-pub struct UpArgs {
+pub struct UpRunArgs {
     /// The manifest (TOML): nodes, workload, network, faults. See docs/manifest.md.
-    manifest: PathBuf,
+    pub manifest: PathBuf,
+    /// Seed of every source of nondeterminism the guest can observe.
     #[arg(long, default_value_t = 0)]
-    seed: u64,
+    pub seed: u64,
     /// Stop after this much virtual time (e.g. 60s).
     #[arg(long)]
     until: Option<String>,
@@ -28,6 +31,58 @@ pub struct UpArgs {
     /// Guest RAM (e.g. 1G), overriding the manifest's machine.mem.
     #[arg(long)]
     mem: Option<String>,
+    /// Kernel (uncompressed vmlinux); default: the built-in guest image's.
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// How the guest reads the time and takes interrupts: clock-page (no
+    /// exit per clock read, timer arming or interrupt) or legacy (the HPET
+    /// and an EOI per interrupt, kept for comparisons).
+    #[arg(long, default_value_t = vmm::ExitPath::default())]
+    pub exit_path: vmm::ExitPath,
+    /// Wall time the guest may execute without a VM exit before the run ends
+    /// as `stalled` (e.g. 60s; 0: never). Default: 60s on hardware KVM,
+    /// 10m in the helper VM (where the same wall time is far less guest work).
+    #[arg(long)]
+    pub stall_timeout: Option<vmm::stall::StallTimeout>,
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    pub host_vm: HostVmMode,
+    #[command(flatten)]
+    pub seccomp: SeccompArgs,
+}
+
+impl UpRunArgs {
+    /// --until, if given.
+    pub fn until(&self) -> Result<Option<vmm::VirtNanos>> {
+        self.until
+            .as_deref()
+            .map(units::parse_duration)
+            .transpose()
+            .context("--until")
+    }
+
+    /// The manifest read and its guest assembled (with --fault, --mem and
+    /// --kernel), checked before any VM starts.
+    pub fn prepare(&self) -> Result<PreparedUp> {
+        let ram_bytes = self
+            .mem
+            .as_deref()
+            .map(units::parse_ram)
+            .transpose()
+            .context("--mem")?;
+        let manifest = manifest::load(&self.manifest)?;
+        Ok(run::up::prepare(
+            &manifest,
+            &self.faults,
+            ram_bytes,
+            self.kernel.as_deref(),
+        )?)
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    #[command(flatten)]
+    run: UpRunArgs,
     /// Directory for per-node logs (<node>.log, raw output of each node).
     #[arg(long, default_value = "detvisor-logs")]
     logs: PathBuf,
@@ -40,18 +95,6 @@ pub struct UpArgs {
     /// Print the summary as one JSON object on stdout.
     #[arg(long)]
     json: bool,
-    /// Kernel (uncompressed vmlinux); default: the built-in guest image's.
-    #[arg(long)]
-    kernel: Option<PathBuf>,
-    /// Wall time the guest may execute without a VM exit before the run ends
-    /// as `stalled` (e.g. 60s; 0: never). Default: 60s on hardware KVM,
-    /// 10m in the helper VM (where the same wall time is far less guest work).
-    #[arg(long)]
-    stall_timeout: Option<vmm::stall::StallTimeout>,
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    host_vm: HostVmMode,
-    #[command(flatten)]
-    seccomp: SeccompArgs,
     /// Snapshots of the (first) run, to branch, seek or open a shell in later.
     #[command(flatten)]
     snapshots: SnapshotArgs,
@@ -68,32 +111,13 @@ pub struct UpArgs {
     /// setup, events) and history lines, each with its exit and virtual time.
     #[arg(long, value_name = "FILE")]
     records: Option<PathBuf>,
-    /// How the guest reads the time and takes interrupts: clock-page (no
-    /// exit per clock read, timer arming or interrupt) or legacy (the HPET
-    /// and an EOI per interrupt, kept for comparisons).
-    #[arg(long, default_value_t = vmm::ExitPath::default())]
-    exit_path: vmm::ExitPath,
 }
 
 impl UpArgs {
-    /// Guest RAM from --mem, if given.
-    fn ram_bytes(&self) -> Result<Option<u64>> {
-        self.mem
-            .as_deref()
-            .map(units::parse_ram)
-            .transpose()
-            .context("--mem")
-    }
-
     fn options(&self) -> Result<UpOptions> {
         Ok(UpOptions {
-            seed: self.seed,
-            until: self
-                .until
-                .as_deref()
-                .map(units::parse_duration)
-                .transpose()
-                .context("--until")?,
+            seed: self.run.seed,
+            until: self.run.until()?,
             runs: self.runs,
             logs: Some(self.logs.clone()),
             stream_output: !self.quiet && !self.json,
@@ -103,7 +127,7 @@ impl UpArgs {
             pcap: self.pcap.clone(),
             trace: self.trace.clone(),
             records: self.records.clone(),
-            exit_path: self.exit_path,
+            exit_path: self.run.exit_path,
         })
     }
 }
@@ -114,16 +138,13 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
     }
     // Every flag is checked before the manifest's images are read.
     let options = args.options()?;
-    let ram_bytes = args.ram_bytes()?;
-    let manifest = manifest::load(&args.manifest)?;
-    // The guest is assembled here, where the images are, and checked before
-    // any VM starts.
-    let prepared = run::up::prepare(&manifest, &args.faults, ram_bytes, args.kernel.as_deref())?;
+    // The guest is assembled here, where the images are.
+    let prepared = args.run.prepare()?;
     let request = Request::Up { prepared, options };
     let response = crate::dispatch(
-        args.host_vm,
-        args.seccomp.enabled(),
-        args.stall_timeout,
+        args.run.host_vm,
+        args.run.seccomp.enabled(),
+        args.run.stall_timeout,
         request,
         crate::Stdin::None,
         |request| match request {

@@ -16,7 +16,11 @@ use std::path::{Path, PathBuf};
 /// `dlopen`, which a static glibc program cannot do.
 fn build_rust_example() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let target = root.join("target/sdk-rust");
+    // Beside the workspace's own build (scripts/test keeps it in the cache).
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"))
+        .join("sdk-rust");
     let status = std::process::Command::new(env!("CARGO"))
         .args(["build", "--release", "--quiet", "--manifest-path"])
         .arg(root.join("examples/sdk-rust/Cargo.toml"))

@@ -254,7 +254,7 @@ fn seeds() -> Vec<Vec<u8>> {
     let mut child = SnapshotMeta::new("child", 2_000_000_000, 20, ram as u64, 7);
     child.parent = Some("base".into());
     snapshot::write_incremental_snapshot(&root, &child, &state, &mem, &[2, 3]).expect("child");
-    mem[1 * 4096] = 9;
+    mem[4096] = 9; // page 1
     let mut grandchild = SnapshotMeta::new("t3s", 3_000_000_000, 30, ram as u64, 7);
     grandchild.parent = Some("child".into());
     snapshot::write_incremental_snapshot(&root, &grandchild, &(), &mem, &[1]).expect("t3s");

@@ -24,6 +24,9 @@
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
+use detvisor_fuzz::virtio_driver::{
+    init_writes, split_rings, QueueSetup, FEATURE_VERSION_1, REG_QUEUE_NOTIFY,
+};
 use detvisor_fuzz::{fnv1a, two_memories, GuardedMemory};
 use devices::layout;
 use devices::persist::Persist;
@@ -45,9 +48,6 @@ const DATA_OFFSET: u64 = 0x8000;
 const SLOTS: usize = 4;
 const NET_SLOTS: [usize; 2] = [2, 3];
 const NET_HDR_LEN: usize = 12;
-
-const REG_QUEUE_NOTIFY: u64 = 0x050;
-const REG_STATUS: u64 = 0x070;
 
 /// Ports the devices own, and a few around them.
 const PORTS: [u16; 22] = [
@@ -207,11 +207,9 @@ struct DriverQueue {
     avail_idx: u16,
 }
 
-fn queue_rings(slot: usize, queue: usize, size: u16) -> (u64, u64, u64) {
-    let desc = QUEUE_AREA + slot as u64 * SLOT_STRIDE + queue as u64 * QUEUE_STRIDE;
-    let avail = desc + 16 * u64::from(size);
-    let used = (avail + 6 + 2 * u64::from(size)).next_multiple_of(4);
-    (desc, avail, used)
+/// Where `queue` of `slot` has its descriptor table.
+fn queue_desc(slot: usize, queue: usize) -> u64 {
+    QUEUE_AREA + slot as u64 * SLOT_STRIDE + queue as u64 * QUEUE_STRIDE
 }
 
 struct Machine<'a> {
@@ -231,34 +229,27 @@ impl Machine<'_> {
     }
 
     fn virtio_init(&mut self, slot: usize, size_log2: u8) {
-        let w = |m: &mut Self, offset: u64, value: u32| m.mmio_write32(slot, offset, value);
-        w(self, REG_STATUS, 0);
-        w(self, REG_STATUS, 1);
-        w(self, REG_STATUS, 3);
-        w(self, 0x024, 1);
-        w(self, 0x020, 1); // VIRTIO_F_VERSION_1
-        w(self, 0x024, 0);
-        w(self, 0x020, 0);
-        w(self, REG_STATUS, 0xb);
-        let queues = if slot == 0 { 1 } else { 2 };
-        for queue in 0..queues {
-            let size = 1u16 << (size_log2 % 9);
-            let (desc, avail, used) = queue_rings(slot, queue, size);
-            // Clear the rings: a driver starts from zeroed memory.
+        let size = 1u16 << (size_log2 % 9);
+        let queues: Vec<QueueSetup> = (0..if slot == 0 { 1 } else { 2 })
+            .map(|queue| QueueSetup {
+                size,
+                desc: queue_desc(slot, queue),
+            })
+            .collect();
+        // Clear the rings: a driver starts from zeroed memory.
+        for queue in &queues {
+            let (desc, _, used) = split_rings(queue.desc, size);
             self.memory.write_clipped(
                 desc,
                 &vec![0; (used - desc + 8 * u64::from(size) + 6) as usize],
             );
-            w(self, 0x030, queue as u32);
-            w(self, 0x038, u32::from(size));
-            for (register, address) in [(0x080, desc), (0x090, avail), (0x0a0, used)] {
-                w(self, register, address as u32);
-                w(self, register + 4, 0);
-            }
-            w(self, 0x044, 1);
+        }
+        for (offset, value) in init_writes(FEATURE_VERSION_1, &queues) {
+            self.mmio_write32(slot, offset, value);
+        }
+        for (queue, _) in queues.iter().enumerate() {
             self.queues[slot][queue] = DriverQueue { size, avail_idx: 0 };
         }
-        w(self, REG_STATUS, 0xf);
     }
 
     /// Makes a one-buffer chain available on `queue` of `slot` and notifies.
@@ -267,7 +258,7 @@ impl Machine<'_> {
         if driver.size == 0 {
             return;
         }
-        let (desc, avail, _) = queue_rings(slot, queue, driver.size);
+        let (desc, avail, _) = split_rings(queue_desc(slot, queue), driver.size);
         let index = driver.avail_idx % driver.size;
         let buffer = QUEUE_AREA
             + slot as u64 * SLOT_STRIDE

@@ -26,6 +26,9 @@
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
+use detvisor_fuzz::virtio_driver::{
+    init_writes, split_rings, QueueSetup, REG_DEVICE_ID, REG_MAGIC, REG_QUEUE_NOTIFY, REG_VERSION,
+};
 use detvisor_fuzz::{fnv1a, two_memories};
 use devices::persist::Persist;
 use devices::virtio::mmio::{MMIO_MAGIC, MMIO_VERSION, STATUS_NEEDS_RESET};
@@ -39,20 +42,6 @@ const MEMORY_SIZE: usize = 0x1_0000;
 const QUEUE_BASE: u64 = 0x1000;
 const QUEUE_STRIDE: u64 = 0x2000;
 const DATA_BASE: u64 = 0x8000;
-
-const REG_MAGIC: u64 = 0x000;
-const REG_VERSION: u64 = 0x004;
-const REG_DEVICE_ID: u64 = 0x008;
-const REG_DRIVER_FEATURES: u64 = 0x020;
-const REG_DRIVER_FEATURES_SEL: u64 = 0x024;
-const REG_QUEUE_SEL: u64 = 0x030;
-const REG_QUEUE_NUM: u64 = 0x038;
-const REG_QUEUE_READY: u64 = 0x044;
-const REG_QUEUE_NOTIFY: u64 = 0x050;
-const REG_STATUS: u64 = 0x070;
-const REG_QUEUE_DESC_LOW: u64 = 0x080;
-const REG_QUEUE_AVAIL_LOW: u64 = 0x090;
-const REG_QUEUE_USED_LOW: u64 = 0x0a0;
 
 /// Registers the guest writes most (any other offset is reachable too).
 const REGISTERS: [u64; 24] = [
@@ -210,10 +199,7 @@ impl Backend for VirtioRng {
 
 /// Where queue `queue`'s rings are at the standard layout.
 fn layout(queue: u64, size: u16) -> (u64, u64, u64) {
-    let desc = QUEUE_BASE + queue * QUEUE_STRIDE;
-    let avail = desc + 16 * u64::from(size);
-    let used = (avail + 6 + 2 * u64::from(size)).next_multiple_of(4);
-    (desc, avail, used)
+    split_rings(QUEUE_BASE + queue * QUEUE_STRIDE, size)
 }
 
 fn write32<D: Backend>(t: &mut VirtioMmioTransport<D>, mem: &GuestMemory, offset: u64, v: u32) {
@@ -226,35 +212,19 @@ fn initialize<D: Backend>(
     features: u64,
     size_log2: u8,
 ) {
-    write32(t, mem, REG_STATUS, 0);
-    write32(t, mem, REG_STATUS, 1);
-    write32(t, mem, REG_STATUS, 3);
-    for select in [1u32, 0] {
-        write32(t, mem, REG_DRIVER_FEATURES_SEL, select);
-        write32(
-            t,
-            mem,
-            REG_DRIVER_FEATURES,
-            (features >> (32 * select)) as u32,
-        );
+    let queues: Vec<QueueSetup> = t
+        .device()
+        .queue_max_sizes()
+        .iter()
+        .enumerate()
+        .map(|(queue, &max)| QueueSetup {
+            size: (1u16 << (size_log2 % 16)).min(max),
+            desc: QUEUE_BASE + queue as u64 * QUEUE_STRIDE,
+        })
+        .collect();
+    for (offset, value) in init_writes(features, &queues) {
+        write32(t, mem, offset, value);
     }
-    write32(t, mem, REG_STATUS, 0xb);
-    for (queue, &max) in t.device().queue_max_sizes().to_vec().iter().enumerate() {
-        let size = (1u16 << (size_log2 % 16)).min(max);
-        let (desc, avail, used) = layout(queue as u64, size);
-        write32(t, mem, REG_QUEUE_SEL, queue as u32);
-        write32(t, mem, REG_QUEUE_NUM, u32::from(size));
-        for (register, address) in [
-            (REG_QUEUE_DESC_LOW, desc),
-            (REG_QUEUE_AVAIL_LOW, avail),
-            (REG_QUEUE_USED_LOW, used),
-        ] {
-            write32(t, mem, register, address as u32);
-            write32(t, mem, register + 4, (address >> 32) as u32);
-        }
-        write32(t, mem, REG_QUEUE_READY, 1);
-    }
-    write32(t, mem, REG_STATUS, 0xf);
 }
 
 /// Each queue's (size, desc, avail, used, next_avail, next_used, ready).

@@ -4,6 +4,11 @@
 //! inaccessible (`PROT_NONE`) guard page before and after it, so a device
 //! that reads or writes outside guest memory faults at once instead of
 //! corrupting the fuzzer's heap.
+//!
+//! [`virtio_driver`]: the register writes of a virtio driver's
+//! initialization and the split virtqueue's ring layout.
+
+pub mod virtio_driver;
 
 use devices::GuestMemory;
 use std::sync::OnceLock;
