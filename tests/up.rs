@@ -255,6 +255,49 @@ fn test_up_bad_manifests_get_errors_naming_the_problem() {
     );
 }
 
+const LONG_LINE: &str = r#"
+[[node]]
+name = "n1"
+rootfs = "root"
+command = ["sleep", "3600"]
+
+[workload]
+node = "n1"
+command = ["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; echo; echo done"]
+"#;
+
+/// A node that prints 300,000 bytes without a newline: the host prints
+/// them in pieces of at most 64 KiB (`run::up::output::MAX_LINE`), each on
+/// a line of its own, holds no more than that, and the node's log keeps the
+/// raw bytes; the run ends as usual.
+#[test]
+fn test_up_output_without_newlines_is_printed_in_bounded_pieces() {
+    const PIECE: usize = 64 << 10;
+    const BYTES: usize = 300_000; // as LONG_LINE's workload prints
+    let cluster = Cluster::new("long-line", LONG_LINE);
+    let out = cluster.up(&["--seed", "1", "--until", "60s"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let pieces: Vec<usize> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("workload | "))
+        .filter(|l| l.starts_with('a'))
+        .map(|l| {
+            assert!(l.bytes().all(|b| b == b'a'), "only the printed bytes");
+            l.len()
+        })
+        .collect();
+    let full = BYTES / PIECE;
+    let mut want = vec![PIECE; full];
+    want.push(BYTES - full * PIECE);
+    assert_eq!(pieces, want);
+    assert!(text.contains("workload | done\n"), "{text}");
+    assert_eq!(
+        cluster.log("workload"),
+        format!("{}\ndone\n", "a".repeat(BYTES))
+    );
+}
+
 /// Snapshots of an `up` run: taking them leaves the run as it was; a shell
 /// opens in a fork of one (beside the nodes or inside one); and a branch
 /// from one, in a new process (at the snapshot, or replayed forward from it,

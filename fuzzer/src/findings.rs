@@ -45,6 +45,8 @@ pub enum FindingError {
     },
     #[error(transparent)]
     Read(hostfile::ReadError),
+    #[error(transparent)]
+    Write(hostfile::WriteError),
     #[error("{path}: not a finding ({FINDING_FILE} is missing)")]
     NotAFinding { path: PathBuf },
     #[error("{path}")]
@@ -120,10 +122,14 @@ fn put_blob(dir: &Path, bytes: &[u8]) -> Result<String> {
     let blobs = dir.join(BLOBS_DIR);
     std::fs::create_dir_all(&blobs).map_err(io(&blobs))?;
     let path = blobs.join(&digest);
-    if !path.exists() {
-        let partial = blobs.join(format!(".{digest}.partial"));
-        std::fs::write(&partial, bytes).map_err(io(&partial))?;
-        std::fs::rename(&partial, &path).map_err(io(&path))?;
+    // Written through a file of a unique name and renamed into place:
+    // never through a file or symlink a copied directory brought along
+    // (a blob that is there but not a regular file is refused).
+    match std::fs::symlink_metadata(&path) {
+        Ok(meta) if meta.is_file() => {}
+        _ => {
+            hostfile::write_atomic(&path, bytes).map_err(FindingError::Write)?;
+        }
     }
     Ok(digest)
 }
@@ -353,6 +359,33 @@ mod tests {
         // And it resolves (digests checked) from the campaign directory.
         let resolved = resolve(&campaign, &blobified).unwrap();
         assert!(resolved.kernel.starts_with(&campaign));
+    }
+
+    /// A campaign directory copied from elsewhere cannot make a blob's write
+    /// land outside it: a planted `.partial` symlink is not written
+    /// through, and a blob that is a symlink is refused, naming it.
+    #[test]
+    fn test_blobs_are_never_written_through_planted_symlinks() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        let campaign = dir.path().join("campaign");
+        let blobs = campaign.join(BLOBS_DIR);
+        std::fs::create_dir_all(&blobs).unwrap();
+        let bytes = b"blob bytes";
+        let digest = blake3::hash(bytes).to_hex().to_string();
+        let planted = blobs.join(format!(".{digest}.partial"));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        assert_eq!(put_blob(&campaign, bytes).unwrap(), digest);
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        assert_eq!(std::fs::read(blobs.join(&digest)).unwrap(), bytes);
+
+        let other = b"other blob";
+        let digest = blake3::hash(other).to_hex().to_string();
+        std::os::unix::fs::symlink(&victim, blobs.join(&digest)).unwrap();
+        let message = put_blob(&campaign, other).unwrap_err().to_string();
+        assert!(message.contains(&digest), "{message}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
     }
 
     /// A finding written by another format version is refused, naming both

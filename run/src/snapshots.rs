@@ -21,8 +21,8 @@ pub enum SnapshotsError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the snapshot interval must be longer than zero")]
-    ZeroInterval,
+    #[error("the snapshot interval {given} is shorter than the least, {MIN_SNAPSHOT_INTERVAL}")]
+    IntervalTooShort { given: VirtNanos },
     #[error("starting the dirty log")]
     StartDirtyLog(#[source] VmError),
     #[error("reading the dirty log")]
@@ -90,14 +90,20 @@ pub struct SnapshotPlan {
     pub at_exits: Vec<u64>,
 }
 
+/// The shortest `--snapshot-every`: one virtual millisecond. Shorter (down
+/// to zero) would take a snapshot at nearly every exit, filling the disk
+/// far faster than the run progresses.
+pub const MIN_SNAPSHOT_INTERVAL: VirtNanos = VirtNanos(1_000_000);
+
 impl SnapshotPlan {
-    /// Checks the plan before anything runs (a zero interval would take a
-    /// snapshot at every exit forever).
+    /// Checks the plan before anything runs.
     pub fn validate(&self) -> Result<()> {
-        if self.every == Some(VirtNanos::ZERO) {
-            return Err(SnapshotsError::ZeroInterval);
+        match self.every {
+            Some(given) if given < MIN_SNAPSHOT_INTERVAL => {
+                Err(SnapshotsError::IntervalTooShort { given })
+            }
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -503,15 +509,23 @@ mod tests {
             text,
             format!("listing snapshots in {}: {cause}", missing.display())
         );
+        for (every, shown) in [(VirtNanos::ZERO, "0s"), (VirtNanos(999_999), "999.999us")] {
+            let plan = SnapshotPlan {
+                dir: dir.path().into(),
+                every: Some(every),
+                at_exits: Vec::new(),
+            };
+            let e = Snapshotter::new(&plan, None).err().unwrap();
+            assert_eq!(
+                format!("{:#}", anyhow::Error::from(e)),
+                format!("the snapshot interval {shown} is shorter than the least, 1ms")
+            );
+        }
         let plan = SnapshotPlan {
             dir: dir.path().into(),
-            every: Some(VirtNanos::ZERO),
+            every: Some(MIN_SNAPSHOT_INTERVAL),
             at_exits: Vec::new(),
         };
-        let e = Snapshotter::new(&plan, None).err().unwrap();
-        assert_eq!(
-            format!("{:#}", anyhow::Error::from(e)),
-            "the snapshot interval must be longer than zero"
-        );
+        plan.validate().expect("1ms is allowed");
     }
 }
