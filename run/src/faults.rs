@@ -168,6 +168,10 @@ pub enum ActionError {
     NoAction,
     #[error("{verb} takes exactly one node name")]
     NotOneNode { verb: String },
+    #[error(
+        "{name:?} is not a node name (1-32 characters of a-z, 0-9 and '-', not starting with '-')"
+    )]
+    NotANodeName { name: String },
     #[error(transparent)]
     Network(#[from] NetworkActionError),
     #[error("unknown action {action:?} ({ACTIONS})")]
@@ -502,6 +506,17 @@ impl FromStr for FaultAction {
         if latency.is_some() && !matches!(action, FaultAction::Network(NetworkFault::Slow { .. })) {
             return Err(NetworkActionError::LatencyNotSlow.into());
         }
+        // Names a manifest could have: anything else (a stray `x=`, a NUL)
+        // would print as a text that reads back as something else.
+        if let Some(name) = action
+            .nodes()
+            .into_iter()
+            .find(|name| !crate::manifest::is_node_name(name))
+        {
+            return Err(ActionError::NotANodeName {
+                name: name.to_owned(),
+            });
+        }
         Ok(action)
     }
 }
@@ -814,6 +829,13 @@ mod tests {
         assert!(err("at=soon heal").contains("at=: unparsable duration"));
         assert!(err("at=1s heal color=red").contains("unknown setting \"color\""));
         assert!(err("at=1s").contains("no action"));
+        assert!(err("at=1s pause N1").contains("\"N1\" is not a node name"));
+        assert!(err("at=1s clock n\u{0}1 +1s").contains("is not a node name"));
+        // Found by the file_fault fuzz target: a stray `x=` and a NUL taken
+        // as node names printed as a text that did not read back.
+        assert!(err("at=1s cut n\u{0}3,:, fsync-delay= <->s cut n1 for=2s")
+            .contains("is not a node name"));
+        assert!(err("at=1s cut n1 <-> n2 n3").contains("\"n2 n3\" is not a node name"));
         // Every message names the fault as written.
         assert!(err("at=1s pause").starts_with("fault \"at=1s pause\": "));
         // One fault is one action: for= is the schedule's shorthand.

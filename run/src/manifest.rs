@@ -691,14 +691,19 @@ fn check_process(command: &[String], env: &BTreeMap<String, String>) -> Result<(
     Ok(())
 }
 
-fn check_name(name: &str) -> Result<()> {
-    let ok = !name.is_empty()
+/// A node's name: 1-32 characters of a-z, 0-9 and '-', not starting
+/// with '-' (a manifest's nodes, and the names a fault text gives).
+pub fn is_node_name(name: &str) -> bool {
+    !name.is_empty()
         && name.len() <= 32
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-');
-    if !ok {
+        && !name.starts_with('-')
+}
+
+fn check_name(name: &str) -> Result<()> {
+    if !is_node_name(name) {
         return Err(ManifestError::BadName {
             name: name.to_owned(),
         });

@@ -6,7 +6,7 @@
 //! reach should not hand it the host. Once a session has its KVM fds, its
 //! guest memory and its files, the thread that enters the guest installs a
 //! BPF filter (built with rust-vmm's `seccompiler`) before its first
-//! `KVM_RUN`: file, memory, thread, timer and KVM calls are allowed (later
+//! `KVM_RUN`: file, memory (never executable), thread, timer and KVM calls are allowed (later
 //! requests on the same thread open snapshots, spill, reset and boot again,
 //! so those stay); network sockets, `execve`, `ptrace`, mounts, namespaces,
 //! modules, BPF, perf, keys and ioctls other than KVM's and a terminal's
@@ -161,7 +161,27 @@ pub fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         ALLOWED.iter().map(|&(nr, _)| (nr, Vec::new())).collect();
     rules.insert(libc::SYS_ioctl, ioctl_rules()?);
+    for nr in [libc::SYS_mmap, libc::SYS_mprotect] {
+        rules.insert(nr, not_executable()?);
+    }
     Ok(rules)
+}
+
+/// `mmap` and `mprotect` only without `PROT_EXEC` (their third argument):
+/// the VMM loads no code once a guest runs, so memory it maps or changes
+/// from then on is never executable (W^X), and code a compromised device
+/// model wrote cannot be made runnable.
+fn not_executable() -> Result<Vec<SeccompRule>, SeccompError> {
+    let prot = SeccompCondition::new(
+        2,
+        SeccompCmpArgLen::Dword,
+        SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64),
+        0,
+    )
+    .map_err(SeccompError::Build)?;
+    Ok(vec![
+        SeccompRule::new(vec![prot]).map_err(SeccompError::Build)?
+    ])
 }
 
 /// `ioctl` only for KVM (all of its requests have type 0xAE: the VMM's
@@ -265,7 +285,8 @@ const ALLOWED: &[(i64, &str)] = &[
     (libc::SYS_epoll_pwait, "epoll_pwait"),
     (libc::SYS_eventfd2, "eventfd2"),
     // Memory: the allocator, guest RAM and snapshot mappings, checkpoints
-    // (MADV_DONTNEED), the page scan.
+    // (MADV_DONTNEED), the page scan. `mmap` and `mprotect` never
+    // executable: their rules are [`not_executable`].
     (libc::SYS_mmap, "mmap"),
     (libc::SYS_munmap, "munmap"),
     (libc::SYS_mremap, "mremap"),

@@ -11,6 +11,10 @@ fn on_thread<T: Send + 'static>(name: &str, f: impl FnOnce() -> T + Send + 'stat
         .unwrap()
 }
 
+/// The first violation is kept process-wide: tests that make and take
+/// violations run one at a time.
+static VIOLATIONS: Mutex<()> = Mutex::new(());
+
 #[test]
 fn the_allowlist_compiles_to_bpf_for_x86_64() {
     let program = compile().unwrap();
@@ -26,7 +30,6 @@ fn the_allowlist_has_what_a_run_needs_and_not_what_it_does_not() {
         libc::SYS_read,
         libc::SYS_write,
         libc::SYS_openat,
-        libc::SYS_mmap,
         libc::SYS_madvise,
         libc::SYS_futex,
         libc::SYS_clone3,
@@ -42,6 +45,9 @@ fn the_allowlist_has_what_a_run_needs_and_not_what_it_does_not() {
     }
     // ioctl only with conditions: KVM's type and a terminal's requests.
     assert_eq!(rules[&libc::SYS_ioctl].len(), 1 + TERMINAL_IOCTLS.len());
+    // mmap and mprotect only without PROT_EXEC.
+    assert_eq!(rules[&libc::SYS_mmap].len(), 1);
+    assert_eq!(rules[&libc::SYS_mprotect].len(), 1);
     for nr in [
         libc::SYS_socket,
         libc::SYS_connect,
@@ -89,6 +95,7 @@ fn the_filter_is_installed_on_the_thread_that_installs_it_only() {
 
 #[test]
 fn a_refused_call_traps_names_itself_and_fails_with_eperm() {
+    let _one_at_a_time = VIOLATIONS.lock().unwrap();
     let (results, violations, tid) = on_thread("seccomp-victim", || {
         install_on_this_thread().unwrap();
         // SAFETY: gettid has no preconditions.
@@ -127,6 +134,47 @@ fn a_refused_call_traps_names_itself_and_fails_with_eperm() {
         libc::SYS_ioctl
     );
     assert_eq!(take_violation(), None, "taken once");
+}
+
+/// W^X: memory mapped or changed under the filter is never executable.
+#[test]
+fn executable_memory_is_refused_and_other_memory_is_not() {
+    let _one_at_a_time = VIOLATIONS.lock().unwrap();
+    let (exec_map, exec_protect, violation) = on_thread("seccomp-wx", || {
+        install_on_this_thread().unwrap();
+        let len = 4096;
+        let map = |prot| {
+            // SAFETY: a fresh anonymous private mapping; nothing existing is touched.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    prot,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            };
+            (p, std::io::Error::last_os_error().raw_os_error())
+        };
+        let (exec, exec_errno) = map(libc::PROT_READ | libc::PROT_EXEC);
+        let violation = take_violation();
+        let (data, _) = map(libc::PROT_READ | libc::PROT_WRITE);
+        assert_ne!(data, libc::MAP_FAILED, "a data mapping is allowed");
+        // SAFETY: `data` is the mapping of `len` bytes made just above.
+        let read_only = unsafe { libc::mprotect(data, len, libc::PROT_READ) };
+        assert_eq!(read_only, 0, "dropping write access is allowed");
+        // SAFETY: as above; the filter refuses this change.
+        let r = unsafe { libc::mprotect(data, len, libc::PROT_READ | libc::PROT_EXEC) };
+        let protect = (r, std::io::Error::last_os_error().raw_os_error());
+        take_violation();
+        // SAFETY: unmaps the mapping made above, no longer used.
+        unsafe { libc::munmap(data, len) };
+        ((exec as usize, exec_errno), protect, violation)
+    });
+    assert_eq!(exec_map, (libc::MAP_FAILED as usize, Some(libc::EPERM)));
+    assert_eq!(exec_protect, (-1, Some(libc::EPERM)));
+    assert_eq!(violation.expect("recorded").syscall, libc::SYS_mmap);
 }
 
 #[test]
