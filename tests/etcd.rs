@@ -31,8 +31,7 @@ fn up(example: &str, extra: &[&str]) -> std::process::Output {
 }
 
 #[test]
-fn test_etcd_cluster_elects_a_leader_and_serves_writes_identically_per_seed_and_differently_per_seed(
-) {
+fn test_etcd_cluster_elects_a_leader_and_one_seed_gives_one_history() {
     let out = up(
         "cluster.toml",
         &["--seed", "42", "--until", "120s", "--runs", "3"],

@@ -172,27 +172,23 @@ pub fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
 /// from then on is never executable (W^X), and code a compromised device
 /// model wrote cannot be made runnable.
 fn not_executable() -> Result<Vec<SeccompRule>, SeccompError> {
-    let prot = SeccompCondition::new(
-        2,
-        SeccompCmpArgLen::Dword,
-        SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64),
-        0,
-    )
-    .map_err(SeccompError::Build)?;
-    Ok(vec![
-        SeccompRule::new(vec![prot]).map_err(SeccompError::Build)?
-    ])
+    let prot_exec = SeccompCmpOp::MaskedEq(libc::PROT_EXEC as u64);
+    Ok(vec![argument_rule(2, prot_exec, 0)?])
+}
+
+/// A rule of one condition: argument `index` (its low 32 bits) compared
+/// with `value` by `op`.
+fn argument_rule(index: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompRule, SeccompError> {
+    SeccompCondition::new(index, SeccompCmpArgLen::Dword, op, value)
+        .and_then(|c| SeccompRule::new(vec![c]))
+        .map_err(SeccompError::Build)
 }
 
 /// `ioctl` only for KVM (all of its requests have type 0xAE: the VMM's
 /// whole interface to the guest) and for a terminal (raw mode and window
 /// size for a console or a shell).
 fn ioctl_rules() -> Result<Vec<SeccompRule>, SeccompError> {
-    let request = |op: SeccompCmpOp, value: u64| {
-        SeccompCondition::new(1, SeccompCmpArgLen::Dword, op, value)
-            .and_then(|c| SeccompRule::new(vec![c]))
-            .map_err(SeccompError::Build)
-    };
+    let request = |op: SeccompCmpOp, value: u64| argument_rule(1, op, value);
     let mut rules = vec![request(SeccompCmpOp::MaskedEq(0xff00), 0xae00)?];
     for &nr in TERMINAL_IOCTLS {
         rules.push(request(SeccompCmpOp::Eq, nr)?);
