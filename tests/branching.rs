@@ -7,33 +7,70 @@ mod common;
 use common::cluster::{self, Cluster};
 use common::*;
 
-/// Two idle nodes; the workload, in n2, waits, then reads the kernel's CRNG.
+/// Eight bytes of the kernel's CRNG as hex, in busybox `sh`.
+const RANDOM: &str = "$(head -c8 /dev/urandom | od -An -tx1 | tr -d ' \\n')";
+
+/// Random reads right after a branch. Until 2 s every process sleeps (n2
+/// for good). Then n1 reads once and spins through [`SPINS`] reads in a
+/// row, without sleeping; the workload (in n2) reads once at 2 s and ends
+/// a second later.
 fn urandom_manifest() -> String {
-    cluster::manifest(
-        "1ms",
-        &[IDLE.to_string(), IDLE.to_string()],
-        (
-            "n2",
-            "sleep 4; echo random $(head -c8 /dev/urandom | od -An -tx1 | tr -d ' '); exit 0",
-        ),
-    )
+    let n1 = format!(
+        "sleep 2; echo n1-first {RANDOM}; i=0; \
+         while [ $i -lt {SPINS} ]; do i=$((i+1)); echo spin $i {RANDOM}; done; sleep 100000"
+    );
+    let workload = format!("sleep 2; echo wl-first {RANDOM}; sleep 1; exit 0");
+    cluster::manifest("1ms", &[n1, "sleep 100000".to_string()], ("n2", &workload))
 }
 
-/// A node command that does nothing, forever.
-const IDLE: &str = "while true; do sleep 1; done";
+/// How many reads n1 makes in a row without sleeping.
+const SPINS: u32 = 24;
 
-/// The line the workload printed with its random bytes.
-fn random_line(out: &std::process::Output) -> String {
-    stdout(out)
-        .lines()
-        .find_map(|line| line.split_once("random ").map(|(_, r)| r.to_string()))
-        .unwrap_or_else(|| panic!("no random line in {}", stdout(out)))
+/// The bytes printed after `tag` (`n1-first`, `wl-first`, `spin 7`).
+fn read_after(out: &str, tag: &str) -> Option<String> {
+    let prefix = format!("{tag} ");
+    out.lines().find_map(|line| {
+        let at = line.find(&prefix)?;
+        let bytes = line[at + prefix.len()..].split_whitespace().next()?;
+        (bytes.len() == 16).then(|| bytes.to_string())
+    })
 }
 
+/// n1's spin reads, by index (1-based), as far as `out` printed them.
+fn spins(out: &str) -> Vec<Option<String>> {
+    (1..=SPINS)
+        .map(|i| read_after(out, &format!("spin {i}")))
+        .collect()
+}
+
+/// The exit at which the host read n1's output line `spin <i>` (from an
+/// `up --records` file): a moment in the middle of n1's spin.
+fn exit_of_spin(records: &std::path::Path, i: u32) -> u64 {
+    let text = std::fs::read_to_string(records).unwrap();
+    let needle = format!("spin {i} ");
+    text.lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .find(|record| {
+            record["body"]["kind"] == "output"
+                && record["body"]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains(&needle))
+        })
+        .and_then(|record| record["exit"].as_u64())
+        .unwrap_or_else(|| panic!("no output record with {needle:?} in {text}"))
+}
+
+/// The guest kernel's CRNG is re-keyed at the branch exit itself, before
+/// any guest code runs: the first read after a branch taken while every
+/// process sleeps (in a node and in the workload, woken by their timers)
+/// differs by seed, repeats per seed and differs from the parent's; so do
+/// the reads of a node that spins through the branch point, from the first
+/// read after it. One `up` run and its snapshots serve every case.
 #[test]
 fn test_urandom_right_after_a_branch_differs_per_seed_and_repeats_per_seed() {
     let cluster = Cluster::new("urandom", &urandom_manifest());
     let snaps = cluster.dir.join("snaps").display().to_string();
+    let records = cluster.dir.join("records.jsonl");
     let straight = cluster.up(&[
         "--seed",
         "5",
@@ -41,27 +78,92 @@ fn test_urandom_right_after_a_branch_differs_per_seed_and_repeats_per_seed() {
         &snaps,
         "--snapshot-every",
         "1s",
+        "--records",
+        &records.display().to_string(),
     ]);
     assert_eq!(straight.status.code(), Some(0), "{}", stderr(&straight));
-    let parent = random_line(&straight);
-    // The branch point is inside the workload's sleep: the bytes it reads
-    // come after the branch, from a CRNG seeded before it.
-    let started = event_time(&stderr(&straight), "] workload started");
-    assert!(started.0 < 3_000_000_000, "workload started at {started}");
-    let spec = format!("{snaps}@3s");
-    let branch = |seed: &str| {
-        let out = detvisor(&["branch", &spec, "--seed", seed]);
-        assert_eq!(out.status.code(), Some(0), "seed {seed}: {}", stderr(&out));
-        random_line(&out)
+    let parent = stdout(&straight);
+    let parent_spins = spins(&parent);
+    assert!(parent_spins.iter().all(Option::is_some), "{parent}");
+
+    // Branched at 1.5 s, while every process sleeps: the branch exit is
+    // the timer's that wakes n1 and the workload at 2 s.
+    let asleep = format!("{snaps}@1500ms");
+    let branch = |spec: &str, seed: Option<&str>| {
+        let mut args = vec!["branch", spec];
+        args.extend(seed.iter().flat_map(|seed| ["--seed", *seed]));
+        let out = detvisor(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "seed {seed:?}: {}",
+            stderr(&out)
+        );
+        stdout(&out)
     };
-    let (one, one_again, two) = (branch("1"), branch("1"), branch("2"));
-    assert_eq!(one, one_again, "one seed, one history");
-    assert_ne!(one, two, "other seed, other bytes");
-    assert_ne!(one, parent, "a re-keyed branch is not the parent's history");
-    // Without a seed the branch is the parent's own history.
-    let same = detvisor(&["branch", &spec]);
-    assert_eq!(random_line(&same), parent);
+    let (five, six, five_again) = (
+        branch(&asleep, Some("5")),
+        branch(&asleep, Some("6")),
+        branch(&asleep, Some("5")),
+    );
+    for tag in ["n1-first", "wl-first"] {
+        let read = |out: &str| read_after(out, tag).unwrap_or_else(|| panic!("no {tag} in {out}"));
+        let (p, a, b, a_again) = (read(&parent), read(&five), read(&six), read(&five_again));
+        assert_eq!(a, a_again, "{tag}: one seed, one history");
+        assert_ne!(a, b, "{tag}: another seed, other bytes");
+        assert_ne!(a, p, "{tag}: the branch's first read is not the parent's");
+        assert_ne!(b, p, "{tag}: the branch's first read is not the parent's");
+    }
+    assert_eq!(spins(&five), spins(&five_again));
+
+    // Branched in the middle of n1's spin, at the exit where the host read
+    // `spin 8`: the reads n1 made before that exit are the parent's, and
+    // every one after it is the branch's own, from the first.
+    let spinning = format!("{snaps}@exit:{}", exit_of_spin(&records, 8));
+    let (five, six) = (
+        spins(&branch(&spinning, Some("5"))),
+        spins(&branch(&spinning, Some("6"))),
+    );
+    for (seed, reads) in [("5", &five), ("6", &six)] {
+        let after: Vec<usize> = (0..SPINS as usize)
+            .filter(|&i| reads[i].is_some() && reads[i] != parent_spins[i])
+            .collect();
+        let first = *after
+            .first()
+            .unwrap_or_else(|| panic!("seed {seed}: {reads:?}"));
+        assert!(
+            first >= 8,
+            "seed {seed}: read {} before the branch point differs",
+            first + 1
+        );
+        assert_eq!(
+            after,
+            (first..SPINS as usize).collect::<Vec<_>>(),
+            "seed {seed}: every read after the first re-keyed one is the branch's own"
+        );
+        assert!(
+            SPINS as usize - first >= 8,
+            "seed {seed}: too few reads after the branch"
+        );
+    }
+    let first_six = (0..SPINS as usize).find(|&i| six[i] != parent_spins[i]);
+    let first_five = (0..SPINS as usize).find(|&i| five[i] != parent_spins[i]);
+    assert_eq!(
+        first_five, first_six,
+        "the same read is the first after the branch"
+    );
+    let i = first_five.unwrap();
+    assert_ne!(
+        five[i], six[i],
+        "the first read after the branch differs by seed"
+    );
+
+    // Without a seed, the branch is the parent's own history.
+    assert_eq!(spins(&branch(&spinning, None)), parent_spins);
 }
+
+/// A node command that does nothing, forever.
+const IDLE: &str = "while true; do sleep 1; done";
 
 /// The virtual time of the first event line of `up` containing `what`.
 fn event_time(events: &str, what: &str) -> vmm::VirtNanos {

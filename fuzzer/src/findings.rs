@@ -32,8 +32,10 @@ pub const FINDINGS_DIR: &str = "findings";
 pub const BLOBS_DIR: &str = "blobs";
 pub const FINDING_FILE: &str = "finding.json";
 pub const RUN_FILE: &str = "run.json";
-/// The format of `finding.json`.
-pub const FINDING_FORMAT: u32 = 1;
+/// The format of `finding.json`. 2: a branch re-keys the guest kernel's
+/// CRNG at its first instant, so a version 1 finding's path replays to
+/// another history; those are refused.
+pub const FINDING_FORMAT: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FindingError {
@@ -393,7 +395,13 @@ mod tests {
     #[test]
     fn test_a_finding_of_another_format_version_is_refused_naming_both() {
         let dir = tempfile::tempdir().unwrap();
-        for (text, found) in [(r#"{"format": 99}"#, "99"), ("{}", "0")] {
+        // Version 1: before a branch re-keyed the guest CRNG at once.
+        let cases = [
+            (r#"{"format": 1}"#, "1"),
+            (r#"{"format": 99}"#, "99"),
+            ("{}", "0"),
+        ];
+        for (text, found) in cases {
             std::fs::write(dir.path().join(FINDING_FILE), text).unwrap();
             let error = load(dir.path()).err().expect("refused");
             let message = error.to_string();

@@ -20,8 +20,10 @@ use std::path::{Path, PathBuf};
 pub const DB_FILE: &str = "campaign.db";
 /// The lock file's name in a campaign directory.
 pub const LOCK_FILE: &str = "lock";
-/// What this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// What this build writes and reads. 2: a branch re-keys the guest
+/// kernel's CRNG at its first instant, so every stored path below the root
+/// replays to another history than version 1's; those are refused.
+pub const FORMAT_VERSION: u32 = 2;
 /// The `application_id` of a campaign database ("DVCP").
 const APPLICATION_ID: i32 = 0x4456_4350;
 
@@ -602,14 +604,20 @@ mod tests {
         std::fs::remove_file(dir.path().join(DB_FILE)).unwrap();
         drop(Store::create(dir.path(), &[("spec", "{}".into())]).unwrap());
         let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
-        conn.execute_batch("PRAGMA user_version = 99;").unwrap();
+        // Version 1: before a branch re-keyed the guest CRNG at once (its
+        // paths replay to other histories now).
+        for found in [1, 99] {
+            conn.execute_batch(&format!("PRAGMA user_version = {found};"))
+                .unwrap();
+            let refused = Store::open(dir.path()).err().unwrap();
+            let text = refused.to_string();
+            assert!(
+                text.contains(&format!("campaign format version {found};"))
+                    && text.contains(&format!("reads version {FORMAT_VERSION}")),
+                "{text}"
+            );
+        }
         drop(conn);
-        let newer = Store::open(dir.path()).err().unwrap();
-        let text = newer.to_string();
-        assert!(
-            text.contains("99") && text.contains(&FORMAT_VERSION.to_string()),
-            "{text}"
-        );
     }
 
     /// A metadata value that is not UTF-8 (found by the `file_campaign_dir`

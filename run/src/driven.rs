@@ -9,7 +9,7 @@ use crate::up::{self, DriveError, OutputError, UpDriver, UpState};
 use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 use vmm::exit::StopReason;
-use vmm::vm::{Checkpoint, RunOutcome, Session, SessionState, VmError};
+use vmm::vm::{Checkpoint, GuestCrngRekey, RunOutcome, Session, SessionState, VmError};
 use vmm::VirtNanos;
 
 /// Why a run could not step, be captured, kept or reset, or summed up.
@@ -108,20 +108,24 @@ impl Driven {
 
     /// Re-keys every seeded stream from `seed` at this exit: an alternate
     /// history from this moment (the one function a branch calls). The
-    /// machine's streams are re-keyed in the VMM ([`Session::rekey`]); an
-    /// `up` run's agent also mixes seeded bytes into the guest kernel's pool
-    /// and reseeds its CRNG, so randomness the guest draws from now on
-    /// differs at once. What stays inherited: see docs/determinism.md.
+    /// machine's streams and the guest kernel's CRNG are re-keyed in the VMM
+    /// ([`Session::rekey`]), before the guest runs again, so randomness any
+    /// guest process draws from now on differs at once. A kernel whose CRNG
+    /// the VMM cannot find (no symbols) is reseeded by an `up` run's agent
+    /// instead, when it reads the message: late, and said so in
+    /// docs/determinism.md. What stays inherited: see the same page.
     pub fn rekey(&mut self, seed: u64) -> Result<()> {
         let exit = self.session.exits();
-        self.session.rekey(seed);
+        let crng = self.session.rekey(seed)?;
         if let Some(up) = &mut self.up {
             up.rekey_sdk_random(seed, exit);
             up.rekey_composer(seed, exit);
-            up.reseed_guest(
-                &mut self.session,
-                vmm::entropy::guest_pool_bytes(seed, exit),
-            )?;
+            if crng == GuestCrngRekey::NoSymbols {
+                up.reseed_guest(
+                    &mut self.session,
+                    vmm::entropy::guest_pool_bytes(seed, exit),
+                )?;
+            }
         }
         Ok(())
     }

@@ -23,7 +23,7 @@
 //! | offset | size | field                                                     |
 //! |-------:|-----:|-----------------------------------------------------------|
 //! | 0      | 8    | magic: `b"DVSNAP\0\0"` (state.bin), `b"DVPAGES\0"` (memory.idx) |
-//! | 8      | 4    | format version, u32 ([`FORMAT_VERSION`] = 4)               |
+//! | 8      | 4    | format version, u32 ([`FORMAT_VERSION`] = 5)               |
 //! | 12     | 4    | flags, u32: bit 0 = [`FLAG_INCREMENTAL`]; other bits must be 0 |
 //! | 16     | 8    | payload length, u64                                       |
 //! | 24     | 8    | CRC-64/XZ of the payload, u64                             |
@@ -77,14 +77,17 @@ use error::io;
 use frame::{check_flags, read_framed, write_framed, CRC64, HEADER_LEN};
 use memory::{map_layers, MapLayer, PageIndex};
 
-/// The format version this build writes and reads. 4: the machine may
+/// The format version this build writes and reads. 5: a branch re-keys
+/// the guest kernel's CRNG in guest memory at the branch exit (the session
+/// state holds where: `guest_crng`); every branch's history changed with
+/// it, so older snapshots are refused. 4: the machine may
 /// have the clock page (`exit_path` in the session state; every digest
 /// changed with it, so older snapshots are refused). 3: an `up` run's host
 /// side keeps no network faults of its own (the switch's state holds them)
 /// and saves faults as their text. 2: detvisor's state payload became
 /// `{"session": ..., "up": ...}` (an `up` run's host side beside the
 /// machine); version 1 files hold the machine's state alone.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 /// Guest page size: the granularity of sparseness and of incremental snapshots.
 pub const PAGE_SIZE: u64 = 4096;
 /// Magic of `state.bin`.

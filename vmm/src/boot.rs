@@ -108,6 +108,13 @@ pub fn load_kernel(mem: &GuestMemory, path: &Path) -> Result<LoadedKernel, BootE
     })
 }
 
+/// Where the kernel in vmlinux `path` keeps its CRNG, if its symbol table
+/// says (see [`crate::guest_crng`]). The kernel was just loaded from the
+/// same file, so a failure to read it again only means "unknown".
+pub fn guest_crng(path: &Path) -> Option<crate::guest_crng::GuestCrng> {
+    crate::guest_crng::GuestCrng::find(hostfile::open_regular(path).ok()?)
+}
+
 /// Where `ram` bytes of guest RAM go: `(guest address, offset in the host
 /// mapping, length)` per region, in host order. Up to [`LOW_RAM_LIMIT`] one
 /// region at 0; the rest at [`HIGH_RAM_BASE`], right after it on the host

@@ -22,9 +22,12 @@ pub mod stream {
     pub const VIRTIO_RNG: &str = "virtio-rng";
     /// The network switch: latency, loss, duplication and reordering draws.
     pub const NETWORK_SWITCH: &str = "network-switch";
-    /// Bytes the in-guest agent mixes into the kernel's entropy pool at a
-    /// branch (`RNDADDENTROPY`, then `RNDRESEEDCRNG`), so the guest's CRNG
-    /// diverges at once instead of at its next reseed from the hwrng.
+    /// The guest kernel CRNG's new key and pool bytes at a branch, written
+    /// by the VMM into guest memory at the branch exit
+    /// ([`crate::guest_crng`]), so the guest's CRNG diverges at once
+    /// instead of at its next reseed from the hwrng. (A kernel without the
+    /// CRNG symbols gets them from the agent instead: `RNDADDENTROPY`,
+    /// then `RNDRESEEDCRNG`.)
     pub const GUEST_POOL: &str = "guest-pool";
     /// Values the Antithesis SDKs' `get_random()` returns to guest programs
     /// (through the libvoidstar shim or `detvisor-assert random`): the host
@@ -46,8 +49,8 @@ pub const REKEYED_AT_BRANCH: [&str; 5] = [
     stream::TEST_COMPOSER,
 ];
 
-/// Bytes of [`stream::GUEST_POOL`] the agent mixes in at a branch.
-pub const GUEST_POOL_BYTES: usize = 64;
+/// Bytes of [`stream::GUEST_POOL`] drawn at a branch.
+pub const GUEST_POOL_BYTES: usize = crate::guest_crng::REKEY_BYTES;
 
 /// The key of stream `name` in the history re-keyed with `seed` at exit
 /// `exit`: branching one moment with one seed twice gives one history.
@@ -55,7 +58,7 @@ pub fn branch_key(seed: u64, exit: u64, name: &str) -> [u8; 32] {
     stream_key(seed, &format!("{name}@exit{exit}"))
 }
 
-/// The bytes the agent mixes into the guest kernel's pool at a branch with
+/// The bytes the guest kernel's CRNG is re-keyed with at a branch with
 /// `seed` at exit `exit`.
 pub fn guest_pool_bytes(seed: u64, exit: u64) -> [u8; GUEST_POOL_BYTES] {
     let mut bytes = [0; GUEST_POOL_BYTES];

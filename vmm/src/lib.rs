@@ -7,6 +7,7 @@ pub mod clock;
 pub mod cpu_model;
 pub mod entropy;
 pub mod exit;
+pub mod guest_crng;
 pub mod irq_window;
 mod kvm_util;
 pub mod probe;

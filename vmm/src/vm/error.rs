@@ -84,6 +84,8 @@ pub enum VmError {
     Incompatible(#[from] IncompatibleState),
     #[error("writing to the control channel")]
     ControlChannel(#[source] devices::DevicesError),
+    #[error(transparent)]
+    GuestCrng(#[from] crate::guest_crng::GuestCrngError),
 }
 
 /// Maps a failed KVM call named `call` to a [`VmError`].

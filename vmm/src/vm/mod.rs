@@ -41,7 +41,7 @@ pub use error::{IncompatibleState, SetupError, VmError};
 pub use kept_pages::{CheckpointError, CheckpointMemory, ResetStats};
 pub use load_in_place::LoadStats;
 pub use memory::{memory_from_file, memory_from_mapping, GuestRam, MemoryError};
-pub use session::{Session, SessionState};
+pub use session::{GuestCrngRekey, Session, SessionState};
 pub use wiring::{disk_digest, nic_mac, DiskSpec, NetworkSpec};
 
 use crate::exit::{Perturbation, StopReason};

@@ -16,6 +16,7 @@ use crate::boot::{self, BootError, BootInputs};
 use crate::cpu_model;
 use crate::entropy::{self, stream, EntropyStream};
 use crate::exit::{Machine, MachineState, StopReason};
+use crate::guest_crng::GuestCrng;
 use crate::irq_window::WindowGuard;
 use crate::record::{self, ChainHash, Recorder, RecorderState};
 use crate::stall::{StallGuard, StallTimeout};
@@ -63,6 +64,18 @@ pub struct SessionState {
     /// snapshots older than the stall guard).
     #[serde(default)]
     pub last_exit_rip: u64,
+    /// Where the guest kernel keeps its CRNG, found in the vmlinux at boot
+    /// (`None`: a kernel without the symbols; see [`crate::guest_crng`]).
+    pub guest_crng: Option<GuestCrng>,
+}
+
+/// How [`Session::rekey`] re-keyed the guest kernel's CRNG.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestCrngRekey {
+    /// In guest memory, at the branch exit: exact.
+    InMemory,
+    /// Not at all: the kernel has no CRNG symbols the VMM knows.
+    NoSymbols,
 }
 
 /// A booted guest and everything needed to run it one exit at a time.
@@ -95,6 +108,8 @@ pub struct Session {
     pub(super) stall: StallGuard,
     /// RIP at the last guest-caused exit.
     pub(super) last_exit_rip: u64,
+    /// Where the guest kernel keeps its CRNG (re-keyed at a branch).
+    pub(super) guest_crng: Option<GuestCrng>,
 }
 
 impl Session {
@@ -112,6 +127,7 @@ impl Session {
         let memory = ram.memory.clone();
         // Bad input (not a kernel, an initrd too large) is found before KVM is touched.
         let kernel = boot::load_kernel(&memory, &config.kernel)?;
+        let guest_crng = boot::guest_crng(&config.kernel);
         let (devices, console) = build_devices(
             ConsoleCapture {
                 out: console,
@@ -179,6 +195,7 @@ impl Session {
             injected_total: 0,
             stall: StallGuard::new(config.stall_timeout),
             last_exit_rip: 0,
+            guest_crng,
             window: WindowGuard::default(),
             ram_ledger: PageLedger::default(),
             wall_setup: started.elapsed(),
@@ -205,12 +222,22 @@ impl Session {
     /// `run::driven::Driven::rekey`) from `seed` and the present
     /// exit index: an alternate history from this moment. Branching the same
     /// moment with the same seed twice gives the same history.
-    pub fn rekey(&mut self, seed: u64) {
+    ///
+    /// The guest kernel's CRNG is re-keyed here too, in guest memory, before
+    /// the guest runs again ([`crate::guest_crng`]); the answer says whether
+    /// it could be (`false`: the kernel has no CRNG symbols, and the caller
+    /// must reseed it some other way).
+    pub fn rekey(&mut self, seed: u64) -> Result<GuestCrngRekey, VmError> {
         self.seed = seed;
         let exit = self.machine.exits();
         let devices = &mut self.machine.devices;
         devices.rekey_virtio_rng(entropy::branch_key(seed, exit, stream::VIRTIO_RNG));
         devices.rekey_switch(entropy::branch_key(seed, exit, stream::NETWORK_SWITCH));
+        let Some(crng) = self.guest_crng else {
+            return Ok(GuestCrngRekey::NoSymbols);
+        };
+        crng.rekey(&self.vm.memory, &entropy::guest_pool_bytes(seed, exit))?;
+        Ok(GuestCrngRekey::InMemory)
     }
 
     /// Queues a message for the agent on its control channel, delivered now
@@ -300,6 +327,7 @@ impl Session {
             injected_interrupts: self.injected_total,
             request_interrupt_window: self.vm.vcpu.get_kvm_run().request_interrupt_window,
             last_exit_rip: self.last_exit_rip,
+            guest_crng: self.guest_crng,
         })
     }
 
@@ -378,6 +406,7 @@ impl Session {
             injected_total: state.injected_interrupts,
             stall: StallGuard::new(config.stall_timeout),
             last_exit_rip: state.last_exit_rip,
+            guest_crng: state.guest_crng,
             window: WindowGuard::default(),
             ram_ledger: PageLedger::default(),
             wall_setup: started.elapsed(),
@@ -471,6 +500,7 @@ impl Session {
         }
         self.injected_total = state.injected_interrupts;
         self.last_exit_rip = state.last_exit_rip;
+        self.guest_crng = state.guest_crng;
         self.seed = state.seed;
         self.publish_before_entry = true;
         Ok(())
