@@ -348,3 +348,45 @@ fn test_a_fault_at_a_branch_of_a_plain_run_is_a_named_error() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The default guest kernel's CRNG is found where `nm` says it is (the
+/// VMM re-keys it in guest memory at a branch); a stripped kernel has no
+/// CRNG the VMM could find (the agent reseeds it instead).
+#[test]
+fn test_the_default_kernels_crng_is_found_and_a_stripped_kernel_has_none() {
+    let kernel = run::guest::default_image().unwrap().kernel;
+    let nm = std::process::Command::new("nm")
+        .arg(&kernel)
+        .output()
+        .unwrap();
+    let symbols = String::from_utf8(nm.stdout).unwrap();
+    let virtual_address = |name: &str| {
+        symbols
+            .lines()
+            .find_map(|line| {
+                let mut fields = line.split_whitespace();
+                let (address, _, symbol) = (fields.next()?, fields.next()?, fields.next()?);
+                (symbol == name).then(|| u64::from_str_radix(address, 16).unwrap())
+            })
+            .unwrap_or_else(|| panic!("no {name} in the default kernel"))
+    };
+    // The kernel runs at 0xffffffff80000000 + its physical address.
+    let physical = |name: &str| virtual_address(name) - 0xffff_ffff_8000_0000;
+    let open = |path: &std::path::Path| std::fs::File::open(path).unwrap();
+    let crng = vmm::guest_crng::GuestCrng::find(open(&kernel)).expect("found");
+    assert_eq!(crng.base_crng, physical("base_crng"));
+    assert_eq!(crng.input_pool, physical("input_pool"));
+
+    let dir = std::env::temp_dir().join(format!("detvisor-stripped-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let stripped = dir.join("vmlinux");
+    let status = std::process::Command::new("objcopy")
+        .arg("--strip-all")
+        .arg(&kernel)
+        .arg(&stripped)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(vmm::guest_crng::GuestCrng::find(open(&stripped)), None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
