@@ -14,7 +14,11 @@ impl Agent {
     /// Passes on the lines added to node `name`'s local output files
     /// (looked up again through its PID 1's root while it runs).
     pub(super) fn read_local_output(&mut self, name: &str) {
-        let Some(node) = self.nodes.get_mut(name) else {
+        let Some(node) = self
+            .nodes
+            .get_mut(name)
+            .filter(|n| !n.local_outputs.is_empty())
+        else {
             return;
         };
         if let Some(running) = &node.running {
