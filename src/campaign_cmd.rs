@@ -277,6 +277,10 @@ impl Progress for Printer {
             dir.display()
         );
     }
+
+    fn warning(&mut self, text: &str) {
+        eprintln!("detvisor: WARNING: {text}");
+    }
 }
 
 fn budget(args: &CampaignArgs, spec: &CampaignSpec) -> Result<Budget> {
@@ -391,6 +395,11 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
     }
     for failure in &summary.end_failures {
         println!("end   {}  {}", failure.key, failure.summary);
+    }
+    // Said on stderr as it was found; here again, where a passing campaign
+    // would show nothing.
+    for warning in &summary.warnings {
+        println!("WARNING  {warning}");
     }
     Ok(if summary.findings.is_empty() { 0 } else { 1 })
 }

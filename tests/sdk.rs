@@ -1,8 +1,9 @@
 //! Properties the way unmodified Antithesis SDK users write them, end to
 //! end: the published Rust SDK (`examples/sdk-rust`) reporting through
 //! detvisor's libvoidstar shim with no environment variable set,
-//! `detvisor-assert` from a shell, and history lines on stdout, all read
-//! back from `detvisor up --records FILE`.
+//! `detvisor-assert` from a shell, history lines on stdout, and the
+//! `ANTITHESIS_SDK_LOCAL_OUTPUT` fallback files, all read back from
+//! `detvisor up --records FILE`.
 
 mod common;
 
@@ -244,6 +245,61 @@ fn test_sdk_records_arrive_through_the_shim_and_follow_the_seed() {
     let (_, d) = run("6", "d.jsonl", &[]);
     assert_ne!(drawn(&sdk_of(&a, "n1")), drawn(&sdk_of(&d, "n1")));
     assert_ne!(a_shell_random, shell_random(&cluster.log("n2")));
+}
+
+/// The SDKs' fallback file wherever the documented variable may be set,
+/// each written just before its writer ends: the workload in n1 names its
+/// own only in `[workload].env`, and writes n1's (named in n1's `env`, on
+/// its /tmp) last of all, the host ending the run at its end; n2 writes its
+/// /tmp file and ends at once.
+const FALLBACK_MANIFEST: &str = r#"
+[[node]]
+name = "n1"
+rootfs = "root"
+env = { ANTITHESIS_SDK_LOCAL_OUTPUT = "/tmp/n1.jsonl" }
+command = ["sleep", "1000"]
+
+[[node]]
+name = "n2"
+rootfs = "root"
+env = { ANTITHESIS_SDK_LOCAL_OUTPUT = "/tmp/n2.jsonl" }
+command = ["sh", "-c", "sleep 0.5; echo '{\"n2\":1}' > $ANTITHESIS_SDK_LOCAL_OUTPUT"]
+
+[workload]
+node = "n1"
+env = { ANTITHESIS_SDK_LOCAL_OUTPUT = "/tmp/workload.jsonl" }
+command = ["sh", "-c", "sleep 1; echo '{\"workload\":1}' > $ANTITHESIS_SDK_LOCAL_OUTPUT; echo '{\"n1\":1}' > /tmp/n1.jsonl"]
+"#;
+
+#[test]
+fn test_fallback_files_of_nodes_and_of_the_workload_arrive_up_to_their_ends() {
+    let cluster = Cluster::new("sdk-fallback", FALLBACK_MANIFEST);
+    let file = cluster.dir.join("records.jsonl");
+    let path = file.display().to_string();
+    let out = cluster.up(&["--seed", "1", "--until", "60s", "--records", &path]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let records = records(&file);
+    // The workload's records are its node's, as through libvoidstar; all
+    // come before the workload's end, which ended the run.
+    let mut n1 = sdk_of(&records, "n1");
+    n1.sort_by_key(Value::to_string);
+    assert_eq!(
+        n1,
+        vec![
+            serde_json::json!({"n1": 1}),
+            serde_json::json!({"workload": 1})
+        ]
+    );
+    assert_eq!(sdk_of(&records, "n2"), vec![serde_json::json!({"n2": 1})]);
+    let end = records
+        .iter()
+        .position(|r| r["body"]["event"]["event"] == "workload_exited")
+        .expect("the workload's end");
+    let last_sdk = records
+        .iter()
+        .rposition(|r| r["body"]["kind"] == "sdk")
+        .expect("SDK records");
+    assert!(last_sdk < end, "{records:?}");
 }
 
 /// A program on the Python SDK from PyPI (`antithesis`), unmodified.

@@ -25,16 +25,18 @@ use detvisor_agent::protocol::{
 };
 
 mod disks;
+mod local_outputs;
 
 use crate::clock::{self, ClockChange};
 use crate::composer;
 use crate::container::{self, Command, NodeNamespaces, NodePlan, SdkMounts, Setup};
 use crate::disk::Disk;
 use crate::history::HistoryLines;
-use crate::local_output::LocalOutput;
+use crate::local_output::LocalOutputs;
 use crate::netlink::{link_index, Netlink};
 use crate::sdk::{SdkEvent, SdkReady, SdkServer};
 use crate::sys::{self, NsId};
+use local_outputs::proc_root;
 
 /// How the agent treats the system around it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,8 +87,9 @@ struct Node {
     crash_pending: bool,
     /// A start waits for the disk to be mounted again (after a crash).
     start_when_mounted: bool,
-    /// The SDKs' fallback file (`ANTITHESIS_SDK_LOCAL_OUTPUT`), if set.
-    local_output: Option<LocalOutput>,
+    /// The SDKs' fallback files (`ANTITHESIS_SDK_LOCAL_OUTPUT`) its own,
+    /// its workloads' and its commands' environments named.
+    local_outputs: LocalOutputs,
 }
 
 #[derive(Debug)]
@@ -146,7 +149,9 @@ pub struct Agent {
     sdk: Option<SdkServer>,
     /// The agent's own executable, bind-mounted as `detvisor-assert`.
     own_executable: Option<std::path::PathBuf>,
-    /// Fires while some node has a local output file to read.
+    /// The fallback files the root workload's environment named.
+    root_outputs: LocalOutputs,
+    /// Fires once some environment named a local output file.
     local_output_timer: Option<OwnedFd>,
 }
 
@@ -180,6 +185,7 @@ impl Agent {
             shell: None,
             sdk: None,
             own_executable: None,
+            root_outputs: LocalOutputs::default(),
             local_output_timer: None,
         })
     }
@@ -299,10 +305,7 @@ impl Agent {
                         if let Some(timer) = &self.local_output_timer {
                             sys::drain_timerfd(timer.as_fd());
                         }
-                        let names: Vec<String> = self.nodes.keys().cloned().collect();
-                        for name in names {
-                            self.read_local_output(&name);
-                        }
+                        self.read_local_outputs();
                     }
                     Ready::Sigchld | Ready::Channel => {}
                 }
@@ -338,28 +341,6 @@ impl Agent {
                     self.send_error(&context, message);
                 }
             }
-        }
-    }
-
-    /// Passes on the lines added to node `name`'s local output file (read
-    /// through its running PID 1's root, or its root directory).
-    fn read_local_output(&mut self, name: &str) {
-        let Some(node) = self.nodes.get_mut(name) else {
-            return;
-        };
-        let Some(local) = &mut node.local_output else {
-            return;
-        };
-        let root = match &node.running {
-            Some(running) => std::path::PathBuf::from(format!("/proc/{}/root", running.pid)),
-            None => node.plan.rootfs().to_path_buf(),
-        };
-        let lines = local.read_new(&local.file_under(&root));
-        for json in lines {
-            self.send(&AgentToHost::Sdk {
-                node: Some(name.to_string()),
-                json,
-            });
         }
     }
 
@@ -495,6 +476,9 @@ impl Agent {
             }
             if self.workload.as_ref().is_some_and(|w| w.running.pid == pid) {
                 self.drain_and_close(&Owner::Workload, buffer);
+                // What it wrote last, before its end (the host ends the
+                // run there).
+                self.read_local_outputs();
                 self.workload = None;
                 self.workload_status = Some(status);
                 self.send(&AgentToHost::WorkloadExited { status });
@@ -507,6 +491,7 @@ impl Agent {
                 .map(|(id, _)| *id);
             if let Some(id) = command {
                 self.drain_and_close(&Owner::Command(id), buffer);
+                self.read_local_outputs();
                 self.commands.remove(&id);
                 self.send(&AgentToHost::CommandExited { id, status });
                 continue;
@@ -522,7 +507,8 @@ impl Agent {
             };
             let owner = Owner::Node(name.clone());
             self.drain_and_close(&owner, buffer);
-            // What it wrote last (readable if the file is on its root).
+            // What it wrote last, through the directories held (its /tmp
+            // ended with it).
             self.nodes.get_mut(&name).expect("node exists").running = None;
             self.read_local_output(&name);
             let node = self.nodes.get_mut(&name).expect("node exists");
@@ -755,6 +741,10 @@ impl Agent {
         self.configure_network(netns.as_fd(), spec.nic.as_deref(), address)?;
         let timens = clock::new_timens(self.own_timens.as_ref().map(AsFd::as_fd))
             .map_err(|e| e.to_string())?;
+        let mut local_outputs = LocalOutputs::default();
+        if local_outputs.add_from_env(&spec.env) {
+            self.watch_local_outputs()?;
+        }
         self.nodes.insert(
             spec.name.clone(),
             Node {
@@ -768,16 +758,9 @@ impl Agent {
                 disk,
                 crash_pending: false,
                 start_when_mounted: false,
-                local_output: LocalOutput::from_env(&spec.env),
+                local_outputs,
             },
         );
-        if spec.env.contains_key(crate::local_output::VARIABLE) && self.local_output_timer.is_none()
-        {
-            self.local_output_timer = Some(
-                sys::interval_timerfd(crate::local_output::POLL_INTERVAL_NS)
-                    .map_err(context_error("timerfd for the local output files"))?,
-            );
-        }
         if let Err(message) = self.start_node(&spec.name) {
             // The node never ran: forget it (and its network namespace).
             self.nodes.remove(&spec.name);
@@ -845,7 +828,17 @@ impl Agent {
             netns: node.netns.as_fd(),
             timens: node.timens.as_ref().map(AsFd::as_fd),
         };
-        let spawned = container::spawn(&node.command, &setup, self.devnull.as_fd(), None)?;
+        let spawned = if node.local_outputs.is_empty() {
+            container::spawn(&node.command, &setup, self.devnull.as_fd(), None)?
+        } else {
+            // Its files' directories, held before it runs: a node may end
+            // (and its /tmp with it) before any read.
+            let outputs = &mut node.local_outputs;
+            outputs.forget();
+            container::spawn_then(&node.command, &setup, self.devnull.as_fd(), &mut |pid| {
+                outputs.look_up(&proc_root(pid))
+            })?
+        };
         node.pidns = sys::ns_id(Path::new(&format!("/proc/{}/ns/pid", spawned.pid))).ok();
         node.running = Some(Running {
             pid: spawned.pid,
@@ -883,6 +876,7 @@ impl Agent {
             return Err("a workload is already running".to_string());
         }
         let command = Command::new(command, env).map_err(|e| e.to_string())?;
+        self.add_local_outputs(node.as_deref(), env)?;
         let spawned = match &node {
             None => container::spawn(&command, &Setup::Root, self.devnull.as_fd(), None)?,
             Some(name) => {
@@ -936,6 +930,7 @@ impl Agent {
         let path = composer::command_path(template, command)?;
         let command = Command::new(&[path], env).map_err(|e| e.to_string())?;
         let (_, pid) = self.running_node(node)?;
+        self.add_local_outputs(Some(node), env)?;
         let namespaces = NodeNamespaces::of(pid).map_err(|e| e.to_string())?;
         let setup = Setup::EnterNode {
             namespaces: &namespaces,

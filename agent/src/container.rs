@@ -291,11 +291,6 @@ impl NodePlan {
         })
     }
 
-    /// The node's root directory (canonical).
-    pub fn rootfs(&self) -> &Path {
-        &self.rootfs
-    }
-
     /// Adds the SDK's bind mounts (after /run's tmpfs, before the root
     /// switch).
     pub fn add_sdk(&mut self, sdk: &SdkMounts) -> io::Result<()> {
@@ -458,6 +453,8 @@ const STEP_ENTER: [u32; 4] = [6, 7, 8, 9];
 const STEP_ENTER_ROOT: u32 = 10;
 const STEP_EXEC: u32 = 11;
 const STEP_TIMENS: u32 = 12;
+/// Not a failure: set up, waiting for the parent's go before exec.
+const STEP_READY: u32 = 13;
 const OP_BASE: u32 = 1000;
 
 /// What the child needs, as raw values only (no allocation after clone).
@@ -472,6 +469,10 @@ struct ChildContext<'a> {
     stdout: libc::c_int,
     stderr: libc::c_int,
     status: libc::c_int,
+    /// The read end of the go pipe, and its write end (closed by the
+    /// child); -1: exec without waiting.
+    go: libc::c_int,
+    go_write: libc::c_int,
     setup: &'a Setup<'a>,
 }
 
@@ -486,10 +487,38 @@ pub fn spawn(
     devnull: BorrowedFd<'_>,
     terminal: Option<BorrowedFd<'_>>,
 ) -> Result<Spawned, String> {
+    spawn_inner(command, setup, devnull, terminal, None)
+}
+
+/// As [`spawn`], and calls `ready` with the child's PID once the child
+/// is set up (in its namespaces and root, its mounts made) and before it
+/// execs: what `ready` opens through `/proc/<pid>/root` is the child's
+/// view, however soon the program ends (e.g. a directory of a /tmp that
+/// ends with the node's mount namespace).
+pub fn spawn_then(
+    command: &Command,
+    setup: &Setup<'_>,
+    devnull: BorrowedFd<'_>,
+    ready: &mut dyn FnMut(libc::pid_t),
+) -> Result<Spawned, String> {
+    spawn_inner(command, setup, devnull, None, Some(ready))
+}
+
+fn spawn_inner(
+    command: &Command,
+    setup: &Setup<'_>,
+    devnull: BorrowedFd<'_>,
+    terminal: Option<BorrowedFd<'_>>,
+    mut ready: Option<&mut dyn FnMut(libc::pid_t)>,
+) -> Result<Spawned, String> {
     let io_error = |what: &str, e: io::Error| format!("{what}: {e}");
     let (stdout_r, stdout_w) = sys::pipe().map_err(|e| io_error("pipe", e))?;
     let (stderr_r, stderr_w) = sys::pipe().map_err(|e| io_error("pipe", e))?;
     let (status_r, status_w) = sys::pipe().map_err(|e| io_error("pipe", e))?;
+    let go = match ready {
+        Some(_) => Some(sys::pipe().map_err(|e| io_error("pipe", e))?),
+        None => None,
+    };
     let null_terminated = |strings: &[CString]| -> Vec<*const libc::c_char> {
         strings
             .iter()
@@ -508,6 +537,8 @@ pub fn spawn(
         stdout: stdout_w.as_raw_fd(),
         stderr: stderr_w.as_raw_fd(),
         status: status_w.as_raw_fd(),
+        go: go.as_ref().map_or(-1, |(r, _)| r.as_raw_fd()),
+        go_write: go.as_ref().map_or(-1, |(_, w)| w.as_raw_fd()),
         setup,
     };
     let mut flags = libc::SIGCHLD as libc::c_ulong;
@@ -547,15 +578,20 @@ pub fn spawn(
     }
     let pid = pid as libc::pid_t;
     drop((stdout_w, stderr_w, status_w));
-    let mut report = [0u8; 8];
-    let mut got = 0;
-    while got < report.len() {
-        match sys::read(status_r.as_fd(), &mut report[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) => return Err(io_error("read the child's status pipe", e)),
+    let mut go_write = go.map(|(_, w)| w);
+    let (mut report, mut got) = read_report(status_r.as_fd())?;
+    if got == report.len() && u32::from_ne_bytes(report[..4].try_into().unwrap()) == STEP_READY {
+        if let Some(ready) = &mut ready {
+            ready(pid);
         }
+        if let Some(go) = go_write.take() {
+            // A failed write is no hang: the child also wakes at the end
+            // of the pipe (its own copy of this end is closed).
+            let _ = sys::write(go.as_fd(), b"g");
+        }
+        (report, got) = read_report(status_r.as_fd())?;
     }
+    drop(go_write);
     if got == 0 {
         for fd in [&stdout_r, &stderr_r] {
             sys::set_nonblocking(fd.as_fd()).map_err(|e| io_error("fcntl", e))?;
@@ -577,6 +613,21 @@ pub fn spawn(
         describe(step, command, setup),
         io::Error::from_raw_os_error(errno)
     ))
+}
+
+/// The child's 8-byte report (a step and an errno) and how many of its
+/// bytes came: 0 at the end of the pipe (the child exec'd).
+fn read_report(status: BorrowedFd<'_>) -> Result<([u8; 8], usize), String> {
+    let mut report = [0u8; 8];
+    let mut got = 0;
+    while got < report.len() {
+        match sys::read(status, &mut report[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) => return Err(format!("read the child's status pipe: {e}")),
+        }
+    }
+    Ok((report, got))
 }
 
 fn describe(step: u32, command: &Command, setup: &Setup<'_>) -> String {
@@ -730,6 +781,17 @@ unsafe fn child_main(context: &ChildContext<'_>) -> ! {
                     fail(context, STEP_ENTER_ROOT);
                 }
             }
+        }
+        if context.go >= 0 {
+            // Set up: the parent looks at us now (see `spawn_then`), then
+            // says go (a byte, or the end of the pipe).
+            let mut report = [0u8; 8];
+            report[..4].copy_from_slice(&STEP_READY.to_ne_bytes());
+            libc::close(context.go_write);
+            libc::write(context.status, report.as_ptr().cast(), report.len());
+            let mut byte = 0u8;
+            libc::read(context.go, (&mut byte as *mut u8).cast(), 1);
+            libc::close(context.go);
         }
         // Like execvp: try every candidate; remember EACCES over ENOENT.
         let mut saved = libc::ENOENT;

@@ -55,6 +55,18 @@ pub fn open(path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// Opens `path` relative to directory `dir` with `flags` | `O_CLOEXEC`.
+pub fn openat(dir: BorrowedFd<'_>, path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let path = path_cstring(path)?;
+    let raw = dir.as_raw_fd();
+    let flags = flags | libc::O_CLOEXEC;
+    // SAFETY: `dir` is an open descriptor and `path` a valid NUL-terminated
+    // string, both outliving the call.
+    let fd = retry(|| cvt(unsafe { libc::openat(raw, path.as_ptr(), flags, 0o666) }))?;
+    // SAFETY: `openat` returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 /// A pipe, both ends close-on-exec: (read end, write end).
 pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];

@@ -72,6 +72,9 @@ pub trait Progress {
     fn root(&mut self, position: &Position, digest: &str);
     fn branch(&mut self, report: &BranchReport);
     fn finding(&mut self, number: u32, key: &str, summary: &str, dir: &Path);
+    /// Something the user must know now (e.g. the campaign cannot fail);
+    /// said once, and kept in [`CampaignSummary::warnings`].
+    fn warning(&mut self, text: &str);
 }
 
 /// One finished branch, for progress lines.
@@ -113,6 +116,8 @@ pub struct CampaignSummary {
     pub stopped_by: String,
     /// Checkpoints written to disk and loaded back in this process.
     pub spill: crate::spill::SpillStats,
+    /// What [`Progress::warning`] was told, in order.
+    pub warnings: Vec<String>,
 }
 
 pub struct Engine<'a> {
@@ -127,6 +132,10 @@ pub struct Engine<'a> {
     findings: BTreeMap<String, u32>,
     branches: u64,
     wall_before_ms: u64,
+    /// Warnings given in this process (see [`crate::silence`]).
+    warnings: Vec<String>,
+    /// The first branches' records were looked at in this process.
+    silence_checked: bool,
 }
 
 /// Options for booting a campaign's run (the campaign's, or a replay's
@@ -204,6 +213,8 @@ impl<'a> Engine<'a> {
             findings: BTreeMap::new(),
             branches: 0,
             wall_before_ms: 0,
+            warnings: Vec::new(),
+            silence_checked: false,
         })
     }
 
@@ -272,6 +283,8 @@ impl<'a> Engine<'a> {
             findings,
             branches,
             wall_before_ms,
+            warnings: Vec::new(),
+            silence_checked: false,
         })
     }
 
@@ -357,6 +370,7 @@ impl<'a> Engine<'a> {
             });
         }
         progress.root(&position, &digest);
+        self.warn_if_silent(progress);
         let width = self.spec.batch_width.max(1);
         let mut this_run = 0u64;
         let stopped_by = loop {
@@ -396,6 +410,7 @@ impl<'a> Engine<'a> {
                 let report = self.commit(job, done, progress, started)?;
                 this_run += 1;
                 progress.branch(&report);
+                self.warn_if_silent(progress);
             }
         };
         let wall_ms = self.wall_before_ms + started.elapsed().as_millis() as u64;
@@ -416,7 +431,21 @@ impl<'a> Engine<'a> {
             wall_ms,
             stopped_by,
             spill,
+            warnings: self.warnings.clone(),
         })
+    }
+
+    /// Warns once (a resumed campaign again) when the root and the first
+    /// branches delivered nothing a property could judge.
+    fn warn_if_silent(&mut self, progress: &mut dyn Progress) {
+        if self.silence_checked || self.nodes.len() <= crate::silence::CHECKED_BRANCHES {
+            return;
+        }
+        self.silence_checked = true;
+        if let Some(text) = crate::silence::warning(&self.nodes) {
+            progress.warning(&text);
+            self.warnings.push(text);
+        }
     }
 
     /// Branch `k` of `parent`: its seed, its faults (drawn from the seed)

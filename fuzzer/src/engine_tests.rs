@@ -311,6 +311,7 @@ impl Progress for Quiet {
     fn root(&mut self, _: &Position, _: &str) {}
     fn branch(&mut self, _: &BranchReport) {}
     fn finding(&mut self, _: u32, _: &str, _: &str, _: &Path) {}
+    fn warning(&mut self, _: &str) {}
 }
 
 fn campaign(dir: &Path, live: u32, branches: u64) -> (CampaignSummary, Vec<NodeRow>) {
@@ -794,3 +795,6 @@ fn test_workers_spill_to_their_own_folders_for_the_same_search() {
     assert!(count("Spill") > 0 && count("LoadInPlace") > 0);
     assert!(!dir.path().join(crate::spill::SPILL_DIR).exists());
 }
+
+#[path = "engine_silence_tests.rs"]
+mod silence;

@@ -19,6 +19,7 @@ pub mod properties;
 pub mod replay;
 pub mod runner;
 pub mod shrink;
+pub mod silence;
 pub mod spec;
 pub mod spill;
 pub mod step;
