@@ -9,8 +9,8 @@ use clap::Args;
 use fuzzer::engine::{BranchReport, Budget, Engine, Progress};
 use fuzzer::findings;
 use fuzzer::runner::{InProcess, Runner};
-use fuzzer::spec::CampaignSpec;
 use fuzzer::spec::MAX_BATCH_WIDTH;
+use fuzzer::spec::{CampaignFile, CampaignSpec};
 use helper_vm::Placement;
 use run::api::{Request, Response};
 use run::up::{PreparedUp, UpOptions};
@@ -18,18 +18,26 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use vmm::stall::StallTimeout;
 
+/// The exit status of `detvisor campaign`, said in its help.
+const CAMPAIGN_EXIT_STATUS: &str = "Exit status: 0 when the campaign stopped holding no finding, 1 when it holds one or more (a resumed campaign's earlier ones included; `detvisor findings DIR` lists them), 2 on an error (bad input, a run that failed).";
+
 #[derive(Args, Debug)]
+#[command(after_help = CAMPAIGN_EXIT_STATUS)]
 pub struct CampaignArgs {
     /// The campaign file (TOML; see docs/campaigns.md). Not with --resume.
     campaign: Option<PathBuf>,
+    /// Print the default fault profile, the [faults] table every campaign
+    /// file starts from (annotated TOML), and exit.
+    #[arg(long, conflicts_with_all = ["campaign", "out", "resume"])]
+    print_defaults: bool,
     /// Where the campaign keeps its database, findings and files.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Continue the campaign in DIR (killed, interrupted or out of budget).
     #[arg(long, value_name = "DIR", conflicts_with_all = ["campaign", "out"])]
     resume: Option<PathBuf>,
-    /// Wall time this run of the campaign may take (e.g. 30m), overriding
-    /// the file's budget.wall.
+    /// Wall time this run of the campaign may take (e.g. 30m; exact, 0: no
+    /// limit), overriding the file's budget.wall.
     #[arg(long)]
     budget: Option<String>,
     /// Stop after this many branches in all (0: no limit), overriding the
@@ -284,17 +292,21 @@ impl Progress for Printer {
 }
 
 fn budget(args: &CampaignArgs, spec: &CampaignSpec) -> Result<Budget> {
-    let wall_ms = match &args.budget {
-        Some(text) => run::units::parse_duration(text).context("--budget")?.0 / 1_000_000,
-        None => spec.wall_ms,
+    let wall = match &args.budget {
+        Some(text) => fuzzer::budget::parse_wall(text).context("--budget")?,
+        None => spec.wall_budget(),
     };
     Ok(Budget {
-        wall_ms,
+        wall: fuzzer::budget::wall_duration(wall),
         branches: args.branches.unwrap_or(spec.max_branches),
     })
 }
 
 pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
+    if args.print_defaults {
+        print!("{}", fuzzer::profile::DEFAULT_PROFILE_TOML);
+        return Ok(0);
+    }
     // --jobs was checked by clap (0..=64) before anything started.
     let workers = workers(args.jobs);
     // SAFETY: installs a handler that only stores to an atomic.
@@ -335,9 +347,14 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
         let (Some(file), Some(out)) = (&args.campaign, &args.out) else {
             bail!("give a campaign file and --out DIR, or --resume DIR");
         };
-        let spec = CampaignSpec::load(file)?;
-        let budget = budget(&args, &spec)?;
-        let manifest = run::manifest::load(&spec.manifest)?;
+        let campaign = CampaignFile::load(file)?;
+        for warning in &campaign.warnings {
+            eprintln!("detvisor: WARNING: {warning}");
+        }
+        let budget = budget(&args, &campaign.spec)?;
+        let manifest = run::manifest::load(&campaign.spec.manifest)?;
+        campaign.check_manifest(&manifest)?;
+        let spec = campaign.spec;
         let prepared = run::up::prepare(&manifest, &[], None, None)?;
         let judge = fuzzer::judges::campaign_judge(&spec)?;
         let faults = fuzzer::judges::fault_source(&spec, &prepared)?;

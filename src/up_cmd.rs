@@ -70,6 +70,15 @@ impl UpRunArgs {
             .transpose()
             .context("--mem")?;
         let manifest = manifest::load(&self.manifest)?;
+        if let Some(until) = self.until()? {
+            let texts: Vec<String> = manifest
+                .faults
+                .iter()
+                .chain(&self.faults)
+                .cloned()
+                .collect();
+            run::faults::check_until(&texts, until)?;
+        }
         Ok(run::up::prepare(
             &manifest,
             &self.faults,

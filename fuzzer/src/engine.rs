@@ -5,6 +5,7 @@
 //! findings (shrunk first). State goes to the database after every branch;
 //! a resumed campaign rebuilds the tree and continues the same search.
 
+pub use crate::budget::Budget;
 use crate::findings::{self, FindingFile, NewFinding, FINDING_FORMAT};
 use crate::judge::{Failure, Judge};
 use crate::runner::{Calls, Runner, RunnerError};
@@ -91,14 +92,6 @@ pub struct BranchReport {
     pub wall_ms: u64,
     /// The worker that ran it.
     pub worker: usize,
-}
-
-/// Limits on a campaign's run (this process's share; the database keeps
-/// what earlier runs used).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Budget {
-    pub wall_ms: u64,
-    pub branches: u64,
 }
 
 /// What a campaign (or its part in this process) did.
@@ -374,12 +367,8 @@ impl<'a> Engine<'a> {
         let width = self.spec.batch_width.max(1);
         let mut this_run = 0u64;
         let stopped_by = loop {
-            let wall_ms = started.elapsed().as_millis() as u64;
-            if budget.wall_ms > 0 && wall_ms >= budget.wall_ms {
-                break "wall-time budget".to_string();
-            }
-            if budget.branches > 0 && self.branches >= budget.branches {
-                break "branch budget".to_string();
+            if let Some(spent) = budget.spent(started.elapsed(), self.branches) {
+                break spent.to_string();
             }
             if stop() {
                 break "interrupted".to_string();

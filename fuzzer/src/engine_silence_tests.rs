@@ -46,7 +46,7 @@ impl Progress for Heard {
 fn run_heard(mut engine: Engine<'_>, branches: u64) -> (CampaignSummary, Heard) {
     let mut heard = Heard::default();
     let budget = Budget {
-        wall_ms: 0,
+        wall: None,
         branches,
     };
     let summary = engine.run(budget, &mut heard, &|| false).unwrap();

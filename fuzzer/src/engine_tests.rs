@@ -419,7 +419,7 @@ fn test_a_resumed_campaign_continues_the_same_search() {
         engine
             .run(
                 Budget {
-                    wall_ms: 0,
+                    wall: None,
                     branches: 9,
                 },
                 &mut Quiet,
@@ -568,7 +568,7 @@ fn try_resume(
 fn run_to(mut engine: Engine<'_>, branches: u64) -> Result<CampaignSummary> {
     engine.run(
         Budget {
-            wall_ms: 0,
+            wall: None,
             branches,
         },
         &mut Quiet,

@@ -19,7 +19,7 @@ use vmm::VirtNanos;
 /// Why a campaign's judge or profile could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum JudgesError {
-    #[error("campaign file: [faults]")]
+    #[error("the campaign's fault profile")]
     Profile(#[source] crate::profile::ProfileError),
 }
 
@@ -259,8 +259,9 @@ pub fn fault_source(
     spec: &CampaignSpec,
     prepared: &PreparedUp,
 ) -> Result<Box<dyn FaultSource>, JudgesError> {
-    let text = toml::to_string(&spec.faults).expect("a TOML table prints");
-    let mut profile = FaultProfile::from_toml(&text).map_err(JudgesError::Profile)?;
+    // Checked when the file was read; again for a campaign saved before.
+    let mut profile = spec.faults.clone();
+    profile.validate().map_err(JudgesError::Profile)?;
     for node in &spec.exclude {
         if !profile.exclude.contains(node) {
             profile.exclude.push(node.clone());

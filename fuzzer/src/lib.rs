@@ -7,6 +7,7 @@
 //! the guest reported and by checking its recorded history, keeps its state
 //! in a database, and writes one directory per distinct failure.
 
+pub mod budget;
 pub mod engine;
 pub mod failure;
 pub mod findings;

@@ -1,8 +1,7 @@
 //! The campaign files in examples/ are valid: their spec, their fault
 //! profile (drawn over their nodes) and the manifest each names.
 
-use fuzzer::profile::FaultProfile;
-use fuzzer::spec::{CampaignSpec, HistoryChecker};
+use fuzzer::spec::{CampaignFile, HistoryChecker};
 use std::path::{Path, PathBuf};
 
 fn campaign_files() -> Vec<PathBuf> {
@@ -26,12 +25,17 @@ fn test_every_example_campaign_file_is_valid() {
     let files = campaign_files();
     assert_eq!(files.len(), 4, "{files:?}");
     for file in files {
-        let spec = CampaignSpec::load(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let campaign =
+            CampaignFile::load(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert_eq!(campaign.warnings, Vec::<String>::new());
+        let spec = &campaign.spec;
         assert_eq!(spec.checker, HistoryChecker::Kv, "{}", file.display());
-        let profile = FaultProfile::from_toml(&toml::to_string(&spec.faults).unwrap())
-            .unwrap_or_else(|e| panic!("{}: [faults]: {e}", file.display()));
+        let profile = &spec.faults;
         let manifest = run::manifest::load(&spec.manifest)
             .unwrap_or_else(|e| panic!("{}: {e:#}", spec.manifest.display()));
+        campaign
+            .check_manifest(&manifest)
+            .unwrap_or_else(|e| panic!("{e}"));
         let nodes = manifest.node_names();
         assert!(nodes.len() >= 3, "{nodes:?}");
         // Faults drawn over the nodes parse, and none names the workload.

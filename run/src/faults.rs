@@ -45,9 +45,11 @@
 
 mod disk;
 mod network;
+mod until;
 
 pub use disk::{DiskActionError, DiskFault};
 pub use network::{LatencyRange, NetworkActionError};
+pub use until::check_until;
 
 use crate::units::parse_duration;
 use detvisor_agent::protocol::HostToAgent;
@@ -203,8 +205,13 @@ pub enum FaultTextError {
     Repeated { key: &'static str },
     #[error("at=+{after}: the branch point {base} plus that is beyond the largest time")]
     AtBeyond { base: VirtNanos, after: VirtNanos },
-    #[error("for={duration}: at= plus that is beyond the largest time")]
-    ForBeyond { duration: VirtNanos },
+    #[error("for=0s: a fault undone the moment it happens does nothing (give a duration above 0s, or no for=)")]
+    ForZero,
+    #[error(
+        "{key}={value}: beyond the latest virtual time a fault may name, {} (365 days)",
+        crate::units::MAX_VIRTUAL_TIME
+    )]
+    BeyondMax { key: &'static str, value: VirtNanos },
     #[error("at=+<duration> is relative to a branch point: use it with `branch --fault`")]
     RelativeWithoutBase,
     #[error(transparent)]
@@ -229,6 +236,14 @@ pub enum FaultError {
         fault: Box<Fault>,
         name: String,
         nodes: Vec<String>,
+    },
+    #[error(
+        "fault {text:?}: the run ends at {until} (--until), before at={at}: it would never happen"
+    )]
+    NeverFires {
+        text: String,
+        at: VirtNanos,
+        until: VirtNanos,
     },
     #[error("fault {fault}: no node {name:?}")]
     NoPort {
@@ -321,17 +336,11 @@ impl Fault {
     }
 }
 
-/// A time as `at=` and `for=` read it back exactly: in the largest unit
-/// that divides it (exact below 2^53 ns, about 104 days, the precision of
-/// [`parse_duration`]).
+/// A time as `at=` and `for=` print it: the one duration printer,
+/// [`VirtNanos`]'s `Display` (`3.0000316s`), which [`parse_duration`] reads
+/// back exactly.
 pub(crate) fn time_text(t: VirtNanos) -> String {
-    let n = t.0;
-    for (unit, scale) in [("s", 1_000_000_000), ("ms", 1_000_000), ("us", 1_000)] {
-        if n.is_multiple_of(scale) {
-            return format!("{}{unit}", n / scale);
-        }
-    }
-    format!("{n}ns")
+    t.to_string()
 }
 
 impl fmt::Display for NodeFault {
@@ -557,9 +566,21 @@ fn parse_text(
         }
     }
     let at = at.ok_or(FaultTextError::MissingAt)?;
+    if at > crate::units::MAX_VIRTUAL_TIME {
+        return Err(FaultTextError::BeyondMax {
+            key: "at",
+            value: at,
+        });
+    }
     if let Some(duration) = duration {
-        if at.0.checked_add(duration.0).is_none() {
-            return Err(FaultTextError::ForBeyond { duration });
+        if duration == VirtNanos::ZERO {
+            return Err(FaultTextError::ForZero);
+        }
+        if duration > crate::units::MAX_VIRTUAL_TIME {
+            return Err(FaultTextError::BeyondMax {
+                key: "for",
+                value: duration,
+            });
         }
     }
     let action = rest.join(" ").parse()?;
@@ -782,7 +803,7 @@ mod tests {
                 by_ns: -1_500_000_000
             })
         );
-        assert_eq!(step[0].to_string(), "at=5s clock n3 -1500ms");
+        assert_eq!(step[0].to_string(), "at=5s clock n3 -1.5s");
         let err = |t: &str| format!("{:#}", anyhow::Error::from(parse_fault(t).unwrap_err()));
         assert!(err("at=1s clock n2 30s").contains("clock step: expected a sign"));
         assert!(err("at=1s clock n2").contains("clock takes a node and a signed step"));
@@ -808,11 +829,21 @@ mod tests {
         assert!(format!("{:#}", anyhow::Error::from(beyond)).ends_with(
             "at=+1s: the branch point 18446744073.709551615s plus that is beyond the largest time"
         ));
-        let max = VirtNanos(u64::MAX).to_string();
-        assert!(err(&format!("at={max} pause n1 for=1s"))
-            .ends_with("for=1s: at= plus that is beyond the largest time"));
-        // The largest time itself is fine.
-        parse_fault(&format!("at={max} pause n1")).unwrap();
+        // Past MAX_VIRTUAL_TIME, or for=0s: accepted before, they never worked.
+        let max = crate::units::MAX_VIRTUAL_TIME;
+        parse_fault(&format!("at={max} pause n1 for=1s")).unwrap();
+        parse_fault(&format!("at=1s pause n1 for={max}")).unwrap();
+        let beyond = "at=1s pause n1 for=5000000h";
+        assert_eq!(
+            err(beyond),
+            format!("fault {beyond:?}: for=18000000000s: beyond the latest virtual time a fault may name, 31536000s (365 days)")
+        );
+        assert!(err("at=5000000h pause n1").contains(": at=18000000000s: beyond the latest"));
+        assert!(err(&format!("at={} pause n1", VirtNanos(max.0 + 1)))
+            .contains("beyond the latest virtual time"));
+        assert!(err("at=1s pause n1 for=0s").ends_with(
+            "for=0s: a fault undone the moment it happens does nothing (give a duration above 0s, or no for=)"
+        ));
     }
 
     #[test]

@@ -147,6 +147,13 @@ pub fn check_rtc_epoch(epoch: i64) -> Result<i64, RtcEpochError> {
     }
 }
 
+/// The latest virtual time a campaign file or a fault may name: 365 days
+/// (`31536000s`). Far beyond any run here (a campaign's slices are seconds to
+/// minutes, a boot to its root a few minutes), so a time past it is a typo
+/// (`5000000h`, 570 years, which would overflow the guest's clocks) rather
+/// than a run that could ever get there.
+pub const MAX_VIRTUAL_TIME: VirtNanos = VirtNanos::from_secs(365 * 24 * 3600);
+
 /// A duration: the one grammar of `VirtNanos`'s `FromStr` (`30s`, `500ms`, `5µs`, `2.5s`,
 /// `600` = seconds).
 pub fn parse_duration(text: &str) -> Result<VirtNanos, DurationError> {

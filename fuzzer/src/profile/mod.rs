@@ -34,8 +34,9 @@ use devices::switch::Probability;
 use devices::VirtNanos;
 use serde::{Deserialize, Serialize};
 
-/// The default profile as annotated TOML (what `detvisor` can print as a
-/// starting point); it reads back as [`FaultProfile::default`].
+/// The default profile as annotated TOML, the `[faults]` table of a
+/// campaign file (`detvisor campaign --print-defaults` prints it); it reads
+/// back as [`FaultProfile::default`].
 pub const DEFAULT_PROFILE_TOML: &str = include_str!("default-profile.toml");
 
 /// The most faults per virtual second a category may ask for (one per
@@ -347,6 +348,40 @@ impl FaultProfile {
     /// The profile as TOML, which [`FaultProfile::from_toml`] reads back.
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("a fault profile is always TOML")
+    }
+
+    /// The ranges of how long a fault lasts (`for=`, a pause, a downtime)
+    /// of each category that draws (enabled, rate above 0), by key: each
+    /// fault of them must fit in a slice, which the draw cuts it short to.
+    pub fn duration_ranges(&self) -> Vec<(&'static str, Span<VirtNanos>)> {
+        let on = |enabled: bool, rate: f64| enabled && rate > 0.0;
+        let mut ranges = Vec::new();
+        if on(self.network.enabled, self.network.rate) {
+            ranges.push(("network.duration", self.network.duration));
+        }
+        if on(self.node.enabled, self.node.rate) {
+            ranges.push(("node.pause", self.node.pause));
+            ranges.push(("node.down", self.node.down));
+        }
+        if on(self.clock.enabled, self.clock.rate) {
+            ranges.push(("clock.duration", self.clock.duration));
+        }
+        if on(self.disk.enabled, self.disk.rate) {
+            ranges.push(("disk.duration", self.disk.duration));
+        }
+        ranges
+    }
+
+    /// Whether any category draws faults (enabled, rate above 0).
+    pub fn draws_any(&self) -> bool {
+        [
+            (self.network.enabled, self.network.rate),
+            (self.node.enabled, self.node.rate),
+            (self.clock.enabled, self.clock.rate),
+            (self.disk.enabled, self.disk.rate),
+        ]
+        .iter()
+        .any(|&(enabled, rate)| enabled && rate > 0.0)
     }
 
     /// Refuses rates outside 0..=[`MAX_RATE`], reversed or empty ranges,
