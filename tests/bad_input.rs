@@ -118,3 +118,120 @@ fn a_fifo_in_a_snapshot_is_refused_at_once() {
         "not a regular file (a FIFO)",
     );
 }
+
+/// A campaign of `text` (c.toml, beside a manifest of nodes n1 and n2, n1
+/// with a disk): refused before anything starts, naming `naming`, and its
+/// `--out` never made.
+fn campaign_refused(text: &str, naming: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("m.toml"),
+        "[[node]]\nname = \"n1\"\nrootfs = \"/nonexistent\"\ncommand = [\"true\"]\ndisk = \"64M\"\ndata = \"/data\"\n\
+         [[node]]\nname = \"n2\"\nrootfs = \"/nonexistent\"\ncommand = [\"true\"]\n",
+    )
+    .unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, format!("manifest = \"m.toml\"\n{text}")).unwrap();
+    let out = dir.path().join("out");
+    let (file, out_text) = (file.to_str().unwrap(), out.to_str().unwrap());
+    refused(
+        &["campaign", file, "--out", out_text, "--host-vm", "never"],
+        &format!("detvisor: error: campaign file {file}, {naming}"),
+    );
+    assert!(!out.exists(), "nothing made for a refused campaign");
+}
+
+#[test]
+fn campaign_files_are_checked_before_anything_starts() {
+    // Names checked against the manifest.
+    campaign_refused(
+        "[faults]\nexclude = [\"workoad\"]",
+        "line 3: faults.exclude[0] = \"workoad\": no node is named \"workoad\" (the manifest's nodes: n1, n2; or \"workload\")",
+    );
+    campaign_refused(
+        "[faults]\nexclude = [\"n1\", \"\"]",
+        "line 3: faults.exclude[1] = \"\": no node",
+    );
+    campaign_refused(
+        "[faults]\nexclude = [\"n1\", \"n2\"]",
+        "line 3: faults.exclude = [\"n1\", \"n2\"]: every node of the manifest (n1, n2) is excluded",
+    );
+    campaign_refused(
+        "[faults]\nexclude = [\"n1\"]\n[faults.disk]\nenabled = true",
+        "line 5: faults.disk.enabled = true: every node with a disk (n1) is excluded",
+    );
+    // A range that cannot fit the slice, naming both keys.
+    campaign_refused(
+        "[search]\nslice = \"4s\"\n[faults.clock]\nenabled = false\n[faults.network]\nduration = \"10s..20s\"",
+        "line 7: faults.network.duration = \"10s..20s\": its minimum, 10s, is longer than a slice, search.slice = \"4s\" (line 3)",
+    );
+    // [faults] errors at the user's own line, far down the file.
+    campaign_refused(
+        &format!(
+            "{}[faults.network]\nrate = 0.2\nduration = \"1s..2x\"",
+            "\n".repeat(28)
+        ),
+        "line 32: faults.network.duration: ",
+    );
+    // Values that can never work.
+    for (text, naming) in [
+        ("[search]\nslice = \"5000000h\"", "line 3: search.slice = \"5000000h\": beyond the latest virtual time a campaign may name, 31536000s (365 days)"),
+        ("[search]\nslice = \"0s\"", "line 3: search.slice = \"0s\": must be at least 1ms"),
+        ("[root]\nat = \"5000000h\"", "line 3: root.at = \"5000000h\": beyond the latest"),
+        ("[root]\nat = \"0s\"", "line 3: root.at = \"0s\": must be at least 1ns"),
+        ("[root]\nwait = \"0s\"", "line 3: root.wait = \"0s\": must be at least 100ms"),
+        ("[search]\nmax_depth = 4294967295", "line 3: search.max_depth = 4294967295: must be 1..=1000"),
+        ("[search]\nlive_checkpoints = 100000000", "line 3: search.live_checkpoints = 100000000: more than 64 needs search.checkpoint_memory"),
+        ("[search]\ncheckpoint_memory = \"0\"", "line 3: search.checkpoint_memory = \"0\": must be at least 1M"),
+    ] {
+        campaign_refused(text, naming);
+    }
+}
+
+#[test]
+fn campaign_prints_its_default_fault_profile_and_says_its_exit_status() {
+    let out = detvisor_quick(&["campaign", "--print-defaults"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("\n[faults]\n")
+            && text.contains("\n[faults.network]\nenabled = true\nrate = 0.1\n"),
+        "{text}"
+    );
+    let help = detvisor_quick(&["campaign", "--help"]);
+    let help = String::from_utf8(help.stdout).unwrap();
+    assert!(help.contains("Exit status: 0 when the campaign stopped holding no finding, 1 when it holds one or more"), "{help}");
+}
+
+#[test]
+fn a_fault_after_the_run_ends_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = dir.path().join("m.toml");
+    std::fs::write(
+        &manifest,
+        "[[node]]\nname = \"n1\"\nrootfs = \"/nonexistent\"\ncommand = [\"true\"]\n",
+    )
+    .unwrap();
+    let up = |fault: &str, naming: &str| {
+        let args = [
+            "up",
+            manifest.to_str().unwrap(),
+            "--host-vm",
+            "never",
+            "--until",
+            "1s",
+            "--fault",
+            fault,
+        ];
+        refused(&args, naming);
+    };
+    up("at=50s pause n1", "fault \"at=50s pause n1\": the run ends at 1s (--until), before at=50s: it would never happen");
+    up(
+        "at=100ms pause n1 for=0s",
+        "for=0s: a fault undone the moment it happens does nothing",
+    );
+    up(
+        "at=100ms pause n1 for=5000000h",
+        "for=18000000000s: beyond the latest virtual time a fault may name, 31536000s (365 days)",
+    );
+}

@@ -93,7 +93,7 @@ mod tests {
         assert_eq!(parse_step("+3000000h"), Err(ClockTextError::TooLarge));
         assert_eq!(step_text(30_000_000_000), "+30s");
         assert_eq!(step_text(-2_000_000_000), "-2s");
-        assert_eq!(step_text(-1_500_000_000), "-1500ms");
+        assert_eq!(step_text(-1_500_000_000), "-1.5s");
         assert_eq!(step_text(0), "+0s");
         assert_eq!(parse_ppm("+200ppm"), Ok(200));
         assert_eq!(parse_ppm("-50ppm"), Ok(-50));

@@ -249,7 +249,7 @@ mod tests {
                     offset_ns: -1_500_000_000,
                     rate_ppm: 200,
                 },
-                "node n2 clock: realtime offset -1500ms, drift +200ppm",
+                "node n2 clock: realtime offset -1.5s, drift +200ppm",
             ),
             (
                 UpEvent::Fault {
