@@ -5,8 +5,9 @@
 //!
 //! Input: a tree in the encoding of `fuzz/common/files.rs`. The seeds are
 //! directories written by the fuzzer crate's own code (`Store::create`,
-//! `commit_branch`, `findings::blobify`) and a finding laid out as
-//! `findings::write` lays it out.
+//! `commit_branch`, `findings::blobify`), a finding laid out as
+//! `findings::write` lays it out, and a database whose spec a build before
+//! saved (its faults the TOML table written, its wall budget in whole ms).
 //!
 //! Entry points, in the order `campaign --resume` and `replay` use them:
 //! `Store::open`, `meta_json("spec")`, `meta_json("run")`,
@@ -85,7 +86,19 @@ fn read_store(store: &Store, dir: &Path) {
             refusal(&e, dir);
         }
     };
-    ok_or_refused(store.meta_json::<CampaignSpec>("spec").map(drop));
+    match store.meta_json::<CampaignSpec>("spec") {
+        // A spec as saved, by this build or one before (its faults as the
+        // TOML table written, its wall budget in whole ms): its profile is
+        // checked again before use; a refusal is a plain typed error.
+        Ok(Some(spec)) => {
+            if let Err(e) = spec.faults.validate() {
+                check_error(&e);
+            }
+            assert_ne!(spec.wall_budget(), Some(devices::VirtNanos::ZERO));
+        }
+        Ok(None) => {}
+        Err(e) => refusal(&e, dir),
+    }
     match store.meta_json::<PreparedUp>("run") {
         Ok(Some(run)) => match findings::resolve(dir, &run) {
             Ok(resolved) => check_resolved(&resolved, dir),
@@ -240,8 +253,21 @@ fn seeds() -> Vec<Vec<u8>> {
     .expect("finding.json");
     std::fs::write(finding.join(findings::RUN_FILE), &run_json).expect("run.json");
     let whole = encode_tree(&dir, 0);
+    // A database saved by a build before: its faults the TOML table as
+    // written, its wall budget in whole ms.
+    let mut old_spec = serde_json::to_value(&file.spec).expect("spec");
+    old_spec["faults"] = serde_json::json!({"network": {"rate": 0.5, "duration": "1s..2s"}});
+    old_spec.as_object_mut().expect("an object").remove("wall");
+    old_spec["wall_ms"] = 1_800_000.into();
+    let old = base.join("old");
+    std::fs::create_dir(&old).expect("old campaign dir");
+    let store = Store::create(&old, &[("spec", old_spec.to_string()), ("run", run_json)])
+        .expect("create an old one");
+    drop(store);
+    let _ = std::fs::remove_file(old.join(LOCK_FILE));
+    let saved_before = encode_tree(&old, 0);
     let _ = std::fs::remove_dir_all(&scratch.base);
-    vec![db_only, whole]
+    vec![db_only, whole, saved_before]
 }
 
 fuzz_target!(

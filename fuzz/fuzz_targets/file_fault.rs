@@ -9,10 +9,14 @@
 //! - no panic, no hang, whatever the text;
 //! - a refusal is a typed error whose message is not empty and does not
 //!   repeat its cause's message;
-//! - `parse_fault` gives one fault, or two with `for=` (the undoing one not
-//!   earlier than the first); each prints without `for=`, and the printed
-//!   text parses (as a `Fault` and with `parse_fault`) back to the same
-//!   fault: one concept, one representation;
+//! - `parse_fault` gives one fault, or two with `for=` (the undoing one
+//!   later than the first: `for=0s` is refused); no time of them is past
+//!   `MAX_VIRTUAL_TIME` but an undo's (at most twice it); each prints
+//!   without `for=`, its time in the one duration printer's text, and the
+//!   printed text parses (as a `Fault` and with `parse_fault`) back to the
+//!   same fault: one concept, one representation;
+//! - `check_until` refuses the text with an `--until` at its first fault's
+//!   time, and accepts it with one just after;
 //! - a fault serialises to JSON and back unchanged;
 //! - `parse_fault_after` with a base gives the same faults as
 //!   `parse_fault` for every text `parse_fault` accepts;
@@ -29,8 +33,8 @@ mod files;
 use devices::VirtNanos;
 use files::check_error;
 use libfuzzer_sys::fuzz_target;
-use run::faults::{parse_fault, parse_fault_after, Fault, FaultAction};
-use run::units::{parse_latency, ByteSize};
+use run::faults::{check_until, parse_fault, parse_fault_after, Fault, FaultAction};
+use run::units::{parse_latency, ByteSize, MAX_VIRTUAL_TIME};
 use std::fmt::{Debug, Display};
 use std::str::FromStr;
 
@@ -38,12 +42,26 @@ fn check_faults(text: &str) {
     match parse_fault(text) {
         Ok(faults) => {
             assert!(matches!(faults.len(), 1 | 2), "{text:?} gave {faults:?}");
+            assert!(faults[0].at <= MAX_VIRTUAL_TIME, "{text:?}: past the bound");
             if let [first, undo] = faults.as_slice() {
-                assert!(undo.at >= first.at, "{text:?}: undo before the fault");
+                assert!(undo.at > first.at, "{text:?}: undo not after the fault");
+                assert!(
+                    undo.at.0 - first.at.0 <= MAX_VIRTUAL_TIME.0,
+                    "{text:?}: for= past the bound"
+                );
             }
+            let texts = [text.to_owned()];
+            let at = faults[0].at;
+            let refused = check_until(&texts, at).expect_err("a fault at the end never happens");
+            check_error(&refused);
+            check_until(&texts, VirtNanos(at.0 + 1)).expect("a fault before the end happens");
             for fault in &faults {
                 let printed = fault.to_string();
                 assert!(!printed.contains("for="), "{printed:?} prints for=");
+                assert!(
+                    printed.starts_with(&format!("at={} ", fault.at)),
+                    "{printed:?}: not the one duration printer's text"
+                );
                 let again: Fault = printed
                     .parse()
                     .unwrap_or_else(|e| panic!("{printed:?} (from {text:?}) does not parse: {e}"));

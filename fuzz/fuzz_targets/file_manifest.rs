@@ -17,7 +17,14 @@
 //!   valid fault whose nodes exist);
 //! - an accepted campaign file serialises to JSON (as the campaign
 //!   database keeps it) and back to the same value, and its manifest path
-//!   is absolute, under the campaign file's directory when it was relative.
+//!   is absolute, under the campaign file's directory when it was relative;
+//!   it is within every documented bound (slice, root, depth, live
+//!   checkpoints and their memory, a valid fault profile), a fault range
+//!   whose minimum passes the slice is warned about (never silent), and
+//!   checked against nodes `n1..n3` (n1
+//!   with a disk) it is accepted only if each excluded name is one of them
+//!   or the workload, and refused naming the campaign file;
+//! - a refused campaign file's message starts with `campaign file <path>`.
 //!
 //! Neither file type has a printer (TOML is written by users only), so
 //! there is no print-then-parse check here; the campaign's JSON form is its
@@ -27,9 +34,15 @@
 #[path = "../common/files.rs"]
 mod files;
 
+use devices::VirtNanos;
 use files::{check_error, Scratch};
-use fuzzer::spec::CampaignSpec;
+use fuzzer::spec::{
+    CampaignFile, CampaignSpec, RootRule, SpecError, MAX_DEPTH, MAX_LIVE_CHECKPOINTS_UNBOUNDED,
+    MIN_CHECKPOINT_MEMORY, MIN_SLICE, ROOT_POLL_NS,
+};
 use libfuzzer_sys::fuzz_target;
+use run::manifest::WORKLOAD_NODE;
+use run::units::MAX_VIRTUAL_TIME;
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -95,6 +108,29 @@ fn check_campaign(text: &str, root: &Path) {
                 .unwrap_or_else(|e| panic!("{json} does not deserialise: {e}"));
             assert_eq!(&back, spec, "{json}");
             assert!(spec.manifest.is_absolute(), "{:?}", spec.manifest);
+            check_bounds(spec);
+            let file = CampaignFile::parse(text, &path, root).expect("a spec is a file");
+            for (key, range) in spec.faults.duration_ranges() {
+                if range.min.0 > spec.slice_ns {
+                    let key = format!("faults.{key} ");
+                    assert!(
+                        file.warnings.iter().any(|w| w.contains(&key)),
+                        "{key}{range} passes the slice silently"
+                    );
+                }
+            }
+            let nodes = ["n1", "n2", "n3"].map(String::from);
+            match file.check_nodes(&nodes, &nodes[..1]) {
+                Ok(()) => {
+                    for name in spec.faults.exclude.iter().chain(&spec.exclude) {
+                        assert!(
+                            nodes.contains(name) || name == WORKLOAD_NODE,
+                            "{name:?} accepted"
+                        );
+                    }
+                }
+                Err(e) => assert_names_file(&e, &path),
+            }
         }
         (Err(p), Err(l)) => {
             assert_eq!(
@@ -102,6 +138,7 @@ fn check_campaign(text: &str, root: &Path) {
                 check_error(l),
                 "load and parse refuse differently"
             );
+            assert_names_file(p, &path);
         }
         (p, l) => panic!(
             "parse and load disagree: parse {:?}, load {:?}",
@@ -109,6 +146,52 @@ fn check_campaign(text: &str, root: &Path) {
             l.as_ref().map(|_| "ok")
         ),
     }
+}
+
+/// A campaign file's refusal (not a failed read) names the file first.
+fn assert_names_file(e: &SpecError, path: &Path) {
+    if !matches!(e, SpecError::Read(_)) {
+        let message = e.to_string();
+        let want = format!("campaign file {}", path.display());
+        assert!(
+            message.starts_with(&want),
+            "{message:?} does not name {want}"
+        );
+    }
+}
+
+/// An accepted spec is within every documented bound.
+fn check_bounds(spec: &CampaignSpec) {
+    let slice = VirtNanos(spec.slice_ns);
+    assert!(
+        (MIN_SLICE..=MAX_VIRTUAL_TIME).contains(&slice),
+        "slice {slice}"
+    );
+    assert!((1..=MAX_DEPTH).contains(&spec.max_depth));
+    assert!(spec.live_checkpoints >= 1);
+    match spec.checkpoint_memory {
+        Some(bytes) => assert!(bytes >= MIN_CHECKPOINT_MEMORY),
+        None => assert!(spec.live_checkpoints <= MAX_LIVE_CHECKPOINTS_UNBOUNDED),
+    }
+    let root = match spec.root {
+        RootRule::SetupComplete { wait_ns } => {
+            assert!(wait_ns >= ROOT_POLL_NS);
+            wait_ns
+        }
+        RootRule::At { at_ns } => {
+            assert!(at_ns > 0);
+            at_ns
+        }
+    };
+    let deepest = u128::from(root) + u128::from(spec.max_depth) * u128::from(spec.slice_ns);
+    assert!(
+        deepest <= u128::from(MAX_VIRTUAL_TIME.0),
+        "the deepest end {deepest}ns"
+    );
+    assert_ne!(spec.wall_budget(), Some(VirtNanos::ZERO), "0 is no limit");
+    spec.faults
+        .validate()
+        .expect("an accepted profile is valid");
 }
 
 fuzz_target!(|data: &[u8]| {
