@@ -41,8 +41,8 @@ pub fn parse_step(text: &str) -> Result<i64, ClockTextError> {
     Ok(if negative { -magnitude } else { magnitude })
 }
 
-/// A step as [`parse_step`] reads it back: its sign (`+` for 0), then the
-/// largest unit that divides it.
+/// A step as [`parse_step`] reads it back: its sign (`+` for 0), then its
+/// size in the one duration printer's text (`-1.5s`).
 pub fn step_text(by_ns: i64) -> String {
     let sign = if by_ns < 0 { '-' } else { '+' };
     format!("{sign}{}", time_text(VirtNanos(by_ns.unsigned_abs())))

@@ -431,6 +431,14 @@ impl FaultProfile {
         let c = &self.clock;
         check_rate("clock.rate", c.rate)?;
         check_positive("clock.step", &c.step)?;
+        // A step is signed (`clock n1 -5s`): its size must fit an i64.
+        let largest_step = VirtNanos(i64::MAX.unsigned_abs());
+        if c.step.max > largest_step {
+            return Err(invalid(
+                "clock.step",
+                format!("{}: beyond the largest step, {largest_step}", c.step),
+            ));
+        }
         check_span("clock.drift", &c.drift)?;
         if c.drift.max.0 > run::clock::MAX_PPM.unsigned_abs() {
             return Err(invalid(

@@ -137,6 +137,11 @@ fn test_bad_profiles_name_the_key() {
             "[clock]\ndrift = \"5ppm..2000000ppm\"",
             "beyond the largest drift",
         ),
+        // Accepted before, then every step drawn above 292 years failed.
+        (
+            "[clock]\nstep = \"1s..5000000h\"",
+            "clock.step: 1s..18000000000s: beyond the largest step, 9223372036.854775807s",
+        ),
     ];
     for (text, expected) in cases {
         let chain = refusal(text);
