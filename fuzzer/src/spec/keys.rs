@@ -145,7 +145,8 @@ impl Keys {
             path: self.path.clone(),
             line: span.as_ref().map(|s| self.line_at(s.start)),
             key: span.and_then(|s| self.key_at(s.start)),
-            message: error.message().to_owned(),
+            // One line, as every error of the CLI is.
+            message: error.message().lines().collect::<Vec<_>>().join(": "),
         }
     }
 

@@ -358,3 +358,17 @@ fn test_the_printed_defaults_are_the_default_profile_as_a_campaign_file_says_it(
     .unwrap();
     assert_eq!(spec.faults, FaultProfile::default());
 }
+
+#[test]
+fn test_a_toml_syntax_error_is_one_line_at_the_users_line() {
+    let message = refusal("manifest = \"m\"\nx = [\n");
+    assert_eq!(
+        message,
+        "campaign file c.toml, line 3: invalid array: expected `]`"
+    );
+    let message = refusal("manifest = \"m\"\n[search]\nslice = 5\n");
+    assert_eq!(
+        message,
+        "campaign file c.toml, line 3: search.slice: invalid type: integer `5`, expected a string"
+    );
+}
