@@ -18,24 +18,22 @@ pub struct Place {
     pub key: String,
     /// 1-based; `None`: the key is not in the file (its default applies).
     pub line: Option<usize>,
-    /// The value as written (`"10s..20s"`), or the default's text.
+    /// The value as written (`"10s..20s"`), or the default's text; empty
+    /// for a table (`[faults.network.weights]`), which is not repeated.
     pub value: String,
 }
 
 impl fmt::Display for Place {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let path = self.path.display();
-        match self.line {
-            Some(line) => write!(
+        let (path, key, value) = (self.path.display(), &self.key, &self.value);
+        match (self.line, value.is_empty()) {
+            (Some(line), false) => write!(f, "campaign file {path}, line {line}: {key} = {value}"),
+            (Some(line), true) => write!(f, "campaign file {path}, line {line}: {key}"),
+            (None, false) => write!(
                 f,
-                "campaign file {path}, line {line}: {} = {}",
-                self.key, self.value
+                "campaign file {path}: {key} (not set: its default, {value})"
             ),
-            None => write!(
-                f,
-                "campaign file {path}: {} (not set: its default, {})",
-                self.key, self.value
-            ),
+            (None, true) => write!(f, "campaign file {path}: {key} (not set)"),
         }
     }
 }
@@ -83,7 +81,8 @@ impl Keys {
             }
             let key_span = k.span().or_else(|| item.span());
             return match index {
-                None => Some((key_span?, item.span())),
+                // A table's span is its header, not a value to repeat.
+                None => Some((key_span?, item.as_value().and_then(|v| v.span()))),
                 Some(i) => {
                     let element = item.as_array()?.get(i)?.span()?;
                     Some((element.clone(), Some(element)))
@@ -103,9 +102,14 @@ impl Keys {
     pub(super) fn place(&self, key: &str, default: &dyn fmt::Display) -> Place {
         let found = self.spans(key);
         let line = found.as_ref().map(|(k, _)| self.line_at(k.start));
-        let value = found
-            .and_then(|(_, v)| self.text.get(v?).map(|t| t.trim().to_owned()))
-            .unwrap_or_else(|| default.to_string());
+        let value = match &found {
+            Some((_, v)) => v
+                .clone()
+                .and_then(|v| self.text.get(v))
+                .map(|t| t.trim().to_owned())
+                .unwrap_or_default(),
+            None => default.to_string(),
+        };
         Place {
             path: self.path.clone(),
             key: key.to_owned(),

@@ -397,7 +397,7 @@ impl CampaignFile {
         let faults = file.faults;
         faults.validate().map_err(|e| match e {
             crate::profile::ProfileError::Invalid { key, problem } => {
-                keys.refuse(&format!("faults.{key}"), &"its default", problem)
+                keys.refuse(&format!("faults.{key}"), &"", problem)
             }
             crate::profile::ProfileError::Toml(e) => keys.toml_error(&e),
         })?;

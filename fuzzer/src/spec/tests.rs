@@ -174,11 +174,16 @@ fn test_faults_errors_name_the_file_the_key_and_the_users_line() {
             "campaign file c.toml, line 15: faults.node.rate = 500.0: 500 is not a rate",
         ),
         (
+            "[faults.disk.weights]\nfsync-delay = 0\nfsync-error = 0\nfull = 0\n",
+            "campaign file c.toml, line 14: faults.disk.weights: every weight is 0",
+        ),
+        (
             "[faults.clock]\nrate = 0.1\nweights = { step = 0, drift = 0 }\n",
             "campaign file c.toml, line 16: faults.clock.weights = { step = 0, drift = 0 }: every weight is 0",
         ),
     ] {
         let message = refusal(&with_faults(faults));
+        assert!(!message.contains("its default"), "{message}");
         assert!(message.starts_with(want), "{faults:?}: {message}");
         assert!(!message.contains("fault profile"), "{message}");
     }
