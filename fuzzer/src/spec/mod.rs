@@ -1,7 +1,10 @@
 //! A campaign file (TOML): which `up` manifest to search, from which
 //! moment, how long each branch runs, how deep the tree goes, what judges a
 //! history, which faults to draw, and the budgets. Parsed and checked here,
-//! once, before any VM starts; every error names its key.
+//! once, before any VM starts (against the manifest's nodes too, in
+//! `nodes`): every error names the file, the key and the user's line
+//! (`keys`), and every bound is a constant here, stated in
+//! docs/campaigns.md.
 
 mod keys;
 mod nodes;
