@@ -4,7 +4,6 @@
 //! [`crate::faults`] uses them). The guest kernel applies them per node
 //! (guest-image/patches/0003; see docs/determinism.md, "Per-node clocks").
 
-use crate::faults::time_text;
 use crate::units::parse_duration;
 use devices::time::DurationError;
 use devices::VirtNanos;
@@ -45,7 +44,7 @@ pub fn parse_step(text: &str) -> Result<i64, ClockTextError> {
 /// size in the one duration printer's text (`-1.5s`).
 pub fn step_text(by_ns: i64) -> String {
     let sign = if by_ns < 0 { '-' } else { '+' };
-    format!("{sign}{}", time_text(VirtNanos(by_ns.unsigned_abs())))
+    format!("{sign}{}", VirtNanos(by_ns.unsigned_abs()))
 }
 
 /// A rate: an optional sign, a whole number and `ppm` (`+200ppm`, `-50ppm`,

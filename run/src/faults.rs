@@ -336,13 +336,6 @@ impl Fault {
     }
 }
 
-/// A time as `at=` and `for=` print it: the one duration printer,
-/// [`VirtNanos`]'s `Display` (`3.0000316s`), which [`parse_duration`] reads
-/// back exactly.
-pub(crate) fn time_text(t: VirtNanos) -> String {
-    t.to_string()
-}
-
 impl fmt::Display for NodeFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -417,7 +410,8 @@ impl fmt::Display for FaultAction {
 
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "at={} {}", time_text(self.at), self.action)
+        // `at=` in the one duration printer's text (`3.0000316s`).
+        write!(f, "at={} {}", self.at, self.action)
     }
 }
 
@@ -1128,7 +1122,7 @@ mod tests {
         #[test]
         fn prop_for_adds_the_undoing_fault(at in time(), action in action(), d in time()) {
             let fault = Fault { at, action };
-            let text = format!("{fault} for={}", time_text(d));
+            let text = format!("{fault} for={d}");
             match fault.action.undo() {
                 Some(undo) => prop_assert_eq!(
                     parse_fault(&text).unwrap(),

@@ -75,7 +75,7 @@ impl fmt::Display for DiskFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DiskFault::FsyncDelay { node, delay } => {
-                write!(f, "disk {node} fsync-delay={}", super::time_text(*delay))
+                write!(f, "disk {node} fsync-delay={delay}")
             }
             DiskFault::FsyncError { node } => write!(f, "disk {node} fsync-error"),
             DiskFault::FsyncOk { node } => write!(f, "disk {node} fsync-ok"),
