@@ -11,7 +11,7 @@ use crate::runner::{Calls, Runner, RunnerError};
 use crate::shrink::ddmin;
 use crate::spec::{CampaignSpec, RootRule, ROOT_POLL_NS};
 use crate::step::Path as StepPath;
-use crate::store::{FindingRow, FinishedBranch, NodeRow, Store, StoreError};
+use crate::store::{FindingRow, FinishedBranch, NewCampaignDir, NodeRow, Store, StoreError};
 use crate::tree::{self, path_records, TreeNode};
 use crate::worker::{BranchJob, BranchRun, Root, Worker};
 use run::api::{Position, RunId, Until};
@@ -34,6 +34,8 @@ pub enum EngineError {
     Finding(#[from] findings::FindingError),
     #[error(transparent)]
     Spill(#[from] crate::spill::SpillError),
+    #[error(transparent)]
+    Listing(#[from] crate::listing::ListError),
     #[error("the run stopped ({stop}) at {at} before its root moment ({rule})")]
     StoppedBeforeRoot {
         stop: String,
@@ -162,8 +164,9 @@ pub fn branch_seed(seed: u64, k: u64) -> u64 {
 }
 
 impl<'a> Engine<'a> {
-    /// A new campaign in `dir` (the spec and prepared run checked by the
-    /// caller), run by one worker per runner: `host_run` is the run as
+    /// A new campaign in the claimed directory `claimed` (the spec and
+    /// prepared run checked by the caller; claimed before the runners
+    /// started), run by one worker per runner: `host_run` is the run as
     /// assembled here (its files are kept in the campaign's directory by
     /// digest), `prepared` the same run as the runners see it (in a helper
     /// VM, its files are shipped there). A spec's batch width of 0 becomes
@@ -173,10 +176,11 @@ impl<'a> Engine<'a> {
         mut spec: CampaignSpec,
         host_run: &PreparedUp,
         prepared: PreparedUp,
-        dir: &Path,
+        claimed: NewCampaignDir,
         judge: Box<dyn Judge + 'a>,
         faults: Box<dyn FaultSource + 'a>,
     ) -> Result<Self> {
+        let dir = &claimed.path().to_owned();
         let Runners(runners) = runners.into();
         if runners.is_empty() {
             return Err(EngineError::NoWorkers);
@@ -187,8 +191,8 @@ impl<'a> Engine<'a> {
         // The run's files go by digest into the directory first: a database
         // that exists names only files that do.
         let blobified = findings::blobify(dir, host_run)?;
-        let store = Store::create(
-            dir,
+        let store = Store::create_in(
+            claimed,
             &[
                 (
                     "spec",
@@ -254,6 +258,7 @@ impl<'a> Engine<'a> {
             .meta_json("run")?
             .ok_or_else(|| EngineError::Tally("no run saved".into()))?;
         let prepared = resolve_run(dir, saved_run)?;
+        store.check_paths(&prepared.node_names)?;
         let mut judge = judge;
         if let Some(tally) = store.meta("tally")? {
             judge.load(&tally).map_err(EngineError::Tally)?;
@@ -263,11 +268,12 @@ impl<'a> Engine<'a> {
             let records = store.records(row.id)?.unwrap_or_default();
             nodes.push(TreeNode { row, records });
         }
-        let findings = store
-            .findings()?
-            .into_iter()
-            .map(|f| (f.key, f.number))
-            .collect();
+        let rows = store.findings()?;
+        let indexed: Vec<u32> = rows.iter().map(|f| f.number).collect();
+        // A finding written by the branch in flight when the campaign was
+        // killed: that branch runs again and writes it again.
+        crate::listing::remove_unindexed(dir, &indexed)?;
+        let findings = rows.into_iter().map(|f| (f.key, f.number)).collect();
         let branches = store.branches()?;
         let wall_before_ms = store.wall_ms()?;
         let faults = faults(&spec);

@@ -299,7 +299,7 @@ fn prepared(dir: &Path) -> PreparedUp {
     let kernel = dir.join("vmlinux");
     std::fs::write(&kernel, b"kernel bytes").unwrap();
     serde_json::from_value(serde_json::json!({
-        "kernel": kernel, "initrd": {"bytes": [1, 2, 3]}, "specs": [], "node_names": [],
+        "kernel": kernel, "initrd": {"bytes": [1, 2, 3]}, "specs": [], "node_names": ["n1", "n2", "n3"],
         "workload": null, "network": serde_json::to_value(devices::NetworkConfig::reliable(devices::LatencyDist::Fixed(vmm::VirtNanos::ZERO))).unwrap(),
         "rtc_epoch_unix_secs": 0, "ram_bytes": 1, "faults": [], "disks": []
     }))
@@ -590,7 +590,7 @@ fn try_campaign(
         spec,
         &run,
         run.clone(),
-        dir,
+        crate::store::NewCampaignDir::claim(dir)?,
         Box::new(FailJudge::default()),
         Box::new(Draw),
     )

@@ -7,12 +7,14 @@
 //! the guest reported and by checking its recorded history, keeps its state
 //! in a database, and writes one directory per distinct failure.
 
+pub mod campaign_dir;
 pub mod engine;
 pub mod failure;
 pub mod findings;
 pub mod judge;
 pub mod judges;
 pub mod linearizability;
+pub mod listing;
 pub mod node_logs;
 pub mod profile;
 pub mod properties;
