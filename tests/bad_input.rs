@@ -425,3 +425,67 @@ fn a_campaign_that_cannot_run_is_refused_before_any_helper_vm() {
     assert_eq!(written, ["lock"], "only the first campaign's lock");
     drop(held);
 }
+
+/// A snapshot of an `up` run of nodes n1 and n2 at 5 s, as its files
+/// describe it (its state holds only what the checks read; never restored).
+fn up_snapshot(root: &Path) -> String {
+    let meta = snapshot::SnapshotMeta::new("s1", 5_000_000_000, 1000, 4096, 1);
+    let state = serde_json::json!({"up": {"node_names": ["n1", "n2"]}});
+    snapshot::write_snapshot(root, &meta, &state, &[0; 4096]).unwrap();
+    text(&root.join("s1")).to_owned()
+}
+
+/// `branch --fault` naming a node the snapshot's run does not have, a
+/// time before the branch point, or two faults overlapping on one lane, is
+/// refused from the snapshot's files before any helper VM starts.
+#[test]
+fn branch_faults_are_checked_against_the_snapshot_before_any_helper_vm() {
+    let dir = campaign_scratch();
+    let tmp = dir.path().join("tmp");
+    let s1 = up_snapshot(&dir.path().join("snaps"));
+    let at_time = format!("{}@6s", text(&dir.path().join("snaps")));
+    let branch = |spec: &str, faults: &[&str], naming: &str| {
+        let mut args = vec!["branch", spec];
+        for fault in faults {
+            args.extend_from_slice(&["--fault", fault]);
+        }
+        refused_before_any_helper_vm(&tmp, &args, naming);
+    };
+    branch(
+        &s1,
+        &["at=+1s pause n9"],
+        "no node is named \"n9\" (nodes: n1, n2)",
+    );
+    branch(
+        &s1,
+        &["at=4s pause n1"],
+        "at=4s is before the branch point, 5s at the earliest",
+    );
+    branch(
+        &at_time,
+        &["at=5500ms pause n1"],
+        "at=5.5s is before the branch point, 6s at the earliest",
+    );
+    branch(
+        &s1,
+        &["at=+1s pause n1 for=5s", "at=+2s kill n1"],
+        "fault at=7s kill n1 signal=9 overlaps fault at=6s pause n1: both take the processes of n1",
+    );
+}
+
+/// `up` refuses a manifest's fault and a `--fault` that overlap on one
+/// lane, naming both, before any helper VM starts.
+#[test]
+fn up_faults_that_overlap_on_a_lane_are_refused_naming_both() {
+    let dir = campaign_scratch();
+    let tmp = dir.path().join("tmp");
+    let manifest = dir.path().join("cluster.toml");
+    let nodes = std::fs::read_to_string(&manifest).unwrap();
+    let faults = "faults = [\"at=2s pause n1 for=10s\"]\n";
+    std::fs::write(&manifest, format!("{faults}{nodes}")).unwrap();
+    refused_before_any_helper_vm(
+        &tmp,
+        &["up", text(&manifest), "--fault", "at=3s pause n1 for=1s"],
+        "fault at=3s pause n1 overlaps fault at=2s pause n1: both take the processes of n1",
+    );
+}

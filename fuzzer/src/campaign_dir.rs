@@ -173,7 +173,7 @@ mod tests {
         drop(crate::store::Store::create_in(first, &[]).unwrap());
         let again = NewCampaignDir::claim(&out).err().expect("refused");
         assert!(matches!(again, StoreError::Exists { .. }), "{again}");
-        let checked = NewCampaignDir::check(&out).err().expect("refused");
+        let checked = NewCampaignDir::check(&out).expect_err("refused");
         assert!(matches!(checked, StoreError::Exists { .. }), "{checked}");
     }
 }

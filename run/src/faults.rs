@@ -44,9 +44,11 @@
 //! (`"partition n1 | n2,n3"`), a fault `{"at": <ns>, "action": <text>}`.
 
 mod disk;
+mod lanes;
 mod network;
 
 pub use disk::{DiskActionError, DiskFault};
+pub use lanes::check_lanes;
 pub use network::{LatencyRange, NetworkActionError};
 
 use crate::units::parse_duration;
@@ -229,6 +231,12 @@ pub enum FaultError {
         fault: Box<Fault>,
         name: String,
         nodes: Vec<String>,
+    },
+    #[error("fault {second} overlaps fault {first}: both take {lane}, and one would undo the other early (see docs/manifest.md, faults)")]
+    Overlap {
+        first: Box<Fault>,
+        second: Box<Fault>,
+        lane: String,
     },
     #[error("fault {fault}: no node {name:?}")]
     NoPort {
@@ -625,6 +633,7 @@ pub fn schedule(texts: &[String], nodes: &[String]) -> Result<Vec<Fault>, FaultE
     }
     // A stable sort: same-time faults stay in the order given.
     all.sort_by_key(|f| f.at);
+    check_lanes(&all)?;
     Ok(all)
 }
 
