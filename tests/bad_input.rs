@@ -489,3 +489,37 @@ fn up_faults_that_overlap_on_a_lane_are_refused_naming_both() {
         "fault at=3s pause n1 overlaps fault at=2s pause n1: both take the processes of n1",
     );
 }
+
+/// Two `image build`s to one `--out` at once: the one that finds the other
+/// building it fails, naming it (its pid), and leaves the output alone.
+#[test]
+fn a_second_image_build_to_one_output_fails_naming_the_first() {
+    use std::os::fd::AsRawFd;
+    let dir = campaign_scratch();
+    let out = dir.path().join("node.img");
+    // The first build, as the lock beside its output shows it.
+    let lock = dir.path().join(".node.img.lock");
+    std::fs::write(&lock, "4242").unwrap();
+    let held = std::fs::File::open(&lock).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let root = dir.path().join("root");
+    let build = [
+        "image",
+        "build",
+        "--rootfs",
+        text(&root),
+        "--out",
+        text(&out),
+    ];
+    refused(
+        &build,
+        "node.img: another process (pid 4242) is writing it now",
+    );
+    assert!(!out.exists());
+    drop(held);
+    std::fs::remove_file(&lock).unwrap();
+    let built = detvisor_quick(&build);
+    assert_eq!(built.status.code(), Some(0), "{}", stderr(&built));
+    assert!(out.is_file() && !lock.exists());
+}
