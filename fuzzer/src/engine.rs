@@ -412,6 +412,12 @@ impl<'a> Engine<'a> {
                 .map(|j| self.job(j, parents[(j - start) as usize]))
                 .collect();
             let runs = self.run_wave(&jobs)?;
+            for worker in &mut self.workers {
+                for note in worker.take_notes() {
+                    progress.warning(&note);
+                    self.warnings.push(note);
+                }
+            }
             for (job, done) in jobs.into_iter().zip(runs) {
                 let report = self.commit(job, done, progress, started)?;
                 this_run += 1;
@@ -701,11 +707,18 @@ fn workers<'a>(
     dir: &Path,
 ) -> Vec<Worker<'a>> {
     let spills = spec.spill && spec.live_checkpoints > 1;
+    // Each worker's share of the bound.
+    let share = spills.then(|| {
+        let limit = spec
+            .spill_limit
+            .unwrap_or_else(|| crate::spill::default_limit(dir));
+        limit / runners.len().max(1) as u64
+    });
     runners
         .into_iter()
         .enumerate()
         .map(|(i, r)| {
-            let spill_dir = spills.then(|| crate::spill::worker_dir(dir, i));
+            let spill_dir = share.map(|share| (crate::spill::worker_dir(dir, i), share));
             Worker::new(r, spec.live_checkpoints, spec.checkpoint_memory, spill_dir)
         })
         .collect()

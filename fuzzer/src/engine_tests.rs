@@ -737,32 +737,45 @@ fn test_a_finding_holds_the_logs_of_its_whole_path() {
 /// A memory budget of three checkpoints: moments let go are spilled to
 /// disk and loaded back in place (digest checked) rather than replayed, and
 /// the search is the same as with one checkpoint and replays only.
-#[test]
-fn test_a_tiny_memory_budget_spills_moments_and_loads_them_back_for_the_same_search() {
+/// A campaign of 14 branches under a memory budget of three checkpoints,
+/// its spill bounded by `spill_limit`, in `dir`: its summary, and how many
+/// requests of each name its run answered; checked to make the same
+/// search, and find the same, as with one checkpoint and replays only.
+fn under_a_tiny_memory_budget(
+    dir: &Path,
+    spill_limit: Option<u64>,
+) -> (CampaignSummary, impl Fn(&str) -> usize) {
     let replayed = tempfile::tempdir().unwrap();
     let (_, one) = campaign(replayed.path(), 1, 14);
-    let dir = tempfile::tempdir().unwrap();
     let calls = Arc::new(Mutex::new(Vec::new()));
     let sim = Sim {
         calls: calls.clone(),
         ..Sim::default()
     };
-    let count = |name: &str| calls.lock().unwrap().iter().filter(|c| *c == name).count();
     let mut spec = spec(8);
     spec.checkpoint_memory = Some(3_000);
-    let (summary, nodes) = campaign_on(sim, dir.path(), spec, 14);
+    spec.spill_limit = spill_limit;
+    let (summary, nodes) = campaign_on(sim, dir, spec, 14);
     assert_eq!(summary.branches, 14);
     assert_eq!(nodes, one, "the same search");
-    assert_eq!(summary.spill.written, count("Spill") as u64);
-    assert!(count("Spill") > 0, "{:?}", calls.lock().unwrap());
-    assert!(count("LoadInPlace") > 0, "{:?}", calls.lock().unwrap());
+    let a = Store::open(replayed.path()).unwrap().findings().unwrap();
+    let b = Store::open(dir).unwrap().findings().unwrap();
+    assert_eq!(a, b);
     assert!(
-        !dir.path().join(crate::spill::SPILL_DIR).exists(),
+        !dir.join(crate::spill::SPILL_DIR).exists(),
         "spill/ is removed at the end"
     );
-    let a = Store::open(replayed.path()).unwrap().findings().unwrap();
-    let b = Store::open(dir.path()).unwrap().findings().unwrap();
-    assert_eq!(a, b);
+    let count = move |name: &str| calls.lock().unwrap().iter().filter(|c| *c == name).count();
+    (summary, count)
+}
+
+#[test]
+fn test_a_tiny_memory_budget_spills_moments_and_loads_them_back_for_the_same_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let (summary, count) = under_a_tiny_memory_budget(dir.path(), None);
+    assert_eq!(summary.spill.written, count("Spill") as u64);
+    assert!(count("Spill") > 0);
+    assert!(count("LoadInPlace") > 0);
 }
 
 /// Two workers under a tiny memory budget spill to their own folders (a
@@ -798,3 +811,6 @@ fn test_workers_spill_to_their_own_folders_for_the_same_search() {
 
 #[path = "engine_silence_tests.rs"]
 mod silence;
+
+#[path = "engine_spill_tests.rs"]
+mod spill_bound;

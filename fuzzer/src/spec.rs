@@ -99,6 +99,11 @@ pub struct CampaignSpec {
     /// first, to be loaded back instead of replayed.
     #[serde(default = "spill_default")]
     pub spill: bool,
+    /// Bytes `spill/` may hold, all workers together (`None`: half the
+    /// free space of the campaign directory's file system when the
+    /// campaign starts); see [`crate::spill`].
+    #[serde(default)]
+    pub spill_limit: Option<u64>,
 }
 
 fn spill_default() -> bool {
@@ -143,6 +148,7 @@ struct SearchSection {
     exclude: Vec<String>,
     checkpoint_memory: Option<String>,
     spill: Option<bool>,
+    spill_limit: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -265,9 +271,17 @@ impl CampaignSpec {
             ),
             None => None,
         };
+        let spill_limit = match &file.search.spill_limit {
+            Some(text) => Some(
+                run::units::parse_size(text)
+                    .map_err(|e| bad("search.spill_limit", text, e.to_string()))?,
+            ),
+            None => None,
+        };
         Ok(CampaignSpec {
             checkpoint_memory,
             spill: file.search.spill.unwrap_or(true),
+            spill_limit,
             manifest,
             seed: file.seed,
             root,
