@@ -206,7 +206,7 @@ impl<'a> Engine<'a> {
             ],
         )?;
         Ok(Engine {
-            workers: workers(runners, &spec, dir),
+            workers: crate::worker::workers(runners, &spec, dir),
             spec,
             dir: dir.to_owned(),
             store,
@@ -278,7 +278,7 @@ impl<'a> Engine<'a> {
         let wall_before_ms = store.wall_ms()?;
         let faults = faults(&spec);
         Ok(Engine {
-            workers: workers(runners, &spec, dir),
+            workers: crate::worker::workers(runners, &spec, dir),
             spec,
             dir: dir.to_owned(),
             store,
@@ -696,32 +696,6 @@ impl<'a> From<Vec<Box<dyn Runner + Send + 'a>>> for Runners<'a> {
     fn from(runners: Vec<Box<dyn Runner + Send + 'a>>) -> Self {
         Runners(runners)
     }
-}
-
-/// A worker per runner, each keeping the spec's live checkpoints.
-/// A worker per runner; each spills to its own `DIR/spill/wN/` when the
-/// campaign keeps checkpoints beyond the root and spills them.
-fn workers<'a>(
-    runners: Vec<Box<dyn Runner + Send + 'a>>,
-    spec: &CampaignSpec,
-    dir: &Path,
-) -> Vec<Worker<'a>> {
-    let spills = spec.spill && spec.live_checkpoints > 1;
-    // Each worker's share of the bound.
-    let share = spills.then(|| {
-        let limit = spec
-            .spill_limit
-            .unwrap_or_else(|| crate::spill::default_limit(dir));
-        limit / runners.len().max(1) as u64
-    });
-    runners
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let spill_dir = share.map(|share| (crate::spill::worker_dir(dir, i), share));
-            Worker::new(r, spec.live_checkpoints, spec.checkpoint_memory, spill_dir)
-        })
-        .collect()
 }
 
 /// Runs `run` to its root moment; the records of the way there.

@@ -1,8 +1,81 @@
-//! `spill/`'s bound and a disk that fills: a moment that cannot be kept
-//! on disk is let go unwritten, a line says so, and the campaign makes the
-//! same search as one that only replays.
+//! Spilling through the engine on the simulated run: moments let go are
+//! written and loaded back, and `spill/`'s bound and a disk that fills: a
+//! moment that cannot be kept on disk is let go unwritten, a line says so,
+//! and the campaign makes the same search as one that only replays.
 
 use super::*;
+
+/// A campaign of 14 branches under a memory budget of three checkpoints,
+/// its spill bounded by `spill_limit`, in `dir`: its summary, and how many
+/// requests of each name its run answered; checked to make the same
+/// search, and find the same, as with one checkpoint and replays only.
+fn under_a_tiny_memory_budget(
+    dir: &Path,
+    spill_limit: Option<u64>,
+) -> (CampaignSummary, impl Fn(&str) -> usize) {
+    let replayed = tempfile::tempdir().unwrap();
+    let (_, one) = campaign(replayed.path(), 1, 14);
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let sim = Sim {
+        calls: calls.clone(),
+        ..Sim::default()
+    };
+    let mut spec = spec(8);
+    spec.checkpoint_memory = Some(3_000);
+    spec.spill_limit = spill_limit;
+    let (summary, nodes) = campaign_on(sim, dir, spec, 14);
+    assert_eq!(summary.branches, 14);
+    assert_eq!(nodes, one, "the same search");
+    let a = Store::open(replayed.path()).unwrap().findings().unwrap();
+    let b = Store::open(dir).unwrap().findings().unwrap();
+    assert_eq!(a, b);
+    assert!(
+        !dir.join(crate::spill::SPILL_DIR).exists(),
+        "spill/ is removed at the end"
+    );
+    let count = move |name: &str| calls.lock().unwrap().iter().filter(|c| *c == name).count();
+    (summary, count)
+}
+
+#[test]
+fn test_a_tiny_memory_budget_spills_moments_and_loads_them_back_for_the_same_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let (summary, count) = under_a_tiny_memory_budget(dir.path(), None);
+    assert_eq!(summary.spill.written, count("Spill") as u64);
+    assert!(count("Spill") > 0);
+    assert!(count("LoadInPlace") > 0);
+}
+
+/// Two workers under a tiny memory budget spill to their own folders (a
+/// moment both let go is written by each) and make the same search as two
+/// workers that only replay.
+#[test]
+fn test_workers_spill_to_their_own_folders_for_the_same_search() {
+    let replayed = tempfile::tempdir().unwrap();
+    let sims = || vec![jittery(1), jittery(2)];
+    let (_, one, found) = campaign_with(replayed.path(), 2, 16, sims());
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<Sim> = sims()
+        .into_iter()
+        .map(|sim| Sim {
+            calls: calls.clone(),
+            ..sim
+        })
+        .collect();
+    let count = |name: &str| calls.lock().unwrap().iter().filter(|c| *c == name).count();
+    let mut spec = spec(8);
+    spec.batch_width = 2;
+    spec.checkpoint_memory = Some(3_000);
+    let summary = try_campaign(dir.path(), spec, 16, workers).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.nodes().unwrap(), one, "the same search");
+    assert_eq!(store.findings().unwrap(), found);
+    assert_eq!(summary.workers, 2);
+    assert_eq!(summary.spill.written, count("Spill") as u64);
+    assert!(count("Spill") > 0 && count("LoadInPlace") > 0);
+    assert!(!dir.path().join(crate::spill::SPILL_DIR).exists());
+}
 
 /// The simulated run on a full disk: every spill writes part of its
 /// snapshot, then fails as a full disk makes it fail.

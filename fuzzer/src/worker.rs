@@ -13,7 +13,7 @@ use crate::tree::TreeNode;
 use run::api::{CheckpointId, Position, Request, RunId};
 use run::records::GuestRecord;
 use run::up::PreparedUp;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -277,4 +277,29 @@ impl<'a> Worker<'a> {
         let run = self.run_id();
         Ok(self.calls().outcome(run)?.digest)
     }
+}
+
+/// A worker per runner; each spills to its own `DIR/spill/wN/` when the
+/// campaign keeps checkpoints beyond the root and spills them.
+pub(crate) fn workers<'a>(
+    runners: Vec<Box<dyn Runner + Send + 'a>>,
+    spec: &CampaignSpec,
+    dir: &Path,
+) -> Vec<Worker<'a>> {
+    let spills = spec.spill && spec.live_checkpoints > 1;
+    // Each worker's share of the bound.
+    let share = spills.then(|| {
+        let limit = spec
+            .spill_limit
+            .unwrap_or_else(|| crate::spill::default_limit(dir));
+        limit / runners.len().max(1) as u64
+    });
+    runners
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let spill_dir = share.map(|share| (crate::spill::worker_dir(dir, i), share));
+            Worker::new(r, spec.live_checkpoints, spec.checkpoint_memory, spill_dir)
+        })
+        .collect()
 }
