@@ -78,15 +78,28 @@ fn test_workers_spill_to_their_own_folders_for_the_same_search() {
 }
 
 /// The simulated run on a full disk: every spill writes part of its
-/// snapshot, then fails as a full disk makes it fail.
-struct FullDisk(Sim);
+/// snapshot into a work directory, then fails as a full disk makes it
+/// fail; the request after the reset back to the present finds that work
+/// directory gone.
+struct FullDisk(Sim, Option<std::path::PathBuf>);
 
 impl Runner for FullDisk {
     fn call(&mut self, request: Request) -> std::result::Result<Response, String> {
+        // After the reset back to the present, which comes first.
+        if !matches!(request, Request::Reset { .. }) {
+            if let Some(partial) = self.1.take() {
+                assert!(
+                    !partial.exists(),
+                    "{} is left on the full disk",
+                    partial.display()
+                );
+            }
+        }
         if let Request::Spill { dir, id, .. } = &request {
-            let path = dir.join(id);
-            std::fs::create_dir(&path).map_err(|e| e.to_string())?;
-            std::fs::write(path.join("memory.img"), [1u8; 4096]).map_err(|e| e.to_string())?;
+            let partial = dir.join(format!(".tmp-{id}"));
+            std::fs::create_dir(&partial).map_err(|e| e.to_string())?;
+            std::fs::write(partial.join("memory.img"), [1u8; 4096]).map_err(|e| e.to_string())?;
+            self.1 = Some(partial);
             return Err(format!(
                 "writing the moment {id}: {}",
                 std::io::Error::from_raw_os_error(libc::ENOSPC)
@@ -131,7 +144,7 @@ fn test_a_spill_write_that_fails_lets_the_moment_go_and_the_campaign_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = spec(8);
     spec.checkpoint_memory = Some(3_000);
-    let runner: Box<dyn Runner + Send> = Box::new(FullDisk(Sim::default()));
+    let runner: Box<dyn Runner + Send> = Box::new(FullDisk(Sim::default(), None));
     let files = tempfile::tempdir().unwrap();
     let run = prepared(files.path());
     let mut engine = Engine::create(

@@ -129,10 +129,18 @@ impl Spill {
         std::mem::take(&mut self.notes)
     }
 
-    /// Stops writing, saying `why`; removes the snapshot `id` (what of it
-    /// was written).
+    /// Stops writing, saying `why`; removes what was written of the
+    /// snapshot `id` (its directory, or the work directory of a write cut
+    /// short, `.`-named), so a full disk gets that space back at once.
     fn stop(&mut self, id: &str, why: String) {
         let _ = std::fs::remove_dir_all(self.dir.join(id));
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().starts_with('.') {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
         self.stopped = true;
         self.notes.push(format!(
             "{why}: checkpoints let go from now on are not kept on disk ({}); the campaign goes on, replaying their moments from the root or a live ancestor when it needs them",
