@@ -317,6 +317,11 @@ fn findings_are_listed_from_the_index_and_a_damaged_campaign_is_refused() {
         &["campaign", "--resume", text(&out), "--host-vm", "never"],
         "campaign.db: not a regular file (a FIFO)",
     );
+    let c = dir.path().join("c.toml");
+    refused(
+        &["campaign", text(&c), "--out", text(&out), "--host-vm", "never"],
+        "campaign.db: not a regular file (a FIFO)",
+    );
     std::fs::remove_file(&db).unwrap();
     std::fs::create_dir(&db).unwrap();
     refused(

@@ -96,7 +96,8 @@ impl NewCampaignDir {
     /// can be written, holding no campaign. Checked before the campaign
     /// file is read, so a refusal leaves nothing behind.
     pub fn check(dir: &Path) -> Result<()> {
-        if check_kind(dir, "directory")? && std::fs::symlink_metadata(dir.join(DB_FILE)).is_ok() {
+        // A database that is something else (a FIFO) says what it is.
+        if check_kind(dir, "directory")? && check_kind(&dir.join(DB_FILE), "regular file")? {
             return Err(StoreError::Exists {
                 dir: dir.to_owned(),
             });
@@ -139,7 +140,7 @@ impl NewCampaignDir {
         let dir = dir.canonicalize().map_err(create)?;
         let lock = lock(&dir)?;
         // Whatever it is (a FIFO too): a database there is not replaced.
-        if std::fs::symlink_metadata(dir.join(DB_FILE)).is_ok() {
+        if check_kind(&dir.join(DB_FILE), "regular file")? {
             return Err(StoreError::Exists { dir });
         }
         Ok(NewCampaignDir { dir, lock })
