@@ -112,61 +112,34 @@ impl Runner for PlacedRunner {
     }
 }
 
-/// Starts the place for runs of `prepared` (and returns it as the runner
-/// sees it: in a helper VM, its files are shipped there).
-fn place(
-    mode: HostVmMode,
+/// Where the runs of `prepared` will happen, decided and checked (the
+/// helper VMs' memory against the host's) before anything is written or
+/// started: a refusal leaves nothing behind.
+struct Plan {
+    workers: u32,
     seccomp: bool,
-    prepared: &PreparedUp,
-    shared: &[&Path],
-) -> Result<(PlacedRunner, PreparedUp)> {
-    let (mut runners, there) = place_workers(mode, seccomp, prepared, shared, 1)?;
-    Ok((runners.remove(0), there))
+    place: PlannedPlace,
 }
 
-/// `workers` runners for runs of `prepared`: here, a run library each; in
+enum PlannedPlace {
+    Here(PreparedUp),
+    /// `needs` per worker; `there` is the run as the helper VMs see it.
+    HelperVm {
+        reason: String,
+        needs: Vec<crate::helper::Needs>,
+        there: PreparedUp,
+    },
+}
+
+/// A plan for `workers` runners of `prepared`: here, a run library each; in
 /// the helper VM, a helper VM each (one vCPU: measured faster than one
 /// helper VM with a vCPU per worker, whose multi-threaded TCG also changed
 /// the guest's digest; see docs/campaigns.md).
-fn place_workers(
-    mode: HostVmMode,
-    seccomp: bool,
-    prepared: &PreparedUp,
-    shared: &[&Path],
-    workers: u32,
-) -> Result<(Vec<PlacedRunner>, PreparedUp)> {
-    let (mut runners, there) = start_workers(mode, prepared, shared, workers)?;
-    // The filter is on by default wherever the runs are (a worker's
-    // thread here, the whole serving process in a helper VM).
-    if !seccomp {
-        for runner in &mut runners {
-            runner
-                .call(Request::Seccomp { enabled: false })
-                .map_err(anyhow::Error::msg)
-                .context("turning seccomp off (--no-seccomp)")?;
-        }
-    }
-    Ok((runners, there))
-}
-
-fn start_workers(
-    mode: HostVmMode,
-    prepared: &PreparedUp,
-    shared: &[&Path],
-    workers: u32,
-) -> Result<(Vec<PlacedRunner>, PreparedUp)> {
-    match helper_vm::placement(mode) {
-        Placement::Host => Ok((
-            (0..workers)
-                .map(|_| PlacedRunner {
-                    place: Place::Here(InProcess::new()),
-                    stall: StallTimeout::HARDWARE,
-                })
-                .collect(),
-            prepared.clone(),
-        )),
+fn plan(mode: HostVmMode, seccomp: bool, prepared: &PreparedUp, workers: u32) -> Result<Plan> {
+    let place = match helper_vm::placement(mode) {
+        Placement::Host => PlannedPlace::Here(prepared.clone()),
         Placement::HelperVm { reason } => {
-            let mut all_needs = Vec::new();
+            let mut needs = Vec::new();
             let mut there = prepared.clone();
             for _ in 0..workers {
                 there = prepared.clone();
@@ -183,30 +156,72 @@ fn start_workers(
                     records: None,
                     exit_path: Default::default(),
                 };
-                let mut needs = crate::up_cmd::helper_needs(&mut there, &mut options)?;
-                for dir in shared {
-                    needs.share(dir)?;
-                }
-                all_needs.push(needs);
+                needs.push(crate::up_cmd::helper_needs(&mut there, &mut options)?);
             }
-            check_host_memory(workers, all_needs[0].memory_mib)?;
-            if workers > 1 {
-                eprintln!("detvisor: {workers} workers, a helper VM each");
+            check_host_memory(workers, needs[0].memory_mib)?;
+            PlannedPlace::HelperVm {
+                reason,
+                needs,
+                there,
+            }
+        }
+    };
+    Ok(Plan {
+        workers,
+        seccomp,
+        place,
+    })
+}
+
+/// Starts the planned runners, sharing `shared` (directories that exist)
+/// with the helper VMs; the run as the runners see it.
+fn start(plan: Plan, shared: &[&Path]) -> Result<(Vec<PlacedRunner>, PreparedUp)> {
+    let (mut runners, there) = match plan.place {
+        PlannedPlace::Here(prepared) => (
+            (0..plan.workers)
+                .map(|_| PlacedRunner {
+                    place: Place::Here(InProcess::new()),
+                    stall: StallTimeout::HARDWARE,
+                })
+                .collect(),
+            prepared,
+        ),
+        PlannedPlace::HelperVm {
+            reason,
+            needs,
+            there,
+        } => {
+            if plan.workers > 1 {
+                eprintln!("detvisor: {} workers, a helper VM each", plan.workers);
             }
             // One after the other, on this thread: QEMU is tied to the
             // thread that starts it (it is killed when that thread ends).
-            let runners = all_needs
+            let runners = needs
                 .into_iter()
-                .map(|needs| {
+                .map(|mut needs| {
+                    for dir in shared {
+                        needs.share(dir)?;
+                    }
                     Ok(PlacedRunner {
                         place: Place::HelperVm(Box::new(Remote::start(&reason, needs)?)),
                         stall: StallTimeout::HELPER_VM,
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            Ok((runners, there))
+            (runners, there)
+        }
+    };
+    // The filter is on by default wherever the runs are (a worker's
+    // thread here, the whole serving process in a helper VM).
+    if !plan.seccomp {
+        for runner in &mut runners {
+            runner
+                .call(Request::Seccomp { enabled: false })
+                .map_err(anyhow::Error::msg)
+                .context("turning seccomp off (--no-seccomp)")?;
         }
     }
+    Ok((runners, there))
 }
 
 /// Refuses `workers` helper VMs of `memory_mib` each that the host's
@@ -323,16 +338,12 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
             .meta_json("run")?
             .context("the campaign database holds no run")?;
         let host_run = findings::resolve(&dir, &saved)?;
+        store.check_paths(&host_run.node_names)?;
         let budget = budget(&args, &spec)?;
-        let (mut runners, there) = place_workers(
-            args.host_vm,
-            args.seccomp.enabled(),
-            &host_run,
-            &[&dir],
-            workers,
-        )?;
         let judge = fuzzer::judges::campaign_judge(&spec)?;
-        let faults = fuzzer::judges::fault_source(&spec, &there)?;
+        let faults = fuzzer::judges::fault_source(&spec, &host_run)?;
+        let plan = plan(args.host_vm, args.seccomp.enabled(), &host_run, workers)?;
+        let (mut runners, there) = start(plan, &[&dir])?;
         // The store stays open (and locked) from here to the campaign's end.
         let mut engine = Engine::resume_store(
             boxed(&mut runners),
@@ -347,6 +358,7 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
         let (Some(file), Some(out)) = (&args.campaign, &args.out) else {
             bail!("give a campaign file and --out DIR, or --resume DIR");
         };
+        fuzzer::store::NewCampaignDir::check(out)?;
         let campaign = CampaignFile::load(file)?;
         for warning in &campaign.warnings {
             eprintln!("detvisor: WARNING: {warning}");
@@ -358,28 +370,17 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
         let prepared = run::up::prepare(&manifest, &[], None, None)?;
         let judge = fuzzer::judges::campaign_judge(&spec)?;
         let faults = fuzzer::judges::fault_source(&spec, &prepared)?;
-        std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-        let out = absolute(out)?;
-        if out.join(fuzzer::store::DB_FILE).exists() {
-            bail!(
-                "{} already holds a campaign: resume it with `detvisor campaign --resume {}`, or choose another --out",
-                out.display(),
-                out.display()
-            );
-        }
-        let (mut runners, there) = place_workers(
-            args.host_vm,
-            args.seccomp.enabled(),
-            &prepared,
-            &[&out],
-            workers,
-        )?;
+        let plan = plan(args.host_vm, args.seccomp.enabled(), &prepared, workers)?;
+        // Claimed (created and locked) before any helper VM starts or any
+        // file is written there.
+        let claimed = fuzzer::store::NewCampaignDir::claim(out)?;
+        let (mut runners, there) = start(plan, &[claimed.path()])?;
         let mut engine = Engine::create(
             boxed(&mut runners),
             spec,
             &prepared,
             there,
-            &out,
+            claimed,
             judge,
             faults,
         )?;
@@ -427,33 +428,8 @@ fn absolute(dir: &Path) -> Result<PathBuf> {
 }
 
 pub fn cmd_findings(args: FindingsArgs) -> Result<u8> {
-    let dir = args.dir.join(findings::FINDINGS_DIR);
-    if !args.dir.join(fuzzer::store::DB_FILE).is_file() {
-        bail!(
-            "{} is not a campaign directory (no {})",
-            args.dir.display(),
-            fuzzer::store::DB_FILE
-        );
-    }
-    let mut entries: Vec<PathBuf> = match std::fs::read_dir(&dir) {
-        Ok(entries) => entries
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.len() == 4 && n.bytes().all(|b| b.is_ascii_digit()))
-            })
-            .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
-    };
-    entries.sort();
-    for path in &entries {
-        let text = std::fs::read_to_string(path.join(findings::FINDING_FILE))
-            .with_context(|| format!("reading {}", path.join(findings::FINDING_FILE).display()))?;
-        let file: findings::FindingFile = serde_json::from_str(&text)
-            .with_context(|| format!("{}", path.join(findings::FINDING_FILE).display()))?;
+    let listed = fuzzer::listing::list(&args.dir)?;
+    for fuzzer::listing::Listed { dir, file } in &listed {
         if args.json {
             println!(
                 "{}",
@@ -461,27 +437,24 @@ pub fn cmd_findings(args: FindingsArgs) -> Result<u8> {
                     "number": file.number, "key": file.key, "summary": file.summary,
                     "faults": file.path.fault_count(), "found_faults": file.found_path.fault_count(),
                     "virtual_ns": file.virtual_ns, "digest": file.digest,
-                    "dir": path,
+                    "dir": dir,
                 })
             );
         } else {
+            let faults = file.path.fault_count();
             println!(
                 "{:04}  {}  {}  ({} fault{} after shrinking from {}; ends at {})",
                 file.number,
                 file.key,
                 file.summary,
-                file.path.fault_count(),
-                if file.path.fault_count() == 1 {
-                    ""
-                } else {
-                    "s"
-                },
+                faults,
+                if faults == 1 { "" } else { "s" },
                 file.found_path.fault_count(),
                 vmm::VirtNanos(file.virtual_ns)
             );
         }
     }
-    if entries.is_empty() && !args.json {
+    if listed.is_empty() && !args.json {
         println!("no findings");
     }
     Ok(0)
@@ -503,13 +476,14 @@ pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
     if let Some(logs) = &logs {
         shared.push(logs);
     }
-    let (mut runner, there) = place(args.host_vm, args.seccomp.enabled(), &finding.run, &shared)?;
+    let plan = plan(args.host_vm, args.seccomp.enabled(), &finding.run, 1)?;
+    let (mut runners, there) = start(plan, &shared)?;
+    let runner = &mut runners[0];
     let loaded = findings::LoadedFinding {
         file: finding.file.clone(),
         run: there,
     };
-    let report =
-        fuzzer::replay::replay_loaded(&mut runner, &loaded, judge.as_ref(), logs.as_deref())?;
+    let report = fuzzer::replay::replay_loaded(runner, &loaded, judge.as_ref(), logs.as_deref())?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

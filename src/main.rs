@@ -567,11 +567,9 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
 }
 
 fn cmd_branch(args: BranchArgs) -> Result<u8> {
-    // The grammar is checked before anything starts; times and nodes once
-    // the moment is restored.
-    for text in &args.faults {
-        run::faults::parse_fault_after(text, Some(vmm::VirtNanos::ZERO))?;
-    }
+    // Checked against the snapshot's files before anything starts: the
+    // grammar, the nodes, the branch point and the lanes.
+    run::branch::check_faults(&args.spec, &args.faults)?;
     let until = args
         .until
         .as_deref()

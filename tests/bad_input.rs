@@ -5,13 +5,16 @@
 mod common;
 
 use common::stderr;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// Runs detvisor with `args`; fails the test if it has not ended in 20 s.
-fn detvisor_quick(args: &[&str]) -> Output {
+/// Runs detvisor with `args` and `env`; fails the test if it has not
+/// ended in `limit`.
+fn detvisor_within(limit: Duration, args: &[&str], env: &[(&str, &Path)]) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_detvisor"))
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -19,7 +22,7 @@ fn detvisor_quick(args: &[&str]) -> Output {
         .expect("detvisor starts");
     let start = Instant::now();
     while child.try_wait().unwrap().is_none() {
-        if start.elapsed() > Duration::from_secs(20) {
+        if start.elapsed() > limit {
             child.kill().unwrap();
             panic!("detvisor {} hung", args.join(" "));
         }
@@ -28,6 +31,11 @@ fn detvisor_quick(args: &[&str]) -> Output {
     let out = child.wait_with_output().unwrap();
     eprintln!("$ detvisor {}\n{}", args.join(" "), stderr(&out));
     out
+}
+
+/// Runs detvisor with `args`; fails the test if it has not ended in 20 s.
+fn detvisor_quick(args: &[&str]) -> Output {
+    detvisor_within(Duration::from_secs(20), args, &[])
 }
 
 fn refused(args: &[&str], naming: &str) {
@@ -234,4 +242,413 @@ fn a_fault_after_the_run_ends_is_refused() {
         "at=100ms pause n1 for=5000000h",
         "for=18000000000s: beyond the latest virtual time a fault may name, 31536000s (365 days)",
     );
+}
+
+/// Runs detvisor with `args` and `TMPDIR` set to `tmp`, where a helper VM
+/// it started would leave its directory (`detvisor-helper-vm-*`: its
+/// console and QEMU logs, kept by `DETVISOR_HELPER_VM_KEEP_TMP`). Allowed
+/// 120 s: the first campaign of a test binary may build the guest agent.
+fn detvisor_in(tmp: &Path, args: &[&str]) -> Output {
+    let keep = Path::new("1");
+    let env = [("TMPDIR", tmp), (helper_vm::KEEP_TMP_ENV, keep)];
+    detvisor_within(Duration::from_secs(120), args, &env)
+}
+
+/// `args` (with `--host-vm always`, so any run would start a helper VM)
+/// refused: exit 2, one line naming `naming`, and no helper VM started (no
+/// directory of one in `tmp`).
+fn refused_before_any_helper_vm(tmp: &Path, args: &[&str], naming: &str) {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--host-vm", "always"]);
+    let out = detvisor_in(tmp, &all);
+    let text = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert_eq!(text.lines().count(), 1, "one error: {text}");
+    assert!(text.contains(naming), "{text}");
+    let started: Vec<_> = std::fs::read_dir(tmp)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("detvisor-helper-vm-")
+        })
+        .map(|e| e.path())
+        .collect();
+    assert!(started.is_empty(), "a helper VM started: {started:?}");
+}
+
+/// A directory with a busybox cluster of one node, a campaign file of it
+/// (`c.toml`) and a `tmp/` for [`detvisor_in`]. Nothing here boots.
+fn campaign_scratch() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("root/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox-static is installed");
+    std::os::unix::fs::symlink("busybox", bin.join("sh")).unwrap();
+    std::fs::write(
+        dir.path().join("cluster.toml"),
+        "[[node]]\nname = \"n1\"\nrootfs = \"root\"\ncommand = [\"sh\", \"-c\", \"sleep 100\"]\n\
+         \n[workload]\nnode = \"n1\"\ncommand = [\"sh\", \"-c\", \"sleep 1\"]\n",
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("c.toml"), "manifest = \"cluster.toml\"\n").unwrap();
+    std::fs::create_dir(dir.path().join("tmp")).unwrap();
+    dir
+}
+
+fn text(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+/// A run of one node `n1` whose kernel is `dir/vmlinux` (never booted).
+fn prepared_run(dir: &Path) -> run::up::PreparedUp {
+    let kernel = dir.join("vmlinux");
+    std::fs::write(&kernel, b"kernel bytes").unwrap();
+    let network =
+        devices::NetworkConfig::reliable(devices::LatencyDist::Fixed(vmm::VirtNanos::ZERO));
+    serde_json::from_value(serde_json::json!({
+        "kernel": kernel, "initrd": {"bytes": [1, 2, 3]}, "specs": [], "node_names": ["n1"],
+        "workload": null, "network": serde_json::to_value(network).unwrap(),
+        "rtc_epoch_unix_secs": 0, "ram_bytes": 1, "faults": [], "disks": []
+    }))
+    .expect("a prepared run")
+}
+
+/// A path of one branch at 1 s holding `fault`.
+fn path_with(fault: &str) -> fuzzer::step::Path {
+    fuzzer::step::Path::default().child(7, vec![fault.to_string()], 2_000_000_000)
+}
+
+/// A campaign directory (never run) whose index holds finding 0001 at
+/// moment 1, reached by a branch holding `fault`; its run and blobs as a
+/// campaign writes them, and `findings/0001/` with `finding.json` and
+/// `run.json`.
+fn campaign_with_finding(dir: &Path, fault: &str) -> PathBuf {
+    use fuzzer::store::{FindingRow, FinishedBranch, NodeRow, Store};
+    let out = dir.join("campaign");
+    std::fs::create_dir(&out).unwrap();
+    let spec = fuzzer::spec::CampaignSpec::load(&dir.join("c.toml")).unwrap();
+    let run = fuzzer::findings::blobify(&out, &prepared_run(dir)).unwrap();
+    let mut store = Store::create(&out, &[("spec", json(&spec)), ("run", json(&run))]).unwrap();
+    let path = path_with(fault);
+    let row = FindingRow {
+        number: 1,
+        key: "property:p".into(),
+        node: 1,
+        summary: "p failed".into(),
+    };
+    for (id, path) in [(0, Default::default()), (1, path.clone())] {
+        let node = NodeRow {
+            id,
+            parent: (id > 0).then_some(0),
+            depth: id as u32,
+            path,
+            end_exits: 0,
+            end_ns: 0,
+            digest: "d".into(),
+            score: 1.0,
+            stopped: false,
+        };
+        let findings = if id == 1 { vec![row.clone()] } else { vec![] };
+        store
+            .commit_branch(&FinishedBranch {
+                node: &node,
+                records_json: "[]",
+                findings: &findings,
+                meta: &[],
+            })
+            .unwrap();
+    }
+    let finding = fuzzer::findings::finding_dir(&out, 1);
+    std::fs::create_dir_all(&finding).unwrap();
+    let file = fuzzer::findings::FindingFile {
+        format: fuzzer::findings::FINDING_FORMAT,
+        number: 1,
+        key: row.key,
+        summary: row.summary,
+        details: serde_json::Value::Null,
+        path: path.clone(),
+        found_path: path,
+        digest: "d".into(),
+        exits: 0,
+        virtual_ns: 0,
+        spec,
+    };
+    std::fs::write(finding.join("finding.json"), json(&file)).unwrap();
+    std::fs::write(finding.join("run.json"), json(&run)).unwrap();
+    out
+}
+
+fn json(value: &impl serde::Serialize) -> String {
+    serde_json::to_string(value).unwrap()
+}
+
+/// `findings` lists from the campaign's index: a finding the index holds
+/// whose directory is gone, and a database that is not a campaign's
+/// (random bytes, truncated, empty), a FIFO or a directory, are errors,
+/// never "no findings" with exit 0.
+#[test]
+fn findings_are_listed_from_the_index_and_a_damaged_campaign_is_refused() {
+    let dir = campaign_scratch();
+    let out = campaign_with_finding(dir.path(), "at=+100ms pause n1 for=1s");
+    let listed = detvisor_quick(&["findings", text(&out)]);
+    assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+    assert!(common::stdout(&listed).starts_with("0001  property:p  p failed"));
+
+    let findings = out.join("findings");
+    std::fs::rename(&findings, dir.path().join("moved")).unwrap();
+    refused(
+        &["findings", text(&out)],
+        "findings/0001: missing, though the campaign's index",
+    );
+    std::fs::rename(dir.path().join("moved"), &findings).unwrap();
+
+    let db = out.join("campaign.db");
+    let whole = std::fs::read(&db).unwrap();
+    let damaged: [(&str, Vec<u8>, &str); 3] = [
+        (
+            "random bytes",
+            (0..8192u32).map(|i| (i * 7919 % 251) as u8).collect(),
+            "not a detvisor campaign database",
+        ),
+        ("empty", Vec::new(), "not a detvisor campaign database"),
+        (
+            "truncated",
+            whole[..whole.len() / 2].to_vec(),
+            "campaign.db",
+        ),
+    ];
+    for (what, bytes, naming) in damaged {
+        eprintln!("-- {what}");
+        std::fs::write(&db, bytes).unwrap();
+        refused(&["findings", text(&out)], naming);
+    }
+    std::fs::remove_file(&db).unwrap();
+    assert!(Command::new("mkfifo").arg(&db).status().unwrap().success());
+    refused(
+        &["findings", text(&out)],
+        "campaign.db: not a regular file (a FIFO)",
+    );
+    refused(
+        &["campaign", "--resume", text(&out), "--host-vm", "never"],
+        "campaign.db: not a regular file (a FIFO)",
+    );
+    let c = dir.path().join("c.toml");
+    refused(
+        &[
+            "campaign",
+            text(&c),
+            "--out",
+            text(&out),
+            "--host-vm",
+            "never",
+        ],
+        "campaign.db: not a regular file (a FIFO)",
+    );
+    std::fs::remove_file(&db).unwrap();
+    std::fs::create_dir(&db).unwrap();
+    refused(
+        &["findings", text(&out)],
+        "campaign.db: not a regular file (a directory)",
+    );
+}
+
+/// A campaign directory that is a regular file says so, for a new
+/// campaign's `--out`, `--resume` and `findings`.
+#[test]
+fn a_campaign_directory_that_is_a_file_is_refused_saying_what_it_is() {
+    let dir = campaign_scratch();
+    let file = dir.path().join("c.toml");
+    let c = text(&file);
+    let naming = "c.toml: not a directory (a regular file)";
+    refused(&["campaign", c, "--out", c, "--host-vm", "never"], naming);
+    refused(&["campaign", "--resume", c, "--host-vm", "never"], naming);
+    refused(&["findings", c], naming);
+}
+
+/// A finding, or a campaign to resume, whose path holds a fault that does
+/// not parse or names no node of the run: refused before any helper VM
+/// starts, naming the file, the step and the fault.
+#[test]
+fn a_stored_path_with_a_bad_fault_is_refused_before_any_helper_vm() {
+    let dir = campaign_scratch();
+    let tmp = dir.path().join("tmp");
+    for (fault, naming) in [
+        ("at=+1s paws n1", "unknown action \"paws\""),
+        ("at=+1s pause n9", "no node is named \"n9\""),
+    ] {
+        let out = campaign_with_finding(dir.path(), fault);
+        let finding = out.join("findings/0001");
+        refused_before_any_helper_vm(&tmp, &["replay", text(&finding)], naming);
+        refused_before_any_helper_vm(
+            &tmp,
+            &["replay", text(&finding)],
+            "findings/0001/finding.json: path: step 1 (the branch at 0s): fault",
+        );
+        refused_before_any_helper_vm(
+            &tmp,
+            &["campaign", "--resume", text(&out)],
+            "campaign.db: moment 1's path: step 1 (the branch at 0s): fault",
+        );
+        refused_before_any_helper_vm(&tmp, &["campaign", "--resume", text(&out)], naming);
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+}
+
+/// A new campaign whose `--out` cannot be written, whose `--jobs` the
+/// host's memory cannot hold, or whose `--out` another campaign holds, is
+/// refused before any helper VM starts; the second leaves no `--out`
+/// behind, the third writes nothing into it.
+#[test]
+fn a_campaign_that_cannot_run_is_refused_before_any_helper_vm() {
+    let dir = campaign_scratch();
+    let tmp = dir.path().join("tmp");
+    let c = dir.path().join("c.toml");
+    let c = text(&c);
+
+    // Read-only: a read-only mount, as root can write anywhere else.
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    let mounted = Command::new("mount")
+        .args([
+            "-t",
+            "tmpfs",
+            "-o",
+            "ro,size=1m",
+            "detvisor-test",
+            text(&ro),
+        ])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        mounted,
+        "mounting a read-only tmpfs (the tests run as root)"
+    );
+    let out = ro.join("out");
+    refused_before_any_helper_vm(
+        &tmp,
+        &["campaign", c, "--out", text(&out)],
+        "ro: cannot write in it",
+    );
+    assert!(Command::new("umount").arg(&ro).status().unwrap().success());
+
+    let out = dir.path().join("out");
+    refused_before_any_helper_vm(
+        &tmp,
+        &["campaign", c, "--out", text(&out), "--jobs", "64"],
+        "--jobs 64: 64 helper VMs of",
+    );
+    assert!(!out.exists(), "--out left behind");
+
+    let held = fuzzer::store::NewCampaignDir::claim(&out).unwrap();
+    refused_before_any_helper_vm(
+        &tmp,
+        &["campaign", c, "--out", text(&out)],
+        "another campaign is running on",
+    );
+    let written: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(written, ["lock"], "only the first campaign's lock");
+    drop(held);
+}
+
+/// A snapshot of an `up` run of nodes n1 and n2 at 5 s, as its files
+/// describe it (its state holds only what the checks read; never restored).
+fn up_snapshot(root: &Path) -> String {
+    let meta = snapshot::SnapshotMeta::new("s1", 5_000_000_000, 1000, 4096, 1);
+    let state = serde_json::json!({"up": {"node_names": ["n1", "n2"]}});
+    snapshot::write_snapshot(root, &meta, &state, &[0; 4096]).unwrap();
+    text(&root.join("s1")).to_owned()
+}
+
+/// `branch --fault` naming a node the snapshot's run does not have, a
+/// time before the branch point, or two faults overlapping on one lane, is
+/// refused from the snapshot's files before any helper VM starts.
+#[test]
+fn branch_faults_are_checked_against_the_snapshot_before_any_helper_vm() {
+    let dir = campaign_scratch();
+    let tmp = dir.path().join("tmp");
+    let s1 = up_snapshot(&dir.path().join("snaps"));
+    let at_time = format!("{}@6s", text(&dir.path().join("snaps")));
+    let branch = |spec: &str, faults: &[&str], naming: &str| {
+        let mut args = vec!["branch", spec];
+        for fault in faults {
+            args.extend_from_slice(&["--fault", fault]);
+        }
+        refused_before_any_helper_vm(&tmp, &args, naming);
+    };
+    branch(
+        &s1,
+        &["at=+1s pause n9"],
+        "no node is named \"n9\" (nodes: n1, n2)",
+    );
+    branch(
+        &s1,
+        &["at=4s pause n1"],
+        "at=4s is before the branch point, 5s at the earliest",
+    );
+    branch(
+        &at_time,
+        &["at=5500ms pause n1"],
+        "at=5.5s is before the branch point, 6s at the earliest",
+    );
+    branch(
+        &s1,
+        &["at=+1s pause n1 for=5s", "at=+2s kill n1"],
+        "fault at=7s kill n1 signal=9 overlaps fault at=6s pause n1: both take the processes of n1",
+    );
+}
+
+/// `up` refuses a manifest's fault and a `--fault` that overlap on one
+/// lane, naming both, before any helper VM starts.
+#[test]
+fn up_faults_that_overlap_on_a_lane_are_refused_naming_both() {
+    let dir = campaign_scratch();
+    let tmp = dir.path().join("tmp");
+    let manifest = dir.path().join("cluster.toml");
+    let nodes = std::fs::read_to_string(&manifest).unwrap();
+    let faults = "faults = [\"at=2s pause n1 for=10s\"]\n";
+    std::fs::write(&manifest, format!("{faults}{nodes}")).unwrap();
+    refused_before_any_helper_vm(
+        &tmp,
+        &["up", text(&manifest), "--fault", "at=3s pause n1 for=1s"],
+        "fault at=3s pause n1 overlaps fault at=2s pause n1: both take the processes of n1",
+    );
+}
+
+/// Two `image build`s to one `--out` at once: the one that finds the other
+/// building it fails, naming it (its pid), and leaves the output alone.
+#[test]
+fn a_second_image_build_to_one_output_fails_naming_the_first() {
+    use std::os::fd::AsRawFd;
+    let dir = campaign_scratch();
+    let out = dir.path().join("node.img");
+    // The first build, as the lock beside its output shows it.
+    let lock = dir.path().join(".node.img.lock");
+    std::fs::write(&lock, "4242").unwrap();
+    let held = std::fs::File::open(&lock).unwrap();
+    // SAFETY: flock on a descriptor this test owns.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+    let root = dir.path().join("root");
+    let build = [
+        "image",
+        "build",
+        "--rootfs",
+        text(&root),
+        "--out",
+        text(&out),
+    ];
+    refused(
+        &build,
+        "node.img: another process (pid 4242) is writing it now",
+    );
+    assert!(!out.exists());
+    drop(held);
+    std::fs::remove_file(&lock).unwrap();
+    let built = detvisor_quick(&build);
+    assert_eq!(built.status.code(), Some(0), "{}", stderr(&built));
+    assert!(out.is_file() && !lock.exists());
 }

@@ -253,3 +253,90 @@ fn test_campaign_on_raft_that_verifies_leadership_finds_nothing_in_the_same_budg
     assert!(err.contains("spilled to disk"), "{err}");
     assert!(!out.join("spill").exists(), "spill/ is removed at the end");
 }
+
+/// A busybox node that prints a line every 100 ms; nothing is judged.
+const TICKING: &str = "[[node]]\nname = \"n1\"\nrootfs = \"root\"\n\
+    command = [\"sh\", \"-c\", \"while true; do echo tick; sleep 0.1; done\"]\n\
+    \n[workload]\nnode = \"n1\"\ncommand = [\"sh\", \"-c\", \"sleep 100\"]\n";
+
+/// A campaign of `TICKING` that lets every checkpoint but the root and the
+/// present go (spilling it), its `spill/` bounded by `spill_limit`.
+fn spilling_campaign(cluster: &cluster::Cluster, spill_limit: &str) -> PathBuf {
+    let file = cluster.dir.join(format!("spill-{spill_limit}.toml"));
+    let off = ["network", "node", "clock", "disk"]
+        .map(|kind| format!("[faults.{kind}]\nenabled = false\n"))
+        .concat();
+    let text = format!(
+        "manifest = {:?}\nseed = 1\n[root]\nat = \"2s\"\n[search]\nslice = \"1s\"\n\
+         max_depth = 3\nlive_checkpoints = 2\ncheckpoint_memory = \"1\"\n\
+         spill_limit = {spill_limit:?}\n{off}",
+        cluster.manifest()
+    );
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+/// Unmounts a tmpfs when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: PathBuf, bytes: u64) -> Tmpfs {
+        std::fs::create_dir_all(&dir).unwrap();
+        let status = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={bytes}"),
+                "detvisor-test",
+            ])
+            .arg(&dir)
+            .status()
+            .unwrap();
+        assert!(status.success(), "mounting a tmpfs (the tests run as root)");
+        Tmpfs(dir)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A moment `spill/` cannot take, past `spill_limit` (below one
+/// checkpoint) or on a disk too full for it (a small tmpfs), is let go
+/// unwritten with a line saying so, and the campaign goes on to its
+/// second branch and ends as a passing campaign does.
+#[test]
+fn test_a_moment_spill_cannot_take_is_let_go_and_the_campaign_goes_on() {
+    let cluster = cluster::Cluster::new("spill", TICKING);
+    let two = |file: &Path, out: &Path| {
+        let (file, out) = (file.to_str().unwrap(), out.to_str().unwrap());
+        let run = detvisor(&["campaign", file, "--out", out, "--branches", "2"]);
+        let err = stderr(&run);
+        assert_eq!(run.status.code(), Some(0), "{err}");
+        assert!(err.contains("detvisor: branch 2 from"), "{err}");
+        assert!(!err.contains("spilled to disk"), "nothing was kept: {err}");
+        err
+    };
+    let bounded = cluster.dir.join("bounded");
+    let err = two(&spilling_campaign(&cluster, "4K"), &bounded);
+    assert!(
+        err.contains("WARNING: spill/ reached its bound: moment 1 takes"),
+        "{err}"
+    );
+
+    // Room for the campaign's own files and not for a checkpoint.
+    let used: u64 = std::fs::read_dir(bounded.join("blobs"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    let disk = Tmpfs::mount(cluster.dir.join("tmpfs"), used + (6 << 20));
+    let err = two(&spilling_campaign(&cluster, "1T"), &disk.0.join("out"));
+    assert!(
+        err.contains("WARNING: writing moment 1 to spill/ failed")
+            && err.contains("No space left on device"),
+        "{err}"
+    );
+}

@@ -12,7 +12,9 @@
 //! Entry points, in the order `campaign --resume` and `replay` use them:
 //! `Store::open`, `meta_json("spec")`, `meta_json("run")`,
 //! `findings::resolve`, `nodes`, `findings`, `records`, `branches`,
-//! `wall_ms`; then `findings::load` on every finding directory.
+//! `wall_ms`, `check_paths` (every stored path's faults); then
+//! `findings::load` on every finding directory, and `listing::list` (what
+//! `detvisor findings` prints, from the index opened read only).
 //!
 //! Invariants asserted:
 //! - no panic, no hang; a refusal is a typed error whose message is not
@@ -23,7 +25,12 @@
 //!   database, and reading the campaign changes nothing more;
 //! - paths a blobified run resolves to are blobs inside the directory it
 //!   was resolved against (`<dir>/blobs/<64 hex>`), never elsewhere;
-//! - loading a finding twice gives the same result;
+//! - loading a finding twice gives the same result; a finding that loads
+//!   holds only faults that parse and name its run's nodes;
+//! - the listing changes nothing; one that succeeds lists exactly the
+//!   findings the index holds, each from its own `findings/NNNN`, and
+//!   a finding directory the index does not know, or an indexed one that
+//!   is missing, is refused;
 //! - nothing beside the campaign directory changes (the canary).
 #![no_main]
 
@@ -100,10 +107,13 @@ fn read_store(store: &Store, dir: &Path) {
         Err(e) => refusal(&e, dir),
     }
     match store.meta_json::<PreparedUp>("run") {
-        Ok(Some(run)) => match findings::resolve(dir, &run) {
-            Ok(resolved) => check_resolved(&resolved, dir),
-            Err(e) => refusal(&e, dir),
-        },
+        Ok(Some(run)) => {
+            match findings::resolve(dir, &run) {
+                Ok(resolved) => check_resolved(&resolved, dir),
+                Err(e) => refusal(&e, dir),
+            }
+            ok_or_refused(store.check_paths(&run.node_names));
+        }
         Ok(None) => {}
         Err(e) => refusal(&e, dir),
     }
@@ -124,6 +134,9 @@ fn load_finding(campaign: &Path, dir: &Path) -> Result<(FindingFile, PreparedUp)
     match findings::load(dir) {
         Ok(loaded) => {
             assert_eq!(loaded.file.format, findings::FINDING_FORMAT);
+            for path in [&loaded.file.path, &loaded.file.found_path] {
+                assert!(path.check_faults(&loaded.run.node_names).is_ok());
+            }
             check_resolved(&loaded.run, dir);
             Ok((loaded.file, loaded.run))
         }
@@ -155,6 +168,22 @@ fn check_findings(dir: &Path) {
             _ => false,
         };
         assert!(same, "{}: two loads differ", finding.display());
+    }
+}
+
+/// `detvisor findings`: the index's findings, each from its directory.
+fn check_listing(dir: &Path) {
+    match fuzzer::listing::list(dir) {
+        Ok(listed) => {
+            let store = Store::open_read_only(dir).expect("the listing opened it");
+            let rows = store.findings().expect("the listing read it");
+            assert_eq!(listed.len(), rows.len());
+            for (item, row) in listed.iter().zip(&rows) {
+                assert_eq!((item.file.number, &item.file.key), (row.number, &row.key));
+                assert_eq!(item.dir, findings::finding_dir(dir, row.number));
+            }
+        }
+        Err(e) => refusal(&e, dir),
     }
 }
 
@@ -305,4 +334,5 @@ fuzz_target!(
         }
     }
     s.check_read_only(&dir, "loading the findings", || check_findings(&dir));
+    s.check_read_only(&dir, "listing the findings", || check_listing(&dir));
 });

@@ -22,6 +22,11 @@
 //!   `parse_fault` for every text `parse_fault` accepts;
 //! - a `FaultAction` text that parses prints back to a text that parses to
 //!   the same action;
+//! - a fault and the one its `for=` writes never overlap on a lane: a text
+//!   whose faults name known nodes is scheduled alone; a list of texts
+//!   (one a line) is scheduled in time order with no two faults of one lane
+//!   overlapping, or refused with a typed error, an overlap naming both
+//!   faults and the lane (`run::faults::check_lanes`);
 //! - durations, sizes and latencies that parse print back to texts that
 //!   parse to the same value; every u64 printed as a duration or a size
 //!   parses back to itself.
@@ -33,7 +38,10 @@ mod files;
 use devices::VirtNanos;
 use files::check_error;
 use libfuzzer_sys::fuzz_target;
-use run::faults::{check_until, parse_fault, parse_fault_after, Fault, FaultAction};
+use run::faults::{
+    check_lanes, check_until, parse_fault, parse_fault_after, schedule, Fault, FaultAction,
+    FaultError,
+};
 use run::units::{parse_latency, ByteSize, MAX_VIRTUAL_TIME};
 use std::fmt::{Debug, Display};
 use std::str::FromStr;
@@ -103,6 +111,39 @@ fn check_faults(text: &str) {
     }
 }
 
+/// The lane rule: see the invariants above.
+fn check_lane_rule(text: &str) {
+    let nodes: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
+    if let Ok(faults) = parse_fault(text) {
+        if faults.iter().all(|f| f.check_nodes(&nodes).is_ok()) {
+            if let Err(e) = schedule(&[text.to_owned()], &nodes) {
+                panic!("{text:?} overlaps itself: {e}");
+            }
+        }
+    }
+    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    match schedule(&lines, &nodes) {
+        Ok(faults) => {
+            assert!(faults.windows(2).all(|w| w[0].at <= w[1].at), "{faults:?}");
+            assert!(check_lanes(&faults).is_ok(), "{faults:?}");
+        }
+        Err(e) => {
+            if let FaultError::Overlap {
+                first,
+                second,
+                lane,
+            } = &e
+            {
+                let message = e.to_string();
+                for named in [first.to_string(), second.to_string(), lane.clone()] {
+                    assert!(message.contains(&named), "{message:?} names no {named:?}");
+                }
+            }
+            check_error(&e);
+        }
+    }
+}
+
 /// A text of `T` that parses prints back to a text that parses to the same
 /// value; `value` printed parses back to itself.
 fn round_trip<T>(text: &str, value: T)
@@ -143,5 +184,6 @@ fuzz_target!(|data: &[u8]| {
     let n = data.len().min(8);
     word[..n].copy_from_slice(&data[..n]);
     check_faults(text);
+    check_lane_rule(text);
     check_units(text.trim(), u64::from_le_bytes(word));
 });

@@ -12,7 +12,7 @@ use crate::runner::{Calls, Runner, RunnerError};
 use crate::shrink::ddmin;
 use crate::spec::{CampaignSpec, RootRule, ROOT_POLL_NS};
 use crate::step::Path as StepPath;
-use crate::store::{FindingRow, FinishedBranch, NodeRow, Store, StoreError};
+use crate::store::{FindingRow, FinishedBranch, NewCampaignDir, NodeRow, Store, StoreError};
 use crate::tree::{self, path_records, TreeNode};
 use crate::worker::{BranchJob, BranchRun, Root, Worker};
 use run::api::{Position, RunId, Until};
@@ -35,6 +35,8 @@ pub enum EngineError {
     Finding(#[from] findings::FindingError),
     #[error(transparent)]
     Spill(#[from] crate::spill::SpillError),
+    #[error(transparent)]
+    Listing(#[from] crate::listing::ListError),
     #[error("the run stopped ({stop}) at {at} before its root moment ({rule})")]
     StoppedBeforeRoot {
         stop: String,
@@ -155,8 +157,9 @@ pub fn branch_seed(seed: u64, k: u64) -> u64 {
 }
 
 impl<'a> Engine<'a> {
-    /// A new campaign in `dir` (the spec and prepared run checked by the
-    /// caller), run by one worker per runner: `host_run` is the run as
+    /// A new campaign in the claimed directory `claimed` (the spec and
+    /// prepared run checked by the caller; claimed before the runners
+    /// started), run by one worker per runner: `host_run` is the run as
     /// assembled here (its files are kept in the campaign's directory by
     /// digest), `prepared` the same run as the runners see it (in a helper
     /// VM, its files are shipped there). A spec's batch width of 0 becomes
@@ -166,10 +169,11 @@ impl<'a> Engine<'a> {
         mut spec: CampaignSpec,
         host_run: &PreparedUp,
         prepared: PreparedUp,
-        dir: &Path,
+        claimed: NewCampaignDir,
         judge: Box<dyn Judge + 'a>,
         faults: Box<dyn FaultSource + 'a>,
     ) -> Result<Self> {
+        let dir = &claimed.path().to_owned();
         let Runners(runners) = runners.into();
         if runners.is_empty() {
             return Err(EngineError::NoWorkers);
@@ -180,8 +184,8 @@ impl<'a> Engine<'a> {
         // The run's files go by digest into the directory first: a database
         // that exists names only files that do.
         let blobified = findings::blobify(dir, host_run)?;
-        let store = Store::create(
-            dir,
+        let store = Store::create_in(
+            claimed,
             &[
                 (
                     "spec",
@@ -195,7 +199,7 @@ impl<'a> Engine<'a> {
             ],
         )?;
         Ok(Engine {
-            workers: workers(runners, &spec, dir),
+            workers: crate::worker::workers(runners, &spec, dir),
             spec,
             dir: dir.to_owned(),
             store,
@@ -247,6 +251,7 @@ impl<'a> Engine<'a> {
             .meta_json("run")?
             .ok_or_else(|| EngineError::Tally("no run saved".into()))?;
         let prepared = resolve_run(dir, saved_run)?;
+        store.check_paths(&prepared.node_names)?;
         let mut judge = judge;
         if let Some(tally) = store.meta("tally")? {
             judge.load(&tally).map_err(EngineError::Tally)?;
@@ -256,16 +261,17 @@ impl<'a> Engine<'a> {
             let records = store.records(row.id)?.unwrap_or_default();
             nodes.push(TreeNode { row, records });
         }
-        let findings = store
-            .findings()?
-            .into_iter()
-            .map(|f| (f.key, f.number))
-            .collect();
+        let rows = store.findings()?;
+        let indexed: Vec<u32> = rows.iter().map(|f| f.number).collect();
+        // A finding written by the branch in flight when the campaign was
+        // killed: that branch runs again and writes it again.
+        crate::listing::remove_unindexed(dir, &indexed)?;
+        let findings = rows.into_iter().map(|f| (f.key, f.number)).collect();
         let branches = store.branches()?;
         let wall_before_ms = store.wall_ms()?;
         let faults = faults(&spec);
         Ok(Engine {
-            workers: workers(runners, &spec, dir),
+            workers: crate::worker::workers(runners, &spec, dir),
             spec,
             dir: dir.to_owned(),
             store,
@@ -395,6 +401,12 @@ impl<'a> Engine<'a> {
                 .map(|j| self.job(j, parents[(j - start) as usize]))
                 .collect();
             let runs = self.run_wave(&jobs)?;
+            for worker in &mut self.workers {
+                for note in worker.take_notes() {
+                    progress.warning(&note);
+                    self.warnings.push(note);
+                }
+            }
             for (job, done) in jobs.into_iter().zip(runs) {
                 let report = self.commit(job, done, progress, started)?;
                 this_run += 1;
@@ -673,25 +685,6 @@ impl<'a> From<Vec<Box<dyn Runner + Send + 'a>>> for Runners<'a> {
     fn from(runners: Vec<Box<dyn Runner + Send + 'a>>) -> Self {
         Runners(runners)
     }
-}
-
-/// A worker per runner, each keeping the spec's live checkpoints.
-/// A worker per runner; each spills to its own `DIR/spill/wN/` when the
-/// campaign keeps checkpoints beyond the root and spills them.
-fn workers<'a>(
-    runners: Vec<Box<dyn Runner + Send + 'a>>,
-    spec: &CampaignSpec,
-    dir: &Path,
-) -> Vec<Worker<'a>> {
-    let spills = spec.spill && spec.live_checkpoints > 1;
-    runners
-        .into_iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let spill_dir = spills.then(|| crate::spill::worker_dir(dir, i));
-            Worker::new(r, spec.live_checkpoints, spec.checkpoint_memory, spill_dir)
-        })
-        .collect()
 }
 
 /// Runs `run` to its root moment; the records of the way there.

@@ -62,7 +62,7 @@ fn create(dir: &Path, runner: Box<dyn Runner + Send>) -> Engine<'static> {
         spec(3),
         &run,
         run.clone(),
-        dir,
+        crate::store::NewCampaignDir::claim(dir).unwrap(),
         judge,
         Box::new(NoFaults),
     )

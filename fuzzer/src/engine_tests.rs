@@ -299,7 +299,7 @@ fn prepared(dir: &Path) -> PreparedUp {
     let kernel = dir.join("vmlinux");
     std::fs::write(&kernel, b"kernel bytes").unwrap();
     serde_json::from_value(serde_json::json!({
-        "kernel": kernel, "initrd": {"bytes": [1, 2, 3]}, "specs": [], "node_names": [],
+        "kernel": kernel, "initrd": {"bytes": [1, 2, 3]}, "specs": [], "node_names": ["n1", "n2", "n3"],
         "workload": null, "network": serde_json::to_value(devices::NetworkConfig::reliable(devices::LatencyDist::Fixed(vmm::VirtNanos::ZERO))).unwrap(),
         "rtc_epoch_unix_secs": 0, "ram_bytes": 1, "faults": [], "disks": []
     }))
@@ -590,7 +590,7 @@ fn try_campaign(
         spec,
         &run,
         run.clone(),
-        dir,
+        crate::store::NewCampaignDir::claim(dir)?,
         Box::new(FailJudge::default()),
         Box::new(Draw),
     )
@@ -737,64 +737,8 @@ fn test_a_finding_holds_the_logs_of_its_whole_path() {
 /// A memory budget of three checkpoints: moments let go are spilled to
 /// disk and loaded back in place (digest checked) rather than replayed, and
 /// the search is the same as with one checkpoint and replays only.
-#[test]
-fn test_a_tiny_memory_budget_spills_moments_and_loads_them_back_for_the_same_search() {
-    let replayed = tempfile::tempdir().unwrap();
-    let (_, one) = campaign(replayed.path(), 1, 14);
-    let dir = tempfile::tempdir().unwrap();
-    let calls = Arc::new(Mutex::new(Vec::new()));
-    let sim = Sim {
-        calls: calls.clone(),
-        ..Sim::default()
-    };
-    let count = |name: &str| calls.lock().unwrap().iter().filter(|c| *c == name).count();
-    let mut spec = spec(8);
-    spec.checkpoint_memory = Some(3_000);
-    let (summary, nodes) = campaign_on(sim, dir.path(), spec, 14);
-    assert_eq!(summary.branches, 14);
-    assert_eq!(nodes, one, "the same search");
-    assert_eq!(summary.spill.written, count("Spill") as u64);
-    assert!(count("Spill") > 0, "{:?}", calls.lock().unwrap());
-    assert!(count("LoadInPlace") > 0, "{:?}", calls.lock().unwrap());
-    assert!(
-        !dir.path().join(crate::spill::SPILL_DIR).exists(),
-        "spill/ is removed at the end"
-    );
-    let a = Store::open(replayed.path()).unwrap().findings().unwrap();
-    let b = Store::open(dir.path()).unwrap().findings().unwrap();
-    assert_eq!(a, b);
-}
-
-/// Two workers under a tiny memory budget spill to their own folders (a
-/// moment both let go is written by each) and make the same search as two
-/// workers that only replay.
-#[test]
-fn test_workers_spill_to_their_own_folders_for_the_same_search() {
-    let replayed = tempfile::tempdir().unwrap();
-    let sims = || vec![jittery(1), jittery(2)];
-    let (_, one, found) = campaign_with(replayed.path(), 2, 16, sims());
-    let dir = tempfile::tempdir().unwrap();
-    let calls = Arc::new(Mutex::new(Vec::new()));
-    let workers: Vec<Sim> = sims()
-        .into_iter()
-        .map(|sim| Sim {
-            calls: calls.clone(),
-            ..sim
-        })
-        .collect();
-    let count = |name: &str| calls.lock().unwrap().iter().filter(|c| *c == name).count();
-    let mut spec = spec(8);
-    spec.batch_width = 2;
-    spec.checkpoint_memory = Some(3_000);
-    let summary = try_campaign(dir.path(), spec, 16, workers).unwrap();
-    let store = Store::open(dir.path()).unwrap();
-    assert_eq!(store.nodes().unwrap(), one, "the same search");
-    assert_eq!(store.findings().unwrap(), found);
-    assert_eq!(summary.workers, 2);
-    assert_eq!(summary.spill.written, count("Spill") as u64);
-    assert!(count("Spill") > 0 && count("LoadInPlace") > 0);
-    assert!(!dir.path().join(crate::spill::SPILL_DIR).exists());
-}
-
 #[path = "engine_silence_tests.rs"]
 mod silence;
+
+#[path = "engine_spill_tests.rs"]
+mod spill_bound;

@@ -59,6 +59,15 @@ pub enum FindingError {
     },
     #[error("{path}: finding format version {found}; this build reads version {FINDING_FORMAT}")]
     Version { path: PathBuf, found: u32 },
+    /// A fault of the finding's path that does not parse or names no node
+    /// of its run: refused before anything replays it.
+    #[error("{}: {which}", path.display())]
+    BadFault {
+        path: PathBuf,
+        which: &'static str,
+        #[source]
+        source: crate::step::PathFaultError,
+    },
     #[error("{path}: blob {name:?} is not a content digest")]
     BadBlobName { path: PathBuf, name: String },
     #[error("{path}: its digest is {actual}, not {expected} (the file was changed or damaged)")]
@@ -296,7 +305,8 @@ pub struct LoadedFinding {
     pub run: PreparedUp,
 }
 
-pub fn load(dir: &Path) -> Result<LoadedFinding> {
+/// `finding.json` of the finding directory `dir`, its format checked.
+pub fn read_file(dir: &Path) -> Result<FindingFile> {
     let path = dir.join(FINDING_FILE);
     if !path.is_file() {
         return Err(FindingError::NotAFinding {
@@ -316,16 +326,27 @@ pub fn load(dir: &Path) -> Result<LoadedFinding> {
             found: format,
         });
     }
-    let file: FindingFile = serde_json::from_value(value).map_err(|source| FindingError::Json {
-        path: path.clone(),
-        source,
-    })?;
+    serde_json::from_value(value).map_err(|source| FindingError::Json { path, source })
+}
+
+pub fn load(dir: &Path) -> Result<LoadedFinding> {
+    let file = read_file(dir)?;
     let run_path = dir.join(RUN_FILE);
     let text = read_text(&run_path)?;
     let run: PreparedUp = serde_json::from_str(&text).map_err(|source| FindingError::Json {
         path: run_path.clone(),
         source,
     })?;
+    // Every fault of both paths, before a helper VM starts or a run replays.
+    for (which, steps) in [("path", &file.path), ("found_path", &file.found_path)] {
+        steps
+            .check_faults(&run.node_names)
+            .map_err(|source| FindingError::BadFault {
+                path: dir.join(FINDING_FILE),
+                which,
+                source,
+            })?;
+    }
     let run = resolve(dir, &run)?;
     Ok(LoadedFinding { file, run })
 }

@@ -8,12 +8,14 @@
 //! in a database, and writes one directory per distinct failure.
 
 pub mod budget;
+pub mod campaign_dir;
 pub mod engine;
 pub mod failure;
 pub mod findings;
 pub mod judge;
 pub mod judges;
 pub mod linearizability;
+pub mod listing;
 pub mod node_logs;
 pub mod profile;
 pub mod properties;

@@ -9,6 +9,15 @@
 //! The files serve this process only: opening removes whatever an earlier
 //! process left (a resumed campaign trusts none of it), finishing removes
 //! the directory.
+//!
+//! `spill/` is bounded: `search.spill_limit` bytes for all workers (each
+//! gets its share), by default half the free space of the campaign
+//! directory's file system when the campaign starts. A moment whose
+//! snapshot would take `spill/` past its bound, or whose write fails (a
+//! full disk), is let go without being kept on disk: its snapshot is
+//! removed, the campaign goes on (going back to that moment replays from
+//! the root or a live ancestor, as without spilling), and a line says so.
+//! The worker writes no more after that.
 
 use crate::runner::{Calls, RunnerError};
 use run::api::{CheckpointId, Position, RunId};
@@ -63,6 +72,14 @@ impl std::ops::AddAssign for SpillStats {
 /// The moments of a campaign's tree that are on disk.
 pub struct Spill {
     dir: PathBuf,
+    /// Bytes this worker's spilled moments may take on disk.
+    limit: u64,
+    /// Bytes they take (allocated blocks).
+    bytes: u64,
+    /// Set when a write failed or the limit was reached: no more writes.
+    stopped: bool,
+    /// Lines to say (why writes stopped), taken by [`Spill::take_notes`].
+    notes: Vec<String>,
     /// Tree node → snapshot id.
     on_disk: BTreeMap<u64, String>,
     /// The last snapshot written (the next one's parent) and how many
@@ -82,7 +99,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> SpillError + '_ {
 impl Spill {
     /// An empty spill directory `dir` (what an earlier process left there
     /// is removed, never trusted).
-    pub fn open(dir: &Path) -> Result<Self> {
+    /// Its moments may take `limit` bytes on disk.
+    pub fn open(dir: &Path, limit: u64) -> Result<Self> {
         let dir = dir.to_owned();
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
@@ -90,6 +108,10 @@ impl Spill {
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         Ok(Spill {
             dir,
+            limit,
+            bytes: 0,
+            stopped: false,
+            notes: Vec::new(),
             on_disk: BTreeMap::new(),
             last: None,
             since_full: 0,
@@ -102,8 +124,33 @@ impl Spill {
         self.on_disk.contains_key(&node)
     }
 
+    /// The lines saying why writes stopped, once each.
+    pub fn take_notes(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.notes)
+    }
+
+    /// Stops writing, saying `why`; removes what was written of the
+    /// snapshot `id` (its directory, or the work directory of a write cut
+    /// short, `.`-named), so a full disk gets that space back at once.
+    fn stop(&mut self, id: &str, why: String) {
+        let _ = std::fs::remove_dir_all(self.dir.join(id));
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().starts_with('.') {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        self.stopped = true;
+        self.notes.push(format!(
+            "{why}: checkpoints let go from now on are not kept on disk ({}); the campaign goes on, replaying their moments from the root or a live ancestor when it needs them",
+            self.dir.display()
+        ));
+    }
+
     /// Writes `node`'s moment (held by `checkpoint`, not the present) to
-    /// disk unless it is there already; the run is back at `present` after.
+    /// disk unless it is there already or writes have stopped; the run is
+    /// back at `present` after.
     fn write(
         &mut self,
         calls: &mut Calls<'_>,
@@ -112,7 +159,7 @@ impl Spill {
         checkpoint: CheckpointId,
         present: CheckpointId,
     ) -> Result<()> {
-        if self.holds(node) {
+        if self.holds(node) || self.stopped {
             return Ok(());
         }
         let started = Instant::now();
@@ -123,8 +170,28 @@ impl Spill {
         } else {
             self.last.clone()
         };
-        calls.spill(run, &self.dir, &id, parent)?;
+        let written = calls.spill(run, &self.dir, &id, parent);
+        // Back at the present whatever became of the write: a runner that
+        // cannot do that is broken, and that ends the campaign.
         calls.reset(run, present)?;
+        if let Err(e) = written {
+            self.stop(&id, format!("writing moment {node} to spill/ failed ({e})"));
+            return Ok(());
+        }
+        let size = disk_bytes(&self.dir.join(&id)).map_err(io(&self.dir))?;
+        if self.bytes.saturating_add(size) > self.limit {
+            self.stop(
+                &id,
+                format!(
+                    "spill/ reached its bound: moment {node} takes {}, and this worker's share of the bound (search.spill_limit) is {} ({} in use)",
+                    run::units::ByteSize(size),
+                    run::units::ByteSize(self.limit),
+                    run::units::ByteSize(self.bytes)
+                ),
+            );
+            return Ok(());
+        }
+        self.bytes += size;
         self.since_full = (self.since_full + 1) % FULL_EVERY;
         self.last = Some(id.clone());
         self.on_disk.insert(node, id);
@@ -164,6 +231,36 @@ impl Spill {
         std::fs::remove_dir_all(&self.dir).map_err(io(&self.dir))?;
         Ok(self.stats)
     }
+}
+
+/// The disk space the files under `path` take (allocated blocks).
+fn disk_bytes(path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path)?;
+    let mut total = meta.blocks() * 512;
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(path)? {
+            total += disk_bytes(&entry?.path())?;
+        }
+    }
+    Ok(total)
+}
+
+/// The default bound of `campaign`'s `spill/`: half the space free to
+/// this process on its file system now (0 if that cannot be known).
+pub fn default_limit(campaign: &Path) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(campaign.as_os_str().as_bytes()) else {
+        return 0;
+    };
+    // SAFETY: statvfs is plain old data, for which all zeroes is a value.
+    let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs writes into the struct it is given and reads the
+    // NUL-terminated path; both live across the call.
+    if unsafe { libc::statvfs(path.as_ptr(), &mut stat) } != 0 {
+        return 0;
+    }
+    (stat.f_bavail as u64).saturating_mul(stat.f_frsize as u64) / 2
 }
 
 /// Worker `index`'s spill directory in `campaign`: each worker's run holds

@@ -17,6 +17,18 @@ pub struct Step {
     pub faults: Vec<String>,
 }
 
+/// A fault of a stored path that cannot be replayed (the fault names
+/// itself in its source).
+#[derive(Debug, thiserror::Error)]
+#[error("step {step} (the branch at {at})")]
+pub struct PathFaultError {
+    /// 1-based.
+    pub step: usize,
+    pub at: vmm::VirtNanos,
+    #[source]
+    pub source: Box<run::faults::FaultError>,
+}
+
 /// The steps from the root moment, and the virtual time the last one runs
 /// to.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -64,6 +76,27 @@ impl Path {
                 .collect();
         }
         path
+    }
+
+    /// Checks that every fault of every step parses (`at=+` from the
+    /// step's branch point) and names only `nodes` (the run's), so a path
+    /// read from a file or a database is refused before any run replays
+    /// it, naming the step and the fault.
+    pub fn check_faults(&self, nodes: &[String]) -> Result<(), PathFaultError> {
+        for (index, step) in self.steps.iter().enumerate() {
+            for text in &step.faults {
+                let error = |source| PathFaultError {
+                    step: index + 1,
+                    at: vmm::VirtNanos(step.at_ns),
+                    source: Box::new(source),
+                };
+                let base = Some(vmm::VirtNanos(step.at_ns));
+                for fault in run::faults::parse_fault_after(text, base).map_err(error)? {
+                    fault.check_nodes(nodes).map_err(error)?;
+                }
+            }
+        }
+        Ok(())
     }
 
     pub fn fault_count(&self) -> usize {

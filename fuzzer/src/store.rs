@@ -9,11 +9,12 @@
 //! is a rollback journal (`DELETE`), fully synced, and a second campaign on
 //! the same directory is refused by an exclusive `flock` on `DIR/lock`.
 
+pub use crate::campaign_dir::NewCampaignDir;
+use crate::campaign_dir::{db_path, lock};
 use crate::step::Path as StepPath;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{de::DeserializeOwned, Serialize};
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 /// The database file's name in a campaign directory.
@@ -37,6 +38,21 @@ pub enum StoreError {
     },
     #[error("{dir} is not a campaign directory (no {DB_FILE})")]
     NotACampaign { dir: PathBuf },
+    /// A campaign directory, or its database, that is something else (a
+    /// regular file given as the directory, a FIFO or a directory as the
+    /// database): said at once, never opened (a FIFO would block).
+    #[error("{}: not a {wanted} (a {kind})", path.display())]
+    WrongKind {
+        path: PathBuf,
+        wanted: &'static str,
+        kind: &'static str,
+    },
+    #[error("{dir}: cannot write in it (a campaign keeps its database, findings and files there)")]
+    NotWritable {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{dir} already holds a campaign: resume it with `detvisor campaign --resume {dir}`, or choose another --out")]
     Exists { dir: PathBuf },
     #[error("opening lock file {path}")]
@@ -65,6 +81,15 @@ pub enum StoreError {
         what: String,
         #[source]
         source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+    /// A stored path holds a fault that does not parse or names no node
+    /// of the run: refused before anything replays it.
+    #[error("{path}: moment {node}'s path")]
+    BadPath {
+        path: PathBuf,
+        node: u64,
+        #[source]
+        source: crate::step::PathFaultError,
     },
     #[error("{path}: {what} is corrupt")]
     Corrupt {
@@ -126,51 +151,60 @@ pub struct FindingRow {
 pub struct Store {
     conn: Connection,
     path: PathBuf,
-    /// Held for the store's life: the `flock`.
-    _lock: File,
+    /// Held for the store's life: the `flock` (none when read only).
+    _lock: Option<File>,
 }
 
-fn lock(dir: &Path) -> Result<File> {
-    let path = dir.join(LOCK_FILE);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|source| StoreError::Lock {
-            path: path.clone(),
-            source,
+/// The database `path` opened with `flags`, checked to be a campaign
+/// database of this format with every table readable.
+fn open_checked(path: &Path, flags: rusqlite::OpenFlags) -> Result<Connection> {
+    let sql = |source| sql_error(path.to_owned(), source);
+    let conn = Connection::open_with_flags(path, flags).map_err(sql)?;
+    // A file that is not SQLite fails here, with SQLite's words.
+    let app: i32 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .map_err(|_| StoreError::Foreign {
+            path: path.to_owned(),
         })?;
-    // SAFETY: flock on a descriptor this function owns; no memory involved.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(StoreError::Busy {
-                dir: dir.to_owned(),
-            });
-        }
-        return Err(StoreError::Lock { path, source: e });
+    if app != APPLICATION_ID {
+        return Err(StoreError::Foreign {
+            path: path.to_owned(),
+        });
     }
-    Ok(file)
+    let version: u32 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(sql)?;
+    if version != FORMAT_VERSION {
+        return Err(StoreError::Version {
+            path: path.to_owned(),
+            found: version,
+        });
+    }
+    // Every table must be there and readable.
+    for table in ["meta", "nodes", "records", "findings"] {
+        conn.query_row(&format!("SELECT count(*) FROM {table}"), [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .map_err(sql)?;
+    }
+    Ok(conn)
 }
 
 impl Store {
     /// A new campaign in `dir` (created if missing; refused if it holds
-    /// one), with its first metadata. The database is made whole under a
-    /// temporary name and renamed into place, so a campaign killed while it
-    /// starts leaves no half-made database behind.
+    /// one), with its first metadata (see [`Store::create_in`]).
     pub fn create(dir: &Path, meta: &[(&str, String)]) -> Result<Store> {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir {
-            dir: dir.to_owned(),
-            source,
-        })?;
-        let lock = lock(dir)?;
+        Self::create_in(NewCampaignDir::claim(dir)?, meta)
+    }
+
+    /// A new campaign in the claimed directory, with its first metadata.
+    /// The database is made whole under a temporary name and renamed into
+    /// place, so a campaign killed while it starts leaves no half-made
+    /// database behind.
+    pub fn create_in(claimed: NewCampaignDir, meta: &[(&str, String)]) -> Result<Store> {
+        let (dir, lock) = claimed.into_parts();
+        let dir = dir.as_path();
         let path = dir.join(DB_FILE);
-        if path.exists() {
-            return Err(StoreError::Exists {
-                dir: dir.to_owned(),
-            });
-        }
         let partial = dir.join(format!(".{DB_FILE}.partial"));
         for leftover in [
             partial.clone(),
@@ -231,58 +265,39 @@ impl Store {
         Ok(Store {
             conn,
             path,
-            _lock: lock,
+            _lock: Some(lock),
         })
     }
 
-    /// The campaign in `dir`, to resume or read.
+    /// The campaign in `dir`, to resume: held exclusively.
     pub fn open(dir: &Path) -> Result<Store> {
-        let path = dir.join(DB_FILE);
-        if !path.is_file() {
-            return Err(StoreError::NotACampaign {
-                dir: dir.to_owned(),
-            });
-        }
+        let path = db_path(dir)?;
         let lock = lock(dir)?;
-        let sql = |source| sql_error(path.clone(), source);
-        let conn = Connection::open_with_flags(
-            &path,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )
-        .map_err(sql)?;
-        // A file that is not SQLite fails here, with SQLite's words.
-        let app: i32 = conn
-            .query_row("PRAGMA application_id", [], |r| r.get(0))
-            .map_err(|_| StoreError::Foreign { path: path.clone() })?;
-        if app != APPLICATION_ID {
-            return Err(StoreError::Foreign { path });
-        }
-        let version: u32 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(sql)?;
-        if version != FORMAT_VERSION {
-            return Err(StoreError::Version {
-                path,
-                found: version,
-            });
-        }
+        let flags =
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = open_checked(&path, flags)?;
         conn.execute_batch("PRAGMA journal_mode = DELETE; PRAGMA synchronous = FULL;")
-            .map_err(sql)?;
-        let store = Store {
+            .map_err(|source| sql_error(path.clone(), source))?;
+        Ok(Store {
             conn,
             path,
-            _lock: lock,
-        };
-        // Every table must be there and readable.
-        for table in ["meta", "nodes", "records", "findings"] {
-            store
-                .conn
-                .query_row(&format!("SELECT count(*) FROM {table}"), [], |r| {
-                    r.get::<_, i64>(0)
-                })
-                .map_err(|source| sql_error(store.path.clone(), source))?;
-        }
-        Ok(store)
+            _lock: Some(lock),
+        })
+    }
+
+    /// The campaign in `dir`, to read only (`detvisor findings`): not
+    /// locked, so it can be read while the campaign runs; its format is
+    /// checked as [`Store::open`] checks it.
+    pub fn open_read_only(dir: &Path) -> Result<Store> {
+        let path = db_path(dir)?;
+        let flags =
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = open_checked(&path, flags)?;
+        Ok(Store {
+            conn,
+            path,
+            _lock: None,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -442,6 +457,21 @@ impl Store {
             });
         }
         Ok(nodes)
+    }
+
+    /// Checks every fault of every stored moment's path (see
+    /// [`StepPath::check_faults`]) against the run's nodes.
+    pub fn check_paths(&self, nodes: &[String]) -> Result<()> {
+        for row in self.nodes()? {
+            row.path
+                .check_faults(nodes)
+                .map_err(|source| StoreError::BadPath {
+                    path: self.path.clone(),
+                    node: row.id,
+                    source,
+                })?;
+        }
+        Ok(())
     }
 
     /// The records of node `id`'s stretch, as saved.

@@ -13,7 +13,7 @@ use crate::tree::TreeNode;
 use run::api::{CheckpointId, Position, Request, RunId};
 use run::records::GuestRecord;
 use run::up::PreparedUp;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -28,8 +28,9 @@ pub(crate) struct Worker<'a> {
     /// Let checkpoints go past this many bytes (the root's and the
     /// present's excepted).
     checkpoint_memory: Option<u64>,
-    /// Where checkpoints let go are written (`None`: they are not kept).
-    spill_dir: Option<PathBuf>,
+    /// Where checkpoints let go are written (`None`: they are not kept),
+    /// and the bytes they may take there.
+    spill_dir: Option<(PathBuf, u64)>,
     /// Checkpoints let go that are on disk, once booted.
     spill: Option<Spill>,
     /// Where the run is now: at this node's moment exactly.
@@ -67,7 +68,7 @@ impl<'a> Worker<'a> {
         runner: Box<dyn Runner + Send + 'a>,
         live_limit: u32,
         checkpoint_memory: Option<u64>,
-        spill_dir: Option<PathBuf>,
+        spill_dir: Option<(PathBuf, u64)>,
     ) -> Self {
         Worker {
             runner,
@@ -104,6 +105,14 @@ impl<'a> Worker<'a> {
         }
     }
 
+    /// What the spill has to say (why it stopped writing), once.
+    pub fn take_notes(&mut self) -> Vec<String> {
+        self.spill
+            .as_mut()
+            .map(Spill::take_notes)
+            .unwrap_or_default()
+    }
+
     fn run_id(&self) -> RunId {
         self.run.expect("the run was booted")
     }
@@ -122,8 +131,8 @@ impl<'a> Worker<'a> {
         self.run = Some(run);
         self.live = vec![(0, checkpoint)];
         self.at_node = Some(0);
-        if let Some(dir) = &self.spill_dir {
-            self.spill = Some(Spill::open(dir)?);
+        if let Some((dir, limit)) = &self.spill_dir {
+            self.spill = Some(Spill::open(dir, *limit)?);
         }
         Ok(Root {
             position,
@@ -268,4 +277,29 @@ impl<'a> Worker<'a> {
         let run = self.run_id();
         Ok(self.calls().outcome(run)?.digest)
     }
+}
+
+/// A worker per runner; each spills to its own `DIR/spill/wN/` when the
+/// campaign keeps checkpoints beyond the root and spills them.
+pub(crate) fn workers<'a>(
+    runners: Vec<Box<dyn Runner + Send + 'a>>,
+    spec: &CampaignSpec,
+    dir: &Path,
+) -> Vec<Worker<'a>> {
+    let spills = spec.spill && spec.live_checkpoints > 1;
+    // Each worker's share of the bound.
+    let share = spills.then(|| {
+        let limit = spec
+            .spill_limit
+            .unwrap_or_else(|| crate::spill::default_limit(dir));
+        limit / runners.len().max(1) as u64
+    });
+    runners
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let spill_dir = share.map(|share| (crate::spill::worker_dir(dir, i), share));
+            Worker::new(r, spec.live_checkpoints, spec.checkpoint_memory, spill_dir)
+        })
+        .collect()
 }

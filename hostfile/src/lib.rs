@@ -12,7 +12,12 @@
 //! of a unique name, created exclusively in the output's directory, and
 //! renames it over the output at the end, which must be a regular file or
 //! absent; anything else (a device node such as `/dev/null`, a directory, a
-//! FIFO, a symlink) is refused before anything is written.
+//! FIFO, a symlink) is refused before anything is written. [`OutputLock`]
+//! keeps a second process from writing the same output at once.
+
+mod lock;
+
+pub use lock::{LockError, OutputLock};
 
 use std::fs::File;
 use std::io::{self, Read, Write};

@@ -30,7 +30,7 @@ pub struct NodeImageReport {
 /// Builds the node image of `source` into `out` (through a temporary file
 /// of a unique name beside it and a rename: `out` is either the old file
 /// or the complete new one). An `out` that exists and is not a regular
-/// file is refused.
+/// file is refused, and so is an `out` another process is building now.
 pub fn write_node_image_file(
     source: &NodeImageSource,
     out: &Path,
@@ -38,6 +38,9 @@ pub fn write_node_image_file(
     // An output that is not a regular file (a device node, a symlink) is refused before
     // any work.
     hostfile::check_output(out)?;
+    // One build of `out` at a time: a second is refused, naming the first,
+    // rather than both saying they wrote it.
+    let _lock = hostfile::OutputLock::take(out)?;
     let (config, root) = match source {
         NodeImageSource::Oci(reference) => {
             let (config, layers) = read_image(&parse_oci_ref(reference)?)?;

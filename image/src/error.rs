@@ -26,6 +26,9 @@ pub enum ImageError {
     /// The output could not be written (or is not a regular file).
     #[error(transparent)]
     Output(#[from] hostfile::WriteError),
+    /// Another process builds the same output now.
+    #[error(transparent)]
+    OutputBusy(#[from] hostfile::LockError),
 
     /// A file of the layout could not be read.
     #[error("cannot read {}", path.display())]

@@ -96,3 +96,79 @@ pub fn branch(request: &BranchRequest, streams: &dyn Streams) -> Result<RunSumma
     }
     Ok(RunSummary::new(seed, &outcome).with_exit_status(exit_status))
 }
+
+/// Why `branch --fault` texts were refused before anything ran.
+#[derive(Debug, thiserror::Error)]
+pub enum BranchFaultsError {
+    #[error(transparent)]
+    Snapshot(#[from] snapshots::SnapshotsError),
+    #[error(transparent)]
+    Driven(#[from] crate::driven::DrivenError),
+    #[error("--fault")]
+    Fault(#[source] crate::faults::FaultError),
+    #[error("--fault {text:?}: at={at} is before the branch point, {point} at the earliest ({spec}): a branch cannot change its past")]
+    BeforeBranchPoint {
+        text: String,
+        at: VirtNanos,
+        point: VirtNanos,
+        spec: String,
+    },
+}
+
+/// The part of a snapshot's state (a [`crate::driven::SavedState`]) the
+/// checks read: its `up` run's nodes, if it is of one.
+#[derive(Deserialize)]
+struct NodesOnly {
+    up: Option<Nodes>,
+}
+
+#[derive(Deserialize)]
+struct Nodes {
+    node_names: Vec<String>,
+}
+
+/// Checks `branch SPEC --fault` texts against the snapshot `spec` names,
+/// from its files alone (before any helper VM starts or any exit is
+/// replayed): it is an `up` run's, every node named is one of its nodes,
+/// no fault is before the branch point (at the earliest the snapshot's
+/// time, or the time `DIR@<time>` names), and no two faults overlap on a
+/// lane ([`crate::faults::check_lanes`]).
+pub fn check_faults(spec: &str, texts: &[String]) -> Result<(), BranchFaultsError> {
+    if texts.is_empty() {
+        return Ok(());
+    }
+    let resolved = snapshots::resolve(spec)?;
+    let (meta, saved): (snapshot::SnapshotMeta, NodesOnly) =
+        snapshot::read_snapshot(&resolved.snapshot.dir).map_err(snapshots::SnapshotsError::from)?;
+    let Some(up) = saved.up else {
+        return Err(crate::driven::DrivenError::FaultOnPlainRun {
+            text: texts[0].clone(),
+        }
+        .into());
+    };
+    let point = VirtNanos(match resolved.target {
+        snapshot::Target::VirtualTime(ns) => ns.max(meta.virtual_ns),
+        _ => meta.virtual_ns,
+    });
+    let mut all = Vec::new();
+    for text in texts {
+        let faults = crate::faults::parse_fault_after(text, Some(point))
+            .map_err(BranchFaultsError::Fault)?;
+        for fault in faults {
+            if fault.at < point {
+                return Err(BranchFaultsError::BeforeBranchPoint {
+                    text: text.clone(),
+                    at: fault.at,
+                    point,
+                    spec: spec.to_owned(),
+                });
+            }
+            fault
+                .check_nodes(&up.node_names)
+                .map_err(BranchFaultsError::Fault)?;
+            all.push(fault);
+        }
+    }
+    all.sort_by_key(|f| f.at);
+    crate::faults::check_lanes(&all).map_err(BranchFaultsError::Fault)
+}

@@ -44,10 +44,12 @@
 //! (`"partition n1 | n2,n3"`), a fault `{"at": <ns>, "action": <text>}`.
 
 mod disk;
+mod lanes;
 mod network;
 mod until;
 
 pub use disk::{DiskActionError, DiskFault};
+pub use lanes::check_lanes;
 pub use network::{LatencyRange, NetworkActionError};
 pub use until::check_until;
 
@@ -244,6 +246,12 @@ pub enum FaultError {
         text: String,
         at: VirtNanos,
         until: VirtNanos,
+    },
+    #[error("fault {second} overlaps fault {first}: both take {lane}, and one would undo the other early (see docs/manifest.md, faults)")]
+    Overlap {
+        first: Box<Fault>,
+        second: Box<Fault>,
+        lane: String,
     },
     #[error("fault {fault}: no node {name:?}")]
     NoPort {
@@ -640,6 +648,7 @@ pub fn schedule(texts: &[String], nodes: &[String]) -> Result<Vec<Fault>, FaultE
     }
     // A stable sort: same-time faults stay in the order given.
     all.sort_by_key(|f| f.at);
+    check_lanes(&all)?;
     Ok(all)
 }
 

@@ -117,6 +117,11 @@ pub struct CampaignSpec {
     /// first, to be loaded back instead of replayed.
     #[serde(default = "spill_default")]
     pub spill: bool,
+    /// Bytes `spill/` may hold, all workers together (`None`: half the
+    /// free space of the campaign directory's file system when the
+    /// campaign starts); see [`crate::spill`].
+    #[serde(default)]
+    pub spill_limit: Option<u64>,
 }
 
 fn spill_default() -> bool {
@@ -161,6 +166,7 @@ struct SearchSection {
     exclude: Vec<String>,
     checkpoint_memory: Option<String>,
     spill: Option<bool>,
+    spill_limit: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -353,6 +359,13 @@ impl CampaignFile {
             }
             None => None,
         };
+        let spill_limit = match &file.search.spill_limit {
+            Some(text) => Some(
+                run::units::parse_size(text)
+                    .map_err(|e| keys.refuse("search.spill_limit", &"", e.to_string()))?,
+            ),
+            None => None,
+        };
         let live_checkpoints = file
             .search
             .live_checkpoints
@@ -438,6 +451,7 @@ impl CampaignFile {
         let spec = CampaignSpec {
             checkpoint_memory,
             spill: file.search.spill.unwrap_or(true),
+            spill_limit,
             manifest,
             seed: file.seed,
             root,
