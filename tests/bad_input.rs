@@ -319,7 +319,14 @@ fn findings_are_listed_from_the_index_and_a_damaged_campaign_is_refused() {
     );
     let c = dir.path().join("c.toml");
     refused(
-        &["campaign", text(&c), "--out", text(&out), "--host-vm", "never"],
+        &[
+            "campaign",
+            text(&c),
+            "--out",
+            text(&out),
+            "--host-vm",
+            "never",
+        ],
         "campaign.db: not a regular file (a FIFO)",
     );
     std::fs::remove_file(&db).unwrap();
