@@ -248,8 +248,9 @@ pub fn finding_dir(campaign: &Path, number: u32) -> PathBuf {
 }
 
 /// The first finding number whose directory does not exist and is above
-/// `at_least` (a directory left by a campaign killed before it indexed it
-/// keeps its number).
+/// `at_least` (a resumed campaign removed those its index does not hold,
+/// see `listing::remove_unindexed`; one that is there is never written
+/// over).
 pub fn next_number(campaign: &Path, at_least: u32) -> u32 {
     let mut number = at_least.max(1);
     while finding_dir(campaign, number).exists() {

@@ -140,8 +140,11 @@ mod tests {
         assert_eq!(fs::read(&victim).unwrap(), b"keep");
     }
 
+    /// Two builds to one output at once: one that finds the other building
+    /// fails (naming it) and writes nothing; the file is the image of a
+    /// build that says it wrote it, whole.
     #[test]
-    fn test_two_builds_to_one_output_each_write_their_own_file() {
+    fn test_two_builds_to_one_output_never_both_claim_it() {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("node.img");
         let sources: Vec<NodeImageSource> = (0..2)
@@ -152,20 +155,28 @@ mod tests {
                 NodeImageSource::Dir(root)
             })
             .collect();
-        let reports: Vec<NodeImageReport> = std::thread::scope(|scope| {
+        let results: Vec<Result<NodeImageReport, ImageError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = sources
                 .iter()
-                .map(|source| scope.spawn(|| write_node_image_file(source, &out).unwrap()))
+                .map(|source| scope.spawn(|| write_node_image_file(source, &out)))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
+        for refused in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert!(matches!(refused, ImageError::OutputBusy(_)), "{refused}");
+            assert!(
+                refused.to_string().contains("is writing it now"),
+                "{refused}"
+            );
+        }
         // The file is one of the two images whole, as its build reported it.
         let digest = crate::sha256_digest(&fs::read(&out).unwrap());
-        assert!(reports.iter().any(|r| r.digest == digest), "{digest}");
+        let wrote: Vec<_> = results.iter().flatten().collect();
+        assert!(wrote.iter().any(|r| r.digest == digest), "{digest}");
         assert_eq!(
             fs::read_dir(dir.path()).unwrap().count(),
             3,
-            "no temporary file is left"
+            "no temporary or lock file is left"
         );
     }
 }
