@@ -47,6 +47,12 @@ pub enum StoreError {
         wanted: &'static str,
         kind: &'static str,
     },
+    #[error("{path}: cannot inspect")]
+    Inspect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{dir}: cannot write in it (a campaign keeps its database, findings and files there)")]
     NotWritable {
         dir: PathBuf,
