@@ -60,7 +60,7 @@ fn check_kind(path: &Path, wanted: &'static str) -> Result<bool> {
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(source) => Err(StoreError::Lock {
+        Err(source) => Err(StoreError::Inspect {
             path: path.to_owned(),
             source,
         }),

@@ -245,6 +245,34 @@ mod tests {
         assert!(error.to_string().contains("property:swapped"), "{error}");
     }
 
+    /// A campaign killed in the middle of a commit (its database and hot
+    /// journal copied while a transaction had written both): listed as of
+    /// its last commit, not refused as "not a campaign database".
+    #[test]
+    fn test_a_campaign_killed_mid_commit_is_listed_as_of_its_last_commit() {
+        let dir = campaign(&[1]);
+        let db = dir.path().join(DB_FILE);
+        let conn = rusqlite::Connection::open(&db).unwrap();
+        conn.execute_batch(
+            "PRAGMA cache_size = 1; BEGIN; DELETE FROM findings;
+             WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 400)
+             INSERT INTO records (node, body) SELECT i, printf('%.3000c', 'x') FROM n;",
+        )
+        .unwrap();
+        let journal = dir.path().join(format!("{DB_FILE}-journal"));
+        assert!(
+            journal.metadata().unwrap().len() > 0,
+            "a journal was written"
+        );
+        let killed = tempfile::tempdir().unwrap();
+        std::fs::copy(&db, killed.path().join(DB_FILE)).unwrap();
+        std::fs::copy(&journal, killed.path().join(format!("{DB_FILE}-journal"))).unwrap();
+        drop(conn);
+        write_file(killed.path(), 1, "property:p1");
+        let listed = list(killed.path()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(listed.len(), 1);
+    }
+
     /// A database that is not one of ours, empty, truncated or random bytes
     /// is refused (as `--resume` refuses it), never listed as "no
     /// findings".

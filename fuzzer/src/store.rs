@@ -47,6 +47,12 @@ pub enum StoreError {
         wanted: &'static str,
         kind: &'static str,
     },
+    #[error("{path}: cannot inspect")]
+    Inspect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{dir}: cannot write in it (a campaign keeps its database, findings and files there)")]
     NotWritable {
         dir: PathBuf,
@@ -160,11 +166,16 @@ pub struct Store {
 fn open_checked(path: &Path, flags: rusqlite::OpenFlags) -> Result<Connection> {
     let sql = |source| sql_error(path.to_owned(), source);
     let conn = Connection::open_with_flags(path, flags).map_err(sql)?;
-    // A file that is not SQLite fails here, with SQLite's words.
+    // A file that is not SQLite fails here; any other failure (a hot
+    // journal a read-only connection cannot roll back, an I/O error) is
+    // said in SQLite's words, never as "not a campaign database".
     let app: i32 = conn
         .query_row("PRAGMA application_id", [], |r| r.get(0))
-        .map_err(|_| StoreError::Foreign {
-            path: path.to_owned(),
+        .map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::NotADatabase) => StoreError::Foreign {
+                path: path.to_owned(),
+            },
+            _ => sql(e),
         })?;
     if app != APPLICATION_ID {
         return Err(StoreError::Foreign {
@@ -292,7 +303,21 @@ impl Store {
         let path = db_path(dir)?;
         let flags =
             rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = open_checked(&path, flags)?;
+        let conn = match open_checked(&path, flags) {
+            // A campaign killed in the middle of a commit left a hot journal,
+            // which only a writer can roll back (to the last commit, as
+            // `--resume` does first): opened to write for that alone. A
+            // running campaign's journal is never hot (it holds its lock).
+            Err(StoreError::Sql {
+                source: rusqlite::Error::SqliteFailure(e, _),
+                ..
+            }) if e.extended_code == rusqlite::ffi::SQLITE_READONLY_ROLLBACK => {
+                let flags = rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
+                    | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX;
+                open_checked(&path, flags)?
+            }
+            opened => opened?,
+        };
         Ok(Store {
             conn,
             path,
