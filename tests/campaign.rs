@@ -268,7 +268,7 @@ fn spilling_campaign(cluster: &cluster::Cluster, spill_limit: &str) -> PathBuf {
         .concat();
     let text = format!(
         "manifest = {:?}\nseed = 1\n[root]\nat = \"2s\"\n[search]\nslice = \"1s\"\n\
-         max_depth = 3\nlive_checkpoints = 2\ncheckpoint_memory = \"1\"\n\
+         max_depth = 3\nlive_checkpoints = 2\n\
          spill_limit = {spill_limit:?}\n{off}",
         cluster.manifest()
     );
