@@ -234,6 +234,31 @@ fn a_fault_after_the_run_ends_is_refused() {
         refused(&args, naming);
     };
     up("at=50s pause n1", "fault \"at=50s pause n1\": the run ends at 1s (--until), before at=50s: it would never happen");
+    // The manifest's own fault past the end is said, not refused: a shorter
+    // run looks at the scenario's beginning.
+    std::fs::write(
+        &manifest,
+        "faults = [\"at=50s pause n1\"]\n[[node]]\nname = \"n1\"\nrootfs = \"/nonexistent\"\ncommand = [\"true\"]\n",
+    )
+    .unwrap();
+    let args = [
+        "up",
+        manifest.to_str().unwrap(),
+        "--host-vm",
+        "never",
+        "--until",
+        "1s",
+    ];
+    let out = detvisor_quick(&args);
+    let err = stderr(&out);
+    assert!(
+        err.contains("detvisor: note: the manifest's fault \"at=50s pause n1\": the run ends at 1s (--until), before at=50s: it would never happen"),
+        "{err}"
+    );
+    assert!(
+        err.contains("/nonexistent"),
+        "it went on to the rootfs: {err}"
+    );
     up(
         "at=100ms pause n1 for=0s",
         "for=0s: a fault undone the moment it happens does nothing",
