@@ -573,7 +573,7 @@ fn test_up_fsync_error_fails_fsync_in_the_guest() {
 #[test]
 fn test_up_disk_faults_on_a_node_without_a_disk_are_refused() {
     let cluster = Cluster::new("disk-none", TWO_NODES);
-    let out = cluster.up(&["--until", "1s", "--fault", "at=1s disk n2 full"]);
+    let out = cluster.up(&["--until", "2s", "--fault", "at=1s disk n2 full"]);
     assert_eq!(out.status.code(), Some(2), "bad input");
     assert!(
         stderr(&out).contains("fault disk n2 full: node n2 has no disk"),
