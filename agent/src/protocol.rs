@@ -153,8 +153,11 @@ pub enum HostToAgent {
     },
     /// Mix `bytes` into the kernel's entropy pool, credited as entropy
     /// (`RNDADDENTROPY`), and reseed the kernel's CRNG from it now
-    /// (`RNDRESEEDCRNG`): a branch's alternate history diverges in the
-    /// guest's randomness at once. Accepted before `hello` too.
+    /// (`RNDRESEEDCRNG`). Sent at a branch only for a kernel whose CRNG the
+    /// VMM cannot re-key in guest memory itself (no `base_crng` symbol:
+    /// `vmm::guest_crng`), so it is late: processes that run before the
+    /// agent reads it still draw the parent's bytes. Accepted before
+    /// `hello` too.
     Reseed {
         #[serde(with = "base64")]
         bytes: Vec<u8>,
