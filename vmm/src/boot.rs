@@ -82,6 +82,9 @@ pub enum BootError {
 pub struct LoadedKernel {
     pub entry: u64,
     pub kernel_end: u64,
+    /// Where the kernel keeps its CRNG, if its symbol table says (see
+    /// [`crate::guest_crng`]).
+    pub guest_crng: Option<crate::guest_crng::GuestCrng>,
 }
 
 fn write(mem: &GuestMemory, addr: u64, bytes: &[u8]) -> Result<(), BootError> {
@@ -92,7 +95,7 @@ fn write(mem: &GuestMemory, addr: u64, bytes: &[u8]) -> Result<(), BootError> {
         })
 }
 
-/// Loads the vmlinux ELF at its physical addresses.
+/// Loads the vmlinux ELF at its physical addresses, and finds its CRNG.
 pub fn load_kernel(mem: &GuestMemory, path: &Path) -> Result<LoadedKernel, BootError> {
     let mut file = hostfile::open_regular(path).map_err(BootError::OpenKernel)?;
     let result =
@@ -105,14 +108,9 @@ pub fn load_kernel(mem: &GuestMemory, path: &Path) -> Result<LoadedKernel, BootE
     Ok(LoadedKernel {
         entry: result.kernel_load.0,
         kernel_end: result.kernel_end,
+        // From the file just loaded, not opened again.
+        guest_crng: crate::guest_crng::GuestCrng::find(file),
     })
-}
-
-/// Where the kernel in vmlinux `path` keeps its CRNG, if its symbol table
-/// says (see [`crate::guest_crng`]). The kernel was just loaded from the
-/// same file, so a failure to read it again only means "unknown".
-pub fn guest_crng(path: &Path) -> Option<crate::guest_crng::GuestCrng> {
-    crate::guest_crng::GuestCrng::find(hostfile::open_regular(path).ok()?)
 }
 
 /// Where `ram` bytes of guest RAM go: `(guest address, offset in the host

@@ -127,7 +127,6 @@ impl Session {
         let memory = ram.memory.clone();
         // Bad input (not a kernel, an initrd too large) is found before KVM is touched.
         let kernel = boot::load_kernel(&memory, &config.kernel)?;
-        let guest_crng = boot::guest_crng(&config.kernel);
         let (devices, console) = build_devices(
             ConsoleCapture {
                 out: console,
@@ -195,7 +194,7 @@ impl Session {
             injected_total: 0,
             stall: StallGuard::new(config.stall_timeout),
             last_exit_rip: 0,
-            guest_crng,
+            guest_crng: kernel.guest_crng,
             window: WindowGuard::default(),
             ram_ledger: PageLedger::default(),
             wall_setup: started.elapsed(),
