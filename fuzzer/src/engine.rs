@@ -401,11 +401,13 @@ impl<'a> Engine<'a> {
                 .map(|j| self.job(j, parents[(j - start) as usize]))
                 .collect();
             let runs = self.run_wave(&jobs)?;
-            for worker in &mut self.workers {
-                for note in worker.take_notes() {
-                    progress.warning(&note);
-                    self.warnings.push(note);
-                }
+            let notes: Vec<String> = self
+                .workers
+                .iter_mut()
+                .flat_map(|w| w.take_notes())
+                .collect();
+            for note in notes {
+                self.warn(progress, note);
             }
             for (job, done) in jobs.into_iter().zip(runs) {
                 let report = self.commit(job, done, progress, started)?;
@@ -444,9 +446,14 @@ impl<'a> Engine<'a> {
         }
         self.silence_checked = true;
         if let Some(text) = crate::silence::warning(&self.nodes) {
-            progress.warning(&text);
-            self.warnings.push(text);
+            self.warn(progress, text);
         }
+    }
+
+    /// Says `text` once and keeps it for the summary.
+    fn warn(&mut self, progress: &mut dyn Progress, text: String) {
+        progress.warning(&text);
+        self.warnings.push(text);
     }
 
     /// Branch `k` of `parent`: its seed, its faults (drawn from the seed)
