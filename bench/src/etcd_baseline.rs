@@ -27,7 +27,7 @@
 //! init's `reboot -f` (`reboot=t`: a triple fault).
 
 use anyhow::{bail, Context, Result};
-use detvisor_agent::protocol::NodeSpec;
+use guest_agent::protocol::NodeSpec;
 use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};

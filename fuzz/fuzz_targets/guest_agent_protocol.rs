@@ -22,7 +22,7 @@
 #![no_main]
 
 use arbitrary::{Arbitrary, Unstructured};
-use detvisor_agent::protocol::{
+use guest_agent::protocol::{
     encode_frame, frame_payload, AgentToHost, FrameDecoder, FrameError, HostToAgent, LEN_PREFIX,
     MAX_FRAME_LEN,
 };

@@ -54,10 +54,10 @@ pub use network::{LatencyRange, NetworkActionError};
 pub use until::check_until;
 
 use crate::units::parse_duration;
-use detvisor_agent::protocol::HostToAgent;
 use devices::switch::Links;
 use devices::time::DurationError;
 use devices::VirtNanos;
+use guest_agent::protocol::HostToAgent;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;

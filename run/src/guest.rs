@@ -90,13 +90,13 @@ pub fn default_image() -> Result<GuestImage> {
     Ok(image)
 }
 
-/// The static guest agent (`detvisor-agent`), built with `agent/build.sh`
+/// The static guest agent (`detvisor-agent`), built with `guest-agent/build.sh`
 /// on first use and cached as `<cache>/agent/detvisor-agent`. A build from a
 /// newer source tree replaces the cached copy (the script is cheap when
 /// cargo has nothing to do).
 pub fn agent_binary() -> Result<PathBuf> {
     let cached = cache_root().join("agent/detvisor-agent");
-    let script = source_dir().join("agent/build.sh");
+    let script = source_dir().join("guest-agent/build.sh");
     if !script.is_file() {
         if cached.is_file() {
             return Ok(cached);
@@ -280,6 +280,6 @@ mod tests {
     #[test]
     fn test_source_dir_has_the_build_scripts() {
         assert!(source_dir().join("guest-image/build.sh").is_file());
-        assert!(source_dir().join("agent/build.sh").is_file());
+        assert!(source_dir().join("guest-agent/build.sh").is_file());
     }
 }

@@ -7,7 +7,7 @@
 //! [`crate::api::Request::TakeRecords`].
 
 use crate::up::UpEvent;
-use detvisor_agent::protocol::Stream;
+use guest_agent::protocol::Stream;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

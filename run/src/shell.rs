@@ -15,7 +15,7 @@ use crate::guest::FORK_SHELL_END;
 use crate::snapshots;
 use crate::streams::{say, Streams};
 use crate::up::ShellEvent;
-use detvisor_agent::protocol::HostToAgent;
+use guest_agent::protocol::HostToAgent;
 use vmm::exit::StopReason;
 
 /// The terminal's end-of-file character (Ctrl-D).

@@ -3,7 +3,7 @@
 
 use super::{node_nic, node_root, PrepareError};
 use crate::manifest::{Manifest, NodePlan, RootSource};
-use detvisor_agent::protocol::{NodeDisk, NodeSpec};
+use guest_agent::protocol::{NodeDisk, NodeSpec};
 use image_builder::{ImageConfig, RootFs};
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -24,8 +24,8 @@
 //!    if no started command was killed. Its end ends the timeline (without
 //!    a terminal command, the end of the last command does).
 
-use detvisor_agent::protocol::ExitStatus;
 use devices::{Persist, VirtNanos};
+use guest_agent::protocol::ExitStatus;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, VecDeque};
 use vmm::entropy::{stream, EntropyStream, EntropyStreamState};

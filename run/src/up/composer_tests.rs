@@ -277,7 +277,7 @@ fn test_the_conductor_runs_a_template_and_holds_faults_outside_drivers() {
     use crate::manifest::{SetupSignal, TemplatePlan, WorkloadPlan};
     use crate::up::conductor::tests::{boot, conductor, feed, started};
     use crate::up::{Conductor, Note, UpEvent};
-    use detvisor_agent::protocol::{AgentToHost, HostToAgent};
+    use guest_agent::protocol::{AgentToHost, HostToAgent};
     let plan = WorkloadPlan::Template(TemplatePlan {
         template: "t".into(),
         node: "n1".into(),
@@ -407,7 +407,7 @@ fn test_a_template_without_drivers_ends_the_run_with_a_clear_event() {
     use crate::manifest::{SetupSignal, TemplatePlan, WorkloadPlan};
     use crate::up::conductor::tests::{boot, conductor, feed, started};
     use crate::up::{Note, UpEvent, SETUP_FAILED};
-    use detvisor_agent::protocol::{AgentToHost, HostToAgent};
+    use guest_agent::protocol::{AgentToHost, HostToAgent};
     let plan = WorkloadPlan::Template(TemplatePlan {
         template: "t".into(),
         node: "n1".into(),

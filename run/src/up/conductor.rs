@@ -6,10 +6,10 @@ use super::composer::{Action, Composer};
 use super::UpEvent;
 use crate::faults::{FaultAction, NodeFault};
 use crate::manifest::{SetupSignal, WorkloadPlan};
-use detvisor_agent::protocol::{
+use devices::VirtNanos;
+use guest_agent::protocol::{
     AgentToHost, ExitStatus, HostToAgent, NodeSpec, Stream, PROTOCOL_VERSION,
 };
-use devices::VirtNanos;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, VecDeque};
 
@@ -748,7 +748,7 @@ pub(crate) mod tests {
     #[test]
     fn test_a_released_disk_ends_the_crash_and_is_mounted_again() {
         let mut with_disk = spec("n2");
-        with_disk.disk = Some(detvisor_agent::protocol::NodeDisk {
+        with_disk.disk = Some(guest_agent::protocol::NodeDisk {
             serial: "detvisor-n2".into(),
             mount: "/data".into(),
         });

@@ -7,12 +7,12 @@ use super::OutputError;
 use super::{Conductor, Note, OutputSink, ShellEvent, UpEvent, UpOutput, WORKLOAD_LOG};
 use crate::faults::{DiskFault, Fault, FaultAction, FaultError, NetworkFault, NodeFault};
 use crate::records::{GuestRecord, RecordBody, RecordLog};
-use detvisor_agent::protocol::{
-    encode_frame, AgentToHost, FrameDecoder, FrameError, HostToAgent, Stream, MAX_FRAME_LEN,
-};
 use devices::switch::Fault as SwitchFault;
 use devices::virtio::{DiskCommand, ScheduledDiskCommand};
 use devices::{Persist, PortId, RestoreError, Switch, SwitchError, VirtNanos};
+use guest_agent::protocol::{
+    encode_frame, AgentToHost, FrameDecoder, FrameError, HostToAgent, Stream, MAX_FRAME_LEN,
+};
 use serde::{Deserialize, Serialize};
 use vmm::vm::VmError;
 

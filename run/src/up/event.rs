@@ -3,7 +3,7 @@
 
 use super::composer::CommandKind;
 use crate::faults::FaultAction;
-use detvisor_agent::protocol::ExitStatus;
+use guest_agent::protocol::ExitStatus;
 use serde::{Deserialize, Serialize};
 
 /// One event of an `up` run.

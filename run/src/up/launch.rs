@@ -14,7 +14,7 @@ use crate::pcap::PcapRecorder;
 use crate::snapshots::{SnapshotPlan, SnapshotsError, Snapshotter};
 use crate::streams::{say, Streams};
 use crate::units::RamError;
-use detvisor_agent::protocol::NodeSpec;
+use guest_agent::protocol::NodeSpec;
 use image_builder::ImageError;
 use serde::{Deserialize, Serialize};
 use std::cell::Cell;

@@ -2,8 +2,8 @@
 //! stream, raw bytes in per-node logs, event lines with their virtual time.
 
 use super::UpEvent;
-use detvisor_agent::protocol::Stream;
 use devices::VirtNanos;
+use guest_agent::protocol::Stream;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;

@@ -18,7 +18,7 @@ use std::io;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use detvisor_agent::protocol::NodeDisk;
+use guest_agent::protocol::NodeDisk;
 
 use crate::sys;
 

@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use detvisor_agent::protocol::{AgentToHost, HostToAgent};
+use guest_agent::protocol::{AgentToHost, HostToAgent};
 use std::collections::BTreeMap;
 
 const VARIABLE: &str = "ANTITHESIS_SDK_LOCAL_OUTPUT";

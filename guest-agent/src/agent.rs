@@ -19,7 +19,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
-use detvisor_agent::protocol::{
+use guest_agent::protocol::{
     encode_frame, AgentToHost, ExitStatus, FrameDecoder, HostToAgent, NodeSpec, Stream,
     MAX_OUTPUT_CHUNK, PROTOCOL_VERSION,
 };

@@ -108,7 +108,7 @@ fn main() {
         println!(
             "detvisor-agent {} (protocol {})",
             env!("CARGO_PKG_VERSION"),
-            detvisor_agent::protocol::PROTOCOL_VERSION
+            guest_agent::protocol::PROTOCOL_VERSION
         );
         return;
     }
@@ -146,7 +146,7 @@ fn main() {
     }
 }
 
-fn run(options: &Options) -> io::Result<Option<detvisor_agent::protocol::ExitStatus>> {
+fn run(options: &Options) -> io::Result<Option<guest_agent::protocol::ExitStatus>> {
     if options.mode == Mode::Test {
         // Orphans of the root workload come back to us, not to the host's init.
         // SAFETY: prctl(PR_SET_CHILD_SUBREAPER) has no memory effects.

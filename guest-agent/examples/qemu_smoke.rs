@@ -15,7 +15,7 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
-use detvisor_agent::protocol::{
+use guest_agent::protocol::{
     encode_frame, AgentToHost, ExitStatus, FrameDecoder, HostToAgent, NodeSpec, Stream,
     PROTOCOL_VERSION,
 };

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use detvisor_agent::protocol::AgentToHost;
+use guest_agent::protocol::AgentToHost;
 
 use super::{context_error, Agent};
 use crate::sys;

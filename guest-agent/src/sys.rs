@@ -6,7 +6,7 @@ use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-use detvisor_agent::protocol::ExitStatus;
+use guest_agent::protocol::ExitStatus;
 
 /// Turns a `-1` return into the `errno` error.
 pub fn cvt(result: libc::c_int) -> io::Result<libc::c_int> {

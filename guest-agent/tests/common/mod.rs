@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use detvisor_agent::protocol::{
+use guest_agent::protocol::{
     encode_frame, AgentToHost, ExitStatus, FrameDecoder, HostToAgent, NodeSpec, Stream,
     PROTOCOL_VERSION,
 };

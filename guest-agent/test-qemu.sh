@@ -25,7 +25,7 @@ done
 
 image=$(bash guest-image/build.sh)
 agent=$(bash agent/build.sh)
-cargo build -q -p detvisor-agent --example qemu_smoke
+cargo build -q -p guest-agent --example qemu_smoke
 driver=target/debug/examples/qemu_smoke
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/detvisor-agent-qemu.XXXXXX")

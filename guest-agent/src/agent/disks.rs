@@ -1,7 +1,7 @@
 //! The agent's side of node disks (see `crate::disk`): crashing a node,
 //! releasing and readying its disk, filling and freeing its file system.
 
-use detvisor_agent::protocol::AgentToHost;
+use guest_agent::protocol::AgentToHost;
 
 use super::{context_error, Agent};
 use crate::disk::Disk;

@@ -2,7 +2,7 @@
 # Builds the agent as a fully static executable (glibc's libc.a, from
 # libc6-dev; no musl target needed) and prints its path on stdout.
 #
-#   agent/build.sh [--debug]
+#   guest-agent/build.sh [--debug]
 #
 # RUSTFLAGS applies to this invocation only, and with an explicit --target
 # cargo does not apply it to build scripts and proc macros (serde_derive),
@@ -22,18 +22,18 @@ fi
 target_dir=${DETVISOR_AGENT_TARGET_DIR:-${CARGO_TARGET_DIR:-$PWD/target}/agent-static}
 
 if [ ! -e /usr/lib/x86_64-linux-gnu/libc.a ]; then
-	echo "agent/build.sh: glibc's libc.a is missing: apt-get install libc6-dev" >&2
+	echo "guest-agent/build.sh: glibc's libc.a is missing: apt-get install libc6-dev" >&2
 	exit 1
 fi
 
 RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static" \
-	cargo build -p detvisor-agent "${profile_flag[@]}" --target "$target" \
+	cargo build -p guest-agent "${profile_flag[@]}" --target "$target" \
 	--target-dir "$target_dir" --bin detvisor-agent >&2
 
 bin=$target_dir/$target/$profile/detvisor-agent
 # Static means: no program interpreter and no needed shared libraries.
 if readelf -lW "$bin" | grep -q 'INTERP' || readelf -dW "$bin" | grep -q '(NEEDED)'; then
-	echo "agent/build.sh: $bin is not statically linked:" >&2
+	echo "guest-agent/build.sh: $bin is not statically linked:" >&2
 	file "$bin" >&2 || true
 	exit 1
 fi

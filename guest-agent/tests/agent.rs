@@ -20,7 +20,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use detvisor_agent::protocol::{
+use guest_agent::protocol::{
     encode_frame, frame_payload, AgentToHost, ExitStatus, HostToAgent, Stream, PROTOCOL_VERSION,
 };
 
