@@ -1,14 +1,18 @@
 //! detvisor's run library: everything that owns a run, between the VMM
-//! (`vmm`) and whatever drives runs (the CLI today; a campaign engine and an
-//! agent-facing server later).
+//! (`vmm`) and whatever drives runs: the CLI's verbs, the campaign engine
+//! (`fuzzer`), the benchmarks and the helper VM's server.
 //!
 //! A run boots or is restored, steps exit by exit, runs until a time, an exit
 //! or its end, returns in memory to a checkpoint, writes snapshots, takes
 //! faults and new seeds, and reports one [`RunSummary`]. The `up` conductor
-//! (the host side of the in-guest agent's conversation), manifests and fault
-//! schedules live here too. Callers speak one typed request API,
-//! [`api::Request`] / [`api::Response`], through an [`api::Controller`]; the
-//! same enum crosses into the helper VM serialized.
+//! (the host side of the in-guest agent's conversation), manifests, fault
+//! schedules, the determinism audit and soak, and traces live here too.
+//! Callers speak one typed request API, [`api::Request`] /
+//! [`api::Response`], answered by an [`api::Controller`] in this process or
+//! in a helper VM, where the same enum crosses serialized. Getting it there
+//! is the `helper-vm` crate's business, a floor above this one: the library
+//! never depends on it (only this crate's end-to-end tests place themselves
+//! with it).
 
 pub mod api;
 pub mod audit;

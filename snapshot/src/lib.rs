@@ -4,7 +4,9 @@
 //! devices, clock, ...: any `serde` type the caller chooses) plus guest RAM (one contiguous
 //! region of `ram_bytes`). Snapshots live in a root directory (e.g. `./snaps`), one
 //! subdirectory each, named by the snapshot id. This crate knows nothing about the VMM: it is
-//! generic over the state type.
+//! generic over the state type. It also reads the texts that name a snapshot or a moment in a
+//! root (`DIR/<id>`, `DIR@12.5s`, `DIR@exit:N`, `DIR@latest`) and finds the snapshot to
+//! restore and what to replay forward to.
 //!
 //! # Directory layout
 //!
@@ -16,14 +18,17 @@
 //! <root>/.del-<id>-<pid>/  a snapshot being removed: ignored by `list`
 //! ```
 //!
-//! # File format (version 1)
+//! # File format
+//!
+//! This build writes and reads format version 5 ([`FORMAT_VERSION`], which says what
+//! each version changed) and refuses files of any other version.
 //!
 //! `state.bin` and `memory.idx` share one framing, all integers little-endian:
 //!
 //! | offset | size | field                                                     |
 //! |-------:|-----:|-----------------------------------------------------------|
 //! | 0      | 8    | magic: `b"DVSNAP\0\0"` (state.bin), `b"DVPAGES\0"` (memory.idx) |
-//! | 8      | 4    | format version, u32 ([`FORMAT_VERSION`] = 5)               |
+//! | 8      | 4    | format version, u32 ([`FORMAT_VERSION`])                  |
 //! | 12     | 4    | flags, u32: bit 0 = [`FLAG_INCREMENTAL`]; other bits must be 0 |
 //! | 16     | 8    | payload length, u64                                       |
 //! | 24     | 8    | CRC-64/XZ of the payload, u64                             |
