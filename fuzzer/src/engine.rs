@@ -15,7 +15,7 @@ use crate::spec::CampaignSpec;
 use crate::step::Path as StepPath;
 use crate::store::{FindingRow, FinishedBranch, NewCampaignDir, NodeRow, Store, StoreError};
 use crate::tree::{self, path_records, TreeNode};
-use crate::worker::{BranchJob, BranchRun, Root, Worker, WorkerError};
+use crate::worker::{self, BranchJob, BranchRun, Root, Worker, WorkerError};
 use run::api::Position;
 use run::up::PreparedUp;
 use std::collections::BTreeMap;
@@ -175,7 +175,7 @@ impl<'a> Engine<'a> {
             ],
         )?;
         Ok(Engine {
-            workers: crate::worker::workers(runners, &spec, dir),
+            workers: worker::workers(runners, &spec, dir),
             spec,
             dir: dir.to_owned(),
             store,
@@ -256,7 +256,7 @@ impl<'a> Engine<'a> {
         let wall_before_ms = store.wall_ms()?;
         let faults = faults(&spec);
         Ok(Engine {
-            workers: crate::worker::workers(runners, &spec, dir),
+            workers: worker::workers(runners, &spec, dir),
             spec,
             dir: dir.to_owned(),
             store,
@@ -280,7 +280,7 @@ impl<'a> Engine<'a> {
     /// all reach it with the same digest. Worker 0's records and position.
     fn reach_root(&mut self) -> Result<Root> {
         let (prepared, spec) = (&self.prepared, &self.spec);
-        let roots: Vec<Result<Root, WorkerError>> = std::thread::scope(|s| {
+        let roots: Vec<worker::Result<Root>> = std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .workers
                 .iter_mut()
@@ -460,7 +460,7 @@ impl<'a> Engine<'a> {
     /// worker where it is cheapest to reach (its parent live there, else
     /// the deepest live ancestor; ties to the lowest worker); their results
     /// in the jobs' order, with the worker that ran each.
-    fn run_wave(&mut self, jobs: &[BranchJob]) -> Result<Vec<(usize, BranchRun)>, WorkerError> {
+    fn run_wave(&mut self, jobs: &[BranchJob]) -> worker::Result<Vec<(usize, BranchRun)>> {
         let mut placed: Vec<Option<usize>> = vec![None; self.workers.len()];
         for (j, job) in jobs.iter().enumerate() {
             let worker = (0..self.workers.len())
@@ -470,7 +470,7 @@ impl<'a> Engine<'a> {
             placed[worker] = Some(j);
         }
         let nodes = &self.nodes;
-        let mut results: Vec<(usize, Result<(usize, BranchRun), WorkerError>)> =
+        let mut results: Vec<(usize, worker::Result<(usize, BranchRun)>)> =
             std::thread::scope(|s| {
                 let handles: Vec<_> = self
                     .workers

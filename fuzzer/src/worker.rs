@@ -26,7 +26,7 @@ pub enum WorkerError {
     Spill(#[from] SpillError),
 }
 
-type Result<T, E = WorkerError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = WorkerError> = std::result::Result<T, E>;
 
 pub(crate) struct Worker<'a> {
     runner: Box<dyn Runner + Send + 'a>,
