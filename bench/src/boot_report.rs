@@ -6,10 +6,11 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use super::boot_worker::{RunResult, SystemResult};
-use super::helper::Session;
+use super::boot_worker::SystemResult;
 use super::machine::HostLoad;
 use super::monitor::MemoryPeak;
+use super::report::RunResult;
+use super::report::Session;
 use super::stats::{median_u64, mib, opt_count, opt_ms, opt_rate, opt_ratio, stat};
 
 #[derive(Serialize, Default)]

@@ -34,9 +34,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use super::EtcdRun;
+use crate::etcd_worker::EtcdRun;
 use crate::process::{last_lines, run_timed, Watch};
-use crate::stats::ms;
+use crate::stats::{fnv1a, ms};
 use run::faults::{Fault, FaultAction, NetworkFault};
 use run::guest::shell_quote;
 use run::manifest::WorkloadPlan;
@@ -290,16 +290,6 @@ pub fn rtc_base(unix: i64) -> String {
         secs / 60 % 60,
         secs % 60
     )
-}
-
-/// FNV-1a 64 of `bytes`, as hex.
-pub fn fnv1a(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
 }
 
 /// Escapes a value inside a QEMU `key=value,...` option.

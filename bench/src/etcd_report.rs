@@ -6,10 +6,12 @@ use serde::Serialize;
 use std::io::{self, Write};
 use std::path::Path;
 
-use super::{EtcdArgs, EtcdRun};
-use crate::helper::{Placement, Session};
+use super::EtcdArgs;
+use crate::etcd_worker::EtcdRun;
 use crate::machine::HostLoad;
+use crate::report::Session;
 use crate::stats::{median_u64, opt_count, opt_ratio, ratio, stat};
+use helper_vm::Placement;
 
 /// The measurements of one side.
 #[derive(Default)]
@@ -142,10 +144,10 @@ const BASELINE_DIFFERENCES: &str = "the baseline runs the same kernel and initrd
     environment under its own";
 
 pub fn build(i: Inputs) -> Report {
-    let place = i.placement.place();
+    let place = i.placement.name();
     let detvisor = summarize("detvisor up", place, i.detvisor);
     let baseline = summarize("QEMU TCG -icount shift=0", "host", i.baseline);
-    let caveat = i.placement.helper.then(|| {
+    let caveat = i.placement.in_helper_vm().then(|| {
         "detvisor runs in nested KVM inside the helper VM, itself QEMU TCG (this host's KVM \
          cannot run guests): every guest instruction detvisor runs is emulated twice over, so \
          the ratio is not the hardware figure"
@@ -165,7 +167,7 @@ pub fn build(i: Inputs) -> Report {
         until: i.args.until.clone(),
         cmdline: i.cmdline.into(),
         placement: place.into(),
-        placement_reason: i.placement.reason.clone(),
+        placement_reason: i.placement.reason().map(String::from),
         caveat,
         clock: "wall time from just before spawn() to wait() returning (QEMU), from just before \
                 the run's thread starts to the request's return (detvisor, in process), \

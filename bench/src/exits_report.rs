@@ -8,9 +8,10 @@ use std::io::{self, Write};
 
 use super::{ExitsArgs, Scenario, System};
 use crate::exits_worker::{Cell, ExitsRun, ExitsWorkerReport, ScenarioPlan, EXIT_PATH_SELECTABLE};
-use crate::helper::{Placement, Session, NOT_MEASURED};
 use crate::machine::HostLoad;
+use crate::report::{Session, NOT_MEASURED};
 use crate::stats::{median_u64, opt_count, opt_ratio, ratio, stat};
+use helper_vm::Placement;
 
 /// Issue 12's goals: at least this many times fewer exits with the new path on partition ...
 pub const EXITS_GOAL: f64 = 3.0;
@@ -264,9 +265,9 @@ pub fn build(i: Inputs) -> Report {
             .unwrap_or_else(|| i.qemu_cmdline.into()),
         qemu_cpu: i.args.qemu_cpu.clone(),
         kvm_stats: i.worker.as_ref().map(|w| w.kvm_stats.clone()),
-        placement: i.placement.place().into(),
-        placement_reason: i.placement.reason.clone(),
-        caveat: i.placement.helper.then(|| {
+        placement: i.placement.name().into(),
+        placement_reason: i.placement.reason().map(String::from),
+        caveat: i.placement.in_helper_vm().then(|| {
             "detvisor and QEMU-KVM run in nested KVM inside the helper VM, itself QEMU TCG \
              (this host's KVM cannot run guests): exits cost far more than on hardware"
                 .to_string()
@@ -523,8 +524,8 @@ pub fn print(r: &Report) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::BenchHostVm;
     use clap::Parser;
+    use helper_vm::HostVmMode;
 
     fn run(wall_s: f64, exits: u64, hlt: u64, digest: &str, source: &str) -> ExitsRun {
         ExitsRun {
@@ -563,7 +564,7 @@ mod tests {
     fn report() -> Report {
         let args = Cli::parse_from(["x", "--runs", "2", "--scenarios", "partition"]).args;
         assert_eq!(args.scenarios, [Scenario::Partition]);
-        assert_eq!(args.host_vm, BenchHostVm::Auto);
+        assert_eq!(args.host_vm, HostVmMode::Auto);
         let plan: ScenarioPlan = serde_json::from_value(serde_json::json!({
             "scenario": "partition", "mem": "1G", "ram_bytes": 1u64 << 30,
             "guest": {"Plain": {"kernel": "k", "initrd": "i"}},
@@ -597,9 +598,8 @@ mod tests {
             args: &args,
             cmdline: "console=ttyS0",
             qemu_cmdline: "console=ttyS0",
-            placement: &Placement {
-                helper: true,
-                reason: Some("test".into()),
+            placement: &Placement::HelperVm {
+                reason: "test".into(),
             },
             scenarios: &[plan],
             worker: Some(worker),

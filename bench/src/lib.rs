@@ -36,6 +36,8 @@ mod boot;
 mod boot_report;
 mod boot_worker;
 mod etcd;
+mod etcd_baseline;
+mod etcd_worker;
 mod exits;
 mod exits_worker;
 mod helper;
@@ -43,16 +45,19 @@ mod machine;
 mod monitor;
 mod process;
 mod qemu;
+mod report;
 mod serve;
 mod snapshot;
 mod snapshot_cell;
 mod snapshot_memory;
 mod snapshot_report;
 mod snapshot_restore;
+mod snapshot_worker;
 mod stats;
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
+use helper_vm::HostVmMode;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::sync::Mutex;
@@ -83,17 +88,6 @@ pub enum BenchCommand {
     ServeChannel,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BenchHostVm {
-    /// Use the helper VM only when the host's KVM cannot run the guest.
-    Auto,
-    /// Always measure detvisor and QEMU-KVM inside the helper VM.
-    Always,
-    /// Never: measure them on the host's KVM.
-    Never,
-}
-
 #[derive(Args, Debug, Clone)]
 pub struct BootArgs {
     /// Repetitions of each measurement.
@@ -104,8 +98,8 @@ pub struct BootArgs {
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
     /// Where detvisor and QEMU-KVM run.
-    #[arg(long, value_enum, default_value_t = BenchHostVm::Auto)]
-    pub host_vm: BenchHostVm,
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    pub host_vm: HostVmMode,
     /// Skip the end-to-end detvisor runs on the host (one helper VM boot each).
     #[arg(long)]
     pub no_end_to_end: bool,
@@ -151,8 +145,8 @@ pub struct SnapshotBenchArgs {
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
     /// Where the guests run.
-    #[arg(long, value_enum, default_value_t = BenchHostVm::Auto)]
-    pub host_vm: BenchHostVm,
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    pub host_vm: HostVmMode,
 }
 
 pub fn run(args: BenchArgs) -> Result<u8> {

@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::boot_worker::{run_measured, RunResult};
 use super::monitor::MemoryPeak;
-use super::process::{last_lines, Finished, Watch};
-use super::stats::ms;
+use super::process::{last_lines, run_measured, Finished, Watch};
+use super::report::RunResult;
+use super::stats::{fnv1a, ms};
 
 /// QEMU machine type: `pc` (i440FX, SeaBIOS). `microvm` would boot faster, but with this
 /// kernel and `reboot=t` it does not exit after the guest's `reboot -f` (it hangs).
@@ -251,16 +251,6 @@ pub fn qemu_command(
     cmd
 }
 
-/// FNV-1a 64 of `bytes`, as hex.
-fn fnv1a(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
-}
-
 pub struct QemuRun<'a> {
     pub q: &'a QemuPlan,
     pub accel: Accel,
@@ -324,16 +314,5 @@ pub fn qemu_failure(
         ))
     } else {
         None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fnv_is_stable() {
-        assert_eq!(fnv1a(b""), "cbf29ce484222325");
-        assert_eq!(fnv1a(b"a"), "af63dc4c8601ec8c");
     }
 }

@@ -6,8 +6,8 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use super::helper::Session;
 use super::machine::HostLoad;
+use super::report::Session;
 use super::snapshot_cell::CellResult;
 use super::snapshot_restore::ChildRestore;
 use super::stats::{fmt_ms, fmt_stat, opt_ms, opt_rate1, opt_ratio, ratio, stat, Stat};

@@ -1,0 +1,90 @@
+//! What the benches' reports share: a worker's report and its one run, the helper VM
+//! session, and where the guests ran.
+
+use anyhow::Result;
+use helper_vm::Placement;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The error of every measurement of a failed helper VM session.
+pub const NOT_MEASURED: &str = "not measured: the helper VM session failed (see below)";
+
+/// A worker's report: it says how long the worker took, on the clock of the machine it ran on.
+pub trait WorkerReport {
+    fn elapsed_ms(&self) -> f64;
+}
+
+/// The helper VM session as seen from the host.
+#[derive(Serialize, Default)]
+pub struct Session {
+    /// Start of the helper VM to its payload serving the channel (helper VM boot, incl.
+    /// assembling its initrd).
+    pub boot_ms: Option<f64>,
+    /// The worker's reply to the helper VM's exit (helper VM shutdown).
+    pub shutdown_ms: Option<f64>,
+    /// Start to exit.
+    pub total_ms: f64,
+    /// The worker's call, on the host's clock ...
+    pub payload_host_ms: Option<f64>,
+    /// ... and the worker's own duration on L1's clock (a check of L1's clock).
+    pub payload_l1_ms: Option<f64>,
+    /// L1's uptime when the payload started (L1 kernel boot + init, on L1's clock).
+    pub l1_uptime_at_payload_s: Option<f64>,
+    /// Bytes shipped as payload files (QEMU, its libraries and firmware, kernels, initrds).
+    pub payload_file_bytes: u64,
+    pub error: Option<String>,
+}
+
+impl Session {
+    /// Runs `f` in a new session; an error of `f` becomes the session's `error`.
+    pub fn record<R>(f: impl FnOnce(&mut Session) -> Result<R>) -> (Session, Option<R>) {
+        let mut session = Session::default();
+        match f(&mut session) {
+            Ok(r) => (session, Some(r)),
+            Err(e) => {
+                session.error = Some(format!("{e:#}"));
+                (session, None)
+            }
+        }
+    }
+}
+
+/// " (because REASON)" when the guests run in the helper VM, else nothing.
+pub fn because(placement: &Placement) -> String {
+    placement
+        .reason()
+        .map(|r| format!(" (because {r})"))
+        .unwrap_or_default()
+}
+
+/// One measured run of `bench boot` (detvisor or QEMU), as its report keeps it.
+#[derive(Serialize, Deserialize, Debug, Clone, Default)]
+pub struct RunResult {
+    pub ok: bool,
+    /// Process start to exit (ms).
+    pub wall_ms: f64,
+    pub error: Option<String>,
+    /// Status the guest reported (detvisor's JSON; QEMU: the byte written to port 0x610).
+    pub guest_status: Option<u8>,
+    /// Exits to the VMM (detvisor's JSON `exits`).
+    pub vmm_exits: Option<u64>,
+    /// detvisor's own phases (its JSON): vm::run total, setup, final hashing (ms).
+    pub inner_wall_ms: Option<u64>,
+    pub inner_setup_ms: Option<u64>,
+    pub inner_finish_ms: Option<u64>,
+    /// Deltas of the KVM statistics (debugfs) over the run.
+    pub kvm: Option<BTreeMap<String, u64>>,
+    /// Fingerprint of the guest's output: detvisor's digest, or FNV-1a 64 of the serial bytes.
+    pub output: Option<String>,
+    pub output_bytes: Option<u64>,
+}
+
+impl RunResult {
+    /// A run whose process could not be started.
+    pub fn failed(e: &anyhow::Error) -> Self {
+        RunResult {
+            error: Some(format!("{e:#}")),
+            ..RunResult::default()
+        }
+    }
+}
