@@ -389,6 +389,38 @@ mod tests {
     use super::*;
 
     #[test]
+    fn qemu_tcg_icount_command_line() {
+        let b = Baseline {
+            qemu: Path::new("/q/qemu-system-x86_64"),
+            bzimage: Path::new("/b/bzImage"),
+            initrd: Path::new("/b/initrd,x"),
+            cmdline: "console=ttyS0 reboot=t",
+            mem: "1G",
+            rtc_base: rtc_base(1_704_067_200),
+            scratch: Path::new("/t,s"),
+            limit: Duration::from_secs(1),
+        };
+        let (cmd, serial, status) = b.command(3);
+        assert_eq!(
+            (serial.as_path(), status.as_path()),
+            (
+                Path::new("/t,s/qemu-tcg-3.serial"),
+                Path::new("/t,s/qemu-tcg-3.status")
+            )
+        );
+        assert_eq!(
+            crate::process::command_words(&cmd).join(" "),
+            "/q/qemu-system-x86_64 -accel tcg -icount shift=0,sleep=off \
+             -rtc clock=vm,base=2024-01-01T00:00:00 -M pc -m 1G \
+             -nodefaults -no-user-config -display none -no-reboot \
+             -chardev file,id=ser0,path=/t,,s/qemu-tcg-3.serial -serial chardev:ser0 \
+             -chardev file,id=status,path=/t,,s/qemu-tcg-3.status \
+             -device isa-debugcon,iobase=0x610,chardev=status \
+             -kernel /b/bzImage -initrd /b/initrd,x -append console=ttyS0 reboot=t"
+        );
+    }
+
+    #[test]
     fn rtc_base_formats_utc() {
         assert_eq!(rtc_base(0), "1970-01-01T00:00:00");
         assert_eq!(rtc_base(1_704_067_200), "2024-01-01T00:00:00");

@@ -316,3 +316,40 @@ pub fn qemu_failure(
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qemu_tcg_icount_command_line_on_the_host() {
+        let install = QemuInstall {
+            bin: "/usr/bin/qemu-system-x86_64".into(),
+            libs: Vec::new(),
+            interp: None,
+            firmware: Vec::new(),
+        };
+        let files = QemuFiles {
+            bzimage: Path::new("/b/bzImage"),
+            initrd: Path::new("/b/initrd"),
+            cmdline: "console=ttyS0",
+            mem: "256M",
+        };
+        let cmd = qemu_command(
+            &install.on_host(),
+            Accel::TcgIcount,
+            &files,
+            Path::new("/t/a,b.serial"),
+            Path::new("/t/st"),
+        );
+        assert_eq!(
+            crate::process::command_words(&cmd).join(" "),
+            "/usr/bin/qemu-system-x86_64 -accel tcg -icount shift=0,sleep=off -rtc clock=vm \
+             -M pc -m 256M -nodefaults -no-user-config -display none -no-reboot \
+             -chardev file,id=ser0,path=/t/a,,b.serial -serial chardev:ser0 \
+             -chardev file,id=status,path=/t/st -device isa-debugcon,iobase=0x610,chardev=status \
+             -kernel /b/bzImage -initrd /b/initrd -append console=ttyS0"
+        );
+        assert_eq!(cmd.get_envs().count(), 0);
+    }
+}
