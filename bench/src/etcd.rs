@@ -283,7 +283,7 @@ pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
     if args.no_baseline {
         base_sys.skipped = Some("--no-baseline".into());
     } else {
-        match (etcd_baseline::find_qemu(), &qemu_initrd) {
+        match (crate::qemu::find_qemu(), &qemu_initrd) {
             (Err(e), _) => base_sys.error = Some(format!("{e:#}")),
             (_, Err(e)) => base_sys.error = Some(e.clone()),
             (Ok(_), _) if !bzimage.is_file() => {

@@ -36,7 +36,9 @@ use std::time::Duration;
 
 use crate::etcd_worker::EtcdRun;
 use crate::process::{last_lines, run_timed, Watch};
+use crate::qemu::QEMU_MACHINE;
 use crate::stats::{fnv1a, ms};
+use helper_vm::{direct_boot_args, DirectBoot, GuestAccel};
 use run::faults::{Fault, FaultAction, NetworkFault};
 use run::guest::shell_quote;
 use run::manifest::WorkloadPlan;
@@ -49,7 +51,6 @@ pub const DONE_MARK: &str = "etcd-bench: workload exited: ";
 /// line `etcd-bench: clocksource NAME`.
 pub const CLOCKSOURCE_FILE: &str =
     "/sys/devices/system/clocksource/clocksource0/current_clocksource";
-const QEMU_BIN: &str = "qemu-system-x86_64";
 
 /// `env -i K=V ...` words for a command's whole environment.
 fn env_words(env: &BTreeMap<String, String>) -> String {
@@ -292,22 +293,6 @@ pub fn rtc_base(unix: i64) -> String {
     )
 }
 
-/// Escapes a value inside a QEMU `key=value,...` option.
-fn qemu_opt(path: &Path) -> String {
-    path.to_string_lossy().replace(',', ",,")
-}
-
-/// The host's `qemu-system-x86_64`.
-pub fn find_qemu() -> Result<PathBuf> {
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(QEMU_BIN))
-                .find(|p| p.is_file())
-        })
-        .with_context(|| format!("{QEMU_BIN} not found in PATH: install qemu-system-x86"))
-}
-
 pub struct Baseline<'a> {
     pub qemu: &'a Path,
     pub bzimage: &'a Path,
@@ -326,28 +311,19 @@ impl Baseline<'_> {
         let _ = fs::remove_file(&serial);
         let _ = fs::remove_file(&status);
         let mut cmd = Command::new(self.qemu);
-        cmd.args(["-accel", "tcg", "-icount", "shift=0,sleep=off", "-rtc"])
-            .arg(format!("clock=vm,base={}", self.rtc_base))
-            .args(["-M", "pc", "-m", self.mem])
-            .args([
-                "-nodefaults",
-                "-no-user-config",
-                "-display",
-                "none",
-                "-no-reboot",
-            ])
-            .arg("-chardev")
-            .arg(format!("file,id=ser0,path={}", qemu_opt(&serial)))
-            .args(["-serial", "chardev:ser0"])
-            .arg("-chardev")
-            .arg(format!("file,id=status,path={}", qemu_opt(&status)))
-            .args(["-device", "isa-debugcon,iobase=0x610,chardev=status"])
-            .arg("-kernel")
-            .arg(self.bzimage)
-            .arg("-initrd")
-            .arg(self.initrd)
-            .arg("-append")
-            .arg(self.cmdline);
+        cmd.args(direct_boot_args(&DirectBoot {
+            accel: GuestAccel::TcgIcount {
+                rtc_base: Some(self.rtc_base.clone()),
+            },
+            machine: QEMU_MACHINE,
+            memory: self.mem,
+            firmware_dir: None,
+            serial: &serial,
+            status: &status,
+            kernel: self.bzimage,
+            initrd: self.initrd,
+            append: self.cmdline,
+        }));
         (cmd, serial, status)
     }
 

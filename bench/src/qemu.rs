@@ -12,6 +12,7 @@ use super::monitor::MemoryPeak;
 use super::process::{last_lines, run_measured, Finished, Watch};
 use super::report::RunResult;
 use super::stats::{fnv1a, ms};
+use helper_vm::{direct_boot_args, DirectBoot, GuestAccel};
 
 /// QEMU machine type: `pc` (i440FX, SeaBIOS). `microvm` would boot faster, but with this
 /// kernel and `reboot=t` it does not exit after the guest's `reboot -f` (it hangs).
@@ -96,17 +97,19 @@ impl QemuInstall {
     }
 }
 
-fn find_in_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
+/// The host's `qemu-system-x86_64`, found in `PATH`.
+pub fn find_qemu() -> Result<PathBuf> {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(QEMU_BIN))
+                .find(|p| p.is_file())
+        })
+        .with_context(|| format!("{QEMU_BIN} not found in PATH: install qemu-system-x86"))
 }
 
 pub fn discover_qemu() -> Result<QemuInstall> {
-    let bin = find_in_path(QEMU_BIN)
-        .with_context(|| format!("{QEMU_BIN} not found in PATH: install qemu-system-x86"))?;
+    let bin = find_qemu()?;
     let out = Command::new("ldd")
         .arg(&bin)
         .stdin(Stdio::null())
@@ -190,11 +193,6 @@ pub struct QemuFiles<'a> {
     pub mem: &'a str,
 }
 
-/// Escapes a value inside a QEMU `key=value,...` option.
-fn qemu_opt(path: &Path) -> String {
-    path.to_string_lossy().replace(',', ",,")
-}
-
 pub fn qemu_command(
     q: &QemuPlan,
     accel: Accel,
@@ -214,40 +212,20 @@ pub fn qemu_command(
     if let Some(lib_dir) = &q.lib_dir {
         cmd.env("LD_LIBRARY_PATH", lib_dir);
     }
-    if let Some(fw) = &q.firmware_dir {
-        cmd.arg("-L").arg(fw);
-    }
-    match accel {
-        Accel::Kvm => cmd.args(["-accel", "kvm"]),
-        Accel::TcgIcount => cmd.args([
-            "-accel",
-            "tcg",
-            "-icount",
-            "shift=0,sleep=off",
-            "-rtc",
-            "clock=vm",
-        ]),
-    };
-    cmd.args(["-M", QEMU_MACHINE, "-m", files.mem])
-        .args([
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-no-reboot",
-        ])
-        .arg("-chardev")
-        .arg(format!("file,id=ser0,path={}", qemu_opt(serial)))
-        .args(["-serial", "chardev:ser0"])
-        .arg("-chardev")
-        .arg(format!("file,id=status,path={}", qemu_opt(status)))
-        .args(["-device", "isa-debugcon,iobase=0x610,chardev=status"])
-        .arg("-kernel")
-        .arg(files.bzimage)
-        .arg("-initrd")
-        .arg(files.initrd)
-        .arg("-append")
-        .arg(files.cmdline);
+    cmd.args(direct_boot_args(&DirectBoot {
+        accel: match accel {
+            Accel::Kvm => GuestAccel::Kvm,
+            Accel::TcgIcount => GuestAccel::TcgIcount { rtc_base: None },
+        },
+        machine: QEMU_MACHINE,
+        memory: files.mem,
+        firmware_dir: q.firmware_dir.as_deref(),
+        serial,
+        status,
+        kernel: files.bzimage,
+        initrd: files.initrd,
+        append: files.cmdline,
+    }));
     cmd
 }
 
