@@ -30,41 +30,26 @@ pub trait FromReply: Sized {
     fn from_reply(reply: BenchReply) -> Option<Self>;
 }
 
-impl FromReply for BootWorkerReport {
-    fn from_reply(reply: BenchReply) -> Option<Self> {
-        match reply {
-            BenchReply::Boot(report) => Some(*report),
-            _ => None,
+/// `FromReply` for each worker's report, by its variant of [`BenchReply`].
+macro_rules! from_reply {
+    ($($report:ty => $variant:ident),* $(,)?) => {$(
+        impl FromReply for $report {
+            fn from_reply(reply: BenchReply) -> Option<Self> {
+                match reply {
+                    BenchReply::$variant(report) => Some(*report),
+                    _ => None,
+                }
+            }
         }
-    }
+    )*};
 }
 
-impl FromReply for SnapWorkerReport {
-    fn from_reply(reply: BenchReply) -> Option<Self> {
-        match reply {
-            BenchReply::Snapshot(report) => Some(*report),
-            _ => None,
-        }
-    }
-}
-
-impl FromReply for EtcdWorkerReport {
-    fn from_reply(reply: BenchReply) -> Option<Self> {
-        match reply {
-            BenchReply::Etcd(report) => Some(*report),
-            _ => None,
-        }
-    }
-}
-
-impl FromReply for ExitsWorkerReport {
-    fn from_reply(reply: BenchReply) -> Option<Self> {
-        match reply {
-            BenchReply::Exits(report) => Some(*report),
-            _ => None,
-        }
-    }
-}
+from_reply!(
+    BootWorkerReport => Boot,
+    SnapWorkerReport => Snapshot,
+    EtcdWorkerReport => Etcd,
+    ExitsWorkerReport => Exits,
+);
 
 /// A helper VM whose payload is `detvisor bench serve-channel`.
 pub struct HelperLaunch {
