@@ -324,3 +324,34 @@ pub fn print(r: &Report) -> Result<()> {
     let helper_error = r.helper_vm.as_ref().and_then(|s| s.error.as_ref());
     crate::boot_report::print_tail(&mut o, &failures, helper_error, r)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A side's summary is written as it always was (the JSON line of `bench etcd`).
+    #[test]
+    fn a_summary_serializes_as_before() {
+        let ok = EtcdRun {
+            ok: true,
+            wall_ms: 2500.0,
+            status: Some(0),
+            virtual_ns: Some(12_000_000_000),
+            exits: Some(400),
+            inner_wall_ms: Some(2400),
+            output: Some("d1".into()),
+            output_bytes: Some(10),
+            workload_tail: Some("put ok".into()),
+            ..EtcdRun::default()
+        };
+        let side = Side {
+            runs: vec![ok.clone(), EtcdRun::failed(&anyhow::anyhow!("boom")), ok],
+            error: None,
+            skipped: None,
+            command: vec!["up".into()],
+        };
+        let summary = summarize("detvisor", "host", &side);
+        let json = r#"{"name":"detvisor","place":"host","runs":3,"ok_runs":2,"wall_s":[2.5,0.0,2.5],"ok":[true,false,true],"median_s":2.5,"min_s":2.5,"max_s":2.5,"virtual_s":12.0,"exits":400,"exits_per_s":160.0,"inner_wall_ms":2400,"output_identical":true,"outputs":["d1",null,"d1"],"output_bytes":10,"workload_tail":"put ok","error":null,"skipped":null,"failures":["run 2: boom"],"command":["up"]}"#;
+        assert_eq!(serde_json::to_string(&summary).unwrap(), json);
+    }
+}

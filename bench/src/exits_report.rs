@@ -608,6 +608,22 @@ mod tests {
         })
     }
 
+    /// A system's summary is written as it always was (the JSON line of `bench exits`).
+    #[test]
+    fn a_summary_serializes_as_before() {
+        let failed = ExitsRun {
+            wall_ms: 500.0,
+            error: Some("boom".into()),
+            ..ExitsRun::default()
+        };
+        let summary = summarize(&cell(
+            System::DetvisorNew,
+            vec![run(2.0, 100, 40, "d1", "tsc"), failed],
+        ));
+        let json = r#"{"system":"detvisor-new","name":"detvisor new (clock page)","runs":2,"ok_runs":1,"wall_s":[2.0,0.5],"ok":[true,false],"median_s":2.0,"min_s":2.0,"max_s":2.0,"virtual_s":43.5,"exits":100,"exits_per_virtual_s":2.2988505747126435,"exits_by_kind":{"Hlt":40,"IoOut":60},"kvm":{"exits":200},"kvm_exits_per_virtual_s":4.597701149425287,"inner_wall_ms":null,"identical":null,"outputs":["d1",null],"clocksource":"tsc","clock_log":[],"workload_tail":null,"error":null,"failures":["run 2: boom"],"command":["x"]}"#;
+        assert_eq!(serde_json::to_string(&summary).unwrap(), json);
+    }
+
     fn kvm_run() -> ExitsRun {
         ExitsRun {
             ok: true,
