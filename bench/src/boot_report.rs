@@ -9,8 +9,8 @@ use std::io::{self, Write};
 use super::boot_worker::SystemResult;
 use super::machine::HostLoad;
 use super::monitor::MemoryPeak;
-use super::report::RunResult;
 use super::report::Session;
+use super::report::{run_failures, RunResult};
 use super::stats::{median_u64, mib, opt_count, opt_ms, opt_rate, opt_ratio, stat};
 
 #[derive(Serialize, Default)]
@@ -105,12 +105,7 @@ pub fn summarize(name: &str, place: &str, sys: &SystemResult) -> Summary {
         memory_error: sys.memory_error.clone(),
         error,
         skipped: sys.skipped.clone(),
-        failures: sys
-            .runs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| r.error.as_ref().map(|e| format!("run {}: {e}", i + 1)))
-            .collect(),
+        failures: run_failures(sys.runs.iter().map(|r| r.error.as_ref())),
         command: sys.command.clone(),
     }
 }

@@ -6,6 +6,8 @@ use helper_vm::Placement;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+use crate::stats::{median_u64, stat};
+
 /// The error of every measurement of a failed helper VM session.
 pub const NOT_MEASURED: &str = "not measured: the helper VM session failed (see below)";
 
@@ -87,4 +89,73 @@ impl RunResult {
             ..RunResult::default()
         }
     }
+}
+
+/// The wall and guest times of one system's runs, as the etcd and exits reports give them.
+#[derive(Serialize, Default, Debug)]
+pub struct RunTimes {
+    pub runs: usize,
+    pub ok_runs: usize,
+    /// Every run's wall time (s), failed ones included.
+    pub wall_s: Vec<f64>,
+    pub ok: Vec<bool>,
+    pub median_s: Option<f64>,
+    pub min_s: Option<f64>,
+    pub max_s: Option<f64>,
+    /// Median guest time at the end of the successful runs (s).
+    pub virtual_s: Option<f64>,
+}
+
+impl RunTimes {
+    /// Of runs given as (succeeded, wall time in ms, guest time at the end in ns).
+    pub fn of(runs: impl IntoIterator<Item = (bool, f64, Option<u64>)>) -> Self {
+        let runs: Vec<(bool, f64, Option<u64>)> = runs.into_iter().collect();
+        let ok = || runs.iter().filter(|(ok, _, _)| *ok);
+        let walls = stat(ok().map(|(_, wall_ms, _)| wall_ms / 1000.0));
+        RunTimes {
+            runs: runs.len(),
+            ok_runs: ok().count(),
+            wall_s: runs
+                .iter()
+                .map(|(_, wall_ms, _)| wall_ms / 1000.0)
+                .collect(),
+            ok: runs.iter().map(|(ok, _, _)| *ok).collect(),
+            median_s: walls.median,
+            min_s: walls.min,
+            max_s: walls.max,
+            virtual_s: median_u64(ok().filter_map(|(_, _, ns)| *ns)).map(|v| v as f64 / 1e9),
+        }
+    }
+
+    /// Whether every run succeeded.
+    pub fn all_ok(&self) -> bool {
+        self.ok_runs == self.runs
+    }
+
+    /// "OK/RUNS".
+    pub fn tally(&self) -> String {
+        format!("{}/{}", self.ok_runs, self.runs)
+    }
+
+    /// Each run's wall time (s), a failed one marked `!`; `-` for none.
+    pub fn per_run(&self) -> String {
+        if self.wall_s.is_empty() {
+            return "-".into();
+        }
+        self.wall_s
+            .iter()
+            .zip(&self.ok)
+            .map(|(w, ok)| format!("{w:.1}{}", if *ok { "" } else { "!" }))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+}
+
+/// Each failed run's error, as "run N: ERROR".
+pub fn run_failures<'a>(errors: impl IntoIterator<Item = Option<&'a String>>) -> Vec<String> {
+    errors
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, e)| e.map(|e| format!("run {}: {e}", i + 1)))
+        .collect()
 }

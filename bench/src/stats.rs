@@ -108,6 +108,11 @@ pub fn fmt_stat(s: &Stat) -> String {
     }
 }
 
+/// Seconds, one decimal; `-` when unknown.
+pub fn fmt_s(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1}"))
+}
+
 /// FNV-1a 64 of `bytes`, as hex.
 pub fn fnv1a(bytes: &[u8]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
