@@ -53,7 +53,7 @@ use super::helper::{call_vm, HelperLaunch, HELPER_VM_ALLOWANCE};
 use super::machine::{loadavg, HostLoad, TempDir};
 use super::process::{command_words, run_in_process, Watch};
 use super::qemu::{discover_qemu, Accel, QemuFiles, QemuInstall, QemuRun, QEMU_MACHINE};
-use super::report::{because, Session, NOT_MEASURED};
+use super::report::{because, Session, Where, NOT_MEASURED};
 use super::serve::{BenchCall, BenchReply};
 use super::stats::ratio;
 use super::{check_runs_and_timeout, BootArgs};
@@ -327,8 +327,7 @@ pub fn orchestrate(args: &BootArgs) -> Result<u8> {
         mem: GUEST_MEM,
         cmdline: plan.cmdline.clone(),
         qemu_machine: QEMU_MACHINE,
-        placement: place.into(),
-        placement_reason: placement.reason().map(String::from),
+        place: Where::from(&placement),
         clock: "wall time from just before spawn() to wait() returning (QEMU), from just before \
                 the run's thread starts to the request's return (detvisor, in process), \
                 CLOCK_MONOTONIC of the machine it runs on (L1's for the helper VM); memory (/proc sampled \

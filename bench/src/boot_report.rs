@@ -9,8 +9,7 @@ use std::io::{self, Write};
 use super::boot_worker::SystemResult;
 use super::machine::HostLoad;
 use super::monitor::MemoryPeak;
-use super::report::Session;
-use super::report::{run_failures, RunResult};
+use super::report::{run_failures, RunResult, Session, Where};
 use super::stats::{median_u64, mib, opt_count, opt_ms, opt_rate, opt_ratio, stat};
 
 #[derive(Serialize, Default)]
@@ -126,8 +125,8 @@ pub struct BenchReport {
     pub mem: &'static str,
     pub cmdline: String,
     pub qemu_machine: &'static str,
-    pub placement: String,
-    pub placement_reason: Option<String>,
+    #[serde(flatten)]
+    pub place: Where,
     pub clock: &'static str,
     pub kvm_stats: Option<String>,
     pub detvisor: Summary,
@@ -268,7 +267,7 @@ pub fn print_report(r: &BenchReport) -> Result<()> {
         }
     }
     writeln!(o, "\nratios of median wall times:")?;
-    let place = &r.placement;
+    let place = r.place.placement;
     for (label, value) in [
         (
             format!("detvisor / QEMU-KVM (both in the {place})"),

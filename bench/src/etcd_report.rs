@@ -9,7 +9,7 @@ use std::path::Path;
 use super::EtcdArgs;
 use crate::etcd_worker::EtcdRun;
 use crate::machine::HostLoad;
-use crate::report::{run_failures, RunTimes, Session};
+use crate::report::{run_failures, RunTimes, Session, Where};
 use crate::stats::{fmt_s, median_u64, opt_count, opt_ratio, ratio};
 use helper_vm::Placement;
 
@@ -92,8 +92,8 @@ pub struct Report {
     pub seed: u64,
     pub until: String,
     pub cmdline: String,
-    pub placement: String,
-    pub placement_reason: Option<String>,
+    #[serde(flatten)]
+    pub place: Where,
     pub caveat: Option<String>,
     pub clock: &'static str,
     pub baseline_differences: &'static str,
@@ -146,8 +146,7 @@ pub fn build(i: Inputs) -> Report {
         seed: i.args.seed,
         until: i.args.until.clone(),
         cmdline: i.cmdline.into(),
-        placement: place.into(),
-        placement_reason: i.placement.reason().map(String::from),
+        place: Where::from(i.placement),
         caveat,
         clock: "wall time from just before spawn() to wait() returning (QEMU), from just before \
                 the run's thread starts to the request's return (detvisor, in process), \

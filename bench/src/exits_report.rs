@@ -9,7 +9,7 @@ use std::io::{self, Write};
 use super::{ExitsArgs, Scenario, System};
 use crate::exits_worker::{Cell, ExitsRun, ExitsWorkerReport, ScenarioPlan, EXIT_PATH_SELECTABLE};
 use crate::machine::HostLoad;
-use crate::report::{run_failures, RunTimes, Session, NOT_MEASURED};
+use crate::report::{run_failures, RunTimes, Session, Where, NOT_MEASURED};
 use crate::stats::{fmt_s, median_u64, opt_count, opt_ratio, ratio};
 use helper_vm::Placement;
 
@@ -162,8 +162,8 @@ pub struct Report {
     pub qemu_cpu: String,
     /// "debugfs" when the runs' KVM statistics were read, else why not.
     pub kvm_stats: Option<String>,
-    pub placement: String,
-    pub placement_reason: Option<String>,
+    #[serde(flatten)]
+    pub place: Where,
     pub caveat: Option<String>,
     /// Whether "old" really ran the old exit path.
     pub exit_path_selectable: bool,
@@ -245,8 +245,7 @@ pub fn build(i: Inputs) -> Report {
             .unwrap_or_else(|| i.qemu_cmdline.into()),
         qemu_cpu: i.args.qemu_cpu.clone(),
         kvm_stats: i.worker.as_ref().map(|w| w.kvm_stats.clone()),
-        placement: i.placement.name().into(),
-        placement_reason: i.placement.reason().map(String::from),
+        place: Where::from(i.placement),
         caveat: i.placement.in_helper_vm().then(|| {
             "detvisor and QEMU-KVM run in nested KVM inside the helper VM, itself QEMU TCG \
              (this host's KVM cannot run guests): exits cost far more than on hardware"
@@ -433,7 +432,7 @@ pub fn write_report(o: &mut dyn Write, r: &Report) -> io::Result<()> {
         "wall = QEMU: process start to exit; detvisor: the request's call to its return (in \
          process); seconds on the clock of the machine running it ({}); virtual = guest time \
          at the end; exits/vs = exits per virtual second; ! = failed run",
-        r.placement
+        r.place.placement
     )?;
     for s in &r.scenarios {
         writeln!(o)?;

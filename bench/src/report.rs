@@ -51,6 +51,33 @@ impl Session {
     }
 }
 
+/// Where the guests ran, as every report says it.
+#[derive(Serialize, Debug, PartialEq)]
+pub struct Where {
+    /// "host" or "helper VM".
+    pub placement: &'static str,
+    pub placement_reason: Option<String>,
+}
+
+impl Where {
+    pub fn in_helper_vm(&self) -> bool {
+        self.placement
+            == Placement::HelperVm {
+                reason: String::new(),
+            }
+            .name()
+    }
+}
+
+impl From<&Placement> for Where {
+    fn from(placement: &Placement) -> Self {
+        Where {
+            placement: placement.name(),
+            placement_reason: placement.reason().map(String::from),
+        }
+    }
+}
+
 /// " (because REASON)" when the guests run in the helper VM, else nothing.
 pub fn because(placement: &Placement) -> String {
     placement
@@ -158,4 +185,53 @@ pub fn run_failures<'a>(errors: impl IntoIterator<Item = Option<&'a String>>) ->
         .enumerate()
         .filter_map(|(i, e)| e.map(|e| format!("run {}: {e}", i + 1)))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Flattened into a report, where the guests ran reads as the report's own two fields, in
+    /// place, as before it was one type.
+    #[test]
+    fn where_reads_as_two_fields_of_the_report() {
+        #[derive(Serialize)]
+        struct Report {
+            before: u8,
+            #[serde(flatten)]
+            place: Where,
+            after: u8,
+        }
+        let json = |placement: &Placement| {
+            serde_json::to_string(&Report {
+                before: 1,
+                place: Where::from(placement),
+                after: 2,
+            })
+            .unwrap()
+        };
+        let helper = Placement::HelperVm {
+            reason: "--host-vm always".into(),
+        };
+        assert_eq!(
+            json(&helper),
+            r#"{"before":1,"placement":"helper VM","placement_reason":"--host-vm always","after":2}"#
+        );
+        assert_eq!(
+            json(&Placement::Host),
+            r#"{"before":1,"placement":"host","placement_reason":null,"after":2}"#
+        );
+        assert!(
+            Where::from(&helper).in_helper_vm() && !Where::from(&Placement::Host).in_helper_vm()
+        );
+    }
+
+    #[test]
+    fn run_times_of_ok_and_failed_runs() {
+        let times = RunTimes::of([(true, 2500.0, Some(3_000_000_000)), (false, 100.0, None)]);
+        assert_eq!((times.tally(), times.all_ok()), ("1/2".to_string(), false));
+        assert_eq!(times.per_run(), "2.5 0.1!");
+        assert_eq!((times.median_s, times.virtual_s), (Some(2.5), Some(3.0)));
+        assert_eq!(RunTimes::of([]).per_run(), "-");
+    }
 }

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use super::helper::{HelperLaunch, HELPER_VM_ALLOWANCE};
 use super::machine::{loadavg, HostLoad, TempDir};
-use super::report::{because, Session, NOT_MEASURED};
+use super::report::{because, Session, Where, NOT_MEASURED};
 use super::serve::BenchCall;
 use super::snapshot_cell::{snap_guest_script, CellResult, CellSpec, SnapLocation};
 use super::snapshot_memory::PAGE;
@@ -200,8 +200,7 @@ pub fn orchestrate(args: &SnapshotBenchArgs) -> Result<u8> {
         burst_pages: args.burst_pages,
         guest_command: snap_guest_script(0).replace("head -c 0", "head -c <dirty bytes>"),
         cmdline: guest::default_cmdline(),
-        placement: place.into(),
-        placement_reason: placement.reason().map(String::from),
+        place: Where::from(&placement),
         clock: "Instant (CLOCK_MONOTONIC) of the machine running the step: L1's inside the \
                 helper VM (under TCG without icount it follows the host's real time)",
         definitions: snap_definitions(),
