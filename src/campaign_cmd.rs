@@ -412,7 +412,7 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
         );
     }
     for failure in &summary.end_failures {
-        println!("end   {}  {}", failure.key, failure.summary);
+        println!("end   {}  {}", failure.key.slug(), failure.summary);
     }
     // Said on stderr as it was found; here again, where a passing campaign
     // would show nothing.

@@ -46,13 +46,14 @@ use std::time::Duration;
 
 use super::boot_report::{print_report, summarize, BenchReport, Ratios};
 use super::boot_worker::{
-    command_words, describe, detvisor_guest, detvisor_result, record_instrumented, request_words,
-    worker, BootWorkerReport, SystemResult, WorkerPlan,
+    describe, detvisor_guest, detvisor_result, record_instrumented, request_words, worker,
+    BootWorkerReport, SystemResult, WorkerPlan, GUEST_COMMAND,
 };
-use super::helper::{call_vm, HelperLaunch, Placement, Session, HELPER_VM_ALLOWANCE, NOT_MEASURED};
+use super::helper::{call_vm, HelperLaunch, HELPER_VM_ALLOWANCE};
 use super::machine::{loadavg, HostLoad, TempDir};
-use super::process::{run_in_process, Watch};
+use super::process::{command_words, run_in_process, Watch};
 use super::qemu::{discover_qemu, Accel, QemuFiles, QemuInstall, QemuRun, QEMU_MACHINE};
+use super::report::{because, Session, Where, NOT_MEASURED};
 use super::serve::{BenchCall, BenchReply};
 use super::stats::ratio;
 use super::{check_runs_and_timeout, BootArgs};
@@ -60,8 +61,6 @@ use crate::say;
 
 use run::{guest, units};
 
-/// The command the guest runs.
-pub const GUEST_COMMAND: &str = "true";
 /// Guest RAM of every system.
 const GUEST_MEM: &str = "256M";
 
@@ -254,15 +253,15 @@ pub fn orchestrate(args: &BootArgs) -> Result<u8> {
         in_helper_vm: false,
         place: "host".into(),
     };
-    let placement = Placement::choose(args.host_vm);
-    let use_helper = placement.helper;
-    let place = placement.place();
+    let placement = helper_vm::placement(args.host_vm);
+    let use_helper = placement.in_helper_vm();
+    let place = placement.name();
     say!(
         "bench: boot `{GUEST_COMMAND}` on the default guest ({}), {GUEST_MEM} RAM, {} run(s) each; \
          detvisor and QEMU-KVM on the {place}{}",
         image.kernel.display(),
         args.runs,
-        placement.because()
+        because(&placement)
     );
 
     // 1. The deterministic peer on the host, alone on the machine.
@@ -328,8 +327,7 @@ pub fn orchestrate(args: &BootArgs) -> Result<u8> {
         mem: GUEST_MEM,
         cmdline: plan.cmdline.clone(),
         qemu_machine: QEMU_MACHINE,
-        placement: place.into(),
-        placement_reason: placement.reason,
+        place: Where::from(&placement),
         clock: "wall time from just before spawn() to wait() returning (QEMU), from just before \
                 the run's thread starts to the request's return (detvisor, in process), \
                 CLOCK_MONOTONIC of the machine it runs on (L1's for the helper VM); memory (/proc sampled \

@@ -6,10 +6,10 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use super::boot_worker::{RunResult, SystemResult};
-use super::helper::Session;
+use super::boot_worker::SystemResult;
 use super::machine::HostLoad;
 use super::monitor::MemoryPeak;
+use super::report::{run_failures, RunResult, Session, Where};
 use super::stats::{median_u64, mib, opt_count, opt_ms, opt_rate, opt_ratio, stat};
 
 #[derive(Serialize, Default)]
@@ -104,12 +104,7 @@ pub fn summarize(name: &str, place: &str, sys: &SystemResult) -> Summary {
         memory_error: sys.memory_error.clone(),
         error,
         skipped: sys.skipped.clone(),
-        failures: sys
-            .runs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| r.error.as_ref().map(|e| format!("run {}: {e}", i + 1)))
-            .collect(),
+        failures: run_failures(sys.runs.iter().map(|r| r.error.as_ref())),
         command: sys.command.clone(),
     }
 }
@@ -130,8 +125,8 @@ pub struct BenchReport {
     pub mem: &'static str,
     pub cmdline: String,
     pub qemu_machine: &'static str,
-    pub placement: String,
-    pub placement_reason: Option<String>,
+    #[serde(flatten)]
+    pub place: Where,
     pub clock: &'static str,
     pub kvm_stats: Option<String>,
     pub detvisor: Summary,
@@ -272,7 +267,7 @@ pub fn print_report(r: &BenchReport) -> Result<()> {
         }
     }
     writeln!(o, "\nratios of median wall times:")?;
-    let place = &r.placement;
+    let place = r.place.placement;
     for (label, value) in [
         (
             format!("detvisor / QEMU-KVM (both in the {place})"),

@@ -4,22 +4,22 @@
 //! process.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::boot::GUEST_COMMAND;
-use super::helper::WorkerReport;
 use super::machine::{uptime, TempDir};
 use super::monitor::{kvm_stats_available, MemoryPeak};
-use super::process::{run_in_process, run_timed, Finished, InProcess, Watch};
+use super::process::{command_words, run_in_process, InProcess, Watch};
 use super::qemu::{Accel, QemuFiles, QemuPlan, QemuRun};
-use super::serve::{run_plain, BenchReply};
+use super::report::{RunResult, WorkerReport};
 use super::stats::ms;
 use crate::say;
+use run::api::{Controller, Request, Response};
 use run::outcome::RunSummary;
 use run::plain::GuestSpec;
+
+/// The command the guest runs.
+pub const GUEST_COMMAND: &str = "true";
 
 // ---------------------------------------------------------------------------------------------
 // Plans and results exchanged between the host and the helper VM.
@@ -43,37 +43,6 @@ pub struct WorkerPlan {
     /// Inside the helper VM: may mount debugfs for KVM statistics.
     pub in_helper_vm: bool,
     pub place: String,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, Default)]
-pub struct RunResult {
-    pub ok: bool,
-    /// Process start to exit (ms).
-    pub wall_ms: f64,
-    pub error: Option<String>,
-    /// Status the guest reported (detvisor's JSON; QEMU: the byte written to port 0x610).
-    pub guest_status: Option<u8>,
-    /// Exits to the VMM (detvisor's JSON `exits`).
-    pub vmm_exits: Option<u64>,
-    /// detvisor's own phases (its JSON): vm::run total, setup, final hashing (ms).
-    pub inner_wall_ms: Option<u64>,
-    pub inner_setup_ms: Option<u64>,
-    pub inner_finish_ms: Option<u64>,
-    /// Deltas of the KVM statistics (debugfs) over the run.
-    pub kvm: Option<BTreeMap<String, u64>>,
-    /// Fingerprint of the guest's output: detvisor's digest, or FNV-1a 64 of the serial bytes.
-    pub output: Option<String>,
-    pub output_bytes: Option<u64>,
-}
-
-impl RunResult {
-    /// A run whose process could not be started.
-    pub fn failed(e: &anyhow::Error) -> Self {
-        RunResult {
-            error: Some(format!("{e:#}")),
-            ..RunResult::default()
-        }
-    }
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
@@ -106,28 +75,22 @@ impl WorkerReport for BootWorkerReport {
     fn elapsed_ms(&self) -> f64 {
         self.elapsed_ms
     }
-    fn from_reply(reply: BenchReply) -> Option<Self> {
-        match reply {
-            BenchReply::Boot(report) => Some(*report),
-            _ => None,
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // One run of detvisor.
 
-/// Runs one measured process, watching what `watch` asks for, and judges its end with `judge`;
-/// a process that cannot be started is a failed run.
-pub fn run_measured(
-    cmd: Command,
-    limit: Duration,
-    watch: Watch,
-    judge: impl FnOnce(&Finished) -> RunResult,
-) -> (RunResult, Option<MemoryPeak>) {
-    match run_timed(cmd, limit, watch) {
-        Ok(finished) => (judge(&finished), finished.memory),
-        Err(e) => (RunResult::failed(&e), None),
+/// A plain run to its end through the run library (its console thrown away).
+pub fn run_plain(guest: GuestSpec) -> anyhow::Result<RunSummary> {
+    let request = Request::Run {
+        guest,
+        snapshots: None,
+        pcap: None,
+        trace: None,
+    };
+    match Controller::new().handle(request, &run::streams::Discard)? {
+        Response::Summary(summary) => Ok(summary),
+        other => anyhow::bail!("a run answered {other:?}"),
     }
 }
 
@@ -155,13 +118,6 @@ pub fn request_words(what: &str, guest: &GuestSpec) -> Vec<String> {
         what.into(),
         serde_json::to_string(guest).unwrap_or_else(|e| e.to_string()),
     ]
-}
-
-pub fn command_words(cmd: &Command) -> Vec<String> {
-    std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect()
 }
 
 /// Judges a finished detvisor run (its summary, or why there is none), timed by `wall`.

@@ -34,9 +34,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use super::EtcdRun;
+use crate::etcd_worker::EtcdRun;
 use crate::process::{last_lines, run_timed, Watch};
-use crate::stats::ms;
+use crate::qemu::QEMU_MACHINE;
+use crate::stats::{fnv1a, ms};
+use helper_vm::{direct_boot_args, DirectBoot, GuestAccel};
 use run::faults::{Fault, FaultAction, NetworkFault};
 use run::guest::shell_quote;
 use run::manifest::WorkloadPlan;
@@ -49,7 +51,6 @@ pub const DONE_MARK: &str = "etcd-bench: workload exited: ";
 /// line `etcd-bench: clocksource NAME`.
 pub const CLOCKSOURCE_FILE: &str =
     "/sys/devices/system/clocksource/clocksource0/current_clocksource";
-const QEMU_BIN: &str = "qemu-system-x86_64";
 
 /// `env -i K=V ...` words for a command's whole environment.
 fn env_words(env: &BTreeMap<String, String>) -> String {
@@ -292,32 +293,6 @@ pub fn rtc_base(unix: i64) -> String {
     )
 }
 
-/// FNV-1a 64 of `bytes`, as hex.
-pub fn fnv1a(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
-}
-
-/// Escapes a value inside a QEMU `key=value,...` option.
-fn qemu_opt(path: &Path) -> String {
-    path.to_string_lossy().replace(',', ",,")
-}
-
-/// The host's `qemu-system-x86_64`.
-pub fn find_qemu() -> Result<PathBuf> {
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(QEMU_BIN))
-                .find(|p| p.is_file())
-        })
-        .with_context(|| format!("{QEMU_BIN} not found in PATH: install qemu-system-x86"))
-}
-
 pub struct Baseline<'a> {
     pub qemu: &'a Path,
     pub bzimage: &'a Path,
@@ -336,28 +311,19 @@ impl Baseline<'_> {
         let _ = fs::remove_file(&serial);
         let _ = fs::remove_file(&status);
         let mut cmd = Command::new(self.qemu);
-        cmd.args(["-accel", "tcg", "-icount", "shift=0,sleep=off", "-rtc"])
-            .arg(format!("clock=vm,base={}", self.rtc_base))
-            .args(["-M", "pc", "-m", self.mem])
-            .args([
-                "-nodefaults",
-                "-no-user-config",
-                "-display",
-                "none",
-                "-no-reboot",
-            ])
-            .arg("-chardev")
-            .arg(format!("file,id=ser0,path={}", qemu_opt(&serial)))
-            .args(["-serial", "chardev:ser0"])
-            .arg("-chardev")
-            .arg(format!("file,id=status,path={}", qemu_opt(&status)))
-            .args(["-device", "isa-debugcon,iobase=0x610,chardev=status"])
-            .arg("-kernel")
-            .arg(self.bzimage)
-            .arg("-initrd")
-            .arg(self.initrd)
-            .arg("-append")
-            .arg(self.cmdline);
+        cmd.args(direct_boot_args(&DirectBoot {
+            accel: GuestAccel::TcgIcount {
+                rtc_base: Some(self.rtc_base.clone()),
+            },
+            machine: QEMU_MACHINE,
+            memory: self.mem,
+            firmware_dir: None,
+            serial: &serial,
+            status: &status,
+            kernel: self.bzimage,
+            initrd: self.initrd,
+            append: self.cmdline,
+        }));
         (cmd, serial, status)
     }
 
@@ -397,6 +363,38 @@ impl Baseline<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn qemu_tcg_icount_command_line() {
+        let b = Baseline {
+            qemu: Path::new("/q/qemu-system-x86_64"),
+            bzimage: Path::new("/b/bzImage"),
+            initrd: Path::new("/b/initrd,x"),
+            cmdline: "console=ttyS0 reboot=t",
+            mem: "1G",
+            rtc_base: rtc_base(1_704_067_200),
+            scratch: Path::new("/t,s"),
+            limit: Duration::from_secs(1),
+        };
+        let (cmd, serial, status) = b.command(3);
+        assert_eq!(
+            (serial.as_path(), status.as_path()),
+            (
+                Path::new("/t,s/qemu-tcg-3.serial"),
+                Path::new("/t,s/qemu-tcg-3.status")
+            )
+        );
+        assert_eq!(
+            crate::process::command_words(&cmd).join(" "),
+            "/q/qemu-system-x86_64 -accel tcg -icount shift=0,sleep=off \
+             -rtc clock=vm,base=2024-01-01T00:00:00 -M pc -m 1G \
+             -nodefaults -no-user-config -display none -no-reboot \
+             -chardev file,id=ser0,path=/t,,s/qemu-tcg-3.serial -serial chardev:ser0 \
+             -chardev file,id=status,path=/t,,s/qemu-tcg-3.status \
+             -device isa-debugcon,iobase=0x610,chardev=status \
+             -kernel /b/bzImage -initrd /b/initrd,x -append console=ttyS0 reboot=t"
+        );
+    }
 
     #[test]
     fn rtc_base_formats_utc() {

@@ -6,10 +6,12 @@ use serde::Serialize;
 use std::io::{self, Write};
 use std::path::Path;
 
-use super::{EtcdArgs, EtcdRun};
-use crate::helper::{Placement, Session};
+use super::EtcdArgs;
+use crate::etcd_worker::EtcdRun;
 use crate::machine::HostLoad;
-use crate::stats::{median_u64, opt_count, opt_ratio, ratio, stat};
+use crate::report::{run_failures, RunTimes, Session, Where};
+use crate::stats::{fmt_s, median_u64, opt_count, opt_ratio, ratio};
+use helper_vm::Placement;
 
 /// The measurements of one side.
 #[derive(Default)]
@@ -24,16 +26,8 @@ pub struct Side {
 pub struct Summary {
     pub name: String,
     pub place: String,
-    pub runs: usize,
-    pub ok_runs: usize,
-    /// Every run's wall time (s), failed ones included.
-    pub wall_s: Vec<f64>,
-    pub ok: Vec<bool>,
-    pub median_s: Option<f64>,
-    pub min_s: Option<f64>,
-    pub max_s: Option<f64>,
-    /// Median guest time at the end of the successful runs (s).
-    pub virtual_s: Option<f64>,
+    #[serde(flatten)]
+    pub times: RunTimes,
     pub exits: Option<u64>,
     /// `exits` per second of the median wall time.
     pub exits_per_s: Option<f64>,
@@ -53,7 +47,7 @@ pub struct Summary {
 
 fn summarize(name: &str, place: &str, side: &Side) -> Summary {
     let ok: Vec<&EtcdRun> = side.runs.iter().filter(|r| r.ok).collect();
-    let walls = stat(ok.iter().map(|r| r.wall_ms / 1000.0));
+    let times = RunTimes::of(side.runs.iter().map(|r| (r.ok, r.wall_ms, r.virtual_ns)));
     let exits = median_u64(ok.iter().filter_map(|r| r.exits));
     let outputs: Vec<&String> = ok.iter().filter_map(|r| r.output.as_ref()).collect();
     let mut error = side.error.clone();
@@ -63,16 +57,8 @@ fn summarize(name: &str, place: &str, side: &Side) -> Summary {
     Summary {
         name: name.into(),
         place: place.into(),
-        runs: side.runs.len(),
-        ok_runs: ok.len(),
-        wall_s: side.runs.iter().map(|r| r.wall_ms / 1000.0).collect(),
-        ok: side.runs.iter().map(|r| r.ok).collect(),
-        median_s: walls.median,
-        min_s: walls.min,
-        max_s: walls.max,
-        virtual_s: median_u64(ok.iter().filter_map(|r| r.virtual_ns)).map(|v| v as f64 / 1e9),
         exits,
-        exits_per_s: ratio(exits.map(|e| e as f64), walls.median),
+        exits_per_s: ratio(exits.map(|e| e as f64), times.median_s),
         inner_wall_ms: median_u64(ok.iter().filter_map(|r| r.inner_wall_ms)),
         output_identical: (outputs.len() >= 2).then(|| outputs.iter().all(|o| *o == outputs[0])),
         outputs: side.runs.iter().map(|r| r.output.clone()).collect(),
@@ -84,13 +70,9 @@ fn summarize(name: &str, place: &str, side: &Side) -> Summary {
             .and_then(|r| r.workload_tail.clone()),
         error,
         skipped: side.skipped.clone(),
-        failures: side
-            .runs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| r.error.as_ref().map(|e| format!("run {}: {e}", i + 1)))
-            .collect(),
+        failures: run_failures(side.runs.iter().map(|r| r.error.as_ref())),
         command: side.command.clone(),
+        times,
     }
 }
 
@@ -110,8 +92,8 @@ pub struct Report {
     pub seed: u64,
     pub until: String,
     pub cmdline: String,
-    pub placement: String,
-    pub placement_reason: Option<String>,
+    #[serde(flatten)]
+    pub place: Where,
     pub caveat: Option<String>,
     pub clock: &'static str,
     pub baseline_differences: &'static str,
@@ -142,16 +124,16 @@ const BASELINE_DIFFERENCES: &str = "the baseline runs the same kernel and initrd
     environment under its own";
 
 pub fn build(i: Inputs) -> Report {
-    let place = i.placement.place();
+    let place = i.placement.name();
     let detvisor = summarize("detvisor up", place, i.detvisor);
     let baseline = summarize("QEMU TCG -icount shift=0", "host", i.baseline);
-    let caveat = i.placement.helper.then(|| {
+    let caveat = i.placement.in_helper_vm().then(|| {
         "detvisor runs in nested KVM inside the helper VM, itself QEMU TCG (this host's KVM \
          cannot run guests): every guest instruction detvisor runs is emulated twice over, so \
          the ratio is not the hardware figure"
             .to_string()
     });
-    let side_ok = |s: &Summary| s.skipped.is_some() || (s.error.is_none() && s.ok_runs == s.runs);
+    let side_ok = |s: &Summary| s.skipped.is_some() || (s.error.is_none() && s.times.all_ok());
     let all_ok = side_ok(&detvisor)
         && side_ok(&baseline)
         && i.session.as_ref().is_none_or(|s| s.error.is_none());
@@ -164,16 +146,15 @@ pub fn build(i: Inputs) -> Report {
         seed: i.args.seed,
         until: i.args.until.clone(),
         cmdline: i.cmdline.into(),
-        placement: place.into(),
-        placement_reason: i.placement.reason.clone(),
+        place: Where::from(i.placement),
         caveat,
         clock: "wall time from just before spawn() to wait() returning (QEMU), from just before \
                 the run's thread starts to the request's return (detvisor, in process), \
                 CLOCK_MONOTONIC of the machine it runs on (L1's for the helper VM)",
         baseline_differences: BASELINE_DIFFERENCES,
         ratios: Ratios {
-            detvisor_over_baseline: ratio(detvisor.median_s, baseline.median_s),
-            baseline_over_detvisor: ratio(baseline.median_s, detvisor.median_s),
+            detvisor_over_baseline: ratio(detvisor.times.median_s, baseline.times.median_s),
+            baseline_over_detvisor: ratio(baseline.times.median_s, detvisor.times.median_s),
         },
         detvisor,
         qemu_tcg_icount: baseline,
@@ -181,10 +162,6 @@ pub fn build(i: Inputs) -> Report {
         host: HostLoad::since(i.loadavg_before),
         all_ok,
     }
-}
-
-fn secs(v: Option<f64>) -> String {
-    v.map_or("-".into(), |v| format!("{v:.1}"))
 }
 
 pub fn print(r: &Report) -> Result<()> {
@@ -224,13 +201,6 @@ pub fn print(r: &Report) -> Result<()> {
             writeln!(o, "{:<26} {:<10} skipped ({why})", s.name, s.place)?;
             continue;
         }
-        let per_run = s
-            .wall_s
-            .iter()
-            .zip(&s.ok)
-            .map(|(w, ok)| format!("{w:.1}{}", if *ok { "" } else { "!" }))
-            .collect::<Vec<_>>()
-            .join(" ");
         let identical = match s.output_identical {
             Some(true) => "yes".to_string(),
             Some(false) => "NO".to_string(),
@@ -241,14 +211,10 @@ pub fn print(r: &Report) -> Result<()> {
             "{:<26} {:<10} {:>5} {:<28} {:>8} {:>9} {:>10} {:>8} {:>10}",
             s.name,
             s.place,
-            format!("{}/{}", s.ok_runs, s.runs),
-            if per_run.is_empty() {
-                "-".into()
-            } else {
-                per_run
-            },
-            secs(s.median_s),
-            s.virtual_s.map_or("-".into(), |v| format!("{v:.3}")),
+            s.times.tally(),
+            s.times.per_run(),
+            fmt_s(s.times.median_s),
+            s.times.virtual_s.map_or("-".into(), |v| format!("{v:.3}")),
             opt_count(s.exits),
             s.exits_per_s.map_or("n/a".into(), |v| format!("{v:.0}")),
             identical,
@@ -259,9 +225,9 @@ pub fn print(r: &Report) -> Result<()> {
         writeln!(
             o,
             "helper VM: boot {} s, shutdown {} s, whole session {} s (not in the wall times)",
-            secs(s.boot_ms.map(|v| v / 1000.0)),
-            secs(s.shutdown_ms.map(|v| v / 1000.0)),
-            secs(Some(s.total_ms / 1000.0))
+            fmt_s(s.boot_ms.map(|v| v / 1000.0)),
+            fmt_s(s.shutdown_ms.map(|v| v / 1000.0)),
+            fmt_s(Some(s.total_ms / 1000.0))
         )?;
     }
     if let Some(w) = r.detvisor.inner_wall_ms {
@@ -269,7 +235,7 @@ pub fn print(r: &Report) -> Result<()> {
             o,
             "detvisor's own vm::run (its JSON, median): {:.1} s of its {} s",
             w as f64 / 1000.0,
-            secs(r.detvisor.median_s)
+            fmt_s(r.detvisor.times.median_s)
         )?;
     }
     writeln!(o, "\nratios of median wall times:")?;
@@ -292,8 +258,8 @@ pub fn print(r: &Report) -> Result<()> {
         (&r.qemu_tcg_icount, "FNV-1a 64 of the serial bytes"),
     ] {
         let verdict = match s.output_identical {
-            Some(true) => format!("identical in {} runs", s.ok_runs),
-            Some(false) => format!("DIFFERENT across {} runs", s.ok_runs),
+            Some(true) => format!("identical in {} runs", s.times.ok_runs),
+            Some(false) => format!("DIFFERENT across {} runs", s.times.ok_runs),
             None => "n/a (fewer than 2 successful runs)".into(),
         };
         let outs = s
@@ -321,4 +287,35 @@ pub fn print(r: &Report) -> Result<()> {
         .collect();
     let helper_error = r.helper_vm.as_ref().and_then(|s| s.error.as_ref());
     crate::boot_report::print_tail(&mut o, &failures, helper_error, r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A side's summary is written as it always was (the JSON line of `bench etcd`).
+    #[test]
+    fn a_summary_serializes_as_before() {
+        let ok = EtcdRun {
+            ok: true,
+            wall_ms: 2500.0,
+            status: Some(0),
+            virtual_ns: Some(12_000_000_000),
+            exits: Some(400),
+            inner_wall_ms: Some(2400),
+            output: Some("d1".into()),
+            output_bytes: Some(10),
+            workload_tail: Some("put ok".into()),
+            ..EtcdRun::default()
+        };
+        let side = Side {
+            runs: vec![ok.clone(), EtcdRun::failed(&anyhow::anyhow!("boom")), ok],
+            error: None,
+            skipped: None,
+            command: vec!["up".into()],
+        };
+        let summary = summarize("detvisor", "host", &side);
+        let json = r#"{"name":"detvisor","place":"host","runs":3,"ok_runs":2,"wall_s":[2.5,0.0,2.5],"ok":[true,false,true],"median_s":2.5,"min_s":2.5,"max_s":2.5,"virtual_s":12.0,"exits":400,"exits_per_s":160.0,"inner_wall_ms":2400,"output_identical":true,"outputs":["d1",null,"d1"],"output_bytes":10,"workload_tail":"put ok","error":null,"skipped":null,"failures":["run 2: boom"],"command":["up"]}"#;
+        assert_eq!(serde_json::to_string(&summary).unwrap(), json);
+    }
 }

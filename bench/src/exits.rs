@@ -34,20 +34,22 @@ mod report;
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use serde::{Deserialize, Serialize};
 use std::fs;
 use std::path::PathBuf;
 
+use super::check_runs_and_timeout;
 use super::etcd::{self, Assembled};
 use super::exits_worker::{
-    boot_command, worker, ExitsPlan, ExitsWorkerReport, ScenarioGuest, ScenarioPlan,
+    boot_command, worker, ExitsPlan, ExitsWorkerReport, Scenario, ScenarioGuest, ScenarioPlan,
+    System,
 };
-use super::helper::{HelperLaunch, Placement, Session};
+use super::helper::HelperLaunch;
 use super::machine::{loadavg, TempDir};
 use super::qemu::{discover_qemu, QemuInstall};
+use super::report::{because, Session};
 use super::serve::BenchCall;
-use super::{check_runs_and_timeout, BenchHostVm};
 use crate::say;
+use helper_vm::HostVmMode;
 use run::up::Initrd;
 use run::{guest, units};
 
@@ -55,61 +57,10 @@ use run::{guest, units};
 const BOOT_MEM: &str = "256M";
 const RTC_EPOCH: i64 = 1_704_067_200;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Scenario {
-    /// Boot the default guest and run a trivial command.
-    Boot,
-    /// The etcd smoke run (`bench etcd`'s).
-    Smoke,
-    /// The etcd partition scenario (examples/etcd/partition.toml).
-    Partition,
-}
-
-impl Scenario {
-    pub fn name(self) -> &'static str {
-        match self {
-            Scenario::Boot => "boot",
-            Scenario::Smoke => "smoke",
-            Scenario::Partition => "partition",
-        }
-    }
-
-    pub fn describe(self) -> &'static str {
-        match self {
-            Scenario::Boot => "boot the default guest, print its clocksource, end",
-            Scenario::Smoke => "examples/etcd/cluster.toml: 3 members healthy, a put and a get",
-            Scenario::Partition => {
-                "examples/etcd/partition.toml: 3 members, n1 cut off at 20 s for 10 s"
-            }
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum QemuClock {
     Tsc,
     Kernel,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum System {
-    DetvisorNew,
-    DetvisorOld,
-    QemuKvm,
-}
-
-impl System {
-    pub const ALL: [System; 3] = [System::DetvisorNew, System::DetvisorOld, System::QemuKvm];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            System::DetvisorNew => "detvisor new (clock page)",
-            System::DetvisorOld => "detvisor old (legacy)",
-            System::QemuKvm => "QEMU -accel kvm",
-        }
-    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -148,8 +99,8 @@ pub struct ExitsArgs {
     #[arg(long, value_enum, default_value_t = QemuClock::Tsc)]
     pub qemu_clock: QemuClock,
     /// Where detvisor and QEMU-KVM run.
-    #[arg(long, value_enum, default_value_t = BenchHostVm::Auto)]
-    pub host_vm: BenchHostVm,
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    pub host_vm: HostVmMode,
     /// Do not read the KVM statistics of the runs' VMs (debugfs, in the helper VM mounted if
     /// needed: each run's VM counted from its creation, its stat files opened by a 5 ms poll
     /// until it exists and held past its end, which defers the VM's teardown past QEMU's exit).
@@ -343,7 +294,7 @@ pub fn orchestrate(args: &ExitsArgs) -> Result<u8> {
         scenarios: plans,
         place: "host".into(),
     };
-    let placement = Placement::choose(args.host_vm);
+    let placement = helper_vm::placement(args.host_vm);
     say!(
         "bench: exits, scenarios {}, {} run(s) per system; detvisor and QEMU-KVM on the {}{}",
         scenarios
@@ -352,10 +303,10 @@ pub fn orchestrate(args: &ExitsArgs) -> Result<u8> {
             .collect::<Vec<_>>()
             .join(","),
         args.runs,
-        placement.place(),
-        placement.because()
+        placement.name(),
+        because(&placement)
     );
-    let (session, worker_report) = if placement.helper {
+    let (session, worker_report) = if placement.in_helper_vm() {
         let (s, r) = helper_session(&host_plan, &qemu);
         (Some(s), r)
     } else {

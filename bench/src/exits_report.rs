@@ -8,9 +8,10 @@ use std::io::{self, Write};
 
 use super::{ExitsArgs, Scenario, System};
 use crate::exits_worker::{Cell, ExitsRun, ExitsWorkerReport, ScenarioPlan, EXIT_PATH_SELECTABLE};
-use crate::helper::{Placement, Session, NOT_MEASURED};
 use crate::machine::HostLoad;
-use crate::stats::{median_u64, opt_count, opt_ratio, ratio, stat};
+use crate::report::{run_failures, RunTimes, Session, Where, NOT_MEASURED};
+use crate::stats::{fmt_s, median_u64, opt_count, opt_ratio, ratio};
+use helper_vm::Placement;
 
 /// Issue 12's goals: at least this many times fewer exits with the new path on partition ...
 pub const EXITS_GOAL: f64 = 3.0;
@@ -29,16 +30,8 @@ const BASELINE_DIFFERENCES: &str = "QEMU-KVM runs the same kernel (bzImage) and 
 pub struct SystemSummary {
     pub system: Option<System>,
     pub name: String,
-    pub runs: usize,
-    pub ok_runs: usize,
-    /// Every run's wall time (s), failed ones included.
-    pub wall_s: Vec<f64>,
-    pub ok: Vec<bool>,
-    pub median_s: Option<f64>,
-    pub min_s: Option<f64>,
-    pub max_s: Option<f64>,
-    /// Median guest time at the end of the successful runs (s).
-    pub virtual_s: Option<f64>,
+    #[serde(flatten)]
+    pub times: RunTimes,
     /// Median exits of the successful runs (QEMU-KVM: none counted).
     pub exits: Option<u64>,
     pub exits_per_virtual_s: Option<f64>,
@@ -66,9 +59,9 @@ pub struct SystemSummary {
 
 pub fn summarize(cell: &Cell) -> SystemSummary {
     let ok: Vec<&ExitsRun> = cell.runs.iter().filter(|r| r.ok).collect();
-    let walls = stat(ok.iter().map(|r| r.wall_ms / 1000.0));
+    let times = RunTimes::of(cell.runs.iter().map(|r| (r.ok, r.wall_ms, r.virtual_ns)));
     let exits = median_u64(ok.iter().filter_map(|r| r.exits));
-    let virtual_s = median_u64(ok.iter().filter_map(|r| r.virtual_ns)).map(|v| v as f64 / 1e9);
+    let virtual_s = times.virtual_s;
     let medians = |maps: Vec<&BTreeMap<String, u64>>| -> BTreeMap<String, u64> {
         let keys: std::collections::BTreeSet<&String> =
             maps.iter().flat_map(|m| m.keys()).collect();
@@ -91,14 +84,7 @@ pub fn summarize(cell: &Cell) -> SystemSummary {
     SystemSummary {
         system: Some(cell.system),
         name: cell.system.name().into(),
-        runs: cell.runs.len(),
-        ok_runs: ok.len(),
-        wall_s: cell.runs.iter().map(|r| r.wall_ms / 1000.0).collect(),
-        ok: cell.runs.iter().map(|r| r.ok).collect(),
-        median_s: walls.median,
-        min_s: walls.min,
-        max_s: walls.max,
-        virtual_s,
+        times,
         exits,
         exits_per_virtual_s: ratio(exits.map(|e| e as f64), virtual_s),
         exits_by_kind,
@@ -120,12 +106,7 @@ pub fn summarize(cell: &Cell) -> SystemSummary {
             .or(cell.runs.first())
             .and_then(|r| r.workload_tail.clone()),
         error,
-        failures: cell
-            .runs
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| r.error.as_ref().map(|e| format!("run {}: {e}", i + 1)))
-            .collect(),
+        failures: run_failures(cell.runs.iter().map(|r| r.error.as_ref())),
         command: cell.command.clone(),
     }
 }
@@ -148,10 +129,10 @@ pub fn ratios(
     kvm: &SystemSummary,
 ) -> Ratios {
     let exits_old_over_new = ratio(old.exits.map(|e| e as f64), new.exits.map(|e| e as f64));
-    let new_over_qemu_kvm_wall = ratio(new.median_s, kvm.median_s);
+    let new_over_qemu_kvm_wall = ratio(new.times.median_s, kvm.times.median_s);
     Ratios {
         exits_old_over_new,
-        wall_old_over_new: ratio(old.median_s, new.median_s),
+        wall_old_over_new: ratio(old.times.median_s, new.times.median_s),
         new_over_qemu_kvm_wall,
         exits_goal_met: (scenario == Scenario::Partition)
             .then_some(exits_old_over_new)
@@ -181,8 +162,8 @@ pub struct Report {
     pub qemu_cpu: String,
     /// "debugfs" when the runs' KVM statistics were read, else why not.
     pub kvm_stats: Option<String>,
-    pub placement: String,
-    pub placement_reason: Option<String>,
+    #[serde(flatten)]
+    pub place: Where,
     pub caveat: Option<String>,
     /// Whether "old" really ran the old exit path.
     pub exit_path_selectable: bool,
@@ -247,7 +228,7 @@ pub fn build(i: Inputs) -> Report {
     let all_ok = scenarios
         .iter()
         .flat_map(|s| &s.systems)
-        .all(|s| s.error.is_none() && s.ok_runs == s.runs)
+        .all(|s| s.error.is_none() && s.times.all_ok())
         && i.session.as_ref().is_none_or(|s| s.error.is_none())
         && worker_error.is_none();
     Report {
@@ -264,9 +245,8 @@ pub fn build(i: Inputs) -> Report {
             .unwrap_or_else(|| i.qemu_cmdline.into()),
         qemu_cpu: i.args.qemu_cpu.clone(),
         kvm_stats: i.worker.as_ref().map(|w| w.kvm_stats.clone()),
-        placement: i.placement.place().into(),
-        placement_reason: i.placement.reason.clone(),
-        caveat: i.placement.helper.then(|| {
+        place: Where::from(i.placement),
+        caveat: i.placement.in_helper_vm().then(|| {
             "detvisor and QEMU-KVM run in nested KVM inside the helper VM, itself QEMU TCG \
              (this host's KVM cannot run guests): exits cost far more than on hardware"
                 .to_string()
@@ -286,10 +266,6 @@ pub fn build(i: Inputs) -> Report {
         host: HostLoad::since(i.loadavg_before),
         all_ok,
     }
-}
-
-fn secs(v: Option<f64>) -> String {
-    v.map_or("-".into(), |v| format!("{v:.1}"))
 }
 
 /// Virtual seconds: milliseconds shown, microseconds below 0.1 s (a boot is ~0.2 ms of
@@ -327,25 +303,14 @@ pub fn write_scenario(o: &mut dyn Write, s: &ScenarioReport) -> io::Result<()> {
         "identical",
     )?;
     for m in &s.systems {
-        let per_run = m
-            .wall_s
-            .iter()
-            .zip(&m.ok)
-            .map(|(w, ok)| format!("{w:.1}{}", if *ok { "" } else { "!" }))
-            .collect::<Vec<_>>()
-            .join(" ");
         writeln!(
             o,
             "{:<26} {:>5} {:<22} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {}",
             m.name,
-            format!("{}/{}", m.ok_runs, m.runs),
-            if per_run.is_empty() {
-                "-".into()
-            } else {
-                per_run
-            },
-            secs(m.median_s),
-            virtual_secs(m.virtual_s),
+            m.times.tally(),
+            m.times.per_run(),
+            fmt_s(m.times.median_s),
+            virtual_secs(m.times.virtual_s),
             opt_count(m.exits),
             m.exits_per_virtual_s
                 .map_or("n/a".into(), |v| format!("{v:.0}")),
@@ -467,7 +432,7 @@ pub fn write_report(o: &mut dyn Write, r: &Report) -> io::Result<()> {
         "wall = QEMU: process start to exit; detvisor: the request's call to its return (in \
          process); seconds on the clock of the machine running it ({}); virtual = guest time \
          at the end; exits/vs = exits per virtual second; ! = failed run",
-        r.placement
+        r.place.placement
     )?;
     for s in &r.scenarios {
         writeln!(o)?;
@@ -478,9 +443,9 @@ pub fn write_report(o: &mut dyn Write, r: &Report) -> io::Result<()> {
         writeln!(
             o,
             "helper VM: boot {} s, shutdown {} s, whole session {} s (not in the wall times)",
-            secs(s.boot_ms.map(|v| v / 1000.0)),
-            secs(s.shutdown_ms.map(|v| v / 1000.0)),
-            secs(Some(s.total_ms / 1000.0))
+            fmt_s(s.boot_ms.map(|v| v / 1000.0)),
+            fmt_s(s.shutdown_ms.map(|v| v / 1000.0)),
+            fmt_s(Some(s.total_ms / 1000.0))
         )?;
     }
     writeln!(o, "QEMU-KVM: {}", r.baseline_differences)?;
@@ -523,8 +488,8 @@ pub fn print(r: &Report) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::BenchHostVm;
     use clap::Parser;
+    use helper_vm::HostVmMode;
 
     fn run(wall_s: f64, exits: u64, hlt: u64, digest: &str, source: &str) -> ExitsRun {
         ExitsRun {
@@ -563,7 +528,7 @@ mod tests {
     fn report() -> Report {
         let args = Cli::parse_from(["x", "--runs", "2", "--scenarios", "partition"]).args;
         assert_eq!(args.scenarios, [Scenario::Partition]);
-        assert_eq!(args.host_vm, BenchHostVm::Auto);
+        assert_eq!(args.host_vm, HostVmMode::Auto);
         let plan: ScenarioPlan = serde_json::from_value(serde_json::json!({
             "scenario": "partition", "mem": "1G", "ram_bytes": 1u64 << 30,
             "guest": {"Plain": {"kernel": "k", "initrd": "i"}},
@@ -597,15 +562,30 @@ mod tests {
             args: &args,
             cmdline: "console=ttyS0",
             qemu_cmdline: "console=ttyS0",
-            placement: &Placement {
-                helper: true,
-                reason: Some("test".into()),
+            placement: &Placement::HelperVm {
+                reason: "test".into(),
             },
             scenarios: &[plan],
             worker: Some(worker),
             session: None,
             loadavg_before: None,
         })
+    }
+
+    /// A system's summary is written as it always was (the JSON line of `bench exits`).
+    #[test]
+    fn a_summary_serializes_as_before() {
+        let failed = ExitsRun {
+            wall_ms: 500.0,
+            error: Some("boom".into()),
+            ..ExitsRun::default()
+        };
+        let summary = summarize(&cell(
+            System::DetvisorNew,
+            vec![run(2.0, 100, 40, "d1", "tsc"), failed],
+        ));
+        let json = r#"{"system":"detvisor-new","name":"detvisor new (clock page)","runs":2,"ok_runs":1,"wall_s":[2.0,0.5],"ok":[true,false],"median_s":2.0,"min_s":2.0,"max_s":2.0,"virtual_s":43.5,"exits":100,"exits_per_virtual_s":2.2988505747126435,"exits_by_kind":{"Hlt":40,"IoOut":60},"kvm":{"exits":200},"kvm_exits_per_virtual_s":4.597701149425287,"inner_wall_ms":null,"identical":null,"outputs":["d1",null],"clocksource":"tsc","clock_log":[],"workload_tail":null,"error":null,"failures":["run 2: boom"],"command":["x"]}"#;
+        assert_eq!(serde_json::to_string(&summary).unwrap(), json);
     }
 
     fn kvm_run() -> ExitsRun {
@@ -628,12 +608,12 @@ mod tests {
         let r = report();
         let s = &r.scenarios[0];
         let (new, old, kvm) = (&s.systems[0], &s.systems[1], &s.systems[2]);
-        assert_eq!(new.median_s, Some(105.0));
+        assert_eq!(new.times.median_s, Some(105.0));
         assert_eq!(new.exits, Some(40_000));
         assert_eq!(new.identical, Some(true));
         assert_eq!(old.identical, Some(false));
         assert_eq!(kvm.identical, None);
-        assert_eq!((kvm.ok_runs, kvm.runs), (1, 2));
+        assert_eq!((kvm.times.ok_runs, kvm.times.runs), (1, 2));
         assert_eq!(kvm.exits, None);
         assert_eq!(old.exits_by_kind["Hlt"], 60_000);
         assert_eq!(new.clocksource.as_deref(), Some("detvisor"));

@@ -3,6 +3,7 @@
 //! one run of each gives; and the one place that selects detvisor's exit path
 //! ([`set_exit_path`]).
 
+use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
@@ -10,17 +11,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use super::boot_worker::command_words;
-use super::etcd::baseline::{fnv1a, rtc_base, CLOCKSOURCE_FILE, DONE_MARK};
-use super::etcd::{detvisor_result, up_summary, EtcdRun};
-use super::exits::{Scenario, System};
-use super::helper::WorkerReport;
+use super::etcd_baseline::{rtc_base, CLOCKSOURCE_FILE, DONE_MARK};
+use super::etcd_worker::{detvisor_result, up_summary, EtcdRun};
 use super::machine::{uptime, TempDir};
 use super::monitor::kvm_stats_available;
-use super::process::{last_lines, run_in_process, run_timed, Watch};
+use super::process::{command_words, last_lines, run_in_process, run_timed, Watch};
 use super::qemu::{qemu_command, qemu_failure, Accel, QemuFiles, QemuPlan};
-use super::serve::BenchReply;
-use super::stats::ms;
+use super::report::WorkerReport;
+use super::stats::{fnv1a, ms};
 use crate::say;
 use run::api::{Controller, Request, Response};
 use run::outcome::RunSummary;
@@ -30,6 +28,57 @@ use run::up::{PreparedUp, UpOptions};
 /// The marker of the line the boot scenario's command prints (then the clocksource, `uptime`
 /// and the guest's uptime in seconds).
 pub const BOOT_MARK: &str = "exits-bench: clocksource ";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// Boot the default guest and run a trivial command.
+    Boot,
+    /// The etcd smoke run (`bench etcd`'s).
+    Smoke,
+    /// The etcd partition scenario (examples/etcd/partition.toml).
+    Partition,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Boot => "boot",
+            Scenario::Smoke => "smoke",
+            Scenario::Partition => "partition",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Scenario::Boot => "boot the default guest, print its clocksource, end",
+            Scenario::Smoke => "examples/etcd/cluster.toml: 3 members healthy, a put and a get",
+            Scenario::Partition => {
+                "examples/etcd/partition.toml: 3 members, n1 cut off at 20 s for 10 s"
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum System {
+    DetvisorNew,
+    DetvisorOld,
+    QemuKvm,
+}
+
+impl System {
+    pub const ALL: [System; 3] = [System::DetvisorNew, System::DetvisorOld, System::QemuKvm];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            System::DetvisorNew => "detvisor new (clock page)",
+            System::DetvisorOld => "detvisor old (legacy)",
+            System::QemuKvm => "QEMU -accel kvm",
+        }
+    }
+}
 
 /// The boot scenario's command: `bench boot`'s (`true`: boot, run a trivial command, end) made
 /// to print the clocksource the kernel chose and the guest's uptime, one line.
@@ -201,12 +250,6 @@ pub struct ExitsWorkerReport {
 impl WorkerReport for ExitsWorkerReport {
     fn elapsed_ms(&self) -> f64 {
         self.elapsed_ms
-    }
-    fn from_reply(reply: BenchReply) -> Option<Self> {
-        match reply {
-            BenchReply::Exits(report) => Some(*report),
-            _ => None,
-        }
     }
 }
 

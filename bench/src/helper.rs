@@ -1,4 +1,4 @@
-//! Where the guests run, and the helper VM session seen from the host.
+//! The helper VM session seen from the host.
 //!
 //! When the host's KVM cannot run guests, a bench starts the helper VM with the helper-VM
 //! crate ([`helper_vm::HelperVm`]): its payload is this detvisor serving the benches' calls
@@ -7,106 +7,49 @@
 //! helper VM took to start, to answer and to shut down is the [`Session`].
 
 use anyhow::{bail, Context, Result};
-use serde::Serialize;
 use std::ffi::OsString;
 use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use crate::boot_worker::BootWorkerReport;
+use crate::etcd_worker::EtcdWorkerReport;
+use crate::exits_worker::ExitsWorkerReport;
+use crate::report::{Session, WorkerReport};
 use crate::serve::{BenchCall, BenchReply};
+use crate::snapshot_worker::SnapWorkerReport;
 use crate::stats::ms;
-use crate::BenchHostVm;
 use helper_vm::{HelperVm, HelperVmConfig, PayloadFile};
 
 /// Extra time allowed for a helper VM to boot and shut down.
 pub const HELPER_VM_ALLOWANCE: Duration = Duration::from_secs(300);
-/// The error of every measurement of a failed helper VM session.
-pub const NOT_MEASURED: &str = "not measured: the helper VM session failed (see below)";
 
-/// Where the guests run.
-pub struct Placement {
-    /// In the helper VM (else on the host).
-    pub helper: bool,
-    /// Why the helper VM is used.
-    pub reason: Option<String>,
-}
-
-impl Placement {
-    pub fn choose(host_vm: BenchHostVm) -> Self {
-        let (helper, reason) = match host_vm {
-            BenchHostVm::Always => (true, Some("--host-vm always".to_string())),
-            BenchHostVm::Never => (false, None),
-            BenchHostVm::Auto => {
-                let report = vmm::probe::host_report();
-                if report.can_run_guests {
-                    (false, None)
-                } else {
-                    (true, report.reason)
-                }
-            }
-        };
-        Placement { helper, reason }
-    }
-
-    /// "helper VM" or "host".
-    pub fn place(&self) -> &'static str {
-        if self.helper {
-            "helper VM"
-        } else {
-            "host"
-        }
-    }
-
-    /// " (because REASON)", or nothing.
-    pub fn because(&self) -> String {
-        self.reason
-            .as_deref()
-            .map(|r| format!(" (because {r})"))
-            .unwrap_or_default()
-    }
-}
-
-/// A worker's report: it says how long the worker took, on the clock of the machine it ran on.
-pub trait WorkerReport: Sized {
-    fn elapsed_ms(&self) -> f64;
+/// A worker's report as the helper VM's reply carries it.
+pub trait FromReply: Sized {
     /// The report in a reply, if the reply is one.
     fn from_reply(reply: BenchReply) -> Option<Self>;
 }
 
-/// The helper VM session as seen from the host.
-#[derive(Serialize, Default)]
-pub struct Session {
-    /// Start of the helper VM to its payload serving the channel (helper VM boot, incl.
-    /// assembling its initrd).
-    pub boot_ms: Option<f64>,
-    /// The worker's reply to the helper VM's exit (helper VM shutdown).
-    pub shutdown_ms: Option<f64>,
-    /// Start to exit.
-    pub total_ms: f64,
-    /// The worker's call, on the host's clock ...
-    pub payload_host_ms: Option<f64>,
-    /// ... and the worker's own duration on L1's clock (a check of L1's clock).
-    pub payload_l1_ms: Option<f64>,
-    /// L1's uptime when the payload started (L1 kernel boot + init, on L1's clock).
-    pub l1_uptime_at_payload_s: Option<f64>,
-    /// Bytes shipped as payload files (QEMU, its libraries and firmware, kernels, initrds).
-    pub payload_file_bytes: u64,
-    pub error: Option<String>,
-}
-
-impl Session {
-    /// Runs `f` in a new session; an error of `f` becomes the session's `error`.
-    pub fn record<R>(f: impl FnOnce(&mut Session) -> Result<R>) -> (Session, Option<R>) {
-        let mut session = Session::default();
-        match f(&mut session) {
-            Ok(r) => (session, Some(r)),
-            Err(e) => {
-                session.error = Some(format!("{e:#}"));
-                (session, None)
+/// `FromReply` for each worker's report, by its variant of [`BenchReply`].
+macro_rules! from_reply {
+    ($($report:ty => $variant:ident),* $(,)?) => {$(
+        impl FromReply for $report {
+            fn from_reply(reply: BenchReply) -> Option<Self> {
+                match reply {
+                    BenchReply::$variant(report) => Some(*report),
+                    _ => None,
+                }
             }
         }
-    }
+    )*};
 }
+
+from_reply!(
+    BootWorkerReport => Boot,
+    SnapWorkerReport => Snapshot,
+    EtcdWorkerReport => Etcd,
+    ExitsWorkerReport => Exits,
+);
 
 /// A helper VM whose payload is `detvisor bench serve-channel`.
 pub struct HelperLaunch {
@@ -129,7 +72,7 @@ impl HelperLaunch {
     /// Starts the helper VM (printing `announce(session)` to stderr just before), sends `call`
     /// (its progress lines come back to our stderr), shuts the helper VM down; fills in
     /// `session` and returns the worker's report.
-    pub fn run<R: WorkerReport>(
+    pub fn run<R: WorkerReport + FromReply>(
         self,
         call: &BenchCall,
         session: &mut Session,

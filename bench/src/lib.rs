@@ -11,7 +11,8 @@
 //!
 //! Each runs its measurements in a worker: in this process when the host's KVM runs guests,
 //! else inside the helper VM (L1), where `detvisor bench serve-channel` ([`serve`]) answers the
-//! worker's plan over the helper VM's typed channel ([`helper`]). detvisor itself is measured
+//! worker's plan over the helper VM's typed channel ([`helper`]). Where the guests run is
+//! helper-vm's [`helper_vm::placement`] (`--host-vm`). detvisor itself is measured
 //! through the run library in process (`run::api::Controller`), QEMU as processes under a time
 //! limit ([`process`]). Nothing here re-executes detvisor; only the helper-VM crate starts it,
 //! inside L1.
@@ -24,18 +25,25 @@
 //! | [`process`] | timed child processes: time limits, kill, stdout lines with arrival times |
 //! | [`monitor`] | watching a process: memory sampling from /proc, per-VM KVM statistics |
 //! | [`machine`] | facts about the machine (uptime, load, memory, file system types), temp dirs |
-//! | [`helper`] | where the guests run; the helper VM session seen from the host |
-//! | [`serve`] | what answers the workers' plans inside the helper VM |
 //! | [`stats`] | medians, ratios and the formatting of numbers |
-//! | [`boot`], [`boot_worker`], [`boot_report`], [`qemu`] | `bench boot` |
-//! | [`etcd`] (`etcd_baseline`, `etcd_report`) | `bench etcd` |
+//! | [`report`] | what the reports share: a worker's report, a run, run times, the helper VM session |
+//! | [`qemu`] | the host's QEMU, shipped into the helper VM, and one measured run of it |
+//! | [`serve`] | what answers the workers' plans inside the helper VM |
+//! | [`helper`] | the helper VM session seen from the host: a plan sent, the worker's report back |
+//! | [`boot`], [`boot_worker`], [`boot_report`] | `bench boot` |
+//! | [`etcd`] (`etcd_report`), [`etcd_worker`], [`etcd_baseline`] | `bench etcd` |
 //! | [`exits`] (`exits_report`), [`exits_worker`] | `bench exits` |
-//! | [`snapshot`], [`snapshot_cell`], [`snapshot_restore`], [`snapshot_memory`], [`snapshot_report`] | `bench snapshot` |
+//! | [`snapshot`], [`snapshot_worker`], [`snapshot_cell`], [`snapshot_restore`], [`snapshot_memory`], [`snapshot_report`] | `bench snapshot` |
+//!
+//! A bench's command ([`boot`], [`etcd`], [`exits`], [`snapshot`]) is above [`helper`], which
+//! is above [`serve`], which is above the workers: no module imports one above it.
 
 mod boot;
 mod boot_report;
 mod boot_worker;
 mod etcd;
+mod etcd_baseline;
+mod etcd_worker;
 mod exits;
 mod exits_worker;
 mod helper;
@@ -43,16 +51,19 @@ mod machine;
 mod monitor;
 mod process;
 mod qemu;
+mod report;
 mod serve;
 mod snapshot;
 mod snapshot_cell;
 mod snapshot_memory;
 mod snapshot_report;
 mod snapshot_restore;
+mod snapshot_worker;
 mod stats;
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
+use helper_vm::HostVmMode;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::sync::Mutex;
@@ -83,17 +94,6 @@ pub enum BenchCommand {
     ServeChannel,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BenchHostVm {
-    /// Use the helper VM only when the host's KVM cannot run the guest.
-    Auto,
-    /// Always measure detvisor and QEMU-KVM inside the helper VM.
-    Always,
-    /// Never: measure them on the host's KVM.
-    Never,
-}
-
 #[derive(Args, Debug, Clone)]
 pub struct BootArgs {
     /// Repetitions of each measurement.
@@ -104,8 +104,8 @@ pub struct BootArgs {
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
     /// Where detvisor and QEMU-KVM run.
-    #[arg(long, value_enum, default_value_t = BenchHostVm::Auto)]
-    pub host_vm: BenchHostVm,
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    pub host_vm: HostVmMode,
     /// Skip the end-to-end detvisor runs on the host (one helper VM boot each).
     #[arg(long)]
     pub no_end_to_end: bool,
@@ -151,8 +151,8 @@ pub struct SnapshotBenchArgs {
     #[arg(long, default_value_t = 600)]
     pub timeout: u64,
     /// Where the guests run.
-    #[arg(long, value_enum, default_value_t = BenchHostVm::Auto)]
-    pub host_vm: BenchHostVm,
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    pub host_vm: HostVmMode,
 }
 
 pub fn run(args: BenchArgs) -> Result<u8> {

@@ -11,6 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::monitor::{KvmGrab, MemoryPeak, Sampler, KVM_POLL, MEM_SAMPLE_INTERVAL};
+use super::report::RunResult;
 
 /// How much of a process's stderr is kept for error messages.
 const TAIL_BYTES: usize = 16 * 1024;
@@ -272,6 +273,28 @@ pub fn run_in_process<T: Send + 'static>(
 
 fn tail_of(bytes: &[u8], max: usize) -> &[u8] {
     &bytes[bytes.len().saturating_sub(max)..]
+}
+
+/// A command's program and arguments, as words (for a report).
+pub fn command_words(cmd: &Command) -> Vec<String> {
+    std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// Runs one measured process, watching what `watch` asks for, and judges its end with `judge`;
+/// a process that cannot be started is a failed run.
+pub fn run_measured(
+    cmd: Command,
+    limit: Duration,
+    watch: Watch,
+    judge: impl FnOnce(&Finished) -> RunResult,
+) -> (RunResult, Option<MemoryPeak>) {
+    match run_timed(cmd, limit, watch) {
+        Ok(finished) => (judge(&finished), finished.memory),
+        Err(e) => (RunResult::failed(&e), None),
+    }
 }
 
 #[cfg(test)]

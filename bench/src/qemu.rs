@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use super::boot_worker::{run_measured, RunResult};
 use super::monitor::MemoryPeak;
-use super::process::{last_lines, Finished, Watch};
-use super::stats::ms;
+use super::process::{last_lines, run_measured, Finished, Watch};
+use super::report::RunResult;
+use super::stats::{fnv1a, ms};
+use helper_vm::{direct_boot_args, DirectBoot, GuestAccel};
 
 /// QEMU machine type: `pc` (i440FX, SeaBIOS). `microvm` would boot faster, but with this
 /// kernel and `reboot=t` it does not exit after the guest's `reboot -f` (it hangs).
@@ -96,17 +97,19 @@ impl QemuInstall {
     }
 }
 
-fn find_in_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    })
+/// The host's `qemu-system-x86_64`, found in `PATH`.
+pub fn find_qemu() -> Result<PathBuf> {
+    std::env::var_os("PATH")
+        .and_then(|paths| {
+            std::env::split_paths(&paths)
+                .map(|d| d.join(QEMU_BIN))
+                .find(|p| p.is_file())
+        })
+        .with_context(|| format!("{QEMU_BIN} not found in PATH: install qemu-system-x86"))
 }
 
 pub fn discover_qemu() -> Result<QemuInstall> {
-    let bin = find_in_path(QEMU_BIN)
-        .with_context(|| format!("{QEMU_BIN} not found in PATH: install qemu-system-x86"))?;
+    let bin = find_qemu()?;
     let out = Command::new("ldd")
         .arg(&bin)
         .stdin(Stdio::null())
@@ -190,11 +193,6 @@ pub struct QemuFiles<'a> {
     pub mem: &'a str,
 }
 
-/// Escapes a value inside a QEMU `key=value,...` option.
-fn qemu_opt(path: &Path) -> String {
-    path.to_string_lossy().replace(',', ",,")
-}
-
 pub fn qemu_command(
     q: &QemuPlan,
     accel: Accel,
@@ -214,51 +212,21 @@ pub fn qemu_command(
     if let Some(lib_dir) = &q.lib_dir {
         cmd.env("LD_LIBRARY_PATH", lib_dir);
     }
-    if let Some(fw) = &q.firmware_dir {
-        cmd.arg("-L").arg(fw);
-    }
-    match accel {
-        Accel::Kvm => cmd.args(["-accel", "kvm"]),
-        Accel::TcgIcount => cmd.args([
-            "-accel",
-            "tcg",
-            "-icount",
-            "shift=0,sleep=off",
-            "-rtc",
-            "clock=vm",
-        ]),
-    };
-    cmd.args(["-M", QEMU_MACHINE, "-m", files.mem])
-        .args([
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-no-reboot",
-        ])
-        .arg("-chardev")
-        .arg(format!("file,id=ser0,path={}", qemu_opt(serial)))
-        .args(["-serial", "chardev:ser0"])
-        .arg("-chardev")
-        .arg(format!("file,id=status,path={}", qemu_opt(status)))
-        .args(["-device", "isa-debugcon,iobase=0x610,chardev=status"])
-        .arg("-kernel")
-        .arg(files.bzimage)
-        .arg("-initrd")
-        .arg(files.initrd)
-        .arg("-append")
-        .arg(files.cmdline);
+    cmd.args(direct_boot_args(&DirectBoot {
+        accel: match accel {
+            Accel::Kvm => GuestAccel::Kvm,
+            Accel::TcgIcount => GuestAccel::TcgIcount { rtc_base: None },
+        },
+        machine: QEMU_MACHINE,
+        memory: files.mem,
+        firmware_dir: q.firmware_dir.as_deref(),
+        serial,
+        status,
+        kernel: files.bzimage,
+        initrd: files.initrd,
+        append: files.cmdline,
+    }));
     cmd
-}
-
-/// FNV-1a 64 of `bytes`, as hex.
-fn fnv1a(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
 }
 
 pub struct QemuRun<'a> {
@@ -332,8 +300,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fnv_is_stable() {
-        assert_eq!(fnv1a(b""), "cbf29ce484222325");
-        assert_eq!(fnv1a(b"a"), "af63dc4c8601ec8c");
+    fn qemu_tcg_icount_command_line_on_the_host() {
+        let install = QemuInstall {
+            bin: "/usr/bin/qemu-system-x86_64".into(),
+            libs: Vec::new(),
+            interp: None,
+            firmware: Vec::new(),
+        };
+        let files = QemuFiles {
+            bzimage: Path::new("/b/bzImage"),
+            initrd: Path::new("/b/initrd"),
+            cmdline: "console=ttyS0",
+            mem: "256M",
+        };
+        let cmd = qemu_command(
+            &install.on_host(),
+            Accel::TcgIcount,
+            &files,
+            Path::new("/t/a,b.serial"),
+            Path::new("/t/st"),
+        );
+        assert_eq!(
+            crate::process::command_words(&cmd).join(" "),
+            "/usr/bin/qemu-system-x86_64 -accel tcg -icount shift=0,sleep=off -rtc clock=vm \
+             -M pc -m 256M -nodefaults -no-user-config -display none -no-reboot \
+             -chardev file,id=ser0,path=/t/a,,b.serial -serial chardev:ser0 \
+             -chardev file,id=status,path=/t/st -device isa-debugcon,iobase=0x610,chardev=status \
+             -kernel /b/bzImage -initrd /b/initrd -append console=ttyS0"
+        );
+        assert_eq!(cmd.get_envs().count(), 0);
     }
 }

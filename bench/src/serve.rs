@@ -6,15 +6,13 @@
 use anyhow::Result;
 use helper_vm::channel::CallIo;
 use run::api::{Controller, Request, Response};
-use run::outcome::RunSummary;
-use run::plain::GuestSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::boot_worker::{BootWorkerReport, WorkerPlan};
-use crate::etcd::{EtcdWorkerPlan, EtcdWorkerReport};
+use crate::etcd_worker::{EtcdWorkerPlan, EtcdWorkerReport};
 use crate::exits_worker::{ExitsPlan, ExitsWorkerReport};
 use crate::machine::uptime;
-use crate::snapshot::{SnapWorkerPlan, SnapWorkerReport};
+use crate::snapshot_worker::{SnapWorkerPlan, SnapWorkerReport};
 
 /// What a bench asks of the helper VM.
 #[derive(Serialize, Deserialize, Debug)]
@@ -48,8 +46,10 @@ pub fn answer(call: BenchCall) -> Result<BenchReply> {
     Ok(match call {
         BenchCall::Uptime => BenchReply::Uptime(uptime()),
         BenchCall::Boot(plan) => BenchReply::Boot(Box::new(crate::boot_worker::worker(&plan))),
-        BenchCall::Snapshot(plan) => BenchReply::Snapshot(Box::new(crate::snapshot::worker(&plan))),
-        BenchCall::Etcd(plan) => BenchReply::Etcd(Box::new(crate::etcd::worker(&plan))),
+        BenchCall::Snapshot(plan) => {
+            BenchReply::Snapshot(Box::new(crate::snapshot_worker::worker(&plan)))
+        }
+        BenchCall::Etcd(plan) => BenchReply::Etcd(Box::new(crate::etcd_worker::worker(&plan))),
         BenchCall::Exits(plan) => BenchReply::Exits(Box::new(crate::exits_worker::worker(&plan))),
         BenchCall::Request(request) => BenchReply::Response(Box::new(on_own_thread(move || {
             Controller::new()
@@ -75,20 +75,6 @@ fn on_own_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
             .join()
     })
     .unwrap_or_else(|p| std::panic::resume_unwind(p))
-}
-
-/// A plain run to its end through the run library (its console thrown away).
-pub fn run_plain(guest: GuestSpec) -> Result<RunSummary> {
-    let request = Request::Run {
-        guest,
-        snapshots: None,
-        pcap: None,
-        trace: None,
-    };
-    match Controller::new().handle(request, &run::streams::Discard)? {
-        Response::Summary(summary) => Ok(summary),
-        other => anyhow::bail!("a run answered {other:?}"),
-    }
 }
 
 /// Serves calls until the host shuts the channel down.

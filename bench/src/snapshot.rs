@@ -14,169 +14,28 @@
 //!
 //! Without a helper VM (the host's KVM runs guests) the worker runs in this process.
 //!
-//! This module: the orchestration on the host and the worker; a cell is in
-//! [`super::snapshot_cell`], the report in [`super::snapshot_report`].
+//! This module: the orchestration on the host; the worker is in [`super::snapshot_worker`], a
+//! cell in [`super::snapshot_cell`], the report in [`super::snapshot_report`].
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
-use super::helper::{
-    HelperLaunch, Placement, Session, WorkerReport, HELPER_VM_ALLOWANCE, NOT_MEASURED,
-};
-use super::machine::{fs_type, loadavg, mem_total_kib, uptime, HostLoad, TempDir};
-use super::process::{run_in_process, Watch};
-use super::serve::{BenchCall, BenchReply};
-use super::snapshot_cell::{
-    measure_cell, snap_guest_script, CellPlan, CellResult, CellSpec, SnapLocation,
-};
+use super::helper::{HelperLaunch, HELPER_VM_ALLOWANCE};
+use super::machine::{loadavg, HostLoad, TempDir};
+use super::report::{because, Session, Where, NOT_MEASURED};
+use super::serve::BenchCall;
+use super::snapshot_cell::{snap_guest_script, CellResult, CellSpec, SnapLocation};
 use super::snapshot_memory::PAGE;
 use super::snapshot_report::{
     print_snap_report, snap_definitions, snap_rows, SnapBenchReport, SNAP_ANCHORS,
 };
-use super::stats::ms;
+use super::snapshot_worker::{worker, SnapWorkerPlan, SnapWorkerReport};
 use super::{check_runs_and_timeout, SnapStore, SnapshotBenchArgs};
 use crate::say;
 
 use run::{guest, units};
-
-#[derive(Serialize, Deserialize, Debug, Clone)]
-pub struct SnapWorkerPlan {
-    runs: u32,
-    timeout_s: u64,
-    cells: Vec<CellSpec>,
-    kernel: PathBuf,
-    initrd: PathBuf,
-    cmdline: String,
-    /// Write snapshots to a directory of the worker's own temp dir (L1's tmpfs).
-    local: Option<String>,
-    /// The 9p share (same path in L1 and on the host).
-    shared: Option<SnapLocation>,
-    forks: u32,
-    resets: u32,
-    burst_pages: u64,
-    place: String,
-}
-
-#[derive(Serialize, Deserialize, Debug, Default)]
-pub struct SnapWorkerReport {
-    place: String,
-    uptime_at_start_s: Option<f64>,
-    elapsed_ms: f64,
-    /// MemTotal of the machine the worker runs on (L1).
-    mem_total_kib: Option<u64>,
-    locations: Vec<(String, String)>,
-    cells: Vec<CellResult>,
-}
-
-impl WorkerReport for SnapWorkerReport {
-    fn elapsed_ms(&self) -> f64 {
-        self.elapsed_ms
-    }
-    fn from_reply(reply: BenchReply) -> Option<Self> {
-        match reply {
-            BenchReply::Snapshot(report) => Some(*report),
-            _ => None,
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The worker (inside the helper VM, or on the host).
-
-/// Runs the cells of `plan` in turn, each on a thread of its own under the time limit.
-pub fn worker(plan: &SnapWorkerPlan) -> SnapWorkerReport {
-    let started = Instant::now();
-    let tag = format!("bench snapshot [{}]", plan.place);
-    let mut report = SnapWorkerReport {
-        place: plan.place.clone(),
-        uptime_at_start_s: uptime(),
-        mem_total_kib: mem_total_kib(),
-        ..SnapWorkerReport::default()
-    };
-    let fail_all = |report: &mut SnapWorkerReport, why: String| {
-        for spec in &plan.cells {
-            report.cells.push(CellResult::failed(spec, why.clone()));
-        }
-    };
-    let scratch = match TempDir::new("detvisor-bench-snap-") {
-        Ok(t) => t,
-        Err(e) => {
-            fail_all(
-                &mut report,
-                format!("cannot create a scratch directory: {e}"),
-            );
-            return report;
-        }
-    };
-    let mut locations = Vec::new();
-    if let Some(name) = &plan.local {
-        let dir = scratch.path().join("snapshots");
-        match fs::create_dir(&dir) {
-            Ok(()) => locations.push(SnapLocation {
-                name: name.clone(),
-                dir,
-            }),
-            Err(e) => say!("{tag}: cannot create {}: {e}", dir.display()),
-        }
-    }
-    locations.extend(plan.shared.iter().cloned());
-    report.locations = locations
-        .iter()
-        .map(|l| {
-            (
-                l.name.clone(),
-                format!("{} ({})", l.dir.display(), fs_type(&l.dir)),
-            )
-        })
-        .collect();
-    let limit = Duration::from_secs(plan.timeout_s);
-    for spec in &plan.cells {
-        let cell_tag = format!("{tag} {}", spec.label());
-        let cell_plan = CellPlan {
-            spec: spec.clone(),
-            runs: plan.runs,
-            kernel: plan.kernel.clone(),
-            initrd: plan.initrd.clone(),
-            cmdline: plan.cmdline.clone(),
-            locations: locations.clone(),
-            forks: plan.forks,
-            resets: plan.resets,
-            burst_pages: plan.burst_pages,
-            tag: cell_tag.clone(),
-        };
-        let cell = run_cell(cell_plan, limit).with_spec(spec);
-        if let Some(e) = &cell.error {
-            say!("{cell_tag}: FAILED: {e}");
-        }
-        report.cells.push(cell);
-    }
-    report.elapsed_ms = ms(started.elapsed());
-    report
-}
-
-/// Measures the cell on a thread of its own; one over `limit` is abandoned (and left to run on:
-/// a thread cannot be killed) and counted as failed.
-fn run_cell(plan: CellPlan, limit: Duration) -> CellResult {
-    let done = run_in_process(move || measure_cell(&plan), limit, Watch::default());
-    match done.result {
-        Some(c) => c,
-        None => CellResult {
-            cell_wall_ms: ms(done.wall),
-            error: Some(if done.timed_out {
-                format!(
-                    "the cell was abandoned at the {} s time limit",
-                    limit.as_secs()
-                )
-            } else {
-                "the cell's thread panicked".into()
-            }),
-            ..CellResult::default()
-        },
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The host side of `bench snapshot`.
@@ -251,9 +110,9 @@ pub fn orchestrate(args: &SnapshotBenchArgs) -> Result<u8> {
     check_runs_and_timeout(args.runs, args.timeout)?;
     let cells = cells(args)?;
     let image = guest::default_image()?;
-    let placement = Placement::choose(args.host_vm);
-    let use_helper = placement.helper;
-    let place = placement.place();
+    let placement = helper_vm::placement(args.host_vm);
+    let use_helper = placement.in_helper_vm();
+    let place = placement.name();
     let tmp = TempDir::new("detvisor-bench-snap-")
         .context("cannot create a temporary directory for the benchmark")?;
     let want_tmpfs = matches!(args.store, SnapStore::Tmpfs | SnapStore::Both);
@@ -306,7 +165,7 @@ pub fn orchestrate(args: &SnapshotBenchArgs) -> Result<u8> {
             .collect::<Vec<_>>()
             .join(","),
         args.runs,
-        placement.because()
+        because(&placement)
     );
     let limit = HELPER_VM_ALLOWANCE + Duration::from_secs(args.timeout * cells.len() as u64);
     let (session, report) = if use_helper {
@@ -341,8 +200,7 @@ pub fn orchestrate(args: &SnapshotBenchArgs) -> Result<u8> {
         burst_pages: args.burst_pages,
         guest_command: snap_guest_script(0).replace("head -c 0", "head -c <dirty bytes>"),
         cmdline: guest::default_cmdline(),
-        placement: place.into(),
-        placement_reason: placement.reason,
+        place: Where::from(&placement),
         clock: "Instant (CLOCK_MONOTONIC) of the machine running the step: L1's inside the \
                 helper VM (under TCG without icount it follows the host's real time)",
         definitions: snap_definitions(),

@@ -6,8 +6,8 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use super::helper::Session;
 use super::machine::HostLoad;
+use super::report::{Session, Where};
 use super::snapshot_cell::CellResult;
 use super::snapshot_restore::ChildRestore;
 use super::stats::{fmt_ms, fmt_stat, opt_ms, opt_rate1, opt_ratio, ratio, stat, Stat};
@@ -115,8 +115,8 @@ pub struct SnapBenchReport {
     pub burst_pages: u64,
     pub guest_command: String,
     pub cmdline: String,
-    pub placement: String,
-    pub placement_reason: Option<String>,
+    #[serde(flatten)]
+    pub place: Where,
     pub clock: &'static str,
     pub definitions: BTreeMap<&'static str, &'static str>,
     pub anchors: [&'static str; 4],
@@ -236,8 +236,9 @@ pub fn print_snap_report(r: &SnapBenchReport) -> Result<()> {
     writeln!(
         o,
         "guests run in the {}{}",
-        r.placement,
-        r.placement_reason
+        r.place.placement,
+        r.place
+            .placement_reason
             .as_deref()
             .map(|w| format!(" (QEMU TCG + nested SVM, because {w})"))
             .unwrap_or_default()
@@ -261,7 +262,7 @@ pub fn print_snap_report(r: &SnapBenchReport) -> Result<()> {
     writeln!(
         o,
         "times in ms on {}; median [min..max] over the runs",
-        if r.placement == "helper VM" {
+        if r.place.in_helper_vm() {
             "L1's monotonic clock"
         } else {
             "the host's monotonic clock"
@@ -549,7 +550,7 @@ pub fn print_snap_report(r: &SnapBenchReport) -> Result<()> {
     for a in &r.anchors {
         writeln!(o, "  - {a}")?;
     }
-    if r.placement == "helper VM" {
+    if r.place.in_helper_vm() {
         writeln!(
             o,
             "  everything above ran under nested virtualization on an emulated CPU (QEMU TCG), \

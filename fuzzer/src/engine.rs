@@ -6,29 +6,27 @@
 //! a resumed campaign rebuilds the tree and continues the same search.
 
 pub use crate::budget::Budget;
+use crate::failure::{FailureKey, FailureSlugError};
 use crate::findings::{self, FindingFile, NewFinding, FINDING_FORMAT};
 use crate::judge::{Failure, Judge};
-use crate::runner::{Calls, Runner, RunnerError};
+use crate::runner::Runner;
 use crate::shrink::ddmin;
-use crate::spec::{CampaignSpec, RootRule, ROOT_POLL_NS};
+use crate::spec::CampaignSpec;
 use crate::step::Path as StepPath;
 use crate::store::{FindingRow, FinishedBranch, NewCampaignDir, NodeRow, Store, StoreError};
 use crate::tree::{self, path_records, TreeNode};
-use crate::worker::{BranchJob, BranchRun, Root, Worker};
-use run::api::{Position, RunId, Until};
-use run::faults::parse_fault_after;
-use run::records::{GuestRecord, RecordBody};
-use run::up::{PreparedUp, UpEvent, UpOptions};
+use crate::worker::{self, BranchJob, BranchRun, Root, Worker, WorkerError};
+use run::api::Position;
+use run::up::PreparedUp;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use vmm::entropy::EntropyStream;
-use vmm::VirtNanos;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error(transparent)]
-    Runner(#[from] RunnerError),
+    Worker(#[from] WorkerError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -37,16 +35,6 @@ pub enum EngineError {
     Spill(#[from] crate::spill::SpillError),
     #[error(transparent)]
     Listing(#[from] crate::listing::ListError),
-    #[error("the run stopped ({stop}) at {at} before its root moment ({rule})")]
-    StoppedBeforeRoot {
-        stop: String,
-        at: VirtNanos,
-        rule: String,
-    },
-    #[error("the system under test did not report setup_complete within {wait} of virtual time")]
-    NoSetupComplete { wait: VirtNanos },
-    #[error("the fault profile drew {text:?}, which does not parse: {message}")]
-    DrawnFault { text: String, message: String },
     #[error("resuming: the run reached its root moment with digest {now}, but the campaign was started from {then}: the manifest, its images or this detvisor changed")]
     RootMoved { then: String, now: String },
     #[error("worker {worker} reached the root moment with digest {digest}, worker 0 with {first}: the run is not deterministic")]
@@ -59,6 +47,12 @@ pub enum EngineError {
     NoWorkers,
     #[error("campaign state: {0}")]
     Tally(String),
+    #[error("campaign state: finding {number}")]
+    FindingKey {
+        number: u32,
+        #[source]
+        source: FailureSlugError,
+    },
 }
 
 type Result<T, E = EngineError> = std::result::Result<T, E>;
@@ -124,31 +118,13 @@ pub struct Engine<'a> {
     faults: Box<dyn FaultSource + 'a>,
     prepared: PreparedUp,
     nodes: Vec<TreeNode>,
-    findings: BTreeMap<String, u32>,
+    findings: BTreeMap<FailureKey, u32>,
     branches: u64,
     wall_before_ms: u64,
     /// Warnings given in this process (see [`crate::silence`]).
     warnings: Vec<String>,
     /// The first branches' records were looked at in this process.
     silence_checked: bool,
-}
-
-/// Options for booting a campaign's run (the campaign's, or a replay's
-/// with node logs): quiet, held, seeded by the campaign.
-pub(crate) fn boot_options(spec: &CampaignSpec, logs: Option<&Path>) -> UpOptions {
-    UpOptions {
-        seed: spec.seed,
-        until: None,
-        runs: 1,
-        logs: logs.map(Path::to_path_buf),
-        stream_output: false,
-        snapshots: None,
-        stall_timeout: Default::default(),
-        pcap: None,
-        trace: None,
-        records: None,
-        exit_path: Default::default(),
-    }
 }
 
 /// Seed of branch `k` of the campaign seeded `seed`.
@@ -199,7 +175,7 @@ impl<'a> Engine<'a> {
             ],
         )?;
         Ok(Engine {
-            workers: crate::worker::workers(runners, &spec, dir),
+            workers: worker::workers(runners, &spec, dir),
             spec,
             dir: dir.to_owned(),
             store,
@@ -266,12 +242,21 @@ impl<'a> Engine<'a> {
         // A finding written by the branch in flight when the campaign was
         // killed: that branch runs again and writes it again.
         crate::listing::remove_unindexed(dir, &indexed)?;
-        let findings = rows.into_iter().map(|f| (f.key, f.number)).collect();
+        let findings = rows
+            .into_iter()
+            .map(|f| match FailureKey::from_slug(&f.key) {
+                Ok(key) => Ok((key, f.number)),
+                Err(source) => Err(EngineError::FindingKey {
+                    number: f.number,
+                    source,
+                }),
+            })
+            .collect::<Result<_>>()?;
         let branches = store.branches()?;
         let wall_before_ms = store.wall_ms()?;
         let faults = faults(&spec);
         Ok(Engine {
-            workers: crate::worker::workers(runners, &spec, dir),
+            workers: worker::workers(runners, &spec, dir),
             spec,
             dir: dir.to_owned(),
             store,
@@ -295,7 +280,7 @@ impl<'a> Engine<'a> {
     /// all reach it with the same digest. Worker 0's records and position.
     fn reach_root(&mut self) -> Result<Root> {
         let (prepared, spec) = (&self.prepared, &self.spec);
-        let roots: Vec<Result<Root>> = std::thread::scope(|s| {
+        let roots: Vec<worker::Result<Root>> = std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .workers
                 .iter_mut()
@@ -306,7 +291,7 @@ impl<'a> Engine<'a> {
                 .map(|h| h.join().expect("a worker panicked"))
                 .collect()
         });
-        let mut roots = roots.into_iter().collect::<Result<Vec<Root>>>()?;
+        let mut roots = roots.into_iter().collect::<Result<Vec<Root>, _>>()?;
         for (worker, root) in roots.iter().enumerate().skip(1) {
             if root.digest != roots[0].digest {
                 return Err(EngineError::WorkersDiverged {
@@ -475,7 +460,7 @@ impl<'a> Engine<'a> {
     /// worker where it is cheapest to reach (its parent live there, else
     /// the deepest live ancestor; ties to the lowest worker); their results
     /// in the jobs' order, with the worker that ran each.
-    fn run_wave(&mut self, jobs: &[BranchJob]) -> Result<Vec<(usize, BranchRun)>> {
+    fn run_wave(&mut self, jobs: &[BranchJob]) -> worker::Result<Vec<(usize, BranchRun)>> {
         let mut placed: Vec<Option<usize>> = vec![None; self.workers.len()];
         for (j, job) in jobs.iter().enumerate() {
             let worker = (0..self.workers.len())
@@ -485,25 +470,26 @@ impl<'a> Engine<'a> {
             placed[worker] = Some(j);
         }
         let nodes = &self.nodes;
-        let mut results: Vec<(usize, Result<(usize, BranchRun)>)> = std::thread::scope(|s| {
-            let handles: Vec<_> = self
-                .workers
-                .iter_mut()
-                .enumerate()
-                .filter_map(|(w, worker)| placed[w].map(|j| (w, j, worker)))
-                .map(|(w, j, worker)| {
-                    let job = &jobs[j];
-                    (
-                        j,
-                        s.spawn(move || worker.branch(job, nodes).map(|r| (w, r))),
-                    )
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(j, h)| (j, h.join().expect("a worker panicked")))
-                .collect()
-        });
+        let mut results: Vec<(usize, worker::Result<(usize, BranchRun)>)> =
+            std::thread::scope(|s| {
+                let handles: Vec<_> = self
+                    .workers
+                    .iter_mut()
+                    .enumerate()
+                    .filter_map(|(w, worker)| placed[w].map(|j| (w, j, worker)))
+                    .map(|(w, j, worker)| {
+                        let job = &jobs[j];
+                        (
+                            j,
+                            s.spawn(move || worker.branch(job, nodes).map(|r| (w, r))),
+                        )
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|(j, h)| (j, h.join().expect("a worker panicked")))
+                    .collect()
+            });
         results.sort_by_key(|(j, _)| *j);
         results.into_iter().map(|(_, r)| r).collect()
     }
@@ -554,7 +540,7 @@ impl<'a> Engine<'a> {
                 continue;
             }
             let row = self.make_finding(id, failure)?;
-            self.findings.insert(row.key.clone(), row.number);
+            self.findings.insert(failure.key.clone(), row.number);
             new_findings.push(row);
         }
         self.branches += 1;
@@ -620,7 +606,7 @@ impl<'a> Engine<'a> {
             }
         });
         if let Some(e) = trial_error {
-            return Err(e);
+            return Err(e.into());
         }
         let shrunk = found.with_faults(&kept);
         // The shrunk path, once more: its digest and its failure's details.
@@ -654,7 +640,7 @@ impl<'a> Engine<'a> {
                 file: FindingFile {
                     format: FINDING_FORMAT,
                     number,
-                    key: key.clone(),
+                    key: key.slug(),
                     summary: failure.summary.clone(),
                     details: failure.details.clone(),
                     path,
@@ -671,7 +657,7 @@ impl<'a> Engine<'a> {
         )?;
         Ok(FindingRow {
             number,
-            key,
+            key: key.slug(),
             summary: failure.summary,
             node,
         })
@@ -692,89 +678,6 @@ impl<'a> From<Vec<Box<dyn Runner + Send + 'a>>> for Runners<'a> {
     fn from(runners: Vec<Box<dyn Runner + Send + 'a>>) -> Self {
         Runners(runners)
     }
-}
-
-/// Runs `run` to its root moment; the records of the way there.
-pub fn reach(
-    calls: &mut Calls<'_>,
-    run: RunId,
-    rule: &RootRule,
-) -> Result<(Position, Vec<GuestRecord>)> {
-    let stopped = |position: &Position| EngineError::StoppedBeforeRoot {
-        stop: format!("{:?}", position.stop),
-        at: VirtNanos(position.virtual_ns),
-        rule: format!("{rule:?}"),
-    };
-    match *rule {
-        RootRule::At { at_ns } => {
-            let position = calls.run_until(run, Until::Time(VirtNanos(at_ns)))?;
-            if position.stop.is_some() {
-                return Err(stopped(&position));
-            }
-            Ok((position, calls.take_records(run)?))
-        }
-        RootRule::SetupComplete { wait_ns } => {
-            let mut records = Vec::new();
-            let mut at = 0u64;
-            loop {
-                at += ROOT_POLL_NS;
-                let position = calls.run_until(run, Until::Time(VirtNanos(at)))?;
-                let taken = calls.take_records(run)?;
-                let done = taken.iter().any(|r| {
-                    matches!(
-                        r.body,
-                        RecordBody::Event {
-                            event: UpEvent::SetupComplete
-                        }
-                    )
-                });
-                records.extend(taken);
-                if done {
-                    // The root's stretch keeps its output capped as one.
-                    run::records::cap_output(&mut records, run::records::OUTPUT_CAP_BYTES);
-                    return Ok((position, records));
-                }
-                if position.stop.is_some() {
-                    return Err(stopped(&position));
-                }
-                if at >= wait_ns {
-                    return Err(EngineError::NoSetupComplete {
-                        wait: VirtNanos(wait_ns),
-                    });
-                }
-            }
-        }
-    }
-}
-
-/// Takes `steps` from the present (each: run to its time, re-key, add its
-/// faults), then runs to `end_ns`.
-pub fn apply_steps(
-    calls: &mut Calls<'_>,
-    run: RunId,
-    steps: &[crate::step::Step],
-    end_ns: u64,
-) -> Result<Position> {
-    for step in steps {
-        let position = calls.run_until(run, Until::Time(VirtNanos(step.at_ns)))?;
-        if position.stop.is_some() {
-            return Ok(position);
-        }
-        let position = calls.rekey(run, step.seed)?;
-        for text in &step.faults {
-            let faults =
-                parse_fault_after(text, Some(VirtNanos(position.virtual_ns))).map_err(|e| {
-                    EngineError::DrawnFault {
-                        text: text.clone(),
-                        message: e.to_string(),
-                    }
-                })?;
-            for fault in faults {
-                calls.inject(run, fault)?;
-            }
-        }
-    }
-    Ok(calls.run_until(run, Until::Time(VirtNanos(end_ns)))?)
 }
 
 #[cfg(test)]

@@ -4,7 +4,9 @@
 
 use super::*;
 use crate::judge::Verdict;
-use run::api::{CheckpointId, Request, Response};
+use run::api::{CheckpointId, Request, Response, RunId, Until};
+use run::records::{GuestRecord, RecordBody};
+use run::up::UpEvent;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -218,10 +220,11 @@ fn panic_free_summary() -> run::RunSummary {
     .expect("a summary")
 }
 
-/// Fails a history with a `{"fail": key}` record; novelty for new keys.
+/// Fails a history with a `{"fail": name}` record (a failure of the
+/// command `name`); novelty for new keys.
 #[derive(Default)]
 struct FailJudge {
-    seen: std::collections::BTreeSet<String>,
+    seen: std::collections::BTreeSet<FailureKey>,
 }
 
 fn fails(path: &[&[GuestRecord]]) -> Vec<Failure> {
@@ -234,9 +237,9 @@ fn fails(path: &[&[GuestRecord]]) -> Vec<Failure> {
         }
     }
     keys.into_iter()
-        .map(|key| Failure {
-            summary: format!("{key} happened"),
-            key,
+        .map(|name| Failure {
+            summary: format!("{name} happened"),
+            key: FailureKey::Command { name },
             details: serde_json::Value::Null,
             artifacts: vec![("note.txt".into(), b"x".to_vec())],
         })
@@ -338,7 +341,7 @@ fn test_a_campaign_finds_the_failure_shrinks_it_and_replays_it() {
     assert_eq!(nodes.len(), 13, "the root and one moment per branch");
     assert_eq!(summary.findings.len(), 1, "{:?}", summary.findings);
     let finding = findings::load(&findings::finding_dir(dir.path(), 1)).unwrap();
-    assert_eq!(finding.file.key, "pause+kill");
+    assert_eq!(finding.file.key, "command:pause+kill");
     // Shrunk to the two faults that matter, from more.
     let faults: Vec<&String> = finding
         .file

@@ -8,7 +8,7 @@
 //! [`FailureKey::from_slug`]) for the campaign's database and directory
 //! names.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 
 /// What failed, independent of where and how often.
@@ -119,6 +119,24 @@ impl FailureKey {
             }
             _ => Err(shape()),
         }
+    }
+}
+
+/// Serde of a [`FailureKey`] as its slug, for `#[serde(with = ...)]`: the
+/// form a failure's key has in what a campaign writes (`finding.json`, the
+/// database's findings), where the key's own serde form (a tagged object,
+/// kept in the saved tallies) would be another text.
+pub mod as_slug {
+    use super::*;
+    use serde::de::Error;
+
+    pub fn serialize<S: Serializer>(key: &FailureKey, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&key.slug())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<FailureKey, D::Error> {
+        let slug = String::deserialize(deserializer)?;
+        FailureKey::from_slug(&slug).map_err(D::Error::custom)
     }
 }
 

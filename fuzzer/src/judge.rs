@@ -2,14 +2,17 @@
 //! (tallied over the whole campaign) and the checker run on its recorded
 //! history. The search asks a [`Judge`] about each branch.
 
+use crate::failure::FailureKey;
 use run::records::GuestRecord;
 use serde::{Deserialize, Serialize};
 
 /// One failure seen in a history.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Failure {
-    /// The failure's identity: findings are one per key.
-    pub key: String,
+    /// The failure's identity: findings are one per key. Serialized as its
+    /// slug.
+    #[serde(with = "crate::failure::as_slug")]
+    pub key: FailureKey,
     /// One line for people.
     pub summary: String,
     /// What the property or checker said (details, the failing operations).
@@ -43,4 +46,32 @@ pub trait Judge {
     /// The tallies, saved with each branch and restored on `--resume`.
     fn save(&self) -> String;
     fn load(&mut self, saved: &str) -> Result<(), String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A failure's key is written as its slug, as when it was a string.
+    #[test]
+    fn test_a_failure_serializes_its_key_as_the_slug() {
+        let failure = Failure {
+            key: FailureKey::Checker {
+                checker: "linearizability".into(),
+                key: "k 2".into(),
+            },
+            summary: "not linearizable".into(),
+            details: serde_json::json!({"operations": 3}),
+            artifacts: vec![("history.jsonl".into(), b"{}".to_vec())],
+        };
+        let text = r#"{"key":"checker:linearizability:k%202","summary":"not linearizable","details":{"operations":3}}"#;
+        assert_eq!(serde_json::to_string(&failure).unwrap(), text);
+        let back: Failure = serde_json::from_str(text).unwrap();
+        assert_eq!(back.key, failure.key);
+        assert!(back.artifacts.is_empty());
+        let bad =
+            serde_json::from_str::<Failure>(r#"{"key":"nonsense","summary":"","details":null}"#)
+                .unwrap_err();
+        assert!(bad.to_string().contains("\"nonsense\""), "{bad}");
+    }
 }

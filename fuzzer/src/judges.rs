@@ -94,11 +94,11 @@ fn observations(records: &[GuestRecord]) -> Vec<Observation> {
 
 fn from_property(failure: properties::Failure) -> Failure {
     Failure {
-        key: failure.key.slug(),
         summary: format!(
             "{} ({}) failed: {}",
             failure.key, failure.property, failure.message
         ),
+        key: failure.key,
         details: serde_json::json!({
             "property": failure.property,
             "message": failure.message,
@@ -134,7 +134,7 @@ impl CampaignJudge {
                 };
                 return Some(Failure {
                     summary: format!("{key}: the recorded history is malformed: {e}"),
-                    key: key.slug(),
+                    key,
                     details: serde_json::json!({ "error": e.to_string() }),
                     artifacts: Vec::new(),
                 });
@@ -154,7 +154,7 @@ impl CampaignJudge {
                 violation.operations.len(),
                 violation.partition_operations
             ),
-            key: key.slug(),
+            key,
             details: serde_json::to_value(&report).expect("reports serialize"),
             artifacts: vec![
                 ("history.jsonl".into(), history.to_jsonl().into_bytes()),

@@ -21,6 +21,7 @@ pub mod profile;
 pub mod properties;
 pub mod replay;
 pub mod runner;
+pub mod session;
 pub mod shrink;
 pub mod silence;
 pub mod spec;

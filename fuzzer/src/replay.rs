@@ -3,10 +3,10 @@
 //! reach the root moment by the campaign's rule, take the path's steps, and
 //! compare the digest and the failure with those recorded.
 
-use crate::engine::{apply_steps, boot_options, reach, EngineError};
-use crate::findings::{self, FindingError};
+use crate::findings::LoadedFinding;
 use crate::judge::{Failure, Judge};
-use crate::runner::{Calls, Runner};
+use crate::runner::{Calls, Runner, RunnerError};
+use crate::session::{apply_steps, boot_options, reach, SessionError};
 use run::api::Request;
 use serde::Serialize;
 use std::path::Path;
@@ -14,9 +14,9 @@ use std::path::Path;
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
     #[error(transparent)]
-    Finding(#[from] FindingError),
+    Runner(#[from] RunnerError),
     #[error(transparent)]
-    Engine(#[from] EngineError),
+    Session(#[from] SessionError),
 }
 
 /// What a replay saw.
@@ -35,42 +35,29 @@ pub struct ReplayReport {
     pub failures: Vec<String>,
 }
 
-/// Replays the finding in `dir` on `runner`, judged by `judge`.
-pub fn replay(
-    runner: &mut dyn Runner,
-    dir: &Path,
-    judge: &dyn Judge,
-    logs: Option<&Path>,
-) -> Result<ReplayReport, ReplayError> {
-    let finding = findings::load(dir)?;
-    replay_loaded(runner, &finding, judge, logs)
-}
-
-/// As [`replay`], the finding already read (the caller may have moved its
-/// files, e.g. into a helper VM).
+/// Replays `finding` (read by the caller, which may have moved its files,
+/// e.g. into a helper VM) on `runner`, judged by `judge`.
 pub fn replay_loaded(
     runner: &mut dyn Runner,
-    finding: &findings::LoadedFinding,
+    finding: &LoadedFinding,
     judge: &dyn Judge,
     logs: Option<&Path>,
 ) -> Result<ReplayReport, ReplayError> {
     let file = &finding.file;
     let mut calls = Calls { runner };
     let options = boot_options(&file.spec, logs);
-    let (run, _) = calls
-        .start(Request::BootUp {
-            prepared: finding.run.clone(),
-            options,
-        })
-        .map_err(EngineError::from)?;
-    calls.collect_records(run).map_err(EngineError::from)?;
+    let (run, _) = calls.start(Request::BootUp {
+        prepared: finding.run.clone(),
+        options,
+    })?;
+    calls.collect_records(run)?;
     let (_, mut records) = reach(&mut calls, run, &file.spec.root)?;
     let position = apply_steps(&mut calls, run, &file.path.steps, file.path.end_ns)?;
-    records.extend(calls.take_records(run).map_err(EngineError::from)?);
-    let digest = calls.outcome(run).map_err(EngineError::from)?.digest;
-    calls.close(run).map_err(EngineError::from)?;
+    records.extend(calls.take_records(run)?);
+    let digest = calls.outcome(run)?.digest;
+    calls.close(run)?;
     let failures: Vec<Failure> = judge.check(&[&records]);
-    let failed_again = failures.iter().any(|f| f.key == file.key);
+    let failed_again = failures.iter().any(|f| f.key.slug() == file.key);
     Ok(ReplayReport {
         number: file.number,
         key: file.key.clone(),
@@ -80,6 +67,6 @@ pub fn replay_loaded(
         exits: position.exits,
         virtual_ns: position.virtual_ns,
         failed_again,
-        failures: failures.into_iter().map(|f| f.key).collect(),
+        failures: failures.into_iter().map(|f| f.key.slug()).collect(),
     })
 }

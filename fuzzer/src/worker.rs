@@ -4,10 +4,10 @@
 //! batch at once; what they find is judged afterwards, in branch order, by
 //! the engine.
 
-use crate::engine::{apply_steps, boot_options, reach, EngineError};
-use crate::runner::{Calls, Runner};
+use crate::runner::{Calls, Runner, RunnerError};
+use crate::session::{apply_steps, boot_options, reach, SessionError};
 use crate::spec::CampaignSpec;
-use crate::spill::{self, Spill, SpillStats};
+use crate::spill::{self, Spill, SpillError, SpillStats};
 use crate::step::Path as StepPath;
 use crate::tree::TreeNode;
 use run::api::{CheckpointId, Position, Request, RunId};
@@ -16,7 +16,17 @@ use run::up::PreparedUp;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-type Result<T, E = EngineError> = std::result::Result<T, E>;
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error(transparent)]
+    Runner(#[from] RunnerError),
+    #[error(transparent)]
+    Session(#[from] SessionError),
+    #[error(transparent)]
+    Spill(#[from] SpillError),
+}
+
+pub(crate) type Result<T, E = WorkerError> = std::result::Result<T, E>;
 
 pub(crate) struct Worker<'a> {
     runner: Box<dyn Runner + Send + 'a>,

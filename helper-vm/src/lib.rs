@@ -46,7 +46,7 @@ pub use launch::{LaunchError, KEEP_TMP_ENV};
 pub use libs::LibsError;
 pub use payload::{payload_path, PayloadError, PayloadFile};
 pub use placement::{placement, HostVmMode, Placement};
-pub use qemu::VmFailed;
+pub use qemu::{direct_boot_args, DirectBoot, GuestAccel, VmFailed};
 pub use run::{run, RunError};
 pub use shares::ShareError;
 pub use stdio::EOT;

@@ -23,6 +23,29 @@ pub enum Placement {
     },
 }
 
+impl Placement {
+    /// Whether guests run in the helper VM.
+    pub fn in_helper_vm(&self) -> bool {
+        matches!(self, Placement::HelperVm { .. })
+    }
+
+    /// Where, in words: "host" or "helper VM".
+    pub fn name(&self) -> &'static str {
+        match self {
+            Placement::Host => "host",
+            Placement::HelperVm { .. } => "helper VM",
+        }
+    }
+
+    /// Why guests run in the helper VM (`None` on the host).
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Placement::Host => None,
+            Placement::HelperVm { reason } => Some(reason),
+        }
+    }
+}
+
 /// Decides where guests run; `Auto` probes the host (opens `/dev/kvm`, may boot the CPUID
 /// probe guest).
 pub fn placement(mode: HostVmMode) -> Placement {
@@ -50,6 +73,16 @@ mod tests {
             Placement::HelperVm {
                 reason: "--host-vm always".into()
             }
+        );
+        let helper = placement(HostVmMode::Always);
+        assert!(helper.in_helper_vm() && !Placement::Host.in_helper_vm());
+        assert_eq!(
+            (helper.name(), helper.reason()),
+            ("helper VM", Some("--host-vm always"))
+        );
+        assert_eq!(
+            (Placement::Host.name(), Placement::Host.reason()),
+            ("host", None)
         );
     }
 }

@@ -1,5 +1,6 @@
 //! The QEMU process: its command line, starting it tied to our lifetime, and turning an exit
-//! without a payload status into an error that says why.
+//! without a payload status into an error that says why. Also the command line of a guest QEMU
+//! boots directly, the baseline detvisor is measured against ([`direct_boot_args`]).
 
 use std::ffi::OsString;
 use std::io;
@@ -42,11 +43,6 @@ pub(crate) fn qemu_args(config: &HelperVmConfig, f: &QemuFiles<'_>) -> Vec<OsStr
         append.push(' ');
         append.push_str(config.extra_kernel_args.trim());
     }
-    let file_chardev = |id: &str, path: &[u8]| {
-        let mut v = format!("file,id={id},path=").into_bytes();
-        v.extend_from_slice(&qemu_opt_bytes(path));
-        OsString::from_vec(v)
-    };
     // One vCPU: single-threaded TCG. More: multi-threaded TCG, asked for explicitly (QEMU
     // falls back to one thread for all vCPUs when it thinks the guest/host pair unsafe).
     let cpus = config.cpus.max(1);
@@ -61,15 +57,10 @@ pub(crate) fn qemu_args(config: &HelperVmConfig, f: &QemuFiles<'_>) -> Vec<OsStr
         &smp,
         "-m",
         &config.memory_mib.to_string(),
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-no-reboot",
-        "-chardev",
-        "stdio,id=hvm0,signal=off",
     ]
     .iter()
+    .chain(&NO_DEFAULTS)
+    .chain(&["-chardev", "stdio,id=hvm0,signal=off"])
     .map(OsString::from)
     .collect();
     for (id, path) in [
@@ -117,6 +108,90 @@ pub(crate) fn qemu_args(config: &HelperVmConfig, f: &QemuFiles<'_>) -> Vec<OsStr
     a.push(f.kernel.into());
     a.push("-initrd".into());
     a.push(f.initrd.into());
+    a
+}
+
+/// No default devices, no configuration files, no display, and a reset ends QEMU: every QEMU
+/// started here.
+const NO_DEFAULTS: [&str; 5] = [
+    "-nodefaults",
+    "-no-user-config",
+    "-display",
+    "none",
+    "-no-reboot",
+];
+
+/// A `-chardev` value writing to the file `path`.
+fn file_chardev(id: &str, path: &[u8]) -> OsString {
+    let mut v = format!("file,id={id},path=").into_bytes();
+    v.extend_from_slice(&qemu_opt_bytes(path));
+    OsString::from_vec(v)
+}
+
+/// How QEMU runs a directly booted guest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GuestAccel {
+    /// `-accel kvm`.
+    Kvm,
+    /// `-accel tcg -icount shift=0,sleep=off`: the guest's clocks follow its instructions,
+    /// and so does its real-time clock (`-rtc clock=vm`, from `rtc_base` when given).
+    TcgIcount { rtc_base: Option<String> },
+}
+
+/// A Linux guest QEMU boots directly (`-kernel`, `-initrd`, `-append`), with no device but its
+/// serial port (ttyS0, to a file) and an `isa-debugcon` at port 0x610 (the status byte the
+/// default guest's `/init` writes, to a file): what detvisor is measured against.
+pub struct DirectBoot<'a> {
+    pub accel: GuestAccel,
+    /// `-M`.
+    pub machine: &'a str,
+    /// `-m`.
+    pub memory: &'a str,
+    /// `-L`: where QEMU finds its firmware (its own default when `None`).
+    pub firmware_dir: Option<&'a Path>,
+    pub serial: &'a Path,
+    pub status: &'a Path,
+    pub kernel: &'a Path,
+    pub initrd: &'a Path,
+    pub append: &'a str,
+}
+
+/// The QEMU command line (without the binary) of `boot`.
+pub fn direct_boot_args(boot: &DirectBoot<'_>) -> Vec<OsString> {
+    let mut a: Vec<OsString> = Vec::new();
+    if let Some(dir) = boot.firmware_dir {
+        a.push("-L".into());
+        a.push(dir.into());
+    }
+    match &boot.accel {
+        GuestAccel::Kvm => a.extend(["-accel", "kvm"].map(OsString::from)),
+        GuestAccel::TcgIcount { rtc_base } => {
+            a.extend(["-accel", "tcg", "-icount", "shift=0,sleep=off", "-rtc"].map(OsString::from));
+            a.push(match rtc_base {
+                Some(base) => format!("clock=vm,base={base}").into(),
+                None => "clock=vm".into(),
+            });
+        }
+    }
+    a.extend(["-M", boot.machine, "-m", boot.memory].map(OsString::from));
+    a.extend(NO_DEFAULTS.map(OsString::from));
+    a.push("-chardev".into());
+    a.push(file_chardev("ser0", boot.serial.as_os_str().as_bytes()));
+    a.extend(["-serial", "chardev:ser0", "-chardev"].map(OsString::from));
+    a.push(file_chardev("status", boot.status.as_os_str().as_bytes()));
+    a.extend(
+        [
+            "-device",
+            "isa-debugcon,iobase=0x610,chardev=status",
+            "-kernel",
+        ]
+        .map(OsString::from),
+    );
+    a.push(boot.kernel.into());
+    a.push("-initrd".into());
+    a.push(boot.initrd.into());
+    a.push("-append".into());
+    a.push(boot.append.into());
     a
 }
 
@@ -343,6 +418,45 @@ mod tests {
                 "virtserialport,bus=vser0.0,chardev=chan0,name=detvisor.0",
             ]
         );
+    }
+
+    #[test]
+    fn direct_boot_command_lines() {
+        let boot = |accel| DirectBoot {
+            accel,
+            machine: "pc",
+            memory: "1G",
+            firmware_dir: Some(Path::new("/fw")),
+            serial: Path::new("/t,1/serial"),
+            status: Path::new("/t/status"),
+            kernel: Path::new("/b/bzImage"),
+            initrd: Path::new("/b/initrd"),
+            append: "console=ttyS0 reboot=t",
+        };
+        let tail = "-M pc -m 1G -nodefaults -no-user-config -display none -no-reboot \
+                    -chardev file,id=ser0,path=/t,,1/serial -serial chardev:ser0 \
+                    -chardev file,id=status,path=/t/status \
+                    -device isa-debugcon,iobase=0x610,chardev=status \
+                    -kernel /b/bzImage -initrd /b/initrd -append console=ttyS0 reboot=t";
+        assert_eq!(
+            strings(&direct_boot_args(&boot(GuestAccel::Kvm))).join(" "),
+            format!("-L /fw -accel kvm {tail}")
+        );
+        let icount = GuestAccel::TcgIcount {
+            rtc_base: Some("2024-01-01T00:00:00".into()),
+        };
+        assert_eq!(
+            strings(&direct_boot_args(&boot(icount))).join(" "),
+            format!(
+                "-L /fw -accel tcg -icount shift=0,sleep=off \
+                 -rtc clock=vm,base=2024-01-01T00:00:00 {tail}"
+            )
+        );
+        let mut plain = boot(GuestAccel::TcgIcount { rtc_base: None });
+        plain.firmware_dir = None;
+        assert!(strings(&direct_boot_args(&plain))
+            .join(" ")
+            .starts_with("-accel tcg -icount shift=0,sleep=off -rtc clock=vm -M pc "));
     }
 
     #[test]

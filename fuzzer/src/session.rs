@@ -1,0 +1,133 @@
+//! A campaign's run taken through its moments, the same way by a worker of
+//! the search and by a replay in a fresh process: booted with the
+//! campaign's options, run to its root moment by the campaign's rule, then
+//! along a path's steps (each: run to its time, re-key, add its faults).
+
+use crate::runner::{Calls, RunnerError};
+use crate::spec::{CampaignSpec, RootRule, ROOT_POLL_NS};
+use crate::step::Step;
+use run::api::{Position, RunId, Until};
+use run::faults::parse_fault_after;
+use run::records::{GuestRecord, RecordBody};
+use run::up::{UpEvent, UpOptions};
+use std::path::Path;
+use vmm::VirtNanos;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Runner(#[from] RunnerError),
+    #[error("the run stopped ({stop}) at {at} before its root moment ({rule})")]
+    StoppedBeforeRoot {
+        stop: String,
+        at: VirtNanos,
+        rule: String,
+    },
+    #[error("the system under test did not report setup_complete within {wait} of virtual time")]
+    NoSetupComplete { wait: VirtNanos },
+    #[error("the fault profile drew {text:?}, which does not parse: {message}")]
+    DrawnFault { text: String, message: String },
+}
+
+type Result<T, E = SessionError> = std::result::Result<T, E>;
+
+/// Options for booting a campaign's run (the campaign's, or a replay's
+/// with node logs): quiet, held, seeded by the campaign.
+pub(crate) fn boot_options(spec: &CampaignSpec, logs: Option<&Path>) -> UpOptions {
+    UpOptions {
+        seed: spec.seed,
+        until: None,
+        runs: 1,
+        logs: logs.map(Path::to_path_buf),
+        stream_output: false,
+        snapshots: None,
+        stall_timeout: Default::default(),
+        pcap: None,
+        trace: None,
+        records: None,
+        exit_path: Default::default(),
+    }
+}
+
+/// Runs `run` to its root moment; the records of the way there.
+pub fn reach(
+    calls: &mut Calls<'_>,
+    run: RunId,
+    rule: &RootRule,
+) -> Result<(Position, Vec<GuestRecord>)> {
+    let stopped = |position: &Position| SessionError::StoppedBeforeRoot {
+        stop: format!("{:?}", position.stop),
+        at: VirtNanos(position.virtual_ns),
+        rule: format!("{rule:?}"),
+    };
+    match *rule {
+        RootRule::At { at_ns } => {
+            let position = calls.run_until(run, Until::Time(VirtNanos(at_ns)))?;
+            if position.stop.is_some() {
+                return Err(stopped(&position));
+            }
+            Ok((position, calls.take_records(run)?))
+        }
+        RootRule::SetupComplete { wait_ns } => {
+            let mut records = Vec::new();
+            let mut at = 0u64;
+            loop {
+                at += ROOT_POLL_NS;
+                let position = calls.run_until(run, Until::Time(VirtNanos(at)))?;
+                let taken = calls.take_records(run)?;
+                let done = taken.iter().any(|r| {
+                    matches!(
+                        r.body,
+                        RecordBody::Event {
+                            event: UpEvent::SetupComplete
+                        }
+                    )
+                });
+                records.extend(taken);
+                if done {
+                    // The root's stretch keeps its output capped as one.
+                    run::records::cap_output(&mut records, run::records::OUTPUT_CAP_BYTES);
+                    return Ok((position, records));
+                }
+                if position.stop.is_some() {
+                    return Err(stopped(&position));
+                }
+                if at >= wait_ns {
+                    return Err(SessionError::NoSetupComplete {
+                        wait: VirtNanos(wait_ns),
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// Takes `steps` from the present (each: run to its time, re-key, add its
+/// faults), then runs to `end_ns`.
+pub fn apply_steps(
+    calls: &mut Calls<'_>,
+    run: RunId,
+    steps: &[Step],
+    end_ns: u64,
+) -> Result<Position> {
+    for step in steps {
+        let position = calls.run_until(run, Until::Time(VirtNanos(step.at_ns)))?;
+        if position.stop.is_some() {
+            return Ok(position);
+        }
+        let position = calls.rekey(run, step.seed)?;
+        for text in &step.faults {
+            let faults =
+                parse_fault_after(text, Some(VirtNanos(position.virtual_ns))).map_err(|e| {
+                    SessionError::DrawnFault {
+                        text: text.clone(),
+                        message: e.to_string(),
+                    }
+                })?;
+            for fault in faults {
+                calls.inject(run, fault)?;
+            }
+        }
+    }
+    Ok(calls.run_until(run, Until::Time(VirtNanos(end_ns)))?)
+}
