@@ -1,7 +1,8 @@
 //! The machine's disks: virtio-blk devices in their slots, numbered among
 //! themselves in attach order, with their faults on their own schedules.
 
-use super::{Devices, VirtioDevices, VirtioSlot, VirtioSlotDevice};
+use super::slots::{VirtioDevices, VirtioSlotDevice};
+use super::{Devices, VirtioSlot};
 use crate::error::DevicesError;
 use crate::time::VirtNanos;
 use crate::virtio::{
