@@ -20,8 +20,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use guest_agent::protocol::{
-    encode_frame, AgentToHost, ExitStatus, FrameDecoder, HostToAgent, NodeSpec, Stream,
-    MAX_OUTPUT_CHUNK, PROTOCOL_VERSION,
+    encode_frame, AgentToHost, ErrorContext, ExitStatus, FrameDecoder, HostToAgent, NodeSpec,
+    Stream, MAX_OUTPUT_CHUNK, PROTOCOL_VERSION,
 };
 
 mod disks;
@@ -297,7 +297,7 @@ impl Agent {
                     }
                     Ready::ShellWritable => {
                         if let Err(message) = self.write_shell_input() {
-                            self.send_error("shell_input", message);
+                            self.send_error(ErrorContext::ShellInput, message);
                         }
                     }
                     Ready::Sdk(ready) => self.serve_sdk(ready),
@@ -334,11 +334,7 @@ impl Agent {
                     self.send(&AgentToHost::RandomRequest { node, id })
                 }
                 SdkEvent::BadClient { node, message } => {
-                    let context = match node {
-                        Some(node) => format!("sdk {node}"),
-                        None => "sdk".to_string(),
-                    };
-                    self.send_error(&context, message);
+                    self.send_error(ErrorContext::Sdk { node }, message);
                 }
             }
         }
@@ -421,7 +417,10 @@ impl Agent {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                 Err(e) => {
                     *slot = None;
-                    self.send_error("output", format!("read from {owner:?} {stream:?}: {e}"));
+                    self.send_error(
+                        ErrorContext::Output,
+                        format!("read from {owner:?} {stream:?}: {e}"),
+                    );
                     return false;
                 }
             }
@@ -524,7 +523,7 @@ impl Agent {
                 self.release_disk(&name);
             } else if restart {
                 if let Err(message) = self.start_node(&name) {
-                    self.send_error(&format!("restart {name}"), message);
+                    self.send_error(ErrorContext::Restart { node: name }, message);
                 }
             }
         }
@@ -553,7 +552,7 @@ impl Agent {
                 Ok(None) => break,
                 Err(error) => {
                     let fatal = error.is_fatal();
-                    self.send_error("channel", error.to_string());
+                    self.send_error(ErrorContext::Channel, error.to_string());
                     if fatal {
                         // The framing is lost: nothing more can be understood.
                         self.begin_shutdown();
@@ -572,7 +571,7 @@ impl Agent {
             Ok(frame) => frame,
             Err(error) => {
                 let fallback = AgentToHost::Error {
-                    context: "encode".to_string(),
+                    context: ErrorContext::Encode,
                     message: error.to_string(),
                 };
                 encode_frame(&fallback).expect("a short error message encodes")
@@ -585,37 +584,12 @@ impl Agent {
         }
     }
 
-    fn send_error(&mut self, context: &str, message: String) {
-        self.send(&AgentToHost::Error {
-            context: context.to_string(),
-            message,
-        });
+    fn send_error(&mut self, context: ErrorContext, message: String) {
+        self.send(&AgentToHost::Error { context, message });
     }
 
     fn handle(&mut self, message: HostToAgent) {
-        let context = match &message {
-            HostToAgent::Hello { .. } => "hello".to_string(),
-            HostToAgent::CreateNode(spec) => format!("create_node {}", spec.name),
-            HostToAgent::StartWorkload { .. } => "start_workload".to_string(),
-            HostToAgent::Pause { node } => format!("pause {node}"),
-            HostToAgent::Resume { node } => format!("resume {node}"),
-            HostToAgent::Kill { node, .. } => format!("kill {node}"),
-            HostToAgent::Restart { node } => format!("restart {node}"),
-            HostToAgent::Crash { node } => format!("crash {node}"),
-            HostToAgent::MountDisk { node } => format!("mount_disk {node}"),
-            HostToAgent::FillDisk { node } => format!("fill_disk {node}"),
-            HostToAgent::FreeDisk { node } => format!("free_disk {node}"),
-            HostToAgent::StepClock { node, .. } => format!("step_clock {node}"),
-            HostToAgent::DriftClock { node, .. } => format!("drift_clock {node}"),
-            HostToAgent::Shutdown => "shutdown".to_string(),
-            HostToAgent::OpenShell { .. } => "open_shell".to_string(),
-            HostToAgent::ShellInput { .. } => "shell_input".to_string(),
-            HostToAgent::Reseed { .. } => "reseed".to_string(),
-            HostToAgent::Random { id, .. } => format!("random {id}"),
-            HostToAgent::ListTemplate { template, .. } => format!("list_template {template}"),
-            HostToAgent::StartCommand { command, .. } => format!("start_command {command}"),
-            HostToAgent::KillCommand { id } => format!("kill_command {id}"),
-        };
+        let context = message.error_context();
         let failed_command = match &message {
             HostToAgent::StartCommand { id, .. } => Some(*id),
             _ => None,
@@ -682,7 +656,7 @@ impl Agent {
             }
         };
         if let Err(message) = result {
-            self.send_error(&context, message);
+            self.send_error(context, message);
             if let Some(id) = failed_command {
                 // The host waits for every run's end: this one ends here.
                 self.send(&AgentToHost::CommandExited {
