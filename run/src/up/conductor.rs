@@ -6,6 +6,7 @@ use super::composer::{Action, Composer};
 use super::UpEvent;
 use crate::faults::{FaultAction, NodeFault};
 use crate::manifest::{SetupSignal, WorkloadPlan};
+use crate::records::sdk::SdkRecord;
 use devices::VirtNanos;
 use guest_agent::protocol::{
     AgentToHost, ErrorContext, ExitStatus, HostToAgent, NodeSpec, Stream, PROTOCOL_VERSION,
@@ -304,10 +305,10 @@ impl Conductor {
                 return;
             }
         };
-        let setup_complete = value
-            .get("antithesis_setup")
-            .and_then(|setup| setup.get("status"))
-            .is_some_and(|status| status == "complete");
+        // A JSON object that is no SDK record is kept all the same: a
+        // campaign's judges report it.
+        let setup_complete =
+            SdkRecord::parse(&value).is_ok_and(|record| record.is_setup_complete());
         notes.push(Note::Record {
             node,
             body: crate::records::RecordBody::Sdk { json: value },
