@@ -229,7 +229,7 @@ impl<'de> Deserialize<'de> for ErrorContext {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{AgentToHost, NodeSpec};
+    use super::super::AgentToHost;
     use super::*;
     use std::collections::BTreeMap;
 
@@ -328,16 +328,10 @@ mod tests {
 
     #[test]
     fn test_a_request_names_its_own_context() {
-        let create = HostToAgent::CreateNode(NodeSpec {
-            name: "n3".into(),
-            rootfs: "/n3".into(),
-            hostname: None,
-            nic: None,
-            address: None,
-            env: BTreeMap::new(),
-            command: vec!["sh".into()],
-            disk: None,
-        });
+        let create: HostToAgent = serde_json::from_str(
+            r#"{"type":"create_node","name":"n3","rootfs":"/n3","command":["sh"]}"#,
+        )
+        .unwrap();
         assert_eq!(create.error_context().to_string(), "create_node n3");
         let kill = HostToAgent::Kill {
             node: "n1".into(),
