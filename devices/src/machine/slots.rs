@@ -68,17 +68,25 @@ pub(super) trait SlotDevice {
 /// A backend's kind and its variant of [`VirtioBackendState`].
 trait SlotBackend: VirtioDevice + Persist {
     const KIND: &'static str;
-    fn wrap(state: Self::State) -> VirtioBackendState;
+    fn saved_as(state: Self::State) -> VirtioBackendState;
     /// The backend's state, if `state` is of this kind.
-    fn unwrap(state: &VirtioBackendState) -> Option<&Self::State>;
+    fn saved_of(state: &VirtioBackendState) -> Option<&Self::State>;
+
+    /// The backend's state in `state`, or the error naming both kinds.
+    fn backend_state(state: &VirtioDeviceState) -> Result<&Self::State, RestoreError> {
+        Self::saved_of(&state.backend).ok_or(RestoreError::VirtioDeviceKind {
+            found: state.backend.kind_name(),
+            expected: Self::KIND,
+        })
+    }
 }
 
 impl SlotBackend for VirtioRng {
     const KIND: &'static str = "rng";
-    fn wrap(state: VirtioRngState) -> VirtioBackendState {
+    fn saved_as(state: VirtioRngState) -> VirtioBackendState {
         VirtioBackendState::Rng(state)
     }
-    fn unwrap(state: &VirtioBackendState) -> Option<&VirtioRngState> {
+    fn saved_of(state: &VirtioBackendState) -> Option<&VirtioRngState> {
         match state {
             VirtioBackendState::Rng(state) => Some(state),
             _ => None,
@@ -88,10 +96,10 @@ impl SlotBackend for VirtioRng {
 
 impl SlotBackend for VirtioConsole {
     const KIND: &'static str = "console";
-    fn wrap(state: VirtioConsoleState) -> VirtioBackendState {
+    fn saved_as(state: VirtioConsoleState) -> VirtioBackendState {
         VirtioBackendState::Console(state)
     }
-    fn unwrap(state: &VirtioBackendState) -> Option<&VirtioConsoleState> {
+    fn saved_of(state: &VirtioBackendState) -> Option<&VirtioConsoleState> {
         match state {
             VirtioBackendState::Console(state) => Some(state),
             _ => None,
@@ -101,10 +109,10 @@ impl SlotBackend for VirtioConsole {
 
 impl SlotBackend for VirtioNet {
     const KIND: &'static str = "net";
-    fn wrap(state: VirtioNetState) -> VirtioBackendState {
+    fn saved_as(state: VirtioNetState) -> VirtioBackendState {
         VirtioBackendState::Net(state)
     }
-    fn unwrap(state: &VirtioBackendState) -> Option<&VirtioNetState> {
+    fn saved_of(state: &VirtioBackendState) -> Option<&VirtioNetState> {
         match state {
             VirtioBackendState::Net(state) => Some(state),
             _ => None,
@@ -114,10 +122,10 @@ impl SlotBackend for VirtioNet {
 
 impl SlotBackend for VirtioBlk {
     const KIND: &'static str = "blk";
-    fn wrap(state: VirtioBlkState) -> VirtioBackendState {
+    fn saved_as(state: VirtioBlkState) -> VirtioBackendState {
         VirtioBackendState::Blk(state)
     }
-    fn unwrap(state: &VirtioBackendState) -> Option<&VirtioBlkState> {
+    fn saved_of(state: &VirtioBackendState) -> Option<&VirtioBlkState> {
         match state {
             VirtioBackendState::Blk(state) => Some(state),
             _ => None,
@@ -149,25 +157,19 @@ impl<D: SlotBackend> SlotDevice for VirtioMmioTransport<D> {
     fn save(&self) -> VirtioDeviceState {
         VirtioDeviceState {
             transport: Persist::save(self),
-            backend: D::wrap(self.device().save()),
+            backend: D::saved_as(self.device().save()),
         }
     }
 
     fn validate(&self, state: &VirtioDeviceState) -> Result<(), RestoreError> {
-        let backend = D::unwrap(&state.backend).ok_or(RestoreError::VirtioDeviceKind {
-            found: state.backend.kind_name(),
-            expected: D::KIND,
-        })?;
+        let backend = D::backend_state(state)?;
         Persist::validate(self, &state.transport)?;
         self.device().validate(backend)
     }
 
     fn restore(&mut self, state: &VirtioDeviceState) -> Result<(), RestoreError> {
         SlotDevice::validate(self, state)?;
-        let backend = D::unwrap(&state.backend).ok_or(RestoreError::VirtioDeviceKind {
-            found: state.backend.kind_name(),
-            expected: D::KIND,
-        })?;
+        let backend = D::backend_state(state)?;
         Persist::restore(self, &state.transport)?;
         self.device_mut().restore(backend)
     }
@@ -267,10 +269,10 @@ pub enum VirtioBackendState {
 impl VirtioBackendState {
     pub(super) fn kind_name(&self) -> &'static str {
         match self {
-            VirtioBackendState::Rng(_) => "rng",
-            VirtioBackendState::Console(_) => "console",
-            VirtioBackendState::Net(_) => "net",
-            VirtioBackendState::Blk(_) => "blk",
+            VirtioBackendState::Rng(_) => VirtioRng::KIND,
+            VirtioBackendState::Console(_) => VirtioConsole::KIND,
+            VirtioBackendState::Net(_) => VirtioNet::KIND,
+            VirtioBackendState::Blk(_) => VirtioBlk::KIND,
         }
     }
 }
