@@ -36,13 +36,10 @@ impl Devices {
     }
 
     pub(super) fn disks(&self) -> impl Iterator<Item = &VirtioMmioTransport<VirtioBlk>> {
-        self.virtio
-            .iter()
-            .flat_map(|virtio| virtio.slots.iter())
-            .filter_map(|device| match device {
-                VirtioSlotDevice::Blk(transport) => Some(transport.as_ref()),
-                _ => None,
-            })
+        self.slot_devices().filter_map(|(_, device)| match device {
+            VirtioSlotDevice::Blk(transport) => Some(transport.as_ref()),
+            _ => None,
+        })
     }
 
     fn disk_mut(&mut self, disk: usize) -> Result<&mut VirtioBlk, DevicesError> {

@@ -53,13 +53,7 @@ impl Devices {
 
     /// The attached NICs' ports and addresses, in slot order.
     fn virtio_net_macs(&self) -> Vec<(PortId, [u8; 6])> {
-        let Some(virtio) = &self.virtio else {
-            return Vec::new();
-        };
-        virtio
-            .slots
-            .iter()
-            .enumerate()
+        self.slot_devices()
             .filter_map(|(index, device)| match device {
                 VirtioSlotDevice::Net(transport) => Some((PortId(index), transport.device().mac())),
                 _ => None,

@@ -358,6 +358,13 @@ impl Devices {
         Ok(slot)
     }
 
+    /// The attached virtio devices with their slot indexes, in slot order.
+    pub(super) fn slot_devices(&self) -> impl Iterator<Item = (usize, &VirtioSlotDevice)> {
+        self.virtio
+            .iter()
+            .flat_map(|virtio| virtio.slots.iter().enumerate())
+    }
+
     /// The attached virtio devices' slots, in attach order.
     pub fn virtio_slots(&self) -> Vec<VirtioSlot> {
         let count = self.virtio.as_ref().map_or(0, |virtio| virtio.slots.len());
@@ -377,13 +384,7 @@ impl Devices {
     /// The rule a virtio device's driver broke, for each device now broken,
     /// by slot index.
     pub fn virtio_violations(&self) -> Vec<(usize, VirtioViolation)> {
-        let Some(virtio) = &self.virtio else {
-            return Vec::new();
-        };
-        virtio
-            .slots
-            .iter()
-            .enumerate()
+        self.slot_devices()
             .filter_map(|(index, device)| device.device().violation().map(|v| (index, v)))
             .collect()
     }
