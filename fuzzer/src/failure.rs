@@ -16,7 +16,7 @@ use std::fmt;
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum FailureKey {
     /// An SDK assertion: its `id` (the SDK's message) and where it is in the
-    /// source (`file:line`, see [`crate::properties::Location::key_text`]),
+    /// source (`file:line`, see [`run::records::sdk::Location::key_text`]),
     /// since two places may assert the same message.
     Property { id: String, location: String },
     /// A test-composer command: it exited nonzero, or never exited 0.

@@ -1,7 +1,7 @@
 //! A node's data disk in the guest: its virtio-blk device, found by
 //! serial, and the ext4 file system on it, which the node's PID 1 mounts
 //! inside the node's root in the node's own mount namespace (see
-//! `container.rs`), never in the agent's: no other namespace (the agent's,
+//! `container`), never in the agent's: no other namespace (the agent's,
 //! another node's, made later) holds a copy of the mount, so the file system
 //! lives exactly as long as the node's processes. When the node is gone
 //! (its PID 1 reaped: every process of its PID namespace has exited, and

@@ -5,7 +5,7 @@
 //! # Sockets and identity
 //! One listening socket per node, `<dir>/nodes/<name>/sdk.sock`, whose
 //! directory the node's mount namespace sees as `/run/detvisor` (see
-//! `container.rs`), and one for the root namespaces, `<dir>/sdk.sock`
+//! `container`), and one for the root namespaces, `<dir>/sdk.sock`
 //! (`<dir>` is `/run/detvisor` in a guest). The socket a connection came in
 //! on names the node of its records: a workload started inside a node uses
 //! that node's socket. `<dir>/libvoidstar.so` is the shim every node gets

@@ -1,5 +1,5 @@
 //! Thin, safe wrappers over the system calls the agent uses (parent side
-//! only; the code that runs between clone and exec is in `container.rs`).
+//! only; the code that runs between clone and exec is in `container::spawn`).
 
 use std::ffi::CString;
 use std::io;

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use guest_agent::protocol::{
-    encode_frame, frame_payload, AgentToHost, ExitStatus, HostToAgent, Stream, PROTOCOL_VERSION,
+    encode_frame, frame_payload, AgentToHost, ErrorContext, ExitStatus, HostToAgent, Stream,
+    PROTOCOL_VERSION,
 };
 
 #[test]
@@ -300,7 +301,7 @@ fn test_kill_and_restart_keep_the_root_directory_but_not_tmp() {
         node: "n1".into(),
         signal: libc::SIGKILL,
     });
-    let kill_dead = agent.error("kill n1");
+    let kill_dead = agent.error(ErrorContext::Kill { node: "n1".into() });
     agent.send(&HostToAgent::Restart { node: "n1".into() });
     let second = agent.started("n1");
     agent.wait_for(
@@ -389,7 +390,7 @@ fn test_nics_are_moved_addressed_and_nodes_reach_each_other() {
         command: vec!["hostname".into()],
         env: BTreeMap::new(),
     });
-    let not_running = agent.error("start_workload");
+    let not_running = agent.error(ErrorContext::StartWorkload);
 
     // Assert
     assert_eq!(n2_status, ExitStatus::Code(0));
@@ -428,7 +429,7 @@ fn test_test_mode_agent_has_a_network_namespace_of_its_own() {
         "the agent must not be in the host's network namespace"
     );
     agent.send(&HostToAgent::CreateNode(spec));
-    let message = agent.error("create_node n1");
+    let message = agent.error(ErrorContext::CreateNode { node: "n1".into() });
 
     // Assert
     assert!(message.contains("no network interface"), "{message}");
@@ -446,37 +447,50 @@ fn test_protocol_errors_are_reported_and_the_agent_goes_on() {
 
     // Act + Assert
     agent.send(&HostToAgent::Pause { node: "n1".into() });
-    assert_eq!(agent.error("pause n1"), "expected hello first");
+    assert_eq!(
+        agent.error(ErrorContext::Pause { node: "n1".into() }),
+        "expected hello first"
+    );
     agent.send(&HostToAgent::Hello { version: 999 });
-    assert!(agent.error("hello").contains("999"));
+    assert!(agent.error(ErrorContext::Hello).contains("999"));
     agent.host.write_all(&frame_payload(b"{not json").unwrap());
-    assert!(agent.error("channel").contains("malformed"));
+    assert!(agent.error(ErrorContext::Channel).contains("malformed"));
     agent.hello();
     agent.send(&HostToAgent::Resume {
         node: "nope".into(),
     });
-    assert!(agent.error("resume nope").contains("no node"));
+    assert!(agent
+        .error(ErrorContext::Resume {
+            node: "nope".into()
+        })
+        .contains("no node"));
     let mut missing = node("m", &dir.path().join("missing"), "true");
     agent.send(&HostToAgent::CreateNode(missing.clone()));
-    assert!(agent.error("create_node m").contains("missing"));
+    assert!(agent
+        .error(ErrorContext::CreateNode { node: "m".into() })
+        .contains("missing"));
     missing.rootfs = rootfs.to_str().unwrap().into();
     missing.command = vec!["no-such-program".into()];
     agent.send(&HostToAgent::CreateNode(missing));
-    let exec = agent.error("create_node m");
+    let exec = agent.error(ErrorContext::CreateNode { node: "m".into() });
     assert!(exec.contains("exec \"no-such-program\""), "{exec}");
     agent.send(&HostToAgent::CreateNode(node("n1", &rootfs, "sleep 1000")));
     agent.started("n1");
     agent.send(&HostToAgent::CreateNode(node("n1", &rootfs, "true")));
-    assert!(agent.error("create_node n1").contains("exists"));
+    assert!(agent
+        .error(ErrorContext::CreateNode { node: "n1".into() })
+        .contains("exists"));
     agent.send(&HostToAgent::Kill {
         node: "n1".into(),
         signal: 0,
     });
-    assert!(agent.error("kill n1").contains("invalid signal"));
+    assert!(agent
+        .error(ErrorContext::Kill { node: "n1".into() })
+        .contains("invalid signal"));
 
     // An oversized length prefix loses the framing: error, then shutdown.
     agent.host.write_all(&(u32::MAX).to_le_bytes());
-    assert!(agent.error("channel").contains("exceeds"));
+    assert!(agent.error(ErrorContext::Channel).contains("exceeds"));
     let status = agent.wait_exit();
     agent.collect_rest();
     assert!(status.success());
@@ -620,7 +634,7 @@ fn test_shell_pauses_the_nodes_and_runs_sh_on_a_terminal_inside_a_node() {
         cols: 0,
         term: None,
     });
-    let second = agent.error("open_shell");
+    let second = agent.error(ErrorContext::OpenShell);
     let shell_output = |agent: &AgentProcess| -> String {
         agent
             .log
@@ -729,7 +743,9 @@ fn test_template_commands_are_listed_started_and_killed_inside_a_node() {
         node: "n1".into(),
         template: "broken".into(),
     });
-    let e = agent.error("list_template broken");
+    let e = agent.error(ErrorContext::ListTemplate {
+        template: "broken".into(),
+    });
     assert!(
         e.contains("not executable") && e.contains("anytime_x"),
         "{e}"
@@ -775,7 +791,9 @@ fn test_template_commands_are_listed_started_and_killed_inside_a_node() {
         }
     );
     agent.send(&start(4, "nothing_here"));
-    let e = agent.error("start_command nothing_here");
+    let e = agent.error(ErrorContext::StartCommand {
+        command: "nothing_here".into(),
+    });
     assert!(!e.is_empty());
     assert_eq!(
         agent.wait_for("command_exited 4", exited(4)),

@@ -15,7 +15,7 @@ use crate::guest::FORK_SHELL_END;
 use crate::snapshots;
 use crate::streams::{say, Streams};
 use crate::up::ShellEvent;
-use guest_agent::protocol::HostToAgent;
+use guest_agent::protocol::{ErrorContext, HostToAgent};
 use vmm::exit::StopReason;
 
 /// The terminal's end-of-file character (Ctrl-D).
@@ -252,9 +252,10 @@ impl ShellChannel for AgentShell {
                     self.last_byte = previous;
                     out.extend_from_slice(&bytes);
                 }
-                ShellEvent::Failed { context, message } if context == "open_shell" => {
-                    return Err(ShellError::AgentOpen { message })
-                }
+                ShellEvent::Failed {
+                    context: ErrorContext::OpenShell,
+                    message,
+                } => return Err(ShellError::AgentOpen { message }),
                 // Lost input is worth saying, not worth ending the shell for.
                 ShellEvent::Failed { context, message } => self.notices.push(format!(
                     "detvisor shell: the guest's agent: {context}: {message}"

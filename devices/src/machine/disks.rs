@@ -1,7 +1,8 @@
 //! The machine's disks: virtio-blk devices in their slots, numbered among
 //! themselves in attach order, with their faults on their own schedules.
 
-use super::{Devices, VirtioDevices, VirtioSlot, VirtioSlotDevice};
+use super::slots::{VirtioDevices, VirtioSlotDevice};
+use super::{Devices, VirtioSlot};
 use crate::error::DevicesError;
 use crate::time::VirtNanos;
 use crate::virtio::{
@@ -35,13 +36,10 @@ impl Devices {
     }
 
     pub(super) fn disks(&self) -> impl Iterator<Item = &VirtioMmioTransport<VirtioBlk>> {
-        self.virtio
-            .iter()
-            .flat_map(|virtio| virtio.slots.iter())
-            .filter_map(|device| match device {
-                VirtioSlotDevice::Blk(transport) => Some(transport.as_ref()),
-                _ => None,
-            })
+        self.slot_devices().filter_map(|(_, device)| match device {
+            VirtioSlotDevice::Blk(transport) => Some(transport.as_ref()),
+            _ => None,
+        })
     }
 
     fn disk_mut(&mut self, disk: usize) -> Result<&mut VirtioBlk, DevicesError> {

@@ -54,7 +54,7 @@ impl Devices {
             .virtio
             .as_ref()
             .and_then(|virtio| virtio.slots.get(index))
-            .map_or("unknown", |device| device.kind_name());
+            .map_or("unknown", |device| device.device().kind());
         let base = VirtioSlot::new(index).map_or(0, |slot| slot.mmio_base);
         Cow::Owned(format!("virtio-{kind}@{base:#x}"))
     }

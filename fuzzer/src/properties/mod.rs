@@ -32,14 +32,11 @@
 //! without `must_hit`, which no SDK writes, fails at the end only if it was
 //! hit and never true.)
 
-mod sdk;
-
-pub use sdk::{
+use crate::failure::FailureKey;
+use run::records::sdk::{
     AssertType, Assertion, AssertionKind, Guidance, GuidanceType, Location, SdkRecord,
     SdkRecordError,
 };
-
-use crate::failure::FailureKey;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};

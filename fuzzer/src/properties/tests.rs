@@ -1,19 +1,40 @@
-use super::sdk::tests::assert_json;
 use super::*;
 use serde_json::json;
 
-/// An assertion observation of kind `kind` (the SDK's display type).
-fn assertion(kind: &str, id: &str, hit: bool, condition: bool) -> Observation {
+/// An `antithesis_assert` record of kind `kind` (the SDK's display type),
+/// as an SDK writes it.
+fn assert_record(kind: &str, id: &str, hit: bool, condition: bool) -> Value {
     let (assert_type, must_hit) = match kind {
-        "Always" => ("always", true),
-        "AlwaysOrUnreachable" => ("always", false),
-        "Sometimes" => ("sometimes", true),
-        "Reachable" => ("reachability", true),
-        "Unreachable" => ("reachability", false),
+        "Always" => (AssertType::Always, true),
+        "AlwaysOrUnreachable" => (AssertType::Always, false),
+        "Sometimes" => (AssertType::Sometimes, true),
+        "Reachable" => (AssertType::Reachability, true),
+        "Unreachable" => (AssertType::Reachability, false),
         other => panic!("no kind {other}"),
     };
-    let json = assert_json(assert_type, kind, must_hit, id, hit, condition);
-    Observation::Sdk(SdkRecord::parse(&json).unwrap())
+    let assertion = Assertion {
+        assert_type,
+        display_type: kind.into(),
+        condition,
+        message: id.into(),
+        location: Location {
+            class: "app".into(),
+            function: "app::f".into(),
+            file: "src/app.rs".into(),
+            begin_line: 10,
+            begin_column: 5,
+        },
+        hit,
+        must_hit,
+        id: id.into(),
+        details: json!({"n": 1}),
+    };
+    json!({ "antithesis_assert": assertion })
+}
+
+/// An assertion observation of kind `kind` (the SDK's display type).
+fn assertion(kind: &str, id: &str, hit: bool, condition: bool) -> Observation {
+    Observation::Sdk(SdkRecord::parse(&assert_record(kind, id, hit, condition)).unwrap())
 }
 
 fn catalog(kind: &str, id: &str) -> Observation {
@@ -439,7 +460,7 @@ fn test_sdk_observations_of_guest_records() {
     };
     let records = [
         record(RecordBody::Sdk {
-            json: assert_json("always", "Always", true, "a", true, false),
+            json: assert_record("Always", "a", true, false),
         }),
         record(RecordBody::History {
             json: json!({"process": 1}),

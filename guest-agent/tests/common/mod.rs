@@ -13,8 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use guest_agent::protocol::{
-    encode_frame, AgentToHost, ExitStatus, FrameDecoder, HostToAgent, NodeSpec, Stream,
-    PROTOCOL_VERSION,
+    encode_frame, AgentToHost, ErrorContext, ExitStatus, FrameDecoder, HostToAgent, NodeSpec,
+    Stream, PROTOCOL_VERSION,
 };
 
 pub const TIMEOUT: Duration = Duration::from_secs(20);
@@ -280,10 +280,10 @@ impl AgentProcess {
         }
     }
 
-    pub fn error(&mut self, context: &str) -> String {
+    pub fn error(&mut self, context: ErrorContext) -> String {
         match self.wait_for(
             &format!("error {context}"),
-            |m| matches!(m, AgentToHost::Error { context: c, .. } if c == context),
+            |m| matches!(m, AgentToHost::Error { context: c, .. } if *c == context),
         ) {
             AgentToHost::Error { message, .. } => message,
             _ => unreachable!(),

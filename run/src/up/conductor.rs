@@ -6,9 +6,10 @@ use super::composer::{Action, Composer};
 use super::UpEvent;
 use crate::faults::{FaultAction, NodeFault};
 use crate::manifest::{SetupSignal, WorkloadPlan};
+use crate::records::sdk::SdkRecord;
 use devices::VirtNanos;
 use guest_agent::protocol::{
-    AgentToHost, ExitStatus, HostToAgent, NodeSpec, Stream, PROTOCOL_VERSION,
+    AgentToHost, ErrorContext, ExitStatus, HostToAgent, NodeSpec, Stream, PROTOCOL_VERSION,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, VecDeque};
@@ -58,7 +59,7 @@ pub enum ShellEvent {
     Exited(ExitStatus),
     /// `open_shell` or `shell_input` failed.
     Failed {
-        context: String,
+        context: ErrorContext,
         message: String,
     },
 }
@@ -114,14 +115,6 @@ pub struct Conductor {
     /// Nodes paused by a fault and not resumed yet (resumed when faults stop).
     #[serde(default)]
     paused: BTreeSet<String>,
-}
-
-/// What an SDK record's error names.
-fn sdk_context(node: &Option<String>) -> String {
-    match node {
-        Some(node) => format!("sdk {node}"),
-        None => "sdk".to_string(),
-    }
 }
 
 /// The entry of a history line (`{"detvisor_history": ENTRY}`, that key
@@ -299,23 +292,23 @@ impl Conductor {
             Ok(value) if value.is_object() => value,
             Ok(_) => {
                 notes.push(Note::Event(UpEvent::AgentError {
-                    context: sdk_context(&node),
+                    context: ErrorContext::Sdk { node },
                     message: format!("an SDK record is not a JSON object: {json:.200}"),
                 }));
                 return;
             }
             Err(error) => {
                 notes.push(Note::Event(UpEvent::AgentError {
-                    context: sdk_context(&node),
+                    context: ErrorContext::Sdk { node },
                     message: format!("an SDK record is not JSON ({error}): {json:.200}"),
                 }));
                 return;
             }
         };
-        let setup_complete = value
-            .get("antithesis_setup")
-            .and_then(|setup| setup.get("status"))
-            .is_some_and(|status| status == "complete");
+        // A JSON object that is no SDK record is kept all the same: a
+        // campaign's judges report it.
+        let setup_complete =
+            SdkRecord::parse(&value).is_ok_and(|record| record.is_setup_complete());
         notes.push(Note::Record {
             node,
             body: crate::records::RecordBody::Sdk { json: value },
@@ -504,12 +497,16 @@ impl Conductor {
                 let value = self.next_sdk_random();
                 send.push(HostToAgent::Random { id, value });
             }
-            AgentToHost::Error { context, message }
-                if context == "open_shell" || context == "shell_input" =>
-            {
+            AgentToHost::Error {
+                context: context @ (ErrorContext::OpenShell | ErrorContext::ShellInput),
+                message,
+            } => {
                 notes.push(Note::Shell(ShellEvent::Failed { context, message }));
             }
-            AgentToHost::Error { context, message } if context.starts_with("list_template") => {
+            AgentToHost::Error {
+                context: ErrorContext::ListTemplate { .. },
+                message,
+            } => {
                 // The template cannot be listed: nothing would ever run.
                 let template = self
                     .composer
@@ -526,11 +523,11 @@ impl Conductor {
                 }));
                 // Setting up failed: a node could not be made, or the
                 // workload could not start (so nothing would ever end the run).
-                let setup = ["hello", "create_node", "channel"]
-                    .iter()
-                    .any(|step| context.starts_with(step))
-                    && self.phase != Phase::Running;
-                if setup || context.starts_with("start_workload") {
+                let setup = matches!(
+                    context,
+                    ErrorContext::Hello | ErrorContext::CreateNode { .. } | ErrorContext::Channel
+                ) && self.phase != Phase::Running;
+                if setup || context == ErrorContext::StartWorkload {
                     self.finish(SETUP_FAILED, send);
                 }
             }
@@ -817,7 +814,7 @@ pub(crate) mod tests {
             feed(
                 &mut c,
                 AgentToHost::Error {
-                    context: "create_node n2".into(),
+                    context: ErrorContext::CreateNode { node: "n2".into() },
                     message: "exec \"sleep\": No such file or directory".into()
                 }
             ),
@@ -883,7 +880,7 @@ pub(crate) mod tests {
         feed(&mut c, started("n1", 2));
         feed(&mut c, started("n2", 3));
         let error = AgentToHost::Error {
-            context: "start_workload".into(),
+            context: ErrorContext::StartWorkload,
             message: "node \"n1\" is not running".into(),
         };
         assert_eq!(feed(&mut c, error), vec![HostToAgent::Shutdown]);
@@ -1091,7 +1088,12 @@ pub(crate) mod tests {
             );
             match notes.as_slice() {
                 [Note::Event(UpEvent::AgentError { context, message })] => {
-                    assert_eq!(context, "sdk n2");
+                    assert_eq!(
+                        context,
+                        &ErrorContext::Sdk {
+                            node: Some("n2".into())
+                        }
+                    );
                     assert!(message.contains(says), "{message}");
                 }
                 other => panic!("{other:?}"),

@@ -3,7 +3,7 @@
 
 use super::composer::CommandKind;
 use crate::faults::FaultAction;
-use guest_agent::protocol::ExitStatus;
+use guest_agent::protocol::{ErrorContext, ExitStatus};
 use serde::{Deserialize, Serialize};
 
 /// One event of an `up` run.
@@ -61,7 +61,7 @@ pub enum UpEvent {
     },
     /// The agent reported an error.
     AgentError {
-        context: String,
+        context: ErrorContext,
         message: String,
     },
     /// The agent said `booted` a second time.
@@ -294,6 +294,25 @@ mod tests {
             let json = serde_json::to_string(&event).unwrap();
             assert_eq!(serde_json::from_str::<UpEvent>(&json).unwrap(), event);
         }
+    }
+
+    /// An agent error is kept in a campaign's records: its JSON is what
+    /// it was when the context was text.
+    #[test]
+    fn test_an_agent_error_prints_and_serializes_its_context_as_text() {
+        let event = UpEvent::AgentError {
+            context: ErrorContext::Sdk {
+                node: Some("n2".into()),
+            },
+            message: "an SDK record is not a JSON object: [1]".into(),
+        };
+        assert_eq!(
+            event.to_string(),
+            "agent: sdk n2: an SDK record is not a JSON object: [1]"
+        );
+        let json = r#"{"event":"agent_error","context":"sdk n2","message":"an SDK record is not a JSON object: [1]"}"#;
+        assert_eq!(serde_json::to_string(&event).unwrap(), json);
+        assert_eq!(serde_json::from_str::<UpEvent>(json).unwrap(), event);
     }
 
     #[test]

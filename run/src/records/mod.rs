@@ -4,7 +4,10 @@
 //! histories, each stamped with the exit and the virtual time at which the
 //! host saw it. The driver keeps them only when asked
 //! ([`crate::up::UpDriver::collect_records`]); a caller takes them with
-//! [`crate::api::Request::TakeRecords`].
+//! [`crate::api::Request::TakeRecords`]. An SDK record is kept as the SDK
+//! wrote it; [`sdk`] reads it.
+
+pub mod sdk;
 
 use crate::up::UpEvent;
 use guest_agent::protocol::Stream;
@@ -60,7 +63,8 @@ pub enum RecordBody {
     Event { event: UpEvent },
     /// One record of an Antithesis SDK, as the SDK wrote it: a one-key
     /// object (`antithesis_assert`, `antithesis_guidance`, `antithesis_setup`,
-    /// `antithesis_sdk`, or a user event `{name: details}`).
+    /// `antithesis_sdk`, or a user event `{name: details}`), typed by
+    /// [`sdk::SdkRecord::parse`].
     Sdk { json: serde_json::Value },
     /// One line of a recorded history (an operation's invocation or
     /// completion, see the fuzzer's history format).

@@ -1,8 +1,9 @@
 //! The records of the Antithesis SDKs, typed: one JSON object with one key
 //! per record, as an unmodified SDK writes it (`antithesis_sdk`,
 //! `antithesis_setup`, `antithesis_assert`, `antithesis_guidance`, or a
-//! user event `{name: details}`). Parsed here only ([`SdkRecord::parse`]);
-//! fields the SDKs may add later are ignored.
+//! user event `{name: details}`). Parsed here only ([`SdkRecord::parse`]),
+//! for the `up` conductor (which watches for `setup_complete`) and for a
+//! campaign's judges alike; fields the SDKs may add later are ignored.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -74,7 +75,7 @@ pub enum AssertionKind {
 
 impl Assertion {
     /// The kind this record asserts. (`sometimes` without `must_hit`, which
-    /// no SDK writes, is a Sometimes: see [`super::PropertyTally`].)
+    /// no SDK writes, is a Sometimes: see the fuzzer's `PropertyTally`.)
     pub fn kind(&self) -> AssertionKind {
         AssertionKind::of(self.assert_type, self.must_hit)
     }
@@ -199,6 +200,12 @@ pub enum SdkRecordError {
 }
 
 impl SdkRecord {
+    /// Whether this is the SDKs' `setup_complete` (`antithesis_setup` with
+    /// `status` `"complete"`).
+    pub fn is_setup_complete(&self) -> bool {
+        matches!(self, SdkRecord::Setup { status, .. } if status == "complete")
+    }
+
     /// The record an SDK wrote as `json`.
     pub fn parse(json: &Value) -> Result<SdkRecord, SdkRecordError> {
         let shape = |found: String| SdkRecordError::Shape { found };
@@ -240,12 +247,12 @@ impl SdkRecord {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
     use serde_json::json;
 
     /// An `antithesis_assert` record as the Rust SDK writes it.
-    pub(crate) fn assert_json(
+    fn assert_json(
         assert_type: &str,
         display_type: &str,
         must_hit: bool,
@@ -291,6 +298,18 @@ pub(crate) mod tests {
             assert_eq!(a.location.key_text(), "src/app.rs:10");
             assert_eq!(a.details, json!({"n": 1}));
         }
+    }
+
+    #[test]
+    fn test_only_a_complete_setup_is_setup_complete() {
+        let setup = |status: &str| {
+            SdkRecord::parse(&json!({"antithesis_setup": {"status": status, "details": null}}))
+                .unwrap()
+        };
+        assert!(setup("complete").is_setup_complete());
+        assert!(!setup("starting").is_setup_complete());
+        let event = json!({"complete": {"status": "complete"}});
+        assert!(!SdkRecord::parse(&event).unwrap().is_setup_complete());
     }
 
     #[test]
