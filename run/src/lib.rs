@@ -7,12 +7,14 @@
 //! faults and new seeds, and reports one [`RunSummary`]. The `up` conductor
 //! (the host side of the in-guest agent's conversation), manifests and fault
 //! schedules live here too. Callers speak one typed request API,
-//! [`api::Request`] / [`api::Response`], through an [`api::Controller`]; the
+//! [`api::Request`] / [`api::Response`], through an [`api::Controller`] (typed
+//! calls over any place a run happens: [`client`]); the
 //! same enum crosses into the helper VM serialized.
 
 pub mod api;
 pub mod audit;
 pub mod branch;
+pub mod client;
 pub mod clock;
 pub mod driven;
 pub mod faults;
