@@ -19,11 +19,14 @@
 //! * `qemu`, `stdio`, `launch`: the QEMU process, its serial stdio, starting and ending it;
 //! * `run`: the one-shot run; [`channel`]: frames, the host end ([`HelperVm`]) and the guest
 //!   end ([`channel::serve`]);
-//! * `placement`: host KVM or helper VM.
+//! * `placement`: host KVM or helper VM;
+//! * [`client`]: the run library's requests answered in a helper VM (what each ships
+//!   into it), and a runner placed here or there.
 
 mod args;
 mod assets;
 pub mod channel;
+pub mod client;
 mod config;
 mod launch;
 mod libs;
