@@ -1,11 +1,11 @@
 //! `detvisor bench serve-channel` (hidden): what runs inside the helper VM. It answers the
 //! benches' calls on the helper VM's typed channel: a worker's plan (the worker runs here, in
-//! L1, and its report goes back), or a plain run through the run library. Progress lines go
-//! back as the call's stderr frames.
+//! L1, and its report goes back), or a plain run through the run library's typed client.
+//! Progress lines go back as the call's stderr frames.
 
 use anyhow::Result;
 use helper_vm::channel::CallIo;
-use run::api::{Controller, Request, Response};
+use run::client::{Calls, Local};
 use run::outcome::RunSummary;
 use run::plain::GuestSpec;
 use serde::{Deserialize, Serialize};
@@ -26,9 +26,9 @@ pub enum BenchCall {
     Snapshot(SnapWorkerPlan),
     Etcd(EtcdWorkerPlan),
     Exits(Box<ExitsPlan>),
-    /// A request of the run library (an end-to-end `Run`, as `detvisor
-    /// run` sends it).
-    Request(Box<Request>),
+    /// A plain run to its end through the run library (an end-to-end
+    /// run, as `detvisor run` makes it).
+    Run(Box<GuestSpec>),
 }
 
 /// The answer to a [`BenchCall`].
@@ -40,7 +40,7 @@ pub enum BenchReply {
     Snapshot(Box<SnapWorkerReport>),
     Etcd(Box<EtcdWorkerReport>),
     Exits(Box<ExitsWorkerReport>),
-    Response(Box<Response>),
+    Run(Box<RunSummary>),
 }
 
 /// Carries out `call` here.
@@ -51,11 +51,9 @@ pub fn answer(call: BenchCall) -> Result<BenchReply> {
         BenchCall::Snapshot(plan) => BenchReply::Snapshot(Box::new(crate::snapshot::worker(&plan))),
         BenchCall::Etcd(plan) => BenchReply::Etcd(Box::new(crate::etcd::worker(&plan))),
         BenchCall::Exits(plan) => BenchReply::Exits(Box::new(crate::exits_worker::worker(&plan))),
-        BenchCall::Request(request) => BenchReply::Response(Box::new(on_own_thread(move || {
-            Controller::new()
-                .handle(*request, &run::streams::Discard)
-                .map_err(anyhow::Error::from)
-        })?)),
+        BenchCall::Run(guest) => {
+            BenchReply::Run(Box::new(on_own_thread(move || run_plain(*guest))?))
+        }
     })
 }
 
@@ -79,16 +77,10 @@ fn on_own_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 
 /// A plain run to its end through the run library (its console thrown away).
 pub fn run_plain(guest: GuestSpec) -> Result<RunSummary> {
-    let request = Request::Run {
-        guest,
-        snapshots: None,
-        pcap: None,
-        trace: None,
-    };
-    match Controller::new().handle(request, &run::streams::Discard)? {
-        Response::Summary(summary) => Ok(summary),
-        other => anyhow::bail!("a run answered {other:?}"),
-    }
+    let mut here = Local::new(run::streams::Discard);
+    Calls::new(&mut here)
+        .run(guest, None, None, None)
+        .map_err(|e| anyhow::Error::msg(e.into_cause()))
 }
 
 /// Serves calls until the host shuts the channel down.
