@@ -542,7 +542,13 @@ fn cmd_check(args: CheckArgs) -> Result<u8> {
     let report = if args.host_vm == HostVmMode::Always {
         let reason = "`check --host-vm always` checks the KVM inside it".to_string();
         let placement = helper_vm::Placement::HelperVm { reason };
-        let mut runner = CliRunner::new(placement, || Local::new(StdStreams::default()), None, true, false);
+        let mut runner = CliRunner::new(
+            placement,
+            || Local::new(StdStreams::default()),
+            None,
+            true,
+            false,
+        );
         Calls::new(&mut runner).host_report().map_err(failed)?
     } else {
         vmm::probe::host_report()

@@ -143,18 +143,21 @@ impl Campaign {
         // file is written there.
         let claimed = NewCampaignDir::claim(&new.out)?;
         let (runners, there) = plan.start(&[claimed.path()])?;
-        let engine = Engine::create(boxed(runners), spec, &prepared, there, claimed, judge, faults)?;
+        let engine = Engine::create(
+            boxed(runners),
+            spec,
+            &prepared,
+            there,
+            claimed,
+            judge,
+            faults,
+        )?;
         Ok(Campaign { engine, budget })
     }
 
     /// The campaign in `dir`, to continue (killed, interrupted or out of
     /// budget): its spec and run are its own, checked before any VM starts.
-    pub fn resume(
-        dir: &Path,
-        budget: BudgetOverride,
-        jobs: u32,
-        place: Place,
-    ) -> Result<Campaign> {
+    pub fn resume(dir: &Path, budget: BudgetOverride, jobs: u32, place: Place) -> Result<Campaign> {
         let dir = absolute(dir)?;
         let store = Store::open(&dir)?;
         let meta = store.campaign_meta()?;
@@ -346,9 +349,7 @@ impl Plan {
         let (mut runners, there) = match self.planned {
             Planned::Here(prepared) => (
                 (0..self.workers)
-                    .map(|_| {
-                        Placed::new(Placement::Host, InProcess::new, None, seccomp, false)
-                    })
+                    .map(|_| Placed::new(Placement::Host, InProcess::new, None, seccomp, false))
                     .collect::<Vec<_>>(),
                 prepared,
             ),

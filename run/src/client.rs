@@ -469,7 +469,10 @@ mod tests {
             }
         }
         let error = Calls::new(&mut Failing).close(RunId(3)).unwrap_err();
-        assert_eq!(error.to_string(), "closing the run: no run RunId(3) is held");
+        assert_eq!(
+            error.to_string(),
+            "closing the run: no run RunId(3) is held"
+        );
         assert_eq!(error.into_cause(), "no run RunId(3) is held");
     }
 
