@@ -531,13 +531,6 @@ fn cmd_snapshot(command: SnapshotCommand) -> Result<u8> {
     }
 }
 
-/// Whether the helper VM's QEMU is on PATH.
-fn qemu_available() -> bool {
-    std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|d| d.join("qemu-system-x86_64").is_file()))
-        .unwrap_or(false)
-}
-
 fn cmd_check(args: CheckArgs) -> Result<u8> {
     let report = if args.host_vm == HostVmMode::Always {
         let reason = "`check --host-vm always` checks the KVM inside it".to_string();
@@ -553,7 +546,7 @@ fn cmd_check(args: CheckArgs) -> Result<u8> {
     } else {
         vmm::probe::host_report()
     };
-    let qemu = qemu_available();
+    let qemu = helper_vm::qemu_available();
     if args.json {
         #[derive(Serialize)]
         struct Check<'a> {

@@ -6,16 +6,19 @@
 //! (snapshots, logs), mounted at the same absolute paths: [`needs`] decides
 //! which, for every kind of request, and rewrites the request's paths to
 //! where they are inside. [`Placed`] is a runner wherever a run's guests
-//! run: here, or in a helper VM started for its first request.
+//! run: here, or in a helper VM started for its first request; [`serve`]
+//! is the other end, inside.
 
-use crate::channel::StdinSource;
+use crate::channel::{CallIo, OutputWriter, StdinSource};
 use crate::{HelperVm, HelperVmConfig, PayloadFile, Placement, TempDir};
-use ::run::api::{Reply, Request};
+use ::run::api::{Controller, Reply, Request};
 use ::run::client::Runner;
 use ::run::plain::GuestSpec;
 use ::run::snapshots::SnapshotPlan;
 use ::run::soak::SoakTarget;
+use ::run::streams::{Input, Streams};
 use ::run::up::{Initrd, PreparedUp, UpOptions};
+use std::cell::RefCell;
 use std::ffi::OsString;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -507,5 +510,216 @@ impl<L: Runner> Runner for Placed<L> {
             }
         }
         self.send(request)
+    }
+}
+
+/// One call's streams inside the helper VM: its output frames and its stdin.
+struct CallStreams {
+    stdout: OutputWriter,
+    stderr: OutputWriter,
+    stdin: RefCell<Option<Input>>,
+}
+
+impl Streams for CallStreams {
+    fn stdout(&self) -> Box<dyn std::io::Write + Send> {
+        Box::new(self.stdout.clone())
+    }
+    fn stderr(&self) -> Box<dyn std::io::Write + Send> {
+        Box::new(self.stderr.clone())
+    }
+    fn stdin(&self) -> Option<Input> {
+        self.stdin.borrow_mut().take()
+    }
+}
+
+/// Inside the helper VM (`detvisor serve-channel`): answers the run
+/// library's requests arriving on the channel until the host shuts it
+/// down, holding live runs between them; each request's output goes back
+/// as the channel's stdout and stderr frames of that call.
+pub fn serve() -> Result<(), crate::channel::ServeError> {
+    // This process is detvisor's own: once the first guest is set up, the
+    // seccomp filter covers every thread of it (the channel's reader
+    // among them), for every later request too. `Request::Seccomp` turns
+    // it off before that, for `--no-seccomp`.
+    vmm::seccomp::set_scope(vmm::seccomp::Scope::Process);
+    let mut controller = Controller::new();
+    crate::channel::serve(|request: Request, io: &mut CallIo| -> Reply {
+        let input = io.stdin.take_receiver();
+        // A fork's shell ends at Ctrl-D, as on the host.
+        let input = match request {
+            Request::Shell(_) => ::run::streams::until_eot(input),
+            _ => input,
+        };
+        let streams = CallStreams {
+            stdout: io.stdout.clone(),
+            stderr: io.stderr.clone(),
+            stdin: RefCell::new(Some(input)),
+        };
+        controller
+            .handle(request, &streams)
+            .map_err(|e| ::run::chain(&e))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ::run::api::{Response, RunId};
+
+    fn guest(dir: &Path, ram_bytes: u64) -> GuestSpec {
+        let kernel = dir.join("vmlinux");
+        let initrd = dir.join("initrd.img");
+        std::fs::write(&kernel, b"k").unwrap();
+        std::fs::write(&initrd, b"i").unwrap();
+        GuestSpec {
+            seed: 0,
+            kernel: Some(kernel),
+            initrd: Some(initrd),
+            cmdline: None,
+            ram_bytes,
+            until: None,
+            rtc_epoch_unix_secs: 0,
+            network: None,
+            command: vec!["true".into()],
+            stall_timeout: StallTimeout::default(),
+            exit_path: Default::default(),
+        }
+    }
+
+    /// A plain run ships its kernel and initrd, shares the directories it
+    /// writes (at their absolute paths) and sizes the helper VM for its RAM.
+    #[test]
+    fn test_a_run_ships_its_image_and_shares_what_it_writes() {
+        let scratch = TempDir::new("detvisor-needs-").unwrap();
+        let dir = scratch.path().canonicalize().unwrap();
+        let mut request = Request::Run {
+            guest: guest(&dir, 4 << 30),
+            snapshots: None,
+            pcap: Some(dir.join("pcap")),
+            trace: None,
+        };
+        let needs = needs(&mut request).unwrap();
+        let names: Vec<&str> = needs
+            .files
+            .iter()
+            .map(|f| f.payload_name.as_str())
+            .collect();
+        assert_eq!(names, ["vmlinux", "initrd"]);
+        assert_eq!(needs.files[0].host_path, dir.join("vmlinux"));
+        assert_eq!(needs.shared_dirs, [dir.join("pcap")]);
+        assert_eq!(needs.memory_mib, 4096 + 1024);
+        let Request::Run { guest, pcap, .. } = request else {
+            panic!("still a run request");
+        };
+        assert_eq!(
+            guest.kernel,
+            Some(PathBuf::from(crate::payload_path("vmlinux")))
+        );
+        assert_eq!(
+            guest.initrd,
+            Some(PathBuf::from(crate::payload_path("initrd")))
+        );
+        assert_eq!(pcap, Some(dir.join("pcap")));
+        // A small guest still gets the helper VM's floor.
+        let mut audit = Request::Audit {
+            guest: guest_small(&dir),
+            options: Default::default(),
+        };
+        assert_eq!(needs_of(&mut audit).memory_mib, 2048);
+    }
+
+    fn guest_small(dir: &Path) -> GuestSpec {
+        guest(dir, 256 << 20)
+    }
+
+    fn needs_of(request: &mut Request) -> Needs {
+        needs(request).unwrap()
+    }
+
+    /// A request on a held run names nothing on the host.
+    #[test]
+    fn test_a_held_run_s_requests_need_nothing() {
+        for mut request in [
+            Request::Outcome { run: RunId(1) },
+            Request::Close { run: RunId(1) },
+            Request::HostReport,
+            Request::Seccomp { enabled: false },
+        ] {
+            let needs = needs_of(&mut request);
+            assert!(needs.files.is_empty() && needs.shared_dirs.is_empty());
+            assert_eq!(needs.memory_mib, 0);
+        }
+    }
+
+    /// A spec that names no snapshot is refused before any helper VM.
+    #[test]
+    fn test_a_spec_naming_no_snapshot_is_refused_first() {
+        let mut request = Request::Seek {
+            spec: "/nonexistent/detvisor-snapshots@1s".into(),
+        };
+        assert!(needs(&mut request).is_err());
+    }
+
+    /// Records what it is asked; answers `Closed`.
+    #[derive(Default)]
+    struct Recording(Vec<Request>);
+
+    impl Runner for Recording {
+        fn call(&mut self, request: Request) -> Reply {
+            self.0.push(request);
+            Ok(Response::Closed)
+        }
+    }
+
+    fn requests(placed: Placed<Recording>) -> Vec<Request> {
+        match placed.place {
+            Place::Here(recording) => recording.0,
+            Place::HelperVm { .. } => panic!("placed here"),
+        }
+    }
+
+    /// Here, every request that runs a guest gets the stall timeout for
+    /// where it runs, and `--no-seccomp` goes ahead of the first request,
+    /// once.
+    #[test]
+    fn test_a_placed_runner_sets_the_stall_timeout_and_says_seccomp_once() {
+        let scratch = TempDir::new("detvisor-placed-").unwrap();
+        let mut placed = Placed::new(Placement::Host, Recording::default, None, false, false);
+        assert!(!placed.in_helper_vm());
+        placed
+            .call(Request::Boot {
+                guest: guest_small(scratch.path()),
+            })
+            .unwrap();
+        placed.call(Request::Close { run: RunId(1) }).unwrap();
+        let seen = requests(placed);
+        assert!(matches!(seen[0], Request::Seccomp { enabled: false }));
+        let Request::Boot { guest } = &seen[1] else {
+            panic!("the boot request second");
+        };
+        assert_eq!(guest.stall_timeout, StallTimeout::HARDWARE);
+        assert!(matches!(seen[2], Request::Close { .. }));
+        assert_eq!(seen.len(), 3);
+
+        let stall = StallTimeout(std::time::Duration::from_secs(5));
+        let mut placed = Placed::new(
+            Placement::Host,
+            Recording::default,
+            Some(stall),
+            false,
+            false,
+        );
+        placed.call(Request::Seccomp { enabled: false }).unwrap();
+        placed
+            .call(Request::Boot {
+                guest: guest_small(scratch.path()),
+            })
+            .unwrap();
+        let seen = requests(placed);
+        assert_eq!(seen.len(), 2);
+        let Request::Boot { guest } = &seen[1] else {
+            panic!("the boot request second");
+        };
+        assert_eq!(guest.stall_timeout, stall);
     }
 }

@@ -48,7 +48,7 @@ pub use config::{HelperVmConfig, DEFAULT_MEMORY_MIB, DEFAULT_QEMU};
 pub use launch::{LaunchError, KEEP_TMP_ENV};
 pub use libs::LibsError;
 pub use payload::{payload_path, PayloadError, PayloadFile};
-pub use placement::{placement, HostVmMode, Placement};
+pub use placement::{placement, qemu_available, HostVmMode, Placement};
 pub use qemu::VmFailed;
 pub use run::{run, RunError};
 pub use shares::ShareError;
