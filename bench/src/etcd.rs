@@ -39,7 +39,7 @@ use super::serve::{BenchCall, BenchReply};
 use super::stats::ms;
 use super::{check_runs_and_timeout, BenchHostVm};
 use crate::say;
-use run::api::{Controller, Request, Response};
+use run::client::{Calls, Local, RunnerError};
 use run::up::{Initrd, PreparedUp, UpOptions};
 
 use run::{guest, manifest, units, up};
@@ -173,13 +173,12 @@ pub fn up_summary(
     prepared: PreparedUp,
     options: UpOptions,
 ) -> (Result<serde_json::Value, String>, String) {
-    let streams = run::streams::Captured::default();
-    let summary = match Controller::new().handle(Request::Up { prepared, options }, &streams) {
-        Ok(Response::Up(summary)) => serde_json::to_value(summary).map_err(|e| e.to_string()),
-        Ok(other) => Err(format!("an up run answered {other:?}")),
-        Err(e) => Err(format!("{:#}", anyhow::Error::from(e))),
-    };
-    (summary, last_lines(&streams.stderr_text(), 20))
+    let mut here = Local::new(run::streams::Captured::default());
+    let summary = Calls::new(&mut here)
+        .up(prepared, options)
+        .map_err(RunnerError::into_cause)
+        .and_then(|summary| serde_json::to_value(summary).map_err(|e| e.to_string()));
+    (summary, last_lines(&here.streams().stderr_text(), 20))
 }
 
 /// Judges an `up` run that took `wall`: its summary (as `detvisor up --json` prints it), or why

@@ -92,6 +92,13 @@ impl<S: Streams> Local<S> {
     }
 }
 
+impl<S> Local<S> {
+    /// The streams the requests' output went to (e.g. captured).
+    pub fn streams(&self) -> &S {
+        &self.streams
+    }
+}
+
 impl<S: Streams> Runner for Local<S> {
     fn call(&mut self, request: Request) -> Reply {
         self.controller
