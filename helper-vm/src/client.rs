@@ -477,14 +477,16 @@ impl<L: Runner> Placed<L> {
         Ok(())
     }
 
-    fn send(&mut self, request: Request) -> Reply {
+    /// Sends `request`; with `stdin`, this process's stdin goes along when
+    /// the verb forwards it.
+    fn send(&mut self, request: Request, stdin: bool) -> Reply {
         match &mut self.place {
             Place::Here(local) => local.call(request),
             Place::HelperVm {
                 remote: Some(remote),
-                stdin,
+                stdin: forwarded,
                 ..
-            } => remote.call_with_stdin(&request, *stdin),
+            } => remote.call_with_stdin(&request, stdin && *forwarded),
             Place::HelperVm { remote: None, .. } => {
                 Err("the helper VM was not started (it failed to start before)".into())
             }
@@ -506,10 +508,11 @@ impl<L: Runner> Runner for Placed<L> {
             // On by default wherever the runs are; a caller that says it
             // first (to name the failure) says it once.
             if !self.seccomp && !matches!(request, Request::Seccomp { .. }) {
-                self.send(Request::Seccomp { enabled: false })?;
+                // The verb's stdin is for its own request.
+                self.send(Request::Seccomp { enabled: false }, false)?;
             }
         }
-        self.send(request)
+        self.send(request, true)
     }
 }
 
