@@ -464,8 +464,6 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         .map(units::parse_duration)
         .transpose()
         .context("--until")?;
-    let mut runner = args.place.runner(Stdin::None);
-    let mut calls = Calls::new(&mut runner);
     if let Some(range) = &args.seeds {
         let request = run::seeds::SeedsRequest {
             spec: args.spec.clone(),
@@ -476,7 +474,10 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
             faults: args.faults.clone(),
             stall_timeout: StallTimeout::default(),
         };
-        let report = calls.branch_seeds(request).map_err(failed)?;
+        let mut runner = args.place.runner(Stdin::None);
+        let report = Calls::new(&mut runner)
+            .branch_seeds(request)
+            .map_err(failed)?;
         return print::seeds(&report, args.json);
     }
     let request = run::branch::BranchRequest {
@@ -491,7 +492,8 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         stall_timeout: StallTimeout::default(),
         trace: args.trace.clone(),
     };
-    let summary = calls.branch(request).map_err(failed)?;
+    let mut runner = args.place.runner(Stdin::None);
+    let summary = Calls::new(&mut runner).branch(request).map_err(failed)?;
     print::summary(&summary, args.json)
 }
 
