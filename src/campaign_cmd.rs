@@ -1,22 +1,14 @@
 //! `detvisor campaign`, `detvisor findings` and `detvisor replay`:
-//! arguments, placement (runs here or in a helper VM, for the campaign's
-//! whole life) and printing. The campaign itself is the `fuzzer` library.
+//! arguments, the interrupt, and printing. The campaign itself, and where
+//! its runs happen, is the `fuzzer` library's (`fuzzer::campaign`).
 
-use crate::helper::Remote;
-use crate::{HostVmMode, SeccompArgs};
+use crate::PlaceArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use fuzzer::engine::{BranchReport, Budget, Engine, Progress};
-use fuzzer::findings;
-use fuzzer::runner::{InProcess, Runner};
-use fuzzer::spec::MAX_BATCH_WIDTH;
-use fuzzer::spec::{CampaignFile, CampaignSpec};
-use helper_vm::Placement;
-use run::api::{Request, Response};
-use run::up::{PreparedUp, UpOptions};
+use fuzzer::campaign::{BudgetOverride, Campaign, NewCampaign};
+use fuzzer::engine::{BranchReport, Progress};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use vmm::stall::StallTimeout;
 
 /// The exit status of `detvisor campaign`, said in its help.
 const CAMPAIGN_EXIT_STATUS: &str = "Exit status: 0 when the campaign stopped holding no finding, 1 when it holds one or more (a resumed campaign's earlier ones included; `detvisor findings DIR` lists them), 2 on an error (bad input, a run that failed).";
@@ -50,10 +42,8 @@ pub struct CampaignArgs {
     /// of this many (the search is the same whatever --jobs a resume gives).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=64))]
     jobs: u32,
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    host_vm: HostVmMode,
     #[command(flatten)]
-    seccomp: SeccompArgs,
+    place: PlaceArgs,
 }
 
 #[derive(Args, Debug)]
@@ -75,10 +65,8 @@ pub struct ReplayArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    host_vm: HostVmMode,
     #[command(flatten)]
-    seccomp: SeccompArgs,
+    place: PlaceArgs,
 }
 
 /// Set by SIGINT: the campaign stops after the branches in flight.
@@ -86,183 +74,6 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_sigint(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
-/// Where a campaign's runs happen.
-enum Place {
-    Here(InProcess),
-    HelperVm(Box<Remote>),
-}
-
-/// The runner for a place: stall policy set for it on every request.
-struct PlacedRunner {
-    place: Place,
-    stall: StallTimeout,
-}
-
-impl Runner for PlacedRunner {
-    fn call(&mut self, mut request: Request) -> Result<Response, String> {
-        if let Some(timeout) = request.stall_timeout_mut() {
-            *timeout = self.stall;
-        }
-        match &mut self.place {
-            Place::Here(runner) => runner.call(request),
-            Place::HelperVm(remote) => remote.call(&request, false).map_err(|e| format!("{e:#}")),
-        }
-    }
-}
-
-/// Where the runs of `prepared` will happen, decided and checked (the
-/// helper VMs' memory against the host's) before anything is written or
-/// started: a refusal leaves nothing behind.
-struct Plan {
-    workers: u32,
-    seccomp: bool,
-    place: PlannedPlace,
-}
-
-enum PlannedPlace {
-    Here(PreparedUp),
-    /// `needs` per worker; `there` is the run as the helper VMs see it.
-    HelperVm {
-        reason: String,
-        needs: Vec<crate::helper::Needs>,
-        there: PreparedUp,
-    },
-}
-
-/// A plan for `workers` runners of `prepared`: here, a run library each; in
-/// the helper VM, a helper VM each (one vCPU: measured faster than one
-/// helper VM with a vCPU per worker, whose multi-threaded TCG also changed
-/// the guest's digest; see docs/campaigns.md).
-fn plan(mode: HostVmMode, seccomp: bool, prepared: &PreparedUp, workers: u32) -> Result<Plan> {
-    let place = match helper_vm::placement(mode) {
-        Placement::Host => PlannedPlace::Here(prepared.clone()),
-        Placement::HelperVm { reason } => {
-            let mut needs = Vec::new();
-            let mut there = prepared.clone();
-            for _ in 0..workers {
-                there = prepared.clone();
-                let mut options = UpOptions {
-                    seed: 0,
-                    until: None,
-                    runs: 1,
-                    logs: None,
-                    stream_output: false,
-                    snapshots: None,
-                    stall_timeout: StallTimeout::HELPER_VM,
-                    pcap: None,
-                    trace: None,
-                    records: None,
-                    exit_path: Default::default(),
-                };
-                needs.push(crate::up_cmd::helper_needs(&mut there, &mut options)?);
-            }
-            check_host_memory(workers, needs[0].memory_mib)?;
-            PlannedPlace::HelperVm {
-                reason,
-                needs,
-                there,
-            }
-        }
-    };
-    Ok(Plan {
-        workers,
-        seccomp,
-        place,
-    })
-}
-
-/// Starts the planned runners, sharing `shared` (directories that exist)
-/// with the helper VMs; the run as the runners see it.
-fn start(plan: Plan, shared: &[&Path]) -> Result<(Vec<PlacedRunner>, PreparedUp)> {
-    let (mut runners, there) = match plan.place {
-        PlannedPlace::Here(prepared) => (
-            (0..plan.workers)
-                .map(|_| PlacedRunner {
-                    place: Place::Here(InProcess::new()),
-                    stall: StallTimeout::HARDWARE,
-                })
-                .collect(),
-            prepared,
-        ),
-        PlannedPlace::HelperVm {
-            reason,
-            needs,
-            there,
-        } => {
-            if plan.workers > 1 {
-                eprintln!("detvisor: {} workers, a helper VM each", plan.workers);
-            }
-            // One after the other, on this thread: QEMU is tied to the
-            // thread that starts it (it is killed when that thread ends).
-            let runners = needs
-                .into_iter()
-                .map(|mut needs| {
-                    for dir in shared {
-                        needs.share(dir)?;
-                    }
-                    Ok(PlacedRunner {
-                        place: Place::HelperVm(Box::new(Remote::start(&reason, needs)?)),
-                        stall: StallTimeout::HELPER_VM,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            (runners, there)
-        }
-    };
-    // The filter is on by default wherever the runs are (a worker's
-    // thread here, the whole serving process in a helper VM).
-    if !plan.seccomp {
-        for runner in &mut runners {
-            runner
-                .call(Request::Seccomp { enabled: false })
-                .map_err(anyhow::Error::msg)
-                .context("turning seccomp off (--no-seccomp)")?;
-        }
-    }
-    Ok((runners, there))
-}
-
-/// Refuses `workers` helper VMs of `memory_mib` each that the host's
-/// available memory cannot hold (QEMU would be killed half-way instead).
-fn check_host_memory(workers: u32, memory_mib: u32) -> Result<()> {
-    let Some(available_mib) = available_memory_mib() else {
-        return Ok(());
-    };
-    let needed = u64::from(workers) * u64::from(memory_mib);
-    if needed > available_mib {
-        bail!(
-            "--jobs {workers}: {workers} helper VMs of {memory_mib} MiB need {needed} MiB, and this host has {available_mib} MiB available"
-        );
-    }
-    Ok(())
-}
-
-/// `MemAvailable` of /proc/meminfo, in MiB.
-fn available_memory_mib() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024)
-}
-
-/// Workers for `--jobs`: 0 is one per core of this host.
-fn workers(jobs: u32) -> u32 {
-    if jobs > 0 {
-        return jobs;
-    }
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get() as u32)
-        .min(MAX_BATCH_WIDTH)
-}
-
-/// Boxes runners for the engine's workers.
-fn boxed<'a>(runners: &'a mut [PlacedRunner]) -> Vec<Box<dyn Runner + Send + 'a>> {
-    runners
-        .iter_mut()
-        .map(|r| Box::new(r) as Box<dyn Runner + Send + 'a>)
-        .collect()
 }
 
 struct Printer;
@@ -306,14 +117,17 @@ impl Progress for Printer {
     }
 }
 
-fn budget(args: &CampaignArgs, spec: &CampaignSpec) -> Result<Budget> {
-    let wall = match &args.budget {
-        Some(text) => fuzzer::budget::parse_wall(text).context("--budget")?,
-        None => spec.wall_budget(),
-    };
-    Ok(Budget {
-        wall: fuzzer::budget::wall_duration(wall),
-        branches: args.branches.unwrap_or(spec.max_branches),
+/// `--budget` and `--branches`, over the campaign's own budget.
+fn budget(args: &CampaignArgs) -> Result<BudgetOverride> {
+    let wall = args
+        .budget
+        .as_deref()
+        .map(fuzzer::budget::parse_wall)
+        .transpose()
+        .context("--budget")?;
+    Ok(BudgetOverride {
+        wall,
+        branches: args.branches,
     })
 }
 
@@ -322,70 +136,27 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
         print!("{}", fuzzer::profile::DEFAULT_PROFILE_TOML);
         return Ok(0);
     }
-    // --jobs was checked by clap (0..=64) before anything started.
-    let workers = workers(args.jobs);
+    let budget = budget(&args)?;
     // SAFETY: installs a handler that only stores to an atomic.
     unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
     let stop = || INTERRUPTED.load(Ordering::SeqCst);
-    let summary = if let Some(dir) = &args.resume {
-        let dir = absolute(dir)?;
-        // The spec and run are the campaign's own; checked before any VM starts.
-        let store = fuzzer::store::Store::open(&dir)?;
-        let spec: CampaignSpec = store
-            .meta_json("spec")?
-            .context("the campaign database holds no spec")?;
-        let saved: PreparedUp = store
-            .meta_json("run")?
-            .context("the campaign database holds no run")?;
-        let host_run = findings::resolve(&dir, &saved)?;
-        store.check_paths(&host_run.node_names)?;
-        let budget = budget(&args, &spec)?;
-        let judge = fuzzer::judges::campaign_judge(&spec)?;
-        let faults = fuzzer::judges::fault_source(&spec, &host_run)?;
-        let plan = plan(args.host_vm, args.seccomp.enabled(), &host_run, workers)?;
-        let (mut runners, there) = start(plan, &[&dir])?;
-        // The store stays open (and locked) from here to the campaign's end.
-        let mut engine = Engine::resume_store(
-            boxed(&mut runners),
-            &dir,
-            store,
-            judge,
-            |_| faults,
-            |_, _| Ok(there.clone()),
-        )?;
-        engine.run(budget, &mut Printer, &stop)?
+    // --jobs was checked by clap (0..=64) before anything started.
+    let mut campaign = if let Some(dir) = &args.resume {
+        Campaign::resume(dir, budget, args.jobs, args.place.campaign())?
     } else {
         let (Some(file), Some(out)) = (&args.campaign, &args.out) else {
             bail!("give a campaign file and --out DIR, or --resume DIR");
         };
-        fuzzer::store::NewCampaignDir::check(out)?;
-        let campaign = CampaignFile::load(file)?;
-        for warning in &campaign.warnings {
-            eprintln!("detvisor: WARNING: {warning}");
-        }
-        let budget = budget(&args, &campaign.spec)?;
-        let manifest = run::manifest::load(&campaign.spec.manifest)?;
-        campaign.check_manifest(&manifest)?;
-        let spec = campaign.spec;
-        let prepared = run::up::prepare(&manifest, &[], None, None)?;
-        let judge = fuzzer::judges::campaign_judge(&spec)?;
-        let faults = fuzzer::judges::fault_source(&spec, &prepared)?;
-        let plan = plan(args.host_vm, args.seccomp.enabled(), &prepared, workers)?;
-        // Claimed (created and locked) before any helper VM starts or any
-        // file is written there.
-        let claimed = fuzzer::store::NewCampaignDir::claim(out)?;
-        let (mut runners, there) = start(plan, &[claimed.path()])?;
-        let mut engine = Engine::create(
-            boxed(&mut runners),
-            spec,
-            &prepared,
-            there,
-            claimed,
-            judge,
-            faults,
-        )?;
-        engine.run(budget, &mut Printer, &stop)?
+        let new = NewCampaign {
+            file: file.clone(),
+            out: out.clone(),
+            budget,
+            jobs: args.jobs,
+            place: args.place.campaign(),
+        };
+        Campaign::start(&new, &mut Printer)?
     };
+    let summary = campaign.run(&mut Printer, &stop)?;
     eprintln!(
         "detvisor: campaign stopped ({}): {} branches ({} in this run, {} worker{}, batches of {}), {} finding{}, {:.1} min of wall time",
         summary.stopped_by,
@@ -422,35 +193,21 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
     Ok(if summary.findings.is_empty() { 0 } else { 1 })
 }
 
-fn absolute(dir: &Path) -> Result<PathBuf> {
-    dir.canonicalize()
-        .with_context(|| format!("directory {}", dir.display()))
-}
-
 pub fn cmd_findings(args: FindingsArgs) -> Result<u8> {
-    let listed = fuzzer::listing::list(&args.dir)?;
-    for fuzzer::listing::Listed { dir, file } in &listed {
+    let listed = fuzzer::campaign::findings(&args.dir)?;
+    for line in &listed {
         if args.json {
-            println!(
-                "{}",
-                serde_json::json!({
-                    "number": file.number, "key": file.key, "summary": file.summary,
-                    "faults": file.path.fault_count(), "found_faults": file.found_path.fault_count(),
-                    "virtual_ns": file.virtual_ns, "digest": file.digest,
-                    "dir": dir,
-                })
-            );
+            println!("{}", serde_json::to_string(line)?);
         } else {
-            let faults = file.path.fault_count();
             println!(
                 "{:04}  {}  {}  ({} fault{} after shrinking from {}; ends at {})",
-                file.number,
-                file.key,
-                file.summary,
-                faults,
-                if faults == 1 { "" } else { "s" },
-                file.found_path.fault_count(),
-                vmm::VirtNanos(file.virtual_ns)
+                line.number,
+                line.key,
+                line.summary,
+                line.faults,
+                if line.faults == 1 { "" } else { "s" },
+                line.found_faults,
+                vmm::VirtNanos(line.virtual_ns)
             );
         }
     }
@@ -461,29 +218,8 @@ pub fn cmd_findings(args: FindingsArgs) -> Result<u8> {
 }
 
 pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
-    let dir = absolute(&args.finding)?;
-    let finding = findings::load(&dir)?;
-    let judge = fuzzer::judges::campaign_judge(&finding.file.spec)?;
-    let mut shared: Vec<&Path> = Vec::new();
-    let logs = match &args.logs {
-        Some(logs) => {
-            std::fs::create_dir_all(logs)
-                .with_context(|| format!("creating {}", logs.display()))?;
-            Some(absolute(logs)?)
-        }
-        None => None,
-    };
-    if let Some(logs) = &logs {
-        shared.push(logs);
-    }
-    let plan = plan(args.host_vm, args.seccomp.enabled(), &finding.run, 1)?;
-    let (mut runners, there) = start(plan, &shared)?;
-    let runner = &mut runners[0];
-    let loaded = findings::LoadedFinding {
-        file: finding.file.clone(),
-        run: there,
-    };
-    let report = fuzzer::replay::replay_loaded(runner, &loaded, judge.as_ref(), logs.as_deref())?;
+    let report =
+        fuzzer::campaign::replay(&args.finding, args.logs.as_deref(), args.place.campaign())?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

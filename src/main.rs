@@ -3,7 +3,6 @@
 mod campaign_cmd;
 #[cfg(test)]
 mod error_chains;
-mod helper;
 mod image_cmd;
 mod print;
 mod serve;
@@ -14,8 +13,9 @@ mod up_cmd;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use helper_vm::{placement, HostVmMode, Placement};
-use run::api::{Controller, Request, Response};
+use helper_vm::client::Placed;
+use helper_vm::HostVmMode;
+use run::client::{Calls, Local, RunnerError};
 use run::plain::{GuestSpec, PlainNetwork};
 use run::snapshots::SnapshotPlan;
 use run::units;
@@ -129,31 +129,77 @@ struct BranchArgs {
     trace: Option<PathBuf>,
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    place: RunPlaceArgs,
+}
+
+/// Where a verb's guests run: `--host-vm` and `--no-seccomp`.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct PlaceArgs {
+    /// Where to run: the host's KVM, or a helper VM with real KVM inside.
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    pub host_vm: HostVmMode,
+    /// Run guests without the VMM's seccomp filter (for debugging; see
+    /// docs/security.md).
+    #[arg(long)]
+    pub no_seccomp: bool,
+}
+
+/// Where a verb's runs happen, and how long a guest may go without an
+/// exit: `--stall-timeout`, `--host-vm`, `--no-seccomp`.
+#[derive(Args, Debug, Clone, Copy)]
+pub struct RunPlaceArgs {
     /// Wall time the guest may execute without a VM exit before the run ends
     /// as `stalled` (e.g. 60s; 0: never). Default: 60s on hardware KVM,
     /// 10m in the helper VM (where the same wall time is far less guest work).
     #[arg(long)]
-    stall_timeout: Option<StallTimeout>,
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    host_vm: HostVmMode,
+    pub stall_timeout: Option<StallTimeout>,
     #[command(flatten)]
-    seccomp: SeccompArgs,
+    pub place: PlaceArgs,
 }
 
-/// `--no-seccomp`, on every verb that runs guests.
-#[derive(Args, Debug, Clone, Copy)]
-pub struct SeccompArgs {
-    /// Run guests without the VMM's seccomp filter (for debugging; see
-    /// docs/security.md).
-    #[arg(long)]
-    no_seccomp: bool,
-}
+/// The CLI's runner: the run library in this process (its stdio the
+/// request's streams), or a helper VM.
+pub type CliRunner = Placed<Local<StdStreams>>;
 
-impl SeccompArgs {
-    /// Whether the guests run under the filter.
-    pub fn enabled(self) -> bool {
-        !self.no_seccomp
+impl PlaceArgs {
+    /// A runner for this verb's requests (`stall`: every run's stall
+    /// timeout; default: for where it runs); `stdin` says what the
+    /// requests read of this process's stdin.
+    pub fn runner(self, stall: Option<StallTimeout>, stdin: Stdin) -> CliRunner {
+        let input = match stdin {
+            Stdin::None => None,
+            Stdin::Raw => Some(terminal::StdinEnd::Never),
+            Stdin::UntilEot => Some(terminal::StdinEnd::AtEot),
+        };
+        Placed::new(
+            helper_vm::placement(self.host_vm),
+            || Local::process_wide(StdStreams::with_input(input)),
+            stall,
+            !self.no_seccomp,
+            stdin != Stdin::None,
+        )
     }
+
+    /// Where a campaign's runs happen.
+    pub fn campaign(self) -> fuzzer::campaign::Place {
+        fuzzer::campaign::Place {
+            host_vm: self.host_vm,
+            seccomp: !self.no_seccomp,
+        }
+    }
+}
+
+impl RunPlaceArgs {
+    pub fn runner(self, stdin: Stdin) -> CliRunner {
+        self.place.runner(self.stall_timeout, stdin)
+    }
+}
+
+/// A failed call, said as the run library said it (the verb is the
+/// process's one).
+pub fn failed(error: RunnerError) -> anyhow::Error {
+    anyhow::Error::msg(error.into_cause())
 }
 
 #[derive(Args, Debug)]
@@ -162,10 +208,8 @@ struct SeekArgs {
     spec: String,
     #[arg(long)]
     json: bool,
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    host_vm: HostVmMode,
     #[command(flatten)]
-    seccomp: SeccompArgs,
+    place: PlaceArgs,
 }
 
 #[derive(Args, Debug)]
@@ -176,10 +220,8 @@ struct ShellArgs {
     /// namespaces and root, its `/bin/sh`) instead of beside the nodes.
     #[arg(long)]
     node: Option<String>,
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    host_vm: HostVmMode,
     #[command(flatten)]
-    seccomp: SeccompArgs,
+    place: PlaceArgs,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -219,16 +261,8 @@ struct GuestArgs {
     /// Probability that the switch loses a frame (0..1).
     #[arg(long, default_value_t = 0.0)]
     net_loss: f64,
-    /// Wall time the guest may execute without a VM exit before the run ends
-    /// as `stalled` (e.g. 60s; 0: never). Default: 60s on hardware KVM,
-    /// 10m in the helper VM (where the same wall time is far less guest work).
-    #[arg(long)]
-    stall_timeout: Option<StallTimeout>,
-    /// Where to run: the host's KVM, or a helper VM with real KVM inside.
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    host_vm: HostVmMode,
     #[command(flatten)]
-    seccomp: SeccompArgs,
+    place: RunPlaceArgs,
     /// The command to run inside the guest (none: an interactive shell).
     #[arg(last = true)]
     command: Vec<String>,
@@ -337,120 +371,15 @@ impl SnapshotArgs {
     }
 }
 
-/// Carries out one request here, with this process's stdio as its streams.
-fn handle(request: Request, streams: StdStreams) -> Result<Response> {
-    Ok(Controller::new().handle(request, &streams)?)
-}
-
-/// Carries out a request that runs guests here: this process is detvisor's
-/// own, so once a guest is set up the seccomp filter covers all of its
-/// threads (the stdin pump and the terminal's among them), unless
-/// `seccomp` is off.
-fn handle_guests(request: Request, streams: StdStreams, seccomp: bool) -> Result<Response> {
-    vmm::seccomp::set_scope(vmm::seccomp::Scope::Process);
-    let mut controller = Controller::new();
-    controller.handle(Request::Seccomp { enabled: seccomp }, &streams)?;
-    Ok(controller.handle(request, &streams)?)
-}
-
 /// What a request reads from this process's stdin.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Stdin {
+pub enum Stdin {
     /// Nothing.
     None,
     /// Every byte (an interactive console).
     Raw,
     /// Bytes up to Ctrl-D (a fork's shell).
     UntilEot,
-}
-
-/// Carries out `request` where this invocation's guests run: here, or in a
-/// helper VM holding what `needs` says (which also rewrites the request's
-/// host paths to where they are inside it).
-///
-/// A request that runs a guest gets `stall` as its stall timeout, or where
-/// none was given the default for where it runs; its guests run under the
-/// VMM's seccomp filter unless `seccomp` is false (`--no-seccomp`).
-fn dispatch(
-    mode: HostVmMode,
-    seccomp: bool,
-    stall: Option<StallTimeout>,
-    mut request: Request,
-    stdin: Stdin,
-    needs: impl FnOnce(&mut Request) -> Result<helper::Needs>,
-) -> Result<Response> {
-    let placement = placement(mode);
-    if let Some(timeout) = request.stall_timeout_mut() {
-        *timeout = stall.unwrap_or(match placement {
-            Placement::Host => StallTimeout::HARDWARE,
-            Placement::HelperVm { .. } => StallTimeout::HELPER_VM,
-        });
-    }
-    match placement {
-        Placement::Host => {
-            let input = match stdin {
-                Stdin::None => None,
-                Stdin::Raw => Some(terminal::StdinEnd::Never),
-                Stdin::UntilEot => Some(terminal::StdinEnd::AtEot),
-            };
-            handle_guests(request, StdStreams::with_input(input), seccomp)
-        }
-        Placement::HelperVm { reason } => {
-            let needs = needs(&mut request)?;
-            let mut remote = helper::Remote::start(&reason, needs)?;
-            // On by default there; turned off before the request if asked.
-            if !seccomp {
-                remote.call(&Request::Seccomp { enabled: false }, false)?;
-            }
-            remote.call(&request, stdin != Stdin::None)
-        }
-    }
-}
-
-/// A plain run's files in the helper VM: kernel and initrd shipped along,
-/// the snapshot directory shared.
-fn guest_needs(
-    guest: &mut GuestSpec,
-    snapshots: Option<&mut SnapshotPlan>,
-) -> Result<helper::Needs> {
-    let mut needs = helper::Needs::default();
-    let image = guest.image_files()?;
-    guest.kernel = Some(needs.file(&image.kernel, "vmlinux"));
-    guest.initrd = Some(needs.file(&image.initrd, "initrd"));
-    if let Some(plan) = snapshots {
-        plan.dir = needs.share(&plan.dir)?;
-    }
-    needs.memory_mib = ((guest.ram_bytes >> 20) as u32)
-        .saturating_add(1024)
-        .max(2048);
-    Ok(needs)
-}
-
-/// Shares the node disks' image cache (if there is one) at its own path: an
-/// `up` run's snapshots name their disks' base images there.
-fn share_disk_cache(needs: &mut helper::Needs) -> Result<()> {
-    let disks = run::guest::cache_root().join("disks");
-    if disks.is_dir() {
-        needs.share(&disks)?;
-    }
-    Ok(())
-}
-
-/// A saved moment in the helper VM: its snapshot directory shared (and the
-/// directory new snapshots go to), the disk image cache, the spec made
-/// absolute.
-fn snapshot_needs(spec: &mut String, taking: Option<&mut SnapshotPlan>) -> Result<helper::Needs> {
-    // A spec that names no snapshot is refused before the helper VM starts.
-    run::snapshots::resolve(spec)?;
-    let mut needs = helper::Needs::default();
-    let absolute = spec.parse::<snapshot::SnapshotSpec>()?.absolute()?;
-    needs.share(&absolute.root())?;
-    share_disk_cache(&mut needs)?;
-    *spec = absolute.to_string();
-    if let Some(plan) = taking {
-        plan.dir = needs.share(&plan.dir)?;
-    }
-    Ok(needs)
 }
 
 /// The guest `run` and `audit` boot, from their flags.
@@ -482,7 +411,7 @@ fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
         rtc_epoch_unix_secs: guest.rtc_epoch,
         network,
         command: guest.command.clone(),
-        // Set for where the request runs (`dispatch`).
+        // Set for where the request runs (`PlaceArgs::runner`).
         stall_timeout: StallTimeout::default(),
         exit_path: guest.exit_path,
     };
@@ -496,74 +425,33 @@ fn cmd_run(args: RunArgs) -> Result<u8> {
     if args.pcap.is_some() && args.guest.nics == 0 {
         bail!("--pcap captures the network's frames: it needs --nics N");
     }
-    let request = Request::Run {
-        guest: guest_spec(&args.guest)?,
-        snapshots: args.snapshots.plan()?,
-        pcap: args.pcap.clone(),
-        trace: args.trace.clone(),
-    };
+    let guest = guest_spec(&args.guest)?;
+    let snapshots = args.snapshots.plan()?;
     let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
     let stdin = if interactive { Stdin::Raw } else { Stdin::None };
-    let response = dispatch(
-        args.guest.host_vm,
-        args.guest.seccomp.enabled(),
-        args.guest.stall_timeout,
-        request,
-        stdin,
-        |request| match request {
-            Request::Run {
-                guest,
-                snapshots,
-                pcap,
-                trace,
-            } => {
-                let mut needs = guest_needs(guest, snapshots.as_mut())?;
-                // Written inside the helper VM, read here.
-                if let Some(dir) = pcap {
-                    *dir = needs.share(dir)?;
-                }
-                if let Some(file) = trace {
-                    *file = needs.trace_file(file)?;
-                }
-                Ok(needs)
-            }
-            _ => unreachable!("a run request"),
-        },
-    )?;
-    match response {
-        Response::Summary(summary) => print::summary(&summary, args.json),
-        other => print::unexpected(&other),
-    }
+    let mut runner = args.guest.place.runner(stdin);
+    let summary = Calls::new(&mut runner)
+        .run(guest, snapshots, args.pcap.clone(), args.trace.clone())
+        .map_err(failed)?;
+    print::summary(&summary, args.json)
 }
 
 fn cmd_audit(args: AuditArgs) -> Result<u8> {
     if args.runs < 2 {
         bail!("--runs must be at least 2 to compare anything");
     }
-    let request = Request::Audit {
-        guest: guest_spec(&args.guest)?,
-        options: run::audit::AuditOptions {
-            runs: args.runs,
-            memory_every: args.memory_every,
-            devices_every: args.devices_every,
-            perturb: args.perturb.perturb(),
-        },
+    let guest = guest_spec(&args.guest)?;
+    let options = run::audit::AuditOptions {
+        runs: args.runs,
+        memory_every: args.memory_every,
+        devices_every: args.devices_every,
+        perturb: args.perturb.perturb(),
     };
-    let response = dispatch(
-        args.guest.host_vm,
-        args.guest.seccomp.enabled(),
-        args.guest.stall_timeout,
-        request,
-        Stdin::None,
-        |request| match request {
-            Request::Audit { guest, .. } => guest_needs(guest, None),
-            _ => unreachable!("an audit request"),
-        },
-    )?;
-    match response {
-        Response::Audit(summary) => print::audit(&summary, args.json),
-        other => print::unexpected(&other),
-    }
+    let mut runner = args.guest.place.runner(Stdin::None);
+    let summary = Calls::new(&mut runner)
+        .audit(guest, options)
+        .map_err(failed)?;
+    print::audit(&summary, args.json)
 }
 
 fn cmd_branch(args: BranchArgs) -> Result<u8> {
@@ -577,7 +465,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         .transpose()
         .context("--until")?;
     if let Some(range) = &args.seeds {
-        let request = Request::BranchSeeds(run::seeds::SeedsRequest {
+        let request = run::seeds::SeedsRequest {
             spec: args.spec.clone(),
             seeds: range.parse()?,
             jobs: args.jobs,
@@ -585,24 +473,14 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
             in_place: args.in_place,
             faults: args.faults.clone(),
             stall_timeout: StallTimeout::default(),
-        });
-        let response = dispatch(
-            args.host_vm,
-            args.seccomp.enabled(),
-            args.stall_timeout,
-            request,
-            Stdin::None,
-            |request| match request {
-                Request::BranchSeeds(seeds) => snapshot_needs(&mut seeds.spec, None),
-                _ => unreachable!("a seeds request"),
-            },
-        )?;
-        return match response {
-            Response::Seeds(report) => print::seeds(&report, args.json),
-            other => print::unexpected(&other),
         };
+        let mut runner = args.place.runner(Stdin::None);
+        let report = Calls::new(&mut runner)
+            .branch_seeds(request)
+            .map_err(failed)?;
+        return print::seeds(&report, args.json);
     }
-    let request = Request::Branch(run::branch::BranchRequest {
+    let request = run::branch::BranchRequest {
         spec: args.spec.clone(),
         until,
         seed: args.seed,
@@ -613,28 +491,10 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         faults: args.faults.clone(),
         stall_timeout: StallTimeout::default(),
         trace: args.trace.clone(),
-    });
-    let response = dispatch(
-        args.host_vm,
-        args.seccomp.enabled(),
-        args.stall_timeout,
-        request,
-        Stdin::None,
-        |request| match request {
-            Request::Branch(branch) => {
-                let mut needs = snapshot_needs(&mut branch.spec, branch.snapshots.as_mut())?;
-                if let Some(file) = &mut branch.trace {
-                    *file = needs.trace_file(file)?;
-                }
-                Ok(needs)
-            }
-            _ => unreachable!("a branch request"),
-        },
-    )?;
-    match response {
-        Response::Summary(summary) => print::summary(&summary, args.json),
-        other => print::unexpected(&other),
-    }
+    };
+    let mut runner = args.place.runner(Stdin::None);
+    let summary = Calls::new(&mut runner).branch(request).map_err(failed)?;
+    print::summary(&summary, args.json)
 }
 
 fn cmd_shell(args: ShellArgs) -> Result<u8> {
@@ -643,89 +503,52 @@ fn cmd_shell(args: ShellArgs) -> Result<u8> {
     let interactive = std::io::stdin().is_terminal() && run::snapshots::is_up(&args.spec)?;
     let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
     let (rows, cols) = terminal::size();
-    let request = Request::Shell(run::shell::ShellRequest {
+    let request = run::shell::ShellRequest {
         spec: args.spec.clone(),
         node: args.node.clone(),
         rows,
         cols,
         term: std::env::var("TERM").ok().filter(|t| !t.is_empty()),
-    });
-    let response = dispatch(
-        args.host_vm,
-        args.seccomp.enabled(),
-        None,
-        request,
-        Stdin::UntilEot,
-        |request| match request {
-            Request::Shell(shell) => snapshot_needs(&mut shell.spec, None),
-            _ => unreachable!("a shell request"),
-        },
-    )?;
-    match response {
-        Response::Shell { status } => Ok(status),
-        other => print::unexpected(&other),
-    }
+    };
+    let mut runner = args.place.runner(None, Stdin::UntilEot);
+    Calls::new(&mut runner).shell(request).map_err(failed)
 }
 
 fn cmd_seek(args: SeekArgs) -> Result<u8> {
-    let request = Request::Seek { spec: args.spec };
-    let response = dispatch(
-        args.host_vm,
-        args.seccomp.enabled(),
-        None,
-        request,
-        Stdin::None,
-        |request| match request {
-            Request::Seek { spec } => snapshot_needs(spec, None),
-            _ => unreachable!("a seek request"),
-        },
-    )?;
-    match response {
-        Response::Seek(report) => print::seek(&report, args.json),
-        other => print::unexpected(&other),
-    }
+    let mut runner = args.place.runner(None, Stdin::None);
+    let report = Calls::new(&mut runner).seek(args.spec).map_err(failed)?;
+    print::seek(&report, args.json)
 }
 
 fn cmd_snapshot(command: SnapshotCommand) -> Result<u8> {
+    let mut here = Local::new(StdStreams::default());
+    let mut calls = Calls::new(&mut here);
     match command {
         SnapshotCommand::Ls { dir, json } => {
-            match handle(Request::ListSnapshots { dir }, StdStreams::default())? {
-                Response::Snapshots { rows } => print::snapshot_rows(&rows, json),
-                other => print::unexpected(&other),
-            }
+            print::snapshot_rows(&calls.list_snapshots(dir).map_err(failed)?, json)
         }
         SnapshotCommand::Info { dir } => {
-            match handle(Request::SnapshotInfo { dir }, StdStreams::default())? {
-                Response::SnapshotDetails(details) => print::snapshot_details(&details),
-                other => print::unexpected(&other),
-            }
+            print::snapshot_details(&calls.snapshot_info(dir).map_err(failed)?)
         }
     }
-}
-
-/// Whether the helper VM's QEMU is on PATH.
-fn qemu_available() -> bool {
-    std::env::var_os("PATH")
-        .map(|paths| std::env::split_paths(&paths).any(|d| d.join("qemu-system-x86_64").is_file()))
-        .unwrap_or(false)
 }
 
 fn cmd_check(args: CheckArgs) -> Result<u8> {
     let report = if args.host_vm == HostVmMode::Always {
-        let reason = "`check --host-vm always` checks the KVM inside it";
-        match helper::call_once(
-            reason,
-            helper::Needs::default(),
-            &Request::HostReport,
+        let reason = "`check --host-vm always` checks the KVM inside it".to_string();
+        let placement = helper_vm::Placement::HelperVm { reason };
+        let mut runner = CliRunner::new(
+            placement,
+            || Local::new(StdStreams::default()),
+            None,
+            true,
             false,
-        )? {
-            Response::HostReport(report) => report,
-            other => return print::unexpected(&other),
-        }
+        );
+        Calls::new(&mut runner).host_report().map_err(failed)?
     } else {
         vmm::probe::host_report()
     };
-    let qemu = qemu_available();
+    let qemu = helper_vm::qemu_available();
     if args.json {
         #[derive(Serialize)]
         struct Check<'a> {

@@ -1,8 +1,7 @@
 //! How the CLI prints what the run library answers: one line for people on
 //! stderr, or JSON on stdout with `--json`; and the process exit status.
 
-use anyhow::{bail, Result};
-use run::api::Response;
+use anyhow::Result;
 use run::audit::AuditSummary;
 use run::seeds::SeedsReport;
 use run::snapshots::{SeekReport, SnapshotDetails, SnapshotRow};
@@ -150,9 +149,4 @@ pub fn snapshot_rows(rows: &[SnapshotRow], json: bool) -> Result<u8> {
 pub fn snapshot_details(details: &SnapshotDetails) -> Result<u8> {
     println!("{}", serde_json::to_string_pretty(details)?);
     Ok(0)
-}
-
-/// A response of the wrong kind: a bug between the CLI and the library.
-pub fn unexpected(response: &Response) -> Result<u8> {
-    bail!("internal error: unexpected response {response:?}")
 }

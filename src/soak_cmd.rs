@@ -5,14 +5,13 @@
 //! docs/determinism.md).
 
 use crate::up_cmd::UpRunArgs;
-use crate::{GuestArgs, HostVmMode, Stdin};
+use crate::{GuestArgs, RunPlaceArgs, Stdin};
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
-use run::api::{Request, Response};
+use run::client::Calls;
 use run::soak::{SoakIdentity, SoakReport, SoakRequest, SoakTarget};
 use run::up::UpOptions;
 use std::path::PathBuf;
-use vmm::stall::StallTimeout;
 
 #[derive(Args, Debug)]
 pub struct SoakArgs {
@@ -64,8 +63,7 @@ pub fn cmd_soak(args: SoakArgs) -> Result<u8> {
                 bail!("a soak's runs must end: give the command to run after --");
             }
             let target = SoakTarget::Boot(crate::guest_spec(&guest)?);
-            let place = (guest.host_vm, guest.seccomp.enabled(), guest.stall_timeout);
-            soak_target(soak, "boot".into(), guest.seed, target, place)
+            soak_target(soak, "boot".into(), guest.seed, target, guest.place)
         }
         SoakCommand::Up { soak, up } => {
             let until = up.until()?;
@@ -89,21 +87,17 @@ pub fn cmd_soak(args: SoakArgs) -> Result<u8> {
                 prepared: Box::new(prepared),
                 options,
             };
-            let place = (up.host_vm, up.seccomp.enabled(), up.stall_timeout);
-            soak_target(soak, name, up.seed, target, place)
+            soak_target(soak, name, up.seed, target, up.place)
         }
     }
 }
-
-/// Where a soak runs: `--host-vm`, the seccomp filter, `--stall-timeout`.
-type Place = (HostVmMode, bool, Option<StallTimeout>);
 
 fn soak_target(
     soak: SoakOptions,
     default_name: String,
     seed: u64,
     target: SoakTarget,
-    (host_vm, seccomp, stall): Place,
+    place: RunPlaceArgs,
 ) -> Result<u8> {
     if soak.runs < 2 {
         bail!("--runs must be at least 2 to compare anything");
@@ -138,27 +132,17 @@ fn soak_target(
             soak.runs
         );
     }
-    let request = Request::Soak(SoakRequest {
+    let request = SoakRequest {
         target,
         identity,
         dir,
         runs: soak.runs,
-    });
-    let response = crate::dispatch(host_vm, seccomp, stall, request, Stdin::None, |request| {
-        let Request::Soak(request) = request else {
-            unreachable!("a soak request")
-        };
-        let mut needs = match &mut request.target {
-            SoakTarget::Boot(guest) => crate::guest_needs(guest, None)?,
-            SoakTarget::Up { prepared, options } => crate::up_cmd::helper_needs(prepared, options)?,
-        };
-        request.dir = needs.share(&request.dir)?;
-        Ok(needs)
-    })?;
-    match response {
-        Response::Soak(report) => print(&report, soak.json),
-        other => crate::print::unexpected(&other),
-    }
+    };
+    let mut runner = place.runner(Stdin::None);
+    let report = Calls::new(&mut runner)
+        .soak(request)
+        .map_err(crate::failed)?;
+    print(&report, soak.json)
 }
 
 /// The report: the verdict line (and the first divergence) on stdout, or

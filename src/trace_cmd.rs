@@ -4,7 +4,7 @@
 use crate::terminal::StdStreams;
 use anyhow::Result;
 use clap::Args;
-use run::api::{Request, Response};
+use run::client::{Calls, Local};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use vmm::trace::report::{Counts, TraceReport};
@@ -23,13 +23,10 @@ pub struct TraceArgs {
 }
 
 pub fn cmd_trace(args: TraceArgs) -> Result<u8> {
-    let request = Request::TraceReport {
-        path: args.file.clone(),
-    };
-    let report = match crate::handle(request, StdStreams::default())? {
-        Response::TraceReport(report) => report,
-        other => return crate::print::unexpected(&other),
-    };
+    let mut here = Local::new(StdStreams::default());
+    let report = Calls::new(&mut here)
+        .trace_report(args.file.clone())
+        .map_err(crate::failed)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

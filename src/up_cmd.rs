@@ -1,15 +1,14 @@
-//! The `detvisor up` command: arguments, guest assembly, placement (host or
-//! helper VM), the runs (one, or several compared as an audit) and the summary.
+//! The `detvisor up` command: arguments, the guest's assembly from them, the
+//! runs (one, or several compared as an audit; here or in a helper VM) and
+//! the summary.
 
-use crate::helper::Needs;
-use crate::{HostVmMode, SeccompArgs, SnapshotArgs};
+use crate::{RunPlaceArgs, SnapshotArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use helper_vm::TempDir;
-use run::api::{Request, Response};
+use run::client::Calls;
 use run::manifest;
 use run::units;
-use run::up::{Initrd, PreparedUp, UpOptions};
+use run::up::{PreparedUp, UpOptions};
 use std::path::PathBuf;
 
 /// What shapes an `up` run's history, and where it runs: `up`'s flags
@@ -39,15 +38,8 @@ pub struct UpRunArgs {
     /// and an EOI per interrupt, kept for comparisons).
     #[arg(long, default_value_t = vmm::ExitPath::default())]
     pub exit_path: vmm::ExitPath,
-    /// Wall time the guest may execute without a VM exit before the run ends
-    /// as `stalled` (e.g. 60s; 0: never). Default: 60s on hardware KVM,
-    /// 10m in the helper VM (where the same wall time is far less guest work).
-    #[arg(long)]
-    pub stall_timeout: Option<vmm::stall::StallTimeout>,
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    pub host_vm: HostVmMode,
     #[command(flatten)]
-    pub seccomp: SeccompArgs,
+    pub place: RunPlaceArgs,
 }
 
 impl UpRunArgs {
@@ -136,7 +128,7 @@ impl UpArgs {
             logs: Some(self.logs.clone()),
             stream_output: !self.quiet && !self.json,
             snapshots: self.snapshots.plan()?,
-            // Set for where the request runs (`dispatch`).
+            // Set for where the request runs (`PlaceArgs::runner`).
             stall_timeout: vmm::stall::StallTimeout::default(),
             pcap: self.pcap.clone(),
             trace: self.trace.clone(),
@@ -154,78 +146,9 @@ pub fn cmd_up(args: UpArgs) -> Result<u8> {
     let options = args.options()?;
     // The guest is assembled here, where the images are.
     let prepared = args.run.prepare()?;
-    let request = Request::Up { prepared, options };
-    let response = crate::dispatch(
-        args.run.host_vm,
-        args.run.seccomp.enabled(),
-        args.run.stall_timeout,
-        request,
-        crate::Stdin::None,
-        |request| match request {
-            Request::Up { prepared, options } => helper_needs(prepared, options),
-            _ => unreachable!("an up request"),
-        },
-    )?;
-    match response {
-        Response::Up(summary) => crate::print::up(&summary, args.json),
-        other => crate::print::unexpected(&other),
-    }
-}
-
-/// An `up` run in the helper VM: the assembled initrd (staged in a file)
-/// and the kernel shipped along, the log and snapshot directories shared.
-pub(crate) fn helper_needs(prepared: &mut PreparedUp, options: &mut UpOptions) -> Result<Needs> {
-    let mut needs = Needs::default();
-    // Removed with its files when the helper VM is done with them.
-    let staging = TempDir::new("detvisor-up-")
-        .context("creating a staging directory for the helper VM's files")?;
-    let path = match &prepared.initrd {
-        Initrd::Bytes(bytes) => {
-            let path = staging.path().join("initrd");
-            std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
-            path
-        }
-        Initrd::File(path) => path.clone(),
-    };
-    let initrd_len = std::fs::metadata(&path)
-        .with_context(|| format!("initrd {}", path.display()))?
-        .len() as usize;
-    prepared.initrd = Initrd::File(needs.file(&path, "initrd"));
-    prepared.kernel = needs.file(&prepared.kernel.clone(), "vmlinux");
-    // Node disks' base images stay in their shared directory (the disk
-    // cache), at the same paths inside: snapshots name them, and a later
-    // branch finds them there (see `crate::share_disk_cache`).
-    let mut disk_len = 0usize;
-    for disk in &mut prepared.disks {
-        disk_len += std::fs::metadata(&disk.image)
-            .with_context(|| format!("disk image {}", disk.image.display()))?
-            .len() as usize;
-        let dir = disk.image.parent().unwrap_or(std::path::Path::new("/"));
-        let name = disk.image.file_name().unwrap_or_default().to_owned();
-        disk.image = needs.share(dir)?.join(name);
-    }
-    if let Some(logs) = &options.logs {
-        options.logs = Some(needs.share(logs)?);
-    }
-    if let Some(plan) = &mut options.snapshots {
-        plan.dir = needs.share(&plan.dir)?;
-    }
-    if let Some(dir) = &options.pcap {
-        options.pcap = Some(needs.share(dir)?);
-    }
-    if let Some(file) = &options.trace {
-        options.trace = Some(needs.trace_file(file)?);
-    }
-    if let Some(file) = &options.records {
-        options.records = Some(needs.output_file(file, "records")?);
-    }
-    // The initrd is shipped in the helper's own initramfs and then read
-    // into the VMM: count it about three times over.
-    needs.staging = Some(staging);
-    needs.memory_mib = ((prepared.ram_bytes >> 20) as u32)
-        .saturating_add(1536)
-        .saturating_add(((3 * initrd_len) >> 20) as u32)
-        .saturating_add((disk_len >> 20) as u32)
-        .max(2048);
-    Ok(needs)
+    let mut runner = args.run.place.runner(crate::Stdin::None);
+    let summary = Calls::new(&mut runner)
+        .up(prepared, options)
+        .map_err(crate::failed)?;
+    crate::print::up(&summary, args.json)
 }

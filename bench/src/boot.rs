@@ -39,7 +39,6 @@
 //! bench server there ([`super::serve`]); see [`super::helper`].
 
 use anyhow::{anyhow, Context, Result};
-use run::api::{Request, Response};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -180,17 +179,8 @@ fn end_to_end(args: &BootArgs, plan: &WorkerPlan) -> SystemResult {
             move || {
                 let mut session = Session::default();
                 let summary = launch.session(&mut session, "", |vm| {
-                    let request = Request::Run {
-                        guest,
-                        snapshots: None,
-                        pcap: None,
-                        trace: None,
-                    };
-                    match call_vm(vm, &BenchCall::Request(Box::new(request)))? {
-                        BenchReply::Response(response) => match *response {
-                            Response::Summary(summary) => Ok(summary),
-                            other => anyhow::bail!("a run answered {other:?}"),
-                        },
+                    match call_vm(vm, &BenchCall::Run(Box::new(guest)))? {
+                        BenchReply::Run(summary) => Ok(*summary),
                         _ => anyhow::bail!("the helper VM answered another call"),
                     }
                 });

@@ -14,7 +14,7 @@ use super::qemu::{Accel, QemuFiles, QemuPlan, QemuRun};
 use super::report::{RunResult, WorkerReport};
 use super::stats::ms;
 use crate::say;
-use run::api::{Controller, Request, Response};
+use run::client::{Calls, Local};
 use run::outcome::RunSummary;
 use run::plain::GuestSpec;
 
@@ -82,16 +82,10 @@ impl WorkerReport for BootWorkerReport {
 
 /// A plain run to its end through the run library (its console thrown away).
 pub fn run_plain(guest: GuestSpec) -> anyhow::Result<RunSummary> {
-    let request = Request::Run {
-        guest,
-        snapshots: None,
-        pcap: None,
-        trace: None,
-    };
-    match Controller::new().handle(request, &run::streams::Discard)? {
-        Response::Summary(summary) => Ok(summary),
-        other => anyhow::bail!("a run answered {other:?}"),
-    }
+    let mut here = Local::new(run::streams::Discard);
+    Calls::new(&mut here)
+        .run(guest, None, None, None)
+        .map_err(|e| anyhow::Error::msg(e.into_cause()))
 }
 
 /// The guest `detvisor run --mem MEM --cmdline CMDLINE -- true` boots, with the plan's kernel

@@ -14,7 +14,7 @@ use crate::process::{last_lines, run_in_process, Watch};
 use crate::report::WorkerReport;
 use crate::say;
 use crate::stats::ms;
-use run::api::{Controller, Request, Response};
+use run::client::{Calls, Local, RunnerError};
 use run::units;
 use run::up::{PreparedUp, UpOptions};
 
@@ -101,13 +101,12 @@ pub fn up_summary(
     prepared: PreparedUp,
     options: UpOptions,
 ) -> (Result<serde_json::Value, String>, String) {
-    let streams = run::streams::Captured::default();
-    let summary = match Controller::new().handle(Request::Up { prepared, options }, &streams) {
-        Ok(Response::Up(summary)) => serde_json::to_value(summary).map_err(|e| e.to_string()),
-        Ok(other) => Err(format!("an up run answered {other:?}")),
-        Err(e) => Err(format!("{:#}", anyhow::Error::from(e))),
-    };
-    (summary, last_lines(&streams.stderr_text(), 20))
+    let mut here = Local::new(run::streams::Captured::default());
+    let summary = Calls::new(&mut here)
+        .up(prepared, options)
+        .map_err(RunnerError::into_cause)
+        .and_then(|summary| serde_json::to_value(summary).map_err(|e| e.to_string()));
+    (summary, last_lines(&here.streams().stderr_text(), 20))
 }
 
 /// Judges an `up` run that took `wall`: its summary (as `detvisor up --json` prints it), or why

@@ -20,7 +20,7 @@ use super::qemu::{qemu_command, qemu_failure, Accel, QemuFiles, QemuPlan};
 use super::report::WorkerReport;
 use super::stats::{fnv1a, ms};
 use crate::say;
-use run::api::{Controller, Request, Response};
+use run::client::{Calls, Local, RunnerError};
 use run::outcome::RunSummary;
 use run::plain::GuestSpec;
 use run::up::{PreparedUp, UpOptions};
@@ -406,19 +406,11 @@ pub fn boot_guest(plan: &ExitsPlan, s: &ScenarioPlan, kernel: &Path, initrd: &Pa
 
 /// A plain run's summary and console.
 fn plain_run(guest: GuestSpec) -> (Result<RunSummary, String>, String) {
-    let streams = run::streams::Captured::default();
-    let request = Request::Run {
-        guest,
-        snapshots: None,
-        pcap: None,
-        trace: None,
-    };
-    let summary = match Controller::new().handle(request, &streams) {
-        Ok(Response::Summary(summary)) => Ok(summary),
-        Ok(other) => Err(format!("a run answered {other:?}")),
-        Err(e) => Err(format!("{:#}", anyhow::Error::from(e))),
-    };
-    (summary, streams.stdout_text())
+    let mut here = Local::new(run::streams::Captured::default());
+    let summary = Calls::new(&mut here)
+        .run(guest, None, None, None)
+        .map_err(RunnerError::into_cause);
+    (summary, here.streams().stdout_text())
 }
 
 fn plain_result(

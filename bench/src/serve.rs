@@ -1,14 +1,15 @@
 //! `detvisor bench serve-channel` (hidden): what runs inside the helper VM. It answers the
 //! benches' calls on the helper VM's typed channel: a worker's plan (the worker runs here, in
-//! L1, and its report goes back), or a plain run through the run library. Progress lines go
-//! back as the call's stderr frames.
+//! L1, and its report goes back), or a plain run through the run library's typed client.
+//! Progress lines go back as the call's stderr frames.
 
 use anyhow::Result;
 use helper_vm::channel::CallIo;
-use run::api::{Controller, Request, Response};
+use run::outcome::RunSummary;
+use run::plain::GuestSpec;
 use serde::{Deserialize, Serialize};
 
-use crate::boot_worker::{BootWorkerReport, WorkerPlan};
+use crate::boot_worker::{run_plain, BootWorkerReport, WorkerPlan};
 use crate::etcd_worker::{EtcdWorkerPlan, EtcdWorkerReport};
 use crate::exits_worker::{ExitsPlan, ExitsWorkerReport};
 use crate::machine::uptime;
@@ -24,9 +25,9 @@ pub enum BenchCall {
     Snapshot(SnapWorkerPlan),
     Etcd(EtcdWorkerPlan),
     Exits(Box<ExitsPlan>),
-    /// A request of the run library (an end-to-end `Run`, as `detvisor
-    /// run` sends it).
-    Request(Box<Request>),
+    /// A plain run to its end through the run library (an end-to-end
+    /// run, as `detvisor run` makes it).
+    Run(Box<GuestSpec>),
 }
 
 /// The answer to a [`BenchCall`].
@@ -38,7 +39,7 @@ pub enum BenchReply {
     Snapshot(Box<SnapWorkerReport>),
     Etcd(Box<EtcdWorkerReport>),
     Exits(Box<ExitsWorkerReport>),
-    Response(Box<Response>),
+    Run(Box<RunSummary>),
 }
 
 /// Carries out `call` here.
@@ -51,11 +52,9 @@ pub fn answer(call: BenchCall) -> Result<BenchReply> {
         }
         BenchCall::Etcd(plan) => BenchReply::Etcd(Box::new(crate::etcd_worker::worker(&plan))),
         BenchCall::Exits(plan) => BenchReply::Exits(Box::new(crate::exits_worker::worker(&plan))),
-        BenchCall::Request(request) => BenchReply::Response(Box::new(on_own_thread(move || {
-            Controller::new()
-                .handle(*request, &run::streams::Discard)
-                .map_err(anyhow::Error::from)
-        })?)),
+        BenchCall::Run(guest) => {
+            BenchReply::Run(Box::new(on_own_thread(move || run_plain(*guest))?))
+        }
     })
 }
 

@@ -10,7 +10,8 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use run::api::{Controller, Request, Response, Until};
+use run::api::Until;
+use run::client::{Calls, Local, RunnerError};
 
 use snapshot::SnapshotMeta;
 use vmm::vm::Session as VmSession;
@@ -128,27 +129,18 @@ pub fn child_restore(dir: &Path) -> ChildRestore {
     let (tx, rx) = mpsc::channel();
     let started = Instant::now();
     let worker = thread::spawn(move || -> Result<()> {
-        let mut controller = Controller::new();
-        let streams = run::streams::Discard;
-        let run = match controller.handle(
-            Request::Restore {
-                spec,
-                until: None,
-                stall_timeout: Default::default(),
-            },
-            &streams,
-        )? {
-            Response::Started { run, .. } => run,
-            other => bail!("a restore answered {other:?}"),
-        };
-        let until = Until::Steps(1);
-        match controller.handle(Request::RunUntil { run, until }, &streams)? {
-            Response::Position(p) if p.stop.is_none() => {}
-            Response::Position(p) => bail!("the restored guest stopped at its first exit: {p:?}"),
-            other => bail!("running on answered {other:?}"),
+        let mut here = Local::new(run::streams::Discard);
+        let mut calls = Calls::new(&mut here);
+        let failed = |e: RunnerError| anyhow::Error::msg(e.into_cause());
+        let (run, _) = calls
+            .restore(spec, None, Default::default())
+            .map_err(failed)?;
+        let p = calls.run_until(run, Until::Steps(1)).map_err(failed)?;
+        if p.stop.is_some() {
+            bail!("the restored guest stopped at its first exit: {p:?}");
         }
         let _ = tx.send(Instant::now());
-        controller.handle(Request::Close { run }, &streams)?;
+        calls.close(run).map_err(failed)?;
         Ok(())
     });
     let first_exit = rx.recv_timeout(RESTORE_CHILD_LIMIT).ok();

@@ -8,6 +8,7 @@
 //! in a database, and writes one directory per distinct failure.
 
 pub mod budget;
+pub mod campaign;
 pub mod campaign_dir;
 pub mod engine;
 pub mod failure;

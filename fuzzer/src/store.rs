@@ -97,6 +97,8 @@ pub enum StoreError {
         #[source]
         source: crate::step::PathFaultError,
     },
+    #[error("the campaign database holds no {key}")]
+    MissingMeta { key: &'static str },
     #[error("{path}: {what} is corrupt")]
     Corrupt {
         path: PathBuf,
@@ -154,6 +156,22 @@ pub struct FindingRow {
 }
 
 /// An open campaign database, held exclusively.
+/// The campaign's own row of metadata, as the engine keeps it under its
+/// keys: what is searched, on which run, how far, and what was tallied.
+#[derive(Debug)]
+pub struct CampaignMeta {
+    pub spec: crate::spec::CampaignSpec,
+    /// The run as saved: its files named by digest in the campaign's
+    /// directory (see [`crate::findings::resolve`]).
+    pub run: run::up::PreparedUp,
+    /// Branches chosen together, fixed at the campaign's creation.
+    pub batch_width: Option<u32>,
+    /// The properties' tallies (the judge's own text), once the root ran.
+    pub tally: Option<String>,
+    pub branches: u64,
+    pub wall_ms: u64,
+}
+
 pub struct Store {
     conn: Connection,
     path: PathBuf,
@@ -372,6 +390,31 @@ impl Store {
         self.set_meta(key, &text)
     }
 
+    /// The campaign's metadata as one row; a campaign without its spec or
+    /// its run is refused.
+    pub fn campaign_meta(&self) -> Result<CampaignMeta> {
+        let batch_width = match self.meta("batch_width")? {
+            None => None,
+            Some(text) => Some(text.parse().map_err(|source| StoreError::BadValue {
+                path: self.path.clone(),
+                what: "meta \"batch_width\"".into(),
+                source: Box::new(source),
+            })?),
+        };
+        Ok(CampaignMeta {
+            spec: self
+                .meta_json("spec")?
+                .ok_or(StoreError::MissingMeta { key: "spec" })?,
+            run: self
+                .meta_json("run")?
+                .ok_or(StoreError::MissingMeta { key: "run" })?,
+            batch_width,
+            tally: self.meta("tally")?,
+            branches: self.branches()?,
+            wall_ms: self.wall_ms()?,
+        })
+    }
+
     pub fn branches(&self) -> Result<u64> {
         Ok(self
             .meta("branches")?
@@ -583,6 +626,50 @@ mod tests {
             score: 0.5,
             stopped: false,
         }
+    }
+
+    /// The engine's keys, read back as one row; a campaign without a spec
+    /// is refused by name.
+    #[test]
+    fn test_the_meta_keys_read_as_one_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = crate::spec::CampaignSpec::parse(
+            "manifest = \"m.toml\"\nseed = 5",
+            Path::new("c.toml"),
+            Path::new("/"),
+        )
+        .unwrap();
+        let run = serde_json::json!({
+            "kernel": "/k", "initrd": {"file": "/i"}, "specs": [], "node_names": ["n1"],
+            "workload": null,
+            "network": devices::NetworkConfig::reliable(devices::LatencyDist::Fixed(vmm::VirtNanos::ZERO)),
+            "rtc_epoch_unix_secs": 0, "ram_bytes": 1, "faults": [], "disks": []
+        });
+        let mut store = Store::create(
+            dir.path(),
+            &[
+                ("spec", serde_json::to_string(&spec).unwrap()),
+                ("run", run.to_string()),
+                ("batch_width", "4".into()),
+            ],
+        )
+        .unwrap();
+        store
+            .commit_meta(&[("branches", "7".into()), ("tally", "{}".into())])
+            .unwrap();
+        let meta = store.campaign_meta().unwrap();
+        assert_eq!(meta.spec.seed, 5);
+        assert_eq!(meta.run.node_names, ["n1"]);
+        assert_eq!(meta.batch_width, Some(4));
+        assert_eq!(meta.tally.as_deref(), Some("{}"));
+        assert_eq!((meta.branches, meta.wall_ms), (7, 0));
+
+        let bare = tempfile::tempdir().unwrap();
+        let store = Store::create(bare.path(), &[]).unwrap();
+        assert_eq!(
+            store.campaign_meta().unwrap_err().to_string(),
+            "the campaign database holds no spec"
+        );
     }
 
     #[test]

@@ -19,11 +19,14 @@
 //! * `qemu`, `stdio`, `launch`: the QEMU process, its serial stdio, starting and ending it;
 //! * `run`: the one-shot run; [`channel`]: frames, the host end ([`HelperVm`]) and the guest
 //!   end ([`channel::serve`]);
-//! * `placement`: host KVM or helper VM.
+//! * `placement`: host KVM or helper VM;
+//! * [`client`]: the run library's requests answered in a helper VM (what each ships
+//!   into it), and a runner placed here or there.
 
 mod args;
 mod assets;
 pub mod channel;
+pub mod client;
 mod config;
 mod launch;
 mod libs;
@@ -45,7 +48,7 @@ pub use config::{HelperVmConfig, DEFAULT_MEMORY_MIB, DEFAULT_QEMU};
 pub use launch::{LaunchError, KEEP_TMP_ENV};
 pub use libs::LibsError;
 pub use payload::{payload_path, PayloadError, PayloadFile};
-pub use placement::{placement, HostVmMode, Placement};
+pub use placement::{placement, qemu_available, HostVmMode, Placement};
 pub use qemu::{direct_boot_args, DirectBoot, GuestAccel, VmFailed};
 pub use run::{run, RunError};
 pub use shares::ShareError;

@@ -61,6 +61,13 @@ pub fn placement(mode: HostVmMode) -> Placement {
     }
 }
 
+/// Whether the helper VM's QEMU ([`crate::DEFAULT_QEMU`]) is on `PATH`.
+pub fn qemu_available() -> bool {
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|d| d.join(crate::DEFAULT_QEMU).is_file()))
+        .unwrap_or(false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,8 @@
 //! schedules, the determinism audit and soak, and traces live here too.
 //! Callers speak one typed request API, [`api::Request`] /
 //! [`api::Response`], answered by an [`api::Controller`] in this process or
-//! in a helper VM, where the same enum crosses serialized. Getting it there
+//! in a helper VM, where the same enum crosses serialized; they send it
+//! through the typed calls of [`client`], which check each answer's kind. Getting it there
 //! is the `helper-vm` crate's business, a floor above this one: the library
 //! never depends on it (only this crate's end-to-end tests place themselves
 //! with it).
@@ -17,6 +18,7 @@
 pub mod api;
 pub mod audit;
 pub mod branch;
+pub mod client;
 pub mod clock;
 pub mod driven;
 pub mod faults;

@@ -1,0 +1,452 @@
+//! A campaign as one typed API, for the CLI and a server alike: start one
+//! from its file, resume one from its directory, run it with a
+//! [`Progress`], list its findings, replay one. Where the runs happen is
+//! decided here too: a run library per worker in this process, or a helper
+//! VM per worker (each sized for the run, all checked against the host's
+//! memory before anything starts).
+
+use crate::budget::Budget;
+use crate::engine::{CampaignSummary, Engine, EngineError, Progress};
+use crate::findings::{self, FindingError, LoadedFinding};
+use crate::judges::JudgesError;
+use crate::listing::{self, ListError};
+use crate::replay::{ReplayError, ReplayReport};
+use crate::runner::{Calls, InProcess, Runner, RunnerError};
+use crate::spec::{CampaignFile, CampaignSpec, SpecError, MAX_BATCH_WIDTH};
+use crate::store::{NewCampaignDir, Store, StoreError};
+use helper_vm::client::{NeedsError, Placed, RemoteError};
+use helper_vm::{HostVmMode, Placement};
+use run::api::Request;
+use run::up::{PreparedUp, UpOptions};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use vmm::VirtNanos;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CampaignError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    #[error(transparent)]
+    Manifest(#[from] run::manifest::ManifestError),
+    #[error(transparent)]
+    Prepare(#[from] run::up::PrepareError),
+    #[error(transparent)]
+    Judges(#[from] JudgesError),
+    #[error(transparent)]
+    Finding(#[from] FindingError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    List(#[from] ListError),
+    #[error(transparent)]
+    Replay(#[from] ReplayError),
+    #[error(transparent)]
+    Needs(#[from] NeedsError),
+    #[error(transparent)]
+    Remote(#[from] RemoteError),
+    #[error("turning seccomp off (--no-seccomp)")]
+    Seccomp(#[source] RunnerError),
+    /// Helper VMs the host's available memory cannot hold (QEMU would be
+    /// killed half-way instead).
+    #[error("--jobs {workers}: {workers} helper VMs of {memory_mib} MiB need {needed} MiB, and this host has {available_mib} MiB available")]
+    Memory {
+        workers: u32,
+        memory_mib: u32,
+        needed: u64,
+        available_mib: u64,
+    },
+    #[error("directory {}", path.display())]
+    Directory {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("creating {}", path.display())]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+type Result<T, E = CampaignError> = std::result::Result<T, E>;
+
+/// Where a campaign's runs happen (`--host-vm`, `--no-seccomp`).
+#[derive(Clone, Copy, Debug)]
+pub struct Place {
+    pub host_vm: HostVmMode,
+    /// Whether the guests run under the VMM's seccomp filter.
+    pub seccomp: bool,
+}
+
+/// A runner of a campaign's worker: the run library on a thread of its
+/// own, or a helper VM.
+pub type WorkerRunner = Placed<InProcess>;
+
+/// What overrides the campaign's own budget for this run of it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BudgetOverride {
+    /// Wall time (`Some(None)`: no limit).
+    pub wall: Option<Option<VirtNanos>>,
+    /// Branches in all (0: no limit).
+    pub branches: Option<u64>,
+}
+
+impl BudgetOverride {
+    fn budget(self, spec: &CampaignSpec) -> Budget {
+        Budget {
+            wall: crate::budget::wall_duration(self.wall.unwrap_or_else(|| spec.wall_budget())),
+            branches: self.branches.unwrap_or(spec.max_branches),
+        }
+    }
+}
+
+/// A new campaign: its file, its directory, and how it runs.
+#[derive(Clone, Debug)]
+pub struct NewCampaign {
+    pub file: PathBuf,
+    pub out: PathBuf,
+    pub budget: BudgetOverride,
+    /// Workers (0: one per core, at most [`MAX_BATCH_WIDTH`]).
+    pub jobs: u32,
+    pub place: Place,
+}
+
+/// A campaign ready to run: its workers started, its database open (and
+/// locked) until it is dropped.
+pub struct Campaign {
+    engine: Engine<'static>,
+    budget: Budget,
+}
+
+impl Campaign {
+    /// Starts a new campaign: everything checked (the directory, the file,
+    /// the manifest, the helper VMs' memory) before the directory is claimed
+    /// or any helper VM starts. The file's warnings go to `progress`.
+    pub fn start(new: &NewCampaign, progress: &mut dyn Progress) -> Result<Campaign> {
+        NewCampaignDir::check(&new.out)?;
+        let campaign = CampaignFile::load(&new.file)?;
+        for warning in &campaign.warnings {
+            progress.warning(warning);
+        }
+        let budget = new.budget.budget(&campaign.spec);
+        let manifest = run::manifest::load(&campaign.spec.manifest)?;
+        campaign.check_manifest(&manifest)?;
+        let spec = campaign.spec;
+        let prepared = run::up::prepare(&manifest, &[], None, None)?;
+        let judge = crate::judges::campaign_judge(&spec)?;
+        let faults = crate::judges::fault_source(&spec, &prepared)?;
+        let plan = plan(new.place, &prepared, workers(new.jobs))?;
+        // Claimed (created and locked) before any helper VM starts or any
+        // file is written there.
+        let claimed = NewCampaignDir::claim(&new.out)?;
+        let (runners, there) = plan.start(&[claimed.path()])?;
+        let engine = Engine::create(
+            boxed(runners),
+            spec,
+            &prepared,
+            there,
+            claimed,
+            judge,
+            faults,
+        )?;
+        Ok(Campaign { engine, budget })
+    }
+
+    /// The campaign in `dir`, to continue (killed, interrupted or out of
+    /// budget): its spec and run are its own, checked before any VM starts.
+    pub fn resume(dir: &Path, budget: BudgetOverride, jobs: u32, place: Place) -> Result<Campaign> {
+        let dir = absolute(dir)?;
+        let store = Store::open(&dir)?;
+        let meta = store.campaign_meta()?;
+        let host_run = findings::resolve(&dir, &meta.run)?;
+        store.check_paths(&host_run.node_names)?;
+        let budget = budget.budget(&meta.spec);
+        let judge = crate::judges::campaign_judge(&meta.spec)?;
+        let faults = crate::judges::fault_source(&meta.spec, &host_run)?;
+        let plan = plan(place, &host_run, workers(jobs))?;
+        let (runners, there) = plan.start(&[&dir])?;
+        // The store stays open (and locked) from here to the campaign's end.
+        let engine = Engine::resume_store(
+            boxed(runners),
+            &dir,
+            store,
+            judge,
+            |_| faults,
+            |_, _| Ok(there),
+        )?;
+        Ok(Campaign { engine, budget })
+    }
+
+    /// Runs the campaign until its budget is spent or `stop` says so.
+    pub fn run(
+        &mut self,
+        progress: &mut dyn Progress,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<CampaignSummary> {
+        Ok(self.engine.run(self.budget, progress, stop)?)
+    }
+}
+
+/// A campaign's findings, one row each, as `detvisor findings --json`
+/// prints them (field names and order are that JSON's).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FindingLine {
+    pub digest: String,
+    pub dir: PathBuf,
+    /// Faults of the shrunk path.
+    pub faults: usize,
+    /// Faults of the path as it was found.
+    pub found_faults: usize,
+    pub key: String,
+    pub number: u32,
+    pub summary: String,
+    pub virtual_ns: u64,
+}
+
+/// The findings of the campaign in `dir`, in order (readable while the
+/// campaign runs).
+pub fn findings(dir: &Path) -> Result<Vec<FindingLine>> {
+    Ok(listing::list(dir)?
+        .into_iter()
+        .map(|listing::Listed { dir, file }| FindingLine {
+            digest: file.digest,
+            dir,
+            faults: file.path.fault_count(),
+            found_faults: file.found_path.fault_count(),
+            key: file.key,
+            number: file.number,
+            summary: file.summary,
+            virtual_ns: file.virtual_ns,
+        })
+        .collect())
+}
+
+/// Replays the finding in `finding` (a `DIR/findings/NNNN`, wherever it was
+/// copied) bit for bit, its nodes' logs into `logs` when given.
+pub fn replay(finding: &Path, logs: Option<&Path>, place: Place) -> Result<ReplayReport> {
+    let dir = absolute(finding)?;
+    let finding = findings::load(&dir)?;
+    let judge = crate::judges::campaign_judge(&finding.file.spec)?;
+    let logs = match logs {
+        Some(logs) => {
+            std::fs::create_dir_all(logs).map_err(|source| CampaignError::CreateDir {
+                path: logs.to_path_buf(),
+                source,
+            })?;
+            Some(absolute(logs)?)
+        }
+        None => None,
+    };
+    let shared: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
+    let (mut runners, there) = plan(place, &finding.run, 1)?.start(&shared)?;
+    let loaded = LoadedFinding {
+        file: finding.file,
+        run: there,
+    };
+    Ok(crate::replay::replay_loaded(
+        &mut runners[0],
+        &loaded,
+        judge.as_ref(),
+        logs.as_deref(),
+    )?)
+}
+
+/// Workers for `jobs`: 0 is one per core of this host (at most
+/// [`MAX_BATCH_WIDTH`]).
+pub fn workers(jobs: u32) -> u32 {
+    if jobs > 0 {
+        return jobs;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get() as u32)
+        .min(MAX_BATCH_WIDTH)
+}
+
+fn absolute(dir: &Path) -> Result<PathBuf> {
+    dir.canonicalize()
+        .map_err(|source| CampaignError::Directory {
+            path: dir.to_path_buf(),
+            source,
+        })
+}
+
+/// Boxes runners for the engine's workers.
+fn boxed(runners: Vec<WorkerRunner>) -> Vec<Box<dyn Runner + Send>> {
+    runners
+        .into_iter()
+        .map(|r| Box::new(r) as Box<dyn Runner + Send>)
+        .collect()
+}
+
+/// Where the runs of a campaign will happen, decided and checked (the
+/// helper VMs' memory against the host's) before anything is written or
+/// started: a refusal leaves nothing behind.
+struct Plan {
+    workers: u32,
+    place: Place,
+    planned: Planned,
+}
+
+enum Planned {
+    Here(PreparedUp),
+    /// What each worker's helper VM holds; `there` is the run as the
+    /// helper VMs see it.
+    HelperVm {
+        reason: String,
+        needs: Vec<helper_vm::client::Needs>,
+        there: PreparedUp,
+    },
+}
+
+/// A plan for `workers` runners of `prepared`: here, a run library each; in
+/// the helper VM, a helper VM each (one vCPU: measured faster than one
+/// helper VM with a vCPU per worker, whose multi-threaded TCG also changed
+/// the guest's digest; see docs/campaigns.md).
+fn plan(place: Place, prepared: &PreparedUp, workers: u32) -> Result<Plan> {
+    let planned = match helper_vm::placement(place.host_vm) {
+        Placement::Host => Planned::Here(prepared.clone()),
+        Placement::HelperVm { reason } => {
+            let mut needs = Vec::new();
+            let mut there = prepared.clone();
+            for _ in 0..workers {
+                // A worker boots the run as `BootUp` with its own options
+                // later: what the helper VM holds is the run's.
+                let mut request = Request::BootUp {
+                    prepared: prepared.clone(),
+                    options: UpOptions {
+                        runs: 1,
+                        ..UpOptions::default()
+                    },
+                };
+                needs.push(helper_vm::client::needs(&mut request)?);
+                if let Request::BootUp { prepared, .. } = request {
+                    there = prepared;
+                }
+            }
+            check_host_memory(workers, needs[0].memory_mib)?;
+            Planned::HelperVm {
+                reason,
+                needs,
+                there,
+            }
+        }
+    };
+    Ok(Plan {
+        workers,
+        place,
+        planned,
+    })
+}
+
+impl Plan {
+    /// Starts the planned runners, sharing `shared` (directories that
+    /// exist) with the helper VMs; the run as the runners see it.
+    fn start(self, shared: &[&Path]) -> Result<(Vec<WorkerRunner>, PreparedUp)> {
+        let seccomp = self.place.seccomp;
+        let (mut runners, there) = match self.planned {
+            Planned::Here(prepared) => (
+                (0..self.workers)
+                    .map(|_| Placed::new(Placement::Host, InProcess::new, None, seccomp, false))
+                    .collect::<Vec<_>>(),
+                prepared,
+            ),
+            Planned::HelperVm {
+                reason,
+                needs,
+                there,
+            } => {
+                if self.workers > 1 {
+                    eprintln!("detvisor: {} workers, a helper VM each", self.workers);
+                }
+                // One after the other, on this thread: QEMU is tied to the
+                // thread that starts it (it is killed when that thread ends).
+                let runners = needs
+                    .into_iter()
+                    .map(|mut needs| {
+                        for dir in shared {
+                            needs.share(dir)?;
+                        }
+                        let placement = Placement::HelperVm {
+                            reason: reason.clone(),
+                        };
+                        let mut runner =
+                            Placed::new(placement, InProcess::new, None, seccomp, false);
+                        runner.start(needs)?;
+                        Ok(runner)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                (runners, there)
+            }
+        };
+        // The filter is on by default wherever the runs are (a worker's
+        // thread here, the whole serving process in a helper VM); a runner
+        // turns it off before its first request, said here for all.
+        if !seccomp {
+            for runner in &mut runners {
+                Calls::new(runner)
+                    .seccomp(false)
+                    .map_err(CampaignError::Seccomp)?;
+            }
+        }
+        Ok((runners, there))
+    }
+}
+
+/// Refuses `workers` helper VMs of `memory_mib` each that the host's
+/// available memory cannot hold.
+fn check_host_memory(workers: u32, memory_mib: u32) -> Result<()> {
+    let Some(available_mib) = helper_vm::client::available_memory_mib() else {
+        return Ok(());
+    };
+    let needed = u64::from(workers) * u64::from(memory_mib);
+    if needed > available_mib {
+        return Err(CampaignError::Memory {
+            workers,
+            memory_mib,
+            needed,
+            available_mib,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `findings --json` printed each finding with `serde_json::json!`
+    /// (keys sorted): the typed row writes the same line.
+    #[test]
+    fn test_a_finding_line_is_the_json_findings_printed() {
+        let line = FindingLine {
+            digest: "ab".into(),
+            dir: "/c/findings/0001".into(),
+            faults: 1,
+            found_faults: 3,
+            key: "property:x".into(),
+            number: 1,
+            summary: "x broke".into(),
+            virtual_ns: 5,
+        };
+        let by_hand = serde_json::json!({
+            "number": 1, "key": "property:x", "summary": "x broke",
+            "faults": 1, "found_faults": 3,
+            "virtual_ns": 5, "digest": "ab",
+            "dir": PathBuf::from("/c/findings/0001"),
+        });
+        assert_eq!(
+            serde_json::to_string(&line).unwrap(),
+            serde_json::to_string(&by_hand).unwrap()
+        );
+    }
+
+    #[test]
+    fn test_jobs_zero_is_one_worker_per_core_at_most_the_batch_width() {
+        assert_eq!(workers(3), 3);
+        let all = workers(0);
+        assert!((1..=MAX_BATCH_WIDTH).contains(&all));
+    }
+}
