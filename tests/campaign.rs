@@ -81,7 +81,7 @@ fn state(dir: &Path) -> CampaignState {
         .into_iter()
         .map(|f| (f.number, f.key, f.node))
         .collect();
-    (nodes, findings, store.meta("tally").unwrap())
+    (nodes, findings, store.campaign_meta().unwrap().tally)
 }
 
 /// The stale campaign run once, uninterrupted (shared by the tests here).

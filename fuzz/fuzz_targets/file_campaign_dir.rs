@@ -10,7 +10,7 @@
 //! saved (its faults the TOML table written, its wall budget in whole ms).
 //!
 //! Entry points, in the order `campaign --resume` and `replay` use them:
-//! `Store::open`, `meta_json("spec")`, `meta_json("run")`,
+//! `Store::open`, `campaign_meta()` (the spec and the run),
 //! `findings::resolve`, `nodes`, `findings`, `records`, `branches`,
 //! `wall_ms`, `check_paths` (every stored path's faults); then
 //! `findings::load` on every finding directory, and `listing::list` (what
@@ -94,28 +94,22 @@ fn read_store(store: &Store, dir: &Path) {
             refusal(&e, dir);
         }
     };
-    match store.meta_json::<CampaignSpec>("spec") {
+    match store.campaign_meta() {
         // A spec as saved, by this build or one before (its faults as the
         // TOML table written, its wall budget in whole ms): its profile is
-        // checked again before use; a refusal is a plain typed error.
-        Ok(Some(spec)) => {
-            if let Err(e) = spec.faults.validate() {
+        // checked again before use; a refusal is a plain typed error. The
+        // run as saved: its files resolved in the directory.
+        Ok(meta) => {
+            if let Err(e) = meta.spec.faults.validate() {
                 check_error(&e);
             }
-            assert_ne!(spec.wall_budget(), Some(devices::VirtNanos::ZERO));
-        }
-        Ok(None) => {}
-        Err(e) => refusal(&e, dir),
-    }
-    match store.meta_json::<PreparedUp>("run") {
-        Ok(Some(run)) => {
-            match findings::resolve(dir, &run) {
+            assert_ne!(meta.spec.wall_budget(), Some(devices::VirtNanos::ZERO));
+            match findings::resolve(dir, &meta.run) {
                 Ok(resolved) => check_resolved(&resolved, dir),
                 Err(e) => refusal(&e, dir),
             }
-            ok_or_refused(store.check_paths(&run.node_names));
+            ok_or_refused(store.check_paths(&meta.run.node_names));
         }
-        Ok(None) => {}
         Err(e) => refusal(&e, dir),
     }
     match store.nodes() {

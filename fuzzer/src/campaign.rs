@@ -126,7 +126,7 @@ impl Campaign {
     /// the manifest, the helper VMs' memory) before the directory is claimed
     /// or any helper VM starts. The file's warnings go to `progress`.
     pub fn start(new: &NewCampaign, progress: &mut dyn Progress) -> Result<Campaign> {
-        NewCampaignDir::check(&new.out)?;
+        NewCampaignDir::check(&new.out).map_err(StoreError::from)?;
         let campaign = CampaignFile::load(&new.file)?;
         for warning in &campaign.warnings {
             progress.warning(warning);
@@ -141,7 +141,7 @@ impl Campaign {
         let plan = plan(new.place, &prepared, workers(new.jobs))?;
         // Claimed (created and locked) before any helper VM starts or any
         // file is written there.
-        let claimed = NewCampaignDir::claim(&new.out)?;
+        let claimed = NewCampaignDir::claim(&new.out).map_err(StoreError::from)?;
         let (runners, there) = plan.start(&[claimed.path()])?;
         let engine = Engine::create(
             boxed(runners),

@@ -3,12 +3,60 @@
 //! file) and the exclusive `flock` on `DIR/lock` that one campaign holds
 //! from the moment it claims the directory to its end.
 
-use crate::store::{StoreError, DB_FILE, LOCK_FILE};
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-type Result<T, E = StoreError> = std::result::Result<T, E>;
+/// The database file's name in a campaign directory.
+pub const DB_FILE: &str = "campaign.db";
+/// The lock file's name in a campaign directory.
+pub const LOCK_FILE: &str = "lock";
+
+/// Why a campaign directory cannot be used (see [`NewCampaignDir`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CampaignDirError {
+    #[error("creating campaign directory {dir}")]
+    CreateDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{dir} is not a campaign directory (no {DB_FILE})")]
+    NotACampaign { dir: PathBuf },
+    /// A campaign directory, or its database, that is something else (a
+    /// regular file given as the directory, a FIFO or a directory as the
+    /// database): said at once, never opened (a FIFO would block).
+    #[error("{}: not a {wanted} (a {kind})", path.display())]
+    WrongKind {
+        path: PathBuf,
+        wanted: &'static str,
+        kind: &'static str,
+    },
+    #[error("{path}: cannot inspect")]
+    Inspect {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{dir}: cannot write in it (a campaign keeps its database, findings and files there)")]
+    NotWritable {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{dir} already holds a campaign: resume it with `detvisor campaign --resume {dir}`, or choose another --out")]
+    Exists { dir: PathBuf },
+    #[error("opening lock file {path}")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another campaign is running on {dir} (it holds {LOCK_FILE})")]
+    Busy { dir: PathBuf },
+}
+
+type Result<T, E = CampaignDirError> = std::result::Result<T, E>;
 
 pub(crate) fn lock(dir: &Path) -> Result<File> {
     let path = dir.join(LOCK_FILE);
@@ -18,11 +66,11 @@ pub(crate) fn lock(dir: &Path) -> Result<File> {
         .write(true)
         .open(&path)
         .map_err(|source| match source.raw_os_error() {
-            Some(libc::EROFS | libc::EACCES | libc::EPERM) => StoreError::NotWritable {
+            Some(libc::EROFS | libc::EACCES | libc::EPERM) => CampaignDirError::NotWritable {
                 dir: dir.to_owned(),
                 source,
             },
-            _ => StoreError::Lock {
+            _ => CampaignDirError::Lock {
                 path: path.clone(),
                 source,
             },
@@ -31,11 +79,11 @@ pub(crate) fn lock(dir: &Path) -> Result<File> {
     if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            return Err(StoreError::Busy {
+            return Err(CampaignDirError::Busy {
                 dir: dir.to_owned(),
             });
         }
-        return Err(StoreError::Lock { path, source: e });
+        return Err(CampaignDirError::Lock { path, source: e });
     }
     Ok(file)
 }
@@ -52,7 +100,7 @@ fn check_kind(path: &Path, wanted: &'static str) -> Result<bool> {
             if ok {
                 Ok(true)
             } else {
-                Err(StoreError::WrongKind {
+                Err(CampaignDirError::WrongKind {
                     path: path.to_owned(),
                     wanted,
                     kind: hostfile::kind_name(meta.file_type()),
@@ -60,7 +108,7 @@ fn check_kind(path: &Path, wanted: &'static str) -> Result<bool> {
             }
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(source) => Err(StoreError::Inspect {
+        Err(source) => Err(CampaignDirError::Inspect {
             path: path.to_owned(),
             source,
         }),
@@ -73,7 +121,7 @@ pub(crate) fn db_path(dir: &Path) -> Result<PathBuf> {
     check_kind(dir, "directory")?;
     let path = dir.join(DB_FILE);
     if !check_kind(&path, "regular file")? {
-        return Err(StoreError::NotACampaign {
+        return Err(CampaignDirError::NotACampaign {
             dir: dir.to_owned(),
         });
     }
@@ -98,13 +146,13 @@ impl NewCampaignDir {
     pub fn check(dir: &Path) -> Result<()> {
         // A database that is something else (a FIFO) says what it is.
         if check_kind(dir, "directory")? && check_kind(&dir.join(DB_FILE), "regular file")? {
-            return Err(StoreError::Exists {
+            return Err(CampaignDirError::Exists {
                 dir: dir.to_owned(),
             });
         }
         // The directory, or the nearest ancestor that exists (where it
         // would be made); a read-only mount says EROFS even to root.
-        let absolute = std::path::absolute(dir).map_err(|source| StoreError::CreateDir {
+        let absolute = std::path::absolute(dir).map_err(|source| CampaignDirError::CreateDir {
             dir: dir.to_owned(),
             source,
         })?;
@@ -114,7 +162,7 @@ impl NewCampaignDir {
             .unwrap_or(Path::new("/"));
         let c_path =
             std::ffi::CString::new(existing.as_os_str().as_encoded_bytes()).map_err(|e| {
-                StoreError::CreateDir {
+                CampaignDirError::CreateDir {
                     dir: dir.to_owned(),
                     source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
                 }
@@ -122,7 +170,7 @@ impl NewCampaignDir {
         // SAFETY: access(2) reads the NUL-terminated path it is given and
         // nothing else.
         if unsafe { libc::access(c_path.as_ptr(), libc::W_OK) } != 0 {
-            return Err(StoreError::NotWritable {
+            return Err(CampaignDirError::NotWritable {
                 dir: existing.to_owned(),
                 source: std::io::Error::last_os_error(),
             });
@@ -132,7 +180,7 @@ impl NewCampaignDir {
 
     pub fn claim(dir: &Path) -> Result<Self> {
         check_kind(dir, "directory")?;
-        let create = |source| StoreError::CreateDir {
+        let create = |source| CampaignDirError::CreateDir {
             dir: dir.to_owned(),
             source,
         };
@@ -141,7 +189,7 @@ impl NewCampaignDir {
         let lock = lock(&dir)?;
         // Whatever it is (a FIFO too): a database there is not replaced.
         if check_kind(&dir.join(DB_FILE), "regular file")? {
-            return Err(StoreError::Exists { dir });
+            return Err(CampaignDirError::Exists { dir });
         }
         Ok(NewCampaignDir { dir, lock })
     }
@@ -154,27 +202,5 @@ impl NewCampaignDir {
     /// The directory and its lock, for the database made there.
     pub(crate) fn into_parts(self) -> (PathBuf, File) {
         (self.dir, self.lock)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Two new campaigns on one fresh directory: the second claim is
-    /// refused while the first is held (before either writes anything), and
-    /// a directory holding a campaign is never claimed again.
-    #[test]
-    fn test_a_fresh_directory_is_claimed_by_one_new_campaign_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("out");
-        let first = NewCampaignDir::claim(&out).unwrap();
-        let second = NewCampaignDir::claim(&out).err().expect("refused");
-        assert!(matches!(second, StoreError::Busy { .. }), "{second}");
-        drop(crate::store::Store::create_in(first, &[]).unwrap());
-        let again = NewCampaignDir::claim(&out).err().expect("refused");
-        assert!(matches!(again, StoreError::Exists { .. }), "{again}");
-        let checked = NewCampaignDir::check(&out).expect_err("refused");
-        assert!(matches!(checked, StoreError::Exists { .. }), "{checked}");
     }
 }

@@ -220,16 +220,12 @@ impl<'a> Engine<'a> {
         if runners.is_empty() {
             return Err(EngineError::NoWorkers);
         }
-        let spec: CampaignSpec = store
-            .meta_json("spec")?
-            .ok_or_else(|| EngineError::Tally("no spec saved".into()))?;
-        let saved_run: PreparedUp = store
-            .meta_json("run")?
-            .ok_or_else(|| EngineError::Tally("no run saved".into()))?;
-        let prepared = resolve_run(dir, saved_run)?;
+        let meta = store.campaign_meta()?;
+        let spec = meta.spec;
+        let prepared = resolve_run(dir, meta.run)?;
         store.check_paths(&prepared.node_names)?;
         let mut judge = judge;
-        if let Some(tally) = store.meta("tally")? {
+        if let Some(tally) = meta.tally {
             judge.load(&tally).map_err(EngineError::Tally)?;
         }
         let mut nodes = Vec::new();
@@ -628,10 +624,7 @@ impl<'a> Engine<'a> {
             &self.dir,
             self.findings.values().max().copied().unwrap_or(0) + 1,
         );
-        let run_file: PreparedUp = self
-            .store
-            .meta_json("run")?
-            .ok_or_else(|| EngineError::Tally("no run saved".into()))?;
+        let run_file = self.store.campaign_meta()?.run;
         let mut all_records = root_records.clone();
         all_records.extend(records);
         findings::write(

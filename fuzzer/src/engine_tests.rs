@@ -593,7 +593,7 @@ fn try_campaign(
         spec,
         &run,
         run.clone(),
-        crate::store::NewCampaignDir::claim(dir)?,
+        crate::store::NewCampaignDir::claim(dir).map_err(crate::store::StoreError::from)?,
         Box::new(FailJudge::default()),
         Box::new(Draw),
     )

@@ -9,18 +9,14 @@
 //! is a rollback journal (`DELETE`), fully synced, and a second campaign on
 //! the same directory is refused by an exclusive `flock` on `DIR/lock`.
 
-pub use crate::campaign_dir::NewCampaignDir;
 use crate::campaign_dir::{db_path, lock};
+pub use crate::campaign_dir::{CampaignDirError, NewCampaignDir, DB_FILE, LOCK_FILE};
 use crate::step::Path as StepPath;
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{de::DeserializeOwned, Serialize};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-/// The database file's name in a campaign directory.
-pub const DB_FILE: &str = "campaign.db";
-/// The lock file's name in a campaign directory.
-pub const LOCK_FILE: &str = "lock";
 /// What this build writes and reads. 2: a branch re-keys the guest
 /// kernel's CRNG at its first instant, so every stored path below the root
 /// replays to another history than version 1's; those are refused.
@@ -30,45 +26,16 @@ const APPLICATION_ID: i32 = 0x4456_4350;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("creating campaign directory {dir}")]
-    CreateDir {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{dir} is not a campaign directory (no {DB_FILE})")]
-    NotACampaign { dir: PathBuf },
-    /// A campaign directory, or its database, that is something else (a
-    /// regular file given as the directory, a FIFO or a directory as the
-    /// database): said at once, never opened (a FIFO would block).
-    #[error("{}: not a {wanted} (a {kind})", path.display())]
-    WrongKind {
-        path: PathBuf,
-        wanted: &'static str,
-        kind: &'static str,
-    },
-    #[error("{path}: cannot inspect")]
-    Inspect {
+    #[error(transparent)]
+    Dir(#[from] CampaignDirError),
+    /// The new database could not be put in place (a partial one left
+    /// behind by a killed campaign removed, or the finished one renamed).
+    #[error("installing the campaign database {path}")]
+    Install {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("{dir}: cannot write in it (a campaign keeps its database, findings and files there)")]
-    NotWritable {
-        dir: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{dir} already holds a campaign: resume it with `detvisor campaign --resume {dir}`, or choose another --out")]
-    Exists { dir: PathBuf },
-    #[error("opening lock file {path}")]
-    Lock {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("another campaign is running on {dir} (it holds {LOCK_FILE})")]
-    Busy { dir: PathBuf },
     #[error("{path}: not a detvisor campaign database")]
     Foreign { path: PathBuf },
     #[error("{path}: campaign format version {found}; this build reads version {FORMAT_VERSION}")]
@@ -243,7 +210,7 @@ impl Store {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(source) => {
-                    return Err(StoreError::Lock {
+                    return Err(StoreError::Install {
                         path: leftover,
                         source,
                     })
@@ -286,7 +253,7 @@ impl Store {
         }
         tx.commit().map_err(sql)?;
         drop(conn);
-        std::fs::rename(&partial, &path).map_err(|source| StoreError::Lock {
+        std::fs::rename(&partial, &path).map_err(|source| StoreError::Install {
             path: path.clone(),
             source,
         })?;
@@ -362,7 +329,7 @@ impl Store {
         Ok(())
     }
 
-    pub fn meta(&self, key: &str) -> Result<Option<String>> {
+    pub(crate) fn meta(&self, key: &str) -> Result<Option<String>> {
         self.conn
             .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
             .optional()
@@ -370,7 +337,7 @@ impl Store {
     }
 
     /// A JSON value kept under `key` in the metadata.
-    pub fn meta_json<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
+    pub(crate) fn meta_json<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>> {
         match self.meta(key)? {
             None => Ok(None),
             Some(text) => {
@@ -614,6 +581,26 @@ pub struct FinishedBranch<'a> {
 mod tests {
     use super::*;
 
+    /// Two new campaigns on one fresh directory: the second claim is
+    /// refused while the first is held (before either writes anything), and
+    /// a directory holding a campaign is never claimed again.
+    #[test]
+    fn test_a_fresh_directory_is_claimed_by_one_new_campaign_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let first = NewCampaignDir::claim(&out).unwrap();
+        let second = NewCampaignDir::claim(&out).err().expect("refused");
+        assert!(matches!(second, CampaignDirError::Busy { .. }), "{second}");
+        drop(Store::create_in(first, &[]).unwrap());
+        let again = NewCampaignDir::claim(&out).err().expect("refused");
+        assert!(matches!(again, CampaignDirError::Exists { .. }), "{again}");
+        let checked = NewCampaignDir::check(&out).expect_err("refused");
+        assert!(
+            matches!(checked, CampaignDirError::Exists { .. }),
+            "{checked}"
+        );
+    }
+
     fn node(id: u64, parent: Option<u64>) -> NodeRow {
         NodeRow {
             id,
@@ -714,12 +701,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let _first = Store::create(dir.path(), &[("spec", "{}".into())]).unwrap();
         let second = Store::open(dir.path()).err().unwrap();
-        assert!(matches!(second, StoreError::Busy { .. }), "{second}");
+        assert!(
+            matches!(second, StoreError::Dir(CampaignDirError::Busy { .. })),
+            "{second}"
+        );
         drop(_first);
         let again = Store::create(dir.path(), &[("spec", "{}".into())])
             .err()
             .unwrap();
-        assert!(matches!(again, StoreError::Exists { .. }), "{again}");
+        assert!(
+            matches!(again, StoreError::Dir(CampaignDirError::Exists { .. })),
+            "{again}"
+        );
         assert!(again.to_string().contains("--resume"));
     }
 
@@ -727,7 +720,10 @@ mod tests {
     fn test_a_foreign_or_corrupt_directory_names_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let missing = Store::open(dir.path()).err().unwrap();
-        assert!(matches!(missing, StoreError::NotACampaign { .. }));
+        assert!(matches!(
+            missing,
+            StoreError::Dir(CampaignDirError::NotACampaign { .. })
+        ));
         std::fs::write(
             dir.path().join(DB_FILE),
             b"this is not sqlite, it is a text file",
