@@ -16,6 +16,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use helper_vm::{placement, HostVmMode, Placement};
 use run::api::{Controller, Request, Response};
+use run::moment::Moment;
 use run::plain::{GuestSpec, PlainNetwork};
 use run::snapshots::SnapshotPlan;
 use run::units;
@@ -96,7 +97,7 @@ enum SnapshotCommand {
 #[derive(Args, Debug)]
 struct BranchArgs {
     /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
-    spec: String,
+    spec: Moment,
     /// Stop at this virtual time (absolute, as in `run --until`).
     #[arg(long)]
     until: Option<String>,
@@ -159,7 +160,7 @@ impl SeccompArgs {
 #[derive(Args, Debug)]
 struct SeekArgs {
     /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
-    spec: String,
+    spec: Moment,
     #[arg(long)]
     json: bool,
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
@@ -171,7 +172,7 @@ struct SeekArgs {
 #[derive(Args, Debug)]
 struct ShellArgs {
     /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
-    spec: String,
+    spec: Moment,
     /// For a snapshot of an `up` run: open the shell inside this node (its
     /// namespaces and root, its `/bin/sh`) instead of beside the nodes.
     #[arg(long)]
@@ -437,16 +438,15 @@ fn share_disk_cache(needs: &mut helper::Needs) -> Result<()> {
 }
 
 /// A saved moment in the helper VM: its snapshot directory shared (and the
-/// directory new snapshots go to), the disk image cache, the spec made
-/// absolute.
-fn snapshot_needs(spec: &mut String, taking: Option<&mut SnapshotPlan>) -> Result<helper::Needs> {
-    // A spec that names no snapshot is refused before the helper VM starts.
-    run::snapshots::resolve(spec)?;
+/// directory new snapshots go to), the disk image cache, the moment's paths
+/// made absolute.
+fn snapshot_needs(moment: &mut Moment, taking: Option<&mut SnapshotPlan>) -> Result<helper::Needs> {
+    // A moment that names no snapshot is refused before the helper VM starts.
+    run::snapshots::resolve(moment)?;
     let mut needs = helper::Needs::default();
-    let absolute = spec.parse::<snapshot::SnapshotSpec>()?.absolute()?;
-    needs.share(&absolute.root())?;
+    *moment = moment.absolute()?;
+    needs.share(&moment.root())?;
     share_disk_cache(&mut needs)?;
-    *spec = absolute.to_string();
     if let Some(plan) = taking {
         plan.dir = needs.share(&plan.dir)?;
     }
@@ -578,7 +578,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         .context("--until")?;
     if let Some(range) = &args.seeds {
         let request = Request::BranchSeeds(run::seeds::SeedsRequest {
-            spec: args.spec.clone(),
+            moment: args.spec.clone(),
             seeds: range.parse()?,
             jobs: args.jobs,
             until,
@@ -593,7 +593,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
             request,
             Stdin::None,
             |request| match request {
-                Request::BranchSeeds(seeds) => snapshot_needs(&mut seeds.spec, None),
+                Request::BranchSeeds(seeds) => snapshot_needs(&mut seeds.moment, None),
                 _ => unreachable!("a seeds request"),
             },
         )?;
@@ -603,7 +603,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         };
     }
     let request = Request::Branch(run::branch::BranchRequest {
-        spec: args.spec.clone(),
+        moment: args.spec.clone(),
         until,
         seed: args.seed,
         snapshots: args.snapshots.plan()?,
@@ -622,7 +622,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         Stdin::None,
         |request| match request {
             Request::Branch(branch) => {
-                let mut needs = snapshot_needs(&mut branch.spec, branch.snapshots.as_mut())?;
+                let mut needs = snapshot_needs(&mut branch.moment, branch.snapshots.as_mut())?;
                 if let Some(file) = &mut branch.trace {
                     *file = needs.trace_file(file)?;
                 }
@@ -644,7 +644,7 @@ fn cmd_shell(args: ShellArgs) -> Result<u8> {
     let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
     let (rows, cols) = terminal::size();
     let request = Request::Shell(run::shell::ShellRequest {
-        spec: args.spec.clone(),
+        moment: args.spec.clone(),
         node: args.node.clone(),
         rows,
         cols,
@@ -657,7 +657,7 @@ fn cmd_shell(args: ShellArgs) -> Result<u8> {
         request,
         Stdin::UntilEot,
         |request| match request {
-            Request::Shell(shell) => snapshot_needs(&mut shell.spec, None),
+            Request::Shell(shell) => snapshot_needs(&mut shell.moment, None),
             _ => unreachable!("a shell request"),
         },
     )?;
@@ -668,7 +668,7 @@ fn cmd_shell(args: ShellArgs) -> Result<u8> {
 }
 
 fn cmd_seek(args: SeekArgs) -> Result<u8> {
-    let request = Request::Seek { spec: args.spec };
+    let request = Request::Seek { moment: args.spec };
     let response = dispatch(
         args.host_vm,
         args.seccomp.enabled(),
@@ -676,7 +676,7 @@ fn cmd_seek(args: SeekArgs) -> Result<u8> {
         request,
         Stdin::None,
         |request| match request {
-            Request::Seek { spec } => snapshot_needs(spec, None),
+            Request::Seek { moment } => snapshot_needs(moment, None),
             _ => unreachable!("a seek request"),
         },
     )?;

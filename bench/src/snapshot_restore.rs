@@ -124,7 +124,7 @@ pub fn restore_and_teardown(dir: &Path, staging: Staging) -> Result<RestorePhase
 /// seeds worker): on a fresh thread, a `Controller` of its own, `Request::Restore`, then
 /// `RunUntil` one more exit, then `Close`; timed from just before the thread starts.
 pub fn child_restore(dir: &Path) -> ChildRestore {
-    let spec = dir.display().to_string();
+    let moment = run::moment::Moment::Snapshot(dir.to_path_buf());
     let (tx, rx) = mpsc::channel();
     let started = Instant::now();
     let worker = thread::spawn(move || -> Result<()> {
@@ -132,7 +132,7 @@ pub fn child_restore(dir: &Path) -> ChildRestore {
         let streams = run::streams::Discard;
         let run = match controller.handle(
             Request::Restore {
-                spec,
+                moment,
                 until: None,
                 stall_timeout: Default::default(),
             },

@@ -213,7 +213,10 @@ fn check_specs(root: &Path, all: Option<&[snapshot::SnapshotInfo]>, first_id: Op
         specs.push(format!("{r}/{id}"));
     }
     for spec in specs {
-        match snapshot::resolve(&spec) {
+        let moment = spec
+            .parse::<run::moment::Moment>()
+            .unwrap_or_else(|e| panic!("{spec}: {e}"));
+        match moment.resolve() {
             Ok(res) => {
                 assert!(
                     res.snapshot.dir.starts_with(root),

@@ -7,6 +7,7 @@ use crate::audit::{self, AuditOptions, AuditSummary};
 use crate::branch::{self, BranchRequest};
 use crate::driven::{Driven, DrivenCheckpoint};
 use crate::faults::Fault;
+use crate::moment::Moment;
 use crate::outcome::RunSummary;
 use crate::plain::{self, GuestSpec};
 use crate::seeds::{self, SeedsReport, SeedsRequest};
@@ -79,7 +80,7 @@ pub enum Request {
     /// Many, one per seed (`detvisor branch --seeds`).
     BranchSeeds(SeedsRequest),
     /// The machine at an exact saved moment (`detvisor seek`).
-    Seek { spec: String },
+    Seek { moment: Moment },
     /// A shell in a fork of a saved moment (`detvisor shell`).
     Shell(ShellRequest),
     /// The snapshots in a directory (`detvisor snapshot ls`).
@@ -103,7 +104,7 @@ pub enum Request {
     },
     /// Restore a saved moment (replayed exactly to it) and hold it.
     Restore {
-        spec: String,
+        moment: Moment,
         until: Option<VirtNanos>,
         #[serde(default)]
         stall_timeout: StallTimeout,
@@ -422,7 +423,7 @@ impl Controller {
             }
             Request::Branch(request) => Response::Summary(branch::branch(&request, streams)?),
             Request::BranchSeeds(request) => Response::Seeds(seeds::branch_seeds(&request)?),
-            Request::Seek { spec } => Response::Seek(snapshots::seek(&spec)?),
+            Request::Seek { moment } => Response::Seek(snapshots::seek(&moment)?),
             Request::Shell(request) => Response::Shell {
                 status: shell::run(&request, streams)?,
             },
@@ -458,7 +459,7 @@ impl Controller {
                 self.hold(driven, None)
             }
             Request::Restore {
-                spec,
+                moment,
                 until,
                 stall_timeout,
             } => {
@@ -472,7 +473,7 @@ impl Controller {
                     events: Some(Box::new(streams.stderr())),
                 };
                 let restored =
-                    snapshots::restore(&spec, &resume, streams.stdout(), None, node_output)?;
+                    snapshots::restore(&moment, &resume, streams.stdout(), None, node_output)?;
                 self.hold(restored.driven, restored.stopped_early)
             }
             Request::RunUntil { run, until } => {

@@ -3,6 +3,7 @@
 //! of a saved history.
 
 use crate::driven::{Driven, DrivenError, SavedState};
+use crate::moment::Moment;
 use crate::up::{OutputError, UpDriver, UpOutput};
 use serde::Deserialize;
 use serde::Serialize;
@@ -33,9 +34,9 @@ pub enum SnapshotsError {
         #[source]
         source: SnapshotError,
     },
-    #[error("resolving {spec:?}")]
+    #[error("resolving {:?}", moment.to_string())]
     Resolve {
-        spec: String,
+        moment: Moment,
         #[source]
         source: SnapshotError,
     },
@@ -244,20 +245,20 @@ pub fn write_full_snapshot(
     })
 }
 
-/// The snapshot and moment `spec` names.
-/// Resolves `spec` against its directory (see `snapshot::resolve`): done
-/// before anything starts, so that a bad spec is one error, not one per
-/// worker or one after a helper VM has booted.
-pub fn resolve(spec: &str) -> Result<snapshot::Resolved> {
-    snapshot::resolve(spec).map_err(|source| SnapshotsError::Resolve {
-        spec: spec.to_owned(),
+/// The snapshot `moment` is restored from and what to replay forward to
+/// ([`Moment::resolve`]): done before anything starts too, so that a
+/// moment naming no snapshot is one error, not one per worker or one after
+/// a helper VM has booted.
+pub fn resolve(moment: &Moment) -> Result<snapshot::Resolved> {
+    moment.resolve().map_err(|source| SnapshotsError::Resolve {
+        moment: moment.clone(),
         source,
     })
 }
 
-/// Whether the snapshot `spec` names is of an `up` run.
-pub fn is_up(spec: &str) -> Result<bool> {
-    let resolved = resolve(spec)?;
+/// Whether the snapshot `moment` is restored from is of an `up` run.
+pub fn is_up(moment: &Moment) -> Result<bool> {
+    let resolved = resolve(moment)?;
     let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(&resolved.snapshot.dir)?;
     Ok(saved.up.is_some())
 }
@@ -354,7 +355,7 @@ pub fn info(dir: &Path) -> Result<SnapshotDetails> {
     })
 }
 
-/// A session restored from a snapshot spec and replayed to the exact target.
+/// A session restored from a saved moment and replayed to the exact target.
 pub struct Restored {
     pub driven: Driven,
     pub snapshot: snapshot::SnapshotInfo,
@@ -381,13 +382,13 @@ impl NodeOutput {
 }
 
 pub fn restore(
-    spec: &str,
+    moment: &Moment,
     resume: &ResumeConfig,
     console: Box<dyn std::io::Write + Send>,
     input: Option<vmm::vm::ConsoleInput>,
     node_output: NodeOutput,
 ) -> Result<Restored> {
-    let resolved = resolve(spec)?;
+    let resolved = resolve(moment)?;
     let dir = &resolved.snapshot.dir;
     let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(dir)?;
     // The pages the snapshot stores, from its checksummed index (SEEK_DATA
@@ -464,10 +465,10 @@ impl SeekReport {
     }
 }
 
-/// Replays to the moment `spec` names and reports the machine there.
-pub fn seek(spec: &str) -> Result<SeekReport> {
+/// Replays to `moment` and reports the machine there.
+pub fn seek(moment: &Moment) -> Result<SeekReport> {
     let mut restored = restore(
-        spec,
+        moment,
         &ResumeConfig::default(),
         Box::new(std::io::sink()),
         None,

@@ -11,6 +11,7 @@
 use run::api::{CheckpointId, Controller, Position, Request, Response, RunId, Until};
 use run::faults::parse_fault;
 use run::manifest;
+use run::moment::Moment;
 use run::streams::Captured;
 use run::up::{Initrd, PreparedUp, UpOptions};
 use run::RunSummary;
@@ -230,11 +231,11 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
         other => panic!("expected a snapshot, got {other:?}"),
     };
     assert_eq!(row.exit_index, at.exits);
-    let spec = dir.join(&row.id).display().to_string();
+    let moment = Moment::Snapshot(dir.join(&row.id));
     let restored = started(
         c.handle(
             Request::Restore {
-                spec,
+                moment,
                 until: None,
                 stall_timeout: Default::default(),
             },

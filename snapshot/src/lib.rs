@@ -71,7 +71,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{Result, SnapshotError};
 pub use memory::{data_ranges, MappedMemory, PageRun};
-pub use spec::{resolve, Resolved, SnapshotSpec, Target};
+pub use spec::{by_id, resolve_dir, select, Resolved, Target};
 
 use error::io;
 use frame::{check_flags, read_framed, write_framed, CRC64, HEADER_LEN};
