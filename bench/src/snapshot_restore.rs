@@ -94,7 +94,7 @@ pub fn restore_to_first_exit(dir: &Path, staging: Staging) -> Result<(VmSession,
     )?;
     let t_resume = Instant::now();
     let exits = session.exits();
-    if let Some(stop) = session.run_until(Some(exits + 1), None)? {
+    if let Some(stop) = session.run_until(vmm::vm::Until::Exit(exits + 1))? {
         bail!("the restored guest stopped at its first exit: {stop:?}");
     }
     let t_first = Instant::now();

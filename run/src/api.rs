@@ -33,19 +33,8 @@ pub struct RunId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct CheckpointId(pub u64);
 
-/// How far [`Request::RunUntil`] runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Until {
-    /// Until this many exits have been handled.
-    Exit(u64),
-    /// Until this virtual time.
-    Time(VirtNanos),
-    /// This many more exits.
-    Steps(u64),
-    /// Until the guest stops.
-    End,
-}
+/// How far [`Request::RunUntil`] runs: the VMM's one limit.
+pub use vmm::vm::Until;
 
 /// Everything the run library does, as one request.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -481,14 +470,7 @@ impl Controller {
                 if held.stop.is_some() {
                     return Err(ApiError::Stopped(run));
                 }
-                let exits = held.driven.session.exits();
-                let (exit_limit, time_limit) = match until {
-                    Until::Exit(n) => (Some(n), None),
-                    Until::Steps(n) => (Some(exits.saturating_add(n)), None),
-                    Until::Time(t) => (None, Some(t)),
-                    Until::End => (None, None),
-                };
-                held.stop = held.driven.run_until(exit_limit, time_limit)?;
+                held.stop = held.driven.run_until(until)?;
                 Response::Position(held.position())
             }
             Request::Checkpoint { run } => {

@@ -10,7 +10,7 @@ use serde::Serialize;
 use snapshot::{SnapshotError, SnapshotMeta, Target};
 use std::path::{Path, PathBuf};
 use vmm::exit::StopReason;
-use vmm::vm::{MemoryError, ResumeConfig, Session, VmError};
+use vmm::vm::{MemoryError, ResumeConfig, Session, Until, VmError};
 use vmm::VirtNanos;
 
 /// Why snapshots could not be taken, listed, described or restored.
@@ -160,7 +160,7 @@ impl Snapshotter {
                 let now = driven.session.now().0;
                 VirtNanos((now / every.0 + 1) * every.0)
             });
-            if let Some(stop) = driven.run_until(next_exit, next_time)? {
+            if let Some(stop) = driven.run_until(Until::first_of(next_exit, next_time))? {
                 return Ok(stop);
             }
             self.take(driven)?;
@@ -419,8 +419,8 @@ pub fn restore(
     };
     let mut driven = Driven { session, up };
     let stopped_early = match resolved.target {
-        Target::ExitIndex(n) => driven.run_until(Some(n), None)?,
-        Target::VirtualTime(t) => driven.run_until(None, Some(VirtNanos(t)))?,
+        Target::ExitIndex(n) => driven.run_until(Until::Exit(n))?,
+        Target::VirtualTime(t) => driven.run_until(Until::Time(VirtNanos(t)))?,
         Target::Snapshot | Target::Latest => None,
     };
     Ok(Restored {
