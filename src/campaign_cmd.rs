@@ -144,17 +144,8 @@ fn plan(mode: HostVmMode, seccomp: bool, prepared: &PreparedUp, workers: u32) ->
             for _ in 0..workers {
                 there = prepared.clone();
                 let mut options = UpOptions {
-                    seed: 0,
-                    until: None,
-                    runs: 1,
-                    logs: None,
-                    stream_output: false,
-                    snapshots: None,
                     stall_timeout: StallTimeout::HELPER_VM,
-                    pcap: None,
-                    trace: None,
-                    records: None,
-                    exit_path: Default::default(),
+                    ..UpOptions::new(0)
                 };
                 needs.push(crate::up_cmd::helper_needs(&mut there, &mut options)?);
             }

@@ -74,11 +74,9 @@ pub fn cmd_soak(args: SoakArgs) -> Result<u8> {
             }
             let prepared = up.prepare()?;
             let options = UpOptions {
-                seed: up.seed,
                 until,
-                runs: 1,
                 exit_path: up.exit_path,
-                ..UpOptions::default()
+                ..UpOptions::new(up.seed)
             };
             let name = up
                 .manifest

@@ -153,17 +153,9 @@ fn command_words(cmd: &Command) -> Vec<String> {
 /// The options `detvisor up --seed S --until T --logs LOGS --quiet` runs with.
 fn up_options(plan: &EtcdWorkerPlan, logs: &Path) -> Result<UpOptions> {
     Ok(UpOptions {
-        exit_path: vmm::ExitPath::default(),
-        seed: plan.seed,
         until: Some(units::parse_duration(&plan.until).context("--until")?),
-        runs: 1,
         logs: Some(logs.to_path_buf()),
-        stream_output: false,
-        snapshots: None,
-        stall_timeout: Default::default(),
-        pcap: None,
-        trace: None,
-        records: None,
+        ..UpOptions::new(plan.seed)
     })
 }
 

@@ -445,17 +445,9 @@ fn detvisor_run(
                 Err(e) => return ExitsRun::failed(format!("--until: {e}")),
             };
             let mut options = UpOptions {
-                seed: plan.seed,
                 until: Some(until),
-                runs: 1,
                 logs: Some(logs.clone()),
-                stream_output: false,
-                snapshots: None,
-                stall_timeout: Default::default(),
-                pcap: None,
-                exit_path: vmm::ExitPath::default(),
-                trace: None,
-                records: None,
+                ..UpOptions::new(plan.seed)
             };
             set_exit_path(ExitPathTarget::Up(&mut options), path);
             let prepared = (**prepared).clone();

@@ -107,17 +107,9 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
     let streams = Captured::default();
     let mut c = Controller::new();
     let options = UpOptions {
-        seed: 1,
         until: Some(VirtNanos::from_secs(60)),
-        runs: 1,
-        logs: None,
         stream_output: true,
-        snapshots: None,
-        stall_timeout: Default::default(),
-        exit_path: Default::default(),
-        pcap: None,
-        trace: None,
-        records: None,
+        ..UpOptions::new(1)
     };
     let run = started(
         c.handle(Request::BootUp { prepared, options }, &streams)

@@ -300,6 +300,19 @@ pub struct UpOptions {
     pub exit_path: vmm::ExitPath,
 }
 
+impl UpOptions {
+    /// One run seeded `seed` to its end, quiet, keeping nothing (no logs,
+    /// snapshots, captures), on the default exit path and stall timeout:
+    /// callers set what they want beside (`..UpOptions::new(seed)`).
+    pub fn new(seed: u64) -> Self {
+        UpOptions {
+            seed,
+            runs: 1,
+            ..UpOptions::default()
+        }
+    }
+}
+
 /// What an `up` run reports.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct UpSummary {
