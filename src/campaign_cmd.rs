@@ -262,8 +262,7 @@ impl Progress for Printer {
     fn root(&mut self, position: &run::api::Position, digest: &str) {
         eprintln!(
             "detvisor: root moment at {} (exit {}), digest {digest}",
-            vmm::VirtNanos(position.virtual_ns),
-            position.exits
+            position.virtual_ns, position.exits
         );
     }
 
@@ -441,7 +440,7 @@ pub fn cmd_findings(args: FindingsArgs) -> Result<u8> {
                 faults,
                 if faults == 1 { "" } else { "s" },
                 file.found_path.fault_count(),
-                vmm::VirtNanos(file.virtual_ns)
+                file.virtual_ns
             );
         }
     }

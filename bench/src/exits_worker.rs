@@ -387,7 +387,7 @@ fn plain_result(
         Ok(s) => ExitsRun {
             ok: s.exit_status == Some(0),
             status: s.exit_status,
-            virtual_ns: Some(s.virtual_ns),
+            virtual_ns: Some(s.virtual_ns.0),
             exits: Some(s.exits),
             exits_by_kind: s.exits_by_kind,
             inner_wall_ms: Some(s.wall_ms),

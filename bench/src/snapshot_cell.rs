@@ -378,7 +378,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         let warm = SavedState::of_run(session.capture().context("capturing the VM state")?);
         let meta = SnapshotMeta::new(
             "warm-up",
-            session.now().0,
+            session.now(),
             session.exits(),
             warm.session.ram_bytes,
             warm.session.seed,
@@ -415,7 +415,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
             let t1 = Instant::now();
             let meta = SnapshotMeta::new(
                 id.clone(),
-                session.now().0,
+                session.now(),
                 session.exits(),
                 state.session.ram_bytes,
                 state.session.seed,

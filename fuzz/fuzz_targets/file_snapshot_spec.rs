@@ -44,13 +44,13 @@ fn fixture() -> &'static Fixture {
         let ram = 4 * PAGE_SIZE as usize;
         let mut mem = vec![0u8; ram];
         mem[5] = 1;
-        let a = SnapshotMeta::new("a", 1_000_000_000, 10, ram as u64, 1);
+        let a = SnapshotMeta::new("a", devices::VirtNanos(1_000_000_000), 10, ram as u64, 1);
         snapshot::write_snapshot(&root, &a, &(), &mem).expect("a");
         mem[4096] = 2;
-        let b = SnapshotMeta::new("b", 2_000_000_000, 20, ram as u64, 1);
+        let b = SnapshotMeta::new("b", devices::VirtNanos(2_000_000_000), 20, ram as u64, 1);
         snapshot::write_snapshot(&root, &b, &(), &mem).expect("b");
         mem[8192] = 3;
-        let mut c = SnapshotMeta::new("c", 3_000_000_000, 30, ram as u64, 1);
+        let mut c = SnapshotMeta::new("c", devices::VirtNanos(3_000_000_000), 30, ram as u64, 1);
         c.parent = Some("b".into());
         snapshot::write_incremental_snapshot(&root, &c, &(), &mem, &[2]).expect("c");
         let all = snapshot::list(&root).expect("the fixture lists");

@@ -331,10 +331,10 @@ impl<'a> Engine<'a> {
                 depth: 0,
                 path: StepPath {
                     steps: Vec::new(),
-                    end_ns: position.virtual_ns,
+                    end_ns: position.virtual_ns.0,
                 },
                 end_exits: position.exits,
-                end_ns: position.virtual_ns,
+                end_ns: position.virtual_ns.0,
                 digest: digest.clone(),
                 score: 1.0,
                 stopped: position.stop.is_some(),
@@ -520,7 +520,7 @@ impl<'a> Engine<'a> {
                 depth,
                 path: job.path,
                 end_exits: done.position.exits,
-                end_ns: done.position.virtual_ns,
+                end_ns: done.position.virtual_ns.0,
                 digest: done.digest,
                 score: 0.0,
                 stopped: done.position.stop.is_some(),
@@ -576,7 +576,7 @@ impl<'a> Engine<'a> {
             depth,
             seed: job.seed,
             faults,
-            end_ns: done.position.virtual_ns,
+            end_ns: done.position.virtual_ns.0,
             failures: verdict.failures.len(),
             novelty: verdict.novelty,
             wall_ms: done.wall_ms,
@@ -693,7 +693,7 @@ pub fn reach(
 ) -> Result<(Position, Vec<GuestRecord>)> {
     let stopped = |position: &Position| EngineError::StoppedBeforeRoot {
         stop: format!("{:?}", position.stop),
-        at: VirtNanos(position.virtual_ns),
+        at: position.virtual_ns,
         rule: format!("{rule:?}"),
     };
     match *rule {
@@ -753,13 +753,12 @@ pub fn apply_steps(
         }
         let position = calls.rekey(run, step.seed)?;
         for text in &step.faults {
-            let faults =
-                parse_fault_after(text, Some(VirtNanos(position.virtual_ns))).map_err(|e| {
-                    EngineError::DrawnFault {
-                        text: text.clone(),
-                        message: e.to_string(),
-                    }
-                })?;
+            let faults = parse_fault_after(text, Some(position.virtual_ns)).map_err(|e| {
+                EngineError::DrawnFault {
+                    text: text.clone(),
+                    message: e.to_string(),
+                }
+            })?;
             for fault in faults {
                 calls.inject(run, fault)?;
             }

@@ -65,7 +65,7 @@ impl Sim {
     fn position(&self) -> Position {
         Position {
             exits: self.state.now / 1_000,
-            virtual_ns: self.state.now,
+            virtual_ns: vmm::VirtNanos(self.state.now),
             stop: None,
         }
     }
@@ -723,7 +723,7 @@ fn test_a_finding_holds_the_logs_of_its_whole_path() {
         .lines()
         .map(|l| l.strip_prefix("t=").unwrap().parse().unwrap())
         .collect();
-    let expected: Vec<u64> = (1..=finding.file.virtual_ns / 250_000_000)
+    let expected: Vec<u64> = (1..=finding.file.virtual_ns.0 / 250_000_000)
         .map(|i| i * 250_000_000)
         .collect();
     assert!(

@@ -118,7 +118,7 @@ pub struct FindingFile {
     /// The run's digest at the end of `path`.
     pub digest: String,
     pub exits: u64,
-    pub virtual_ns: u64,
+    pub virtual_ns: vmm::VirtNanos,
     pub spec: CampaignSpec,
 }
 
@@ -355,6 +355,36 @@ pub fn load(dir: &Path) -> Result<LoadedFinding> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A finding's time is the bare number of nanoseconds it was before it
+    /// was typed: findings written before read the same, and back.
+    #[test]
+    fn test_a_finding_time_json_is_unchanged() {
+        let spec = crate::spec::CampaignSpec::parse(
+            "manifest = \"m.toml\"\n",
+            Path::new("c.toml"),
+            Path::new("/"),
+        )
+        .expect("a minimal campaign file");
+        let file = FindingFile {
+            format: FINDING_FORMAT,
+            number: 1,
+            key: "k".into(),
+            summary: "failed".into(),
+            details: serde_json::Value::Null,
+            path: Default::default(),
+            found_path: Default::default(),
+            digest: "d".into(),
+            exits: 2,
+            virtual_ns: vmm::VirtNanos(1_500_000_000),
+            spec,
+        };
+        let json = serde_json::to_value(&file).unwrap();
+        assert_eq!(json["virtual_ns"], serde_json::json!(1_500_000_000u64));
+        assert_eq!(json["exits"], serde_json::json!(2));
+        let back: FindingFile = serde_json::from_value(json).unwrap();
+        assert_eq!(back, file);
+    }
 
     #[test]
     fn test_a_blobified_run_names_no_host_path() {

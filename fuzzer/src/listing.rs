@@ -195,7 +195,7 @@ mod tests {
             found_path: Default::default(),
             digest: "d".into(),
             exits: 0,
-            virtual_ns: 0,
+            virtual_ns: vmm::VirtNanos::ZERO,
             spec,
         };
         let text = serde_json::to_string(&file).unwrap();

@@ -188,7 +188,7 @@ impl Request {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Position {
     pub exits: u64,
-    pub virtual_ns: u64,
+    pub virtual_ns: VirtNanos,
     /// Set once the guest stopped (it runs no further).
     pub stop: Option<StopReason>,
 }
@@ -311,7 +311,7 @@ impl Held {
     fn position(&self) -> Position {
         Position {
             exits: self.driven.session.exits(),
-            virtual_ns: self.driven.session.now().0,
+            virtual_ns: self.driven.session.now(),
             stop: self.stop,
         }
     }
@@ -598,6 +598,20 @@ mod tests {
         let text = serde_json::to_string(&response).unwrap();
         let back: Response = serde_json::from_str(&text).unwrap();
         assert!(matches!(back, Response::Records { records } if records.len() == 1));
+    }
+
+    /// Where a run stands reads and writes the JSON it did when its time
+    /// was a bare number.
+    #[test]
+    fn test_a_position_json_is_unchanged() {
+        let position = Position {
+            exits: 3,
+            virtual_ns: VirtNanos(1_500),
+            stop: None,
+        };
+        let text = r#"{"exits":3,"virtual_ns":1500,"stop":null}"#;
+        assert_eq!(serde_json::to_string(&position).unwrap(), text);
+        assert_eq!(serde_json::from_str::<Position>(text).unwrap(), position);
     }
 
     /// `--no-seccomp` is a request: it crosses into the helper VM as JSON

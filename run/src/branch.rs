@@ -152,10 +152,10 @@ pub fn check_faults(moment: &Moment, texts: &[String]) -> Result<(), BranchFault
         }
         .into());
     };
-    let point = VirtNanos(match resolved.target {
-        snapshot::Target::VirtualTime(ns) => ns.max(meta.virtual_ns),
+    let point = match resolved.target {
+        snapshot::Target::VirtualTime(time) => time.max(meta.virtual_ns),
         _ => meta.virtual_ns,
-    });
+    };
     let mut all = Vec::new();
     for text in texts {
         let faults = crate::faults::parse_fault_after(text, Some(point))

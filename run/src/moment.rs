@@ -216,7 +216,7 @@ impl Moment {
         };
         match when {
             When::Latest => snapshot::select(dir, Target::Latest),
-            When::Time(time) => snapshot::select(dir, Target::VirtualTime(time.as_nanos())),
+            When::Time(time) => snapshot::select(dir, Target::VirtualTime(*time)),
             When::Exit { index } => snapshot::select(dir, Target::ExitIndex(*index)),
             When::Id(id) if dir.join(id).is_dir() => snapshot::by_id(dir, id),
             When::Id(id) => Err(self.no_such_id(dir, id)),

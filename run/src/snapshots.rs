@@ -219,7 +219,7 @@ fn snapshot_meta(
     let session = &driven.session;
     let mut meta = SnapshotMeta::new(
         snapshot_id(driven),
-        session.now().0,
+        session.now(),
         session.exits(),
         state.session.ram_bytes,
         state.session.seed,
@@ -277,7 +277,7 @@ pub fn list(root: &Path) -> Result<Vec<SnapshotRow>> {
 pub struct SnapshotRow {
     pub id: String,
     pub parent: Option<String>,
-    pub virtual_ns: u64,
+    pub virtual_ns: VirtNanos,
     pub exit_index: u64,
     pub ram_bytes: u64,
     pub seed: u64,
@@ -420,7 +420,7 @@ pub fn restore(
     let mut driven = Driven { session, up };
     let stopped_early = match resolved.target {
         Target::ExitIndex(n) => driven.run_until(Until::Exit(n))?,
-        Target::VirtualTime(t) => driven.run_until(Until::Time(VirtNanos(t)))?,
+        Target::VirtualTime(t) => driven.run_until(Until::Time(t))?,
         Target::Snapshot | Target::Latest => None,
     };
     Ok(Restored {
@@ -437,7 +437,7 @@ pub struct SeekReport {
     pub snapshot: String,
     pub target: String,
     pub exit_index: u64,
-    pub virtual_ns: u64,
+    pub virtual_ns: VirtNanos,
     pub rip: u64,
     pub rsp: u64,
     pub rflags: u64,
@@ -456,7 +456,7 @@ impl SeekReport {
             self.target,
             self.snapshot,
             self.exit_index,
-            VirtNanos(self.virtual_ns),
+            self.virtual_ns,
             self.rip,
             self.rsp,
             self.rflags,
@@ -480,7 +480,7 @@ pub fn seek(moment: &Moment) -> Result<SeekReport> {
         snapshot: restored.snapshot.meta.id.clone(),
         target: restored.target.to_string(),
         exit_index: session.exits(),
-        virtual_ns: session.now().0,
+        virtual_ns: session.now(),
         rip: state.vcpu.regs.rip,
         rsp: state.vcpu.regs.rsp,
         rflags: state.vcpu.regs.rflags,

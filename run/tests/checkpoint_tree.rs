@@ -80,7 +80,7 @@ struct Seen {
     digest: String,
     memory: String,
     exits: u64,
-    virtual_ns: u64,
+    virtual_ns: VirtNanos,
     seed: u64,
 }
 

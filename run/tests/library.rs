@@ -179,7 +179,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
     // 2. Back to the checkpoint, n1 cut off 1 ms later: the workload cannot
     //    reach it, and says so with its status.
     assert_eq!(reset(&mut c, &streams, run, checkpoint), at);
-    let cut = format!("at={}ns partition n1 | n2", at.virtual_ns + 1_000_000);
+    let cut = format!("at={}ns partition n1 | n2", at.virtual_ns.0 + 1_000_000);
     for fault in parse_fault(&cut).unwrap() {
         c.handle(Request::InjectFault { run, fault }, &streams)
             .unwrap();

@@ -18,9 +18,9 @@ pub enum Target {
     Snapshot,
     /// `DIR@latest`: the last snapshot in (virtual_ns, exit_index, id) order, as is.
     Latest,
-    /// `DIR@<time>`: replay forward from the snapshot until the virtual clock reaches this many
-    /// nanoseconds (the snapshot's `virtual_ns` is at or before it).
-    VirtualTime(u64),
+    /// `DIR@<time>`: replay forward from the snapshot until the virtual clock reaches this time
+    /// (the snapshot's `virtual_ns` is at or before it).
+    VirtualTime(VirtNanos),
     /// `DIR@exit:<n>`: replay forward from the snapshot until exit index n (the snapshot's
     /// `exit_index` is at or before it).
     ExitIndex(u64),
@@ -31,7 +31,7 @@ impl fmt::Display for Target {
         match self {
             Target::Snapshot => f.write_str("the named snapshot"),
             Target::Latest => f.write_str("the latest snapshot"),
-            Target::VirtualTime(ns) => write!(f, "virtual time {} ({ns} ns)", VirtNanos(*ns)),
+            Target::VirtualTime(time) => write!(f, "virtual time {time} ({} ns)", time.as_nanos()),
             Target::ExitIndex(n) => write!(f, "exit {n}"),
         }
     }
@@ -115,9 +115,7 @@ pub fn select(root: &Path, target: Target) -> Result<Resolved> {
                 target: target.to_string(),
                 earliest: format!(
                     "{:?} at virtual time {} (exit {})",
-                    earliest.meta.id,
-                    VirtNanos(earliest.meta.virtual_ns),
-                    earliest.meta.exit_index
+                    earliest.meta.id, earliest.meta.virtual_ns, earliest.meta.exit_index
                 ),
             })
         }
@@ -147,11 +145,11 @@ mod tests {
     #[test]
     fn test_target_prints_the_one_duration_format() {
         assert_eq!(
-            Target::VirtualTime(500_000_000).to_string(),
+            Target::VirtualTime(VirtNanos(500_000_000)).to_string(),
             "virtual time 500ms (500000000 ns)"
         );
         assert_eq!(
-            Target::VirtualTime(12_500_000_000).to_string(),
+            Target::VirtualTime(VirtNanos(12_500_000_000)).to_string(),
             "virtual time 12.5s (12500000000 ns)"
         );
     }

@@ -35,7 +35,13 @@ fn state() -> TestState {
 }
 
 fn meta(id: &str, virtual_ns: u64, exit_index: u64, ram: usize) -> SnapshotMeta {
-    SnapshotMeta::new(id, virtual_ns, exit_index, ram as u64, 0xdead_beef)
+    SnapshotMeta::new(
+        id,
+        devices::VirtNanos(virtual_ns),
+        exit_index,
+        ram as u64,
+        0xdead_beef,
+    )
 }
 
 /// 64 MiB of zeros with a few non-zero pages.
@@ -489,14 +495,17 @@ fn resolve_time_exit_and_id() {
     };
     let s = 1_000_000_000u64;
     for (target, id) in [
-        (Target::VirtualTime(12 * s + s / 2), "s3"),
-        (Target::VirtualTime(5 * s), "s2"),
-        (Target::VirtualTime(4_999_000_000), "s1"),
-        (Target::VirtualTime(7 * s + s / 2), "s2"),
-        (Target::VirtualTime(s), "s1"),
-        (Target::VirtualTime(600 * s), "s3"),
-        (Target::VirtualTime(4 * s + s / 2), "s1"),
-        (Target::VirtualTime(120 * s), "s3"),
+        (
+            Target::VirtualTime(devices::VirtNanos(12 * s + s / 2)),
+            "s3",
+        ),
+        (Target::VirtualTime(devices::VirtNanos(5 * s)), "s2"),
+        (Target::VirtualTime(devices::VirtNanos(4_999_000_000)), "s1"),
+        (Target::VirtualTime(devices::VirtNanos(7 * s + s / 2)), "s2"),
+        (Target::VirtualTime(devices::VirtNanos(s)), "s1"),
+        (Target::VirtualTime(devices::VirtNanos(600 * s)), "s3"),
+        (Target::VirtualTime(devices::VirtNanos(4 * s + s / 2)), "s1"),
+        (Target::VirtualTime(devices::VirtNanos(120 * s)), "s3"),
         (Target::ExitIndex(123_456), "s3"),
         (Target::ExitIndex(499), "s1"),
         (Target::ExitIndex(500), "s2"),
@@ -515,10 +524,10 @@ fn resolve_time_exit_and_id() {
     assert_eq!(id_of(by_id(&root, "s1")), "s1");
 
     // The chosen snapshot is usable as is.
-    let res = select(&root, Target::VirtualTime(6 * s)).unwrap();
+    let res = select(&root, Target::VirtualTime(devices::VirtNanos(6 * s))).unwrap();
     assert_eq!(read(&res.snapshot.dir).unwrap().0.exit_index, 500);
 
-    let err = select(&root, Target::VirtualTime(s / 2)).unwrap_err();
+    let err = select(&root, Target::VirtualTime(devices::VirtNanos(s / 2))).unwrap_err();
     assert!(matches!(err, SnapshotError::TooEarly { .. }), "{err}");
     let msg = err.to_string();
     assert!(
