@@ -19,13 +19,14 @@ use run::api::{Controller, Request, Response};
 use run::moment::Moment;
 use run::plain::{GuestSpec, PlainNetwork};
 use run::snapshots::SnapshotPlan;
-use run::units;
+use run::units::{self, ByteSize};
 use serde::Serialize;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use terminal::StdStreams;
 use vmm::stall::StallTimeout;
+use vmm::VirtNanos;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -100,14 +101,14 @@ struct BranchArgs {
     spec: Moment,
     /// Stop at this virtual time (absolute, as in `run --until`).
     #[arg(long)]
-    until: Option<String>,
+    until: Option<VirtNanos>,
     /// Re-key every seeded stream from this seed at the branch point.
     #[arg(long, conflicts_with = "seeds")]
     seed: Option<u64>,
     /// Many alternate histories, one per seed (e.g. 1..64: inclusive), run in
     /// parallel child processes; prints a table of outcomes.
     #[arg(long)]
-    seeds: Option<String>,
+    seeds: Option<run::seeds::SeedRange>,
     /// Parallel branches with --seeds (0: one per core).
     #[arg(long, default_value_t = 0)]
     jobs: usize,
@@ -199,10 +200,10 @@ struct GuestArgs {
     cmdline: Option<String>,
     /// Guest RAM (e.g. 256M, 1G).
     #[arg(long, default_value = "256M")]
-    mem: String,
+    mem: ByteSize,
     /// Stop after this much virtual time (e.g. 30s, 500ms, 10m).
     #[arg(long)]
-    until: Option<String>,
+    until: Option<VirtNanos>,
     /// Wall-clock date the guest's CMOS clock starts at, as unix seconds.
     #[arg(long, default_value_t = 1_704_067_200)]
     rtc_epoch: i64,
@@ -309,7 +310,7 @@ pub struct SnapshotArgs {
     pub snapshots: Option<PathBuf>,
     /// Take a snapshot every this much virtual time (e.g. 500ms).
     #[arg(long, requires = "snapshots")]
-    pub snapshot_every: Option<String>,
+    pub snapshot_every: Option<VirtNanos>,
     /// Take a snapshot once this many exits have been handled (repeatable).
     #[arg(long, requires = "snapshots")]
     pub snapshot_at_exit: Vec<u64>,
@@ -321,15 +322,9 @@ impl SnapshotArgs {
         let Some(dir) = &self.snapshots else {
             return Ok(None);
         };
-        let every = self
-            .snapshot_every
-            .as_deref()
-            .map(units::parse_duration)
-            .transpose()
-            .context("--snapshot-every")?;
         let plan = SnapshotPlan {
             dir: dir.clone(),
-            every,
+            every: self.snapshot_every,
             at_exits: self.snapshot_at_exit.clone(),
         };
         // Checked here too, before any VM starts.
@@ -472,13 +467,8 @@ fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
         kernel: guest.kernel.clone(),
         initrd: guest.initrd.clone(),
         cmdline: guest.cmdline.clone(),
-        ram_bytes: units::parse_ram(&guest.mem).context("--mem")?,
-        until: guest
-            .until
-            .as_deref()
-            .map(units::parse_duration)
-            .transpose()
-            .context("--until")?,
+        ram_bytes: units::check_ram(guest.mem.0).context("--mem")?,
+        until: guest.until,
         rtc_epoch_unix_secs: guest.rtc_epoch,
         network,
         command: guest.command.clone(),
@@ -570,16 +560,11 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
     // Checked against the snapshot's files before anything starts: the
     // grammar, the nodes, the branch point and the lanes.
     run::branch::check_faults(&args.spec, &args.faults)?;
-    let until = args
-        .until
-        .as_deref()
-        .map(units::parse_duration)
-        .transpose()
-        .context("--until")?;
+    let until = args.until;
     if let Some(range) = &args.seeds {
         let request = Request::BranchSeeds(run::seeds::SeedsRequest {
             moment: args.spec.clone(),
-            seeds: range.parse()?,
+            seeds: range.clone(),
             jobs: args.jobs,
             until,
             in_place: args.in_place,
@@ -794,8 +779,32 @@ fn cmd_check(args: CheckArgs) -> Result<u8> {
     Ok(0)
 }
 
+/// The command line, or the exit of a process given a bad one: a value that
+/// does not parse is one line naming the flag (`--until: ...`), as every
+/// other bad input; clap's own usage errors and help as clap prints them.
+fn parse_cli() -> Result<Cli, ExitCode> {
+    Cli::try_parse().map_err(|e| {
+        if e.kind() != clap::error::ErrorKind::ValueValidation {
+            e.exit();
+        }
+        let reason =
+            std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string);
+        match e.get(clap::error::ContextKind::InvalidArg) {
+            Some(clap::error::ContextValue::String(arg)) if arg.starts_with("--") => {
+                let flag = arg.split_whitespace().next().unwrap_or(arg);
+                eprintln!("detvisor: error: {flag}: {reason}");
+            }
+            _ => eprintln!("detvisor: error: {reason}"),
+        }
+        ExitCode::from(run::exit_status::BAD_INPUT)
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_cli() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     let result = match cli.command {
         Command::Run(args) => cmd_run(args),
         Command::Audit(args) => cmd_audit(args),

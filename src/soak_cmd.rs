@@ -68,7 +68,7 @@ pub fn cmd_soak(args: SoakArgs) -> Result<u8> {
             soak_target(soak, "boot".into(), guest.seed, target, place)
         }
         SoakCommand::Up { soak, up } => {
-            let until = up.until()?;
+            let until = up.until;
             if until.is_none() {
                 bail!("a soak's runs must end: give --until");
             }
