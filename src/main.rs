@@ -564,7 +564,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
     if let Some(range) = &args.seeds {
         let request = Request::BranchSeeds(run::seeds::SeedsRequest {
             moment: args.spec.clone(),
-            seeds: range.clone(),
+            seeds: *range,
             jobs: args.jobs,
             until,
             in_place: args.in_place,

@@ -36,7 +36,7 @@ pub enum SnapshotsError {
     },
     #[error("resolving {:?}", moment.to_string())]
     Resolve {
-        moment: Moment,
+        moment: Box<Moment>,
         #[source]
         source: SnapshotError,
     },
@@ -251,7 +251,7 @@ pub fn write_full_snapshot(
 /// a helper VM has booted.
 pub fn resolve(moment: &Moment) -> Result<snapshot::Resolved> {
     moment.resolve().map_err(|source| SnapshotsError::Resolve {
-        moment: moment.clone(),
+        moment: Box::new(moment.clone()),
         source,
     })
 }
