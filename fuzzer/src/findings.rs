@@ -352,6 +352,30 @@ pub fn load(dir: &Path) -> Result<LoadedFinding> {
     Ok(LoadedFinding { file, run })
 }
 
+/// A finding of a minimal campaign, failed at the root (for tests).
+#[cfg(test)]
+pub(crate) fn test_finding(number: u32, key: &str) -> FindingFile {
+    let spec = crate::spec::CampaignSpec::parse(
+        "manifest = \"m.toml\"\n",
+        Path::new("c.toml"),
+        Path::new("/"),
+    )
+    .expect("a minimal campaign file");
+    FindingFile {
+        format: FINDING_FORMAT,
+        number,
+        key: key.into(),
+        summary: "failed".into(),
+        details: serde_json::Value::Null,
+        path: Default::default(),
+        found_path: Default::default(),
+        digest: "d".into(),
+        exits: 0,
+        virtual_ns: vmm::VirtNanos::ZERO,
+        spec,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,24 +384,10 @@ mod tests {
     /// was typed: findings written before read the same, and back.
     #[test]
     fn test_a_finding_time_json_is_unchanged() {
-        let spec = crate::spec::CampaignSpec::parse(
-            "manifest = \"m.toml\"\n",
-            Path::new("c.toml"),
-            Path::new("/"),
-        )
-        .expect("a minimal campaign file");
         let file = FindingFile {
-            format: FINDING_FORMAT,
-            number: 1,
-            key: "k".into(),
-            summary: "failed".into(),
-            details: serde_json::Value::Null,
-            path: Default::default(),
-            found_path: Default::default(),
-            digest: "d".into(),
             exits: 2,
             virtual_ns: vmm::VirtNanos(1_500_000_000),
-            spec,
+            ..test_finding(1, "k")
         };
         let json = serde_json::to_value(&file).unwrap();
         assert_eq!(json["virtual_ns"], serde_json::json!(1_500_000_000u64));
