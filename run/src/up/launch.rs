@@ -328,7 +328,7 @@ pub struct UpSummary {
     /// boot plus bringing every node up.
     pub boot_to_workload_wall_ms: Option<u64>,
     /// Virtual time at the workload's start.
-    pub boot_to_workload_virtual_ns: Option<u64>,
+    pub boot_to_workload_virtual_ns: Option<VirtNanos>,
 }
 
 impl UpSummary {
@@ -546,6 +546,6 @@ pub fn run(
         identical: divergence.is_none(),
         divergence,
         boot_to_workload_wall_ms: start.map(|(wall, _)| wall.as_millis() as u64),
-        boot_to_workload_virtual_ns: start.map(|(_, at)| at.0),
+        boot_to_workload_virtual_ns: start.map(|(_, at)| at),
     })
 }
