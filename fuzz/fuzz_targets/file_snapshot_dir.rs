@@ -254,11 +254,18 @@ fn seeds() -> Vec<Vec<u8>> {
     let mut out = vec![encode_tree(&root, 0), encode_tree(&root, 1)];
     mem[2 * 4096 + 7] = 0;
     mem[3 * 4096] = 3;
-    let mut child = SnapshotMeta::new("child", devices::VirtNanos(2_000_000_000), 20, ram as u64, 7);
+    let mut child = SnapshotMeta::new(
+        "child",
+        devices::VirtNanos(2_000_000_000),
+        20,
+        ram as u64,
+        7,
+    );
     child.parent = Some("base".into());
     snapshot::write_incremental_snapshot(&root, &child, &state, &mem, &[2, 3]).expect("child");
     mem[4096] = 9; // page 1
-    let mut grandchild = SnapshotMeta::new("t3s", devices::VirtNanos(3_000_000_000), 30, ram as u64, 7);
+    let mut grandchild =
+        SnapshotMeta::new("t3s", devices::VirtNanos(3_000_000_000), 30, ram as u64, 7);
     grandchild.parent = Some("child".into());
     snapshot::write_incremental_snapshot(&root, &grandchild, &(), &mem, &[1]).expect("t3s");
     out.push(encode_tree(&root, 0));

@@ -119,8 +119,10 @@ fn check_resolved(text: &str, spec: &Moment, fx: &Fixture) {
         res.snapshot.dir
     );
     match res.target {
-        Target::VirtualTime(ns) => no_later(text, fx, chosen, ns, |m| (m.virtual_ns, m.exit_index)),
-        Target::ExitIndex(n) => no_later(text, fx, chosen, n, |m| (m.exit_index, m.virtual_ns)),
+        Target::VirtualTime(ns) => {
+            no_later(text, fx, chosen, ns.0, |m| (m.virtual_ns.0, m.exit_index))
+        }
+        Target::ExitIndex(n) => no_later(text, fx, chosen, n, |m| (m.exit_index, m.virtual_ns.0)),
         Target::Latest => assert_eq!(Some(chosen), fx.all.last().map(|i| &i.meta), "{text:?}"),
         Target::Snapshot => {
             let named = match spec {
