@@ -37,7 +37,7 @@ struct Sim {
 fn record(at: u64, json: serde_json::Value) -> GuestRecord {
     GuestRecord {
         exit: at / 1_000,
-        virtual_ns: at,
+        virtual_ns: vmm::VirtNanos(at),
         node: None,
         body: RecordBody::Sdk { json },
     }

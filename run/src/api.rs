@@ -588,7 +588,7 @@ mod tests {
         let response = Response::Records {
             records: vec![crate::records::GuestRecord {
                 exit: 1,
-                virtual_ns: 2,
+                virtual_ns: VirtNanos(2),
                 node: Some("n1".into()),
                 body: crate::records::RecordBody::History {
                     json: serde_json::json!({"op": 1}),
