@@ -216,8 +216,8 @@ struct GuestArgs {
     #[arg(long, default_value_t = 0)]
     nics: u8,
     /// One-way frame latency on the switch: a duration (5ms) or a range (1ms..10ms, uniform).
-    #[arg(long, default_value = "1ms")]
-    net_latency: String,
+    #[arg(long, default_value = "1ms", value_parser = units::parse_latency)]
+    net_latency: devices::LatencyDist,
     /// Probability that the switch loses a frame (0..1).
     #[arg(long, default_value_t = 0.0)]
     net_loss: f64,
@@ -452,8 +452,7 @@ fn snapshot_needs(moment: &mut Moment, taking: Option<&mut SnapshotPlan>) -> Res
 fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
     // Every flag is checked, whether or not it is used (`--net-*` without
     // `--nics`), before anything starts.
-    let latency = units::parse_latency(&guest.net_latency).context("--net-latency")?;
-    let mut config = devices::NetworkConfig::reliable(latency);
+    let mut config = devices::NetworkConfig::reliable(guest.net_latency);
     config.latency.validate().context("--net-latency")?;
     config.loss = guest.net_loss;
     config.validate().context("--net-loss")?;
