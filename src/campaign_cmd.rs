@@ -82,8 +82,7 @@ impl Progress for Printer {
     fn root(&mut self, position: &run::api::Position, digest: &str) {
         eprintln!(
             "detvisor: root moment at {} (exit {}), digest {digest}",
-            vmm::VirtNanos(position.virtual_ns),
-            position.exits
+            position.virtual_ns, position.exits
         );
     }
 
@@ -207,7 +206,7 @@ pub fn cmd_findings(args: FindingsArgs) -> Result<u8> {
                 line.faults,
                 if line.faults == 1 { "" } else { "s" },
                 line.found_faults,
-                vmm::VirtNanos(line.virtual_ns)
+                line.virtual_ns
             );
         }
     }

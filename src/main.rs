@@ -16,15 +16,17 @@ use clap::{Args, Parser, Subcommand};
 use helper_vm::client::Placed;
 use helper_vm::HostVmMode;
 use run::client::{Calls, Local, RunnerError};
+use run::moment::Moment;
 use run::plain::{GuestSpec, PlainNetwork};
 use run::snapshots::SnapshotPlan;
-use run::units;
+use run::units::{self, ByteSize};
 use serde::Serialize;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use terminal::StdStreams;
 use vmm::stall::StallTimeout;
+use vmm::VirtNanos;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -96,17 +98,17 @@ enum SnapshotCommand {
 #[derive(Args, Debug)]
 struct BranchArgs {
     /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
-    spec: String,
+    spec: Moment,
     /// Stop at this virtual time (absolute, as in `run --until`).
     #[arg(long)]
-    until: Option<String>,
+    until: Option<VirtNanos>,
     /// Re-key every seeded stream from this seed at the branch point.
     #[arg(long, conflicts_with = "seeds")]
     seed: Option<u64>,
     /// Many alternate histories, one per seed (e.g. 1..64: inclusive), run in
     /// parallel child processes; prints a table of outcomes.
     #[arg(long)]
-    seeds: Option<String>,
+    seeds: Option<run::seeds::SeedRange>,
     /// Parallel branches with --seeds (0: one per core).
     #[arg(long, default_value_t = 0)]
     jobs: usize,
@@ -205,7 +207,7 @@ pub fn failed(error: RunnerError) -> anyhow::Error {
 #[derive(Args, Debug)]
 struct SeekArgs {
     /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
-    spec: String,
+    spec: Moment,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
@@ -215,7 +217,7 @@ struct SeekArgs {
 #[derive(Args, Debug)]
 struct ShellArgs {
     /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
-    spec: String,
+    spec: Moment,
     /// For a snapshot of an `up` run: open the shell inside this node (its
     /// namespaces and root, its `/bin/sh`) instead of beside the nodes.
     #[arg(long)]
@@ -240,10 +242,10 @@ struct GuestArgs {
     cmdline: Option<String>,
     /// Guest RAM (e.g. 256M, 1G).
     #[arg(long, default_value = "256M")]
-    mem: String,
+    mem: ByteSize,
     /// Stop after this much virtual time (e.g. 30s, 500ms, 10m).
     #[arg(long)]
-    until: Option<String>,
+    until: Option<VirtNanos>,
     /// Wall-clock date the guest's CMOS clock starts at, as unix seconds.
     #[arg(long, default_value_t = 1_704_067_200)]
     rtc_epoch: i64,
@@ -256,8 +258,8 @@ struct GuestArgs {
     #[arg(long, default_value_t = 0)]
     nics: u8,
     /// One-way frame latency on the switch: a duration (5ms) or a range (1ms..10ms, uniform).
-    #[arg(long, default_value = "1ms")]
-    net_latency: String,
+    #[arg(long, default_value = "1ms", value_parser = units::parse_latency)]
+    net_latency: devices::LatencyDist,
     /// Probability that the switch loses a frame (0..1).
     #[arg(long, default_value_t = 0.0)]
     net_loss: f64,
@@ -342,7 +344,7 @@ pub struct SnapshotArgs {
     pub snapshots: Option<PathBuf>,
     /// Take a snapshot every this much virtual time (e.g. 500ms).
     #[arg(long, requires = "snapshots")]
-    pub snapshot_every: Option<String>,
+    pub snapshot_every: Option<VirtNanos>,
     /// Take a snapshot once this many exits have been handled (repeatable).
     #[arg(long, requires = "snapshots")]
     pub snapshot_at_exit: Vec<u64>,
@@ -354,15 +356,9 @@ impl SnapshotArgs {
         let Some(dir) = &self.snapshots else {
             return Ok(None);
         };
-        let every = self
-            .snapshot_every
-            .as_deref()
-            .map(units::parse_duration)
-            .transpose()
-            .context("--snapshot-every")?;
         let plan = SnapshotPlan {
             dir: dir.clone(),
-            every,
+            every: self.snapshot_every,
             at_exits: self.snapshot_at_exit.clone(),
         };
         // Checked here too, before any VM starts.
@@ -386,8 +382,7 @@ pub enum Stdin {
 fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
     // Every flag is checked, whether or not it is used (`--net-*` without
     // `--nics`), before anything starts.
-    let latency = units::parse_latency(&guest.net_latency).context("--net-latency")?;
-    let mut config = devices::NetworkConfig::reliable(latency);
+    let mut config = devices::NetworkConfig::reliable(guest.net_latency);
     config.latency.validate().context("--net-latency")?;
     config.loss = guest.net_loss;
     config.validate().context("--net-loss")?;
@@ -401,13 +396,8 @@ fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
         kernel: guest.kernel.clone(),
         initrd: guest.initrd.clone(),
         cmdline: guest.cmdline.clone(),
-        ram_bytes: units::parse_ram(&guest.mem).context("--mem")?,
-        until: guest
-            .until
-            .as_deref()
-            .map(units::parse_duration)
-            .transpose()
-            .context("--until")?,
+        ram_bytes: units::check_ram(guest.mem.0).context("--mem")?,
+        until: guest.until,
         rtc_epoch_unix_secs: guest.rtc_epoch,
         network,
         command: guest.command.clone(),
@@ -458,16 +448,11 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
     // Checked against the snapshot's files before anything starts: the
     // grammar, the nodes, the branch point and the lanes.
     run::branch::check_faults(&args.spec, &args.faults)?;
-    let until = args
-        .until
-        .as_deref()
-        .map(units::parse_duration)
-        .transpose()
-        .context("--until")?;
+    let until = args.until;
     if let Some(range) = &args.seeds {
         let request = run::seeds::SeedsRequest {
-            spec: args.spec.clone(),
-            seeds: range.parse()?,
+            moment: args.spec.clone(),
+            seeds: *range,
             jobs: args.jobs,
             until,
             in_place: args.in_place,
@@ -481,7 +466,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         return print::seeds(&report, args.json);
     }
     let request = run::branch::BranchRequest {
-        spec: args.spec.clone(),
+        moment: args.spec.clone(),
         until,
         seed: args.seed,
         snapshots: args.snapshots.plan()?,
@@ -504,7 +489,7 @@ fn cmd_shell(args: ShellArgs) -> Result<u8> {
     let _raw = interactive.then(terminal::RawMode::enter).transpose()?;
     let (rows, cols) = terminal::size();
     let request = run::shell::ShellRequest {
-        spec: args.spec.clone(),
+        moment: args.spec.clone(),
         node: args.node.clone(),
         rows,
         cols,
@@ -617,8 +602,32 @@ fn cmd_check(args: CheckArgs) -> Result<u8> {
     Ok(0)
 }
 
+/// The command line, or the exit of a process given a bad one: a value that
+/// does not parse is one line naming the flag (`--until: ...`), as every
+/// other bad input; clap's own usage errors and help as clap prints them.
+fn parse_cli() -> Result<Cli, ExitCode> {
+    Cli::try_parse().map_err(|e| {
+        if e.kind() != clap::error::ErrorKind::ValueValidation {
+            e.exit();
+        }
+        let reason =
+            std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string);
+        match e.get(clap::error::ContextKind::InvalidArg) {
+            Some(clap::error::ContextValue::String(arg)) if arg.starts_with("--") => {
+                let flag = arg.split_whitespace().next().unwrap_or(arg);
+                eprintln!("detvisor: error: {flag}: {reason}");
+            }
+            _ => eprintln!("detvisor: error: {reason}"),
+        }
+        ExitCode::from(run::exit_status::BAD_INPUT)
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_cli() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     let result = match cli.command {
         Command::Run(args) => cmd_run(args),
         Command::Audit(args) => cmd_audit(args),

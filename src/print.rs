@@ -8,7 +8,6 @@ use run::snapshots::{SeekReport, SnapshotDetails, SnapshotRow};
 use run::up::UpSummary;
 use run::RunSummary;
 use std::io::Write;
-use vmm::VirtNanos;
 
 /// A run's summary (JSON on stdout after an empty line, or a line on
 /// stderr); returns the process's exit status.
@@ -92,7 +91,7 @@ pub fn seeds(report: &SeedsReport, json: bool) -> Result<u8> {
                     .and_then(|s| s.exit_status)
                     .map_or_else(dash, |s| s.to_string()),
                 summary.map_or("error", RunSummary::stop_kind),
-                summary.map_or_else(dash, |s| VirtNanos(s.virtual_ns).to_string()),
+                summary.map_or_else(dash, |s| s.virtual_ns.to_string()),
                 summary.map_or_else(dash, |s| s.exits.to_string()),
                 summary.map_or_else(
                     || o.error().unwrap_or_default().to_string(),
@@ -137,7 +136,7 @@ pub fn snapshot_rows(rows: &[SnapshotRow], json: bool) -> Result<u8> {
             "{:<20} {:<20} {:>16} {:>12} {:>9}K {:>8}",
             row.id,
             row.parent.as_deref().unwrap_or("-"),
-            VirtNanos(row.virtual_ns).to_string(),
+            row.virtual_ns.to_string(),
             row.exit_index,
             row.disk_bytes / 1024,
             row.memory_pages_stored

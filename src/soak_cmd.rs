@@ -66,17 +66,15 @@ pub fn cmd_soak(args: SoakArgs) -> Result<u8> {
             soak_target(soak, "boot".into(), guest.seed, target, guest.place)
         }
         SoakCommand::Up { soak, up } => {
-            let until = up.until()?;
+            let until = up.until;
             if until.is_none() {
                 bail!("a soak's runs must end: give --until");
             }
             let prepared = up.prepare()?;
             let options = UpOptions {
-                seed: up.seed,
                 until,
-                runs: 1,
                 exit_path: up.exit_path,
-                ..UpOptions::default()
+                ..UpOptions::new(up.seed)
             };
             let name = up
                 .manifest

@@ -44,7 +44,7 @@ fn text(file: &std::path::Path, report: &TraceReport, seconds: bool) -> String {
             "{}: {} exits (exit {first} to {last}), up to virtual time {}\n",
             file.display(),
             total.exits,
-            VirtNanos(report.last_time_ns)
+            report.last_time_ns
         ),
         _ => format!("{}: no exits\n", file.display()),
     };

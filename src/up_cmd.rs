@@ -22,14 +22,14 @@ pub struct UpRunArgs {
     pub seed: u64,
     /// Stop after this much virtual time (e.g. 60s).
     #[arg(long)]
-    until: Option<String>,
+    pub until: Option<vmm::VirtNanos>,
     /// A fault, e.g. 'at=10s partition n1 | n2,n3 for=15s' or 'at=30s pause n2 for=5s'
     /// (repeatable; added to the manifest's `faults`).
     #[arg(long = "fault")]
     faults: Vec<String>,
     /// Guest RAM (e.g. 1G), overriding the manifest's machine.mem.
     #[arg(long)]
-    mem: Option<String>,
+    mem: Option<units::ByteSize>,
     /// Kernel (uncompressed vmlinux); default: the built-in guest image's.
     #[arg(long)]
     kernel: Option<PathBuf>,
@@ -43,26 +43,16 @@ pub struct UpRunArgs {
 }
 
 impl UpRunArgs {
-    /// --until, if given.
-    pub fn until(&self) -> Result<Option<vmm::VirtNanos>> {
-        self.until
-            .as_deref()
-            .map(units::parse_duration)
-            .transpose()
-            .context("--until")
-    }
-
     /// The manifest read and its guest assembled (with --fault, --mem and
     /// --kernel), checked before any VM starts.
     pub fn prepare(&self) -> Result<PreparedUp> {
         let ram_bytes = self
             .mem
-            .as_deref()
-            .map(units::parse_ram)
+            .map(|mem| units::check_ram(mem.0))
             .transpose()
             .context("--mem")?;
         let manifest = manifest::load(&self.manifest)?;
-        if let Some(until) = self.until()? {
+        if let Some(until) = self.until {
             // A --fault past the end was typed for this run: refused. The
             // manifest's are the scenario's, and a shorter run looks at its
             // beginning: each one it will not reach is said, once.
@@ -123,7 +113,7 @@ impl UpArgs {
     fn options(&self) -> Result<UpOptions> {
         Ok(UpOptions {
             seed: self.run.seed,
-            until: self.run.until()?,
+            until: self.run.until,
             runs: self.runs,
             logs: Some(self.logs.clone()),
             stream_output: !self.quiet && !self.json,

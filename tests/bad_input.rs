@@ -397,7 +397,7 @@ fn campaign_with_finding(dir: &Path, fault: &str) -> PathBuf {
         found_path: path,
         digest: "d".into(),
         exits: 0,
-        virtual_ns: 0,
+        virtual_ns: vmm::VirtNanos::ZERO,
         spec,
     };
     std::fs::write(finding.join("finding.json"), json(&file)).unwrap();
@@ -583,7 +583,7 @@ fn a_campaign_that_cannot_run_is_refused_before_any_helper_vm() {
 /// A snapshot of an `up` run of nodes n1 and n2 at 5 s, as its files
 /// describe it (its state holds only what the checks read; never restored).
 fn up_snapshot(root: &Path) -> String {
-    let meta = snapshot::SnapshotMeta::new("s1", 5_000_000_000, 1000, 4096, 1);
+    let meta = snapshot::SnapshotMeta::new("s1", vmm::VirtNanos(5_000_000_000), 1000, 4096, 1);
     let state = serde_json::json!({"up": {"node_names": ["n1", "n2"]}});
     snapshot::write_snapshot(root, &meta, &state, &[0; 4096]).unwrap();
     text(&root.join("s1")).to_owned()

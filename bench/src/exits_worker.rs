@@ -422,7 +422,7 @@ fn plain_result(
         Ok(s) => ExitsRun {
             ok: s.exit_status == Some(0),
             status: s.exit_status,
-            virtual_ns: Some(s.virtual_ns),
+            virtual_ns: Some(s.virtual_ns.0),
             exits: Some(s.exits),
             exits_by_kind: s.exits_by_kind,
             inner_wall_ms: Some(s.wall_ms),
@@ -480,17 +480,9 @@ fn detvisor_run(
                 Err(e) => return ExitsRun::failed(format!("--until: {e}")),
             };
             let mut options = UpOptions {
-                seed: plan.seed,
                 until: Some(until),
-                runs: 1,
                 logs: Some(logs.clone()),
-                stream_output: false,
-                snapshots: None,
-                stall_timeout: Default::default(),
-                pcap: None,
-                exit_path: vmm::ExitPath::default(),
-                trace: None,
-                records: None,
+                ..UpOptions::new(plan.seed)
             };
             set_exit_path(ExitPathTarget::Up(&mut options), path);
             let prepared = (**prepared).clone();

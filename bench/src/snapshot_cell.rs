@@ -331,7 +331,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
     let mut session = VmSession::boot(&config, Box::new(console), None)?;
     while !seen.load(Ordering::Relaxed) {
         let exits = session.exits();
-        if let Some(stop) = session.run_until(Some(exits + 1), None)? {
+        if let Some(stop) = session.run_until(vmm::vm::Until::Exit(exits + 1))? {
             let tail = tail.lock().unwrap_or_else(|e| e.into_inner()).clone();
             bail!(
                 "the guest stopped ({stop:?}) before printing the marker; console ends with:\n{}",
@@ -378,7 +378,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         let warm = SavedState::of_run(session.capture().context("capturing the VM state")?);
         let meta = SnapshotMeta::new(
             "warm-up",
-            session.now().0,
+            session.now(),
             session.exits(),
             warm.session.ram_bytes,
             warm.session.seed,
@@ -415,7 +415,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
             let t1 = Instant::now();
             let meta = SnapshotMeta::new(
                 id.clone(),
-                session.now().0,
+                session.now(),
                 session.exits(),
                 state.session.ram_bytes,
                 state.session.seed,
@@ -598,7 +598,7 @@ fn resets(plan: &CellPlan, store: &str, dir: &Path) -> Result<ResetResult> {
     while dirty < plan.burst_pages && session.exits() - start < BURST_MAX_EXITS {
         // One exit at a time for the first 512, then in steps of ~1/64 of the burst so far.
         let step = ((session.exits() - start) / 64).max(1);
-        if let Some(stop) = session.run_until(Some(session.exits() + step), None)? {
+        if let Some(stop) = session.run_until(vmm::vm::Until::Exit(session.exits() + step))? {
             bail!("the restored guest stopped during the burst calibration: {stop:?}");
         }
         dirty = cow_pages(session.memory())?;
@@ -618,7 +618,7 @@ fn resets(plan: &CellPlan, store: &str, dir: &Path) -> Result<ResetResult> {
     for _ in 0..plan.resets {
         let (mut s, phases) = restore_to_first_exit(dir, Staging::On9p)?;
         let b = Instant::now();
-        if let Some(stop) = s.run_until(Some(start + burst), None)? {
+        if let Some(stop) = s.run_until(vmm::vm::Until::Exit(start + burst))? {
             bail!("the restored guest stopped during a burst: {stop:?}");
         }
         let d = Instant::now();
@@ -634,7 +634,7 @@ fn resets(plan: &CellPlan, store: &str, dir: &Path) -> Result<ResetResult> {
     r.teardown_ms = median(&mut teardown).unwrap_or(0.0);
     // One more, untimed, to check that the burst dirties the same pages again.
     let (mut s, _) = restore_to_first_exit(dir, Staging::On9p)?;
-    if s.run_until(Some(start + burst), None)?.is_none() {
+    if s.run_until(vmm::vm::Until::Exit(start + burst))?.is_none() {
         r.dirty_pages_check = cow_pages(s.memory()).ok();
     }
     drop(s);
@@ -685,7 +685,7 @@ fn in_place_resets(plan: &CellPlan, dir: &Path, burst_end: u64) -> Result<InPlac
     let t = Instant::now();
     for _ in 0..plan.resets {
         let b = Instant::now();
-        if let Some(stop) = s.run_until(Some(burst_end), None)? {
+        if let Some(stop) = s.run_until(vmm::vm::Until::Exit(burst_end))? {
             bail!("the guest stopped during an in-place burst: {stop:?}");
         }
         let r = Instant::now();
@@ -704,7 +704,7 @@ fn in_place_resets(plan: &CellPlan, dir: &Path, burst_end: u64) -> Result<InPlac
     p.checkpoint_pages_at_end = s.checkpoint_memory().pages;
     // Untimed: two more bursts must end in the same state.
     let mut digest_of_burst = || -> Result<String> {
-        if let Some(stop) = s.run_until(Some(burst_end), None)? {
+        if let Some(stop) = s.run_until(vmm::vm::Until::Exit(burst_end))? {
             bail!("the guest stopped during an in-place burst: {stop:?}");
         }
         let digest = s.outcome(vmm::exit::StopReason::TimeLimit).digest;

@@ -95,7 +95,7 @@ pub fn restore_to_first_exit(dir: &Path, staging: Staging) -> Result<(VmSession,
     )?;
     let t_resume = Instant::now();
     let exits = session.exits();
-    if let Some(stop) = session.run_until(Some(exits + 1), None)? {
+    if let Some(stop) = session.run_until(vmm::vm::Until::Exit(exits + 1))? {
         bail!("the restored guest stopped at its first exit: {stop:?}");
     }
     let t_first = Instant::now();
@@ -125,7 +125,7 @@ pub fn restore_and_teardown(dir: &Path, staging: Staging) -> Result<RestorePhase
 /// seeds worker): on a fresh thread, a `Controller` of its own, `Request::Restore`, then
 /// `RunUntil` one more exit, then `Close`; timed from just before the thread starts.
 pub fn child_restore(dir: &Path) -> ChildRestore {
-    let spec = dir.display().to_string();
+    let moment = run::moment::Moment::Snapshot(dir.to_path_buf());
     let (tx, rx) = mpsc::channel();
     let started = Instant::now();
     let worker = thread::spawn(move || -> Result<()> {
@@ -133,7 +133,7 @@ pub fn child_restore(dir: &Path) -> ChildRestore {
         let mut calls = Calls::new(&mut here);
         let failed = |e: RunnerError| anyhow::Error::msg(e.into_cause());
         let (run, _) = calls
-            .restore(spec, None, Default::default())
+            .restore(moment, None, Default::default())
             .map_err(failed)?;
         let p = calls.run_until(run, Until::Steps(1)).map_err(failed)?;
         if p.stop.is_some() {

@@ -7,9 +7,12 @@ use std::ops::{Add, Sub};
 use std::str::FromStr;
 
 /// A point (or span) on the virtual timeline, in nanoseconds since the VM was created.
+/// Serialized as the bare number of nanoseconds, so a field of this type
+/// reads and writes the same JSON as the `u64` it replaced.
 #[derive(
     Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
+#[serde(transparent)]
 pub struct VirtNanos(pub u64);
 
 impl VirtNanos {

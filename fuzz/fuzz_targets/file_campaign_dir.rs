@@ -267,7 +267,7 @@ fn seeds() -> Vec<Vec<u8>> {
         found_path: child.path.clone(),
         digest: child.digest.clone(),
         exits: 20,
-        virtual_ns: 2_000,
+        virtual_ns: devices::VirtNanos(2_000),
         spec,
     };
     std::fs::write(

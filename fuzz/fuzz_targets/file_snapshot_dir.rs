@@ -213,7 +213,10 @@ fn check_specs(root: &Path, all: Option<&[snapshot::SnapshotInfo]>, first_id: Op
         specs.push(format!("{r}/{id}"));
     }
     for spec in specs {
-        match snapshot::resolve(&spec) {
+        let moment = spec
+            .parse::<run::moment::Moment>()
+            .unwrap_or_else(|e| panic!("{spec}: {e}"));
+        match moment.resolve() {
             Ok(res) => {
                 assert!(
                     res.snapshot.dir.starts_with(root),
@@ -246,16 +249,23 @@ fn seeds() -> Vec<Vec<u8>> {
     mem[0] = 1;
     mem[2 * 4096 + 7] = 2;
     let state = serde_json::json!({"cpu": {"rip": 4096}, "devices": [1, 2]});
-    let base = SnapshotMeta::new("base", 1_000_000_000, 10, ram as u64, 7);
+    let base = SnapshotMeta::new("base", devices::VirtNanos(1_000_000_000), 10, ram as u64, 7);
     snapshot::write_snapshot(&root, &base, &state, &mem).expect("base");
     let mut out = vec![encode_tree(&root, 0), encode_tree(&root, 1)];
     mem[2 * 4096 + 7] = 0;
     mem[3 * 4096] = 3;
-    let mut child = SnapshotMeta::new("child", 2_000_000_000, 20, ram as u64, 7);
+    let mut child = SnapshotMeta::new(
+        "child",
+        devices::VirtNanos(2_000_000_000),
+        20,
+        ram as u64,
+        7,
+    );
     child.parent = Some("base".into());
     snapshot::write_incremental_snapshot(&root, &child, &state, &mem, &[2, 3]).expect("child");
     mem[4096] = 9; // page 1
-    let mut grandchild = SnapshotMeta::new("t3s", 3_000_000_000, 30, ram as u64, 7);
+    let mut grandchild =
+        SnapshotMeta::new("t3s", devices::VirtNanos(3_000_000_000), 30, ram as u64, 7);
     grandchild.parent = Some("child".into());
     snapshot::write_incremental_snapshot(&root, &grandchild, &(), &mem, &[1]).expect("t3s");
     out.push(encode_tree(&root, 0));

@@ -11,8 +11,9 @@
 //! Invariants asserted:
 //! - no panic, no hang; a refusal is a typed error whose message is not
 //!   empty and does not repeat its cause's message;
-//! - a spec prints back to exactly the text it was parsed from, which
-//!   parses to the same spec, and its root is a prefix of that text;
+//! - a spec prints as a text that parses to the same spec and prints the
+//!   same again (times and exit indexes in their one printed form), and its
+//!   root is a prefix of the text it was parsed from;
 //! - resolving is a function (twice, the same outcome) and changes no file;
 //! - a resolved snapshot is one of the root's; for a time it is the latest
 //!   at or before that time (no later snapshot also is), for `exit:N` the
@@ -25,7 +26,8 @@ mod files;
 
 use files::{check_error, picture, Scratch};
 use libfuzzer_sys::fuzz_target;
-use snapshot::{SnapshotInfo, SnapshotMeta, SnapshotSpec, Target, PAGE_SIZE};
+use run::moment::{Moment, When};
+use snapshot::{SnapshotInfo, SnapshotMeta, Target, PAGE_SIZE};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -42,13 +44,13 @@ fn fixture() -> &'static Fixture {
         let ram = 4 * PAGE_SIZE as usize;
         let mut mem = vec![0u8; ram];
         mem[5] = 1;
-        let a = SnapshotMeta::new("a", 1_000_000_000, 10, ram as u64, 1);
+        let a = SnapshotMeta::new("a", devices::VirtNanos(1_000_000_000), 10, ram as u64, 1);
         snapshot::write_snapshot(&root, &a, &(), &mem).expect("a");
         mem[4096] = 2;
-        let b = SnapshotMeta::new("b", 2_000_000_000, 20, ram as u64, 1);
+        let b = SnapshotMeta::new("b", devices::VirtNanos(2_000_000_000), 20, ram as u64, 1);
         snapshot::write_snapshot(&root, &b, &(), &mem).expect("b");
         mem[8192] = 3;
-        let mut c = SnapshotMeta::new("c", 3_000_000_000, 30, ram as u64, 1);
+        let mut c = SnapshotMeta::new("c", devices::VirtNanos(3_000_000_000), 30, ram as u64, 1);
         c.parent = Some("b".into());
         snapshot::write_incremental_snapshot(&root, &c, &(), &mem, &[2]).expect("c");
         let all = snapshot::list(&root).expect("the fixture lists");
@@ -56,12 +58,17 @@ fn fixture() -> &'static Fixture {
     })
 }
 
-fn check_print(text: &str) -> Option<SnapshotSpec> {
-    match text.parse::<SnapshotSpec>() {
+fn check_print(text: &str) -> Option<Moment> {
+    match text.parse::<Moment>() {
         Ok(spec) => {
             let printed = spec.to_string();
-            assert_eq!(printed, text, "a spec prints differently from its text");
-            assert_eq!(printed.parse::<SnapshotSpec>().ok().as_ref(), Some(&spec));
+            let again = printed.parse::<Moment>();
+            assert_eq!(
+                again.as_ref().ok(),
+                Some(&spec),
+                "{text:?} prints as {printed:?}"
+            );
+            assert_eq!(again.map(|s| s.to_string()).ok(), Some(printed));
             let root = spec.root();
             assert!(
                 text.starts_with(root.to_str().expect("from UTF-8")),
@@ -76,7 +83,7 @@ fn check_print(text: &str) -> Option<SnapshotSpec> {
     }
 }
 
-fn outcome(spec: &SnapshotSpec) -> Result<snapshot::Resolved, String> {
+fn outcome(spec: &Moment) -> Result<snapshot::Resolved, String> {
     spec.resolve().map_err(|e| check_error(&e))
 }
 
@@ -101,7 +108,7 @@ fn no_later(
     );
 }
 
-fn check_resolved(text: &str, spec: &SnapshotSpec, fx: &Fixture) {
+fn check_resolved(text: &str, spec: &Moment, fx: &Fixture) {
     let first = outcome(spec);
     assert_eq!(first, outcome(spec), "{text:?} resolves two ways");
     let Ok(res) = first else { return };
@@ -112,15 +119,18 @@ fn check_resolved(text: &str, spec: &SnapshotSpec, fx: &Fixture) {
         res.snapshot.dir
     );
     match res.target {
-        Target::VirtualTime(ns) => no_later(text, fx, chosen, ns, |m| (m.virtual_ns, m.exit_index)),
-        Target::ExitIndex(n) => no_later(text, fx, chosen, n, |m| (m.exit_index, m.virtual_ns)),
+        Target::VirtualTime(ns) => {
+            no_later(text, fx, chosen, ns.0, |m| (m.virtual_ns.0, m.exit_index))
+        }
+        Target::ExitIndex(n) => no_later(text, fx, chosen, n, |m| (m.exit_index, m.virtual_ns.0)),
         Target::Latest => assert_eq!(Some(chosen), fx.all.last().map(|i| &i.meta), "{text:?}"),
         Target::Snapshot => {
             let named = match spec {
-                SnapshotSpec::At { selector, .. } => {
-                    selector.strip_prefix("id:").unwrap_or(selector).to_owned()
-                }
-                SnapshotSpec::Dir(dir) => dir
+                Moment::At {
+                    when: When::Id(id), ..
+                } => id.clone(),
+                Moment::At { when, .. } => panic!("{text:?}: {when} named a snapshot"),
+                Moment::Snapshot(dir) => dir
                     .file_name()
                     .and_then(|n| n.to_str())
                     .unwrap_or_default()

@@ -203,7 +203,7 @@ pub struct FindingLine {
     pub key: String,
     pub number: u32,
     pub summary: String,
-    pub virtual_ns: u64,
+    pub virtual_ns: VirtNanos,
 }
 
 /// The findings of the campaign in `dir`, in order (readable while the
@@ -429,7 +429,7 @@ mod tests {
             key: "property:x".into(),
             number: 1,
             summary: "x broke".into(),
-            virtual_ns: 5,
+            virtual_ns: VirtNanos(5),
         };
         let by_hand = serde_json::json!({
             "number": 1, "key": "property:x", "summary": "x broke",

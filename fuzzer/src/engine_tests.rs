@@ -39,7 +39,7 @@ struct Sim {
 fn record(at: u64, json: serde_json::Value) -> GuestRecord {
     GuestRecord {
         exit: at / 1_000,
-        virtual_ns: at,
+        virtual_ns: vmm::VirtNanos(at),
         node: None,
         body: RecordBody::Sdk { json },
     }
@@ -67,7 +67,7 @@ impl Sim {
     fn position(&self) -> Position {
         Position {
             exits: self.state.now / 1_000,
-            virtual_ns: self.state.now,
+            virtual_ns: vmm::VirtNanos(self.state.now),
             stop: None,
         }
     }
@@ -726,7 +726,7 @@ fn test_a_finding_holds_the_logs_of_its_whole_path() {
         .lines()
         .map(|l| l.strip_prefix("t=").unwrap().parse().unwrap())
         .collect();
-    let expected: Vec<u64> = (1..=finding.file.virtual_ns / 250_000_000)
+    let expected: Vec<u64> = (1..=finding.file.virtual_ns.0 / 250_000_000)
         .map(|i| i * 250_000_000)
         .collect();
     assert!(

@@ -118,7 +118,7 @@ pub struct FindingFile {
     /// The run's digest at the end of `path`.
     pub digest: String,
     pub exits: u64,
-    pub virtual_ns: u64,
+    pub virtual_ns: vmm::VirtNanos,
     pub spec: CampaignSpec,
 }
 
@@ -352,9 +352,49 @@ pub fn load(dir: &Path) -> Result<LoadedFinding> {
     Ok(LoadedFinding { file, run })
 }
 
+/// A finding of a minimal campaign, failed at the root (for tests).
+#[cfg(test)]
+pub(crate) fn test_finding(number: u32, key: &str) -> FindingFile {
+    let spec = crate::spec::CampaignSpec::parse(
+        "manifest = \"m.toml\"\n",
+        Path::new("c.toml"),
+        Path::new("/"),
+    )
+    .expect("a minimal campaign file");
+    FindingFile {
+        format: FINDING_FORMAT,
+        number,
+        key: key.into(),
+        summary: "failed".into(),
+        details: serde_json::Value::Null,
+        path: Default::default(),
+        found_path: Default::default(),
+        digest: "d".into(),
+        exits: 0,
+        virtual_ns: vmm::VirtNanos::ZERO,
+        spec,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A finding's time is the bare number of nanoseconds it was before it
+    /// was typed: findings written before read the same, and back.
+    #[test]
+    fn test_a_finding_time_json_is_unchanged() {
+        let file = FindingFile {
+            exits: 2,
+            virtual_ns: vmm::VirtNanos(1_500_000_000),
+            ..test_finding(1, "k")
+        };
+        let json = serde_json::to_value(&file).unwrap();
+        assert_eq!(json["virtual_ns"], serde_json::json!(1_500_000_000u64));
+        assert_eq!(json["exits"], serde_json::json!(2));
+        let back: FindingFile = serde_json::from_value(json).unwrap();
+        assert_eq!(back, file);
+    }
 
     #[test]
     fn test_a_blobified_run_names_no_host_path() {

@@ -290,7 +290,7 @@ mod tests {
             .flat_map(|text| run::faults::parse_fault(text).unwrap())
             .map(|fault| GuestRecord {
                 exit: 0,
-                virtual_ns: fault.at.0,
+                virtual_ns: fault.at,
                 node: None,
                 body: RecordBody::Event {
                     event: UpEvent::Fault {

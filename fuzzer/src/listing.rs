@@ -179,25 +179,7 @@ mod tests {
     fn write_file(campaign: &Path, number: u32, key: &str) {
         let dir = findings::finding_dir(campaign, number);
         std::fs::create_dir_all(&dir).unwrap();
-        let spec = crate::spec::CampaignSpec::parse(
-            "manifest = \"m.toml\"\n",
-            Path::new("c.toml"),
-            Path::new("/"),
-        )
-        .expect("a minimal campaign file");
-        let file = FindingFile {
-            format: findings::FINDING_FORMAT,
-            number,
-            key: key.into(),
-            summary: "failed".into(),
-            details: serde_json::Value::Null,
-            path: Default::default(),
-            found_path: Default::default(),
-            digest: "d".into(),
-            exits: 0,
-            virtual_ns: 0,
-            spec,
-        };
+        let file = findings::test_finding(number, key);
         let text = serde_json::to_string(&file).unwrap();
         std::fs::write(dir.join(findings::FINDING_FILE), text).unwrap();
     }

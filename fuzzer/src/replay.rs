@@ -27,7 +27,7 @@ pub struct ReplayReport {
     pub expected_digest: String,
     pub digest: String,
     pub exits: u64,
-    pub virtual_ns: u64,
+    pub virtual_ns: vmm::VirtNanos,
     /// The recorded failure was seen again.
     pub failed_again: bool,
     /// Same digest and the same failure: reproduced bit for bit.

@@ -57,7 +57,7 @@ pub fn reach(
 ) -> Result<(Position, Vec<GuestRecord>)> {
     let stopped = |position: &Position| SessionError::StoppedBeforeRoot {
         stop: format!("{:?}", position.stop),
-        at: VirtNanos(position.virtual_ns),
+        at: position.virtual_ns,
         rule: format!("{rule:?}"),
     };
     match *rule {
@@ -117,13 +117,12 @@ pub fn apply_steps(
         }
         let position = calls.rekey(run, step.seed)?;
         for text in &step.faults {
-            let faults =
-                parse_fault_after(text, Some(VirtNanos(position.virtual_ns))).map_err(|e| {
-                    SessionError::DrawnFault {
-                        text: text.clone(),
-                        message: e.to_string(),
-                    }
-                })?;
+            let faults = parse_fault_after(text, Some(position.virtual_ns)).map_err(|e| {
+                SessionError::DrawnFault {
+                    text: text.clone(),
+                    message: e.to_string(),
+                }
+            })?;
             for fault in faults {
                 calls.inject(run, fault)?;
             }

@@ -13,6 +13,7 @@ use crate::channel::{CallIo, OutputWriter, StdinSource};
 use crate::{HelperVm, HelperVmConfig, PayloadFile, Placement, TempDir};
 use ::run::api::{Controller, Reply, Request};
 use ::run::client::Runner;
+use ::run::moment::Moment;
 use ::run::plain::GuestSpec;
 use ::run::snapshots::SnapshotPlan;
 use ::run::soak::SoakTarget;
@@ -182,15 +183,15 @@ pub fn needs(request: &mut Request) -> Result<Needs> {
             up_needs(prepared, options)?
         }
         Request::Branch(branch) => {
-            let mut needs = snapshot_needs(&mut branch.spec, branch.snapshots.as_mut())?;
+            let mut needs = snapshot_needs(&mut branch.moment, branch.snapshots.as_mut())?;
             if let Some(file) = &mut branch.trace {
                 *file = needs.trace_file(file)?;
             }
             needs
         }
-        Request::BranchSeeds(seeds) => snapshot_needs(&mut seeds.spec, None)?,
-        Request::Seek { spec } | Request::Restore { spec, .. } => snapshot_needs(spec, None)?,
-        Request::Shell(shell) => snapshot_needs(&mut shell.spec, None)?,
+        Request::BranchSeeds(seeds) => snapshot_needs(&mut seeds.moment, None)?,
+        Request::Seek { moment } | Request::Restore { moment, .. } => snapshot_needs(moment, None)?,
+        Request::Shell(shell) => snapshot_needs(&mut shell.moment, None)?,
         Request::ListSnapshots { dir }
         | Request::SnapshotInfo { dir }
         | Request::Snapshot { dir, .. }
@@ -239,20 +240,19 @@ fn guest_needs(guest: &mut GuestSpec, snapshots: Option<&mut SnapshotPlan>) -> R
 }
 
 /// A saved moment: its snapshot directory shared (and the directory new
-/// snapshots go to), the disk image cache, the spec made absolute.
-fn snapshot_needs(spec: &mut String, taking: Option<&mut SnapshotPlan>) -> Result<Needs> {
-    // A spec that names no snapshot is refused before the helper VM starts.
-    ::run::snapshots::resolve(spec)?;
+/// snapshots go to), the disk image cache, the moment's paths made absolute.
+fn snapshot_needs(moment: &mut Moment, taking: Option<&mut SnapshotPlan>) -> Result<Needs> {
+    // A moment that names no snapshot is refused before the helper VM starts.
+    ::run::snapshots::resolve(moment)?;
     let mut needs = Needs::default();
-    let absolute = spec.parse::<snapshot::SnapshotSpec>()?.absolute()?;
-    needs.share(&absolute.root())?;
+    *moment = moment.absolute()?;
+    needs.share(&moment.root())?;
     // An `up` run's snapshots name their disks' base images in the node
     // disks' image cache, shared at its own path.
     let disks = ::run::guest::cache_root().join("disks");
     if disks.is_dir() {
         needs.share(&disks)?;
     }
-    *spec = absolute.to_string();
     if let Some(plan) = taking {
         plan.dir = needs.share(&plan.dir)?;
     }
@@ -654,11 +654,11 @@ mod tests {
         }
     }
 
-    /// A spec that names no snapshot is refused before any helper VM.
+    /// A moment that names no snapshot is refused before any helper VM.
     #[test]
-    fn test_a_spec_naming_no_snapshot_is_refused_first() {
+    fn test_a_moment_naming_no_snapshot_is_refused_first() {
         let mut request = Request::Seek {
-            spec: "/nonexistent/detvisor-snapshots@1s".into(),
+            moment: "/nonexistent/detvisor-snapshots@1s".parse().unwrap(),
         };
         assert!(needs(&mut request).is_err());
     }

@@ -7,6 +7,7 @@ use crate::audit::{self, AuditOptions, AuditSummary};
 use crate::branch::{self, BranchRequest};
 use crate::driven::{Driven, DrivenCheckpoint};
 use crate::faults::Fault;
+use crate::moment::Moment;
 use crate::outcome::RunSummary;
 use crate::plain::{self, GuestSpec};
 use crate::seeds::{self, SeedsReport, SeedsRequest};
@@ -32,19 +33,8 @@ pub struct RunId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct CheckpointId(pub u64);
 
-/// How far [`Request::RunUntil`] runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Until {
-    /// Until this many exits have been handled.
-    Exit(u64),
-    /// Until this virtual time.
-    Time(VirtNanos),
-    /// This many more exits.
-    Steps(u64),
-    /// Until the guest stops.
-    End,
-}
+/// How far [`Request::RunUntil`] runs: the VMM's one limit.
+pub use vmm::vm::Until;
 
 /// Everything the run library does, as one request.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -79,7 +69,7 @@ pub enum Request {
     /// Many, one per seed (`detvisor branch --seeds`).
     BranchSeeds(SeedsRequest),
     /// The machine at an exact saved moment (`detvisor seek`).
-    Seek { spec: String },
+    Seek { moment: Moment },
     /// A shell in a fork of a saved moment (`detvisor shell`).
     Shell(ShellRequest),
     /// The snapshots in a directory (`detvisor snapshot ls`).
@@ -103,7 +93,7 @@ pub enum Request {
     },
     /// Restore a saved moment (replayed exactly to it) and hold it.
     Restore {
-        spec: String,
+        moment: Moment,
         until: Option<VirtNanos>,
         #[serde(default)]
         stall_timeout: StallTimeout,
@@ -198,7 +188,7 @@ impl Request {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Position {
     pub exits: u64,
-    pub virtual_ns: u64,
+    pub virtual_ns: VirtNanos,
     /// Set once the guest stopped (it runs no further).
     pub stop: Option<StopReason>,
 }
@@ -321,7 +311,7 @@ impl Held {
     fn position(&self) -> Position {
         Position {
             exits: self.driven.session.exits(),
-            virtual_ns: self.driven.session.now().0,
+            virtual_ns: self.driven.session.now(),
             stop: self.stop,
         }
     }
@@ -422,7 +412,7 @@ impl Controller {
             }
             Request::Branch(request) => Response::Summary(branch::branch(&request, streams)?),
             Request::BranchSeeds(request) => Response::Seeds(seeds::branch_seeds(&request)?),
-            Request::Seek { spec } => Response::Seek(snapshots::seek(&spec)?),
+            Request::Seek { moment } => Response::Seek(snapshots::seek(&moment)?),
             Request::Shell(request) => Response::Shell {
                 status: shell::run(&request, streams)?,
             },
@@ -458,7 +448,7 @@ impl Controller {
                 self.hold(driven, None)
             }
             Request::Restore {
-                spec,
+                moment,
                 until,
                 stall_timeout,
             } => {
@@ -472,7 +462,7 @@ impl Controller {
                     events: Some(Box::new(streams.stderr())),
                 };
                 let restored =
-                    snapshots::restore(&spec, &resume, streams.stdout(), None, node_output)?;
+                    snapshots::restore(&moment, &resume, streams.stdout(), None, node_output)?;
                 self.hold(restored.driven, restored.stopped_early)
             }
             Request::RunUntil { run, until } => {
@@ -480,14 +470,7 @@ impl Controller {
                 if held.stop.is_some() {
                     return Err(ApiError::Stopped(run));
                 }
-                let exits = held.driven.session.exits();
-                let (exit_limit, time_limit) = match until {
-                    Until::Exit(n) => (Some(n), None),
-                    Until::Steps(n) => (Some(exits.saturating_add(n)), None),
-                    Until::Time(t) => (None, Some(t)),
-                    Until::End => (None, None),
-                };
-                held.stop = held.driven.run_until(exit_limit, time_limit)?;
+                held.stop = held.driven.run_until(until)?;
                 Response::Position(held.position())
             }
             Request::Checkpoint { run } => {
@@ -605,7 +588,7 @@ mod tests {
         let response = Response::Records {
             records: vec![crate::records::GuestRecord {
                 exit: 1,
-                virtual_ns: 2,
+                virtual_ns: VirtNanos(2),
                 node: Some("n1".into()),
                 body: crate::records::RecordBody::History {
                     json: serde_json::json!({"op": 1}),
@@ -615,6 +598,20 @@ mod tests {
         let text = serde_json::to_string(&response).unwrap();
         let back: Response = serde_json::from_str(&text).unwrap();
         assert!(matches!(back, Response::Records { records } if records.len() == 1));
+    }
+
+    /// Where a run stands reads and writes the JSON it did when its time
+    /// was a bare number.
+    #[test]
+    fn test_a_position_json_is_unchanged() {
+        let position = Position {
+            exits: 3,
+            virtual_ns: VirtNanos(1_500),
+            stop: None,
+        };
+        let text = r#"{"exits":3,"virtual_ns":1500,"stop":null}"#;
+        assert_eq!(serde_json::to_string(&position).unwrap(), text);
+        assert_eq!(serde_json::from_str::<Position>(text).unwrap(), position);
     }
 
     /// `--no-seccomp` is a request: it crosses into the helper VM as JSON

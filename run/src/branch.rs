@@ -2,6 +2,7 @@
 //! the moment restored and replayed exactly, optionally re-keyed, run on to
 //! its end (taking snapshots of the branch too, if asked).
 
+use crate::moment::Moment;
 use crate::outcome::RunSummary;
 use crate::snapshots::{self, NodeOutput, SnapshotPlan, Snapshotter};
 use crate::streams::Streams;
@@ -12,10 +13,10 @@ use vmm::vm::ResumeConfig;
 use vmm::VirtNanos;
 
 /// What `branch` asks for.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BranchRequest {
-    /// The moment: DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
-    pub spec: String,
+    /// The moment the branch starts from.
+    pub moment: Moment,
     /// Stop at this virtual time (absolute).
     pub until: Option<VirtNanos>,
     /// Re-key every seeded stream from this seed at the branch point.
@@ -66,8 +67,13 @@ pub fn branch(request: &BranchRequest, streams: &dyn Streams) -> Result<RunSumma
     };
     // Before the VM starts: a path that cannot be written stops nothing running.
     let trace = crate::trace::TraceFile::create_if(request.trace.as_deref())?;
-    let mut restored =
-        snapshots::restore(&request.spec, &resume, streams.stdout(), None, node_output)?;
+    let mut restored = snapshots::restore(
+        &request.moment,
+        &resume,
+        streams.stdout(),
+        None,
+        node_output,
+    )?;
     let driven = &mut restored.driven;
     if let Some(trace) = &trace {
         trace.attach(&mut driven.session);
@@ -106,12 +112,12 @@ pub enum BranchFaultsError {
     Driven(#[from] crate::driven::DrivenError),
     #[error("--fault")]
     Fault(#[source] crate::faults::FaultError),
-    #[error("--fault {text:?}: at={at} is before the branch point, {point} at the earliest ({spec}): a branch cannot change its past")]
+    #[error("--fault {text:?}: at={at} is before the branch point, {point} at the earliest ({moment}): a branch cannot change its past")]
     BeforeBranchPoint {
         text: String,
         at: VirtNanos,
         point: VirtNanos,
-        spec: String,
+        moment: Moment,
     },
 }
 
@@ -127,17 +133,17 @@ struct Nodes {
     node_names: Vec<String>,
 }
 
-/// Checks `branch SPEC --fault` texts against the snapshot `spec` names,
+/// Checks `branch MOMENT --fault` texts against the snapshot `moment` is restored from,
 /// from its files alone (before any helper VM starts or any exit is
 /// replayed): it is an `up` run's, every node named is one of its nodes,
 /// no fault is before the branch point (at the earliest the snapshot's
 /// time, or the time `DIR@<time>` names), and no two faults overlap on a
 /// lane ([`crate::faults::check_lanes`]).
-pub fn check_faults(spec: &str, texts: &[String]) -> Result<(), BranchFaultsError> {
+pub fn check_faults(moment: &Moment, texts: &[String]) -> Result<(), BranchFaultsError> {
     if texts.is_empty() {
         return Ok(());
     }
-    let resolved = snapshots::resolve(spec)?;
+    let resolved = snapshots::resolve(moment)?;
     let (meta, saved): (snapshot::SnapshotMeta, NodesOnly) =
         snapshot::read_snapshot(&resolved.snapshot.dir).map_err(snapshots::SnapshotsError::from)?;
     let Some(up) = saved.up else {
@@ -146,10 +152,10 @@ pub fn check_faults(spec: &str, texts: &[String]) -> Result<(), BranchFaultsErro
         }
         .into());
     };
-    let point = VirtNanos(match resolved.target {
-        snapshot::Target::VirtualTime(ns) => ns.max(meta.virtual_ns),
+    let point = match resolved.target {
+        snapshot::Target::VirtualTime(time) => time.max(meta.virtual_ns),
         _ => meta.virtual_ns,
-    });
+    };
     let mut all = Vec::new();
     for text in texts {
         let faults = crate::faults::parse_fault_after(text, Some(point))
@@ -160,7 +166,7 @@ pub fn check_faults(spec: &str, texts: &[String]) -> Result<(), BranchFaultsErro
                     text: text.clone(),
                     at: fault.at,
                     point,
-                    spec: spec.to_owned(),
+                    moment: moment.clone(),
                 });
             }
             fault

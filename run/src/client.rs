@@ -8,6 +8,7 @@ use crate::api::{CheckpointId, Controller, Position, Reply, Request, Response, R
 use crate::audit::{AuditOptions, AuditSummary};
 use crate::branch::BranchRequest;
 use crate::faults::Fault;
+use crate::moment::Moment;
 use crate::outcome::RunSummary;
 use crate::plain::GuestSpec;
 use crate::records::GuestRecord;
@@ -258,8 +259,8 @@ impl<'a> Calls<'a> {
         answer!(self, "branching per seed", request, Response::Seeds(report) => report)
     }
 
-    pub fn seek(&mut self, spec: String) -> Result<SeekReport, RunnerError> {
-        answer!(self, "seeking", Request::Seek { spec }, Response::Seek(report) => report)
+    pub fn seek(&mut self, moment: Moment) -> Result<SeekReport, RunnerError> {
+        answer!(self, "seeking", Request::Seek { moment }, Response::Seek(report) => report)
     }
 
     /// The shell's exit status.
@@ -308,12 +309,12 @@ impl<'a> Calls<'a> {
 
     pub fn restore(
         &mut self,
-        spec: String,
+        moment: Moment,
         until: Option<VirtNanos>,
         stall_timeout: StallTimeout,
     ) -> Result<(RunId, Position), RunnerError> {
         self.start(Request::Restore {
-            spec,
+            moment,
             until,
             stall_timeout,
         })

@@ -9,8 +9,7 @@ use crate::up::{self, DriveError, OutputError, UpDriver, UpState};
 use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 use vmm::exit::StopReason;
-use vmm::vm::{Checkpoint, GuestCrngRekey, RunOutcome, Session, SessionState, VmError};
-use vmm::VirtNanos;
+use vmm::vm::{Checkpoint, GuestCrngRekey, RunOutcome, Session, SessionState, Until, VmError};
 
 /// Why a run could not step, be captured, kept or reset, or summed up.
 #[derive(Debug, thiserror::Error)]
@@ -79,22 +78,14 @@ impl Driven {
         }
     }
 
-    /// As [`Session::run_until`]: to an exit index or a virtual time, or
-    /// until the guest stops.
-    pub fn run_until(
-        &mut self,
-        exit_limit: Option<u64>,
-        time_limit: Option<VirtNanos>,
-    ) -> Result<Option<StopReason>> {
-        loop {
-            if exit_limit.is_some_and(|limit| self.session.exits() >= limit)
-                || time_limit.is_some_and(|limit| self.session.now() >= limit)
-            {
-                return Ok(None);
-            }
-            if let Some(stop) = self.step()? {
-                return Ok(Some(stop));
-            }
+    /// As [`Session::run_until`], each exit a [`Driven::step`]: until the
+    /// guest stops or `until` is reached (`None` when the limit was).
+    pub fn run_until(&mut self, until: Until) -> Result<Option<StopReason>> {
+        match &mut self.up {
+            Some(up) => Ok(self
+                .session
+                .run_until_with(until, |session| up.step(session))?),
+            None => Ok(self.session.run_until(until)?),
         }
     }
 

@@ -24,6 +24,7 @@ pub mod driven;
 pub mod faults;
 pub mod guest;
 pub mod manifest;
+pub mod moment;
 pub mod outcome;
 pub mod pcap;
 pub mod plain;

@@ -31,7 +31,7 @@ pub struct RunSummary {
     pub exit_status: Option<u8>,
     pub stop: StopReason,
     pub seed: u64,
-    pub virtual_ns: u64,
+    pub virtual_ns: VirtNanos,
     pub exits: u64,
     pub exits_by_kind: BTreeMap<String, u64>,
     pub injected_interrupts: u64,
@@ -77,7 +77,7 @@ impl RunSummary {
             },
             stop: outcome.stop,
             seed,
-            virtual_ns: outcome.virtual_time.0,
+            virtual_ns: outcome.virtual_time,
             exits: outcome.exits,
             exits_by_kind: outcome.exits_by_kind.clone(),
             injected_interrupts: outcome.injected_interrupts,
@@ -139,7 +139,7 @@ impl RunSummary {
     pub fn details(&self) -> String {
         format!(
             "virtual {}, {} exits, wall {:.2}s, {} exits/s, digest {}",
-            VirtNanos(self.virtual_ns),
+            self.virtual_ns,
             self.exits,
             self.wall_ms as f64 / 1000.0,
             self.exits_per_sec,
@@ -204,7 +204,7 @@ mod tests {
             exit_status: None,
             stop,
             seed: 7,
-            virtual_ns: 1_500_000_000,
+            virtual_ns: VirtNanos(1_500_000_000),
             exits: 42,
             exits_by_kind: BTreeMap::from([("Hlt".to_string(), 2)]),
             injected_interrupts: 3,
@@ -249,6 +249,26 @@ mod tests {
             let kind = serde_json::to_value(stop).unwrap()["kind"].clone();
             assert_eq!(kind, stop_kind(&stop));
         }
+    }
+
+    /// The summary's JSON is what it was when its times were bare numbers
+    /// (`--json` output, findings and the campaign database hold it).
+    #[test]
+    fn test_summary_json_is_unchanged() {
+        let text = serde_json::to_string(&summary(StopReason::TimeLimit)).unwrap();
+        assert_eq!(
+            text,
+            concat!(
+                r#"{"exit_status":null,"stop":{"kind":"time_limit"},"seed":7,"#,
+                r#""virtual_ns":1500000000,"exits":42,"exits_by_kind":{"Hlt":2},"#,
+                r#""injected_interrupts":3,"irq_windows_stepped":0,"single_steps":0,"#,
+                r#""wall_ms":10,"wall_setup_ms":1,"wall_finish_ms":1,"exits_per_sec":4200,"#,
+                r#""digest":"abababababababababababababababababababababababababababababababab","#,
+                r#""digest_parts":{"records":"r","memory":"m","devices":"d","console":"c"},"#,
+                r#""console_bytes":5,"unhandled_accesses":0,"#,
+                r#""vmm_peak_rss_beyond_guest_kib":100,"cpu_model_version":1,"seccomp_filters":null}"#
+            )
+        );
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! history dirtied).
 
 use crate::driven::{Driven, DrivenCheckpoint};
+use crate::moment::Moment;
 use crate::outcome::RunSummary;
 use crate::snapshots::{restore, NodeOutput, SnapshotsError};
 use serde::{Deserialize, Serialize};
@@ -105,8 +106,8 @@ impl std::fmt::Display for SeedRange {
 /// What `branch --seeds` asks for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SeedsRequest {
-    /// The moment: DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
-    pub spec: String,
+    /// The moment every branch starts from.
+    pub moment: Moment,
     pub seeds: SeedRange,
     /// Workers at a time (0: one per core).
     pub jobs: usize,
@@ -163,7 +164,8 @@ impl BranchOutcome {
 /// Every branch's outcome, in seed order.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SeedsReport {
-    pub spec: String,
+    /// The moment the branches started from (printed as its text).
+    pub spec: Moment,
     pub jobs: usize,
     /// Branches with distinct digests: anything differed, even only the
     /// random bytes in memory.
@@ -178,7 +180,7 @@ pub struct SeedsReport {
     pub branches: Vec<BranchOutcome>,
 }
 
-/// Restores `spec` (replayed to its target) for one branch.
+/// Restores the request's moment (replayed to its target) for one branch.
 fn restore_branch_point(request: &SeedsRequest) -> Result<Driven, BranchPointError> {
     let resume = ResumeConfig {
         until: request.until,
@@ -186,7 +188,7 @@ fn restore_branch_point(request: &SeedsRequest) -> Result<Driven, BranchPointErr
         stall_timeout: request.stall_timeout,
     };
     let restored = restore(
-        &request.spec,
+        &request.moment,
         &resume,
         Box::new(std::io::sink()),
         None,
@@ -230,7 +232,7 @@ fn fresh_worker(
     }
 }
 
-/// One in-place worker: restores `spec` once, keeps it as a checkpoint, and
+/// One in-place worker: restores the moment once, keeps it as a checkpoint, and
 /// runs one seed after another from it, resetting in between.
 fn in_place_worker(
     request: &SeedsRequest,
@@ -283,10 +285,10 @@ fn distinct_control_flows(branches: &[BranchOutcome]) -> usize {
     shapes.len()
 }
 
-/// Runs every seed of `request` and reports them in seed order. A spec that
-/// names no snapshot is one error, before any worker starts.
+/// Runs every seed of `request` and reports them in seed order. A moment
+/// that names no snapshot is one error, before any worker starts.
 pub fn branch_seeds(request: &SeedsRequest) -> Result<SeedsReport, SnapshotsError> {
-    crate::snapshots::resolve(&request.spec)?;
+    crate::snapshots::resolve(&request.moment)?;
     let jobs = if request.jobs == 0 {
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -336,7 +338,7 @@ pub fn branch_seeds(request: &SeedsRequest) -> Result<SeedsReport, SnapshotsErro
         .filter(|o| o.summary().is_some_and(|s| s.stop_kind() == "stalled"))
         .count();
     Ok(SeedsReport {
-        spec: request.spec.clone(),
+        spec: request.moment.clone(),
         jobs,
         distinct_histories: digests.len(),
         distinct_control_flows: distinct_control_flows(&branches),
@@ -374,7 +376,7 @@ mod tests {
         );
         // A failed branch's error is its whole chain, each cause once.
         let request = SeedsRequest {
-            spec: "/nonexistent/detvisor-snaps@latest".into(),
+            moment: "/nonexistent/detvisor-snaps@latest".parse().unwrap(),
             seeds: "1..2".parse().unwrap(),
             jobs: 1,
             until: None,
@@ -395,7 +397,7 @@ mod tests {
     fn test_a_spec_naming_no_snapshot_is_one_error_before_any_worker() {
         let dir = tempfile::tempdir().unwrap();
         let request = SeedsRequest {
-            spec: format!("{}@bad", dir.path().display()),
+            moment: format!("{}@bad", dir.path().display()).parse().unwrap(),
             seeds: "1..8".parse().unwrap(),
             jobs: 4,
             until: None,
@@ -405,7 +407,7 @@ mod tests {
         };
         let e = branch_seeds(&request).unwrap_err();
         assert!(format!("{:#}", anyhow::Error::from(e))
-            .starts_with(&format!("resolving \"{}\"", request.spec)),);
+            .starts_with(&format!("resolving \"{}\"", request.moment)),);
     }
 
     #[test]

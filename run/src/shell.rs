@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use crate::driven::Driven;
 use crate::guest::FORK_SHELL_END;
+use crate::moment::Moment;
 use crate::snapshots;
 use crate::streams::{say, Streams};
 use crate::up::ShellEvent;
@@ -24,8 +25,8 @@ const TERMINAL_EOF: u8 = 0x04;
 /// A shell in a fork of a saved moment.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShellRequest {
-    /// The moment: DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
-    pub spec: String,
+    /// The moment the fork is of.
+    pub moment: Moment,
     /// For an `up` snapshot: open the shell inside this node.
     pub node: Option<String>,
     /// The user's terminal: rows, columns and `$TERM` (for an `up` fork's
@@ -309,8 +310,13 @@ pub fn run(request: &ShellRequest, streams: &dyn Streams) -> Result<u8> {
         out: Box::new(streams.stderr()),
         events: Some(Box::new(streams.stderr())),
     };
-    let mut restored =
-        snapshots::restore(&request.spec, &resume, streams.stderr(), None, node_output)?;
+    let mut restored = snapshots::restore(
+        &request.moment,
+        &resume,
+        streams.stderr(),
+        None,
+        node_output,
+    )?;
     if let Some(stop) = restored.stopped_early {
         return Err(ShellError::StoppedBefore { stop });
     }

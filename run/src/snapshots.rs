@@ -3,13 +3,14 @@
 //! of a saved history.
 
 use crate::driven::{Driven, DrivenError, SavedState};
+use crate::moment::Moment;
 use crate::up::{OutputError, UpDriver, UpOutput};
 use serde::Deserialize;
 use serde::Serialize;
 use snapshot::{SnapshotError, SnapshotMeta, Target};
 use std::path::{Path, PathBuf};
 use vmm::exit::StopReason;
-use vmm::vm::{MemoryError, ResumeConfig, Session, VmError};
+use vmm::vm::{MemoryError, ResumeConfig, Session, Until, VmError};
 use vmm::VirtNanos;
 
 /// Why snapshots could not be taken, listed, described or restored.
@@ -33,9 +34,9 @@ pub enum SnapshotsError {
         #[source]
         source: SnapshotError,
     },
-    #[error("resolving {spec:?}")]
+    #[error("resolving {:?}", moment.to_string())]
     Resolve {
-        spec: String,
+        moment: Box<Moment>,
         #[source]
         source: SnapshotError,
     },
@@ -159,7 +160,7 @@ impl Snapshotter {
                 let now = driven.session.now().0;
                 VirtNanos((now / every.0 + 1) * every.0)
             });
-            if let Some(stop) = driven.run_until(next_exit, next_time)? {
+            if let Some(stop) = driven.run_until(Until::first_of(next_exit, next_time))? {
                 return Ok(stop);
             }
             self.take(driven)?;
@@ -218,7 +219,7 @@ fn snapshot_meta(
     let session = &driven.session;
     let mut meta = SnapshotMeta::new(
         snapshot_id(driven),
-        session.now().0,
+        session.now(),
         session.exits(),
         state.session.ram_bytes,
         state.session.seed,
@@ -244,20 +245,20 @@ pub fn write_full_snapshot(
     })
 }
 
-/// The snapshot and moment `spec` names.
-/// Resolves `spec` against its directory (see `snapshot::resolve`): done
-/// before anything starts, so that a bad spec is one error, not one per
-/// worker or one after a helper VM has booted.
-pub fn resolve(spec: &str) -> Result<snapshot::Resolved> {
-    snapshot::resolve(spec).map_err(|source| SnapshotsError::Resolve {
-        spec: spec.to_owned(),
+/// The snapshot `moment` is restored from and what to replay forward to
+/// ([`Moment::resolve`]): done before anything starts too, so that a
+/// moment naming no snapshot is one error, not one per worker or one after
+/// a helper VM has booted.
+pub fn resolve(moment: &Moment) -> Result<snapshot::Resolved> {
+    moment.resolve().map_err(|source| SnapshotsError::Resolve {
+        moment: Box::new(moment.clone()),
         source,
     })
 }
 
-/// Whether the snapshot `spec` names is of an `up` run.
-pub fn is_up(spec: &str) -> Result<bool> {
-    let resolved = resolve(spec)?;
+/// Whether the snapshot `moment` is restored from is of an `up` run.
+pub fn is_up(moment: &Moment) -> Result<bool> {
+    let resolved = resolve(moment)?;
     let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(&resolved.snapshot.dir)?;
     Ok(saved.up.is_some())
 }
@@ -276,7 +277,7 @@ pub fn list(root: &Path) -> Result<Vec<SnapshotRow>> {
 pub struct SnapshotRow {
     pub id: String,
     pub parent: Option<String>,
-    pub virtual_ns: u64,
+    pub virtual_ns: VirtNanos,
     pub exit_index: u64,
     pub ram_bytes: u64,
     pub seed: u64,
@@ -354,7 +355,7 @@ pub fn info(dir: &Path) -> Result<SnapshotDetails> {
     })
 }
 
-/// A session restored from a snapshot spec and replayed to the exact target.
+/// A session restored from a saved moment and replayed to the exact target.
 pub struct Restored {
     pub driven: Driven,
     pub snapshot: snapshot::SnapshotInfo,
@@ -381,13 +382,13 @@ impl NodeOutput {
 }
 
 pub fn restore(
-    spec: &str,
+    moment: &Moment,
     resume: &ResumeConfig,
     console: Box<dyn std::io::Write + Send>,
     input: Option<vmm::vm::ConsoleInput>,
     node_output: NodeOutput,
 ) -> Result<Restored> {
-    let resolved = resolve(spec)?;
+    let resolved = resolve(moment)?;
     let dir = &resolved.snapshot.dir;
     let (_, saved): (SnapshotMeta, SavedState) = snapshot::read_snapshot(dir)?;
     // The pages the snapshot stores, from its checksummed index (SEEK_DATA
@@ -418,8 +419,8 @@ pub fn restore(
     };
     let mut driven = Driven { session, up };
     let stopped_early = match resolved.target {
-        Target::ExitIndex(n) => driven.run_until(Some(n), None)?,
-        Target::VirtualTime(t) => driven.run_until(None, Some(VirtNanos(t)))?,
+        Target::ExitIndex(n) => driven.run_until(Until::Exit(n))?,
+        Target::VirtualTime(t) => driven.run_until(Until::Time(t))?,
         Target::Snapshot | Target::Latest => None,
     };
     Ok(Restored {
@@ -436,7 +437,7 @@ pub struct SeekReport {
     pub snapshot: String,
     pub target: String,
     pub exit_index: u64,
-    pub virtual_ns: u64,
+    pub virtual_ns: VirtNanos,
     pub rip: u64,
     pub rsp: u64,
     pub rflags: u64,
@@ -455,7 +456,7 @@ impl SeekReport {
             self.target,
             self.snapshot,
             self.exit_index,
-            VirtNanos(self.virtual_ns),
+            self.virtual_ns,
             self.rip,
             self.rsp,
             self.rflags,
@@ -464,10 +465,10 @@ impl SeekReport {
     }
 }
 
-/// Replays to the moment `spec` names and reports the machine there.
-pub fn seek(spec: &str) -> Result<SeekReport> {
+/// Replays to `moment` and reports the machine there.
+pub fn seek(moment: &Moment) -> Result<SeekReport> {
     let mut restored = restore(
-        spec,
+        moment,
         &ResumeConfig::default(),
         Box::new(std::io::sink()),
         None,
@@ -479,7 +480,7 @@ pub fn seek(spec: &str) -> Result<SeekReport> {
         snapshot: restored.snapshot.meta.id.clone(),
         target: restored.target.to_string(),
         exit_index: session.exits(),
-        virtual_ns: session.now().0,
+        virtual_ns: session.now(),
         rip: state.vcpu.regs.rip,
         rsp: state.vcpu.regs.rsp,
         rflags: state.vcpu.regs.rflags,

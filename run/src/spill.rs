@@ -92,7 +92,7 @@ pub fn write(
     let session = &driven.session;
     let mut meta = SnapshotMeta::new(
         id,
-        session.now().0,
+        session.now(),
         session.exits(),
         state.session.ram_bytes,
         state.session.seed,

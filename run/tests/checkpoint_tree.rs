@@ -17,6 +17,7 @@
 
 use run::api::{CheckpointId, Controller, Position, Request, Response, RunId, Until};
 use run::manifest;
+use run::moment::Moment;
 use run::streams::Captured;
 use run::up::{Initrd, PreparedUp, UpOptions};
 use run::RunSummary;
@@ -79,7 +80,7 @@ struct Seen {
     digest: String,
     memory: String,
     exits: u64,
-    virtual_ns: u64,
+    virtual_ns: VirtNanos,
     seed: u64,
 }
 
@@ -120,13 +121,13 @@ impl Run<'_> {
         position(self.ask(Request::Reset { run, checkpoint }))
     }
 
-    fn snapshot(&mut self, dir: &Path) -> String {
+    fn snapshot(&mut self, dir: &Path) -> Moment {
         let run = self.run;
         match self.ask(Request::Snapshot {
             run,
             dir: dir.to_path_buf(),
         }) {
-            Response::Snapshot(row) => dir.join(&row.id).display().to_string(),
+            Response::Snapshot(row) => Moment::Snapshot(dir.join(&row.id)),
             other => panic!("expected a snapshot, got {other:?}"),
         }
     }
@@ -216,17 +217,9 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
     let streams = Captured::default();
     let mut c = Controller::new();
     let options = UpOptions {
-        seed: 1,
         until: Some(VirtNanos::from_secs(60)),
-        runs: 1,
-        logs: None,
         stream_output: true,
-        snapshots: None,
-        stall_timeout: Default::default(),
-        exit_path: Default::default(),
-        pcap: None,
-        trace: None,
-        records: None,
+        ..UpOptions::new(1)
     };
     let run = started(
         c.handle(Request::BootUp { prepared, options }, &streams)
@@ -252,7 +245,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
     assert!(started, "the workload started");
 
     // A, B on from it, and C on another branch from A.
-    let mut moments: BTreeMap<&str, (CheckpointId, Position, String)> = BTreeMap::new();
+    let mut moments: BTreeMap<&str, (CheckpointId, Position, Moment)> = BTreeMap::new();
     r.steps(4);
     let (a, at_a) = r.checkpoint();
     moments.insert("A", (a, at_a, r.snapshot(&scratch.join("a"))));
@@ -271,9 +264,9 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
 
     // Each moment as a separately restored run.
     let mut expected: BTreeMap<&str, Seen> = BTreeMap::new();
-    for (&name, (_, at, spec)) in &moments {
+    for (&name, (_, at, moment)) in &moments {
         let restored = started_run(r.ask(Request::Restore {
-            spec: spec.clone(),
+            moment: moment.clone(),
             until: None,
             stall_timeout: Default::default(),
         }));

@@ -11,6 +11,7 @@
 use run::api::{CheckpointId, Controller, Position, Request, Response, RunId, Until};
 use run::faults::parse_fault;
 use run::manifest;
+use run::moment::Moment;
 use run::streams::Captured;
 use run::up::{Initrd, PreparedUp, UpOptions};
 use run::RunSummary;
@@ -106,17 +107,9 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
     let streams = Captured::default();
     let mut c = Controller::new();
     let options = UpOptions {
-        seed: 1,
         until: Some(VirtNanos::from_secs(60)),
-        runs: 1,
-        logs: None,
         stream_output: true,
-        snapshots: None,
-        stall_timeout: Default::default(),
-        exit_path: Default::default(),
-        pcap: None,
-        trace: None,
-        records: None,
+        ..UpOptions::new(1)
     };
     let run = started(
         c.handle(Request::BootUp { prepared, options }, &streams)
@@ -186,7 +179,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
     // 2. Back to the checkpoint, n1 cut off 1 ms later: the workload cannot
     //    reach it, and says so with its status.
     assert_eq!(reset(&mut c, &streams, run, checkpoint), at);
-    let cut = format!("at={}ns partition n1 | n2", at.virtual_ns + 1_000_000);
+    let cut = format!("at={}ns partition n1 | n2", at.virtual_ns.0 + 1_000_000);
     for fault in parse_fault(&cut).unwrap() {
         c.handle(Request::InjectFault { run, fault }, &streams)
             .unwrap();
@@ -230,11 +223,11 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
         other => panic!("expected a snapshot, got {other:?}"),
     };
     assert_eq!(row.exit_index, at.exits);
-    let spec = dir.join(&row.id).display().to_string();
+    let moment = Moment::Snapshot(dir.join(&row.id));
     let restored = started(
         c.handle(
             Request::Restore {
-                spec,
+                moment,
                 until: None,
                 stall_timeout: Default::default(),
             },

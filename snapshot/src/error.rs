@@ -160,7 +160,8 @@ pub enum SnapshotError {
         children: Vec<String>,
     },
 
-    /// A `resolve` spec that cannot be parsed.
+    /// A moment that cannot name a snapshot as written (a directory of snapshots where one
+    /// snapshot is meant, or an id that was meant as a time).
     #[error("bad snapshot spec {spec:?}: {reason}")]
     BadSpec { spec: String, reason: String },
 

@@ -71,12 +71,13 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use devices::VirtNanos;
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 
 pub use error::{Result, SnapshotError};
 pub use memory::{data_ranges, MappedMemory, PageRun};
-pub use spec::{resolve, Resolved, SnapshotSpec, Target};
+pub use spec::{by_id, resolve_dir, select, Resolved, Target};
 
 use error::io;
 use frame::{check_flags, read_framed, write_framed, CRC64, HEADER_LEN};
@@ -126,7 +127,7 @@ pub struct SnapshotMeta {
     /// Required for, and the memory base of, an incremental snapshot; lineage only otherwise.
     pub parent: Option<String>,
     /// Guest virtual time at the capture, in nanoseconds.
-    pub virtual_ns: u64,
+    pub virtual_ns: VirtNanos,
     /// Index of the VM exit at which the capture happened.
     pub exit_index: u64,
     /// Size of guest RAM; a positive multiple of [`PAGE_SIZE`].
@@ -141,7 +142,7 @@ impl SnapshotMeta {
     /// A meta with no parent and the current format version.
     pub fn new(
         id: impl Into<String>,
-        virtual_ns: u64,
+        virtual_ns: VirtNanos,
         exit_index: u64,
         ram_bytes: u64,
         seed: u64,
@@ -866,6 +867,21 @@ pub fn verify_memory(dir: &Path) -> Result<()> {
 mod tests {
     use super::*;
 
+    /// Snapshots on disk keep the metadata JSON they had when the time was
+    /// a bare number: those written before read the same.
+    #[test]
+    fn meta_json_is_unchanged() {
+        let mut meta = SnapshotMeta::new("exit-000000000007", VirtNanos(12_500), 7, 4096, 3);
+        meta.parent = Some("exit-000000000001".into());
+        let text = concat!(
+            r#"{"id":"exit-000000000007","parent":"exit-000000000001","virtual_ns":12500,"#,
+            r#""exit_index":7,"ram_bytes":4096,"seed":3,"format_version":"#
+        );
+        let json = serde_json::to_string(&meta).unwrap();
+        assert_eq!(json, format!("{text}{FORMAT_VERSION}}}"));
+        assert_eq!(serde_json::from_str::<SnapshotMeta>(&json).unwrap(), meta);
+    }
+
     #[test]
     fn ids() {
         for ok in ["a", "snap-0001", "t12.5s", "A_b.c-9"] {
@@ -894,11 +910,11 @@ mod tests {
         let mut mem = vec![0u8; 64 * PAGE_SIZE as usize];
         mem[3 * 4096] = 3;
         mem[10 * 4096] = 10;
-        let base = SnapshotMeta::new("base", 1, 1, mem.len() as u64, 0);
+        let base = SnapshotMeta::new("base", VirtNanos(1), 1, mem.len() as u64, 0);
         write_snapshot(root.path(), &base, &(), &mem).unwrap();
         mem[3 * 4096] = 0;
         mem[20 * 4096 + 5] = 20;
-        let mut child = SnapshotMeta::new("child", 2, 2, mem.len() as u64, 0);
+        let mut child = SnapshotMeta::new("child", VirtNanos(2), 2, mem.len() as u64, 0);
         child.parent = Some("base".into());
         write_incremental_snapshot(root.path(), &child, &(), &mem, &[3, 20]).unwrap();
         for budget in [0, MAX_OVERLAY_MAPS] {
@@ -921,7 +937,7 @@ mod tests {
 
     fn full(root: &Path, id: &str, at: u64) {
         let mem = vec![0u8; 4 * PAGE_SIZE as usize];
-        let meta = SnapshotMeta::new(id, at, at, mem.len() as u64, 0);
+        let meta = SnapshotMeta::new(id, VirtNanos(at), at, mem.len() as u64, 0);
         write_snapshot(root, &meta, &(), &mem).unwrap();
     }
 

@@ -1,8 +1,10 @@
-//! `resolve`: turning a user's snapshot spec (`./snaps@12.5s`, `./snaps@exit:123456`,
-//! `./snaps/<id>`, ...) into a snapshot and the target to replay forward to.
+//! Choosing the snapshot a moment is restored from, and the target to replay forward to: a
+//! snapshot's own directory ([`resolve_dir`]), one by id ([`by_id`]), or the last at or
+//! before a time or an exit ([`select`]). The text users write for a moment (`./snaps@12.5s`)
+//! is parsed above this crate, by `run::moment`.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use devices::VirtNanos;
 
@@ -16,9 +18,9 @@ pub enum Target {
     Snapshot,
     /// `DIR@latest`: the last snapshot in (virtual_ns, exit_index, id) order, as is.
     Latest,
-    /// `DIR@<time>`: replay forward from the snapshot until the virtual clock reaches this many
-    /// nanoseconds (the snapshot's `virtual_ns` is at or before it).
-    VirtualTime(u64),
+    /// `DIR@<time>`: replay forward from the snapshot until the virtual clock reaches this time
+    /// (the snapshot's `virtual_ns` is at or before it).
+    VirtualTime(VirtNanos),
     /// `DIR@exit:<n>`: replay forward from the snapshot until exit index n (the snapshot's
     /// `exit_index` is at or before it).
     ExitIndex(u64),
@@ -29,182 +31,51 @@ impl fmt::Display for Target {
         match self {
             Target::Snapshot => f.write_str("the named snapshot"),
             Target::Latest => f.write_str("the latest snapshot"),
-            Target::VirtualTime(ns) => write!(f, "virtual time {} ({ns} ns)", VirtNanos(*ns)),
+            Target::VirtualTime(time) => write!(f, "virtual time {time} ({} ns)", time.as_nanos()),
             Target::ExitIndex(n) => write!(f, "exit {n}"),
         }
     }
 }
 
-/// The outcome of [`resolve`]: the snapshot to restore and what to replay forward to.
+/// A moment resolved: the snapshot to restore and what to replay forward to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
     pub snapshot: SnapshotInfo,
     pub target: Target,
 }
 
-/// Resolves a snapshot spec:
-///
-/// * `DIR@<time>` (`./snaps@12.5s`, `./snaps@600` = 600 s; the one duration grammar,
-///   `VirtNanos`'s `FromStr`): the latest snapshot at or before that virtual time; target
-///   [`Target::VirtualTime`].
-/// * `DIR@exit:<n>`: the latest snapshot at or before exit index n; target
-///   [`Target::ExitIndex`].
-/// * `DIR@latest`: the last snapshot; target [`Target::Latest`].
-/// * `DIR@<id>` or `DIR@id:<id>` or `DIR/<id>` (any path to a snapshot directory): that one;
-///   target [`Target::Snapshot`]. `id:` forces an id that would parse as a time (e.g. `5s`).
-///
-/// "Latest at or before" follows `list` order, (virtual_ns, exit_index, id) for a time and
-/// (exit_index, virtual_ns, id) for an exit index. A root is meant to hold one timeline (one
-/// run and its restores); across diverging branches "latest" picks by these numbers alone.
-pub fn resolve(spec: &str) -> Result<Resolved> {
-    spec.parse::<SnapshotSpec>()?.resolve()
+/// The snapshot in its own directory `dir` (`DIR/<id>`), restored as is. A
+/// directory of snapshots is refused, naming the ways to say which.
+pub fn resolve_dir(dir: &Path) -> Result<Resolved> {
+    let looks_like_snapshot = [STATE_FILE, MEMORY_FILE, INDEX_FILE]
+        .iter()
+        .any(|f| dir.join(f).exists());
+    if looks_like_snapshot {
+        return Ok(Resolved {
+            snapshot: info(dir)?,
+            target: Target::Snapshot,
+        });
+    }
+    if dir.is_dir() {
+        let spec = dir.display();
+        return Err(SnapshotError::BadSpec {
+            spec: spec.to_string(),
+            reason: format!(
+                "{spec} is a directory of snapshots, not a snapshot; say which: {spec}@12.5s, {spec}@exit:N, {spec}@latest, {spec}@<id> or {spec}/<id>"
+            ),
+        });
+    }
+    Err(SnapshotError::NotFound {
+        root: dir.to_owned(),
+        what: "no such snapshot directory".into(),
+    })
 }
 
-/// A saved moment as users name it, `DIR@<selector>` or a path to one
-/// snapshot (`DIR/<id>`): split once here, printed back the same way; what
-/// the selector means (a time, `exit:N`, `latest`, an id) is decided when it
-/// is resolved against the directory ([`SnapshotSpec::resolve`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SnapshotSpec {
-    /// `DIR@<selector>`.
-    At { root: PathBuf, selector: String },
-    /// A snapshot's own directory (`DIR/<id>`).
-    Dir(PathBuf),
-}
-
-impl std::str::FromStr for SnapshotSpec {
-    type Err = SnapshotError;
-
-    fn from_str(spec: &str) -> Result<Self> {
-        let bad = |reason: &str| SnapshotError::BadSpec {
-            spec: spec.to_owned(),
-            reason: reason.into(),
-        };
-        if spec.is_empty() {
-            return Err(bad("empty"));
-        }
-        match spec.rsplit_once('@').filter(|(_, sel)| !sel.contains('/')) {
-            Some(("", _)) => Err(bad("no snapshot directory before '@'")),
-            Some((_, "")) => Err(bad(
-                "nothing after '@': expected a time (12.5s), exit:N, latest or an id",
-            )),
-            Some((root, selector)) => Ok(SnapshotSpec::At {
-                root: root.into(),
-                selector: selector.into(),
-            }),
-            None => Ok(SnapshotSpec::Dir(spec.into())),
-        }
-    }
-}
-
-impl fmt::Display for SnapshotSpec {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            SnapshotSpec::At { root, selector } => write!(f, "{}@{selector}", root.display()),
-            SnapshotSpec::Dir(dir) => write!(f, "{}", dir.display()),
-        }
-    }
-}
-
-impl SnapshotSpec {
-    /// The directory of snapshots the moment is in (a snapshot's chain may
-    /// reach its siblings there).
-    pub fn root(&self) -> PathBuf {
-        match self {
-            SnapshotSpec::At { root, .. } => root.clone(),
-            SnapshotSpec::Dir(dir) => dir.parent().map(Path::to_path_buf).unwrap_or_default(),
-        }
-    }
-
-    /// The same moment with its paths absolute (they must exist).
-    pub fn absolute(&self) -> Result<SnapshotSpec> {
-        let absolute = |p: &Path| {
-            let p = if p.as_os_str().is_empty() {
-                Path::new(".")
-            } else {
-                p
-            };
-            p.canonicalize().map_err(|_| SnapshotError::NotFound {
-                root: p.to_owned(),
-                what: "no such snapshot directory".into(),
-            })
-        };
-        Ok(match self {
-            SnapshotSpec::At { root, selector } => SnapshotSpec::At {
-                root: absolute(root)?,
-                selector: selector.clone(),
-            },
-            SnapshotSpec::Dir(dir) => SnapshotSpec::Dir(absolute(dir)?),
-        })
-    }
-
-    /// The snapshot this names and what to replay forward to.
-    pub fn resolve(&self) -> Result<Resolved> {
-        let spec = self.to_string();
-        let dir = match self {
-            SnapshotSpec::At { root, selector } => return select(&spec, root, selector),
-            SnapshotSpec::Dir(dir) => dir,
-        };
-        let looks_like_snapshot = [STATE_FILE, MEMORY_FILE, INDEX_FILE]
-            .iter()
-            .any(|f| dir.join(f).exists());
-        if looks_like_snapshot {
-            return Ok(Resolved {
-                snapshot: info(dir)?,
-                target: Target::Snapshot,
-            });
-        }
-        if dir.is_dir() {
-            return Err(SnapshotError::BadSpec {
-                spec: spec.clone(),
-                reason: format!(
-                    "{} is a directory of snapshots, not a snapshot; say which: {spec}@12.5s, {spec}@exit:N, {spec}@latest, {spec}@<id> or {spec}/<id>",
-                    dir.display()
-                ),
-            });
-        }
-        Err(SnapshotError::NotFound {
-            root: dir.to_owned(),
-            what: "no such snapshot directory".into(),
-        })
-    }
-}
-
-fn select(spec: &str, root: &Path, sel: &str) -> Result<Resolved> {
-    let bad = |reason: String| SnapshotError::BadSpec {
-        spec: spec.to_owned(),
-        reason,
-    };
-    let target = if let Some(n) = sel.strip_prefix("exit:") {
-        let n: u64 = n
-            .replace('_', "")
-            .parse()
-            .map_err(|_| bad(format!("exit index {n:?} is not a non-negative integer")))?;
-        Target::ExitIndex(n)
-    } else if sel == "latest" {
-        Target::Latest
-    } else if let Some(id) = sel.strip_prefix("id:") {
-        return by_id(root, id);
-    } else {
-        match sel.parse::<VirtNanos>() {
-            Ok(t) => Target::VirtualTime(t.as_nanos()),
-            Err(err) => {
-                let is_id = validate_id(sel).is_ok();
-                if is_id && root.join(sel).is_dir() {
-                    return by_id(root, sel);
-                }
-                if sel.starts_with(|c: char| c.is_ascii_digit() || c == '.') || !is_id {
-                    return Err(bad(err.to_string()));
-                }
-                return Err(SnapshotError::NotFound {
-                    root: root.to_owned(),
-                    what: format!(
-                        "no snapshot with id {sel:?} (and {sel:?} is not a time, exit:N or latest)"
-                    ),
-                });
-            }
-        }
-    };
+/// The snapshot in `root` to replay forward from to `target`: the last at
+/// or before it in `list` order ((virtual_ns, exit_index, id) for a time,
+/// (exit_index, virtual_ns, id) for an exit index), or the last of all for
+/// [`Target::Latest`].
+pub fn select(root: &Path, target: Target) -> Result<Resolved> {
     let all = list(root)?;
     let Some(first) = all.first() else {
         return Err(SnapshotError::NotFound {
@@ -244,16 +115,15 @@ fn select(spec: &str, root: &Path, sel: &str) -> Result<Resolved> {
                 target: target.to_string(),
                 earliest: format!(
                     "{:?} at virtual time {} (exit {})",
-                    earliest.meta.id,
-                    VirtNanos(earliest.meta.virtual_ns),
-                    earliest.meta.exit_index
+                    earliest.meta.id, earliest.meta.virtual_ns, earliest.meta.exit_index
                 ),
             })
         }
     }
 }
 
-fn by_id(root: &Path, id: &str) -> Result<Resolved> {
+/// The snapshot with id `id` in `root`, restored as is.
+pub fn by_id(root: &Path, id: &str) -> Result<Resolved> {
     validate_id(id)?;
     let dir = root.join(id);
     if !dir.is_dir() {
@@ -275,59 +145,12 @@ mod tests {
     #[test]
     fn test_target_prints_the_one_duration_format() {
         assert_eq!(
-            Target::VirtualTime(500_000_000).to_string(),
+            Target::VirtualTime(VirtNanos(500_000_000)).to_string(),
             "virtual time 500ms (500000000 ns)"
         );
         assert_eq!(
-            Target::VirtualTime(12_500_000_000).to_string(),
+            Target::VirtualTime(VirtNanos(12_500_000_000)).to_string(),
             "virtual time 12.5s (12500000000 ns)"
         );
-    }
-
-    #[test]
-    fn test_bad_times_are_bad_specs_naming_the_text() {
-        for (spec, why) in [
-            ("/nonexistent/snaps@5x", "unknown unit \"x\""),
-            ("/nonexistent/snaps@1.5ns", "finer than a nanosecond"),
-            (
-                "/nonexistent/snaps@99999999999999999999",
-                "beyond the largest",
-            ),
-            ("/nonexistent/snaps@.s", "expected a decimal number"),
-        ] {
-            let err = resolve(spec).unwrap_err();
-            let msg = err.to_string();
-            assert!(
-                matches!(err, SnapshotError::BadSpec { .. }),
-                "{spec}: {msg}"
-            );
-            assert!(msg.contains(why), "{spec}: {msg}");
-        }
-    }
-
-    #[test]
-    fn test_specs_split_once_and_print_back() {
-        for text in [
-            "snaps@12.5s",
-            "snaps@exit:3",
-            "a@b/snaps@latest",
-            "snaps/exit-000000000005",
-            "/x/y@id:5s",
-        ] {
-            let spec: SnapshotSpec = text.parse().unwrap();
-            assert_eq!(spec.to_string(), text);
-            assert_eq!(spec.to_string().parse::<SnapshotSpec>().unwrap(), spec);
-        }
-        assert_eq!(
-            "a@b/snaps@latest".parse::<SnapshotSpec>().unwrap().root(),
-            PathBuf::from("a@b/snaps")
-        );
-        assert_eq!(
-            "snaps/exit-5".parse::<SnapshotSpec>().unwrap().root(),
-            PathBuf::from("snaps")
-        );
-        for bad in ["", "@5s", "snaps@"] {
-            assert!(bad.parse::<SnapshotSpec>().is_err(), "{bad:?}");
-        }
     }
 }

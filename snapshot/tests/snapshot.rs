@@ -35,7 +35,13 @@ fn state() -> TestState {
 }
 
 fn meta(id: &str, virtual_ns: u64, exit_index: u64, ram: usize) -> SnapshotMeta {
-    SnapshotMeta::new(id, virtual_ns, exit_index, ram as u64, 0xdead_beef)
+    SnapshotMeta::new(
+        id,
+        devices::VirtNanos(virtual_ns),
+        exit_index,
+        ram as u64,
+        0xdead_beef,
+    )
 }
 
 /// 64 MiB of zeros with a few non-zero pages.
@@ -403,7 +409,7 @@ fn crash_leftovers_are_ignored_and_cleaned() {
     std::fs::create_dir_all(&other).unwrap();
     assert!(list(root.path()).unwrap().is_empty());
     assert!(matches!(
-        resolve(&format!("{}@latest", root.path().display())),
+        select(root.path(), Target::Latest),
         Err(SnapshotError::NotFound { .. })
     ));
 
@@ -481,72 +487,47 @@ fn resolve_time_exit_and_id() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("snaps");
     timeline(&root);
-    let r = root.display().to_string();
-    let pick = |spec: String| {
-        let res = resolve(&spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
-        (res.snapshot.meta.id, res.target)
+    let id_of = |res: Result<Resolved, SnapshotError>| res.unwrap().snapshot.meta.id;
+    let at = |target: Target| {
+        let res = select(&root, target).unwrap_or_else(|e| panic!("{target}: {e}"));
+        assert_eq!(res.target, target);
+        res.snapshot.meta.id
     };
     let s = 1_000_000_000u64;
-    assert_eq!(
-        pick(format!("{r}@12.5s")),
-        ("s3".into(), Target::VirtualTime(12 * s + s / 2))
-    );
-    assert_eq!(
-        pick(format!("{r}@5s")),
-        ("s2".into(), Target::VirtualTime(5 * s))
-    );
-    assert_eq!(
-        pick(format!("{r}@4999ms")),
-        ("s1".into(), Target::VirtualTime(4_999_000_000))
-    );
-    assert_eq!(
-        pick(format!("{r}@7500000us")),
-        ("s2".into(), Target::VirtualTime(7 * s + s / 2))
-    );
-    assert_eq!(
-        pick(format!("{r}@1000000000ns")),
-        ("s1".into(), Target::VirtualTime(s))
-    );
-    // A bare number is seconds, as for --until; µs and us are the same unit.
-    assert_eq!(
-        pick(format!("{r}@600")),
-        ("s3".into(), Target::VirtualTime(600 * s))
-    );
-    assert_eq!(
-        pick(format!("{r}@4.5")),
-        ("s1".into(), Target::VirtualTime(4 * s + s / 2))
-    );
-    assert_eq!(
-        pick(format!("{r}@5000000µs")),
-        ("s2".into(), Target::VirtualTime(5 * s))
-    );
-    assert_eq!(
-        pick(format!("{r}@2m")),
-        ("s3".into(), Target::VirtualTime(120 * s))
-    );
-    assert_eq!(
-        pick(format!("{r}@exit:123456")),
-        ("s3".into(), Target::ExitIndex(123_456))
-    );
-    assert_eq!(
-        pick(format!("{r}@exit:499")),
-        ("s1".into(), Target::ExitIndex(499))
-    );
-    assert_eq!(
-        pick(format!("{r}@exit:500")),
-        ("s2".into(), Target::ExitIndex(500))
-    );
-    assert_eq!(pick(format!("{r}@latest")), ("s3".into(), Target::Latest));
-    assert_eq!(pick(format!("{r}/s2")), ("s2".into(), Target::Snapshot));
-    assert_eq!(pick(format!("{r}/s2/")), ("s2".into(), Target::Snapshot));
-    assert_eq!(pick(format!("{r}@s1")), ("s1".into(), Target::Snapshot));
-    assert_eq!(pick(format!("{r}@id:s1")), ("s1".into(), Target::Snapshot));
+    for (target, id) in [
+        (
+            Target::VirtualTime(devices::VirtNanos(12 * s + s / 2)),
+            "s3",
+        ),
+        (Target::VirtualTime(devices::VirtNanos(5 * s)), "s2"),
+        (Target::VirtualTime(devices::VirtNanos(4_999_000_000)), "s1"),
+        (Target::VirtualTime(devices::VirtNanos(7 * s + s / 2)), "s2"),
+        (Target::VirtualTime(devices::VirtNanos(s)), "s1"),
+        (Target::VirtualTime(devices::VirtNanos(600 * s)), "s3"),
+        (Target::VirtualTime(devices::VirtNanos(4 * s + s / 2)), "s1"),
+        (Target::VirtualTime(devices::VirtNanos(120 * s)), "s3"),
+        (Target::ExitIndex(123_456), "s3"),
+        (Target::ExitIndex(499), "s1"),
+        (Target::ExitIndex(500), "s2"),
+        (Target::Latest, "s3"),
+    ] {
+        assert_eq!(at(target), id, "{target}");
+    }
+    for dir in [root.join("s2"), root.join("s2/")] {
+        let res = resolve_dir(&dir).unwrap();
+        assert_eq!(
+            (res.snapshot.meta.id, res.target),
+            ("s2".into(), Target::Snapshot)
+        );
+    }
+    assert_eq!(by_id(&root, "s1").unwrap().target, Target::Snapshot);
+    assert_eq!(id_of(by_id(&root, "s1")), "s1");
 
     // The chosen snapshot is usable as is.
-    let res = resolve(&format!("{r}@6s")).unwrap();
+    let res = select(&root, Target::VirtualTime(devices::VirtNanos(6 * s))).unwrap();
     assert_eq!(read(&res.snapshot.dir).unwrap().0.exit_index, 500);
 
-    let err = resolve(&format!("{r}@0.5s")).unwrap_err();
+    let err = select(&root, Target::VirtualTime(devices::VirtNanos(s / 2))).unwrap_err();
     assert!(matches!(err, SnapshotError::TooEarly { .. }), "{err}");
     let msg = err.to_string();
     assert!(
@@ -554,38 +535,19 @@ fn resolve_time_exit_and_id() {
         "{msg}"
     );
     assert!(matches!(
-        resolve(&format!("{r}@exit:99")).unwrap_err(),
+        select(&root, Target::ExitIndex(99)).unwrap_err(),
         SnapshotError::TooEarly { .. }
     ));
 
-    for bad in [
-        "@5s",
-        "snaps@",
-        "{r}@12.5parsecs",
-        "{r}@exit:abc",
-        "{r}@exit:",
-        "{r}",
-        "{r}@1.5ns",
-        "{r}@a b",
-        "",
-    ] {
-        let spec = bad.replace("{r}", &r);
-        let err = resolve(&spec).unwrap_err();
-        assert!(
-            matches!(err, SnapshotError::BadSpec { .. }),
-            "{spec}: {err}"
-        );
-    }
+    // A directory of snapshots is not one snapshot.
+    let err = resolve_dir(&root).unwrap_err();
+    assert!(matches!(err, SnapshotError::BadSpec { .. }), "{err}");
     assert!(matches!(
-        resolve(&format!("{r}@nosuch")).unwrap_err(),
+        by_id(&root, "nosuch").unwrap_err(),
         SnapshotError::NotFound { .. }
     ));
     assert!(matches!(
-        resolve(&format!("{r}/nosuch")).unwrap_err(),
-        SnapshotError::NotFound { .. }
-    ));
-    assert!(matches!(
-        resolve(&format!("{r}@id:nosuch")).unwrap_err(),
+        resolve_dir(&root.join("nosuch")).unwrap_err(),
         SnapshotError::NotFound { .. }
     ));
 }

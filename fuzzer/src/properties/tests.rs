@@ -454,7 +454,7 @@ fn test_sdk_observations_of_guest_records() {
     use run::records::{GuestRecord, RecordBody};
     let record = |body| GuestRecord {
         exit: 1,
-        virtual_ns: 2,
+        virtual_ns: vmm::VirtNanos(2),
         node: Some("n1".into()),
         body,
     };

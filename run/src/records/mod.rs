@@ -13,6 +13,7 @@ use crate::up::UpEvent;
 use guest_agent::protocol::Stream;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use vmm::VirtNanos;
 
 /// The output of one log (a node, the workload, a test-composer command)
 /// kept per stretch: its last this many bytes; the rest is replaced by one
@@ -46,8 +47,8 @@ pub struct RecordsFull {
 pub struct GuestRecord {
     /// The exit after which the host read it.
     pub exit: u64,
-    /// The virtual time of that exit.
-    pub virtual_ns: u64,
+    /// The virtual time of that exit (nanoseconds in the JSON).
+    pub virtual_ns: VirtNanos,
     /// The node it came from (`None`: the run itself, or the workload running
     /// inside a node).
     pub node: Option<String>,
@@ -252,7 +253,7 @@ fn add_marker(
     log: &str,
     bytes: u64,
     exit: u64,
-    virtual_ns: u64,
+    virtual_ns: VirtNanos,
 ) {
     let marker = markers.entry(log.to_owned()).or_insert_with(|| {
         kept.push(GuestRecord {
@@ -277,17 +278,22 @@ mod tests {
     fn test_a_record_round_trips_through_json() {
         let record = GuestRecord {
             exit: 12,
-            virtual_ns: 3_000_000_000,
+            virtual_ns: VirtNanos(3_000_000_000),
             node: Some("n1".into()),
             body: RecordBody::Sdk {
                 json: serde_json::json!({"antithesis_setup": {"status": "complete", "details": null}}),
             },
         };
         let text = serde_json::to_string(&record).unwrap();
+        // The time is the bare number it was before it was typed.
+        assert!(
+            text.starts_with(r#"{"exit":12,"virtual_ns":3000000000,"node":"n1","#),
+            "{text}"
+        );
         assert_eq!(serde_json::from_str::<GuestRecord>(&text).unwrap(), record);
         let event = GuestRecord {
             exit: 1,
-            virtual_ns: 2,
+            virtual_ns: VirtNanos(2),
             node: None,
             body: RecordBody::Event {
                 event: UpEvent::NodePaused { node: "n2".into() },
@@ -302,7 +308,7 @@ mod tests {
         let mut log = RecordLog::default();
         let record = GuestRecord {
             exit: 1,
-            virtual_ns: 1,
+            virtual_ns: VirtNanos(1),
             node: None,
             body: RecordBody::History {
                 json: serde_json::json!({"x": 1}),
@@ -321,7 +327,7 @@ mod tests {
     fn test_records_past_the_cap_are_refused_not_held() {
         let line = |exit: u64| GuestRecord {
             exit,
-            virtual_ns: exit,
+            virtual_ns: VirtNanos(exit),
             node: Some("workload".into()),
             body: RecordBody::History {
                 json: serde_json::json!({"process": 1, "op": exit, "type": "invoke", "f": "get"}),
@@ -355,7 +361,7 @@ mod tests {
     fn output(at: u64, log: &str, text: &str) -> GuestRecord {
         GuestRecord {
             exit: at,
-            virtual_ns: at,
+            virtual_ns: VirtNanos(at),
             node: Some(log.into()),
             body: RecordBody::Output {
                 log: log.into(),

@@ -31,6 +31,7 @@ use vmm::exit::Perturbation;
 use vmm::record::RecordConfig;
 use vmm::trace::ExitObserver;
 use vmm::vm::{RunOutcome, Session, VmConfig};
+use vmm::VirtNanos;
 
 /// What a soak is of: its results directory holds this soak's results only.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,7 +83,7 @@ pub struct RunResult {
     /// 1-based; run 1 is the reference.
     pub run: u32,
     pub exits: u64,
-    pub virtual_ns: u64,
+    pub virtual_ns: VirtNanos,
     pub digest: String,
     /// The guest's exit status (an `up` run's: the workload's), if it has one.
     pub status: Option<u8>,
@@ -380,7 +381,7 @@ pub fn run_line(result: &RunResult, total: u32) -> String {
         "detvisor soak: run {}/{total}: {} exits, virtual {}, digest {}, wall {:.1} s: {verdict}",
         result.run,
         result.exits,
-        vmm::VirtNanos(result.virtual_ns),
+        result.virtual_ns,
         result.digest,
         result.wall_ms as f64 / 1000.0
     )
@@ -430,7 +431,7 @@ fn run_once(
     let result = RunResult {
         run,
         exits: outcome.exits,
-        virtual_ns: outcome.virtual_time.0,
+        virtual_ns: outcome.virtual_time,
         digest: outcome.digest.clone(),
         status,
         wall_ms: started.elapsed().as_millis() as u64,
@@ -447,7 +448,7 @@ mod tests {
         RunResult {
             run,
             exits: 10,
-            virtual_ns: 5,
+            virtual_ns: VirtNanos(5),
             digest: "d".into(),
             status: Some(0),
             wall_ms: 1000 * run as u64,

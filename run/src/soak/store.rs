@@ -217,6 +217,7 @@ impl SoakDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vmm::VirtNanos;
 
     fn identity(seed: u64) -> SoakIdentity {
         SoakIdentity {
@@ -232,7 +233,7 @@ mod tests {
         RunResult {
             run,
             exits: 400 + run as u64,
-            virtual_ns: 1000,
+            virtual_ns: VirtNanos(1000),
             digest: format!("d{run}"),
             status: Some(0),
             wall_ms: 1500,
@@ -250,6 +251,15 @@ mod tests {
                 console: "c".into(),
             },
         }
+    }
+
+    /// A soak directory's results read as they did when the time was a
+    /// bare number: directories written before resume.
+    #[test]
+    fn test_a_result_line_is_unchanged() {
+        let line = r#"{"run":2,"exits":402,"virtual_ns":1000,"digest":"d2","status":0,"wall_ms":1500,"divergence":null}"#;
+        assert_eq!(serde_json::to_string(&result(2)).unwrap(), line);
+        assert_eq!(serde_json::from_str::<RunResult>(line).unwrap(), result(2));
     }
 
     #[test]

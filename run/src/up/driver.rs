@@ -305,7 +305,7 @@ impl UpDriver {
             // host carried it out (or saw the switch do it).
             let pushed = log.push(GuestRecord {
                 exit: self.exit_now,
-                virtual_ns: at.0,
+                virtual_ns: at,
                 node: None,
                 body: RecordBody::Event { event },
             });
@@ -396,7 +396,7 @@ impl UpDriver {
         if let Some(log) = &mut self.records {
             let pushed = log.push(GuestRecord {
                 exit: session.exits(),
-                virtual_ns: session.now().0,
+                virtual_ns: session.now(),
                 node,
                 body,
             });
@@ -800,7 +800,7 @@ mod tests {
         );
         let records = driver.take_records();
         assert_eq!(records.len(), 1, "still collecting after the restore");
-        assert_eq!(records[0].virtual_ns, 6);
+        assert_eq!(records[0].virtual_ns, VirtNanos(6));
     }
 
     /// A driver of the two-node run at the state `conductor` is in.

@@ -300,6 +300,19 @@ pub struct UpOptions {
     pub exit_path: vmm::ExitPath,
 }
 
+impl UpOptions {
+    /// One run seeded `seed` to its end, quiet, keeping nothing (no logs,
+    /// snapshots, captures), on the default exit path and stall timeout:
+    /// callers set what they want beside (`..UpOptions::new(seed)`).
+    pub fn new(seed: u64) -> Self {
+        UpOptions {
+            seed,
+            runs: 1,
+            ..UpOptions::default()
+        }
+    }
+}
+
 /// What an `up` run reports.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct UpSummary {
@@ -315,7 +328,7 @@ pub struct UpSummary {
     /// boot plus bringing every node up.
     pub boot_to_workload_wall_ms: Option<u64>,
     /// Virtual time at the workload's start.
-    pub boot_to_workload_virtual_ns: Option<u64>,
+    pub boot_to_workload_virtual_ns: Option<VirtNanos>,
 }
 
 impl UpSummary {
@@ -533,6 +546,6 @@ pub fn run(
         identical: divergence.is_none(),
         divergence,
         boot_to_workload_wall_ms: start.map(|(wall, _)| wall.as_millis() as u64),
-        boot_to_workload_virtual_ns: start.map(|(_, at)| at.0),
+        boot_to_workload_virtual_ns: start.map(|(_, at)| at),
     })
 }

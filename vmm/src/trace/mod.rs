@@ -71,8 +71,8 @@ pub fn exit_device(devices: &Devices, kind: ExitKind, address: u64) -> Option<Co
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TraceLine {
     pub index: u64,
-    /// Virtual time at the exit, in nanoseconds since boot.
-    pub time_ns: u64,
+    /// Virtual time at the exit since boot (nanoseconds in the JSON).
+    pub time_ns: VirtNanos,
     pub kind: ExitKind,
     pub device: Option<String>,
     /// Port, MMIO address or MSR index.
@@ -98,7 +98,7 @@ impl TraceLine {
     pub fn new(record: &ExitRecord, device: Option<&str>) -> Self {
         TraceLine {
             index: record.index,
-            time_ns: record.time.0,
+            time_ns: record.time,
             kind: record.kind,
             device: device.map(str::to_owned),
             address: record.address,
@@ -116,7 +116,7 @@ impl TraceLine {
     pub fn record(&self) -> ExitRecord {
         ExitRecord {
             index: self.index,
-            time: VirtNanos(self.time_ns),
+            time: self.time_ns,
             kind: self.kind,
             address: self.address,
             data: self.data,

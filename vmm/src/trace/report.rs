@@ -6,6 +6,7 @@
 use super::{ExitObserver, TraceLine};
 use crate::exit::ExitKind;
 use crate::record::ExitRecord;
+use devices::VirtNanos;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -60,8 +61,8 @@ pub struct TraceReport {
     /// branch point, not at 0).
     pub first_index: Option<u64>,
     pub last_index: Option<u64>,
-    /// Virtual time of the last exit seen.
-    pub last_time_ns: u64,
+    /// Virtual time of the last exit seen (nanoseconds in the JSON).
+    pub last_time_ns: VirtNanos,
     pub total: Counts,
     /// In time order.
     pub seconds: Vec<SecondCounts>,
@@ -74,7 +75,7 @@ impl TraceReport {
 
     /// Counts one exit (live: from the record a run just made).
     pub fn add(&mut self, record: &ExitRecord, device: Option<&str>) {
-        self.count(record.index, record.time.0, record.kind, device);
+        self.count(record.index, record.time, record.kind, device);
     }
 
     /// Counts one line of a trace.
@@ -82,14 +83,14 @@ impl TraceReport {
         self.count(line.index, line.time_ns, line.kind, line.device.as_deref());
     }
 
-    fn count(&mut self, index: u64, time_ns: u64, kind: ExitKind, device: Option<&str>) {
+    fn count(&mut self, index: u64, time: VirtNanos, kind: ExitKind, device: Option<&str>) {
         let kind = kind_name(kind);
         let device = device.unwrap_or(NO_DEVICE);
         self.first_index.get_or_insert(index);
         self.last_index = Some(index);
-        self.last_time_ns = self.last_time_ns.max(time_ns);
+        self.last_time_ns = self.last_time_ns.max(time);
         self.total.add(kind, device);
-        let second = time_ns / NANOS_PER_SECOND;
+        let second = time.0 / NANOS_PER_SECOND;
         // Exits come in time order: nearly always the last bucket, or a new one.
         let at = match self.seconds.last() {
             Some(last) if last.second == second => self.seconds.len() - 1,
@@ -206,7 +207,6 @@ pub fn read_report(reader: impl BufRead) -> Result<TraceReport, ReadError> {
 mod tests {
     use super::*;
     use crate::record::{NO_HASH, NO_VECTOR};
-    use devices::VirtNanos;
 
     fn record(index: u64, time_ns: u64, kind: ExitKind, address: u64) -> ExitRecord {
         ExitRecord {
@@ -254,7 +254,7 @@ mod tests {
         }
         assert_eq!(report.first_index, Some(0));
         assert_eq!(report.last_index, Some(4));
-        assert_eq!(report.last_time_ns, 2_500_000_000);
+        assert_eq!(report.last_time_ns, VirtNanos(2_500_000_000));
         assert_eq!(report.total.exits, 5);
         assert_eq!(
             report.total.by_kind,

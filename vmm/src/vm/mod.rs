@@ -42,6 +42,7 @@ pub use kept_pages::{CheckpointError, CheckpointMemory, ResetStats};
 pub use load_in_place::LoadStats;
 pub use memory::{memory_from_file, memory_from_mapping, GuestRam, MemoryError};
 pub use session::{GuestCrngRekey, Session, SessionState};
+pub use stepping::Until;
 pub use wiring::{disk_digest, nic_mac, DiskSpec, NetworkSpec};
 
 use crate::exit::{Perturbation, StopReason};

@@ -17,7 +17,52 @@ use crate::kvm_util;
 use crate::record::{ExitRecord, NO_HASH, NO_VECTOR};
 use devices::{GuestMemory, VirtNanos};
 use kvm_ioctls::VcpuFd;
+use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress};
+
+/// How far a run goes before it is handed back (unless the guest stops
+/// first): the one limit of every way to run on ([`Session::run_until`],
+/// and whatever steps a session with more than its exits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Until {
+    /// Until this many exits have been handled.
+    Exit(u64),
+    /// Until this virtual time.
+    Time(VirtNanos),
+    /// This many more exits.
+    Steps(u64),
+    /// Until this many exits have been handled or this virtual time,
+    /// whichever comes first.
+    ExitOrTime { exit: u64, time: VirtNanos },
+    /// Until the guest stops.
+    End,
+}
+
+impl Until {
+    /// The limit of an exit count, a virtual time, both (whichever comes
+    /// first) or neither (the end).
+    pub fn first_of(exit: Option<u64>, time: Option<VirtNanos>) -> Until {
+        match (exit, time) {
+            (Some(exit), Some(time)) => Until::ExitOrTime { exit, time },
+            (Some(exit), None) => Until::Exit(exit),
+            (None, Some(time)) => Until::Time(time),
+            (None, None) => Until::End,
+        }
+    }
+
+    /// Whether a run that set out at `start` exits and has now handled
+    /// `exits` at virtual time `now` has reached the limit.
+    pub fn reached(self, start: u64, exits: u64, now: VirtNanos) -> bool {
+        match self {
+            Until::Exit(limit) => exits >= limit,
+            Until::Time(limit) => now >= limit,
+            Until::Steps(steps) => exits >= start.saturating_add(steps),
+            Until::ExitOrTime { exit, time } => exits >= exit || now >= time,
+            Until::End => false,
+        }
+    }
+}
 
 /// Whether the byte before `rip` is `STI`'s opcode, i.e. whether the guest
 /// may be in an STI shadow at this boundary. The guest runs with flat code
@@ -247,34 +292,30 @@ impl Session {
         self.recorder.push(record);
     }
 
-    /// Runs until the guest stops, or until `exit_limit` exits have been
-    /// handled in all (`None` when the limit was reached first).
-    pub fn run_until_exit(&mut self, exit_limit: u64) -> Result<Option<StopReason>, VmError> {
+    /// Runs until the guest stops or `until` is reached, whichever is
+    /// first (`None` when the limit was).
+    pub fn run_until(&mut self, until: Until) -> Result<Option<StopReason>, VmError> {
         self.stall.arm(&self.vm.vcpu)?;
-        while self.machine.exits() < exit_limit {
-            if let ExitAction::Stop(reason) = self.step()? {
-                return Ok(Some(reason));
-            }
-        }
-        Ok(None)
+        self.run_until_with(until, |session| match session.step()? {
+            ExitAction::Stop(reason) => Ok(Some(reason)),
+            ExitAction::Resume(_) => Ok(None),
+        })
     }
 
-    /// Runs until the guest stops, or until `exit_limit` exits have been
-    /// handled, or until virtual time reaches `time_limit`, whichever is first
-    /// (`None` when a limit was reached before the guest stopped).
-    pub fn run_until(
+    /// As [`Session::run_until`], each exit taken by `step` (`Some` when
+    /// the guest stopped): for a caller that does more at every exit (an
+    /// `up` run's conversation) and steps through [`Session::step_one`].
+    pub fn run_until_with<E>(
         &mut self,
-        exit_limit: Option<u64>,
-        time_limit: Option<VirtNanos>,
-    ) -> Result<Option<StopReason>, VmError> {
-        self.stall.arm(&self.vm.vcpu)?;
+        until: Until,
+        mut step: impl FnMut(&mut Session) -> Result<Option<StopReason>, E>,
+    ) -> Result<Option<StopReason>, E> {
+        let start = self.machine.exits();
         loop {
-            if exit_limit.is_some_and(|limit| self.machine.exits() >= limit)
-                || time_limit.is_some_and(|limit| self.machine.now() >= limit)
-            {
+            if until.reached(start, self.machine.exits(), self.machine.now()) {
                 return Ok(None);
             }
-            if let ExitAction::Stop(reason) = self.step()? {
+            if let Some(reason) = step(self)? {
                 return Ok(Some(reason));
             }
         }
@@ -296,6 +337,49 @@ impl Session {
             if let ExitAction::Stop(reason) = self.step()? {
                 return Ok(reason);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_until_reaches_each_limit_and_the_first_of_two() {
+        let at = |until: Until, exits: u64, ns: u64| until.reached(10, exits, VirtNanos(ns));
+        assert!(!at(Until::Exit(12), 11, 0) && at(Until::Exit(12), 12, 0));
+        assert!(!at(Until::Steps(2), 11, 0) && at(Until::Steps(2), 12, 0));
+        assert!(!at(Until::Time(VirtNanos(5)), 99, 4) && at(Until::Time(VirtNanos(5)), 0, 5));
+        let both = Until::first_of(Some(12), Some(VirtNanos(5)));
+        assert!(!at(both, 11, 4) && at(both, 12, 0) && at(both, 0, 5));
+        assert!(!at(Until::first_of(None, None), u64::MAX, u64::MAX));
+        assert_eq!(Until::first_of(Some(3), None), Until::Exit(3));
+        assert_eq!(
+            Until::first_of(None, Some(VirtNanos(3))),
+            Until::Time(VirtNanos(3))
+        );
+        assert!(at(Until::Steps(u64::MAX), u64::MAX, 0));
+    }
+
+    /// A request's `until` crosses into the helper VM as JSON.
+    #[test]
+    fn test_until_json_is_unchanged() {
+        for (until, json) in [
+            (Until::Exit(5), r#"{"exit":5}"#),
+            (Until::Time(VirtNanos(7)), r#"{"time":7}"#),
+            (Until::Steps(1), r#"{"steps":1}"#),
+            (Until::End, r#""end""#),
+            (
+                Until::ExitOrTime {
+                    exit: 2,
+                    time: VirtNanos(3),
+                },
+                r#"{"exit_or_time":{"exit":2,"time":3}}"#,
+            ),
+        ] {
+            assert_eq!(serde_json::to_string(&until).unwrap(), json);
+            assert_eq!(serde_json::from_str::<Until>(json).unwrap(), until);
         }
     }
 }
