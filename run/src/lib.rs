@@ -13,7 +13,6 @@
 pub mod api;
 pub mod audit;
 pub mod branch;
-pub mod clock;
 pub mod driven;
 pub mod faults;
 pub mod guest;

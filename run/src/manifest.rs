@@ -6,7 +6,7 @@
 //! validation then checks what TOML cannot: unique, well-formed names and
 //! addresses, exactly one image source per node, a workload node that exists.
 
-use crate::faults::FaultError;
+use crate::faults::{Fault, FaultError};
 use crate::units::{RamError, SizeError};
 use devices::time::DurationError;
 use serde::{Deserialize, Serialize};
@@ -354,7 +354,8 @@ pub struct Manifest {
     pub network: devices::NetworkConfig,
     pub nodes: Vec<NodePlan>,
     pub workload: Option<WorkloadPlan>,
-    pub faults: Vec<String>,
+    /// Times since boot, node names checked, no two on one lane.
+    pub faults: Vec<Fault>,
 }
 
 impl Manifest {
@@ -465,7 +466,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
         network,
         nodes,
         workload,
-        faults: file.faults.clone(),
+        faults: crate::faults::parse_faults(&file.faults).map_err(ManifestError::Faults)?,
     };
     if let Some(epoch) = manifest.rtc_epoch {
         // The CMOS clock counts years 1970..9999.
@@ -691,19 +692,8 @@ fn check_process(command: &[String], env: &BTreeMap<String, String>) -> Result<(
     Ok(())
 }
 
-/// A node's name: 1-32 characters of a-z, 0-9 and '-', not starting
-/// with '-' (a manifest's nodes, and the names a fault text gives).
-pub fn is_node_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 32
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-}
-
 fn check_name(name: &str) -> Result<()> {
-    if !is_node_name(name) {
+    if !crate::units::is_node_name(name) {
         return Err(ManifestError::BadName {
             name: name.to_owned(),
         });
