@@ -16,7 +16,6 @@ use crate::store::{FindingRow, FinishedBranch, NewCampaignDir, NodeRow, Store, S
 use crate::tree::{self, path_records, TreeNode};
 use crate::worker::{BranchJob, BranchRun, Root, Worker};
 use run::api::{Position, RunId, Until};
-use run::faults::parse_fault_after;
 use run::records::{GuestRecord, RecordBody};
 use run::up::{PreparedUp, UpEvent, UpOptions};
 use std::collections::BTreeMap;
@@ -45,8 +44,6 @@ pub enum EngineError {
     },
     #[error("the system under test did not report setup_complete within {wait} of virtual time")]
     NoSetupComplete { wait: VirtNanos },
-    #[error("the fault profile drew {text:?}, which does not parse: {message}")]
-    DrawnFault { text: String, message: String },
     #[error("resuming: the run reached its root moment with digest {now}, but the campaign was started from {then}: the manifest, its images or this detvisor changed")]
     RootMoved { then: String, now: String },
     #[error("worker {worker} reached the root moment with digest {digest}, worker 0 with {first}: the run is not deterministic")]
@@ -65,9 +62,9 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 /// Draws the faults of one branch.
 pub trait FaultSource {
-    /// Fault texts (`at=+<d>` from the branch point) for a branch of
+    /// Faults (`at=+<d>` from the branch point) for a branch of
     /// `slice_ns` re-keyed with `seed`.
-    fn draw(&self, seed: u64, slice_ns: u64) -> Vec<String>;
+    fn draw(&self, seed: u64, slice_ns: u64) -> Vec<run::faults::Fault>;
 }
 
 /// What the campaign tells its user as it goes.
@@ -760,18 +757,10 @@ pub fn apply_steps(
         if position.stop.is_some() {
             return Ok(position);
         }
-        let position = calls.rekey(run, step.seed)?;
-        for text in &step.faults {
-            let faults =
-                parse_fault_after(text, Some(VirtNanos(position.virtual_ns))).map_err(|e| {
-                    EngineError::DrawnFault {
-                        text: text.clone(),
-                        message: e.to_string(),
-                    }
-                })?;
-            for fault in faults {
-                calls.inject(run, fault)?;
-            }
+        calls.rekey(run, step.seed)?;
+        for fault in &step.faults {
+            // `at=+` counts from the run's present, the branch point.
+            calls.inject(run, fault.clone())?;
         }
     }
     Ok(calls.run_until(run, Until::Time(VirtNanos(end_ns)))?)

@@ -112,14 +112,35 @@ pub struct FindingFile {
     pub summary: String,
     pub details: serde_json::Value,
     /// The shrunk path: replaying it from the root shows the failure.
+    #[serde(deserialize_with = "shrunk_path")]
     pub path: StepPath,
     /// The path as the search found it.
+    #[serde(deserialize_with = "found_path")]
     pub found_path: StepPath,
     /// The run's digest at the end of `path`.
     pub digest: String,
     pub exits: u64,
     pub virtual_ns: u64,
     pub spec: CampaignSpec,
+}
+
+/// `finding.json`'s `path`, an error in it (a fault that does not parse)
+/// named with the field, as [`FindingError::BadFault`] names it.
+fn shrunk_path<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<StepPath, D::Error> {
+    named_path("path", deserializer)
+}
+
+/// `finding.json`'s `found_path`, as [`shrunk_path`].
+fn found_path<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<StepPath, D::Error> {
+    named_path("found_path", deserializer)
+}
+
+fn named_path<'de, D: serde::Deserializer<'de>>(
+    name: &str,
+    deserializer: D,
+) -> Result<StepPath, D::Error> {
+    StepPath::deserialize(deserializer)
+        .map_err(|e| serde::de::Error::custom(format!("{name}: {e}")))
 }
 
 /// Where the run's files are, by digest, relative to the finding.

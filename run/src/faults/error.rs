@@ -1,11 +1,12 @@
 //! Why a fault's text, time or nodes were refused. Each error names its
 //! fault once (the outermost), its causes do not repeat it.
 
-use super::{Fault, NetworkActionError, DiskActionError, NetworkFault, ScheduledFault};
+use super::{DiskActionError, Fault, NetworkActionError, NetworkFault, ScheduledFault};
 use devices::time::DurationError;
 use devices::VirtNanos;
 
-pub(super) const ACTIONS: &str = "partition, cut, bridge, majorities-ring, heal, slow, loss, pause, resume, \
+pub(super) const ACTIONS: &str =
+    "partition, cut, bridge, majorities-ring, heal, slow, loss, pause, resume, \
                        kill, restart, crash, disk, clock, drift";
 
 /// Why the words of an action are not one. They do not repeat the text (the

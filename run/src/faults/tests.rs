@@ -32,7 +32,6 @@ fn test_fault_kinds_name_beginnings_and_not_endings() {
     assert_eq!(kinds, [Some("pause"), None]);
 }
 
-
 fn s(v: &str) -> String {
     v.to_string()
 }
@@ -193,8 +192,9 @@ fn test_bad_faults_name_the_problem() {
     assert!(err("at=1s clock n\u{0}1 +1s").contains("is not a node name"));
     // Found by the file_fault fuzz target: a stray `x=` and a NUL taken
     // as node names printed as a text that did not read back.
-    assert!(err("at=1s cut n\u{0}3,:, fsync-delay= <->s cut n1 for=2s")
-        .contains("is not a node name"));
+    assert!(
+        err("at=1s cut n\u{0}3,:, fsync-delay= <->s cut n1 for=2s").contains("is not a node name")
+    );
     assert!(err("at=1s cut n1 <-> n2 n3").contains("\"n2 n3\" is not a node name"));
     // Every message names the fault as written.
     assert!(err("at=1s pause").starts_with("fault \"at=1s pause\": "));
@@ -214,7 +214,10 @@ fn test_relative_times_count_from_the_branch_point_only() {
     let faults = parse_fault_after("at=30s heal", Some(base)).unwrap();
     assert_eq!(faults[0].at, VirtNanos::from_secs(30));
     // A resolved fault prints (and reads back) as an absolute one.
-    assert_eq!(parse_fault(&faults[0].to_string()).unwrap(), [faults[0].clone()]);
+    assert_eq!(
+        parse_fault(&faults[0].to_string()).unwrap(),
+        [faults[0].clone()]
+    );
     // Written, a relative time stays relative.
     let written: Fault = "at=+2s pause n1 for=3s".parse().unwrap();
     assert_eq!(written.at, FaultTime::AfterBranch(secs(2)));
@@ -261,8 +264,11 @@ fn test_schedule_orders_by_time_and_checks_names() {
         err.to_string(),
         "fault at=1s pause n9: no node is named \"n9\" (nodes: n1, n2)"
     );
-    let err = schedule(&parse_faults(&["at=1s partition n1 | n2,n3"]).unwrap(), &nodes)
-        .unwrap_err();
+    let err = schedule(
+        &parse_faults(&["at=1s partition n1 | n2,n3"]).unwrap(),
+        &nodes,
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("no node is named \"n3\""));
 }
 
@@ -370,10 +376,15 @@ fn test_every_network_fault_goes_to_the_switch_and_back() {
 
 #[test]
 fn test_faults_serialize_as_their_text() {
-    let fault = parse_fault("at=1500ms kill n1 signal=15").unwrap().remove(0);
+    let fault = parse_fault("at=1500ms kill n1 signal=15")
+        .unwrap()
+        .remove(0);
     let json = serde_json::to_string(&fault).unwrap();
     assert_eq!(json, r#"{"at":1500000000,"action":"kill n1 signal=15"}"#);
-    assert_eq!(serde_json::from_str::<ScheduledFault>(&json).unwrap(), fault);
+    assert_eq!(
+        serde_json::from_str::<ScheduledFault>(&json).unwrap(),
+        fault
+    );
     let written: Fault = "at=+1.5s  pause n1 for=250ms".parse().unwrap();
     let json = serde_json::to_string(&written).unwrap();
     assert_eq!(json, r#""at=+1.5s pause n1 for=250ms""#);

@@ -657,7 +657,12 @@ mod tests {
             switch.add_port(*port, [2, 0, 0, 0, 0, i as u8]);
         }
         // What `inject` puts on the switch for `at=3s partition n1 | n2 for=1s`.
-        for fault in schedule(&parse_faults(&["at=3s partition n1 | n2 for=1s"]).unwrap(), &names).unwrap() {
+        for fault in schedule(
+            &parse_faults(&["at=3s partition n1 | n2 for=1s"]).unwrap(),
+            &names,
+        )
+        .unwrap()
+        {
             let FaultAction::Network(network) = fault.action else {
                 unreachable!()
             };
