@@ -32,6 +32,10 @@ pub const DEFAULT_DATA_DIR: &str = "/data";
 /// The node a workload with its own image runs as.
 pub const WORKLOAD_NODE: &str = "workload";
 
+/// The most `parallel_driver_` runs of a template at once unless the
+/// manifest says.
+pub const DEFAULT_PARALLEL_DRIVERS: u32 = 3;
+
 /// Why a manifest was refused: reading it, its TOML, or what TOML cannot
 /// check. A context (the file, a node, the workload) holds its cause.
 #[derive(Debug, thiserror::Error)]
@@ -546,9 +550,7 @@ fn template_plan(
             template: template.to_owned(),
         });
     }
-    let parallel_drivers = w
-        .parallel_drivers
-        .unwrap_or(crate::up::composer::DEFAULT_PARALLEL_DRIVERS);
+    let parallel_drivers = w.parallel_drivers.unwrap_or(DEFAULT_PARALLEL_DRIVERS);
     if !(1..=MAX_PARALLEL_DRIVERS).contains(&parallel_drivers) {
         return Err(ManifestError::WorkloadParallelDrivers {
             count: parallel_drivers,
@@ -875,10 +877,7 @@ command = ["sh", "-c", "true"]
         };
         assert_eq!(plan.node, WORKLOAD_NODE);
         assert_eq!(plan.setup, SetupSignal::Immediate);
-        assert_eq!(
-            plan.parallel_drivers,
-            crate::up::composer::DEFAULT_PARALLEL_DRIVERS
-        );
+        assert_eq!(plan.parallel_drivers, DEFAULT_PARALLEL_DRIVERS);
         let own = plan.own_node.as_ref().unwrap();
         assert_eq!(own.source, RootSource::Image("/m/t.img".into()));
         assert_eq!(own.command, ["sleep", "infinity"]);
