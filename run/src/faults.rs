@@ -128,6 +128,17 @@ impl Fault {
         Ok(())
     }
 
+    /// When the action written happens, as [`FaultTime::since_boot`],
+    /// an error naming the fault.
+    pub fn since_boot(&self, branch_point: Option<VirtNanos>) -> Result<VirtNanos, FaultError> {
+        self.at
+            .since_boot(branch_point)
+            .map_err(|source| FaultError::Time {
+                fault: Box::new(self.clone()),
+                source,
+            })
+    }
+
     /// The actions the fault schedules, a relative time counted from
     /// `branch_point`: the one written (its defaults written out, as a
     /// run records it) and, with `for=`, the one undoing it.
@@ -135,13 +146,7 @@ impl Fault {
         &self,
         branch_point: Option<VirtNanos>,
     ) -> Result<Vec<ScheduledFault>, FaultError> {
-        let at = self
-            .at
-            .since_boot(branch_point)
-            .map_err(|source| FaultError::Time {
-                fault: Box::new(self.clone()),
-                source,
-            })?;
+        let at = self.since_boot(branch_point)?;
         let mut faults = vec![ScheduledFault {
             at,
             action: self.action.explicit(),

@@ -11,13 +11,7 @@ use devices::VirtNanos;
 /// fine (the fault happened).
 pub fn check_until(faults: &[Fault], until: VirtNanos) -> Result<(), FaultError> {
     for fault in faults {
-        let at = fault
-            .at
-            .since_boot(None)
-            .map_err(|source| FaultError::Time {
-                fault: Box::new(fault.clone()),
-                source,
-            })?;
+        let at = fault.since_boot(None)?;
         if at >= until {
             return Err(FaultError::NeverFires {
                 fault: Box::new(fault.clone()),
