@@ -348,7 +348,9 @@ pub fn read_file(dir: &Path) -> Result<FindingFile> {
             found: format,
         });
     }
-    serde_json::from_value(value).map_err(|source| FindingError::Json { path, source })
+    // From the text, not the value: fields are read in the file's order,
+    // so a bad fault of both paths is named in `path` (written first).
+    serde_json::from_str(&text).map_err(|source| FindingError::Json { path, source })
 }
 
 pub fn load(dir: &Path) -> Result<LoadedFinding> {

@@ -5,9 +5,9 @@ use super::{DiskActionError, Fault, NetworkActionError, NetworkFault, ScheduledF
 use devices::time::DurationError;
 use devices::VirtNanos;
 
-pub(super) const ACTIONS: &str =
-    "partition, cut, bridge, majorities-ring, heal, slow, loss, pause, resume, \
-                       kill, restart, crash, disk, clock, drift";
+/// Every action's verb, for the errors that list them.
+pub(super) const ACTIONS: &str = "partition, cut, bridge, majorities-ring, heal, slow, loss, \
+    pause, resume, kill, restart, crash, disk, clock, drift";
 
 /// Why the words of an action are not one. They do not repeat the text (the
 /// caller's context does).
