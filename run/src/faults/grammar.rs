@@ -258,25 +258,25 @@ impl FromStr for Fault {
     }
 }
 
-/// Serialized as its text (a campaign path's steps hold faults so).
-impl Serialize for Fault {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
+/// Serialized as its text (a campaign path's steps hold faults, the
+/// conductor's schedule node faults, events actions so).
+macro_rules! serialize_as_text {
+    ($($kind:ty),*) => {$(
+        impl Serialize for $kind {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+    )*};
 }
+
+serialize_as_text!(Fault, FaultAction, NodeFault);
 
 impl<'de> Deserialize<'de> for Fault {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
         text.parse()
             .map_err(|e: FaultError| serde::de::Error::custom(crate::chain(&e)))
-    }
-}
-
-/// Serialized as its text.
-impl Serialize for FaultAction {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
     }
 }
 
@@ -289,13 +289,7 @@ impl<'de> Deserialize<'de> for FaultAction {
     }
 }
 
-/// Serialized as its text, as a [`FaultAction`].
-impl Serialize for NodeFault {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
+/// As a [`FaultAction`], the agent's.
 impl<'de> Deserialize<'de> for NodeFault {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         match FaultAction::deserialize(deserializer)? {
