@@ -447,7 +447,7 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
 fn cmd_branch(args: BranchArgs) -> Result<u8> {
     // Checked against the snapshot's files before anything starts: the
     // grammar, the nodes, the branch point and the lanes.
-    run::branch::check_faults(&args.spec, &args.faults)?;
+    let faults = run::branch::check_faults(&args.spec, &args.faults)?;
     let until = args.until;
     if let Some(range) = &args.seeds {
         let request = run::seeds::SeedsRequest {
@@ -456,7 +456,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
             jobs: args.jobs,
             until,
             in_place: args.in_place,
-            faults: args.faults.clone(),
+            faults: faults.clone(),
             stall_timeout: StallTimeout::default(),
         };
         let mut runner = args.place.runner(Stdin::None);
@@ -473,7 +473,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         // An `up` snapshot's node output goes to stdout as under `up`
         // (events to stderr); a `run` snapshot's guest console to stdout.
         events: !args.json,
-        faults: args.faults.clone(),
+        faults,
         stall_timeout: StallTimeout::default(),
         trace: args.trace.clone(),
     };

@@ -52,13 +52,14 @@ impl UpRunArgs {
             .transpose()
             .context("--mem")?;
         let manifest = manifest::load(&self.manifest)?;
+        let faults = run::faults::parse_faults(&self.faults)?;
         if let Some(until) = self.until {
             // A --fault past the end was typed for this run: refused. The
             // manifest's are the scenario's, and a shorter run looks at its
             // beginning: each one it will not reach is said, once.
-            run::faults::check_until(&self.faults, until)?;
-            for text in &manifest.faults {
-                match run::faults::check_until(std::slice::from_ref(text), until) {
+            run::faults::check_until(&faults, until)?;
+            for fault in &manifest.faults {
+                match run::faults::check_until(std::slice::from_ref(fault), until) {
                     Err(never @ run::faults::FaultError::NeverFires { .. }) => {
                         eprintln!("detvisor: note: the manifest's {never}");
                     }
@@ -68,7 +69,7 @@ impl UpRunArgs {
         }
         Ok(run::up::prepare(
             &manifest,
-            &self.faults,
+            &faults,
             ram_bytes,
             self.kernel.as_deref(),
         )?)

@@ -341,9 +341,14 @@ fn prepared_run(dir: &Path) -> run::up::PreparedUp {
 }
 
 /// A path of one branch at 1 s holding `fault`.
-fn path_with(fault: &str) -> fuzzer::step::Path {
-    fuzzer::step::Path::default().child(7, vec![fault.to_string()], 2_000_000_000)
+fn path_with(fault: run::faults::Fault) -> fuzzer::step::Path {
+    fuzzer::step::Path::default().child(7, vec![fault], 2_000_000_000)
 }
+
+/// Written in place of a fault text that does not parse (a path holds
+/// faults), then replaced by it in the files, as a damaged or hand-edited
+/// file would hold it.
+const STAND_IN: &str = "at=+1s kill n1";
 
 /// A campaign directory (never run) whose index holds finding 0001 at
 /// moment 1, reached by a branch holding `fault`; its run and blobs as a
@@ -356,7 +361,8 @@ fn campaign_with_finding(dir: &Path, fault: &str) -> PathBuf {
     let spec = fuzzer::spec::CampaignSpec::load(&dir.join("c.toml")).unwrap();
     let run = fuzzer::findings::blobify(&out, &prepared_run(dir)).unwrap();
     let mut store = Store::create(&out, &[("spec", json(&spec)), ("run", json(&run))]).unwrap();
-    let path = path_with(fault);
+    let typed = fault.parse::<run::faults::Fault>().ok();
+    let path = path_with(typed.clone().unwrap_or_else(|| STAND_IN.parse().unwrap()));
     let row = FindingRow {
         number: 1,
         key: "property:p".into(),
@@ -400,7 +406,20 @@ fn campaign_with_finding(dir: &Path, fault: &str) -> PathBuf {
         virtual_ns: vmm::VirtNanos::ZERO,
         spec,
     };
-    std::fs::write(finding.join("finding.json"), json(&file)).unwrap();
+    let mut finding_json = json(&file);
+    if typed.is_none() {
+        drop(store);
+        let db = rusqlite::Connection::open(out.join(fuzzer::store::DB_FILE)).unwrap();
+        let edited = db
+            .execute(
+                "UPDATE nodes SET path = replace(path, ?1, ?2) WHERE instr(path, ?1) > 0",
+                [STAND_IN, fault],
+            )
+            .unwrap();
+        assert_eq!(edited, 1, "moment 1's path");
+        finding_json = finding_json.replace(STAND_IN, fault);
+    }
+    std::fs::write(finding.join("finding.json"), finding_json).unwrap();
     std::fs::write(finding.join("run.json"), json(&run)).unwrap();
     out
 }

@@ -39,7 +39,7 @@ use crate::process::{last_lines, run_timed, Watch};
 use crate::qemu::QEMU_MACHINE;
 use crate::stats::{fnv1a, ms};
 use helper_vm::{direct_boot_args, DirectBoot, GuestAccel};
-use run::faults::{Fault, FaultAction, NetworkFault};
+use run::faults::{FaultAction, NetworkFault, ScheduledFault};
 use run::guest::shell_quote;
 use run::manifest::WorkloadPlan;
 
@@ -79,7 +79,7 @@ fn var(prefix: &str, index: usize) -> String {
 pub fn script(
     specs: &[NodeSpec],
     workload: Option<&WorkloadPlan>,
-    faults: &[Fault],
+    faults: &[ScheduledFault],
 ) -> Result<String> {
     let mut s = r#"# detvisor bench etcd: the QEMU TCG baseline's guest script (generated).
 # Does what detvisor's agent does for `detvisor up`: one set of namespaces, one root and
@@ -219,7 +219,7 @@ root() {
 /// but at most one (each single node's bridge port goes down, which cuts it off from everyone)
 /// and `heal` (every port up again). Anything else is an error: the baseline cannot run the
 /// scenario.
-pub fn fault_job(specs: &[NodeSpec], faults: &[Fault]) -> Result<Option<String>> {
+pub fn fault_job(specs: &[NodeSpec], faults: &[ScheduledFault]) -> Result<Option<String>> {
     if faults.is_empty() {
         return Ok(None);
     }
@@ -451,11 +451,10 @@ mod tests {
         };
         let specs: Vec<NodeSpec> = ["n1", "n2", "n3", "workload"].map(spec).to_vec();
         let names: Vec<String> = specs.iter().map(|n| n.name.clone()).collect();
-        let faults = run::faults::schedule(
-            &["at=20s partition n1 | n2,n3,workload for=10s".to_string()],
-            &names,
-        )
-        .unwrap();
+        let schedule = |texts: &[&str]| {
+            run::faults::schedule(&run::faults::parse_faults(texts).unwrap(), &names)
+        };
+        let faults = schedule(&["at=20s partition n1 | n2,n3,workload for=10s"]).unwrap();
         let job = fault_job(&specs, &faults).unwrap().unwrap();
         let at20 = job.find("    at 2000\n").unwrap();
         let at30 = job.find("    at 3000\n").unwrap();
@@ -473,10 +472,9 @@ mod tests {
         assert!(s.contains(&job));
         assert!(s.contains(" $FAULTS 2>/dev/null\n"));
         assert!(fault_job(&specs, &[]).unwrap().is_none());
-        let cut =
-            run::faults::schedule(&["at=1s partition n1,n2 | n3,workload".into()], &names).unwrap();
+        let cut = schedule(&["at=1s partition n1,n2 | n3,workload"]).unwrap();
         assert!(fault_job(&specs, &cut).is_err());
-        let pause = run::faults::schedule(&["at=1s pause n2".into()], &names).unwrap();
+        let pause = schedule(&["at=1s pause n2"]).unwrap();
         assert!(fault_job(&specs, &pause).is_err());
     }
 }

@@ -220,7 +220,11 @@ fn seeds() -> Vec<Vec<u8>> {
         stopped: id == 1,
     };
     let root = node(0, fuzzer::step::Path::default());
-    let child = node(1, root.path.child(1, vec!["at=+1s pause n1".into()], 1_000));
+    let child = node(
+        1,
+        root.path
+            .child(1, vec!["at=+1s pause n1".parse().unwrap()], 1_000),
+    );
     store
         .commit_branch(&FinishedBranch {
             node: &root,

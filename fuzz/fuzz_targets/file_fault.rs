@@ -9,17 +9,19 @@
 //! - no panic, no hang, whatever the text;
 //! - a refusal is a typed error whose message is not empty and does not
 //!   repeat its cause's message;
-//! - `parse_fault` gives one fault, or two with `for=` (the undoing one
+//! - a `Fault` that parses prints back to a text that parses to the same
+//!   fault, and serialises to JSON as that text and back unchanged: one
+//!   concept, one representation;
+//! - scheduled, it gives one action, or two with `for=` (the undoing one
 //!   later than the first: `for=0s` is refused); no time of them is past
-//!   `MAX_VIRTUAL_TIME` but an undo's (at most twice it); each prints
-//!   without `for=`, its time in the one duration printer's text, and the
-//!   printed text parses (as a `Fault` and with `parse_fault`) back to the
-//!   same fault: one concept, one representation;
-//! - `check_until` refuses the text with an `--until` at its first fault's
-//!   time, and accepts it with one just after;
-//! - a fault serialises to JSON and back unchanged;
-//! - `parse_fault_after` with a base gives the same faults as
-//!   `parse_fault` for every text `parse_fault` accepts;
+//!   `MAX_VIRTUAL_TIME` after the branch point but an undo's (at most twice
+//!   it); each prints without `for=`, its time in the one duration
+//!   printer's text, and the printed text schedules back to the same
+//!   action; a scheduled fault serialises to JSON and back unchanged;
+//! - a time since boot schedules the same with a branch point or without,
+//!   and `check_until` refuses it with an `--until` at its time and accepts
+//!   it with one just after; a relative time (`at=+`) is refused without a
+//!   branch point and counts from it with one;
 //! - a `FaultAction` text that parses prints back to a text that parses to
 //!   the same action;
 //! - a fault and the one its `for=` writes never overlap on a lane: a text
@@ -39,60 +41,16 @@ use devices::VirtNanos;
 use files::check_error;
 use libfuzzer_sys::fuzz_target;
 use run::faults::{
-    check_lanes, check_until, parse_fault, parse_fault_after, schedule, Fault, FaultAction,
-    FaultError,
+    check_lanes, check_until, parse_faults, schedule, Fault, FaultAction, FaultError, FaultTime,
+    ScheduledFault,
 };
 use run::units::{parse_latency, ByteSize, MAX_VIRTUAL_TIME};
 use std::fmt::{Debug, Display};
 use std::str::FromStr;
 
 fn check_faults(text: &str) {
-    match parse_fault(text) {
-        Ok(faults) => {
-            assert!(matches!(faults.len(), 1 | 2), "{text:?} gave {faults:?}");
-            assert!(faults[0].at <= MAX_VIRTUAL_TIME, "{text:?}: past the bound");
-            if let [first, undo] = faults.as_slice() {
-                assert!(undo.at > first.at, "{text:?}: undo not after the fault");
-                assert!(
-                    undo.at.0 - first.at.0 <= MAX_VIRTUAL_TIME.0,
-                    "{text:?}: for= past the bound"
-                );
-            }
-            let texts = [text.to_owned()];
-            let at = faults[0].at;
-            let refused = check_until(&texts, at).expect_err("a fault at the end never happens");
-            check_error(&refused);
-            check_until(&texts, VirtNanos(at.0 + 1)).expect("a fault before the end happens");
-            for fault in &faults {
-                let printed = fault.to_string();
-                assert!(!printed.contains("for="), "{printed:?} prints for=");
-                assert!(
-                    printed.starts_with(&format!("at={} ", fault.at)),
-                    "{printed:?}: not the one duration printer's text"
-                );
-                let again: Fault = printed
-                    .parse()
-                    .unwrap_or_else(|e| panic!("{printed:?} (from {text:?}) does not parse: {e}"));
-                assert_eq!(&again, fault, "{text:?} -> {printed:?}");
-                assert_eq!(parse_fault(&printed).expect("parses"), vec![fault.clone()]);
-                let json = serde_json::to_string(fault).expect("serialises");
-                let back: Fault = serde_json::from_str(&json)
-                    .unwrap_or_else(|e| panic!("{json} does not deserialise: {e}"));
-                assert_eq!(&back, fault, "{json}");
-            }
-            let base = VirtNanos(7_000_000_000);
-            let after = parse_fault_after(text, Some(base)).expect("a base only adds texts");
-            assert_eq!(after, faults, "{text:?}");
-        }
-        Err(e) => {
-            check_error(&e);
-        }
-    }
     match text.parse::<Fault>() {
-        Ok(fault) => assert_eq!(
-            parse_fault(text).expect("a fault is a fault string"),
-            vec![fault]
-        ),
+        Ok(written) => check_written(text, &written),
         Err(e) => {
             check_error(&e);
         }
@@ -111,18 +69,100 @@ fn check_faults(text: &str) {
     }
 }
 
+/// A fault that parses: see the invariants above.
+fn check_written(text: &str, written: &Fault) {
+    let printed = written.to_string();
+    let again: Fault = printed
+        .parse()
+        .unwrap_or_else(|e| panic!("{printed:?} (from {text:?}) does not parse: {e}"));
+    assert_eq!(&again, written, "{text:?} -> {printed:?}");
+    let json = serde_json::to_string(written).expect("serialises");
+    assert_eq!(
+        json,
+        serde_json::to_string(&printed).unwrap(),
+        "a fault is its text"
+    );
+    let back: Fault =
+        serde_json::from_str(&json).unwrap_or_else(|e| panic!("{json} does not deserialise: {e}"));
+    assert_eq!(&back, written, "{json}");
+    let base = VirtNanos(7_000_000_000);
+    let faults = match written.at {
+        FaultTime::SinceBoot(_) => {
+            let faults = written
+                .scheduled(None)
+                .expect("a time since boot needs no base");
+            let after = written
+                .scheduled(Some(base))
+                .expect("a base only adds texts");
+            assert_eq!(after, faults, "{text:?}");
+            let written = std::slice::from_ref(written);
+            let at = faults[0].at;
+            let refused = check_until(written, at).expect_err("a fault at the end never happens");
+            check_error(&refused);
+            check_until(written, VirtNanos(at.0 + 1)).expect("a fault before the end happens");
+            faults
+        }
+        FaultTime::AfterBranch(after) => {
+            let refused = written
+                .scheduled(None)
+                .expect_err("a relative time needs a base");
+            check_error(&refused);
+            let faults = written
+                .scheduled(Some(base))
+                .expect("7s plus at most 365 days");
+            assert_eq!(faults[0].at, VirtNanos(base.0 + after.0), "{text:?}");
+            faults
+        }
+    };
+    assert_eq!(
+        faults.len(),
+        1 + usize::from(written.lasting.is_some()),
+        "{text:?}"
+    );
+    assert!(
+        faults[0].at.0 <= base.0 + MAX_VIRTUAL_TIME.0,
+        "{text:?}: past the bound"
+    );
+    if let [first, undo] = faults.as_slice() {
+        assert!(undo.at > first.at, "{text:?}: undo not after the fault");
+        assert!(
+            undo.at.0 - first.at.0 <= MAX_VIRTUAL_TIME.0,
+            "{text:?}: for= past the bound"
+        );
+    }
+    for fault in &faults {
+        let printed = fault.to_string();
+        assert!(!printed.contains("for="), "{printed:?} prints for=");
+        assert!(
+            printed.starts_with(&format!("at={} ", fault.at)),
+            "{printed:?}: not the one duration printer's text"
+        );
+        let again: Fault = printed
+            .parse()
+            .unwrap_or_else(|e| panic!("{printed:?} (from {text:?}) does not parse: {e}"));
+        assert_eq!(
+            again.scheduled(None).expect("since boot"),
+            vec![fault.clone()]
+        );
+        let json = serde_json::to_string(fault).expect("serialises");
+        let back: ScheduledFault = serde_json::from_str(&json)
+            .unwrap_or_else(|e| panic!("{json} does not deserialise: {e}"));
+        assert_eq!(&back, fault, "{json}");
+    }
+}
+
 /// The lane rule: see the invariants above.
 fn check_lane_rule(text: &str) {
     let nodes: Vec<String> = ["n1", "n2", "n3"].map(String::from).to_vec();
-    if let Ok(faults) = parse_fault(text) {
-        if faults.iter().all(|f| f.check_nodes(&nodes).is_ok()) {
-            if let Err(e) = schedule(&[text.to_owned()], &nodes) {
+    if let Ok(fault) = text.parse::<Fault>() {
+        if matches!(fault.at, FaultTime::SinceBoot(_)) && fault.check_nodes(&nodes).is_ok() {
+            if let Err(e) = schedule(std::slice::from_ref(&fault), &nodes) {
                 panic!("{text:?} overlaps itself: {e}");
             }
         }
     }
-    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
-    match schedule(&lines, &nodes) {
+    let lines: Vec<&str> = text.lines().collect();
+    match parse_faults(&lines).and_then(|faults| schedule(&faults, &nodes)) {
         Ok(faults) => {
             assert!(faults.windows(2).all(|w| w[0].at <= w[1].at), "{faults:?}");
             assert!(check_lanes(&faults).is_ok(), "{faults:?}");

@@ -72,7 +72,7 @@ fn check_manifest(text: &str, root: &Path) {
             unique.dedup();
             assert_eq!(unique.len(), names.len(), "duplicate names in {names:?}");
             if let Err(e) = run::faults::schedule(&m.faults, &names) {
-                panic!("an accepted manifest's faults do not parse: {e}");
+                panic!("an accepted manifest's faults do not schedule: {e}");
             }
         }
         (Err(p), Err(l)) => {

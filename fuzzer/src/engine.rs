@@ -59,9 +59,9 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 /// Draws the faults of one branch.
 pub trait FaultSource {
-    /// Fault texts (`at=+<d>` from the branch point) for a branch of
+    /// Faults (`at=+<d>` from the branch point) for a branch of
     /// `slice_ns` re-keyed with `seed`.
-    fn draw(&self, seed: u64, slice_ns: u64) -> Vec<String>;
+    fn draw(&self, seed: u64, slice_ns: u64) -> Vec<run::faults::Fault>;
 }
 
 /// What the campaign tells its user as it goes.

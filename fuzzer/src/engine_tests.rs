@@ -5,11 +5,13 @@
 use super::*;
 use crate::judge::Verdict;
 use run::api::{CheckpointId, Request, Response, RunId, Until};
+use run::faults::Fault;
 use run::records::{GuestRecord, RecordBody};
 use run::up::UpEvent;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
+use vmm::VirtNanos;
 
 /// A run's whole state: the time, and what was done to it, in order.
 #[derive(Clone, Debug, Default, Hash, serde::Serialize, serde::Deserialize)]
@@ -186,9 +188,13 @@ impl Runner for Sim {
                 Response::Position(self.position())
             }
             Request::InjectFault { fault, .. } => {
-                self.state
-                    .events
-                    .push(format!("{} {}", fault.at.0, fault.action));
+                // As a run schedules it: `at=+` from the present.
+                let now = Some(VirtNanos(self.state.now));
+                for fault in fault.scheduled(now).map_err(|e| e.to_string())? {
+                    self.state
+                        .events
+                        .push(format!("{} {}", fault.at.0, fault.action));
+                }
                 Response::Position(self.position())
             }
             Request::TakeRecords { .. } => Response::Records {
@@ -274,16 +280,16 @@ impl Judge for FailJudge {
 struct Draw;
 
 impl FaultSource for Draw {
-    fn draw(&self, seed: u64, _slice_ns: u64) -> Vec<String> {
-        let mut faults = vec!["at=+100ms slow n3 latency=5ms for=1s".to_string()];
+    fn draw(&self, seed: u64, _slice_ns: u64) -> Vec<Fault> {
+        let mut faults = vec!["at=+100ms slow n3 latency=5ms for=1s"];
         if !seed.is_multiple_of(3) {
-            faults.push("at=+200ms pause n1 for=1s".into());
+            faults.push("at=+200ms pause n1 for=1s");
         }
         if seed.is_multiple_of(2) {
-            faults.push("at=+300ms kill n2".into());
+            faults.push("at=+300ms kill n2");
         }
-        faults.push("at=+400ms loss n3 0.1 for=1s".into());
-        faults
+        faults.push("at=+400ms loss n3 0.1 for=1s");
+        run::faults::parse_faults(&faults).unwrap()
     }
 }
 
@@ -343,12 +349,13 @@ fn test_a_campaign_finds_the_failure_shrinks_it_and_replays_it() {
     let finding = findings::load(&findings::finding_dir(dir.path(), 1)).unwrap();
     assert_eq!(finding.file.key, "command:pause+kill");
     // Shrunk to the two faults that matter, from more.
-    let faults: Vec<&String> = finding
+    let faults: Vec<String> = finding
         .file
         .path
         .steps
         .iter()
         .flat_map(|s| &s.faults)
+        .map(|f| f.to_string())
         .collect();
     assert_eq!(faults.len(), 2, "{faults:?}");
     assert!(faults.iter().any(|f| f.contains("pause n1")));

@@ -112,14 +112,35 @@ pub struct FindingFile {
     pub summary: String,
     pub details: serde_json::Value,
     /// The shrunk path: replaying it from the root shows the failure.
+    #[serde(deserialize_with = "shrunk_path")]
     pub path: StepPath,
     /// The path as the search found it.
+    #[serde(deserialize_with = "found_path")]
     pub found_path: StepPath,
     /// The run's digest at the end of `path`.
     pub digest: String,
     pub exits: u64,
     pub virtual_ns: vmm::VirtNanos,
     pub spec: CampaignSpec,
+}
+
+/// `finding.json`'s `path`, an error in it (a fault that does not parse)
+/// named with the field, as [`FindingError::BadFault`] names it.
+fn shrunk_path<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<StepPath, D::Error> {
+    named_path("path", deserializer)
+}
+
+/// `finding.json`'s `found_path`, as [`shrunk_path`].
+fn found_path<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<StepPath, D::Error> {
+    named_path("found_path", deserializer)
+}
+
+fn named_path<'de, D: serde::Deserializer<'de>>(
+    name: &str,
+    deserializer: D,
+) -> Result<StepPath, D::Error> {
+    StepPath::deserialize(deserializer)
+        .map_err(|e| serde::de::Error::custom(format!("{name}: {e}")))
 }
 
 /// Where the run's files are, by digest, relative to the finding.
@@ -327,7 +348,9 @@ pub fn read_file(dir: &Path) -> Result<FindingFile> {
             found: format,
         });
     }
-    serde_json::from_value(value).map_err(|source| FindingError::Json { path, source })
+    // From the text, not the value: fields are read in the file's order,
+    // so a bad fault of both paths is named in `path` (written first).
+    serde_json::from_str(&text).map_err(|source| FindingError::Json { path, source })
 }
 
 pub fn load(dir: &Path) -> Result<LoadedFinding> {

@@ -244,7 +244,7 @@ pub struct ProfileSource {
 }
 
 impl FaultSource for ProfileSource {
-    fn draw(&self, seed: u64, slice_ns: u64) -> Vec<String> {
+    fn draw(&self, seed: u64, slice_ns: u64) -> Vec<run::faults::Fault> {
         self.profile.draw(
             seed,
             VirtNanos(slice_ns),
@@ -287,7 +287,10 @@ mod tests {
     fn stretch(faults: &[&str]) -> Vec<GuestRecord> {
         faults
             .iter()
-            .flat_map(|text| run::faults::parse_fault(text).unwrap())
+            .flat_map(|text| {
+                let fault: run::faults::Fault = text.parse().unwrap();
+                fault.scheduled(None).unwrap()
+            })
             .map(|fault| GuestRecord {
                 exit: 0,
                 virtual_ns: fault.at,

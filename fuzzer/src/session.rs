@@ -7,7 +7,6 @@ use crate::runner::{Calls, RunnerError};
 use crate::spec::{CampaignSpec, RootRule, ROOT_POLL_NS};
 use crate::step::Step;
 use run::api::{Position, RunId, Until};
-use run::faults::parse_fault_after;
 use run::records::{GuestRecord, RecordBody};
 use run::up::{UpEvent, UpOptions};
 use std::path::Path;
@@ -25,8 +24,6 @@ pub enum SessionError {
     },
     #[error("the system under test did not report setup_complete within {wait} of virtual time")]
     NoSetupComplete { wait: VirtNanos },
-    #[error("the fault profile drew {text:?}, which does not parse: {message}")]
-    DrawnFault { text: String, message: String },
 }
 
 type Result<T, E = SessionError> = std::result::Result<T, E>;
@@ -115,17 +112,10 @@ pub fn apply_steps(
         if position.stop.is_some() {
             return Ok(position);
         }
-        let position = calls.rekey(run, step.seed)?;
-        for text in &step.faults {
-            let faults = parse_fault_after(text, Some(position.virtual_ns)).map_err(|e| {
-                SessionError::DrawnFault {
-                    text: text.clone(),
-                    message: e.to_string(),
-                }
-            })?;
-            for fault in faults {
-                calls.inject(run, fault)?;
-            }
+        calls.rekey(run, step.seed)?;
+        for fault in &step.faults {
+            // `at=+` counts from the run's present, the branch point.
+            calls.inject(run, fault.clone())?;
         }
     }
     Ok(calls.run_until(run, Until::Time(VirtNanos(end_ns)))?)

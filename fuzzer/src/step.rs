@@ -3,22 +3,23 @@
 //! indices are not part of it: they move when a fault is removed (while
 //! shrinking), virtual times do not.
 
-use serde::{Deserialize, Serialize};
+use run::faults::{Fault, FaultError};
+use serde::{Deserialize, Deserializer, Serialize};
 use std::fmt;
 
 /// One branch: run to virtual time `at_ns`, re-key every seeded stream from
-/// `seed` there, add `faults` (texts in the fault grammar, `at=+<d>` from
-/// the branch point).
+/// `seed` there, add `faults` (`at=+<d>` from the branch point; serialized
+/// as their text).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Step {
     pub at_ns: u64,
     pub seed: u64,
-    pub faults: Vec<String>,
+    pub faults: Vec<Fault>,
 }
 
-/// A fault of a stored path that cannot be replayed (the fault names
-/// itself in its source).
+/// A fault of a stored path that does not parse or cannot be replayed (the
+/// fault names itself in its source).
 #[derive(Debug, thiserror::Error)]
 #[error("step {step} (the branch at {at})")]
 pub struct PathFaultError {
@@ -26,21 +27,88 @@ pub struct PathFaultError {
     pub step: usize,
     pub at: vmm::VirtNanos,
     #[source]
-    pub source: Box<run::faults::FaultError>,
+    pub source: Box<FaultError>,
+}
+
+/// Why a path's JSON is not a path.
+#[derive(Debug, thiserror::Error)]
+pub enum PathReadError {
+    #[error(transparent)]
+    Json(serde_json::Error),
+    #[error(transparent)]
+    Fault(PathFaultError),
 }
 
 /// The steps from the root moment, and the virtual time the last one runs
-/// to.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// to. Read, a fault that does not parse is named with its step.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Path {
     pub steps: Vec<Step>,
     pub end_ns: u64,
 }
 
+/// A [`Path`] as stored, its faults still text.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoredPath {
+    steps: Vec<StoredStep>,
+    end_ns: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StoredStep {
+    at_ns: u64,
+    seed: u64,
+    faults: Vec<String>,
+}
+
+impl TryFrom<StoredPath> for Path {
+    type Error = PathFaultError;
+
+    fn try_from(stored: StoredPath) -> Result<Self, PathFaultError> {
+        let steps = stored
+            .steps
+            .into_iter()
+            .enumerate()
+            .map(|(index, step)| {
+                let faults =
+                    run::faults::parse_faults(&step.faults).map_err(|source| PathFaultError {
+                        step: index + 1,
+                        at: vmm::VirtNanos(step.at_ns),
+                        source: Box::new(source),
+                    })?;
+                Ok(Step {
+                    at_ns: step.at_ns,
+                    seed: step.seed,
+                    faults,
+                })
+            })
+            .collect::<Result<_, PathFaultError>>()?;
+        Ok(Path {
+            steps,
+            end_ns: stored.end_ns,
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Path {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Path::try_from(StoredPath::deserialize(deserializer)?)
+            .map_err(|e| serde::de::Error::custom(run::chain(&e)))
+    }
+}
+
 impl Path {
+    /// A path as its JSON holds it, a fault that does not parse named
+    /// with its step (a [`PathReadError::Fault`]).
+    pub fn from_json(text: &str) -> Result<Path, PathReadError> {
+        let stored: StoredPath = serde_json::from_str(text).map_err(PathReadError::Json)?;
+        Path::try_from(stored).map_err(PathReadError::Fault)
+    }
+
     /// This path and one more branch from its end, run for `slice_ns`.
-    pub fn child(&self, seed: u64, faults: Vec<String>, slice_ns: u64) -> Path {
+    pub fn child(&self, seed: u64, faults: Vec<Fault>, slice_ns: u64) -> Path {
         let mut steps = self.steps.clone();
         steps.push(Step {
             at_ns: self.end_ns,
@@ -72,28 +140,28 @@ impl Path {
                 .iter()
                 .enumerate()
                 .filter(|(f, _)| keep.contains(&(s, *f)))
-                .map(|(_, text)| text.clone())
+                .map(|(_, fault)| fault.clone())
                 .collect();
         }
         path
     }
 
-    /// Checks that every fault of every step parses (`at=+` from the
-    /// step's branch point) and names only `nodes` (the run's), so a path
-    /// read from a file or a database is refused before any run replays
-    /// it, naming the step and the fault.
+    /// Checks that every fault of every step names only `nodes` (the
+    /// run's) and has a time (`at=+` from the step's branch point), so a
+    /// path read from a file or a database is refused before any run
+    /// replays it, naming the step and the fault.
     pub fn check_faults(&self, nodes: &[String]) -> Result<(), PathFaultError> {
         for (index, step) in self.steps.iter().enumerate() {
-            for text in &step.faults {
+            for fault in &step.faults {
                 let error = |source| PathFaultError {
                     step: index + 1,
                     at: vmm::VirtNanos(step.at_ns),
                     source: Box::new(source),
                 };
-                let base = Some(vmm::VirtNanos(step.at_ns));
-                for fault in run::faults::parse_fault_after(text, base).map_err(error)? {
-                    fault.check_nodes(nodes).map_err(error)?;
-                }
+                fault.check_nodes(nodes).map_err(error)?;
+                fault
+                    .scheduled(Some(vmm::VirtNanos(step.at_ns)))
+                    .map_err(error)?;
             }
         }
         Ok(())
@@ -121,12 +189,20 @@ impl fmt::Display for Path {
 mod tests {
     use super::*;
 
+    fn faults(texts: &[&str]) -> Vec<Fault> {
+        run::faults::parse_faults(texts).unwrap()
+    }
+
     fn path() -> Path {
         Path::default()
-            .child(7, vec!["at=+1s pause n1 for=2s".into()], 5_000_000_000)
+            .child(7, faults(&["at=+1s pause n1 for=2s"]), 5_000_000_000)
             .child(
                 9,
-                vec!["at=+0s cut n1 <-> n2".into(), "at=+2s heal".into()],
+                faults(&[
+                    "at=+0s cut n1 <-> n2",
+                    "at=+2s kill n2",
+                    "at=+2.5s restart n2",
+                ]),
                 5_000_000_000,
             )
     }
@@ -137,25 +213,57 @@ mod tests {
         assert_eq!(p.steps[0].at_ns, 0);
         assert_eq!(p.steps[1].at_ns, 5_000_000_000);
         assert_eq!(p.end_ns, 10_000_000_000);
-        assert_eq!(p.fault_count(), 3);
+        assert_eq!(p.fault_count(), 4);
     }
 
     #[test]
     fn test_a_path_round_trips_through_json() {
         let p = path();
         let text = serde_json::to_string(&p).unwrap();
+        // As the build before typed faults wrote it: each fault its text,
+        // a kill without the signal it was not written with.
+        assert_eq!(
+            text,
+            r#"{"steps":[{"at_ns":0,"seed":7,"faults":["at=+1s pause n1 for=2s"]},{"at_ns":5000000000,"seed":9,"faults":["at=+0s cut n1 <-> n2","at=+2s kill n2","at=+2.5s restart n2"]}],"end_ns":10000000000}"#
+        );
         assert_eq!(serde_json::from_str::<Path>(&text).unwrap(), p);
+        assert_eq!(Path::from_json(&text).unwrap(), p);
+    }
+
+    #[test]
+    fn test_a_fault_that_does_not_parse_is_named_with_its_step() {
+        let text = r#"{"steps":[{"at_ns":0,"seed":7,"faults":[]},{"at_ns":1000000000,"seed":9,"faults":["at=+1s paws n1"]}],"end_ns":2000000000}"#;
+        let message = serde_json::from_str::<Path>(text).unwrap_err().to_string();
+        assert!(
+            message.starts_with(
+                "step 2 (the branch at 1s): fault \"at=+1s paws n1\": unknown action \"paws\""
+            ),
+            "{message}"
+        );
+        let Err(PathReadError::Fault(error)) = Path::from_json(text) else {
+            panic!("a fault error");
+        };
+        assert_eq!((error.step, error.at), (2, vmm::VirtNanos::from_secs(1)));
+        assert!(matches!(
+            Path::from_json("{\"steps\": 3}"),
+            Err(PathReadError::Json(_))
+        ));
+        let unknown = path().check_faults(&["n1".to_string()]).unwrap_err();
+        assert_eq!(
+            run::chain(&unknown),
+            "step 2 (the branch at 5s): fault at=+0s cut n1 <-> n2: no node is named \"n2\" (nodes: n1)"
+        );
     }
 
     #[test]
     fn test_removing_faults_keeps_steps_and_times() {
         let p = path();
         let positions = p.fault_positions();
-        assert_eq!(positions, vec![(0, 0), (1, 0), (1, 1)]);
+        assert_eq!(positions, vec![(0, 0), (1, 0), (1, 1), (1, 2)]);
         let q = p.with_faults(&[(1, 1)]);
         assert_eq!(q.steps.len(), 2);
         assert!(q.steps[0].faults.is_empty());
-        assert_eq!(q.steps[1].faults, vec!["at=+2s heal".to_string()]);
+        assert_eq!(q.steps[1].faults, faults(&["at=+2s kill n2"]));
         assert_eq!(q.end_ns, p.end_ns);
         assert_eq!(q.steps[1].seed, 9);
     }

@@ -11,7 +11,7 @@
 
 use crate::campaign_dir::{db_path, lock};
 pub use crate::campaign_dir::{CampaignDirError, NewCampaignDir, DB_FILE, LOCK_FILE};
-use crate::step::Path as StepPath;
+use crate::step::{Path as StepPath, PathReadError};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde::{de::DeserializeOwned, Serialize};
 use std::fs::File;
@@ -474,10 +474,17 @@ impl Store {
         for row in rows {
             let (id, parent, depth, path, end_exits, end_ns, digest, score, stopped) =
                 row.map_err(|e| self.sql(e))?;
-            let path = serde_json::from_str(&path).map_err(|source| StoreError::Corrupt {
-                path: self.path.clone(),
-                what: format!("node {id}'s path"),
-                source,
+            let path = StepPath::from_json(&path).map_err(|e| match e {
+                PathReadError::Json(source) => StoreError::Corrupt {
+                    path: self.path.clone(),
+                    what: format!("node {id}'s path"),
+                    source,
+                },
+                PathReadError::Fault(source) => StoreError::BadPath {
+                    path: self.path.clone(),
+                    node: id as u64,
+                    source,
+                },
             })?;
             nodes.push(NodeRow {
                 id: id as u64,
@@ -606,7 +613,7 @@ mod tests {
             id,
             parent,
             depth: parent.map_or(0, |_| 1),
-            path: StepPath::default().child(id, vec!["at=+1s pause n1".into()], 1_000),
+            path: StepPath::default().child(id, vec!["at=+1s pause n1".parse().unwrap()], 1_000),
             end_exits: 10 * id,
             end_ns: 1_000 * id,
             digest: format!("{id:032x}"),

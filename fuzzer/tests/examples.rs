@@ -45,10 +45,11 @@ fn test_every_example_campaign_file_is_valid() {
             "{}: a minute draws faults",
             file.display()
         );
-        for text in &faults {
-            run::faults::parse_fault_after(text, Some(vmm::VirtNanos(0)))
-                .unwrap_or_else(|e| panic!("{text}: {e}"));
-            assert!(!text.contains("pause workload"), "{text}");
+        for fault in &faults {
+            fault
+                .scheduled(Some(vmm::VirtNanos(0)))
+                .unwrap_or_else(|e| panic!("{fault}: {e}"));
+            assert!(!fault.to_string().contains("pause workload"), "{fault}");
         }
     }
 }

@@ -140,7 +140,8 @@ pub enum Request {
     /// the pages that differ are written, every live checkpoint stays valid.
     /// Answers `Loaded`.
     LoadInPlace { run: RunId, dir: PathBuf },
-    /// Add a fault to an `up` run (at or after its present).
+    /// Add a fault to an `up` run (at or after its present; `at=+2s`
+    /// counts from it).
     InjectFault { run: RunId, fault: Fault },
     /// Re-key every seeded stream from here on: an alternate history.
     Rekey { run: RunId, seed: u64 },
@@ -537,9 +538,10 @@ impl Controller {
             }
             Request::InjectFault { run, fault } => {
                 let held = self.held(run)?;
-                let Driven { session, up } = &mut held.driven;
-                let up = up.as_mut().ok_or(ApiError::NoNodes(run))?;
-                up.inject(session, fault)?;
+                if held.driven.up.is_none() {
+                    return Err(ApiError::NoNodes(run));
+                }
+                held.driven.add_faults(std::slice::from_ref(&fault))?;
                 Response::Position(held.position())
             }
             Request::Rekey { run, seed } => {
@@ -677,7 +679,7 @@ mod tests {
             format!("{error:#}"),
             "creating snapshot directory /tmp: Is a directory (os error 21)"
         );
-        let fault = crate::faults::parse_fault("at=1s kill").unwrap_err();
+        let fault = "at=1s kill".parse::<Fault>().unwrap_err();
         let error = anyhow::Error::from(ApiError::from(crate::up::DriveError::from(fault)));
         assert_eq!(
             format!("{error:#}"),

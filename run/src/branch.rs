@@ -2,6 +2,7 @@
 //! the moment restored and replayed exactly, optionally re-keyed, run on to
 //! its end (taking snapshots of the branch too, if asked).
 
+use crate::faults::{parse_faults, Fault};
 use crate::moment::Moment;
 use crate::outcome::RunSummary;
 use crate::snapshots::{self, NodeOutput, SnapshotPlan, Snapshotter};
@@ -25,10 +26,10 @@ pub struct BranchRequest {
     pub snapshots: Option<SnapshotPlan>,
     /// Print an `up` snapshot's events (node started, faults) on stderr.
     pub events: bool,
-    /// Faults added at the branch point (`at=+2s` counts from it), as
-    /// written: see [`crate::faults`].
+    /// Faults added at the branch point (`at=+2s` counts from it): see
+    /// [`crate::faults`].
     #[serde(default)]
-    pub faults: Vec<String>,
+    pub faults: Vec<Fault>,
     /// Wall time the guest may run without a VM exit before the run ends
     /// as stalled (host policy, not part of the history).
     #[serde(default)]
@@ -112,9 +113,9 @@ pub enum BranchFaultsError {
     Driven(#[from] crate::driven::DrivenError),
     #[error("--fault")]
     Fault(#[source] crate::faults::FaultError),
-    #[error("--fault {text:?}: at={at} is before the branch point, {point} at the earliest ({moment}): a branch cannot change its past")]
+    #[error("--fault \"{fault}\": at={at} is before the branch point, {point} at the earliest ({moment}): a branch cannot change its past")]
     BeforeBranchPoint {
-        text: String,
+        fault: Box<Fault>,
         at: VirtNanos,
         point: VirtNanos,
         moment: Moment,
@@ -133,22 +134,24 @@ struct Nodes {
     node_names: Vec<String>,
 }
 
-/// Checks `branch MOMENT --fault` texts against the snapshot `moment` is restored from,
-/// from its files alone (before any helper VM starts or any exit is
-/// replayed): it is an `up` run's, every node named is one of its nodes,
-/// no fault is before the branch point (at the earliest the snapshot's
-/// time, or the time `DIR@<time>` names), and no two faults overlap on a
-/// lane ([`crate::faults::check_lanes`]).
-pub fn check_faults(moment: &Moment, texts: &[String]) -> Result<(), BranchFaultsError> {
-    if texts.is_empty() {
-        return Ok(());
-    }
+/// Parses `branch MOMENT --fault` texts and checks them against the
+/// snapshot `moment` is restored from, from its files alone (before any helper VM
+/// starts or any exit is replayed): it is an `up` run's, every node named
+/// is one of its nodes, no fault is before the branch point (at the
+/// earliest the snapshot's time, or the time `DIR@<time>` names), and no
+/// two faults overlap on a lane ([`crate::faults::check_lanes`]). The
+/// faults, for a [`BranchRequest`] or a seeds request.
+pub fn check_faults(moment: &Moment, texts: &[String]) -> Result<Vec<Fault>, BranchFaultsError> {
+    let faults = parse_faults(texts).map_err(BranchFaultsError::Fault)?;
+    let Some(first) = faults.first() else {
+        return Ok(faults);
+    };
     let resolved = snapshots::resolve(moment)?;
     let (meta, saved): (snapshot::SnapshotMeta, NodesOnly) =
         snapshot::read_snapshot(&resolved.snapshot.dir).map_err(snapshots::SnapshotsError::from)?;
     let Some(up) = saved.up else {
         return Err(crate::driven::DrivenError::FaultOnPlainRun {
-            text: texts[0].clone(),
+            fault: Box::new(first.clone()),
         }
         .into());
     };
@@ -157,24 +160,26 @@ pub fn check_faults(moment: &Moment, texts: &[String]) -> Result<(), BranchFault
         _ => meta.virtual_ns,
     };
     let mut all = Vec::new();
-    for text in texts {
-        let faults = crate::faults::parse_fault_after(text, Some(point))
+    for fault in &faults {
+        fault
+            .check_nodes(&up.node_names)
             .map_err(BranchFaultsError::Fault)?;
-        for fault in faults {
-            if fault.at < point {
+        for scheduled in fault
+            .scheduled(Some(point))
+            .map_err(BranchFaultsError::Fault)?
+        {
+            if scheduled.at < point {
                 return Err(BranchFaultsError::BeforeBranchPoint {
-                    text: text.clone(),
-                    at: fault.at,
+                    fault: Box::new(fault.clone()),
+                    at: scheduled.at,
                     point,
                     moment: moment.clone(),
                 });
             }
-            fault
-                .check_nodes(&up.node_names)
-                .map_err(BranchFaultsError::Fault)?;
-            all.push(fault);
+            all.push(scheduled);
         }
     }
     all.sort_by_key(|f| f.at);
-    crate::faults::check_lanes(&all).map_err(BranchFaultsError::Fault)
+    crate::faults::check_lanes(&all).map_err(BranchFaultsError::Fault)?;
+    Ok(faults)
 }

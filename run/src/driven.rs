@@ -4,7 +4,7 @@
 //! `branch`, `seek`, in-place resets, the fork shell, the request API) steps
 //! a [`Driven`], so a resumed run takes exactly the steps the original took.
 
-use crate::faults::{parse_fault_after, FaultError};
+use crate::faults::{Fault, FaultError};
 use crate::up::{self, DriveError, OutputError, UpDriver, UpState};
 use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
@@ -28,8 +28,8 @@ pub enum DrivenError {
     Output(#[from] OutputError),
     #[error(transparent)]
     Fault(#[from] FaultError),
-    #[error("fault {text:?}: this is a plain `run` (no nodes, no agent): faults need a snapshot of an `up` run")]
-    FaultOnPlainRun { text: String },
+    #[error("fault \"{fault}\": this is a plain `run` (no nodes, no agent): faults need a snapshot of an `up` run")]
+    FaultOnPlainRun { fault: Box<Fault> },
 }
 
 type Result<T, E = DrivenError> = std::result::Result<T, E>;
@@ -121,17 +121,19 @@ impl Driven {
         Ok(())
     }
 
-    /// Adds faults at this moment (a branch point), as written: `at=+2s`
-    /// counts from now, an absolute time must not be before now. They go
-    /// into the run's state (the switch's schedule, the conductor's), so
-    /// the snapshots that follow hold them once.
-    pub fn add_faults(&mut self, texts: &[String]) -> Result<()> {
+    /// Adds faults at this moment (a branch point): `at=+2s` counts from
+    /// now, an absolute time must not be before now. They go into the
+    /// run's state (the switch's schedule, the conductor's), so the
+    /// snapshots that follow hold them once.
+    pub fn add_faults(&mut self, faults: &[Fault]) -> Result<()> {
         let now = self.session.now();
-        for text in texts {
+        for fault in faults {
             let Some(up) = &mut self.up else {
-                return Err(DrivenError::FaultOnPlainRun { text: text.clone() });
+                return Err(DrivenError::FaultOnPlainRun {
+                    fault: Box::new(fault.clone()),
+                });
             };
-            for fault in parse_fault_after(text, Some(now))? {
+            for fault in fault.scheduled(Some(now))? {
                 up.inject(&mut self.session, fault)?;
             }
         }

@@ -19,7 +19,6 @@ pub mod api;
 pub mod audit;
 pub mod branch;
 pub mod client;
-pub mod clock;
 pub mod driven;
 pub mod faults;
 pub mod guest;

@@ -6,7 +6,7 @@
 //! validation then checks what TOML cannot: unique, well-formed names and
 //! addresses, exactly one image source per node, a workload node that exists.
 
-use crate::faults::FaultError;
+use crate::faults::{Fault, FaultError};
 use crate::units::{RamError, SizeError};
 use devices::time::DurationError;
 use serde::{Deserialize, Serialize};
@@ -31,6 +31,10 @@ pub const DEFAULT_DATA_DIR: &str = "/data";
 
 /// The node a workload with its own image runs as.
 pub const WORKLOAD_NODE: &str = "workload";
+
+/// The most `parallel_driver_` runs of a template at once unless the
+/// manifest says.
+pub const DEFAULT_PARALLEL_DRIVERS: u32 = 3;
 
 /// Why a manifest was refused: reading it, its TOML, or what TOML cannot
 /// check. A context (the file, a node, the workload) holds its cause.
@@ -354,7 +358,8 @@ pub struct Manifest {
     pub network: devices::NetworkConfig,
     pub nodes: Vec<NodePlan>,
     pub workload: Option<WorkloadPlan>,
-    pub faults: Vec<String>,
+    /// Times since boot, node names checked, no two on one lane.
+    pub faults: Vec<Fault>,
 }
 
 impl Manifest {
@@ -465,7 +470,7 @@ pub fn parse(text: &str, base: &Path) -> Result<Manifest> {
         network,
         nodes,
         workload,
-        faults: file.faults.clone(),
+        faults: crate::faults::parse_faults(&file.faults).map_err(ManifestError::Faults)?,
     };
     if let Some(epoch) = manifest.rtc_epoch {
         // The CMOS clock counts years 1970..9999.
@@ -545,9 +550,7 @@ fn template_plan(
             template: template.to_owned(),
         });
     }
-    let parallel_drivers = w
-        .parallel_drivers
-        .unwrap_or(crate::up::composer::DEFAULT_PARALLEL_DRIVERS);
+    let parallel_drivers = w.parallel_drivers.unwrap_or(DEFAULT_PARALLEL_DRIVERS);
     if !(1..=MAX_PARALLEL_DRIVERS).contains(&parallel_drivers) {
         return Err(ManifestError::WorkloadParallelDrivers {
             count: parallel_drivers,
@@ -691,19 +694,8 @@ fn check_process(command: &[String], env: &BTreeMap<String, String>) -> Result<(
     Ok(())
 }
 
-/// A node's name: 1-32 characters of a-z, 0-9 and '-', not starting
-/// with '-' (a manifest's nodes, and the names a fault text gives).
-pub fn is_node_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 32
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-}
-
 fn check_name(name: &str) -> Result<()> {
-    if !is_node_name(name) {
+    if !crate::units::is_node_name(name) {
         return Err(ManifestError::BadName {
             name: name.to_owned(),
         });
@@ -885,10 +877,7 @@ command = ["sh", "-c", "true"]
         };
         assert_eq!(plan.node, WORKLOAD_NODE);
         assert_eq!(plan.setup, SetupSignal::Immediate);
-        assert_eq!(
-            plan.parallel_drivers,
-            crate::up::composer::DEFAULT_PARALLEL_DRIVERS
-        );
+        assert_eq!(plan.parallel_drivers, DEFAULT_PARALLEL_DRIVERS);
         let own = plan.own_node.as_ref().unwrap();
         assert_eq!(own.source, RootSource::Image("/m/t.img".into()));
         assert_eq!(own.command, ["sleep", "infinity"]);

@@ -118,7 +118,7 @@ pub struct SeedsRequest {
     /// Faults added at the branch point of every seed (see
     /// [`crate::branch::BranchRequest::faults`]).
     #[serde(default)]
-    pub faults: Vec<String>,
+    pub faults: Vec<crate::faults::Fault>,
     /// Wall time the guest may run without a VM exit before the run ends
     /// as stalled (host policy, not part of the history).
     #[serde(default)]
@@ -201,7 +201,7 @@ fn restore_branch_point(request: &SeedsRequest) -> Result<Driven, BranchPointErr
 }
 
 /// Re-keys `driven` with `seed`, adds the faults, and runs it to its end.
-fn run_branch(driven: &mut Driven, seed: u64, faults: &[String]) -> BranchOutcome {
+fn run_branch(driven: &mut Driven, seed: u64, faults: &[crate::faults::Fault]) -> BranchOutcome {
     let run = driven
         .rekey(seed)
         .and_then(|()| driven.add_faults(faults))

@@ -9,7 +9,7 @@
 //! shipped files (the only process boundary is the helper VM's).
 
 use run::api::{CheckpointId, Controller, Position, Request, Response, RunId, Until};
-use run::faults::parse_fault;
+use run::faults::Fault;
 use run::manifest;
 use run::moment::Moment;
 use run::streams::Captured;
@@ -180,10 +180,9 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
     //    reach it, and says so with its status.
     assert_eq!(reset(&mut c, &streams, run, checkpoint), at);
     let cut = format!("at={}ns partition n1 | n2", at.virtual_ns.0 + 1_000_000);
-    for fault in parse_fault(&cut).unwrap() {
-        c.handle(Request::InjectFault { run, fault }, &streams)
-            .unwrap();
-    }
+    let fault: Fault = cut.parse().unwrap();
+    c.handle(Request::InjectFault { run, fault }, &streams)
+        .unwrap();
     let partitioned = to_the_end(&mut c, &streams, run);
     assert_eq!(partitioned.exit_status, Some(1));
     assert!(streams.stdout_text().contains("n1 unreachable"));
@@ -255,7 +254,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
         .handle(
             Request::InjectFault {
                 run: restored,
-                fault: parse_fault("at=0s pause n1").unwrap().remove(0),
+                fault: "at=0s pause n1".parse().unwrap(),
             },
             &streams,
         )

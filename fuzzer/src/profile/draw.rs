@@ -4,15 +4,19 @@
 //! ChaCha20 stream, keyed by [`vmm::entropy::stream_key`] under the name
 //! `fault-profile/<category>` (so changing one category's settings never
 //! shifts another's draws), with integer arithmetic only (rates become a
-//! fixed threshold per [`TICK`]), so one seed gives the same texts on every
-//! host.
+//! fixed threshold per [`TICK`]), so one seed gives the same faults on every
+//! host. The draw builds [`FaultAction`]s; their text is the fault
+//! grammar's printer's.
 
 use super::span::Span;
 use super::{FaultProfile, Ppm};
-use devices::switch::Probability;
+use devices::switch::{Links, Probability};
 use devices::VirtNanos;
 use rand_chacha::ChaCha20Rng;
 use rand_core::{RngCore, SeedableRng};
+use run::faults::{
+    DiskFault, Fault, FaultAction, FaultTime, LatencyRange, NetworkFault, NodeFault,
+};
 use std::collections::BTreeMap;
 
 /// The stem of the streams' names (`fault-profile/network`, ...).
@@ -138,12 +142,8 @@ impl<'a> Targets<'a> {
         names.sort_by_key(|n| self.all.iter().position(|a| a == *n));
     }
 
-    fn join(names: &[&String]) -> String {
-        names
-            .iter()
-            .map(|n| n.as_str())
-            .collect::<Vec<_>>()
-            .join(",")
+    fn owned(names: &[&String]) -> Vec<String> {
+        names.iter().map(|n| n.to_string()).collect()
     }
 }
 
@@ -153,12 +153,22 @@ struct Slice<'a> {
     /// Faults end (heal) no later than this offset.
     last: u64,
     lanes: Lanes,
-    /// (offset, text), in the order drawn.
-    faults: Vec<(u64, String)>,
+    /// (offset, fault), in the order drawn.
+    faults: Vec<(u64, Fault)>,
 }
 
-fn time(ns: u64) -> String {
-    VirtNanos(ns).to_string()
+/// `action` `start` after the branch point, lasting `lasting`.
+fn fault(start: u64, action: FaultAction, lasting: Option<u64>) -> (u64, Fault) {
+    let fault = Fault {
+        at: FaultTime::AfterBranch(VirtNanos(start)),
+        action,
+        lasting: lasting.map(VirtNanos),
+    };
+    (start, fault)
+}
+
+fn node_fault(fault: NodeFault) -> FaultAction {
+    FaultAction::Node(fault)
 }
 
 impl Slice<'_> {
@@ -170,29 +180,23 @@ impl Slice<'_> {
     }
 
     /// Adds `action for=d` at `start` if its lanes are free.
-    fn lasting(&mut self, lanes: &[String], start: u64, d: u64, action: String) {
+    fn lasting(&mut self, lanes: &[String], start: u64, d: u64, action: FaultAction) {
         if self.lanes.take(lanes, start, start + d) {
-            self.faults.push((
-                start,
-                format!("at=+{} {action} for={}", time(start), time(d)),
-            ));
+            self.faults.push(fault(start, action, Some(d)));
         }
     }
 
     /// Adds `action` at `start`, then `then` `d` later, if the lanes are free.
-    fn pair(&mut self, lanes: &[String], start: u64, d: u64, action: String, then: String) {
+    fn pair(&mut self, lanes: &[String], start: u64, d: u64, action: NodeFault, then: NodeFault) {
         if self.lanes.take(lanes, start, start + d) {
-            self.faults
-                .push((start, format!("at=+{} {action}", time(start))));
-            self.faults
-                .push((start + d, format!("at=+{} {then}", time(start + d))));
+            self.faults.push(fault(start, node_fault(action), None));
+            self.faults.push(fault(start + d, node_fault(then), None));
         }
     }
 
-    fn instant(&mut self, lanes: &[String], start: u64, action: String) {
+    fn instant(&mut self, lanes: &[String], start: u64, action: NodeFault) {
         if self.lanes.take(lanes, start, start) {
-            self.faults
-                .push((start, format!("at=+{} {action}", time(start))));
+            self.faults.push(fault(start, node_fault(action), None));
         }
     }
 }
@@ -254,9 +258,8 @@ fn lane(kind: &str, node: &str) -> String {
 
 impl FaultProfile {
     /// The faults of one slice of `slice` virtual time after a branch
-    /// point, drawn from `seed`: fault texts with `at=+<offset>` (read them
-    /// with `run::faults::parse_fault_after(text, Some(branch_point))`),
-    /// ordered by offset. `nodes` are the run's nodes in its order;
+    /// point, drawn from `seed`: each `at=+<offset>` from the branch point
+    /// ([`FaultTime::AfterBranch`]), ordered by offset. `nodes` are the run's nodes in its order;
     /// `nodes_with_disks` those with a disk.
     ///
     /// Every fault starts inside the slice and is undone inside it: a
@@ -272,7 +275,7 @@ impl FaultProfile {
         slice: VirtNanos,
         nodes: &[String],
         nodes_with_disks: &[String],
-    ) -> Vec<String> {
+    ) -> Vec<Fault> {
         let eligible: Vec<&String> = nodes.iter().filter(|n| !self.exclude.contains(n)).collect();
         let with_disks = eligible
             .iter()
@@ -303,7 +306,7 @@ impl FaultProfile {
         }
         // Stable: faults at one offset keep the order drawn.
         s.faults.sort_by_key(|(at, _)| *at);
-        s.faults.into_iter().map(|(_, text)| text).collect()
+        s.faults.into_iter().map(|(_, fault)| fault).collect()
     }
 
     fn draw_network(&self, stream: &mut Stream, slice: VirtNanos, s: &mut Slice) {
@@ -337,35 +340,32 @@ impl FaultProfile {
                 }
                 Network::Cut | Network::OneWay => {
                     let (from, to) = two_sides(stream, &s.targets);
-                    let action = match kind {
-                        Network::Cut => format!("cut {from} <-> {to}"),
-                        _ => format!("partition {from} -> {to}"),
+                    let links = Links {
+                        from,
+                        to,
+                        both_ways: matches!(kind, Network::Cut),
                     };
-                    s.lasting(&net, start, d, action);
+                    s.lasting(&net, start, d, network(NetworkFault::Cut(links)));
                 }
-                Network::Bridge => s.lasting(&net, start, d, "bridge".into()),
-                Network::Ring => s.lasting(&net, start, d, "majorities-ring".into()),
+                Network::Bridge => s.lasting(&net, start, d, network(NetworkFault::Bridge)),
+                Network::Ring => s.lasting(&net, start, d, network(NetworkFault::MajoritiesRing)),
                 Network::Slow => {
                     let node = stream.pick(&s.targets.eligible).as_str();
                     let min = stream.duration(p.latency);
                     let max = stream.duration(Span::new(min, p.latency.max));
-                    let latency = Span::new(min, max);
-                    s.lasting(
-                        &[lane("slow", node)],
-                        start,
-                        d,
-                        format!("slow {node} latency={latency}"),
-                    );
+                    let slow = NetworkFault::Slow {
+                        node: node.to_owned(),
+                        latency: Some(LatencyRange { min, max }),
+                    };
+                    s.lasting(&[lane("slow", node)], start, d, network(slow));
                 }
                 Network::Loss => {
                     let node = stream.pick(&s.targets.eligible).as_str();
-                    let loss = loss(stream, p.loss);
-                    s.lasting(
-                        &[lane("loss", node)],
-                        start,
-                        d,
-                        format!("loss {node} {loss}"),
-                    );
+                    let loss = NetworkFault::Loss {
+                        node: node.to_owned(),
+                        loss: Some(loss(stream, p.loss)),
+                    };
+                    s.lasting(&[lane("loss", node)], start, d, network(loss));
                 }
             }
         }
@@ -395,7 +395,10 @@ impl FaultProfile {
                 Node::Pause => {
                     let duration = stream.duration(p.pause);
                     if let Some(d) = s.fit(start, duration) {
-                        s.lasting(&lanes, start, d, format!("pause {node}"));
+                        let pause = NodeFault::Pause {
+                            node: node.to_owned(),
+                        };
+                        s.lasting(&lanes, start, d, node_fault(pause));
                     }
                 }
                 Node::Kill | Node::Crash => {
@@ -403,20 +406,33 @@ impl FaultProfile {
                     let Some(d) = s.fit(start, duration) else {
                         continue;
                     };
-                    let (verb, lanes) = match kind {
-                        Node::Kill => ("kill", lanes.to_vec()),
+                    let name = node.to_owned();
+                    let (down, lanes) = match kind {
+                        // Written without signal= (SIGKILL).
+                        Node::Kill => (
+                            NodeFault::Kill {
+                                node: name,
+                                signal: None,
+                            },
+                            lanes.to_vec(),
+                        ),
                         // A crash unmounts the disk: no fill across it.
-                        _ => ("crash", vec![lanes[0].clone(), lane("full", node)]),
+                        _ => (
+                            NodeFault::Crash { node: name },
+                            vec![lanes[0].clone(), lane("full", node)],
+                        ),
                     };
-                    s.pair(
-                        &lanes,
-                        start,
-                        d,
-                        format!("{verb} {node}"),
-                        format!("restart {node}"),
-                    );
+                    let restart = NodeFault::Restart {
+                        node: node.to_owned(),
+                    };
+                    s.pair(&lanes, start, d, down, restart);
                 }
-                Node::Restart => s.instant(&lanes, start, format!("restart {node}")),
+                Node::Restart => {
+                    let restart = NodeFault::Restart {
+                        node: node.to_owned(),
+                    };
+                    s.instant(&lanes, start, restart);
+                }
             }
         }
     }
@@ -437,9 +453,12 @@ impl FaultProfile {
             match kind {
                 Clock::Step => {
                     let size = stream.duration(p.step).0.min(i64::MAX as u64) as i64;
-                    let by = if backwards { -size } else { size };
-                    let step = run::clock::step_text(by);
-                    s.instant(&[], start, format!("clock {node} {step}"));
+                    let by_ns = if backwards { -size } else { size };
+                    let step = NodeFault::ClockStep {
+                        node: node.to_owned(),
+                        by_ns,
+                    };
+                    s.instant(&[], start, step);
                 }
                 Clock::Drift => {
                     let Ppm(size) = p.drift.min;
@@ -447,13 +466,11 @@ impl FaultProfile {
                     let ppm = if backwards { -size } else { size };
                     let duration = stream.duration(p.duration);
                     if let Some(d) = s.fit(start, duration) {
-                        let rate = run::clock::ppm_text(ppm);
-                        s.lasting(
-                            &[lane("drift", node)],
-                            start,
-                            d,
-                            format!("drift {node} {rate}"),
-                        );
+                        let drift = NodeFault::Drift {
+                            node: node.to_owned(),
+                            ppm,
+                        };
+                        s.lasting(&[lane("drift", node)], start, d, node_fault(drift));
                     }
                 }
             }
@@ -474,16 +491,21 @@ impl FaultProfile {
                 continue;
             };
             let node = stream.pick(&s.targets.with_disks).as_str();
+            let name = node.to_owned();
             let (lanes, action) = match kind {
                 Disk::FsyncDelay => {
                     let delay = stream.duration(p.fsync_delay);
-                    (
-                        [lane("fsync", node)],
-                        format!("disk {node} fsync-delay={delay}"),
-                    )
+                    let fault = DiskFault::FsyncDelay { node: name, delay };
+                    ([lane("fsync", node)], FaultAction::Disk(fault))
                 }
-                Disk::FsyncError => ([lane("fsync", node)], format!("disk {node} fsync-error")),
-                Disk::Full => ([lane("full", node)], format!("disk {node} full")),
+                Disk::FsyncError => (
+                    [lane("fsync", node)],
+                    FaultAction::Disk(DiskFault::FsyncError { node: name }),
+                ),
+                Disk::Full => (
+                    [lane("full", node)],
+                    node_fault(NodeFault::DiskFull { node: name }),
+                ),
             };
             let duration = stream.duration(p.duration);
             if let Some(d) = s.fit(start, duration) {
@@ -495,7 +517,7 @@ impl FaultProfile {
 
 /// `partition` into 2 or 3 random groups of the eligible nodes; each
 /// excluded node joins one of them (never isolated alone).
-fn partition(stream: &mut Stream, targets: &Targets) -> String {
+fn partition(stream: &mut Stream, targets: &Targets) -> FaultAction {
     let mut shuffled = targets.eligible.clone();
     stream.shuffle(&mut shuffled);
     let count = 2 + stream.below(shuffled.len().min(3) as u64 - 1) as usize;
@@ -513,18 +535,22 @@ fn partition(stream: &mut Stream, targets: &Targets) -> String {
             groups[stream.below(count as u64) as usize].push(node);
         }
     }
-    let groups: Vec<String> = groups
+    let groups = groups
         .iter_mut()
         .map(|group| {
             targets.in_run_order(group);
-            Targets::join(group)
+            Targets::owned(group)
         })
         .collect();
-    format!("partition {}", groups.join(" | "))
+    network(NetworkFault::Partition(groups))
+}
+
+fn network(fault: NetworkFault) -> FaultAction {
+    FaultAction::Network(fault)
 }
 
 /// Two disjoint, non-empty random sets of the eligible nodes.
-fn two_sides(stream: &mut Stream, targets: &Targets) -> (String, String) {
+fn two_sides(stream: &mut Stream, targets: &Targets) -> (Vec<String>, Vec<String>) {
     let mut shuffled = targets.eligible.clone();
     stream.shuffle(&mut shuffled);
     let n = shuffled.len() as u64;
@@ -534,7 +560,7 @@ fn two_sides(stream: &mut Stream, targets: &Targets) -> (String, String) {
     let to = &mut rest[..b];
     targets.in_run_order(from);
     targets.in_run_order(to);
-    (Targets::join(from), Targets::join(to))
+    (Targets::owned(from), Targets::owned(to))
 }
 
 /// A loss probability in `span`, in steps of 0.001 where the span holds one.

@@ -385,7 +385,7 @@ impl FaultProfile {
     }
 
     /// Refuses rates outside 0..=[`MAX_RATE`], reversed or empty ranges,
-    /// drift rates beyond [`run::clock::MAX_PPM`], and an enabled category
+    /// drift rates beyond [`run::units::MAX_PPM`], and an enabled category
     /// whose weights are all 0. (Unknown keys and kinds, and probabilities
     /// outside 0..=1, are refused when the TOML is read.)
     pub fn validate(&self) -> Result<(), ProfileError> {
@@ -440,13 +440,13 @@ impl FaultProfile {
             ));
         }
         check_span("clock.drift", &c.drift)?;
-        if c.drift.max.0 > run::clock::MAX_PPM.unsigned_abs() {
+        if c.drift.max.0 > run::units::MAX_PPM.unsigned_abs() {
             return Err(invalid(
                 "clock.drift",
                 format!(
                     "{}: beyond the largest drift, {}ppm",
                     c.drift,
-                    run::clock::MAX_PPM
+                    run::units::MAX_PPM
                 ),
             ));
         }

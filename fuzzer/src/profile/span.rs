@@ -132,7 +132,7 @@ impl Bound for Ppm {
         if text.starts_with('-') {
             return Err("a magnitude, without a sign (the sign is drawn)".into());
         }
-        let ppm = run::clock::parse_ppm(text).map_err(|e| e.to_string())?;
+        let ppm = run::units::parse_ppm(text).map_err(|e| e.to_string())?;
         Ok(Ppm(ppm.unsigned_abs()))
     }
 

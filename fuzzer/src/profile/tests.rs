@@ -1,6 +1,6 @@
 use super::*;
 use proptest::prelude::*;
-use run::faults::{parse_fault_after, Fault, FaultAction, NetworkFault, NodeFault};
+use run::faults::{Fault, FaultAction, NetworkFault, NodeFault, ScheduledFault};
 
 fn names(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
@@ -10,12 +10,20 @@ fn secs(s: u64) -> VirtNanos {
     VirtNanos::from_secs(s)
 }
 
-/// Every fault of a draw's texts, parsed at branch point 0.
-fn parse_all(texts: &[String]) -> Vec<Fault> {
-    texts
+/// Every action of a draw's faults, scheduled at branch point 0.
+fn schedule_all(faults: &[Fault]) -> Vec<ScheduledFault> {
+    faults
         .iter()
-        .flat_map(|t| parse_fault_after(t, Some(VirtNanos(0))).unwrap_or_else(|e| panic!("{e}")))
+        .flat_map(|f| {
+            f.scheduled(Some(VirtNanos(0)))
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
         .collect()
+}
+
+/// A draw's faults as their texts.
+fn texts(faults: &[Fault]) -> Vec<String> {
+    faults.iter().map(Fault::to_string).collect()
 }
 
 /// The error chain of a refused profile.
@@ -188,14 +196,10 @@ fn test_one_seed_draws_the_same_faults_and_two_seeds_differ() {
     // Changing one category never moves another's draws.
     let mut quieter = profile.clone();
     quieter.clock.rate = 0.0;
-    let network = |texts: Vec<String>| -> Vec<String> {
-        texts
+    let network = |faults: Vec<Fault>| -> Vec<Fault> {
+        faults
             .into_iter()
-            .filter(|t| {
-                parse_all(std::slice::from_ref(t))
-                    .iter()
-                    .all(|f| matches!(f.action, FaultAction::Network(_)))
-            })
+            .filter(|f| matches!(f.action, FaultAction::Network(_)))
             .collect()
     };
     assert_eq!(
@@ -214,7 +218,7 @@ fn test_the_rate_is_faults_per_virtual_second() {
     profile.clock.rate = 2.0;
     profile.clock.weights = ClockWeights { step: 1, drift: 0 };
     let nodes = names(&["n1", "n2"]);
-    let texts = profile.draw(5, secs(1000), &nodes, &[]);
+    let texts = texts(&profile.draw(5, secs(1000), &nodes, &[]));
     // Expected 2000, standard deviation about 45.
     assert!((1800..2200).contains(&texts.len()), "{}", texts.len());
     assert!(texts.iter().all(|t| t.contains(" clock n")));
@@ -247,8 +251,7 @@ fn test_weights_excludes_and_disks_decide_what_is_drawn() {
     };
     let nodes = names(&["n1", "n2", "n3", "workload"]);
     let disks = names(&["n2"]);
-    let texts = profile.draw(11, secs(300), &nodes, &disks);
-    let faults = parse_all(&texts);
+    let faults = schedule_all(&profile.draw(11, secs(300), &nodes, &disks));
     let mut kinds = std::collections::BTreeSet::new();
     for fault in &faults {
         match &fault.action {
@@ -287,14 +290,14 @@ fn test_weights_excludes_and_disks_decide_what_is_drawn() {
         ["crash", "disk", "node", "partition", "slow"]
     );
     // No disks: no disk faults and no crashes.
-    let texts = profile.draw(11, secs(300), &nodes, &[]);
+    let texts = texts(&profile.draw(11, secs(300), &nodes, &[]));
     assert!(texts
         .iter()
         .all(|t| !t.contains(" disk ") && !t.contains(" crash ")));
     // Every node excluded: only faults naming no node.
     profile.exclude = nodes.clone();
     profile.network.weights.bridge = 1;
-    let faults = parse_all(&profile.draw(11, secs(300), &nodes, &disks));
+    let faults = schedule_all(&profile.draw(11, secs(300), &nodes, &disks));
     assert!(!faults.is_empty());
     assert!(
         faults.iter().all(|f| f.action.nodes().is_empty()),
@@ -308,8 +311,7 @@ fn test_faults_of_one_lane_never_overlap_and_kills_restart() {
     profile.network.rate = 3.0;
     profile.node.rate = 3.0;
     let nodes = names(&["a", "b", "c"]);
-    let texts = profile.draw(3, secs(200), &nodes, &names(&["a"]));
-    let faults = parse_all(&texts);
+    let faults = schedule_all(&profile.draw(3, secs(200), &nodes, &names(&["a"])));
     // The network's topology: each partition-like fault is healed before
     // the next starts.
     let mut blocked = false;
@@ -339,7 +341,13 @@ fn test_faults_of_one_lane_never_overlap_and_kills_restart() {
                 );
             }
             FaultAction::Node(NodeFault::Resume { node }) => assert!(paused.remove(node)),
-            FaultAction::Node(NodeFault::Kill { node, signal: 9 } | NodeFault::Crash { node }) => {
+            FaultAction::Node(
+                NodeFault::Kill {
+                    node,
+                    signal: Some(9),
+                }
+                | NodeFault::Crash { node },
+            ) => {
                 assert!(
                     !paused.contains(node) && down.insert(node.clone()),
                     "{fault}"
@@ -399,10 +407,13 @@ proptest! {
             *rate_of = rate;
         }
         let slice = VirtNanos(slice_ms * 1_000_000);
-        let texts = profile.draw(seed, slice, &nodes, &disks);
-        prop_assert_eq!(&profile.draw(seed, slice, &nodes, &disks), &texts);
-        for text in &texts {
-            let faults = parse_fault_after(text, Some(VirtNanos(0)));
+        let drawn = profile.draw(seed, slice, &nodes, &disks);
+        prop_assert_eq!(&profile.draw(seed, slice, &nodes, &disks), &drawn);
+        for written in &drawn {
+            // Its text (what a campaign's database holds) reads back as it.
+            let text = written.to_string();
+            prop_assert_eq!(&text.parse::<Fault>().unwrap(), written, "{}", text);
+            let faults = written.scheduled(Some(VirtNanos(0)));
             prop_assert!(faults.is_ok(), "{}: {:?}", text, faults);
             for fault in faults.unwrap() {
                 prop_assert!(fault.at < slice, "{} ends after the slice", text);
@@ -417,4 +428,31 @@ proptest! {
             }
         }
     }
+}
+
+/// Drawn faults print as the draw before faults were typed wrote them
+/// (every category, seeds 1 to 4, a path as a campaign's database and
+/// findings hold it): the same seed draws the same faults, byte for byte.
+#[test]
+fn test_draws_serialize_as_the_build_before_typed_faults() {
+    let mut profile = FaultProfile::default();
+    profile.exclude.clear();
+    profile.network.rate = 3.0;
+    profile.node.rate = 3.0;
+    profile.clock.enabled = true;
+    profile.clock.rate = 3.0;
+    profile.disk.enabled = true;
+    profile.disk.rate = 3.0;
+    profile.network.enabled = true;
+    profile.node.enabled = true;
+    let nodes = names(&["n1", "n2", "n3", "n4"]);
+    let disks = names(&["n1", "n2"]);
+    let mut path = crate::step::Path::default();
+    for seed in 1..=4 {
+        let faults = profile.draw(seed, secs(4), &nodes, &disks);
+        path = path.child(seed, faults, 4_000_000_000);
+    }
+    let json = serde_json::to_string(&path).unwrap();
+    assert_eq!(json, include_str!("testdata/drawn_path.json").trim_end());
+    assert_eq!(crate::step::Path::from_json(&json).unwrap(), path);
 }

@@ -130,7 +130,8 @@ pub(super) fn parse_disk(args: &[&str]) -> Result<FaultAction, ActionError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{parse_fault, Fault};
+    use super::super::tests::parse_fault;
+    use super::super::ScheduledFault;
     use super::*;
 
     #[test]
@@ -142,7 +143,8 @@ mod tests {
         let crash = parse_fault("at=4s crash n1").unwrap();
 
         // Assert
-        let texts = |faults: &[Fault]| faults.iter().map(|f| f.to_string()).collect::<Vec<_>>();
+        let texts =
+            |faults: &[ScheduledFault]| faults.iter().map(|f| f.to_string()).collect::<Vec<_>>();
         assert_eq!(
             texts(&delay),
             ["at=1s disk n1 fsync-delay=500ms", "at=11s disk n1 fsync-ok"]

@@ -12,7 +12,7 @@
 //! `free`, `fsync-ok`, `0ppm`; `for=` writes that one), or to the end of
 //! the run. A clock step takes none.
 
-use super::{DiskFault, Fault, FaultAction, FaultError, NetworkFault, NodeFault};
+use super::{DiskFault, FaultAction, FaultError, NetworkFault, NodeFault, ScheduledFault};
 use std::collections::BTreeMap;
 
 /// What an action does to a lane.
@@ -97,11 +97,11 @@ fn ends(begin: &FaultAction, end: &FaultAction) -> bool {
 
 /// Refuses two faults of `faults` (in time order, as [`super::schedule`]
 /// gives them) that overlap on one lane, naming both and the lane.
-pub fn check_lanes(faults: &[Fault]) -> Result<(), FaultError> {
-    let mut taken: BTreeMap<String, &Fault> = BTreeMap::new();
+pub fn check_lanes(faults: &[ScheduledFault]) -> Result<(), FaultError> {
+    let mut taken: BTreeMap<String, &ScheduledFault> = BTreeMap::new();
     for fault in faults {
         for (lane, effect) in lanes(&fault.action) {
-            let overlap = |first: &Fault| FaultError::Overlap {
+            let overlap = |first: &ScheduledFault| FaultError::Overlap {
                 first: Box::new(first.clone()),
                 second: Box::new(fault.clone()),
                 lane: lane.clone(),
@@ -131,12 +131,11 @@ pub fn check_lanes(faults: &[Fault]) -> Result<(), FaultError> {
 
 #[cfg(test)]
 mod tests {
-    use crate::faults::{schedule, FaultError};
+    use crate::faults::{parse_faults, schedule, FaultError};
 
     fn scheduled(texts: &[&str]) -> Result<(), FaultError> {
         let nodes = ["n1".to_string(), "n2".into(), "n3".into()];
-        let texts: Vec<String> = texts.iter().map(|t| t.to_string()).collect();
-        schedule(&texts, &nodes).map(drop)
+        schedule(&parse_faults(texts)?, &nodes).map(drop)
     }
 
     /// The overlaps the issue names (a pause inside a pause, a kill during

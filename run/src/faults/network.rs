@@ -20,7 +20,7 @@
 //! with `heal`, `cut A <-> B` with `heal A <-> B`, `slow`/`loss` with their
 //! `off`.
 
-use super::{FaultError, NetworkFault};
+use super::FaultError;
 use devices::switch::{Fault as SwitchFault, Links, Probability};
 use devices::{LatencyDist, PortId, VirtNanos};
 use std::fmt;
@@ -65,6 +65,34 @@ pub enum NetworkActionError {
     LatencyNotSlow,
     #[error("loss {text}: not a probability (a number in 0..=1)")]
     Probability { text: String },
+}
+
+/// A change of the simulated network.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NetworkFault {
+    /// Groups of node names that can talk among themselves only.
+    Partition(Vec<Vec<String>>),
+    Heal,
+    /// `cut A <-> B` (both ways) or `partition A -> B` (one way): those
+    /// links are blocked, every other link stays as it is.
+    Cut(Links<String>),
+    /// `heal A <-> B`, `heal A -> B`: those links are unblocked.
+    HealLinks(Links<String>),
+    /// Jepsen's `bridge` over every node, in the run's order.
+    Bridge,
+    /// Jepsen's `majorities-ring` over every node, in the run's order.
+    MajoritiesRing,
+    /// Every link to and from `node` takes this latency (`None`: its own again).
+    Slow {
+        node: String,
+        latency: Option<LatencyRange>,
+    },
+    /// Every link to and from `node` loses frames with this probability
+    /// (`None`: its own again).
+    Loss {
+        node: String,
+        loss: Option<devices::switch::Probability>,
+    },
 }
 
 type Result<T, E = NetworkActionError> = std::result::Result<T, E>;
@@ -435,7 +463,8 @@ impl fmt::Display for NetworkFault {
 
 #[cfg(test)]
 pub(super) mod tests {
-    use super::super::{parse_fault, Fault, FaultAction};
+    use super::super::tests::parse_fault;
+    use super::super::{FaultAction, ScheduledFault};
     use super::*;
     use proptest::prelude::*;
 
@@ -652,14 +681,14 @@ pub(super) mod tests {
 
         #[test]
         fn prop_undo_of_a_timed_fault_prints_back(at in 0u64..(1 << 40), fault in link_fault()) {
-            let fault = Fault { at: VirtNanos(at), action: FaultAction::Network(fault) };
+            let fault = ScheduledFault { at: VirtNanos(at), action: FaultAction::Network(fault) };
             let text = format!("{fault} for=1s");
             let parsed = parse_fault(&text);
             match &fault.action {
                 FaultAction::Network(n) if n.undo().is_some() => {
                     let parsed = parsed.unwrap();
                     prop_assert_eq!(&parsed[0], &fault);
-                    prop_assert_eq!(parsed[1].to_string().parse::<Fault>().unwrap(), parsed[1].clone());
+                    prop_assert_eq!(parse_fault(&parsed[1].to_string()).unwrap(), vec![parsed[1].clone()]);
                 }
                 _ => prop_assert!(parsed.is_err()),
             }

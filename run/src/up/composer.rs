@@ -92,9 +92,6 @@ impl std::fmt::Display for CommandKind {
 /// Files starting with this are the template's helpers, never run.
 pub const HELPER_PREFIX: &str = "helper_";
 
-/// The most `parallel_driver_` runs at once unless the manifest says.
-pub const DEFAULT_PARALLEL_DRIVERS: u32 = 3;
-
 /// Why a template cannot be run.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TemplateError {

@@ -662,7 +662,7 @@ pub fn run_status(conductor: &Conductor, stop: vmm::exit::StopReason) -> u8 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::faults::schedule;
+    use crate::faults::{parse_faults, schedule};
     use crate::manifest::{NodePlan, RootSource};
     use crate::up::node_root;
     use std::collections::BTreeMap;
@@ -682,9 +682,8 @@ pub(crate) mod tests {
 
     pub(crate) fn conductor(workload: Option<WorkloadPlan>, faults: &[&str]) -> Conductor {
         let names = vec!["n1".to_string(), "n2".to_string()];
-        let faults: Vec<String> = faults.iter().map(|s| s.to_string()).collect();
         let mut c = Conductor::new(vec![spec("n1"), spec("n2")], workload);
-        for fault in schedule(&faults, &names).unwrap() {
+        for fault in schedule(&parse_faults(faults).unwrap(), &names).unwrap() {
             let FaultAction::Node(node_fault) = fault.action else {
                 panic!("{fault}: the switch's, not the conductor's");
             };

@@ -5,7 +5,7 @@
 
 use super::OutputError;
 use super::{Conductor, Note, OutputSink, ShellEvent, UpEvent, UpOutput, WORKLOAD_LOG};
-use crate::faults::{DiskFault, Fault, FaultAction, FaultError, NetworkFault, NodeFault};
+use crate::faults::{DiskFault, FaultAction, FaultError, NetworkFault, NodeFault, ScheduledFault};
 use crate::records::{GuestRecord, RecordBody, RecordLog};
 use devices::switch::Fault as SwitchFault;
 use devices::virtio::{DiskCommand, ScheduledDiskCommand};
@@ -123,7 +123,7 @@ impl UpDriver {
     pub fn start(
         session: &mut vmm::vm::Session,
         conductor: Conductor,
-        faults: &[Fault],
+        faults: &[ScheduledFault],
         node_names: &[String],
         output: UpOutput,
     ) -> Result<Self> {
@@ -163,7 +163,7 @@ impl UpDriver {
     /// Adds `fault` to the run from now on: network faults go to the
     /// switch's schedule, node faults to the conductor's. A fault before
     /// `now`, or naming no node of the run, is refused.
-    pub fn inject(&mut self, session: &mut vmm::vm::Session, fault: Fault) -> Result<()> {
+    pub fn inject(&mut self, session: &mut vmm::vm::Session, fault: ScheduledFault) -> Result<()> {
         let now = session.now();
         if fault.at < now {
             return Err(DriveError::BeforePresent {
@@ -586,7 +586,7 @@ impl Persist for UpDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::faults::schedule;
+    use crate::faults::{parse_faults, schedule};
     use crate::up::conductor::tests::{boot, conductor, in_node, started};
     use devices::{LatencyDist, NetworkConfig, Persist};
     use std::cell::RefCell;
@@ -657,7 +657,12 @@ mod tests {
             switch.add_port(*port, [2, 0, 0, 0, 0, i as u8]);
         }
         // What `inject` puts on the switch for `at=3s partition n1 | n2 for=1s`.
-        for fault in schedule(&["at=3s partition n1 | n2 for=1s".into()], &names).unwrap() {
+        for fault in schedule(
+            &parse_faults(&["at=3s partition n1 | n2 for=1s"]).unwrap(),
+            &names,
+        )
+        .unwrap()
+        {
             let FaultAction::Network(network) = fault.action else {
                 unreachable!()
             };

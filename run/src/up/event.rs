@@ -170,8 +170,8 @@ impl std::fmt::Display for UpEvent {
             } => write!(
                 f,
                 "node {node} clock: realtime offset {}, drift {}",
-                crate::clock::step_text(*offset_ns),
-                crate::clock::ppm_text(*rate_ppm)
+                crate::units::step_text(*offset_ns),
+                crate::units::ppm_text(*rate_ppm)
             ),
             UpEvent::Fault { action } => write!(f, "fault: {action}"),
             UpEvent::AgentError { context, message } => write!(f, "agent: {context}: {message}"),

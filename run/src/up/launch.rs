@@ -6,7 +6,7 @@ use super::{assemble, Conductor, OutputSink, UpDriver, UpEvent, UpOutput};
 use super::{DriveError, OutputError};
 use crate::audit::compare_runs;
 use crate::driven::{Driven, DrivenError};
-use crate::faults::{schedule, Fault, FaultAction, FaultError, NodeFault};
+use crate::faults::{schedule, Fault, FaultAction, FaultError, NodeFault, ScheduledFault};
 use crate::guest::{self, GuestImageError};
 use crate::manifest::{Manifest, WorkloadPlan};
 use crate::outcome::{stepped_note, RunSummary};
@@ -152,28 +152,28 @@ pub struct PreparedUp {
     pub rtc_epoch_unix_secs: i64,
     pub ram_bytes: u64,
     /// Every fault, in time order.
-    pub faults: Vec<Fault>,
+    pub faults: Vec<ScheduledFault>,
     /// The disks of the nodes that have one, in manifest order.
     #[serde(default)]
     pub disks: Vec<vmm::vm::DiskSpec>,
 }
 
 /// Assembles `manifest`'s guest and schedules its faults plus `extra_faults`
-/// (`--fault` texts). `ram_bytes` overrides the manifest's `machine.mem`.
+/// (`--fault`s). `ram_bytes` overrides the manifest's `machine.mem`.
 pub fn prepare(
     manifest: &Manifest,
-    extra_faults: &[String],
+    extra_faults: &[Fault],
     ram_bytes: Option<u64>,
     kernel: Option<&Path>,
 ) -> Result<PreparedUp, PrepareError> {
     let node_names = manifest.node_names();
-    let fault_texts: Vec<String> = manifest
+    let all: Vec<Fault> = manifest
         .faults
         .iter()
         .chain(extra_faults)
         .cloned()
         .collect();
-    let faults = schedule(&fault_texts, &node_names)?;
+    let faults = schedule(&all, &node_names)?;
     if let Some(WorkloadPlan::OwnNode(node)) = &manifest.workload {
         if let Some(fault) = faults.iter().find(|f| {
             // Its clock may change; its processes are the run's end.
