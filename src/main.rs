@@ -120,8 +120,8 @@ struct BranchArgs {
     /// A fault added at the branch point of an `up` snapshot, e.g.
     /// 'at=+2s partition n1 | n2,n3 for=10s' (`+`: after the branch point;
     /// without it, a virtual time since boot). Repeatable.
-    #[arg(long = "fault")]
-    faults: Vec<String>,
+    #[arg(long = "fault", value_parser = run::faults::parse_fault_flag)]
+    faults: Vec<run::faults::Fault>,
     /// Take snapshots of the branch too.
     #[command(flatten)]
     snapshots: SnapshotArgs,
@@ -447,7 +447,8 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
 fn cmd_branch(args: BranchArgs) -> Result<u8> {
     // Checked against the snapshot's files before anything starts: the
     // grammar, the nodes, the branch point and the lanes.
-    let faults = run::branch::check_faults(&args.spec, &args.faults)?;
+    run::branch::check_faults(&args.spec, &args.faults)?;
+    let faults = args.faults;
     let until = args.until;
     if let Some(range) = &args.seeds {
         let request = run::seeds::SeedsRequest {

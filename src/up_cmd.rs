@@ -25,8 +25,8 @@ pub struct UpRunArgs {
     pub until: Option<vmm::VirtNanos>,
     /// A fault, e.g. 'at=10s partition n1 | n2,n3 for=15s' or 'at=30s pause n2 for=5s'
     /// (repeatable; added to the manifest's `faults`).
-    #[arg(long = "fault")]
-    faults: Vec<String>,
+    #[arg(long = "fault", value_parser = run::faults::parse_fault_flag)]
+    faults: Vec<run::faults::Fault>,
     /// Guest RAM (e.g. 1G), overriding the manifest's machine.mem.
     #[arg(long)]
     mem: Option<units::ByteSize>,
@@ -52,24 +52,14 @@ impl UpRunArgs {
             .transpose()
             .context("--mem")?;
         let manifest = manifest::load(&self.manifest)?;
-        let faults = run::faults::parse_faults(&self.faults)?;
         if let Some(until) = self.until {
-            // A --fault past the end was typed for this run: refused. The
-            // manifest's are the scenario's, and a shorter run looks at its
-            // beginning: each one it will not reach is said, once.
-            run::faults::check_until(&faults, until)?;
-            for fault in &manifest.faults {
-                match run::faults::check_until(std::slice::from_ref(fault), until) {
-                    Err(never @ run::faults::FaultError::NeverFires { .. }) => {
-                        eprintln!("detvisor: note: the manifest's {never}");
-                    }
-                    other => other?,
-                }
+            for unreached in run::faults::check_run_end(&self.faults, &manifest.faults, until)? {
+                eprintln!("detvisor: note: the manifest's {unreached}");
             }
         }
         Ok(run::up::prepare(
             &manifest,
-            &faults,
+            &self.faults,
             ram_bytes,
             self.kernel.as_deref(),
         )?)

@@ -2,7 +2,7 @@
 //! the moment restored and replayed exactly, optionally re-keyed, run on to
 //! its end (taking snapshots of the branch too, if asked).
 
-use crate::faults::{parse_faults, Fault};
+use crate::faults::Fault;
 use crate::moment::Moment;
 use crate::outcome::RunSummary;
 use crate::snapshots::{self, NodeOutput, SnapshotPlan, Snapshotter};
@@ -134,17 +134,15 @@ struct Nodes {
     node_names: Vec<String>,
 }
 
-/// Parses `branch MOMENT --fault` texts and checks them against the
-/// snapshot `moment` is restored from, from its files alone (before any helper VM
-/// starts or any exit is replayed): it is an `up` run's, every node named
-/// is one of its nodes, no fault is before the branch point (at the
-/// earliest the snapshot's time, or the time `DIR@<time>` names), and no
-/// two faults overlap on a lane ([`crate::faults::check_lanes`]). The
-/// faults, for a [`BranchRequest`] or a seeds request.
-pub fn check_faults(moment: &Moment, texts: &[String]) -> Result<Vec<Fault>, BranchFaultsError> {
-    let faults = parse_faults(texts).map_err(BranchFaultsError::Fault)?;
+/// Checks `branch MOMENT --fault` faults against the snapshot `moment` is
+/// restored from, from its files alone (before any helper VM starts or any
+/// exit is replayed): it is an `up` run's, every node named is one of its
+/// nodes, no fault is before the branch point (at the earliest the
+/// snapshot's time, or the time `DIR@<time>` names), and no two faults
+/// overlap on a lane ([`crate::faults::check_lanes`]).
+pub fn check_faults(moment: &Moment, faults: &[Fault]) -> Result<(), BranchFaultsError> {
     let Some(first) = faults.first() else {
-        return Ok(faults);
+        return Ok(());
     };
     let resolved = snapshots::resolve(moment)?;
     let (meta, saved): (snapshot::SnapshotMeta, NodesOnly) =
@@ -160,7 +158,7 @@ pub fn check_faults(moment: &Moment, texts: &[String]) -> Result<Vec<Fault>, Bra
         _ => meta.virtual_ns,
     };
     let mut all = Vec::new();
-    for fault in &faults {
+    for fault in faults {
         fault
             .check_nodes(&up.node_names)
             .map_err(BranchFaultsError::Fault)?;
@@ -181,5 +179,5 @@ pub fn check_faults(moment: &Moment, texts: &[String]) -> Result<Vec<Fault>, Bra
     }
     all.sort_by_key(|f| f.at);
     crate::faults::check_lanes(&all).map_err(BranchFaultsError::Fault)?;
-    Ok(faults)
+    Ok(())
 }

@@ -60,7 +60,7 @@ pub use disk::{DiskActionError, DiskFault};
 pub use error::{ActionError, FaultError, FaultTextError, FaultTimeError};
 pub use lanes::check_lanes;
 pub use network::{LatencyRange, NetworkActionError, NetworkFault};
-pub use until::check_until;
+pub use until::{check_run_end, check_until};
 
 use devices::VirtNanos;
 use serde::{Deserialize, Serialize};
@@ -186,6 +186,13 @@ impl From<ScheduledFault> for Fault {
 /// `FromStr`.
 pub fn parse_faults(texts: &[impl AsRef<str>]) -> Result<Vec<Fault>, FaultError> {
     texts.iter().map(|text| text.as_ref().parse()).collect()
+}
+
+/// One fault of a command line (`--fault`), its error the whole chain of
+/// causes as one line: a flag parser shows a value's error without its
+/// sources.
+pub fn parse_fault_flag(text: &str) -> Result<Fault, String> {
+    text.parse::<Fault>().map_err(|e| crate::chain(&e))
 }
 
 /// The schedule of a run from boot: every fault's actions ordered by time

@@ -23,6 +23,26 @@ pub fn check_until(faults: &[Fault], until: VirtNanos) -> Result<(), FaultError>
     Ok(())
 }
 
+/// `up --until`'s faults: a `--fault` (`typed`) past the end was typed
+/// for this run and is refused; the manifest's are the scenario's, and a
+/// shorter run looks at its beginning, so each one it will not reach is
+/// returned, for the caller to say once.
+pub fn check_run_end(
+    typed: &[Fault],
+    manifest: &[Fault],
+    until: VirtNanos,
+) -> Result<Vec<FaultError>, FaultError> {
+    check_until(typed, until)?;
+    let mut unreached = Vec::new();
+    for fault in manifest {
+        match check_until(std::slice::from_ref(fault), until) {
+            Err(never @ FaultError::NeverFires { .. }) => unreached.push(never),
+            other => other?,
+        }
+    }
+    Ok(unreached)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::parse_faults;
@@ -43,5 +63,27 @@ mod tests {
         assert!(check_until(&faults(&["at=1s heal"]), until).is_err());
         let relative = check_until(&faults(&["at=+1s heal"]), until).unwrap_err();
         assert!(matches!(relative, FaultError::Time { .. }), "{relative}");
+    }
+
+    /// The manifest's faults past the end are returned to be said; a
+    /// `--fault` past it is refused.
+    #[test]
+    fn test_the_manifests_faults_past_the_end_are_said_and_typed_ones_refused() {
+        let faults = |t: &[&str]| parse_faults(t).unwrap();
+        let until = VirtNanos::from_secs(1);
+        let said = check_run_end(
+            &faults(&["at=500ms heal"]),
+            &faults(&["at=50s pause n1", "at=200ms heal", "at=2s heal"]),
+            until,
+        )
+        .unwrap();
+        let said: Vec<String> = said.iter().map(ToString::to_string).collect();
+        assert_eq!(said.len(), 2, "{said:?}");
+        assert!(said[0].starts_with("fault \"at=50s pause n1\": the run ends at 1s"));
+        let refused = check_run_end(&faults(&["at=5s heal"]), &[], until).unwrap_err();
+        assert!(
+            matches!(refused, FaultError::NeverFires { .. }),
+            "{refused}"
+        );
     }
 }
