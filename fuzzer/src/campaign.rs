@@ -316,10 +316,7 @@ fn plan(place: Place, prepared: &PreparedUp, workers: u32) -> Result<Plan> {
                 // later: what the helper VM holds is the run's.
                 let mut request = Request::BootUp {
                     prepared: prepared.clone(),
-                    options: UpOptions {
-                        runs: 1,
-                        ..UpOptions::default()
-                    },
+                    options: UpOptions::new(0),
                 };
                 needs.push(helper_vm::client::needs(&mut request)?);
                 if let Request::BootUp { prepared, .. } = request {

@@ -32,17 +32,8 @@ type Result<T, E = SessionError> = std::result::Result<T, E>;
 /// with node logs): quiet, held, seeded by the campaign.
 pub(crate) fn boot_options(spec: &CampaignSpec, logs: Option<&Path>) -> UpOptions {
     UpOptions {
-        seed: spec.seed,
-        until: None,
-        runs: 1,
         logs: logs.map(Path::to_path_buf),
-        stream_output: false,
-        snapshots: None,
-        stall_timeout: Default::default(),
-        pcap: None,
-        trace: None,
-        records: None,
-        exit_path: Default::default(),
+        ..UpOptions::new(spec.seed)
     }
 }
 
