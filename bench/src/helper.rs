@@ -7,7 +7,6 @@
 //! helper VM took to start, to answer and to shut down is the [`Session`].
 
 use anyhow::{bail, Context, Result};
-use std::ffi::OsString;
 use std::fs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -19,7 +18,7 @@ use crate::report::{Session, WorkerReport};
 use crate::serve::{BenchCall, BenchReply};
 use crate::snapshot_worker::SnapWorkerReport;
 use crate::stats::ms;
-use helper_vm::{HelperVm, HelperVmConfig, PayloadFile};
+use helper_vm::{HelperVm, PayloadFile};
 
 /// Extra time allowed for a helper VM to boot and shut down.
 pub const HELPER_VM_ALLOWANCE: Duration = Duration::from_secs(300);
@@ -99,14 +98,6 @@ impl HelperLaunch {
         announce: &str,
         calls: impl FnOnce(&mut HelperVm) -> Result<T>,
     ) -> Result<T> {
-        let mut config = HelperVmConfig {
-            assets_dir: helper_vm::ensure_assets(None)?,
-            memory_mib: self.memory_mib,
-            shared_dirs: self.shared_dirs,
-            ..HelperVmConfig::default()
-        };
-        config.shared_dirs.sort();
-        config.shared_dirs.dedup();
         let files: Vec<PayloadFile> = self
             .files
             .into_iter()
@@ -115,13 +106,16 @@ impl HelperLaunch {
                 payload_name,
             })
             .collect();
-        let exe = std::env::current_exe().context("locating the detvisor executable")?;
-        let args: [OsString; 2] = ["bench".into(), "serve-channel".into()];
         if !announce.is_empty() {
             crate::say!("{announce}");
         }
         let started = Instant::now();
-        let mut vm = HelperVm::start(&config, &exe, &args, &files)?;
+        let mut vm = helper_vm::client::start_serving(
+            &["bench", "serve-channel"],
+            self.memory_mib,
+            self.shared_dirs,
+            &files,
+        )?;
         session.boot_ms = Some(ms(started.elapsed()));
         if let Ok(BenchReply::Uptime(uptime)) = call_vm(&mut vm, &BenchCall::Uptime) {
             session.l1_uptime_at_payload_s = uptime;

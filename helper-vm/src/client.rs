@@ -346,6 +346,32 @@ pub enum RemoteError {
     Start(#[from] crate::StartError),
 }
 
+/// Starts a helper VM whose payload is this executable run with `args`
+/// (a hidden verb that serves calls on the channel: the run API's
+/// `serve-channel`, the benchmarks' `bench serve-channel`), with `files`
+/// shipped in and `shared_dirs` shared at their own paths; `memory_mib` 0
+/// is the helper VM's default.
+pub fn start_serving(
+    args: &[&str],
+    memory_mib: u32,
+    mut shared_dirs: Vec<PathBuf>,
+    files: &[PayloadFile],
+) -> Result<HelperVm, RemoteError> {
+    shared_dirs.sort();
+    shared_dirs.dedup();
+    let mut config = HelperVmConfig {
+        assets_dir: crate::ensure_assets(None)?,
+        shared_dirs,
+        ..HelperVmConfig::default()
+    };
+    if memory_mib > 0 {
+        config.memory_mib = memory_mib;
+    }
+    let exe = std::env::current_exe().map_err(RemoteError::Executable)?;
+    let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+    Ok(HelperVm::start(&config, &exe, &args, files)?)
+}
+
 /// A helper VM serving run requests (`detvisor serve-channel`).
 pub struct Remote {
     vm: HelperVm,
@@ -359,19 +385,12 @@ impl Remote {
         eprintln!(
             "detvisor: running inside a helper VM (QEMU TCG with nested SVM) because {reason}"
         );
-        let mut config = HelperVmConfig {
-            assets_dir: crate::ensure_assets(None)?,
-            shared_dirs: needs.shared_dirs,
-            ..HelperVmConfig::default()
-        };
-        if needs.memory_mib > 0 {
-            config.memory_mib = needs.memory_mib;
-        }
-        config.shared_dirs.sort();
-        config.shared_dirs.dedup();
-        let exe = std::env::current_exe().map_err(RemoteError::Executable)?;
-        let args: [OsString; 1] = ["serve-channel".into()];
-        let vm = HelperVm::start(&config, &exe, &args, &needs.files)?;
+        let vm = start_serving(
+            &["serve-channel"],
+            needs.memory_mib,
+            needs.shared_dirs,
+            &needs.files,
+        )?;
         Ok(Remote {
             vm,
             _staging: needs.staging,
