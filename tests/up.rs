@@ -267,7 +267,7 @@ command = ["sh", "-c", "head -c 300000 /dev/zero | tr '\\0' a; echo; echo done"]
 "#;
 
 /// A node that prints 300,000 bytes without a newline: the host prints
-/// them in pieces of at most 64 KiB (`run::up::output::MAX_LINE`), each on
+/// them in pieces of at most 64 KiB (`MAX_LINE` in `run/src/conversation/output.rs`), each on
 /// a line of its own, holds no more than that, and the node's log keeps the
 /// raw bytes; the run ends as usual.
 #[test]

@@ -4,6 +4,7 @@
 
 use crate::bus::BusError;
 use thiserror::Error;
+use virtio_bindings::virtio_blk::VIRTIO_BLK_ID_BYTES;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DevicesError {
@@ -20,7 +21,14 @@ pub enum DevicesError {
     #[error(transparent)]
     Bus(#[from] BusError),
     #[error(transparent)]
-    DiskSerial(crate::virtio::blk::SerialError),
+    DiskSerial(SerialError),
     #[error("no disk {disk} is attached")]
     NoSuchDisk { disk: usize },
+}
+
+/// Why a disk's serial cannot be used.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("a disk serial has at most {VIRTIO_BLK_ID_BYTES} ASCII bytes, {serial:?} does not")]
+pub struct SerialError {
+    pub serial: String,
 }

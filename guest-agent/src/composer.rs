@@ -1,6 +1,6 @@
 //! The agent's part of the Antithesis test-composer conventions: listing a
 //! template directory (`/opt/antithesis/test/v1/<name>/`) as a node sees
-//! it. Which command runs when is the host's decision (run/src/up/composer.rs);
+//! it. Which command runs when is the host's decision (run/src/composer.rs);
 //! the agent only lists, starts and kills.
 
 use std::os::unix::fs::PermissionsExt;

@@ -4,8 +4,8 @@
 //! `branch`, `seek`, in-place resets, the fork shell, the request API) steps
 //! a [`Driven`], so a resumed run takes exactly the steps the original took.
 
+use crate::conversation::{self, DriveError, OutputError, UpDriver, UpState};
 use crate::faults::{Fault, FaultError};
-use crate::up::{self, DriveError, OutputError, UpDriver, UpState};
 use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 use vmm::exit::StopReason;
@@ -179,7 +179,7 @@ impl Driven {
     /// under `up` the workload's (`None`: the guest reported none).
     pub fn exit_status(&self, stop: StopReason) -> Option<u8> {
         match &self.up {
-            Some(up) => Some(up::run_status(up.conductor(), stop)),
+            Some(up) => Some(conversation::run_status(up.conductor(), stop)),
             None => match stop {
                 StopReason::GuestExit { status } => Some(status),
                 _ => None,

@@ -14,12 +14,26 @@
 //! is the `helper-vm` crate's business, a floor above this one: the library
 //! never depends on it (only this crate's end-to-end tests place themselves
 //! with it).
+//!
+//! The modules import one another in one direction, from the bottom up:
+//! the leaves (`units`, `outcome`, `moment`, `streams`, `guest`, `pcap`,
+//! `trace`, `composer`); then `faults`, `manifest`, an `up` run's `event`s
+//! and the `records` kept of them; the `conversation` with the in-guest
+//! agent (the up run's driver and its saved state); [`driven`], a run
+//! between two exits, which steps either kind of run; `snapshots` and
+//! `spill`; the plain run, `branch` and `seeds`; `audit`; the `up` run from
+//! manifest to summary (which re-exports the conversation's types under
+//! `up::`); `shell` and `soak`; and on top the request [`api`] and its
+//! [`client`]. A module never imports one above it.
 
 pub mod api;
 pub mod audit;
 pub mod branch;
 pub mod client;
+pub mod composer;
+pub mod conversation;
 pub mod driven;
+pub mod event;
 pub mod faults;
 pub mod guest;
 pub mod manifest;

@@ -2,9 +2,9 @@
 //! describing them, and resuming (`branch`) or inspecting (`seek`) a moment
 //! of a saved history.
 
+use crate::conversation::{OutputError, UpDriver, UpOutput};
 use crate::driven::{Driven, DrivenError, SavedState};
 use crate::moment::Moment;
-use crate::up::{OutputError, UpDriver, UpOutput};
 use serde::Deserialize;
 use serde::Serialize;
 use snapshot::{SnapshotError, SnapshotMeta, Target};

@@ -34,7 +34,7 @@ pub mod stream {
     /// answers each request from this stream, held in the `up` conductor's
     /// saved state.
     pub const SDK_RANDOM: &str = "sdk-random";
-    /// The host's test-composer scheduler (`run::up::composer`): which
+    /// The host's test-composer scheduler (`run::composer`): which
     /// template commands run, how many at once, when `eventually_` starts.
     /// Host-side state, re-keyed by the conductor at a branch.
     pub const TEST_COMPOSER: &str = "test-composer";

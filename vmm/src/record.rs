@@ -5,11 +5,17 @@
 //! and seed must produce equal record streams; the audit compares them.
 
 use crate::exit::ExitKind;
-use crate::trace::ExitObserver;
 use devices::VirtNanos;
 use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+
+/// Hears of every exit record as it is made (an observer: it cannot change
+/// the run).
+pub trait ExitObserver: Send {
+    /// `device`: see [`crate::trace::exit_device`].
+    fn exit(&mut self, record: &ExitRecord, device: Option<&str>);
+}
 
 /// No interrupt was injected at this exit.
 pub const NO_VECTOR: u16 = 0xffff;

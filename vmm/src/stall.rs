@@ -24,7 +24,6 @@
 //! same in every run of one seed; the digest of a stalled run leaves out
 //! guest memory (which the guest kept changing after its last exit).
 
-use crate::vm::VmError;
 use devices::time::DurationError;
 use devices::VirtNanos;
 use kvm_bindings::KVMIO;
@@ -96,6 +95,16 @@ impl fmt::Display for StallTimeout {
     }
 }
 
+/// Why the stall guard could not be set up for a vCPU thread: which step
+/// failed, and the OS's error.
+#[derive(Debug, thiserror::Error)]
+#[error("the stall guard: {what}")]
+pub struct StallGuardError {
+    what: &'static str,
+    #[source]
+    source: std::io::Error,
+}
+
 /// The real-time signal that interrupts `KVM_RUN` for the guard to look.
 pub fn stall_signal() -> libc::c_int {
     vmm_sys_util::signal::SIGRTMIN() + 1
@@ -145,7 +154,7 @@ impl StallGuard {
     /// Called before the exit loop enters the guest for a run: makes sure
     /// the timer is aimed at this thread and starts the measure over at the
     /// next look (time the VMM spent between runs is not the guest's).
-    pub(crate) fn arm(&mut self, vcpu: &VcpuFd) -> Result<(), VmError> {
+    pub(crate) fn arm(&mut self, vcpu: &VcpuFd) -> Result<(), StallGuardError> {
         self.seen = None;
         if !self.timeout.enabled() {
             self.timer = None;
@@ -234,7 +243,7 @@ struct KvmSignalMask {
 }
 
 impl ThreadTimer {
-    fn start(vcpu: &VcpuFd, tid: libc::pid_t, period: Duration) -> Result<Self, VmError> {
+    fn start(vcpu: &VcpuFd, tid: libc::pid_t, period: Duration) -> Result<Self, StallGuardError> {
         let signal = stall_signal();
         static HANDLER: Once = Once::new();
         let mut registered = Ok(());
@@ -242,7 +251,10 @@ impl ThreadTimer {
             registered = vmm_sys_util::signal::register_signal_handler(signal, on_stall_signal)
                 .map_err(|e| std::io::Error::from_raw_os_error(e.errno()));
         });
-        registered.map_err(|e| VmError::StallGuard("registering its signal handler", e))?;
+        registered.map_err(|source| StallGuardError {
+            what: "registering its signal handler",
+            source,
+        })?;
 
         // Blocked in this thread outside KVM_RUN; KVM_RUN runs with the
         // thread's mask minus the signal.
@@ -257,10 +269,10 @@ impl ThreadTimer {
             libc::pthread_sigmask(libc::SIG_BLOCK, &block, &mut thread_mask)
         };
         if rc != 0 {
-            return Err(VmError::StallGuard(
-                "blocking its signal",
-                std::io::Error::from_raw_os_error(rc),
-            ));
+            return Err(StallGuardError {
+                what: "blocking its signal",
+                source: std::io::Error::from_raw_os_error(rc),
+            });
         }
         // The kernel's sigset is a 64-bit mask, bit n-1 for signal n; the
         // first 8 bytes of glibc's sigset_t are that mask.
@@ -275,10 +287,10 @@ impl ThreadTimer {
         // SAFETY: `vcpu` is a valid vCPU fd; KVM_SET_SIGNAL_MASK reads the
         // header and `len` bytes of set that follow it, all inside `kvm_mask`.
         if unsafe { ioctl_with_ref(vcpu, KVM_SET_SIGNAL_MASK(), &kvm_mask) } != 0 {
-            return Err(VmError::StallGuard(
-                "KVM_SET_SIGNAL_MASK",
-                std::io::Error::last_os_error(),
-            ));
+            return Err(StallGuardError {
+                what: "KVM_SET_SIGNAL_MASK",
+                source: std::io::Error::last_os_error(),
+            });
         }
 
         // SAFETY: sigevent is plain data; zero is a valid start for it.
@@ -290,10 +302,10 @@ impl ThreadTimer {
         // SAFETY: `event` and `id` are valid for the call; the kernel copies
         // the event and writes the new timer's id.
         if unsafe { libc::timer_create(libc::CLOCK_MONOTONIC, &mut event, &mut id) } != 0 {
-            return Err(VmError::StallGuard(
-                "timer_create",
-                std::io::Error::last_os_error(),
-            ));
+            return Err(StallGuardError {
+                what: "timer_create",
+                source: std::io::Error::last_os_error(),
+            });
         }
         let timer = ThreadTimer { id, tid };
         let interval = libc::timespec {
@@ -306,10 +318,10 @@ impl ThreadTimer {
         };
         // SAFETY: `timer.id` is the timer just created; `spec` is read only.
         if unsafe { libc::timer_settime(timer.id, 0, &spec, std::ptr::null_mut()) } != 0 {
-            return Err(VmError::StallGuard(
-                "timer_settime",
-                std::io::Error::last_os_error(),
-            ));
+            return Err(StallGuardError {
+                what: "timer_settime",
+                source: std::io::Error::last_os_error(),
+            });
         }
         Ok(timer)
     }
@@ -327,6 +339,24 @@ impl Drop for ThreadTimer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A run's error names the guard's failed step once and keeps the OS's
+    /// error as its cause (the chain `detvisor` prints).
+    #[test]
+    fn test_a_guard_error_reads_as_one_step_and_its_cause() {
+        use std::error::Error as _;
+        let error = crate::vm::VmError::from(StallGuardError {
+            what: "timer_create",
+            source: std::io::Error::from_raw_os_error(libc::EAGAIN),
+        });
+        assert_eq!(error.to_string(), "the stall guard: timer_create");
+        let cause = error.source().unwrap();
+        assert_eq!(
+            cause.to_string(),
+            std::io::Error::from_raw_os_error(libc::EAGAIN).to_string()
+        );
+        assert!(cause.source().is_none());
+    }
 
     #[test]
     fn test_timeout_grammar_round_trips() {

@@ -223,12 +223,7 @@ pub struct VirtioBlk {
     counters: VirtioBlkCounters,
 }
 
-/// Why a disk's serial cannot be used.
-#[derive(Debug, Error, PartialEq, Eq)]
-#[error("a disk serial has at most {VIRTIO_BLK_ID_BYTES} ASCII bytes, {serial:?} does not")]
-pub struct SerialError {
-    pub serial: String,
-}
+pub use crate::error::SerialError;
 
 impl VirtioBlk {
     /// A disk showing `base`, with nothing written yet; `serial` is what

@@ -3,13 +3,13 @@
 //! (assertions, guidance, setup, user events) and the lines of recorded
 //! histories, each stamped with the exit and the virtual time at which the
 //! host saw it. The driver keeps them only when asked
-//! ([`crate::up::UpDriver::collect_records`]); a caller takes them with
+//! ([`crate::conversation::UpDriver::collect_records`]); a caller takes them with
 //! [`crate::api::Request::TakeRecords`]. An SDK record is kept as the SDK
 //! wrote it; [`sdk`] reads it.
 
 pub mod sdk;
 
-use crate::up::UpEvent;
+use crate::event::UpEvent;
 use guest_agent::protocol::Stream;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -2,10 +2,11 @@
 //! host ([`prepare`]), then booted and conducted to its end, once or several
 //! times compared as an audit ([`run`]).
 
-use super::{assemble, Conductor, OutputSink, UpDriver, UpEvent, UpOutput};
-use super::{DriveError, OutputError};
+use super::assemble;
 use crate::audit::compare_runs;
+use crate::conversation::{Conductor, DriveError, OutputError, OutputSink, UpDriver, UpOutput};
 use crate::driven::{Driven, DrivenError};
+use crate::event::UpEvent;
 use crate::faults::{schedule, Fault, FaultAction, FaultError, NodeFault, ScheduledFault};
 use crate::guest::{self, GuestImageError};
 use crate::manifest::{Manifest, WorkloadPlan};

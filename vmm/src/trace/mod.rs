@@ -25,6 +25,7 @@
 pub mod report;
 
 use crate::exit::ExitKind;
+pub use crate::record::ExitObserver;
 use crate::record::{ExitRecord, NO_HASH, NO_VECTOR};
 use devices::{Devices, VirtNanos};
 use serde::{Deserialize, Serialize};
@@ -34,13 +35,6 @@ use std::borrow::Cow;
 pub const UNOWNED: &str = "unowned";
 /// The device of an MSR access: the CPU model's MSR policy.
 pub const MSR_DEVICE: &str = "msr";
-
-/// Hears of every exit record as it is made (an observer: it cannot change
-/// the run).
-pub trait ExitObserver: Send {
-    /// `device`: see [`exit_device`].
-    fn exit(&mut self, record: &ExitRecord, device: Option<&str>);
-}
 
 /// The name of the device an exit of `kind` at `address` hit (see the
 /// module documentation).

@@ -68,8 +68,8 @@ pub enum VmError {
     },
     #[error(transparent)]
     Seccomp(#[from] crate::seccomp::SeccompError),
-    #[error("the stall guard: {0}")]
-    StallGuard(&'static str, #[source] std::io::Error),
+    #[error(transparent)]
+    StallGuard(#[from] crate::stall::StallGuardError),
     #[error("injecting an interrupt failed")]
     Inject(#[source] std::io::Error),
     #[error(transparent)]

@@ -1,7 +1,7 @@
 //! Where an `up` run's node output and events go: prefixed lines on one
 //! stream, raw bytes in per-node logs, event lines with their virtual time.
 
-use super::UpEvent;
+use crate::event::UpEvent;
 use devices::VirtNanos;
 use guest_agent::protocol::Stream;
 use std::collections::BTreeMap;

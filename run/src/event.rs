@@ -1,7 +1,7 @@
 //! What happens in an `up` run that users are told about (a node started, a
 //! fault, the workload exited...): one typed event, printed in one place.
 
-use super::composer::CommandKind;
+use crate::composer::CommandKind;
 use crate::faults::FaultAction;
 use guest_agent::protocol::{ErrorContext, ExitStatus};
 use serde::{Deserialize, Serialize};

@@ -4,7 +4,8 @@
 //! switch's own schedule.
 
 use super::OutputError;
-use super::{Conductor, Note, OutputSink, ShellEvent, UpEvent, UpOutput, WORKLOAD_LOG};
+use super::{Conductor, Note, OutputSink, ShellEvent, UpOutput, WORKLOAD_LOG};
+use crate::event::UpEvent;
 use crate::faults::{DiskFault, FaultAction, FaultError, NetworkFault, NodeFault, ScheduledFault};
 use crate::records::{GuestRecord, RecordBody, RecordLog};
 use devices::switch::Fault as SwitchFault;
@@ -586,8 +587,8 @@ impl Persist for UpDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conversation::conductor::tests::{boot, conductor, in_node, started};
     use crate::faults::{parse_faults, schedule};
-    use crate::up::conductor::tests::{boot, conductor, in_node, started};
     use devices::{LatencyDist, NetworkConfig, Persist};
     use std::cell::RefCell;
     use std::rc::Rc;

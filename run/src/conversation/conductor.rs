@@ -2,8 +2,8 @@
 //! the agent's messages and the virtual time, answering with the messages
 //! to send (hello, create_node, start_workload, faults, shutdown).
 
-use super::composer::{Action, Composer};
-use super::UpEvent;
+use crate::composer::{Action, Composer};
+use crate::event::UpEvent;
 use crate::faults::{FaultAction, NodeFault};
 use crate::manifest::{SetupSignal, WorkloadPlan};
 use crate::records::sdk::SdkRecord;
@@ -662,9 +662,9 @@ pub fn run_status(conductor: &Conductor, stop: vmm::exit::StopReason) -> u8 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::conversation::node_root;
     use crate::faults::{parse_faults, schedule};
     use crate::manifest::{NodePlan, RootSource};
-    use crate::up::node_root;
     use std::collections::BTreeMap;
 
     pub(crate) fn spec(name: &str) -> NodeSpec {

@@ -1,7 +1,7 @@
 //! The Antithesis test-composer conventions, host side: which command of a
 //! template (`/opt/antithesis/test/v1/<name>/`) starts or is killed when.
 //!
-//! A pure state machine owned by the [`super::Conductor`]: fed with the
+//! A pure state machine owned by the [`crate::conversation::Conductor`]: fed with the
 //! template's command list (the agent lists it), the set-up signal and the
 //! commands' starts and exits, it answers with [`Action`]s at
 //! [`Composer::due`], the one place where the virtual time moves it on.
