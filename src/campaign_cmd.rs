@@ -95,7 +95,7 @@ impl Progress for Printer {
             r.seed,
             r.faults,
             if r.faults == 1 { "" } else { "s" },
-            vmm::VirtNanos(r.end_ns),
+            r.end_ns,
             r.failures,
             if r.failures == 1 { "" } else { "s" },
             r.novelty,
