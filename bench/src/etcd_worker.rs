@@ -3,7 +3,7 @@
 //! (inside the helper VM when the host's KVM cannot run guests), each run judged into an
 //! [`EtcdRun`] that the QEMU TCG baseline ([`crate::etcd_baseline`]) fills in too.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -15,8 +15,8 @@ use crate::report::WorkerReport;
 use crate::say;
 use crate::stats::ms;
 use run::client::{Calls, Local, RunnerError};
-use run::units;
 use run::up::{PreparedUp, UpOptions};
+use vmm::VirtNanos;
 
 /// One run of either side.
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
@@ -56,7 +56,7 @@ pub struct EtcdWorkerPlan {
     pub runs: u32,
     pub timeout_s: u64,
     pub seed: u64,
-    pub until: String,
+    pub until: VirtNanos,
     /// The guest, assembled on the host (its initrd a file).
     pub prepared: PreparedUp,
     pub place: String,
@@ -83,7 +83,7 @@ fn up_options(plan: &EtcdWorkerPlan, logs: &Path) -> Result<UpOptions> {
     Ok(UpOptions {
         exit_path: vmm::ExitPath::default(),
         seed: plan.seed,
-        until: Some(units::parse_duration(&plan.until).context("--until")?),
+        until: Some(plan.until),
         runs: 1,
         logs: Some(logs.to_path_buf()),
         stream_output: false,

@@ -24,6 +24,7 @@ use run::client::{Calls, Local, RunnerError};
 use run::outcome::RunSummary;
 use run::plain::GuestSpec;
 use run::up::{PreparedUp, UpOptions};
+use vmm::VirtNanos;
 
 /// The marker of the line the boot scenario's command prints (then the clocksource, `uptime`
 /// and the guest's uptime in seconds).
@@ -152,7 +153,7 @@ pub struct ExitsPlan {
     pub timeout_s: u64,
     pub seed: u64,
     /// detvisor's virtual-time limit (`up --until`).
-    pub until: String,
+    pub until: VirtNanos,
     pub cmdline: String,
     /// QEMU-KVM's kernel command line: `cmdline` and `--qemu-append` (and the TSC words the
     /// worker adds for `qemu_tsc`).
@@ -475,12 +476,8 @@ fn detvisor_run(
         }
         ScenarioGuest::Up(prepared) => {
             let logs = dir.join(format!("logs-{:?}-{path:?}-{i}", s.scenario));
-            let until = match run::units::parse_duration(&plan.until) {
-                Ok(u) => u,
-                Err(e) => return ExitsRun::failed(format!("--until: {e}")),
-            };
             let mut options = UpOptions {
-                until: Some(until),
+                until: Some(plan.until),
                 logs: Some(logs.clone()),
                 ..UpOptions::new(plan.seed)
             };

@@ -3,13 +3,23 @@
 
 use anyhow::Result;
 use helper_vm::Placement;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 use std::collections::BTreeMap;
+use std::fmt;
 
 use crate::stats::{median_u64, stat};
 
 /// The error of every measurement of a failed helper VM session.
 pub const NOT_MEASURED: &str = "not measured: the helper VM session failed (see below)";
+
+/// A typed value of a report as the text its flag reads back (`--until 300s` as `"300s"`), so
+/// the JSON line keeps the text it had when the report held the flag's string.
+pub fn as_text<T: fmt::Display, S: Serializer>(
+    value: &T,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(value)
+}
 
 /// A worker's report: it says how long the worker took, on the clock of the machine it ran on.
 pub trait WorkerReport {
