@@ -303,7 +303,7 @@ mod tests {
             ok: true,
             wall_ms: 2500.0,
             status: Some(0),
-            virtual_ns: Some(12_000_000_000),
+            virtual_ns: Some(VirtNanos(12_000_000_000)),
             exits: Some(400),
             inner_wall_ms: Some(2400),
             output: Some("d1".into()),

@@ -29,7 +29,7 @@ pub struct EtcdRun {
     pub status: Option<u8>,
     /// Guest time at the end (detvisor: virtual time; QEMU: the guest's uptime when the
     /// workload ended, which icount ties to instructions).
-    pub virtual_ns: Option<u64>,
+    pub virtual_ns: Option<VirtNanos>,
     /// detvisor's exits (its JSON); QEMU TCG has none.
     pub exits: Option<u64>,
     /// detvisor's `vm::run` (its JSON `wall_ms`).
@@ -127,7 +127,7 @@ pub fn detvisor_result(
     if let Some(s) = &summary {
         let u = |k: &str| s.get(k).and_then(serde_json::Value::as_u64);
         r.status = u("status").and_then(|v| u8::try_from(v).ok());
-        r.virtual_ns = u("virtual_ns");
+        r.virtual_ns = u("virtual_ns").map(VirtNanos);
         r.exits = u("exits");
         r.inner_wall_ms = u("wall_ms");
         r.output = s.get("digest").and_then(|d| d.as_str()).map(String::from);
@@ -166,7 +166,7 @@ pub fn detvisor_result(
                     .and_then(|s| s.get("stop"))
                     .map_or("?".into(), |v| v.to_string()),
                 r.virtual_ns
-                    .map_or("?".into(), |v| format!("{:.3}", v as f64 / 1e9)),
+                    .map_or("?".into(), |v| format!("{:.3}", v.0 as f64 / 1e9)),
                 r.exits.map_or("?".into(), |e| e.to_string()),
                 r.workload_tail.as_deref().unwrap_or("")
             )
@@ -243,7 +243,7 @@ pub fn describe(r: &EtcdRun) -> String {
     if r.ok {
         let mut s = format!("{:.1} s", r.wall_ms / 1000.0);
         if let Some(v) = r.virtual_ns {
-            s.push_str(&format!(", virtual {:.3} s", v as f64 / 1e9));
+            s.push_str(&format!(", virtual {:.3} s", v.0 as f64 / 1e9));
         }
         if let Some(e) = r.exits {
             s.push_str(&format!(", {e} exits"));

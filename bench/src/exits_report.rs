@@ -499,7 +499,7 @@ mod tests {
             ok: true,
             wall_ms: wall_s * 1000.0,
             status: Some(0),
-            virtual_ns: Some(43_500_000_000),
+            virtual_ns: Some(VirtNanos(43_500_000_000)),
             exits: Some(exits),
             exits_by_kind: BTreeMap::from([
                 ("Hlt".to_string(), hlt),
@@ -595,7 +595,7 @@ mod tests {
         ExitsRun {
             ok: true,
             wall_ms: 90_000.0,
-            virtual_ns: Some(44_000_000_000),
+            virtual_ns: Some(VirtNanos(44_000_000_000)),
             output: Some("q1".into()),
             clocksource: Some("tsc".into()),
             kvm: Some(BTreeMap::from([
