@@ -3,8 +3,9 @@
 //! its runs happen, is the `fuzzer` library's (`fuzzer::campaign`).
 
 use crate::PlaceArgs;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
+use fuzzer::budget::WallBudget;
 use fuzzer::campaign::{BudgetOverride, Campaign, NewCampaign};
 use fuzzer::engine::{BranchReport, Progress};
 use std::path::{Path, PathBuf};
@@ -31,7 +32,7 @@ pub struct CampaignArgs {
     /// Wall time this run of the campaign may take (e.g. 30m; exact, 0: no
     /// limit), overriding the file's budget.wall.
     #[arg(long)]
-    budget: Option<String>,
+    budget: Option<WallBudget>,
     /// Stop after this many branches in all (0: no limit), overriding the
     /// file's budget.branches.
     #[arg(long)]
@@ -95,7 +96,7 @@ impl Progress for Printer {
             r.seed,
             r.faults,
             if r.faults == 1 { "" } else { "s" },
-            vmm::VirtNanos(r.end_ns),
+            r.end_ns,
             r.failures,
             if r.failures == 1 { "" } else { "s" },
             r.novelty,
@@ -116,26 +117,16 @@ impl Progress for Printer {
     }
 }
 
-/// `--budget` and `--branches`, over the campaign's own budget.
-fn budget(args: &CampaignArgs) -> Result<BudgetOverride> {
-    let wall = args
-        .budget
-        .as_deref()
-        .map(fuzzer::budget::parse_wall)
-        .transpose()
-        .context("--budget")?;
-    Ok(BudgetOverride {
-        wall,
-        branches: args.branches,
-    })
-}
-
 pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
     if args.print_defaults {
         print!("{}", fuzzer::profile::DEFAULT_PROFILE_TOML);
         return Ok(0);
     }
-    let budget = budget(&args)?;
+    // `--budget` and `--branches`, over the campaign's own budget.
+    let budget = BudgetOverride {
+        wall: args.budget,
+        branches: args.branches,
+    };
     // SAFETY: installs a handler that only stores to an atomic.
     unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
     let stop = || INTERRUPTED.load(Ordering::SeqCst);
@@ -246,4 +237,47 @@ pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
         );
     }
     Ok(if report.reproduced { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// `--budget` as clap reads it, or clap's refusal.
+    fn budget(text: &str) -> Result<Option<WallBudget>, clap::Error> {
+        let argv = [
+            "detvisor", "campaign", "c.toml", "--out", "o", "--budget", text,
+        ];
+        let crate::Command::Campaign(args) = crate::Cli::try_parse_from(argv)?.command else {
+            panic!("{argv:?} is a campaign");
+        };
+        Ok(args.budget)
+    }
+
+    #[test]
+    fn test_budget_is_read_by_clap_as_the_file_s_budget_wall() {
+        for text in ["30m", "500us", "0"] {
+            assert_eq!(
+                budget(text).unwrap(),
+                Some(WallBudget(fuzzer::budget::parse_wall(text).unwrap())),
+                "{text}"
+            );
+        }
+        // Refused as a value of --budget, its reason the duration grammar's:
+        // `parse_cli` prints "detvisor: error: --budget: <reason>", as the
+        // command printed it when it parsed the text itself.
+        let refused = budget("soon").unwrap_err();
+        assert_eq!(refused.kind(), clap::error::ErrorKind::ValueValidation);
+        let Some(clap::error::ContextValue::String(arg)) =
+            refused.get(clap::error::ContextKind::InvalidArg)
+        else {
+            panic!("{refused} names its flag");
+        };
+        assert!(arg.starts_with("--budget"), "{arg}");
+        assert_eq!(
+            std::error::Error::source(&refused).unwrap().to_string(),
+            fuzzer::budget::parse_wall("soon").unwrap_err().to_string()
+        );
+    }
 }

@@ -342,7 +342,7 @@ fn prepared_run(dir: &Path) -> run::up::PreparedUp {
 
 /// A path of one branch at 1 s holding `fault`.
 fn path_with(fault: run::faults::Fault) -> fuzzer::step::Path {
-    fuzzer::step::Path::default().child(7, vec![fault], 2_000_000_000)
+    fuzzer::step::Path::default().child(7, vec![fault], vmm::VirtNanos::from_secs(2))
 }
 
 /// Written in place of a fault text that does not parse (a path holds
@@ -376,7 +376,7 @@ fn campaign_with_finding(dir: &Path, fault: &str) -> PathBuf {
             depth: id as u32,
             path,
             end_exits: 0,
-            end_ns: 0,
+            end_ns: vmm::VirtNanos::ZERO,
             digest: "d".into(),
             score: 1.0,
             stopped: false,

@@ -42,6 +42,7 @@ use helper_vm::HostVmMode;
 use run::up::{Initrd, PreparedUp};
 
 use run::{guest, manifest, units, up};
+use vmm::VirtNanos;
 
 /// Guest RAM when the manifest says nothing.
 const DEFAULT_MEM: &str = "1G";
@@ -61,7 +62,7 @@ pub struct EtcdArgs {
     pub seed: u64,
     /// detvisor's virtual-time limit (`detvisor up --until`).
     #[arg(long, default_value = "300s")]
-    pub until: String,
+    pub until: VirtNanos,
     /// Where detvisor runs.
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     pub host_vm: HostVmMode,
@@ -253,7 +254,6 @@ pub fn assemble(manifest_file: &str, tmp: &Path, tag: &str) -> Result<Assembled>
 pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
     let loadavg_before = loadavg();
     check_runs_and_timeout(args.runs, args.timeout)?;
-    units::parse_duration(&args.until).context("--until")?;
     let tmp = TempDir::new("detvisor-bench-etcd-")
         .context("cannot create a temporary directory for the benchmark")?;
     let Assembled {
@@ -324,7 +324,7 @@ pub fn orchestrate(args: &EtcdArgs) -> Result<u8> {
         runs: args.runs,
         timeout_s: args.timeout,
         seed: args.seed,
-        until: args.until.clone(),
+        until: args.until,
         prepared,
         place: "host".into(),
     };

@@ -348,7 +348,7 @@ impl Baseline<'_> {
         let mut r = EtcdRun {
             wall_ms: ms(finished.wall),
             status: (status.len() == 1).then(|| status[0]),
-            virtual_ns: uptime.map(|u| (u * 1e9).round() as u64),
+            virtual_ns: uptime.map(|u| vmm::VirtNanos((u * 1e9).round() as u64)),
             output: Some(fnv1a(&serial)),
             output_bytes: Some(serial.len() as u64),
             workload_tail: Some(last_lines(&upto.join("\n"), 14)),

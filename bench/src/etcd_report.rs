@@ -12,6 +12,7 @@ use crate::machine::HostLoad;
 use crate::report::{run_failures, RunTimes, Session, Where};
 use crate::stats::{fmt_s, median_u64, opt_count, opt_ratio, ratio};
 use helper_vm::Placement;
+use vmm::VirtNanos;
 
 /// The measurements of one side.
 #[derive(Default)]
@@ -90,7 +91,9 @@ pub struct Report {
     pub runs: u32,
     pub mem: String,
     pub seed: u64,
-    pub until: String,
+    /// As `--until` reads it back (`300s`).
+    #[serde(serialize_with = "crate::report::as_text")]
+    pub until: VirtNanos,
     pub cmdline: String,
     #[serde(flatten)]
     pub place: Where,
@@ -144,7 +147,7 @@ pub fn build(i: Inputs) -> Report {
         runs: i.args.runs,
         mem: i.mem.into(),
         seed: i.args.seed,
-        until: i.args.until.clone(),
+        until: i.args.until,
         cmdline: i.cmdline.into(),
         place: Where::from(i.placement),
         caveat,
@@ -300,7 +303,7 @@ mod tests {
             ok: true,
             wall_ms: 2500.0,
             status: Some(0),
-            virtual_ns: Some(12_000_000_000),
+            virtual_ns: Some(VirtNanos(12_000_000_000)),
             exits: Some(400),
             inner_wall_ms: Some(2400),
             output: Some("d1".into()),
@@ -317,5 +320,45 @@ mod tests {
         let summary = summarize("detvisor", "host", &side);
         let json = r#"{"name":"detvisor","place":"host","runs":3,"ok_runs":2,"wall_s":[2.5,0.0,2.5],"ok":[true,false,true],"median_s":2.5,"min_s":2.5,"max_s":2.5,"virtual_s":12.0,"exits":400,"exits_per_s":160.0,"inner_wall_ms":2400,"output_identical":true,"outputs":["d1",null,"d1"],"output_bytes":10,"workload_tail":"put ok","error":null,"skipped":null,"failures":["run 2: boom"],"command":["up"]}"#;
         assert_eq!(serde_json::to_string(&summary).unwrap(), json);
+    }
+
+    /// `--until` is read once, by clap, and the report's JSON line holds it as the text
+    /// the flag reads back, as when the report held the flag's string (`"300s"`).
+    #[test]
+    fn the_until_flag_is_typed_and_reported_as_its_text() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: EtcdArgs,
+        }
+        let side = Side::default();
+        let until = |argv: &[&str]| {
+            let args = Cli::try_parse_from(argv)?.args;
+            let report = build(Inputs {
+                args: &args,
+                manifest: Path::new("etcd.toml"),
+                mem: "1G",
+                cmdline: "console=ttyS0",
+                placement: &Placement::HelperVm {
+                    reason: "test".into(),
+                },
+                detvisor: &side,
+                baseline: &side,
+                session: None,
+                loadavg_before: None,
+            });
+            assert_eq!(report.until, args.until);
+            Ok::<_, clap::Error>(serde_json::to_value(&report).unwrap()["until"].clone())
+        };
+        assert_eq!(until(&["x"]).unwrap(), "300s");
+        assert_eq!(until(&["x", "--until", "2.5s"]).unwrap(), "2.5s");
+        assert_eq!(until(&["x", "--until", "90"]).unwrap(), "90s");
+        let refused = until(&["x", "--until", "soon"]).unwrap_err();
+        assert_eq!(refused.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(
+            refused.to_string().contains("unparsable duration \"soon\""),
+            "{refused}"
+        );
     }
 }

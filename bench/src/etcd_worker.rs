@@ -3,7 +3,7 @@
 //! (inside the helper VM when the host's KVM cannot run guests), each run judged into an
 //! [`EtcdRun`] that the QEMU TCG baseline ([`crate::etcd_baseline`]) fills in too.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -15,8 +15,8 @@ use crate::report::WorkerReport;
 use crate::say;
 use crate::stats::ms;
 use run::client::{Calls, Local, RunnerError};
-use run::units;
 use run::up::{PreparedUp, UpOptions};
+use vmm::VirtNanos;
 
 /// One run of either side.
 #[derive(Serialize, Deserialize, Debug, Clone, Default)]
@@ -29,7 +29,7 @@ pub struct EtcdRun {
     pub status: Option<u8>,
     /// Guest time at the end (detvisor: virtual time; QEMU: the guest's uptime when the
     /// workload ended, which icount ties to instructions).
-    pub virtual_ns: Option<u64>,
+    pub virtual_ns: Option<VirtNanos>,
     /// detvisor's exits (its JSON); QEMU TCG has none.
     pub exits: Option<u64>,
     /// detvisor's `vm::run` (its JSON `wall_ms`).
@@ -56,7 +56,7 @@ pub struct EtcdWorkerPlan {
     pub runs: u32,
     pub timeout_s: u64,
     pub seed: u64,
-    pub until: String,
+    pub until: VirtNanos,
     /// The guest, assembled on the host (its initrd a file).
     pub prepared: PreparedUp,
     pub place: String,
@@ -83,7 +83,7 @@ fn up_options(plan: &EtcdWorkerPlan, logs: &Path) -> Result<UpOptions> {
     Ok(UpOptions {
         exit_path: vmm::ExitPath::default(),
         seed: plan.seed,
-        until: Some(units::parse_duration(&plan.until).context("--until")?),
+        until: Some(plan.until),
         runs: 1,
         logs: Some(logs.to_path_buf()),
         stream_output: false,
@@ -127,7 +127,7 @@ pub fn detvisor_result(
     if let Some(s) = &summary {
         let u = |k: &str| s.get(k).and_then(serde_json::Value::as_u64);
         r.status = u("status").and_then(|v| u8::try_from(v).ok());
-        r.virtual_ns = u("virtual_ns");
+        r.virtual_ns = u("virtual_ns").map(VirtNanos);
         r.exits = u("exits");
         r.inner_wall_ms = u("wall_ms");
         r.output = s.get("digest").and_then(|d| d.as_str()).map(String::from);
@@ -166,7 +166,7 @@ pub fn detvisor_result(
                     .and_then(|s| s.get("stop"))
                     .map_or("?".into(), |v| v.to_string()),
                 r.virtual_ns
-                    .map_or("?".into(), |v| format!("{:.3}", v as f64 / 1e9)),
+                    .map_or("?".into(), |v| format!("{:.3}", v.0 as f64 / 1e9)),
                 r.exits.map_or("?".into(), |e| e.to_string()),
                 r.workload_tail.as_deref().unwrap_or("")
             )
@@ -243,7 +243,7 @@ pub fn describe(r: &EtcdRun) -> String {
     if r.ok {
         let mut s = format!("{:.1} s", r.wall_ms / 1000.0);
         if let Some(v) = r.virtual_ns {
-            s.push_str(&format!(", virtual {:.3} s", v as f64 / 1e9));
+            s.push_str(&format!(", virtual {:.3} s", v.0 as f64 / 1e9));
         }
         if let Some(e) = r.exits {
             s.push_str(&format!(", {e} exits"));

@@ -52,6 +52,7 @@ use crate::say;
 use helper_vm::HostVmMode;
 use run::up::Initrd;
 use run::{guest, units};
+use vmm::VirtNanos;
 
 /// Guest RAM of the boot scenario (`bench boot`'s).
 const BOOT_MEM: &str = "256M";
@@ -84,7 +85,7 @@ pub struct ExitsArgs {
     pub seed: u64,
     /// detvisor's virtual-time limit of the etcd scenarios (`detvisor up --until`).
     #[arg(long, default_value = "300s")]
-    pub until: String,
+    pub until: VirtNanos,
     /// QEMU-KVM's `-cpu` (what the KVM it runs on supports: `host`, `qemu64`, ...).
     #[arg(long, default_value = "host")]
     pub qemu_cpu: String,
@@ -252,7 +253,6 @@ fn helper_session(
 pub fn orchestrate(args: &ExitsArgs) -> Result<u8> {
     let loadavg_before = loadavg();
     check_runs_and_timeout(args.runs, args.timeout)?;
-    units::parse_duration(&args.until).context("--until")?;
     let mut scenarios = args.scenarios.clone();
     scenarios.sort();
     scenarios.dedup();
@@ -280,7 +280,7 @@ pub fn orchestrate(args: &ExitsArgs) -> Result<u8> {
         runs: args.runs,
         timeout_s: args.timeout,
         seed: args.seed,
-        until: args.until.clone(),
+        until: args.until,
         cmdline: cmdline.clone(),
         qemu_cmdline: [cmdline.as_str(), args.qemu_append.trim()]
             .join(" ")

@@ -12,6 +12,7 @@ use crate::machine::HostLoad;
 use crate::report::{run_failures, RunTimes, Session, Where, NOT_MEASURED};
 use crate::stats::{fmt_s, median_u64, opt_count, opt_ratio, ratio};
 use helper_vm::Placement;
+use vmm::VirtNanos;
 
 /// Issue 12's goals: at least this many times fewer exits with the new path on partition ...
 pub const EXITS_GOAL: f64 = 3.0;
@@ -156,7 +157,9 @@ pub struct Report {
     pub benchmark: &'static str,
     pub runs: u32,
     pub seed: u64,
-    pub until: String,
+    /// As `--until` reads it back (`300s`).
+    #[serde(serialize_with = "crate::report::as_text")]
+    pub until: VirtNanos,
     pub cmdline: String,
     pub qemu_cmdline: String,
     pub qemu_cpu: String,
@@ -235,7 +238,7 @@ pub fn build(i: Inputs) -> Report {
         benchmark: "exits",
         runs: i.args.runs,
         seed: i.args.seed,
-        until: i.args.until.clone(),
+        until: i.args.until,
         cmdline: i.cmdline.into(),
         qemu_cmdline: i
             .worker
@@ -496,7 +499,7 @@ mod tests {
             ok: true,
             wall_ms: wall_s * 1000.0,
             status: Some(0),
-            virtual_ns: Some(43_500_000_000),
+            virtual_ns: Some(VirtNanos(43_500_000_000)),
             exits: Some(exits),
             exits_by_kind: BTreeMap::from([
                 ("Hlt".to_string(), hlt),
@@ -592,7 +595,7 @@ mod tests {
         ExitsRun {
             ok: true,
             wall_ms: 90_000.0,
-            virtual_ns: Some(44_000_000_000),
+            virtual_ns: Some(VirtNanos(44_000_000_000)),
             output: Some("q1".into()),
             clocksource: Some("tsc".into()),
             kvm: Some(BTreeMap::from([
@@ -682,6 +685,11 @@ mod tests {
         let mut out = Vec::new();
         write_report(&mut out, &r).unwrap();
         let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text.lines().next().unwrap(),
+            "detvisor bench exits: 1 scenario(s), 2 run(s) per system; detvisor seed 42, etcd \
+             runs until 300s; QEMU-KVM -cpu host"
+        );
         assert!(!text.contains("CAVEAT: the run library cannot select the exit path"));
         let mut r = r;
         r.exit_path_selectable = false;
@@ -691,6 +699,8 @@ mod tests {
         assert!(text.contains("CAVEAT: the run library cannot select the exit path yet"));
         let json: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(json["benchmark"], "exits");
+        // `--until` as its text, as when the report held the flag's string.
+        assert_eq!(json["until"], "300s");
         assert_eq!(json["scenarios"][0]["ratios"]["exits_old_over_new"], 4.0);
         assert_eq!(json["scenarios"][0]["systems"][2]["system"], "qemu-kvm");
     }

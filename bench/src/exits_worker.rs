@@ -24,6 +24,7 @@ use run::client::{Calls, Local, RunnerError};
 use run::outcome::RunSummary;
 use run::plain::GuestSpec;
 use run::up::{PreparedUp, UpOptions};
+use vmm::VirtNanos;
 
 /// The marker of the line the boot scenario's command prints (then the clocksource, `uptime`
 /// and the guest's uptime in seconds).
@@ -152,7 +153,7 @@ pub struct ExitsPlan {
     pub timeout_s: u64,
     pub seed: u64,
     /// detvisor's virtual-time limit (`up --until`).
-    pub until: String,
+    pub until: VirtNanos,
     pub cmdline: String,
     /// QEMU-KVM's kernel command line: `cmdline` and `--qemu-append` (and the TSC words the
     /// worker adds for `qemu_tsc`).
@@ -179,7 +180,7 @@ pub struct ExitsRun {
     pub error: Option<String>,
     pub status: Option<u8>,
     /// detvisor: virtual time; QEMU: the guest's uptime when the workload ended.
-    pub virtual_ns: Option<u64>,
+    pub virtual_ns: Option<VirtNanos>,
     pub exits: Option<u64>,
     pub exits_by_kind: BTreeMap<String, u64>,
     /// detvisor's `vm::run` (its summary's `wall_ms`).
@@ -377,7 +378,7 @@ fn qemu_kvm_run(
         wall_ms: ms(finished.wall),
         error,
         status: (status.len() == 1).then(|| status[0]),
-        virtual_ns: uptime_in(&text).map(|u| (u * 1e9).round() as u64),
+        virtual_ns: uptime_in(&text).map(|u| VirtNanos((u * 1e9).round() as u64)),
         output: Some(fnv1a(&serial)),
         clocksource: clocksource_in(&text),
         clock_log: clock_log(&text),
@@ -422,7 +423,7 @@ fn plain_result(
         Ok(s) => ExitsRun {
             ok: s.exit_status == Some(0),
             status: s.exit_status,
-            virtual_ns: Some(s.virtual_ns.0),
+            virtual_ns: Some(s.virtual_ns),
             exits: Some(s.exits),
             exits_by_kind: s.exits_by_kind,
             inner_wall_ms: Some(s.wall_ms),
@@ -475,12 +476,8 @@ fn detvisor_run(
         }
         ScenarioGuest::Up(prepared) => {
             let logs = dir.join(format!("logs-{:?}-{path:?}-{i}", s.scenario));
-            let until = match run::units::parse_duration(&plan.until) {
-                Ok(u) => u,
-                Err(e) => return ExitsRun::failed(format!("--until: {e}")),
-            };
             let mut options = UpOptions {
-                until: Some(until),
+                until: Some(plan.until),
                 logs: Some(logs.clone()),
                 ..UpOptions::new(plan.seed)
             };
@@ -521,7 +518,7 @@ pub fn describe(r: &ExitsRun) -> String {
     }
     let mut s = format!("{:.1} s", r.wall_ms / 1000.0);
     if let Some(v) = r.virtual_ns {
-        let v = v as f64 / 1e9;
+        let v = v.0 as f64 / 1e9;
         if v < 0.1 {
             s.push_str(&format!(", virtual {v:.6} s"));
         } else {

@@ -3,13 +3,24 @@
 
 use anyhow::Result;
 use helper_vm::Placement;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 use std::collections::BTreeMap;
+use std::fmt;
+use vmm::VirtNanos;
 
 use crate::stats::{median_u64, stat};
 
 /// The error of every measurement of a failed helper VM session.
 pub const NOT_MEASURED: &str = "not measured: the helper VM session failed (see below)";
+
+/// A typed value of a report as the text its flag reads back (`--until 300s` as `"300s"`), so
+/// the JSON line keeps the text it had when the report held the flag's string.
+pub fn as_text<T: fmt::Display, S: Serializer>(
+    value: &T,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_str(value)
+}
 
 /// A worker's report: it says how long the worker took, on the clock of the machine it ran on.
 pub trait WorkerReport {
@@ -135,8 +146,8 @@ pub struct RunTimes {
 
 impl RunTimes {
     /// Of runs given as (succeeded, wall time in ms, guest time at the end in ns).
-    pub fn of(runs: impl IntoIterator<Item = (bool, f64, Option<u64>)>) -> Self {
-        let runs: Vec<(bool, f64, Option<u64>)> = runs.into_iter().collect();
+    pub fn of(runs: impl IntoIterator<Item = (bool, f64, Option<VirtNanos>)>) -> Self {
+        let runs: Vec<(bool, f64, Option<VirtNanos>)> = runs.into_iter().collect();
         let ok = || runs.iter().filter(|(ok, _, _)| *ok);
         let walls = stat(ok().map(|(_, wall_ms, _)| wall_ms / 1000.0));
         RunTimes {
@@ -150,7 +161,8 @@ impl RunTimes {
             median_s: walls.median,
             min_s: walls.min,
             max_s: walls.max,
-            virtual_s: median_u64(ok().filter_map(|(_, _, ns)| *ns)).map(|v| v as f64 / 1e9),
+            virtual_s: median_u64(ok().filter_map(|(_, _, ns)| ns.map(VirtNanos::as_nanos)))
+                .map(|v| v as f64 / 1e9),
         }
     }
 
@@ -228,7 +240,10 @@ mod tests {
 
     #[test]
     fn run_times_of_ok_and_failed_runs() {
-        let times = RunTimes::of([(true, 2500.0, Some(3_000_000_000)), (false, 100.0, None)]);
+        let times = RunTimes::of([
+            (true, 2500.0, Some(VirtNanos::from_secs(3))),
+            (false, 100.0, None),
+        ]);
         assert_eq!((times.tally(), times.all_ok()), ("1/2".to_string(), false));
         assert_eq!(times.per_run(), "2.5 0.1!");
         assert_eq!((times.median_s, times.virtual_s), (Some(2.5), Some(3.0)));

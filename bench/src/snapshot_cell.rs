@@ -198,7 +198,7 @@ pub struct CellResult {
     /// Session::boot to the marker line (kernel boot, init, the dirtying command).
     pub boot_and_dirty_ms: f64,
     pub exits_at_snapshot: u64,
-    pub virtual_ns_at_snapshot: u64,
+    pub virtual_ns_at_snapshot: vmm::VirtNanos,
     pub pages: PageCounts,
     /// Per run: scanning all of guest RAM for non-zero pages (write_snapshot's first step, same
     /// algorithm), alone.
@@ -341,7 +341,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
     }
     result.boot_and_dirty_ms = ms(t.elapsed());
     result.exits_at_snapshot = session.exits();
-    result.virtual_ns_at_snapshot = session.now().0;
+    result.virtual_ns_at_snapshot = session.now();
     let ram_pages = spec.ram_bytes / PAGE as u64;
     result.pages = PageCounts {
         ram: ram_pages,

@@ -214,7 +214,7 @@ fn seeds() -> Vec<Vec<u8>> {
         depth: id as u32,
         path,
         end_exits: 10 * (id + 1),
-        end_ns: 1_000 * (id + 1),
+        end_ns: devices::VirtNanos(1_000 * (id + 1)),
         digest: format!("{:032x}", id + 1),
         score: 0.5 + id as f64,
         stopped: id == 1,
@@ -222,8 +222,11 @@ fn seeds() -> Vec<Vec<u8>> {
     let root = node(0, fuzzer::step::Path::default());
     let child = node(
         1,
-        root.path
-            .child(1, vec!["at=+1s pause n1".parse().unwrap()], 1_000),
+        root.path.child(
+            1,
+            vec!["at=+1s pause n1".parse().unwrap()],
+            devices::VirtNanos(1_000),
+        ),
     );
     store
         .commit_branch(&FinishedBranch {

@@ -38,7 +38,7 @@ use devices::VirtNanos;
 use files::{check_error, Scratch};
 use fuzzer::spec::{
     CampaignFile, CampaignSpec, RootRule, SpecError, MAX_DEPTH, MAX_LIVE_CHECKPOINTS_UNBOUNDED,
-    MIN_CHECKPOINT_MEMORY, MIN_SLICE, ROOT_POLL_NS,
+    MIN_CHECKPOINT_MEMORY, MIN_SLICE, ROOT_POLL,
 };
 use libfuzzer_sys::fuzz_target;
 use run::manifest::WORKLOAD_NODE;
@@ -111,7 +111,7 @@ fn check_campaign(text: &str, root: &Path) {
             check_bounds(spec);
             let file = CampaignFile::parse(text, &path, root).expect("a spec is a file");
             for (key, range) in spec.faults.duration_ranges() {
-                if range.min.0 > spec.slice_ns {
+                if range.min > spec.slice_ns {
                     let key = format!("faults.{key} ");
                     assert!(
                         file.warnings.iter().any(|w| w.contains(&key)),
@@ -162,7 +162,7 @@ fn assert_names_file(e: &SpecError, path: &Path) {
 
 /// An accepted spec is within every documented bound.
 fn check_bounds(spec: &CampaignSpec) {
-    let slice = VirtNanos(spec.slice_ns);
+    let slice = spec.slice_ns;
     assert!(
         (MIN_SLICE..=MAX_VIRTUAL_TIME).contains(&slice),
         "slice {slice}"
@@ -175,15 +175,15 @@ fn check_bounds(spec: &CampaignSpec) {
     }
     let root = match spec.root {
         RootRule::SetupComplete { wait_ns } => {
-            assert!(wait_ns >= ROOT_POLL_NS);
+            assert!(wait_ns >= ROOT_POLL);
             wait_ns
         }
         RootRule::At { at_ns } => {
-            assert!(at_ns > 0);
+            assert!(at_ns > VirtNanos::ZERO);
             at_ns
         }
     };
-    let deepest = u128::from(root) + u128::from(spec.max_depth) * u128::from(spec.slice_ns);
+    let deepest = u128::from(root.0) + u128::from(spec.max_depth) * u128::from(spec.slice_ns.0);
     assert!(
         deepest <= u128::from(MAX_VIRTUAL_TIME.0),
         "the deepest end {deepest}ns"

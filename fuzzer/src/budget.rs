@@ -3,6 +3,7 @@
 //! 0 means no limit, for both.
 
 use devices::time::DurationError;
+use std::str::FromStr;
 use std::time::Duration;
 use vmm::VirtNanos;
 
@@ -21,6 +22,18 @@ pub struct Budget {
 pub fn parse_wall(text: &str) -> Result<Option<VirtNanos>, DurationError> {
     let wall: VirtNanos = text.parse()?;
     Ok((wall != VirtNanos::ZERO).then_some(wall))
+}
+
+/// A wall budget as a flag gives it (`--budget`): [`parse_wall`]'s value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WallBudget(pub Option<VirtNanos>);
+
+impl FromStr for WallBudget {
+    type Err = DurationError;
+
+    fn from_str(text: &str) -> Result<Self, DurationError> {
+        parse_wall(text).map(WallBudget)
+    }
 }
 
 /// A wall budget as [`Budget::wall`] holds it.
@@ -79,5 +92,20 @@ mod tests {
         };
         assert_eq!(branches.spent(Duration::ZERO, 2), Some("branch budget"));
         assert!(parse_wall("soon").is_err());
+    }
+
+    #[test]
+    fn test_a_wall_budget_flag_reads_as_the_file_s_key() {
+        for text in ["500us", "30m", "0", "0s"] {
+            assert_eq!(
+                text.parse::<WallBudget>().unwrap(),
+                WallBudget(parse_wall(text).unwrap()),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            "soon".parse::<WallBudget>().unwrap_err(),
+            parse_wall("soon").unwrap_err()
+        );
     }
 }

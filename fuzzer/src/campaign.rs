@@ -5,7 +5,7 @@
 //! VM per worker (each sized for the run, all checked against the host's
 //! memory before anything starts).
 
-use crate::budget::Budget;
+use crate::budget::{Budget, WallBudget};
 use crate::engine::{CampaignSummary, Engine, EngineError, Progress};
 use crate::findings::{self, FindingError, LoadedFinding};
 use crate::judges::JudgesError;
@@ -88,8 +88,8 @@ pub type WorkerRunner = Placed<InProcess>;
 /// What overrides the campaign's own budget for this run of it.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BudgetOverride {
-    /// Wall time (`Some(None)`: no limit).
-    pub wall: Option<Option<VirtNanos>>,
+    /// Wall time (`Some(WallBudget(None))`: no limit).
+    pub wall: Option<WallBudget>,
     /// Branches in all (0: no limit).
     pub branches: Option<u64>,
 }
@@ -97,7 +97,9 @@ pub struct BudgetOverride {
 impl BudgetOverride {
     fn budget(self, spec: &CampaignSpec) -> Budget {
         Budget {
-            wall: crate::budget::wall_duration(self.wall.unwrap_or_else(|| spec.wall_budget())),
+            wall: crate::budget::wall_duration(
+                self.wall.map_or_else(|| spec.wall_budget(), |wall| wall.0),
+            ),
             branches: self.branches.unwrap_or(spec.max_branches),
         }
     }

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use vmm::entropy::EntropyStream;
+use vmm::VirtNanos;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -61,7 +62,7 @@ type Result<T, E = EngineError> = std::result::Result<T, E>;
 pub trait FaultSource {
     /// Faults (`at=+<d>` from the branch point) for a branch of
     /// `slice_ns` re-keyed with `seed`.
-    fn draw(&self, seed: u64, slice_ns: u64) -> Vec<run::faults::Fault>;
+    fn draw(&self, seed: u64, slice_ns: VirtNanos) -> Vec<run::faults::Fault>;
 }
 
 /// What the campaign tells its user as it goes.
@@ -82,7 +83,7 @@ pub struct BranchReport {
     pub depth: u32,
     pub seed: u64,
     pub faults: usize,
-    pub end_ns: u64,
+    pub end_ns: VirtNanos,
     pub failures: usize,
     pub novelty: f64,
     pub wall_ms: u64,
@@ -321,10 +322,10 @@ impl<'a> Engine<'a> {
                 depth: 0,
                 path: StepPath {
                     steps: Vec::new(),
-                    end_ns: position.virtual_ns.0,
+                    end_ns: position.virtual_ns,
                 },
                 end_exits: position.exits,
-                end_ns: position.virtual_ns.0,
+                end_ns: position.virtual_ns,
                 digest: digest.clone(),
                 score: 1.0,
                 stopped: position.stop.is_some(),
@@ -511,7 +512,7 @@ impl<'a> Engine<'a> {
                 depth,
                 path: job.path,
                 end_exits: done.position.exits,
-                end_ns: done.position.virtual_ns.0,
+                end_ns: done.position.virtual_ns,
                 digest: done.digest,
                 score: 0.0,
                 stopped: done.position.stop.is_some(),
@@ -567,7 +568,7 @@ impl<'a> Engine<'a> {
             depth,
             seed: job.seed,
             faults,
-            end_ns: done.position.virtual_ns.0,
+            end_ns: done.position.virtual_ns,
             failures: verdict.failures.len(),
             novelty: verdict.novelty,
             wall_ms: done.wall_ms,

@@ -8,7 +8,7 @@ use super::*;
 struct NoFaults;
 
 impl FaultSource for NoFaults {
-    fn draw(&self, _seed: u64, _slice_ns: u64) -> Vec<run::faults::Fault> {
+    fn draw(&self, _seed: u64, _slice_ns: vmm::VirtNanos) -> Vec<run::faults::Fault> {
         Vec::new()
     }
 }

@@ -280,7 +280,7 @@ impl Judge for FailJudge {
 struct Draw;
 
 impl FaultSource for Draw {
-    fn draw(&self, seed: u64, _slice_ns: u64) -> Vec<Fault> {
+    fn draw(&self, seed: u64, _slice_ns: vmm::VirtNanos) -> Vec<Fault> {
         let mut faults = vec!["at=+100ms slow n3 latency=5ms for=1s"];
         if !seed.is_multiple_of(3) {
             faults.push("at=+200ms pause n1 for=1s");

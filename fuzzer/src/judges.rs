@@ -244,13 +244,9 @@ pub struct ProfileSource {
 }
 
 impl FaultSource for ProfileSource {
-    fn draw(&self, seed: u64, slice_ns: u64) -> Vec<run::faults::Fault> {
-        self.profile.draw(
-            seed,
-            VirtNanos(slice_ns),
-            &self.nodes,
-            &self.nodes_with_disks,
-        )
+    fn draw(&self, seed: u64, slice_ns: VirtNanos) -> Vec<run::faults::Fault> {
+        self.profile
+            .draw(seed, slice_ns, &self.nodes, &self.nodes_with_disks)
     }
 }
 

@@ -157,7 +157,7 @@ mod tests {
             depth: 0,
             path: Default::default(),
             end_exits: 0,
-            end_ns: 0,
+            end_ns: vmm::VirtNanos::ZERO,
             digest: "d".into(),
             score: 1.0,
             stopped: false,

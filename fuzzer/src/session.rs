@@ -4,7 +4,7 @@
 //! along a path's steps (each: run to its time, re-key, add its faults).
 
 use crate::runner::{Calls, RunnerError};
-use crate::spec::{CampaignSpec, RootRule, ROOT_POLL_NS};
+use crate::spec::{CampaignSpec, RootRule, ROOT_POLL};
 use crate::step::Step;
 use run::api::{Position, RunId, Until};
 use run::records::{GuestRecord, RecordBody};
@@ -50,7 +50,7 @@ pub fn reach(
     };
     match *rule {
         RootRule::At { at_ns } => {
-            let position = calls.run_until(run, Until::Time(VirtNanos(at_ns)))?;
+            let position = calls.run_until(run, Until::Time(at_ns))?;
             if position.stop.is_some() {
                 return Err(stopped(&position));
             }
@@ -58,10 +58,10 @@ pub fn reach(
         }
         RootRule::SetupComplete { wait_ns } => {
             let mut records = Vec::new();
-            let mut at = 0u64;
+            let mut at = VirtNanos::ZERO;
             loop {
-                at += ROOT_POLL_NS;
-                let position = calls.run_until(run, Until::Time(VirtNanos(at)))?;
+                at = at + ROOT_POLL;
+                let position = calls.run_until(run, Until::Time(at))?;
                 let taken = calls.take_records(run)?;
                 let done = taken.iter().any(|r| {
                     matches!(
@@ -81,9 +81,7 @@ pub fn reach(
                     return Err(stopped(&position));
                 }
                 if at >= wait_ns {
-                    return Err(SessionError::NoSetupComplete {
-                        wait: VirtNanos(wait_ns),
-                    });
+                    return Err(SessionError::NoSetupComplete { wait: wait_ns });
                 }
             }
         }
@@ -96,10 +94,10 @@ pub fn apply_steps(
     calls: &mut Calls<'_>,
     run: RunId,
     steps: &[Step],
-    end_ns: u64,
+    end_ns: VirtNanos,
 ) -> Result<Position> {
     for step in steps {
-        let position = calls.run_until(run, Until::Time(VirtNanos(step.at_ns)))?;
+        let position = calls.run_until(run, Until::Time(step.at_ns))?;
         if position.stop.is_some() {
             return Ok(position);
         }
@@ -109,5 +107,5 @@ pub fn apply_steps(
             calls.inject(run, fault.clone())?;
         }
     }
-    Ok(calls.run_until(run, Until::Time(VirtNanos(end_ns)))?)
+    Ok(calls.run_until(run, Until::Time(end_ns))?)
 }

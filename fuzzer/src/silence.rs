@@ -47,7 +47,7 @@ mod tests {
             depth: 0,
             path: Default::default(),
             end_exits: 0,
-            end_ns: 0,
+            end_ns: vmm::VirtNanos::ZERO,
             digest: String::new(),
             score: 0.0,
             stopped: false,

@@ -6,6 +6,7 @@
 use run::faults::{Fault, FaultError};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::fmt;
+use vmm::VirtNanos;
 
 /// One branch: run to virtual time `at_ns`, re-key every seeded stream from
 /// `seed` there, add `faults` (`at=+<d>` from the branch point; serialized
@@ -13,7 +14,7 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Step {
-    pub at_ns: u64,
+    pub at_ns: VirtNanos,
     pub seed: u64,
     pub faults: Vec<Fault>,
 }
@@ -25,7 +26,7 @@ pub struct Step {
 pub struct PathFaultError {
     /// 1-based.
     pub step: usize,
-    pub at: vmm::VirtNanos,
+    pub at: VirtNanos,
     #[source]
     pub source: Box<FaultError>,
 }
@@ -44,7 +45,7 @@ pub enum PathReadError {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Path {
     pub steps: Vec<Step>,
-    pub end_ns: u64,
+    pub end_ns: VirtNanos,
 }
 
 /// A [`Path`] as stored, its faults still text.
@@ -52,13 +53,13 @@ pub struct Path {
 #[serde(deny_unknown_fields)]
 struct StoredPath {
     steps: Vec<StoredStep>,
-    end_ns: u64,
+    end_ns: VirtNanos,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StoredStep {
-    at_ns: u64,
+    at_ns: VirtNanos,
     seed: u64,
     faults: Vec<String>,
 }
@@ -75,7 +76,7 @@ impl TryFrom<StoredPath> for Path {
                 let faults =
                     run::faults::parse_faults(&step.faults).map_err(|source| PathFaultError {
                         step: index + 1,
-                        at: vmm::VirtNanos(step.at_ns),
+                        at: step.at_ns,
                         source: Box::new(source),
                     })?;
                 Ok(Step {
@@ -108,7 +109,7 @@ impl Path {
     }
 
     /// This path and one more branch from its end, run for `slice_ns`.
-    pub fn child(&self, seed: u64, faults: Vec<Fault>, slice_ns: u64) -> Path {
+    pub fn child(&self, seed: u64, faults: Vec<Fault>, slice_ns: VirtNanos) -> Path {
         let mut steps = self.steps.clone();
         steps.push(Step {
             at_ns: self.end_ns,
@@ -155,13 +156,11 @@ impl Path {
             for fault in &step.faults {
                 let error = |source| PathFaultError {
                     step: index + 1,
-                    at: vmm::VirtNanos(step.at_ns),
+                    at: step.at_ns,
                     source: Box::new(source),
                 };
                 fault.check_nodes(nodes).map_err(error)?;
-                fault
-                    .scheduled(Some(vmm::VirtNanos(step.at_ns)))
-                    .map_err(error)?;
+                fault.scheduled(Some(step.at_ns)).map_err(error)?;
             }
         }
         Ok(())
@@ -175,13 +174,13 @@ impl Path {
 impl fmt::Display for Path {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for step in &self.steps {
-            write!(f, "@{} seed={}", vmm::VirtNanos(step.at_ns), step.seed)?;
+            write!(f, "@{} seed={}", step.at_ns, step.seed)?;
             for fault in &step.faults {
                 write!(f, " [{fault}]")?;
             }
             write!(f, "; ")?;
         }
-        write!(f, "to {}", vmm::VirtNanos(self.end_ns))
+        write!(f, "to {}", self.end_ns)
     }
 }
 
@@ -195,7 +194,11 @@ mod tests {
 
     fn path() -> Path {
         Path::default()
-            .child(7, faults(&["at=+1s pause n1 for=2s"]), 5_000_000_000)
+            .child(
+                7,
+                faults(&["at=+1s pause n1 for=2s"]),
+                VirtNanos::from_secs(5),
+            )
             .child(
                 9,
                 faults(&[
@@ -203,16 +206,16 @@ mod tests {
                     "at=+2s kill n2",
                     "at=+2.5s restart n2",
                 ]),
-                5_000_000_000,
+                VirtNanos::from_secs(5),
             )
     }
 
     #[test]
     fn test_a_child_branches_at_its_parent_s_end() {
         let p = path();
-        assert_eq!(p.steps[0].at_ns, 0);
-        assert_eq!(p.steps[1].at_ns, 5_000_000_000);
-        assert_eq!(p.end_ns, 10_000_000_000);
+        assert_eq!(p.steps[0].at_ns, VirtNanos::ZERO);
+        assert_eq!(p.steps[1].at_ns, VirtNanos::from_secs(5));
+        assert_eq!(p.end_ns, VirtNanos::from_secs(10));
         assert_eq!(p.fault_count(), 4);
     }
 
@@ -228,6 +231,11 @@ mod tests {
         );
         assert_eq!(serde_json::from_str::<Path>(&text).unwrap(), p);
         assert_eq!(Path::from_json(&text).unwrap(), p);
+        // A step alone, its time a bare number of nanoseconds as when it
+        // was a `u64`.
+        let step = r#"{"at_ns":5000000000,"seed":9,"faults":["at=+0s cut n1 <-> n2","at=+2s kill n2","at=+2.5s restart n2"]}"#;
+        assert_eq!(serde_json::to_string(&p.steps[1]).unwrap(), step);
+        assert_eq!(serde_json::from_str::<Step>(step).unwrap(), p.steps[1]);
     }
 
     #[test]
@@ -243,7 +251,7 @@ mod tests {
         let Err(PathReadError::Fault(error)) = Path::from_json(text) else {
             panic!("a fault error");
         };
-        assert_eq!((error.step, error.at), (2, vmm::VirtNanos::from_secs(1)));
+        assert_eq!((error.step, error.at), (2, VirtNanos::from_secs(1)));
         assert!(matches!(
             Path::from_json("{\"steps\": 3}"),
             Err(PathReadError::Json(_))

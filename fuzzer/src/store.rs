@@ -16,6 +16,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use serde::{de::DeserializeOwned, Serialize};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use vmm::VirtNanos;
 
 /// What this build writes and reads. 2: a branch re-keys the guest
 /// kernel's CRNG at its first instant, so every stored path below the root
@@ -105,7 +106,7 @@ pub struct NodeRow {
     pub depth: u32,
     pub path: StepPath,
     pub end_exits: u64,
-    pub end_ns: u64,
+    pub end_ns: VirtNanos,
     pub digest: String,
     /// How interesting the branch that made it was (see `search`).
     pub score: f64,
@@ -492,7 +493,7 @@ impl Store {
                 depth,
                 path,
                 end_exits: end_exits as u64,
-                end_ns: end_ns as u64,
+                end_ns: VirtNanos(end_ns as u64),
                 digest,
                 score,
                 stopped,
@@ -566,7 +567,7 @@ fn insert_node(tx: &rusqlite::Transaction<'_>, node: &NodeRow) -> rusqlite::Resu
             node.depth,
             serde_json::to_string(&node.path).expect("paths serialize"),
             node.end_exits as i64,
-            node.end_ns as i64,
+            node.end_ns.as_nanos() as i64,
             node.digest,
             node.score,
             node.stopped
@@ -613,9 +614,13 @@ mod tests {
             id,
             parent,
             depth: parent.map_or(0, |_| 1),
-            path: StepPath::default().child(id, vec!["at=+1s pause n1".parse().unwrap()], 1_000),
+            path: StepPath::default().child(
+                id,
+                vec!["at=+1s pause n1".parse().unwrap()],
+                VirtNanos(1_000),
+            ),
             end_exits: 10 * id,
-            end_ns: 1_000 * id,
+            end_ns: VirtNanos(1_000 * id),
             digest: format!("{id:032x}"),
             score: 0.5,
             stopped: false,

@@ -111,10 +111,10 @@ mod tests {
                 depth,
                 path: StepPath {
                     steps: Vec::new(),
-                    end_ns: 0,
+                    end_ns: vmm::VirtNanos::ZERO,
                 },
                 end_exits: 0,
-                end_ns: 0,
+                end_ns: vmm::VirtNanos::ZERO,
                 digest: String::new(),
                 score,
                 stopped: false,

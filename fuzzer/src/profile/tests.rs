@@ -450,7 +450,7 @@ fn test_draws_serialize_as_the_build_before_typed_faults() {
     let mut path = crate::step::Path::default();
     for seed in 1..=4 {
         let faults = profile.draw(seed, secs(4), &nodes, &disks);
-        path = path.child(seed, faults, 4_000_000_000);
+        path = path.child(seed, faults, secs(4));
     }
     let json = serde_json::to_string(&path).unwrap();
     assert_eq!(json, include_str!("testdata/drawn_path.json").trim_end());

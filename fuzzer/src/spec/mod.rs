@@ -42,12 +42,12 @@ pub enum SpecError {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum RootRule {
-    /// The first exit at or after a poll (every [`ROOT_POLL_NS`]) that
+    /// The first exit at or after a poll (every [`ROOT_POLL`]) that
     /// follows the system under test's `setup_complete`, waited for at most
     /// `wait_ns`.
-    SetupComplete { wait_ns: u64 },
+    SetupComplete { wait_ns: VirtNanos },
     /// The first exit at or after this virtual time.
-    At { at_ns: u64 },
+    At { at_ns: VirtNanos },
 }
 
 /// The widest batch (and the most workers) a campaign may have.
@@ -58,7 +58,7 @@ fn one() -> u32 {
 }
 
 /// How often, in virtual time, a campaign looks for `setup_complete`.
-pub const ROOT_POLL_NS: u64 = 100_000_000;
+pub const ROOT_POLL: VirtNanos = VirtNanos(100_000_000);
 
 /// What judges a branch's recorded history.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,7 +79,7 @@ pub struct CampaignSpec {
     pub seed: u64,
     pub root: RootRule,
     /// Virtual time each branch runs.
-    pub slice_ns: u64,
+    pub slice_ns: VirtNanos,
     /// Steps from the root a moment may be at and still be branched.
     pub max_depth: u32,
     /// Checkpoints kept in memory at once (the root included), per worker.
@@ -279,7 +279,7 @@ impl CampaignFile {
                 &keys,
                 "root.wait",
                 text,
-                VirtNanos(ROOT_POLL_NS),
+                ROOT_POLL,
                 MAX_VIRTUAL_TIME,
                 "setup_complete is looked for every 100ms",
             )?,
@@ -287,7 +287,7 @@ impl CampaignFile {
         };
         let (root, root_time) = match file.root.at.as_deref() {
             None | Some("setup_complete") | Some("setup-complete") => {
-                (RootRule::SetupComplete { wait_ns: wait.0 }, wait)
+                (RootRule::SetupComplete { wait_ns: wait }, wait)
             }
             Some(text) => {
                 if file.root.wait.is_some() {
@@ -305,7 +305,7 @@ impl CampaignFile {
                     MAX_VIRTUAL_TIME,
                     "the root is a moment after the boot began (or \"setup_complete\")",
                 )?;
-                (RootRule::At { at_ns: at.0 }, at)
+                (RootRule::At { at_ns: at }, at)
             }
         };
         let slice = match &file.search.slice {
@@ -455,7 +455,7 @@ impl CampaignFile {
             manifest,
             seed: file.seed,
             root,
-            slice_ns: slice.0,
+            slice_ns: slice,
             max_depth,
             live_checkpoints,
             batch_width,

@@ -16,10 +16,10 @@ fn test_defaults_and_a_full_file() {
     assert_eq!(
         spec.root,
         RootRule::SetupComplete {
-            wait_ns: DEFAULT_SETUP_WAIT.0
+            wait_ns: DEFAULT_SETUP_WAIT
         }
     );
-    assert_eq!(spec.slice_ns, DEFAULT_SLICE.0);
+    assert_eq!(spec.slice_ns, DEFAULT_SLICE);
     assert_eq!(spec.checker, HistoryChecker::None);
     assert_eq!(spec.checkpoint_memory, None);
     assert_eq!(spec.wall_budget(), None);
@@ -53,10 +53,10 @@ rate = 0.5
     assert_eq!(
         spec.root,
         RootRule::At {
-            at_ns: 12_000_000_000
+            at_ns: VirtNanos::from_secs(12)
         }
     );
-    assert_eq!(spec.slice_ns, 2_000_000_000);
+    assert_eq!(spec.slice_ns, VirtNanos::from_secs(2));
     assert_eq!(spec.max_depth, 5);
     assert_eq!(spec.checkpoint_memory, Some(4 << 30));
     assert!(!spec.spill);
@@ -376,4 +376,35 @@ fn test_a_toml_syntax_error_is_one_line_at_the_users_line() {
         message,
         "campaign file c.toml, line 3: search.slice: invalid type: integer `5`, expected a string"
     );
+}
+
+#[test]
+fn test_a_spec_is_stored_as_the_build_before_typed_times_stored_it() {
+    // The campaign database's `spec` key, as written while the root's,
+    // the slice's and the wait's times were `u64`s: the same bytes now.
+    for (file, text) in [
+        (
+            "manifest = \"m.toml\"\nseed = 4\n[root]\nat = \"12.5s\"\n[search]\nslice = \"2500ms\"\nmax_depth = 5\ncheckpoint_memory = \"4G\"\n[budget]\nwall = \"30m\"\nbranches = 100\n[checker]\nhistory = \"kv\"\n[faults.network]\nrate = 0.5\n",
+            include_str!("testdata/stored_spec_root_at.json"),
+        ),
+        (
+            "manifest = \"m.toml\"\n[root]\nwait = \"90s\"\n",
+            include_str!("testdata/stored_spec_setup_complete.json"),
+        ),
+    ] {
+        let spec = parse(file).unwrap();
+        assert_eq!(serde_json::to_string(&spec).unwrap(), text.trim_end());
+        assert_eq!(serde_json::from_str::<CampaignSpec>(text).unwrap(), spec);
+    }
+    let at = parse(
+        "manifest = \"m\"\n[root]\nat = \"12.5s\"\n[search]\nslice = \"2500ms\"\nmax_depth = 5\n",
+    )
+    .unwrap();
+    assert_eq!(
+        at.root,
+        RootRule::At {
+            at_ns: VirtNanos(12_500_000_000)
+        }
+    );
+    assert_eq!(at.slice_ns, VirtNanos(2_500_000_000));
 }
