@@ -2,6 +2,7 @@
 //! access advances the devices to its time, is served by its owner, and
 //! then fires what it made due (see `step`).
 
+use super::device_id::DeviceId;
 use super::slots::VirtioDevices;
 use super::Devices;
 use crate::acpi_pm::AcpiPmBlock;
@@ -18,27 +19,6 @@ const RTC_LEN: u64 = 2;
 /// Command and data ports of each PIC; ELCR1 and ELCR2.
 const PIC_LEN: u64 = 2;
 const ELCR_LEN: u64 = 2;
-
-/// What owns a bus range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum DeviceId {
-    PicMaster,
-    PicSlave,
-    Elcr,
-    Com1,
-    Rtc,
-    I8042Data,
-    I8042Command,
-    Post,
-    AcpiPm1Event,
-    AcpiPm1Control,
-    AcpiPmTimer,
-    Status,
-    ClockPageExit,
-    Hpet,
-    /// A virtio-mmio slot, by index.
-    Virtio(usize),
-}
 
 pub(super) fn build_pio_bus() -> Bus<DeviceId> {
     let ranges = [

@@ -43,6 +43,7 @@
 //! an address, for traces) and `state` (the saved state of it all).
 
 mod access;
+mod device_id;
 mod disks;
 mod names;
 mod network;
@@ -60,7 +61,8 @@ use crate::serial::{ConsoleWriter, SerialPort};
 use crate::status::{GuestEvent, PostPort, StatusPort, I8042};
 use crate::switch::{FrameTap, Switch};
 use crate::time::VirtNanos;
-use access::{build_mmio_bus, build_pio_bus, DeviceId};
+use access::{build_mmio_bus, build_pio_bus};
+use device_id::DeviceId;
 use serde::{Deserialize, Serialize};
 use slots::VirtioDevices;
 use std::collections::VecDeque;

@@ -1,7 +1,7 @@
 //! The virtio-mmio slots: the device in each (whatever its backend, seen
 //! through [`SlotDevice`]), where each sits, and their saved states.
 
-use super::access::DeviceId;
+use super::device_id::DeviceId;
 use super::Devices;
 use crate::error::DevicesError;
 use crate::layout;

@@ -28,6 +28,8 @@
 pub mod blk;
 pub mod console;
 pub mod mmio;
+#[cfg(test)]
+mod mmio_tests;
 pub mod net;
 pub mod queue;
 pub mod rng;

@@ -4,7 +4,6 @@
 //! `create_node n1`, `sdk n2`, `kill_command 3`), printed and parsed here
 //! only; the host decides a run's fate by its variant.
 
-use super::HostToAgent;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
@@ -76,41 +75,6 @@ pub enum ErrorContext {
     Channel,
     /// A message the agent could not encode.
     Encode,
-}
-
-impl HostToAgent {
-    /// The context an error answering this request names.
-    pub fn error_context(&self) -> ErrorContext {
-        match self {
-            HostToAgent::Hello { .. } => ErrorContext::Hello,
-            HostToAgent::CreateNode(spec) => ErrorContext::CreateNode {
-                node: spec.name.clone(),
-            },
-            HostToAgent::StartWorkload { .. } => ErrorContext::StartWorkload,
-            HostToAgent::Pause { node } => ErrorContext::Pause { node: node.clone() },
-            HostToAgent::Resume { node } => ErrorContext::Resume { node: node.clone() },
-            HostToAgent::Kill { node, .. } => ErrorContext::Kill { node: node.clone() },
-            HostToAgent::Restart { node } => ErrorContext::Restart { node: node.clone() },
-            HostToAgent::Crash { node } => ErrorContext::Crash { node: node.clone() },
-            HostToAgent::MountDisk { node } => ErrorContext::MountDisk { node: node.clone() },
-            HostToAgent::FillDisk { node } => ErrorContext::FillDisk { node: node.clone() },
-            HostToAgent::FreeDisk { node } => ErrorContext::FreeDisk { node: node.clone() },
-            HostToAgent::StepClock { node, .. } => ErrorContext::StepClock { node: node.clone() },
-            HostToAgent::DriftClock { node, .. } => ErrorContext::DriftClock { node: node.clone() },
-            HostToAgent::Shutdown => ErrorContext::Shutdown,
-            HostToAgent::OpenShell { .. } => ErrorContext::OpenShell,
-            HostToAgent::ShellInput { .. } => ErrorContext::ShellInput,
-            HostToAgent::Reseed { .. } => ErrorContext::Reseed,
-            HostToAgent::Random { id, .. } => ErrorContext::Random { id: *id },
-            HostToAgent::ListTemplate { template, .. } => ErrorContext::ListTemplate {
-                template: template.clone(),
-            },
-            HostToAgent::StartCommand { command, .. } => ErrorContext::StartCommand {
-                command: command.clone(),
-            },
-            HostToAgent::KillCommand { id } => ErrorContext::KillCommand { id: *id },
-        }
-    }
 }
 
 impl ErrorContext {
@@ -229,9 +193,7 @@ impl<'de> Deserialize<'de> for ErrorContext {
 
 #[cfg(test)]
 mod tests {
-    use super::super::AgentToHost;
     use super::*;
-    use std::collections::BTreeMap;
 
     /// Every context, with the text the agent has always sent for it.
     fn every_context() -> Vec<(ErrorContext, &'static str)> {
@@ -291,67 +253,5 @@ mod tests {
                 context
             );
         }
-    }
-
-    #[test]
-    fn test_an_error_message_keeps_its_json_fields() {
-        let error = AgentToHost::Error {
-            context: ErrorContext::CreateNode { node: "n2".into() },
-            message: "no such directory".into(),
-        };
-        let json = r#"{"type":"error","context":"create_node n2","message":"no such directory"}"#;
-        assert_eq!(serde_json::to_string(&error).unwrap(), json);
-        assert_eq!(serde_json::from_str::<AgentToHost>(json).unwrap(), error);
-    }
-
-    #[test]
-    fn test_texts_that_name_no_context_are_refused() {
-        for bad in [
-            "",
-            "hello n1",
-            "create_node",
-            "random x",
-            "random",
-            "kill_command -1",
-            "channel 2",
-            "no_such_request n1",
-        ] {
-            assert_eq!(
-                bad.parse::<ErrorContext>(),
-                Err(UnknownErrorContext(bad.into())),
-                "{bad:?}"
-            );
-        }
-        let frame = r#"{"type":"error","context":"hello n1","message":"m"}"#;
-        assert!(serde_json::from_str::<AgentToHost>(frame).is_err());
-    }
-
-    #[test]
-    fn test_a_request_names_its_own_context() {
-        let create: HostToAgent = serde_json::from_str(
-            r#"{"type":"create_node","name":"n3","rootfs":"/n3","command":["sh"]}"#,
-        )
-        .unwrap();
-        assert_eq!(create.error_context().to_string(), "create_node n3");
-        let kill = HostToAgent::Kill {
-            node: "n1".into(),
-            signal: 9,
-        };
-        assert_eq!(
-            kill.error_context(),
-            ErrorContext::Kill { node: "n1".into() }
-        );
-        let command = HostToAgent::StartCommand {
-            id: 4,
-            node: "n1".into(),
-            template: "t".into(),
-            command: "first_x".into(),
-            env: BTreeMap::new(),
-        };
-        assert_eq!(command.error_context().to_string(), "start_command first_x");
-        assert_eq!(
-            HostToAgent::Random { id: 7, value: 1 }.error_context(),
-            ErrorContext::Random { id: 7 }
-        );
     }
 }

@@ -285,3 +285,38 @@ impl ExitStatus {
         }
     }
 }
+
+impl HostToAgent {
+    /// The context an error answering this request names.
+    pub fn error_context(&self) -> ErrorContext {
+        match self {
+            HostToAgent::Hello { .. } => ErrorContext::Hello,
+            HostToAgent::CreateNode(spec) => ErrorContext::CreateNode {
+                node: spec.name.clone(),
+            },
+            HostToAgent::StartWorkload { .. } => ErrorContext::StartWorkload,
+            HostToAgent::Pause { node } => ErrorContext::Pause { node: node.clone() },
+            HostToAgent::Resume { node } => ErrorContext::Resume { node: node.clone() },
+            HostToAgent::Kill { node, .. } => ErrorContext::Kill { node: node.clone() },
+            HostToAgent::Restart { node } => ErrorContext::Restart { node: node.clone() },
+            HostToAgent::Crash { node } => ErrorContext::Crash { node: node.clone() },
+            HostToAgent::MountDisk { node } => ErrorContext::MountDisk { node: node.clone() },
+            HostToAgent::FillDisk { node } => ErrorContext::FillDisk { node: node.clone() },
+            HostToAgent::FreeDisk { node } => ErrorContext::FreeDisk { node: node.clone() },
+            HostToAgent::StepClock { node, .. } => ErrorContext::StepClock { node: node.clone() },
+            HostToAgent::DriftClock { node, .. } => ErrorContext::DriftClock { node: node.clone() },
+            HostToAgent::Shutdown => ErrorContext::Shutdown,
+            HostToAgent::OpenShell { .. } => ErrorContext::OpenShell,
+            HostToAgent::ShellInput { .. } => ErrorContext::ShellInput,
+            HostToAgent::Reseed { .. } => ErrorContext::Reseed,
+            HostToAgent::Random { id, .. } => ErrorContext::Random { id: *id },
+            HostToAgent::ListTemplate { template, .. } => ErrorContext::ListTemplate {
+                template: template.clone(),
+            },
+            HostToAgent::StartCommand { command, .. } => ErrorContext::StartCommand {
+                command: command.clone(),
+            },
+            HostToAgent::KillCommand { id } => ErrorContext::KillCommand { id: *id },
+        }
+    }
+}

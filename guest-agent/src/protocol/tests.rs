@@ -417,3 +417,65 @@ fn test_exit_status_shell_code() {
     assert_eq!(ExitStatus::Code(3).shell_code(), 3);
     assert_eq!(ExitStatus::Signal(9).shell_code(), 137);
 }
+
+#[test]
+fn test_an_error_message_keeps_its_json_fields() {
+    let error = AgentToHost::Error {
+        context: ErrorContext::CreateNode { node: "n2".into() },
+        message: "no such directory".into(),
+    };
+    let json = r#"{"type":"error","context":"create_node n2","message":"no such directory"}"#;
+    assert_eq!(serde_json::to_string(&error).unwrap(), json);
+    assert_eq!(serde_json::from_str::<AgentToHost>(json).unwrap(), error);
+}
+
+#[test]
+fn test_texts_that_name_no_context_are_refused() {
+    for bad in [
+        "",
+        "hello n1",
+        "create_node",
+        "random x",
+        "random",
+        "kill_command -1",
+        "channel 2",
+        "no_such_request n1",
+    ] {
+        assert_eq!(
+            bad.parse::<ErrorContext>(),
+            Err(UnknownErrorContext(bad.into())),
+            "{bad:?}"
+        );
+    }
+    let frame = r#"{"type":"error","context":"hello n1","message":"m"}"#;
+    assert!(serde_json::from_str::<AgentToHost>(frame).is_err());
+}
+
+#[test]
+fn test_a_request_names_its_own_context() {
+    let create: HostToAgent = serde_json::from_str(
+        r#"{"type":"create_node","name":"n3","rootfs":"/n3","command":["sh"]}"#,
+    )
+    .unwrap();
+    assert_eq!(create.error_context().to_string(), "create_node n3");
+    let kill = HostToAgent::Kill {
+        node: "n1".into(),
+        signal: 9,
+    };
+    assert_eq!(
+        kill.error_context(),
+        ErrorContext::Kill { node: "n1".into() }
+    );
+    let command = HostToAgent::StartCommand {
+        id: 4,
+        node: "n1".into(),
+        template: "t".into(),
+        command: "first_x".into(),
+        env: BTreeMap::new(),
+    };
+    assert_eq!(command.error_context().to_string(), "start_command first_x");
+    assert_eq!(
+        HostToAgent::Random { id: 7, value: 1 }.error_context(),
+        ErrorContext::Random { id: 7 }
+    );
+}

@@ -1,7 +1,8 @@
 //! The guest of an `up` run: the agent plus every node's tree under
 //! `/nodes/<name>`, and what the agent is asked to start for each node.
 
-use super::{node_nic, node_root, PrepareError};
+use super::prepare_error::PrepareError;
+use super::{node_nic, node_root};
 use crate::manifest::{Manifest, NodePlan, RootSource};
 use guest_agent::protocol::{NodeDisk, NodeSpec};
 use image_builder::{ImageConfig, RootFs};

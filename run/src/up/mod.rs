@@ -8,6 +8,7 @@
 mod assemble;
 mod disk;
 mod launch;
+mod prepare_error;
 
 pub use crate::composer;
 pub use crate::conversation::{
@@ -18,9 +19,9 @@ pub use crate::event::UpEvent;
 pub use assemble::assemble;
 pub use disk::{disk_image, disk_serial, DiskError};
 pub use launch::{
-    prepare, run, Initrd, PrepareError, PreparedUp, UpError, UpOptions, UpSummary,
-    DEFAULT_RAM_BYTES,
+    prepare, run, Initrd, PreparedUp, UpError, UpOptions, UpSummary, DEFAULT_RAM_BYTES,
 };
+pub use prepare_error::PrepareError;
 
 /// The guest's NIC for node `index` (in manifest order).
 pub fn node_nic(index: usize) -> String {

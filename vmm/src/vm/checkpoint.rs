@@ -8,19 +8,15 @@
 //! unit-tested) and `page_digest`; this file connects them to KVM's dirty
 //! log and the guest's mapping.
 
-use super::kept_pages::{
-    self, root_pages, CheckpointMemory, CheckpointTree, GuestPages, InitialPages, NodeId,
-};
+use super::kept_pages::{self, root_pages, CheckpointMemory, GuestPages, InitialPages, NodeId};
 use super::memory::{host_ram, PAGE_SIZE};
 use super::memory_scan::{
     candidate_pages, memory_hash_and_residency, page_hashes_and_residency, private_copies,
     resident_bytes, MemoryBacking,
 };
-use super::page_digest::PageHashes;
 use super::{kvm_err, stepping, CheckpointError, ResetStats, Session, SessionState, VmError};
 use crate::irq_window::WindowGuard;
 use crate::vcpu_state;
-use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 use vm_memory::bitmap::AtomicBitmap;
 use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
@@ -47,48 +43,6 @@ impl Checkpoint {
     /// the session was last reset to or taken at.
     pub fn pages_kept(&self) -> u64 {
         self.pages_kept
-    }
-}
-
-/// What a session knows about its pages beyond the RAM itself: the tree of
-/// checkpoints, the digest kept up to date, and who still has to hear of
-/// pages changed. All are fed from the one dirty log.
-#[derive(Default)]
-pub(super) struct PageLedger {
-    tree: CheckpointTree,
-    /// Every page's hash, once a digest was asked for with the log on.
-    hashes: Option<PageHashes>,
-    /// Pages changed since `hashes` was last brought up to date.
-    unhashed: BTreeSet<u64>,
-    /// Whether someone outside reads the log (`take_dirty_pages`: a
-    /// snapshot chain) ...
-    outside_reader: bool,
-    /// ... and then the pages changed that it has not heard of: read from
-    /// the log by a checkpoint, reset or digest, or rewritten by a reset
-    /// (which the log does not show).
-    unreported: BTreeSet<u64>,
-}
-
-impl PageLedger {
-    /// The dirty log said these pages were written.
-    fn note_written(&mut self, pages: &[u64]) {
-        self.tree.note_written(pages);
-        if self.hashes.is_some() {
-            self.unhashed.extend(pages);
-        }
-        if self.outside_reader {
-            self.unreported.extend(pages);
-        }
-    }
-
-    /// A reset rewrote these pages.
-    fn note_rewritten(&mut self, pages: &[u64]) {
-        if self.hashes.is_some() {
-            self.unhashed.extend(pages);
-        }
-        if self.outside_reader {
-            self.unreported.extend(pages);
-        }
     }
 }
 

@@ -438,6 +438,33 @@ pub(super) fn collect_dirty(first_page: u64, guest: &[u64], vmm: &[u64], pages: 
     }
 }
 
+/// Makes `ram` equal to `image` (the whole RAM image) on `pages`, in
+/// ascending order, each with whether the image stores it (one it does not
+/// store is zero: it is not read, so a lazily mapped image is not faulted
+/// in there); every page outside them must already be equal (zero in
+/// both). Returns the pages it wrote.
+pub(super) fn load_pages(
+    ram: &mut dyn GuestPages,
+    image: &[u8],
+    pages: impl Iterator<Item = (u64, bool)>,
+) -> Vec<u64> {
+    assert_eq!(ram.len(), image.len(), "the image is not this RAM's size");
+    let zero = [0u8; PAGE_SIZE];
+    let mut written = Vec::new();
+    for (page, stored) in pages {
+        let saved = if stored {
+            &image[page as usize * PAGE_SIZE..][..PAGE_SIZE]
+        } else {
+            &zero[..]
+        };
+        if ram.page(page) != saved {
+            ram.write_page(page, saved);
+            written.push(page);
+        }
+    }
+    written
+}
+
 #[cfg(test)]
 #[path = "kept_pages_tests.rs"]
 mod tests;

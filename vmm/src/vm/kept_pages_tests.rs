@@ -423,7 +423,7 @@ proptest! {
                     // the pages written behind it noted.
                     let dirty = ram.dirty();
                     tree.note_written(&dirty);
-                    let written = crate::vm::load_in_place::load_pages(
+                    let written = super::load_pages(
                         &mut ram, &image_ram, (0..12).map(|p| (p, image[p as usize] != 0)));
                     tree.note_written(&written);
                     prop_assert_eq!(&ram.bytes(), &image);

@@ -8,7 +8,7 @@
 //! reset restores them. No new VM, no new mapping.
 
 use super::checkpoint::MappedRam;
-use super::kept_pages::GuestPages;
+use super::kept_pages::load_pages;
 use super::memory::{host_ram, PAGE_SIZE};
 use super::memory_scan::candidate_pages;
 use super::{stepping, IncompatibleState, Session, SessionState, VmError};
@@ -24,33 +24,6 @@ pub struct LoadStats {
     pub pages_compared: u64,
     /// Pages that did differ, written.
     pub pages_written: u64,
-}
-
-/// Makes `ram` equal to `image` (the whole RAM image) on `pages`, in
-/// ascending order, each with whether the image stores it (one it does not
-/// store is zero: it is not read, so a lazily mapped image is not faulted
-/// in there); every page outside them must already be equal (zero in
-/// both). Returns the pages it wrote.
-pub(super) fn load_pages(
-    ram: &mut dyn GuestPages,
-    image: &[u8],
-    pages: impl Iterator<Item = (u64, bool)>,
-) -> Vec<u64> {
-    assert_eq!(ram.len(), image.len(), "the image is not this RAM's size");
-    let zero = [0u8; PAGE_SIZE];
-    let mut written = Vec::new();
-    for (page, stored) in pages {
-        let saved = if stored {
-            &image[page as usize * PAGE_SIZE..][..PAGE_SIZE]
-        } else {
-            &zero[..]
-        };
-        if ram.page(page) != saved {
-            ram.write_page(page, saved);
-            written.push(page);
-        }
-    }
-    written
 }
 
 impl Session {

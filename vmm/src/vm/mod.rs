@@ -31,6 +31,7 @@ mod memory;
 mod memory_scan;
 mod observe;
 mod page_digest;
+mod page_ledger;
 mod session;
 mod stepping;
 mod wiring;

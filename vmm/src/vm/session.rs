@@ -5,11 +5,11 @@
 //! Running it (the exit loop) is in `stepping`, in-place checkpoints in
 //! `checkpoint`.
 
-use super::checkpoint::PageLedger;
 use super::console::{self, ConsoleCapture, ConsoleInput};
 use super::kvm_vm::{create_vm, Vm};
 use super::memory::{fresh_ram, host_ram, GuestRam};
 use super::memory_scan::MemoryBacking;
+use super::page_ledger::PageLedger;
 use super::wiring::{build_devices, DeviceSetSpec, DiskSpec, NetworkSpec};
 use super::{kvm_err, DigestParts, IncompatibleState, ResumeConfig, RunOutcome, VmConfig, VmError};
 use crate::boot::{self, BootError, BootInputs};
