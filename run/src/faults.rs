@@ -59,7 +59,7 @@ pub use action::{FaultAction, NodeFault};
 pub use disk::{DiskActionError, DiskFault};
 pub use error::{ActionError, FaultError, FaultTextError, FaultTimeError};
 pub use lanes::check_lanes;
-pub use network::{LatencyRange, NetworkActionError, NetworkFault};
+pub use network::{LatencyRange, NetworkActionError, NetworkFault, NoPortError};
 pub use until::{check_run_end, check_until};
 
 use devices::VirtNanos;
@@ -211,5 +211,9 @@ pub fn schedule(faults: &[Fault], nodes: &[String]) -> Result<Vec<ScheduledFault
     Ok(all)
 }
 
+#[cfg(test)]
+mod network_tests;
+#[cfg(test)]
+mod test_support;
 #[cfg(test)]
 mod tests;

@@ -179,7 +179,9 @@ impl UpDriver {
             FaultAction::Network(network) => {
                 let devices = session.devices_mut();
                 let ports = devices.nic_ports();
-                let on_switch = network.to_switch(&self.node_names, &ports)?;
+                let on_switch = network
+                    .to_switch(&self.node_names, &ports)
+                    .map_err(FaultError::from)?;
                 let scheduled = devices.schedule_network_fault(fault.at, on_switch);
                 if let Err(source) = scheduled {
                     return Err(DriveError::Schedule {

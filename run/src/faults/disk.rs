@@ -14,7 +14,6 @@
 //! `full`/`free` and `crash` are the agent's ([`NodeFault`]); `crash` also
 //! crashes the disk at its exact time (see `UpDriver::inject`).
 
-use super::{ActionError, FaultAction, NodeFault};
 use devices::virtio::{DiskCommand, FlushMode};
 use devices::VirtNanos;
 use std::fmt;
@@ -96,73 +95,9 @@ pub enum DiskActionError {
     Kind { kind: String },
 }
 
-/// The action of `disk <args>`.
-pub(super) fn parse_disk(args: &[&str]) -> Result<FaultAction, ActionError> {
-    let [node, kind] = args else {
-        return Err(DiskActionError::Shape.into());
-    };
-    let node = (*node).to_owned();
-    Ok(match kind.split_once('=') {
-        Some(("fsync-delay", value)) => {
-            let delay = crate::units::parse_duration(value).map_err(DiskActionError::Delay)?;
-            FaultAction::Disk(DiskFault::FsyncDelay { node, delay })
-        }
-        Some(_) => {
-            return Err(DiskActionError::Kind {
-                kind: (*kind).to_owned(),
-            }
-            .into())
-        }
-        None => match *kind {
-            "fsync-error" => FaultAction::Disk(DiskFault::FsyncError { node }),
-            "fsync-ok" => FaultAction::Disk(DiskFault::FsyncOk { node }),
-            "full" => FaultAction::Node(NodeFault::DiskFull { node }),
-            "free" => FaultAction::Node(NodeFault::DiskFree { node }),
-            other => {
-                return Err(DiskActionError::Kind {
-                    kind: other.to_owned(),
-                }
-                .into())
-            }
-        },
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::tests::parse_fault;
-    use super::super::ScheduledFault;
     use super::*;
-
-    #[test]
-    fn test_disk_faults_parse_print_and_expand_for() {
-        // Arrange / Act
-        let delay = parse_fault("at=1s disk n1 fsync-delay=500ms for=10s").unwrap();
-        let error = parse_fault("at=2s disk n1 fsync-error for=5s").unwrap();
-        let full = parse_fault("at=3s disk n2 full for=1s").unwrap();
-        let crash = parse_fault("at=4s crash n1").unwrap();
-
-        // Assert
-        let texts =
-            |faults: &[ScheduledFault]| faults.iter().map(|f| f.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            texts(&delay),
-            ["at=1s disk n1 fsync-delay=500ms", "at=11s disk n1 fsync-ok"]
-        );
-        assert_eq!(
-            texts(&error),
-            ["at=2s disk n1 fsync-error", "at=7s disk n1 fsync-ok"]
-        );
-        assert_eq!(texts(&full), ["at=3s disk n2 full", "at=4s disk n2 free"]);
-        assert_eq!(texts(&crash), ["at=4s crash n1"]);
-        assert_eq!(
-            delay[0].action,
-            FaultAction::Disk(DiskFault::FsyncDelay {
-                node: "n1".into(),
-                delay: VirtNanos(500_000_000)
-            })
-        );
-    }
 
     #[test]
     fn test_disk_fault_commands_round_trip() {
@@ -180,15 +115,5 @@ mod tests {
             );
         }
         assert_eq!(DiskFault::from_command("n1", &DiskCommand::Crash), None);
-    }
-
-    #[test]
-    fn test_bad_disk_faults_say_what_is_wrong() {
-        let err = |text: &str| format!("{:#}", anyhow::Error::from(parse_fault(text).unwrap_err()));
-        assert!(err("at=1s disk n1").contains("write disk <node> followed by"));
-        assert!(err("at=1s disk n1 sideways").contains("unknown disk fault \"sideways\""));
-        assert!(err("at=1s disk n1 fsync-delay=soon").contains("fsync-delay="));
-        assert!(err("at=1s disk n1 fsync-ok for=1s").contains("for= applies to"));
-        assert!(err("at=1s crash n1 n2").contains("crash takes exactly one node name"));
     }
 }

@@ -1,7 +1,7 @@
 //! Why a fault's text, time or nodes were refused. Each error names its
 //! fault once (the outermost), its causes do not repeat it.
 
-use super::{DiskActionError, Fault, NetworkActionError, NetworkFault, ScheduledFault};
+use super::{DiskActionError, Fault, NetworkActionError, NoPortError, ScheduledFault};
 use devices::time::DurationError;
 use devices::VirtNanos;
 
@@ -110,11 +110,8 @@ pub enum FaultError {
         second: Box<ScheduledFault>,
         lane: String,
     },
-    #[error("fault {fault}: no node {name:?}")]
-    NoPort {
-        fault: Box<NetworkFault>,
-        name: String,
-    },
+    #[error(transparent)]
+    NoPort(#[from] NoPortError),
 }
 
 /// Why a fault's time is not one where the fault is added.

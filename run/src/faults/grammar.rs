@@ -2,8 +2,8 @@
 //! action parsed from and printed as its text here, and serialized as it.
 
 use super::{
-    disk, ActionError, Fault, FaultAction, FaultError, FaultTextError, FaultTime,
-    NetworkActionError, NetworkFault, NodeFault, ScheduledFault,
+    ActionError, DiskActionError, DiskFault, Fault, FaultAction, FaultError, FaultTextError,
+    FaultTime, NetworkActionError, NetworkFault, NodeFault, ScheduledFault,
 };
 use crate::units::parse_duration;
 use devices::time::DurationError;
@@ -113,7 +113,7 @@ impl FromStr for FaultAction {
                     signal = Some(n);
                 }
                 Some(("latency", value)) => latency = Some(value),
-                // A disk fault's setting, read by `disk::parse_disk`.
+                // A disk fault's setting, read by `parse_disk`.
                 Some(("fsync-delay", _)) => words.push(word),
                 Some((key, _)) => {
                     return Err(ActionError::UnknownSetting {
@@ -146,7 +146,7 @@ impl FromStr for FaultAction {
             }),
             "restart" => FaultAction::Node(NodeFault::Restart { node: one_node()? }),
             "crash" => FaultAction::Node(NodeFault::Crash { node: one_node()? }),
-            "disk" => disk::parse_disk(args)?,
+            "disk" => parse_disk(args)?,
             "clock" => {
                 let [node, value] = args else {
                     return Err(ActionError::ClockArguments);
@@ -299,4 +299,36 @@ impl<'de> Deserialize<'de> for NodeFault {
             ))),
         }
     }
+}
+
+/// The action of `disk <args>`.
+fn parse_disk(args: &[&str]) -> Result<FaultAction, ActionError> {
+    let [node, kind] = args else {
+        return Err(DiskActionError::Shape.into());
+    };
+    let node = (*node).to_owned();
+    Ok(match kind.split_once('=') {
+        Some(("fsync-delay", value)) => {
+            let delay = crate::units::parse_duration(value).map_err(DiskActionError::Delay)?;
+            FaultAction::Disk(DiskFault::FsyncDelay { node, delay })
+        }
+        Some(_) => {
+            return Err(DiskActionError::Kind {
+                kind: (*kind).to_owned(),
+            }
+            .into())
+        }
+        None => match *kind {
+            "fsync-error" => FaultAction::Disk(DiskFault::FsyncError { node }),
+            "fsync-ok" => FaultAction::Disk(DiskFault::FsyncOk { node }),
+            "full" => FaultAction::Node(NodeFault::DiskFull { node }),
+            "free" => FaultAction::Node(NodeFault::DiskFree { node }),
+            other => {
+                return Err(DiskActionError::Kind {
+                    kind: other.to_owned(),
+                }
+                .into())
+            }
+        },
+    })
 }

@@ -1,22 +1,10 @@
 use super::error::ACTIONS;
+use super::test_support::{assert_to_switch_and_back, parse_error, parse_fault, parse_fault_after};
 use super::*;
 use devices::switch::Fault as SwitchFault;
 use devices::PortId;
 use guest_agent::protocol::HostToAgent;
 use proptest::prelude::*;
-
-/// A fault text's actions from boot, as a run schedules them.
-pub(super) fn parse_fault(text: &str) -> Result<Vec<ScheduledFault>, FaultError> {
-    parse_fault_after(text, None)
-}
-
-/// A fault text's actions, `at=+` counted from `base`.
-pub(super) fn parse_fault_after(
-    text: &str,
-    base: Option<VirtNanos>,
-) -> Result<Vec<ScheduledFault>, FaultError> {
-    text.parse::<Fault>()?.scheduled(base)
-}
 
 #[test]
 fn test_fault_kinds_name_beginnings_and_not_endings() {
@@ -92,11 +80,6 @@ fn test_pause_for_resumes_and_kill_takes_signal() {
             signal: Some(9)
         })
     );
-}
-
-/// The whole error chain of a fault text that does not parse.
-pub(super) fn parse_error(text: &str) -> String {
-    format!("{:#}", anyhow::Error::from(parse_fault(text).unwrap_err()))
 }
 
 #[test]
@@ -325,29 +308,6 @@ fn test_every_node_fault_becomes_its_agent_message() {
     }
 }
 
-/// Each network fault text of `cases` is its switch fault, with nodes
-/// n1, n2, n3 on ports 2, 3, 4, and the switch fault names it back.
-pub(super) fn assert_to_switch_and_back(cases: &[(&str, SwitchFault)]) {
-    let names = vec![s("n1"), s("n2"), s("n3")];
-    // NIC i (node i) sits on the switch port of its virtio slot.
-    let ports = [PortId(2), PortId(3), PortId(4)];
-    for (text, on_switch) in cases {
-        let FaultAction::Network(fault) = text.parse::<FaultAction>().unwrap() else {
-            panic!("{text} is the switch's");
-        };
-        assert_eq!(
-            fault.to_switch(&names, &ports).unwrap(),
-            *on_switch,
-            "{text}"
-        );
-        assert_eq!(
-            NetworkFault::from_switch(on_switch, &names, &ports),
-            Some(fault),
-            "{text}"
-        );
-    }
-}
-
 #[test]
 fn test_every_network_fault_goes_to_the_switch_and_back() {
     let names = vec![s("n1"), s("n2"), s("n3")];
@@ -434,7 +394,7 @@ fn action() -> impl Strategy<Value = FaultAction> {
     prop_oneof![
         partition,
         Just(FaultAction::Network(NetworkFault::Heal)),
-        network::tests::link_fault().prop_map(FaultAction::Network),
+        super::network_tests::link_fault().prop_map(FaultAction::Network),
         node_name().prop_map(|node| FaultAction::Node(NodeFault::Pause { node })),
         node_name().prop_map(|node| FaultAction::Node(NodeFault::Resume { node })),
         (node_name(), prop::option::of(1..=64i32))
@@ -598,4 +558,44 @@ fn test_a_kill_prints_as_written_and_is_scheduled_with_its_signal() {
             signal: 9
         }
     );
+}
+
+#[test]
+fn test_disk_faults_parse_print_and_expand_for() {
+    // Arrange / Act
+    let delay = parse_fault("at=1s disk n1 fsync-delay=500ms for=10s").unwrap();
+    let error = parse_fault("at=2s disk n1 fsync-error for=5s").unwrap();
+    let full = parse_fault("at=3s disk n2 full for=1s").unwrap();
+    let crash = parse_fault("at=4s crash n1").unwrap();
+
+    // Assert
+    let texts =
+        |faults: &[ScheduledFault]| faults.iter().map(|f| f.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        texts(&delay),
+        ["at=1s disk n1 fsync-delay=500ms", "at=11s disk n1 fsync-ok"]
+    );
+    assert_eq!(
+        texts(&error),
+        ["at=2s disk n1 fsync-error", "at=7s disk n1 fsync-ok"]
+    );
+    assert_eq!(texts(&full), ["at=3s disk n2 full", "at=4s disk n2 free"]);
+    assert_eq!(texts(&crash), ["at=4s crash n1"]);
+    assert_eq!(
+        delay[0].action,
+        FaultAction::Disk(DiskFault::FsyncDelay {
+            node: "n1".into(),
+            delay: VirtNanos(500_000_000)
+        })
+    );
+}
+
+#[test]
+fn test_bad_disk_faults_say_what_is_wrong() {
+    let err = |text: &str| format!("{:#}", anyhow::Error::from(parse_fault(text).unwrap_err()));
+    assert!(err("at=1s disk n1").contains("write disk <node> followed by"));
+    assert!(err("at=1s disk n1 sideways").contains("unknown disk fault \"sideways\""));
+    assert!(err("at=1s disk n1 fsync-delay=soon").contains("fsync-delay="));
+    assert!(err("at=1s disk n1 fsync-ok for=1s").contains("for= applies to"));
+    assert!(err("at=1s crash n1 n2").contains("crash takes exactly one node name"));
 }
