@@ -81,17 +81,9 @@ impl WorkerReport for EtcdWorkerReport {
 /// The options `detvisor up --seed S --until T --logs LOGS --quiet` runs with.
 fn up_options(plan: &EtcdWorkerPlan, logs: &Path) -> Result<UpOptions> {
     Ok(UpOptions {
-        exit_path: vmm::ExitPath::default(),
-        seed: plan.seed,
         until: Some(plan.until),
-        runs: 1,
         logs: Some(logs.to_path_buf()),
-        stream_output: false,
-        snapshots: None,
-        stall_timeout: Default::default(),
-        pcap: None,
-        trace: None,
-        records: None,
+        ..UpOptions::new(plan.seed)
     })
 }
 
