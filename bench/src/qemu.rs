@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use super::monitor::MemoryPeak;
@@ -110,38 +110,8 @@ pub fn find_qemu() -> Result<PathBuf> {
 
 pub fn discover_qemu() -> Result<QemuInstall> {
     let bin = find_qemu()?;
-    let out = Command::new("ldd")
-        .arg(&bin)
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run ldd (libc-bin) to list QEMU's libraries")?;
-    if !out.status.success() {
-        bail!(
-            "ldd {} failed: {}",
-            bin.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let mut libs = Vec::new();
-    let mut interp = None;
-    for line in String::from_utf8_lossy(&out.stdout).lines().map(str::trim) {
-        let (name, target) = match line.split_once(" => ") {
-            Some((name, rest)) => {
-                if rest.trim_start().starts_with("not found") {
-                    bail!("QEMU's shared library {name} not found");
-                }
-                (Some(name), rest)
-            }
-            None => (None, line),
-        };
-        let path = target.rsplit_once(" (0x").map_or(target, |(p, _)| p).trim();
-        if path.starts_with('/') {
-            if name.is_none() {
-                interp = Some(PathBuf::from(path));
-            }
-            libs.push(PathBuf::from(path));
-        }
-    }
+    let libs = helper_vm::shared_libraries(&bin).context("QEMU's shared libraries")?;
+    let interp = helper_vm::elf_interpreter_of(&bin).context("QEMU's ELF interpreter")?;
     let bin_dir = bin.parent().unwrap_or(Path::new("/"));
     let mut dirs: Vec<PathBuf> = vec![
         bin_dir.join("../share/qemu"),
@@ -298,6 +268,20 @@ pub fn qemu_failure(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// This host's QEMU (the helper VM needs it, so the tests' hosts have
+    /// it): its loader and libraries as `ldd` resolves them, the loader
+    /// among them, every one a file here.
+    #[test]
+    fn test_the_hosts_qemu_is_found_with_its_loader_and_libraries() {
+        let install = discover_qemu().unwrap();
+        let loader = install.interp.clone().expect("QEMU is dynamically linked");
+        assert!(install.libs.contains(&loader), "{:?}", install.libs);
+        assert!(install.libs.len() > 1, "{:?}", install.libs);
+        for lib in &install.libs {
+            assert!(lib.is_file(), "{}", lib.display());
+        }
+    }
 
     #[test]
     fn qemu_tcg_icount_command_line_on_the_host() {

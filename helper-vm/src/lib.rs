@@ -46,7 +46,7 @@ pub use assets::{
 pub use channel::{CallError, HelperVm, StartError};
 pub use config::{HelperVmConfig, DEFAULT_MEMORY_MIB, DEFAULT_QEMU};
 pub use launch::{LaunchError, KEEP_TMP_ENV};
-pub use libs::LibsError;
+pub use libs::{elf_interpreter_of, shared_libraries, LibsError};
 pub use payload::{payload_path, PayloadError, PayloadFile};
 pub use placement::{placement, qemu_available, HostVmMode, Placement};
 pub use qemu::{direct_boot_args, DirectBoot, GuestAccel, VmFailed};

@@ -75,9 +75,9 @@ fn parse_ldd(output: &str) -> Result<Vec<PathBuf>, String> {
     Ok(libs)
 }
 
-/// The files a dynamically linked `exe` needs to start in the helper VM (which has no libc):
-/// its interpreter and the libraries `ldd` resolves. Empty for a static executable.
-pub(crate) fn shared_libraries(exe: &Path) -> Result<Vec<PathBuf>, LibsError> {
+/// The ELF interpreter (`PT_INTERP`) of `exe`; `None` for a static
+/// executable or a file that is not a 64-bit ELF.
+pub fn elf_interpreter_of(exe: &Path) -> Result<Option<PathBuf>, LibsError> {
     let read_err = |source| LibsError::Read {
         path: exe.to_path_buf(),
         source,
@@ -88,7 +88,14 @@ pub(crate) fn shared_libraries(exe: &Path) -> Result<Vec<PathBuf>, LibsError> {
         .take(1 << 20)
         .read_to_end(&mut head)
         .map_err(read_err)?;
-    let Some(interp) = elf_interpreter(&head) else {
+    Ok(elf_interpreter(&head))
+}
+
+/// The files a dynamically linked `exe` needs to start where this host's
+/// libc is not (the helper VM, a QEMU baseline's chroot): its interpreter
+/// and the libraries `ldd` resolves. Empty for a static executable.
+pub fn shared_libraries(exe: &Path) -> Result<Vec<PathBuf>, LibsError> {
+    let Some(interp) = elf_interpreter_of(exe)? else {
         return Ok(Vec::new());
     };
     let out = Command::new("ldd")
