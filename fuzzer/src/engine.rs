@@ -9,7 +9,6 @@ pub use crate::budget::Budget;
 use crate::failure::{FailureKey, FailureSlugError};
 use crate::findings::{self, FindingFile, NewFinding, FINDING_FORMAT};
 use crate::judge::{Failure, Judge};
-use crate::runner::Runner;
 use crate::shrink::ddmin;
 use crate::spec::CampaignSpec;
 use crate::step::Path as StepPath;
@@ -17,6 +16,7 @@ use crate::store::{FindingRow, FinishedBranch, NewCampaignDir, NodeRow, Store, S
 use crate::tree::{self, path_records, TreeNode};
 use crate::worker::{self, BranchJob, BranchRun, Root, Worker, WorkerError};
 use run::api::Position;
+use run::client::Runner;
 use run::up::PreparedUp;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -21,7 +21,6 @@ pub mod node_logs;
 pub mod profile;
 pub mod properties;
 pub mod replay;
-pub mod runner;
 pub mod session;
 pub mod shrink;
 pub mod silence;

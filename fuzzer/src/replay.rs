@@ -5,9 +5,9 @@
 
 use crate::findings::LoadedFinding;
 use crate::judge::{Failure, Judge};
-use crate::runner::{Calls, Runner, RunnerError};
 use crate::session::{apply_steps, boot_options, reach, SessionError};
 use run::api::Request;
+use run::client::{Calls, Runner, RunnerError};
 use serde::Serialize;
 use std::path::Path;
 

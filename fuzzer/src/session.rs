@@ -3,10 +3,10 @@
 //! campaign's options, run to its root moment by the campaign's rule, then
 //! along a path's steps (each: run to its time, re-key, add its faults).
 
-use crate::runner::{Calls, RunnerError};
 use crate::spec::{CampaignSpec, RootRule, ROOT_POLL};
 use crate::step::Step;
 use run::api::{Position, RunId, Until};
+use run::client::{Calls, RunnerError};
 use run::records::{GuestRecord, RecordBody};
 use run::up::{UpEvent, UpOptions};
 use std::path::Path;

@@ -19,8 +19,8 @@
 //! the root or a live ancestor, as without spilling), and a line says so.
 //! The worker writes no more after that.
 
-use crate::runner::{Calls, RunnerError};
 use run::api::{CheckpointId, Position, RunId};
+use run::client::{Calls, RunnerError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;

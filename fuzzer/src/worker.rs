@@ -4,13 +4,13 @@
 //! batch at once; what they find is judged afterwards, in branch order, by
 //! the engine.
 
-use crate::runner::{Calls, Runner, RunnerError};
 use crate::session::{apply_steps, boot_options, reach, SessionError};
 use crate::spec::CampaignSpec;
 use crate::spill::{self, Spill, SpillError, SpillStats};
 use crate::step::Path as StepPath;
 use crate::tree::TreeNode;
 use run::api::{CheckpointId, Position, Request, RunId};
+use run::client::{Calls, Runner, RunnerError};
 use run::records::GuestRecord;
 use run::up::PreparedUp;
 use std::path::{Path, PathBuf};
