@@ -209,8 +209,19 @@ fn check_specs(root: &Path, all: Option<&[snapshot::SnapshotInfo]>, first_id: Op
         format!("{r}@exit:3"),
     ];
     if let Some(id) = first_id {
-        specs.push(format!("{r}@{id}"));
-        specs.push(format!("{r}/{id}"));
+        // A directory name that is no snapshot id (the fuzzer's names are
+        // any bytes) may be refused by the parser (after an '@'), naming
+        // the text; every other text here parses.
+        for spec in [format!("{r}@{id}"), format!("{r}/{id}")] {
+            match spec.parse::<run::moment::Moment>() {
+                Ok(_) => specs.push(spec),
+                Err(e) => {
+                    assert!(snapshot::validate_id(id).is_err(), "{spec}: {e}");
+                    assert!(e.to_string().contains(&format!("{spec:?}")), "{e}");
+                    check_error(&e);
+                }
+            }
+        }
     }
     for spec in specs {
         let moment = spec
