@@ -256,6 +256,20 @@ pub fn replay(finding: &Path, logs: Option<&Path>, place: Place) -> Result<Repla
     )?)
 }
 
+/// `workers` runners of `prepared`, placed as `place` says (a run library
+/// each here, or a helper VM each, checked against the host's memory
+/// first), sharing the directories `shared` (which exist) with them; the
+/// run as the runners see it. For a caller that drives a finding's run
+/// itself (the debugger's verification and likelihood).
+pub fn start_runners(
+    place: Place,
+    prepared: &PreparedUp,
+    workers: u32,
+    shared: &[&Path],
+) -> Result<(Vec<WorkerRunner>, PreparedUp)> {
+    plan(place, prepared, workers.max(1))?.start(shared)
+}
+
 /// Workers for `jobs`: 0 is one per core of this host (at most
 /// [`MAX_BATCH_WIDTH`]).
 pub fn workers(jobs: u32) -> u32 {

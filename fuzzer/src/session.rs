@@ -30,7 +30,7 @@ type Result<T, E = SessionError> = std::result::Result<T, E>;
 
 /// Options for booting a campaign's run (the campaign's, or a replay's
 /// with node logs): quiet, held, seeded by the campaign.
-pub(crate) fn boot_options(spec: &CampaignSpec, logs: Option<&Path>) -> UpOptions {
+pub fn boot_options(spec: &CampaignSpec, logs: Option<&Path>) -> UpOptions {
     UpOptions {
         logs: logs.map(Path::to_path_buf),
         ..UpOptions::new(spec.seed)

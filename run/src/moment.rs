@@ -6,11 +6,12 @@
 //! text. What a moment means in a directory (which snapshot, what to replay
 //! forward to) is decided by [`Moment::resolve`].
 //!
-//! The grammar grows by variants, not by a second parser: a time relative
-//! to a finding's failure (`F@-1s`) is a signed offset, a new [`When`]
-//! variant recognised by its sign, on a finding's directory; an instruction
-//! offset after an exit (`DIR@exit:N+insn:K`) is a second field of
-//! [`When::Exit`].
+//! The grammar grows by variants, not by a second parser: a finding's
+//! failure moment (`F@failure`) and a time before it (`F@-1s`, recognised
+//! by its sign) are [`When`] variants that only a finding's history has
+//! (the `debugger` crate resolves them; a directory of snapshots refuses
+//! them); an instruction offset after an exit (`DIR@exit:N+insn:K`) will
+//! be a second field of [`When::Exit`].
 
 use serde::{Deserialize, Serialize};
 use snapshot::{validate_id, Resolved, SnapshotError, Target};
@@ -44,6 +45,11 @@ pub enum When {
     /// `exit:N`: once N exits have been handled, replayed forward from the
     /// last snapshot at or before it.
     Exit { index: u64 },
+    /// `failure`: a finding's failure moment (the first record that broke
+    /// its property); only in a finding's history.
+    Failure,
+    /// `-1s`: this long before a finding's failure moment.
+    BeforeFailure(VirtNanos),
 }
 
 /// Why a text names no moment. Each names the text.
@@ -88,7 +94,19 @@ impl FromStr for Moment {
         if dir.is_empty() {
             return Err(MomentError::NoDirectory { text: owned() });
         }
-        let when = if when.is_empty() {
+        let when = When::parse_in(text, when)?;
+        Ok(Moment::At {
+            dir: dir.into(),
+            when,
+        })
+    }
+}
+
+impl When {
+    /// What follows the `@` of `text` (named in errors): `when`.
+    pub fn parse_in(text: &str, when: &str) -> Result<When, MomentError> {
+        let owned = || text.to_owned();
+        Ok(if when.is_empty() {
             return Err(MomentError::NothingAfterAt { text: owned() });
         } else if let Some(index) = when.strip_prefix("exit:") {
             let index = index
@@ -101,6 +119,13 @@ impl FromStr for Moment {
             When::Exit { index }
         } else if when == "latest" {
             When::Latest
+        } else if when == "failure" {
+            When::Failure
+        } else if let Some(before) = when.strip_prefix('-') {
+            When::BeforeFailure(before.parse().map_err(|reason| MomentError::Time {
+                text: owned(),
+                reason,
+            })?)
         } else if let Some(id) = when.strip_prefix("id:") {
             validate_id(id).map_err(|e| MomentError::Id {
                 text: owned(),
@@ -121,10 +146,6 @@ impl FromStr for Moment {
                     }
                 },
             }
-        };
-        Ok(Moment::At {
-            dir: dir.into(),
-            when,
         })
     }
 }
@@ -137,6 +158,8 @@ impl fmt::Display for When {
             When::Id(id) => write!(f, "id:{id}"),
             When::Time(time) => write!(f, "{time}"),
             When::Exit { index } => write!(f, "exit:{index}"),
+            When::Failure => f.write_str("failure"),
+            When::BeforeFailure(before) => write!(f, "-{before}"),
         }
     }
 }
@@ -144,7 +167,10 @@ impl fmt::Display for When {
 /// Whether `id` after a bare `@` reads back as that id (not as `latest` or
 /// a time); `id:` marks those that do not.
 fn id_reads_as_itself(id: &str) -> bool {
-    id != "latest" && id.parse::<VirtNanos>().is_err()
+    id != "latest"
+        && id != "failure"
+        && !id.starts_with('-')
+        && id.parse::<VirtNanos>().is_err()
 }
 
 impl fmt::Display for Moment {
@@ -220,6 +246,12 @@ impl Moment {
             When::Exit { index } => snapshot::select(dir, Target::ExitIndex(*index)),
             When::Id(id) if dir.join(id).is_dir() => snapshot::by_id(dir, id),
             When::Id(id) => Err(self.no_such_id(dir, id)),
+            When::Failure | When::BeforeFailure(_) => Err(SnapshotError::BadSpec {
+                spec: self.to_string(),
+                reason: "a failure's moment is in a finding's history (DIR/findings/NNNN), \
+                         not in a directory of snapshots"
+                    .into(),
+            }),
         }
     }
 
@@ -271,6 +303,9 @@ mod tests {
             ("snaps@s1", at("snaps", When::Id("s1".into()))),
             ("/x/y@id:5s", at("/x/y", When::Id("5s".into()))),
             ("/x/y@id:latest", at("/x/y", When::Id("latest".into()))),
+            ("/x/y@id:failure", at("/x/y", When::Id("failure".into()))),
+            ("f/0001@failure", at("f/0001", When::Failure)),
+            ("f/0001@-1.5s", at("f/0001", When::BeforeFailure(VirtNanos(s + s / 2)))),
             (
                 "snaps/exit-000000000005",
                 Moment::Snapshot("snaps/exit-000000000005".into()),
