@@ -1,6 +1,7 @@
 //! detvisor: a deterministic hypervisor for testing distributed systems under faults.
 
 mod campaign_cmd;
+mod debug_cmd;
 #[cfg(test)]
 mod error_chains;
 mod image_cmd;
@@ -75,6 +76,34 @@ enum Command {
     Findings(campaign_cmd::FindingsArgs),
     /// Reproduce a finding (DIR/findings/NNNN) bit for bit from a fresh process.
     Replay(campaign_cmd::ReplayArgs),
+    /// A source's notable moments: a finding's failure, its branch points,
+    /// faults, node events, failed properties; a directory's snapshots.
+    Moments(debug_cmd::MomentsArgs),
+    /// What a history reported up to a moment: node output, faults,
+    /// property records, run events (filtered by node, text, kind,
+    /// property).
+    Events(debug_cmd::EventsArgs),
+    /// Every property a history evaluated, with passing and failing
+    /// examples, each naming its moment.
+    Properties(debug_cmd::PropertiesArgs),
+    /// The nodes of a history and the last event of each.
+    Nodes(debug_cmd::PropertiesArgs),
+    /// A command at a moment (e.g. findings/0001@-1s), inside a node or
+    /// beside the nodes: in a fork with every node stopped, or with
+    /// --branch while the nodes run on.
+    Exec(debug_cmd::ExecArgs),
+    /// A node's file at a moment, in a fork.
+    Extract(debug_cmd::ExtractArgs),
+    /// The processes of a node (or of the guest) at a moment, in a fork.
+    Processes(debug_cmd::ProcessesArgs),
+    /// The machine at a moment: registers, virtual time, exit index,
+    /// devices, nodes.
+    Inspect(debug_cmd::MomentArgs),
+    /// Go to a moment of any history and print its id and digest.
+    Rewind(debug_cmd::MomentArgs),
+    /// Run a history on from a moment for a virtual duration; prints the
+    /// moment it ends at.
+    Wait(debug_cmd::WaitArgs),
     /// Where the exits of a trace (`run`/`up`/`branch --trace FILE`) went:
     /// counts by kind and by device, in all and per virtual second.
     Trace(trace_cmd::TraceArgs),
@@ -644,6 +673,16 @@ fn main() -> ExitCode {
         Command::Campaign(args) => campaign_cmd::cmd_campaign(args),
         Command::Findings(args) => campaign_cmd::cmd_findings(args),
         Command::Replay(args) => campaign_cmd::cmd_replay(args),
+        Command::Moments(args) => debug_cmd::cmd_moments(args),
+        Command::Events(args) => debug_cmd::cmd_events(args),
+        Command::Properties(args) => debug_cmd::cmd_properties(args),
+        Command::Nodes(args) => debug_cmd::cmd_nodes(args),
+        Command::Exec(args) => debug_cmd::cmd_exec(args),
+        Command::Extract(args) => debug_cmd::cmd_extract(args),
+        Command::Processes(args) => debug_cmd::cmd_processes(args),
+        Command::Inspect(args) => debug_cmd::cmd_inspect(args),
+        Command::Rewind(args) => debug_cmd::cmd_rewind(args),
+        Command::Wait(args) => debug_cmd::cmd_wait(args),
         Command::Image(cmd) => image_cmd::run(cmd),
         Command::ServeChannel => serve::serve(),
     };

@@ -160,7 +160,7 @@ const SLICE: VirtNanos = VirtNanos(2_000_000_000);
 
 /// A debugging session on one source.
 pub struct Session {
-    runner: Box<dyn Runner + Send>,
+    runner: Box<dyn Runner>,
     source: Source,
     pub budget: Budget,
     held: Option<Held>,
@@ -170,11 +170,16 @@ pub struct Session {
     /// The branches made from each moment (by its id): for the siblings
     /// budget.
     branches: std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
+    /// A finding's boot, kept for the whole session.
+    boot: Option<(CheckpointId, Position)>,
+    /// The finding's run as the runner sees it (its files where a helper
+    /// VM holds them), when the runner was started for it.
+    run_as_seen: Option<run::up::PreparedUp>,
 }
 
 impl Session {
     /// A session on `source`, its runs on `runner`.
-    pub fn new(source: Source, runner: Box<dyn Runner + Send>, options: SessionOptions) -> Session {
+    pub fn new(source: Source, runner: Box<dyn Runner>, options: SessionOptions) -> Session {
         Session {
             runner,
             source,
@@ -184,7 +189,16 @@ impl Session {
             uses: 0,
             max_kept: options.max_kept.max(1),
             branches: Default::default(),
+            boot: None,
+            run_as_seen: None,
         }
+    }
+
+    /// For a runner started for the finding's run (e.g. by
+    /// `fuzzer::campaign::start_runners`): the run as it sees it.
+    pub fn with_run_as_seen(mut self, prepared: run::up::PreparedUp) -> Session {
+        self.run_as_seen = Some(prepared);
+        self
     }
 
     pub fn source(&self) -> &Source {
@@ -333,16 +347,36 @@ impl Session {
     /// Boots (a finding's run) or restores (a snapshot directory's moment)
     /// a fresh run at the start of `moment`'s history.
     fn start(&mut self, moment: &MomentId) -> Result<()> {
+        // A finding's run is booted once a session: its boot is kept and
+        // returned to (the helper VM that holds the run's files stays).
+        if let (Some(held), Some((checkpoint, _))) = (&self.held, self.boot) {
+            let run = held.run;
+            let position = self.calls().reset(run, checkpoint)?;
+            self.held = Some(Held {
+                run,
+                history: Vec::new(),
+                position,
+                records: Vec::new(),
+            });
+            return Ok(());
+        }
         if let Some(held) = self.held.take() {
-            let _ = self.calls().close(held.run);
+            self.calls().close(held.run)?;
             self.kept.clear();
         }
         let (run, position) = match &self.source {
             Source::Finding(finding) => {
                 let options = fuzzer::session::boot_options(&finding.finding.file.spec, None);
-                let prepared = finding.finding.run.clone();
+                let prepared = self
+                    .run_as_seen
+                    .clone()
+                    .unwrap_or_else(|| finding.finding.run.clone());
                 let (run, _) = Calls::new(&mut self.runner).boot_up(prepared, options)?;
                 let position = Calls::new(&mut self.runner).collect_records(run)?;
+                let (checkpoint, _) = Calls::new(&mut self.runner).checkpoint(run)?;
+                self.boot = Some((checkpoint, position));
+                Calls::new(&mut self.runner)
+                    .checkpoint_budget(run, Some(self.budget.limits.memory_bytes))?;
                 (run, position)
             }
             Source::Snapshots(dir) => {
@@ -516,7 +550,21 @@ impl Session {
                     self.calls().drop_checkpoint(run, gone.checkpoint)?;
                 }
                 let digest = self.calls().outcome(run)?.digest;
-                let (checkpoint, _) = self.calls().checkpoint(run)?;
+                // Past the memory budget the run library refuses a
+                // checkpoint: the least recently used kept ones go first.
+                let checkpoint = loop {
+                    match self.calls().checkpoint(run) {
+                        Ok((checkpoint, _)) => break checkpoint,
+                        Err(error) if self.kept.is_empty() => return Err(error.into()),
+                        Err(_) => {
+                            let oldest = (0..self.kept.len())
+                                .min_by_key(|&i| self.kept[i].last_used)
+                                .expect("kept is not empty");
+                            let gone = self.kept.remove(oldest);
+                            self.calls().drop_checkpoint(run, gone.checkpoint)?;
+                        }
+                    }
+                };
                 let held = self.held.as_ref().expect("a held run");
                 self.kept.push(Kept {
                     checkpoint,
