@@ -340,3 +340,197 @@ fn test_a_moment_spill_cannot_take_is_let_go_and_the_campaign_goes_on() {
         "{err}"
     );
 }
+
+/// The stale-read finding's first linearizability finding's directory.
+fn stale_finding() -> PathBuf {
+    let dir = stale_campaign();
+    let found = findings_json(dir);
+    let finding = found
+        .iter()
+        .find(|f| {
+            f["key"]
+                .as_str()
+                .unwrap()
+                .starts_with("checker:linearizability:")
+        })
+        .expect("a linearizability finding");
+    PathBuf::from(finding["dir"].as_str().unwrap())
+}
+
+/// The node the finding's path paused or cut off first (the old leader,
+/// whose lease reads went stale), else n1.
+fn old_leader(finding: &Path) -> String {
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(finding.join("finding.json")).unwrap())
+            .unwrap();
+    file["path"]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["faults"].as_array().unwrap().clone())
+        .filter_map(|f| {
+            let text = f.as_str()?.to_owned();
+            ["n1", "n2", "n3"]
+                .into_iter()
+                .find(|n| text.contains(&format!("pause {n}")))
+                .map(str::to_owned)
+        })
+        .next()
+        .unwrap_or_else(|| "n1".into())
+}
+
+/// The debugger at the stale-read finding, as a person and as an agent
+/// would use it: its failure moment; a command, the processes and a file
+/// one second before it in the old leader's node (each in a fork, from the
+/// command line); then, in one library session, the same inspections and
+/// a command in a branch that runs on, after which the original history's
+/// digest is still the straight replay's; and a call past its budget
+/// refused before it starts, naming the budget.
+#[test]
+fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it() {
+    use debugger::budget::Limits;
+    use debugger::inspect::{self, Command as GuestCommand};
+    use debugger::moment::MomentId;
+    use debugger::session::{Session, SessionOptions};
+    use debugger::source::Source;
+    use run::moment::When;
+
+    let finding = stale_finding();
+    let f = finding.to_str().unwrap();
+    let node = old_leader(&finding);
+
+    // The failure moment, and the moments before it.
+    let out = detvisor(&["moments", f, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let moments: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    let failure = moments["moments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["kind"] == "failure")
+        .expect("the failure moment")
+        .clone();
+    assert_eq!(failure["moment"], format!("{f}@failure"));
+    let failure_ns = failure["virtual_ns"].as_u64().unwrap();
+    assert!(failure_ns > 2_000_000_000, "{failure}");
+
+    // A command 1 s before the failure, in the old leader's node.
+    let before = format!("{f}@-1s");
+    let out = detvisor(&[
+        "exec", &before, "--node", &node, "--json", "--", "cat", "/proc/1/cmdline",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let exec: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert!(exec["stdout"].as_str().unwrap().starts_with("raftkv"), "{exec}");
+    assert_eq!(exec["at"]["moment"], before);
+    assert_eq!(
+        exec["at"]["virtual_ns"].as_u64().unwrap(),
+        failure_ns - 1_000_000_000,
+        "{exec}"
+    );
+    let digest_before = exec["at"]["digest"].as_str().unwrap().to_owned();
+    assert_eq!(digest_before.len(), 64, "{exec}");
+    assert!(exec["budget"]["session"]["virtual_time"].as_u64().unwrap() > 0, "{exec}");
+
+    // A call that would pass its budget is refused before it starts.
+    let budget = scratch().join("tiny-budget.json");
+    std::fs::write(&budget, r#"{"call_virtual": 1000000000}"#).unwrap();
+    let out = detvisor(&[
+        "processes", &before, "--node", &node, "--budget", budget.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("budget call_virtual: the call needs"), "{err}");
+    assert!(err.contains("over"), "{err}");
+
+    // One library session: inspections in forks, a command in a branch,
+    // and the history it came from unchanged.
+    let source = Source::open(&finding).unwrap();
+    let prepared = source.finding().unwrap().finding.run.clone();
+    let place = fuzzer::campaign::Place {
+        host_vm: helper_vm::HostVmMode::Auto,
+        seccomp: true,
+    };
+    let (mut runners, there) =
+        fuzzer::campaign::start_runners(place, &prepared, 1, &[]).unwrap();
+    let runner = runners.pop().unwrap();
+    let log = scratch().join("usage.jsonl");
+    let mut session = Session::new(
+        source,
+        Box::new(runner),
+        SessionOptions {
+            limits: Limits::default(),
+            log: Some(log.clone()),
+            ..SessionOptions::default()
+        },
+    )
+    .with_run_as_seen(there);
+    let moment: MomentId = before.parse().unwrap();
+    let started = std::time::Instant::now();
+    let at = session.call("rewind", |s| s.reach(&moment)).unwrap().0;
+    let cold = started.elapsed();
+    assert_eq!(at.digest, digest_before, "one moment, one digest, any process");
+
+    let ps = GuestCommand {
+        node: Some(node.clone()),
+        command: vec!["cat".into(), "/proc/1/cmdline".into()],
+        timeout: inspect::DEFAULT_TIMEOUT,
+        output_limit: 4096,
+    };
+    let started = std::time::Instant::now();
+    let (executed, _) = session
+        .call("exec", |s| inspect::exec(s, &moment, &ps))
+        .unwrap();
+    let warm = started.elapsed();
+    assert!(executed.stdout.starts_with("raftkv"), "{executed:?}");
+    eprintln!("reaching {moment} cold: {cold:?}; exec there with it kept: {warm:?}");
+
+    let (listed, _) = session
+        .call("processes", |s| inspect::processes(s, &moment, Some(node.clone())))
+        .unwrap();
+    assert!(
+        listed
+            .processes
+            .iter()
+            .any(|p| p.pid == 1 && p.command_line.contains("raftkv")),
+        "{listed:?}"
+    );
+    let (file, _) = session
+        .call("extract", |s| {
+            inspect::extract(s, &moment, Some(node.clone()), "/etc/passwd", 1 << 20)
+        })
+        .unwrap();
+    assert!(file.bytes.starts_with(b"root:x:0:0:"), "{:?}", file.bytes);
+    assert_eq!(file.size, file.bytes.len() as u64);
+
+    // A command in a branch: the nodes run while it sleeps; the branch ends
+    // later, under a new id that carries the command.
+    let sleep = GuestCommand {
+        command: vec!["sleep".into(), "1".into()],
+        ..ps.clone()
+    };
+    let (branched, _) = session
+        .call("exec", |s| inspect::exec_in_branch(s, &moment, &sleep))
+        .unwrap();
+    let end = branched.end.expect("a branch's end");
+    assert!(end.virtual_ns >= at.virtual_ns + 1_000_000_000, "{end:?}");
+    assert!(end.moment.to_string().contains(":exec="), "{}", end.moment);
+    // Reached again from its id, the branch's end is the same machine.
+    let again = session.call("rewind", |s| s.reach(&end.moment)).unwrap().0;
+    assert_eq!(again.digest, end.digest);
+
+    // The history the session looked into is unchanged: its moment's digest
+    // is the one first seen, and its end is the straight replay's.
+    let back = session.call("rewind", |s| s.reach(&moment)).unwrap().0;
+    assert_eq!(back.digest, digest_before);
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(finding.join("finding.json")).unwrap())
+            .unwrap();
+    let end_of_history = moment.at(When::Latest);
+    let last = session.call("rewind", |s| s.reach(&end_of_history)).unwrap().0;
+    assert_eq!(last.digest, file["digest"].as_str().unwrap());
+    session.close().unwrap();
+    // Every call's use was logged.
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert!(logged.lines().count() >= 7, "{logged}");
+}
