@@ -421,7 +421,7 @@ pub fn cmd_processes(args: ProcessesArgs) -> Result<u8> {
         stands_at(&listed.at);
         println!("{:>7} {:>7} S COMMAND", "PID", "PPID");
         for p in &listed.processes {
-            println!("{:>7} {:>7} {} {}", p.pid, p.ppid, p.state, p.command_line);
+            println!("{:>7} {:>7} {} {}", p.pid, p.ppid, p.state, p.command.join(" "));
         }
     }
     session.close()?;

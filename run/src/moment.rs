@@ -167,10 +167,7 @@ impl fmt::Display for When {
 /// Whether `id` after a bare `@` reads back as that id (not as `latest` or
 /// a time); `id:` marks those that do not.
 fn id_reads_as_itself(id: &str) -> bool {
-    id != "latest"
-        && id != "failure"
-        && !id.starts_with('-')
-        && id.parse::<VirtNanos>().is_err()
+    id != "latest" && id != "failure" && !id.starts_with('-') && id.parse::<VirtNanos>().is_err()
 }
 
 impl fmt::Display for Moment {
@@ -305,7 +302,10 @@ mod tests {
             ("/x/y@id:latest", at("/x/y", When::Id("latest".into()))),
             ("/x/y@id:failure", at("/x/y", When::Id("failure".into()))),
             ("f/0001@failure", at("f/0001", When::Failure)),
-            ("f/0001@-1.5s", at("f/0001", When::BeforeFailure(VirtNanos(s + s / 2)))),
+            (
+                "f/0001@-1.5s",
+                at("f/0001", When::BeforeFailure(VirtNanos(s + s / 2))),
+            ),
             (
                 "snaps/exit-000000000005",
                 Moment::Snapshot("snaps/exit-000000000005".into()),
