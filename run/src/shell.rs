@@ -321,8 +321,38 @@ pub fn run(request: &ShellRequest, streams: &dyn Streams) -> Result<u8> {
         return Err(ShellError::StoppedBefore { stop });
     }
     let id = restored.snapshot.meta.id.clone();
-    let driven = &mut restored.driven;
-    let node = request.node.as_deref();
+    let terminal = Terminal {
+        node: request.node.clone(),
+        rows: request.rows,
+        cols: request.cols,
+        term: request.term.clone(),
+    };
+    shell_in(&mut restored.driven, &id, &terminal, streams)
+}
+
+/// Where a shell opens and the user's terminal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Terminal {
+    /// For an `up` run: open the shell inside this node.
+    pub node: Option<String>,
+    /// The user's terminal: rows, columns and `$TERM` (for an `up` run's
+    /// pseudo-terminal).
+    pub rows: u16,
+    pub cols: u16,
+    pub term: Option<String>,
+}
+
+/// Runs a shell in `driven` as it stands (a fork: the caller throws it
+/// away or resets it afterwards), `label` naming the moment for the user;
+/// returns the exit status as [`run`] does.
+pub fn shell_in(
+    driven: &mut Driven,
+    label: &str,
+    terminal: &Terminal,
+    streams: &dyn Streams,
+) -> Result<u8> {
+    let id = label.to_owned();
+    let node = terminal.node.as_deref();
     let mut channel: Box<dyn ShellChannel> = if driven.up.is_some() {
         Box::new(AgentShell {
             node: node.map(str::to_string),
@@ -330,9 +360,9 @@ pub fn run(request: &ShellRequest, streams: &dyn Streams) -> Result<u8> {
             typed_ahead: Some(Vec::new()),
             last_byte: None,
             opened_at: None,
-            rows: request.rows,
-            cols: request.cols,
-            term: request.term.clone(),
+            rows: terminal.rows,
+            cols: terminal.cols,
+            term: terminal.term.clone(),
             notices: Vec::new(),
         })
     } else {
