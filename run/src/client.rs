@@ -508,6 +508,45 @@ mod tests {
         calls.close(RunId(1)).unwrap();
     }
 
+    /// The inspection calls unpack their answers, and refuse another kind.
+    #[test]
+    fn test_the_inspection_calls_unpack_their_answers() {
+        let at = Position {
+            exits: 9,
+            virtual_ns: VirtNanos(3),
+            stop: None,
+        };
+        let mut runner = Always(Response::File {
+            bytes: b"abc".to_vec(),
+            size: 10,
+            truncated: true,
+            position: at,
+        });
+        let (file, position) = Calls::new(&mut runner)
+            .read_file(RunId(1), Some("n1".into()), "/etc/motd".into(), 3)
+            .unwrap();
+        assert_eq!(
+            (file.bytes.as_slice(), file.size, file.truncated),
+            (&b"abc"[..], 10, true)
+        );
+        assert_eq!(position, at);
+        let error = Calls::new(&mut runner)
+            .processes(RunId(1), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("listing the guest's processes: unexpected answer File"),
+            "{error}"
+        );
+        let mut runner = Always(Response::Processes {
+            processes: Vec::new(),
+            position: at,
+        });
+        let (rows, position) = Calls::new(&mut runner).processes(RunId(1), None).unwrap();
+        assert!(rows.is_empty());
+        assert_eq!(position, at);
+    }
+
     #[test]
     fn test_a_failure_keeps_the_library_s_text() {
         struct Failing;

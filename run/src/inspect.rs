@@ -157,6 +157,11 @@ pub enum InspectError {
     NotUp { run: RunId, what: &'static str },
     #[error("no node {node:?} in this run (its nodes: {})", nodes.join(", "))]
     UnknownNode { node: String, nodes: Vec<String> },
+    #[error(
+        "exec in live mode: run {run:?} was frozen for an inspection (its nodes paused, its \
+         conductor held); reset it to a checkpoint first"
+    )]
+    LiveWhileFrozen { run: RunId },
     #[error("exec: an empty command")]
     EmptyCommand,
     #[error("exec: a timeout of 0 ns (give the command some virtual time)")]
@@ -165,7 +170,10 @@ pub enum InspectError {
     EmptyPath,
     #[error("{what}: the guest stopped ({stop:?}) before the agent answered")]
     GuestStopped { what: String, stop: StopReason },
-    #[error("{what}: the agent did not answer within {waited} of virtual time")]
+    #[error(
+        "{what}: the agent did not answer within {waited} of virtual time (an agent older \
+         than this request ignores it: boot the run again with this detvisor)"
+    )]
     NoAnswer { what: String, waited: VirtNanos },
     /// The agent could not do it (a command that does not exist, a missing
     /// file, a node that is down...): its message.
@@ -312,8 +320,14 @@ pub fn exec(
     if request.timeout.0 == 0 {
         return Err(InspectError::ZeroTimeout);
     }
-    if request.mode == ExecMode::Frozen {
-        up.hold_conductor();
+    match request.mode {
+        ExecMode::Frozen => up.hold_conductor(),
+        // A history with its nodes paused and no conductor is none the
+        // run would have: a live command needs the run as it goes.
+        ExecMode::Live if up.conductor_held() => {
+            return Err(InspectError::LiveWhileFrozen { run });
+        }
+        ExecMode::Live => {}
     }
     let started = position(driven, *stop);
     let id = request_id(driven);
@@ -560,6 +574,7 @@ fn device_summaries(devices: &devices::DevicesState) -> Vec<DeviceSummary> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{Request, Response};
 
     #[test]
     fn test_an_exec_request_and_outcome_round_trip_through_json() {
@@ -595,6 +610,109 @@ mod tests {
         assert_eq!(serde_json::from_str::<ExecOutcome>(&text).unwrap(), outcome);
     }
 
+    /// The inspection requests and their answers cross into the helper VM
+    /// and back as JSON: bytes as base64, rows and reports whole.
+    #[test]
+    fn test_the_inspection_requests_and_answers_round_trip_through_json() {
+        let requests = [
+            Request::Exec {
+                run: RunId(1),
+                exec: ExecRequest {
+                    node: None,
+                    command: vec!["ps".into()],
+                    env: [("A".to_string(), "1".to_string())].into(),
+                    mode: ExecMode::Live,
+                    timeout: VirtNanos::from_secs(1),
+                    output_limit: 7,
+                },
+            },
+            Request::ReadFile {
+                run: RunId(1),
+                node: Some("n1".into()),
+                path: "/etc/os-release".into(),
+                limit: 64,
+            },
+            Request::Processes {
+                run: RunId(1),
+                node: Some("n2".into()),
+            },
+            Request::Inspect { run: RunId(1) },
+        ];
+        for request in requests {
+            let text = serde_json::to_string(&request).unwrap();
+            let back: Request = serde_json::from_str(&text).unwrap();
+            assert_eq!(serde_json::to_string(&back).unwrap(), text);
+        }
+        let position = Position {
+            exits: 3,
+            virtual_ns: VirtNanos(1_500),
+            stop: None,
+        };
+        let file = Response::File {
+            bytes: vec![0, 1, 254, 255],
+            size: 9,
+            truncated: true,
+            position,
+        };
+        let text = serde_json::to_string(&file).unwrap();
+        assert_eq!(
+            text,
+            r#"{"response":"file","bytes":"AAH+/w==","size":9,"truncated":true,"position":{"exits":3,"virtual_ns":1500,"stop":null}}"#
+        );
+        let back: Response = serde_json::from_str(&text).unwrap();
+        assert!(matches!(back, Response::File { bytes, size: 9, .. } if bytes == [0, 1, 254, 255]));
+        let processes = Response::Processes {
+            processes: vec![ProcessRow {
+                pid: 1,
+                ppid: 0,
+                state: 'S',
+                name: "sh".into(),
+                command: vec!["sh".into(), "-c".into(), "x".into()],
+            }],
+            position,
+        };
+        let text = serde_json::to_string(&processes).unwrap();
+        let back: Response = serde_json::from_str(&text).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), text);
+        let report = Response::Inspect(InspectReport {
+            position,
+            registers: Registers {
+                rip: 0xffff_ffff_8100_0000,
+                rsp: 1,
+                rflags: 2,
+                cr3: 3,
+                rax: 4,
+                rbx: 5,
+                rcx: 6,
+                rdx: 7,
+                rsi: 8,
+                rdi: 9,
+                rbp: 10,
+                r8: 11,
+                r9: 12,
+                r10: 13,
+                r11: 14,
+                r12: 15,
+                r13: 16,
+                r14: 17,
+                r15: 18,
+            },
+            devices: vec![DeviceSummary {
+                name: "switch".into(),
+                state: "2 ports".into(),
+            }],
+            nodes: vec![NodeStatus {
+                name: "n1".into(),
+                state: NodeState::Paused,
+            }],
+            conductor_held: true,
+        });
+        let text = serde_json::to_string(&report).unwrap();
+        assert!(text.contains(r#""state":"paused""#), "{text}");
+        let back: Response = serde_json::from_str(&text).unwrap();
+        assert!(matches!(back, Response::Inspect(r) if r.registers.rip == 0xffff_ffff_8100_0000));
+    }
+
     #[test]
     fn test_the_errors_name_what_failed() {
         let unknown = InspectError::UnknownNode {
@@ -628,6 +746,11 @@ mod tests {
         assert!(silent
             .to_string()
             .starts_with("processes beside the nodes: the agent did not answer within"));
+        assert_eq!(
+            InspectError::LiveWhileFrozen { run: RunId(2) }.to_string(),
+            "exec in live mode: run RunId(2) was frozen for an inspection (its nodes paused, \
+             its conductor held); reset it to a checkpoint first"
+        );
         let stopped = InspectError::GuestStopped {
             what: "read_file \"/x\" in node n1".into(),
             stop: StopReason::TimeLimit,

@@ -508,6 +508,13 @@ fn inspect_scenario(prepared: PreparedUp, _scratch: &Path) {
         [("n1", NodeState::Paused), ("n2", NodeState::Paused)]
     );
     assert!(report.conductor_held);
+    let live = exec_err(
+        c,
+        &streams,
+        run,
+        command(None, &["true"], ExecMode::Live, 1),
+    );
+    assert!(live.contains("was frozen for an inspection"), "{live}");
     eprintln!(
         "looked into the run for {:.1} s (wall), {} exits",
         wall.elapsed().as_secs_f64(),
