@@ -553,6 +553,9 @@ fn inspect_scenario(prepared: PreparedUp, _scratch: &Path) {
     );
     let after_live = to_the_end(c, &streams, run);
     assert_eq!(after_live.exit_status, Some(3));
+    // The digest sees what a command did: the one compared above would
+    // have told a look that changed the history.
+    assert_ne!(after_live.digest, straight.digest);
 }
 
 fn c_checkpoint(c: &mut Controller, streams: &Captured, run: RunId) -> (CheckpointId, Position) {
