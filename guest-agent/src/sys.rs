@@ -234,6 +234,24 @@ pub fn reap(pid: libc::pid_t) -> io::Result<ExitStatus> {
     Ok(exit_status(raw))
 }
 
+/// Whether child `pid` has ended and waits to be reaped (it is left so).
+pub fn has_ended(pid: libc::pid_t) -> bool {
+    // SAFETY: an all-zero siginfo_t is a valid value for waitid to fill.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid siginfo_t for waitid to write; WNOWAIT
+    // leaves the child unreaped.
+    let waited = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // SAFETY: waitid filled `info` (si_pid stays 0 when nothing ended).
+    waited == 0 && unsafe { info.si_pid() } != 0
+}
+
 pub fn kill(pid: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
     // SAFETY: kill has no memory effects.
     cvt(unsafe { libc::kill(pid, signal) })?;

@@ -48,6 +48,19 @@ fn exec_result(agent: &mut AgentProcess, id: u64) -> (Vec<u8>, Vec<u8>, AgentToH
 
 const SECOND: u64 = 1_000_000_000;
 
+/// Waits until `ready` holds (a process's state changes when it next runs
+/// in the kernel, a child execs when it is scheduled: soon, not at once).
+fn eventually(what: &str, ready: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    while !ready() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not {what} within {TIMEOUT:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn test_exec_runs_in_a_node_keeps_its_output_up_to_the_limit_and_times_out() {
     if !can_run() {
@@ -123,7 +136,7 @@ fn test_exec_runs_in_a_node_keeps_its_output_up_to_the_limit_and_times_out() {
             ..
         }
     ));
-    assert_eq!(process_state(pid), 'T');
+    eventually("stopped", || process_state(pid) == 'T');
 
     // A missing command, an empty one and an unknown node fail by id.
     agent.send(&exec(4, &["no-such-command"], true, SECOND, 10));
@@ -161,6 +174,13 @@ fn test_read_file_and_processes_see_the_node_as_it_sees_itself() {
     let script = "sleep 1000 & while :; do sleep 0.05; done";
     agent.send(&HostToAgent::CreateNode(node("n1", &root, script)));
     let pid = agent.started("n1");
+    // Its `sleep` runs before anything freezes the node (a child stopped
+    // between its fork and its exec would stay `sh`).
+    eventually("sleeping", || {
+        children_of(pid).iter().any(|child| {
+            std::fs::read(format!("/proc/{child}/cmdline")).is_ok_and(|c| c == b"sleep\01000\0")
+        })
+    });
     let read = |agent: &mut AgentProcess, id: u64, path: &str, limit: u64| {
         agent.send(&HostToAgent::ReadFile {
             id,
@@ -206,12 +226,7 @@ fn test_read_file_and_processes_see_the_node_as_it_sees_itself() {
     let device = agent.error(ErrorContext::ReadFile { id: 5 });
     assert!(device.contains("not a regular file"), "{device}");
     agent.wait_for("paused", |m| matches!(m, AgentToHost::Paused { .. }));
-    // SIGSTOP lands when the process next runs in the kernel: soon.
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    while process_state(pid) != 'T' && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert_eq!(process_state(pid), 'T', "frozen for the read");
+    eventually("frozen for the read", || process_state(pid) == 'T');
 
     agent.send(&HostToAgent::Processes {
         id: 6,

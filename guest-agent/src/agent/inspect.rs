@@ -151,6 +151,10 @@ impl Agent {
     pub(super) fn exec_timed_out(&mut self, id: u64) {
         if let Some(run) = self.execs.get_mut(&id) {
             run.timer = None;
+            // Ended on its own in the same round, not reaped yet: no timeout.
+            if sys::has_ended(run.pid) {
+                return;
+            }
             run.timed_out = true;
             let _ = sys::kill(-run.pid, libc::SIGKILL);
             let _ = sys::kill(run.pid, libc::SIGKILL);
