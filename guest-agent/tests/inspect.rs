@@ -178,7 +178,7 @@ fn test_read_file_and_processes_see_the_node_as_it_sees_itself() {
     // between its fork and its exec would stay `sh`).
     eventually("sleeping", || {
         children_of(pid).iter().any(|child| {
-            std::fs::read(format!("/proc/{child}/cmdline")).is_ok_and(|c| c == b"sleep\01000\0")
+            std::fs::read(format!("/proc/{child}/cmdline")).is_ok_and(|c| c == b"sleep\x001000\0")
         })
     });
     let read = |agent: &mut AgentProcess, id: u64, path: &str, limit: u64| {
