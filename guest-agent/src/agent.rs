@@ -16,7 +16,8 @@
 //! Here: the agent's state and the loop. The work, by concern: `channel`
 //! (requests read, dispatched and answered), `children` (output pipes and
 //! exits), `nodes`, `workloads` (the workload and template commands),
-//! `shell`, `disks` and `local_outputs`.
+//! `shell`, `inspect` (exec, read_file, processes), `disks` and
+//! `local_outputs`.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -30,6 +31,7 @@ use guest_agent::protocol::{
 mod channel;
 mod children;
 mod disks;
+mod inspect;
 mod local_outputs;
 mod nodes;
 mod shell;
@@ -119,6 +121,9 @@ enum Ready {
     ShellWritable,
     Sdk(SdkReady),
     LocalOutputTimer,
+    /// An `exec`'s output pipe, by the request's id.
+    ExecPipe(u64, Stream),
+    ExecTimer(u64),
 }
 
 /// The shell a user opened in a fork, on a pseudo-terminal.
@@ -149,6 +154,8 @@ pub struct Agent {
     workload_status: Option<ExitStatus>,
     /// Test-composer command runs, by id (see `start_command`).
     commands: BTreeMap<u32, Running>,
+    /// `exec` requests whose command runs, by id.
+    execs: BTreeMap<u64, inspect::ExecRun>,
     shell: Option<Shell>,
     /// The SDK sockets (`None`: not started, see [`Agent::start_sdk`]).
     sdk: Option<SdkServer>,
@@ -187,6 +194,7 @@ impl Agent {
             workload: None,
             workload_status: None,
             commands: BTreeMap::new(),
+            execs: BTreeMap::new(),
             shell: None,
             sdk: None,
             own_executable: None,
@@ -255,6 +263,17 @@ impl Agent {
                     }
                 }
             }
+            for (id, run) in &self.execs {
+                for (pipe, stream) in [(&run.stdout, Stream::Stdout), (&run.stderr, Stream::Stderr)]
+                {
+                    if let Some(fd) = pipe {
+                        interest.push((fd.as_fd(), Ready::ExecPipe(*id, stream)));
+                    }
+                }
+                if let Some(timer) = &run.timer {
+                    interest.push((timer.as_fd(), Ready::ExecTimer(*id)));
+                }
+            }
             if let Some(shell) = &self.shell {
                 if let Some(master) = &shell.master {
                     interest.push((master.as_fd(), Ready::Shell));
@@ -312,6 +331,10 @@ impl Agent {
                         }
                         self.read_local_outputs();
                     }
+                    Ready::ExecPipe(id, stream) => {
+                        self.read_exec_output(*id, *stream, &mut buffer, 1);
+                    }
+                    Ready::ExecTimer(id) => self.exec_timed_out(*id),
                     Ready::Sigchld | Ready::Channel => {}
                 }
             }
@@ -348,6 +371,7 @@ impl Agent {
     fn nothing_running(&self) -> bool {
         self.workload.is_none()
             && self.commands.is_empty()
+            && self.execs.is_empty()
             && self.shell.is_none()
             && self.nodes.values().all(|node| node.running.is_none())
     }
@@ -375,6 +399,10 @@ impl Agent {
         for running in self.commands.values() {
             let _ = sys::kill(-running.pid, libc::SIGKILL);
             let _ = sys::kill(running.pid, libc::SIGKILL);
+        }
+        for run in self.execs.values() {
+            let _ = sys::kill(-run.pid, libc::SIGKILL);
+            let _ = sys::kill(run.pid, libc::SIGKILL);
         }
         if let Some(workload) = &self.workload {
             // Its process group (it is a session leader), then itself.

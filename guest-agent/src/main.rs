@@ -20,6 +20,7 @@
 
 mod agent;
 mod assert_cmd;
+mod capture;
 mod clock;
 mod composer;
 mod container;
@@ -27,6 +28,7 @@ mod disk;
 mod history;
 mod local_output;
 mod netlink;
+mod procfs;
 mod sdk;
 mod sys;
 

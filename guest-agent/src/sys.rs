@@ -234,6 +234,24 @@ pub fn reap(pid: libc::pid_t) -> io::Result<ExitStatus> {
     Ok(exit_status(raw))
 }
 
+/// Whether child `pid` has ended and waits to be reaped (it is left so).
+pub fn has_ended(pid: libc::pid_t) -> bool {
+    // SAFETY: an all-zero siginfo_t is a valid value for waitid to fill.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid siginfo_t for waitid to write; WNOWAIT
+    // leaves the child unreaped.
+    let waited = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // SAFETY: waitid filled `info` (si_pid stays 0 when nothing ended).
+    waited == 0 && unsafe { info.si_pid() } != 0
+}
+
 pub fn kill(pid: libc::pid_t, signal: libc::c_int) -> io::Result<()> {
     // SAFETY: kill has no memory effects.
     cvt(unsafe { libc::kill(pid, signal) })?;
@@ -392,6 +410,17 @@ pub fn reseed_kernel_rng(bytes: &[u8]) -> io::Result<()> {
 
 /// A non-blocking CLOCK_MONOTONIC timer firing every `interval_ns`.
 pub fn interval_timerfd(interval_ns: i64) -> io::Result<OwnedFd> {
+    monotonic_timerfd(interval_ns, interval_ns)
+}
+
+/// A non-blocking CLOCK_MONOTONIC timer firing once, `after_ns` from now
+/// (the guest's monotonic clock is virtual time: nothing here depends on
+/// the host's).
+pub fn oneshot_timerfd(after_ns: i64) -> io::Result<OwnedFd> {
+    monotonic_timerfd(after_ns, 0)
+}
+
+fn monotonic_timerfd(first_ns: i64, interval_ns: i64) -> io::Result<OwnedFd> {
     // SAFETY: timerfd_create has no memory effects.
     let fd = cvt(unsafe {
         libc::timerfd_create(
@@ -401,17 +430,53 @@ pub fn interval_timerfd(interval_ns: i64) -> io::Result<OwnedFd> {
     })?;
     // SAFETY: `timerfd_create` returned a new descriptor that nothing else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let spec = libc::timespec {
-        tv_sec: interval_ns / 1_000_000_000,
-        tv_nsec: interval_ns % 1_000_000_000,
+    let spec = |ns: i64| libc::timespec {
+        tv_sec: ns / 1_000_000_000,
+        tv_nsec: ns % 1_000_000_000,
     };
     let value = libc::itimerspec {
-        it_interval: spec,
-        it_value: spec,
+        it_interval: spec(interval_ns),
+        it_value: spec(first_ns.max(1)),
     };
     // SAFETY: `value` is a valid itimerspec; the old value is not asked for.
     cvt(unsafe { libc::timerfd_settime(fd.as_raw_fd(), 0, &value, std::ptr::null_mut()) })?;
     Ok(fd)
+}
+
+/// Opens `path` (read-only, non-blocking, close-on-exec) resolved inside
+/// the directory `root` as if it were `/` (`openat2` with
+/// `RESOLVE_IN_ROOT`): absolute symbolic links and `..` stay inside it, as
+/// they would for a process chrooted there.
+pub fn open_in_root(root: BorrowedFd<'_>, path: &str) -> io::Result<OwnedFd> {
+    let path = cstring(path)?;
+    /// `struct open_how` of <linux/openat2.h> (libc's cannot be built).
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    let how = OpenHow {
+        flags: (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_IN_ROOT,
+    };
+    let fd = retry(|| {
+        // SAFETY: `path` is NUL-terminated and `how` a valid open_how of
+        // the size passed; both outlive the call.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                root.as_raw_fd(),
+                path.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        cvt(fd as libc::c_int)
+    })?;
+    // SAFETY: `openat2` returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Reads a timerfd's expiration count (nothing if it has not fired).

@@ -218,6 +218,11 @@ pub fn needs(request: &mut Request) -> Result<Needs> {
         | Request::Outcome { .. }
         | Request::CollectRecords { .. }
         | Request::TakeRecords { .. }
+        // A guest's path (`ReadFile`) or command (`Exec`) is no host file.
+        | Request::Exec { .. }
+        | Request::ReadFile { .. }
+        | Request::Processes { .. }
+        | Request::Inspect { .. }
         | Request::Close { .. }
         | Request::Seccomp { .. } => Needs::default(),
     })
@@ -666,6 +671,28 @@ mod tests {
             Request::Close { run: RunId(1) },
             Request::HostReport,
             Request::Seccomp { enabled: false },
+            Request::ReadFile {
+                run: RunId(1),
+                node: Some("n1".into()),
+                path: "/etc/hostname".into(),
+                limit: 10,
+            },
+            Request::Exec {
+                run: RunId(1),
+                exec: ::run::inspect::ExecRequest {
+                    node: None,
+                    command: vec!["cat".into(), "/tmp/x".into()],
+                    env: Default::default(),
+                    mode: ::run::inspect::ExecMode::Frozen,
+                    timeout: vmm::VirtNanos(1),
+                    output_limit: 1,
+                },
+            },
+            Request::Processes {
+                run: RunId(1),
+                node: None,
+            },
+            Request::Inspect { run: RunId(1) },
         ] {
             let needs = needs_of(&mut request);
             assert!(needs.files.is_empty() && needs.shared_dirs.is_empty());

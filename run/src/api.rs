@@ -7,6 +7,7 @@ use crate::audit::{self, AuditOptions, AuditSummary};
 use crate::branch::{self, BranchRequest};
 use crate::driven::{Driven, DrivenCheckpoint};
 use crate::faults::Fault;
+use crate::inspect::{self, ExecOutcome, ExecRequest, InspectReport, ProcessRow};
 use crate::moment::Moment;
 use crate::outcome::RunSummary;
 use crate::plain::{self, GuestSpec};
@@ -153,6 +154,26 @@ pub enum Request {
     /// What the guest reported since the last `TakeRecords` (or since
     /// `CollectRecords`). A reset drops those not taken.
     TakeRecords { run: RunId },
+    /// Run a command in a held `up` run, inside a node's namespaces or
+    /// beside the nodes (see [`crate::inspect`] for the frozen and live
+    /// modes). Answers `Exec`.
+    Exec { run: RunId, exec: ExecRequest },
+    /// The first `limit` bytes of a file as node `node` sees it (resolved
+    /// inside its root; `None`: the guest's own file), every running node
+    /// paused and the conductor held. Answers `File`.
+    ReadFile {
+        run: RunId,
+        node: Option<String>,
+        path: String,
+        limit: u64,
+    },
+    /// The processes of node `node` (PIDs as its namespace sees them;
+    /// `None`: every process of the guest), read from /proc, nodes paused
+    /// and the conductor held. Answers `Processes`.
+    Processes { run: RunId, node: Option<String> },
+    /// The machine at the run's present: position, vCPU registers,
+    /// devices, node states. Sends nothing to the guest. Answers `Inspect`.
+    Inspect { run: RunId },
     /// Let a held run go.
     Close { run: RunId },
     /// Whether runs started from now on in this process install the VMM's
@@ -238,6 +259,22 @@ pub enum Response {
         records: Vec<crate::records::GuestRecord>,
     },
     Closed,
+    Exec(ExecOutcome),
+    File {
+        /// Base64 in JSON.
+        #[serde(with = "guest_agent::protocol::base64")]
+        bytes: Vec<u8>,
+        /// The file's whole size.
+        size: u64,
+        /// `bytes` is less than the whole file.
+        truncated: bool,
+        position: Position,
+    },
+    Processes {
+        processes: Vec<ProcessRow>,
+        position: Position,
+    },
+    Inspect(InspectReport),
     /// `Seccomp`: the setting now, and the filters on the thread that
     /// answered.
     Seccomp {
@@ -274,6 +311,9 @@ pub enum ApiError {
     NoNodes(RunId),
     #[error(transparent)]
     Shell(#[from] crate::shell::ShellError),
+    /// `Exec`, `ReadFile`, `Processes`, `Inspect`.
+    #[error(transparent)]
+    Inspect(#[from] crate::inspect::InspectError),
     /// Booting a held plain run.
     #[error(transparent)]
     Vm(#[from] vmm::vm::VmError),
@@ -337,6 +377,15 @@ impl Controller {
 
     fn held(&mut self, run: RunId) -> Result<&mut Held, ApiError> {
         self.runs.get_mut(&run).ok_or(ApiError::UnknownRun(run))
+    }
+
+    /// A held run that has not stopped (the guest's agent can still answer).
+    fn running(&mut self, run: RunId) -> Result<&mut Held, ApiError> {
+        let held = self.held(run)?;
+        if held.stop.is_some() {
+            return Err(ApiError::Stopped(run));
+        }
+        Ok(held)
     }
 
     fn hold(&mut self, driven: Driven, stop: Option<StopReason>) -> Response {
@@ -570,6 +619,46 @@ impl Controller {
                 Response::Records {
                     records: up.take_records(),
                 }
+            }
+            Request::Exec { run, exec } => {
+                let held = self.running(run)?;
+                let outcome = inspect::exec(&mut held.driven, &mut held.stop, run, &exec)?;
+                Response::Exec(outcome)
+            }
+            Request::ReadFile {
+                run,
+                node,
+                path,
+                limit,
+            } => {
+                let held = self.running(run)?;
+                let file = inspect::read_file(
+                    &mut held.driven,
+                    &mut held.stop,
+                    run,
+                    node.as_deref(),
+                    &path,
+                    limit,
+                )?;
+                Response::File {
+                    bytes: file.bytes,
+                    size: file.size,
+                    truncated: file.truncated,
+                    position: held.position(),
+                }
+            }
+            Request::Processes { run, node } => {
+                let held = self.running(run)?;
+                let processes =
+                    inspect::processes(&mut held.driven, &mut held.stop, run, node.as_deref())?;
+                Response::Processes {
+                    processes,
+                    position: held.position(),
+                }
+            }
+            Request::Inspect { run } => {
+                let held = self.held(run)?;
+                Response::Inspect(inspect::inspect(&mut held.driven, held.stop)?)
             }
             Request::Close { run } => {
                 self.runs.remove(&run).ok_or(ApiError::UnknownRun(run))?;

@@ -8,6 +8,7 @@ use crate::api::{CheckpointId, Controller, Position, Reply, Request, Response, R
 use crate::audit::{AuditOptions, AuditSummary};
 use crate::branch::BranchRequest;
 use crate::faults::Fault;
+use crate::inspect::{ExecOutcome, ExecRequest, FileContents, InspectReport, ProcessRow};
 use crate::moment::Moment;
 use crate::outcome::RunSummary;
 use crate::plain::GuestSpec;
@@ -427,6 +428,45 @@ impl<'a> Calls<'a> {
         answer!(self, "loading a spilled moment", request, Response::Loaded { position, stats } => (position, stats))
     }
 
+    /// Runs a command in a held `up` run (see [`crate::inspect`]).
+    pub fn exec(&mut self, run: RunId, exec: ExecRequest) -> Result<ExecOutcome, RunnerError> {
+        answer!(self, "running a command in the guest", Request::Exec { run, exec }, Response::Exec(outcome) => outcome)
+    }
+
+    /// The first `limit` bytes of `path` as node `node` sees it (`None`:
+    /// the guest's file), and where the run stands after.
+    pub fn read_file(
+        &mut self,
+        run: RunId,
+        node: Option<String>,
+        path: String,
+        limit: u64,
+    ) -> Result<(FileContents, Position), RunnerError> {
+        let request = Request::ReadFile {
+            run,
+            node,
+            path,
+            limit,
+        };
+        answer!(self, "reading a file in the guest", request, Response::File { bytes, size, truncated, position } => (FileContents { bytes, size, truncated }, position))
+    }
+
+    /// The processes of node `node` (`None`: of the guest), and where the
+    /// run stands after.
+    pub fn processes(
+        &mut self,
+        run: RunId,
+        node: Option<String>,
+    ) -> Result<(Vec<ProcessRow>, Position), RunnerError> {
+        let request = Request::Processes { run, node };
+        answer!(self, "listing the guest's processes", request, Response::Processes { processes, position } => (processes, position))
+    }
+
+    /// The machine at the run's present (registers, devices, nodes).
+    pub fn inspect(&mut self, run: RunId) -> Result<InspectReport, RunnerError> {
+        answer!(self, "inspecting the machine", Request::Inspect { run }, Response::Inspect(report) => report)
+    }
+
     pub fn close(&mut self, run: RunId) -> Result<(), RunnerError> {
         answer!(self, "closing the run", Request::Close { run }, Response::Closed => ())
     }
@@ -466,6 +506,45 @@ mod tests {
         assert_eq!(error, "reading the outcome: unexpected answer Closed");
         let mut calls = Calls::new(&mut runner);
         calls.close(RunId(1)).unwrap();
+    }
+
+    /// The inspection calls unpack their answers, and refuse another kind.
+    #[test]
+    fn test_the_inspection_calls_unpack_their_answers() {
+        let at = Position {
+            exits: 9,
+            virtual_ns: VirtNanos(3),
+            stop: None,
+        };
+        let mut runner = Always(Response::File {
+            bytes: b"abc".to_vec(),
+            size: 10,
+            truncated: true,
+            position: at,
+        });
+        let (file, position) = Calls::new(&mut runner)
+            .read_file(RunId(1), Some("n1".into()), "/etc/motd".into(), 3)
+            .unwrap();
+        assert_eq!(
+            (file.bytes.as_slice(), file.size, file.truncated),
+            (&b"abc"[..], 10, true)
+        );
+        assert_eq!(position, at);
+        let error = Calls::new(&mut runner)
+            .processes(RunId(1), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("listing the guest's processes: unexpected answer File"),
+            "{error}"
+        );
+        let mut runner = Always(Response::Processes {
+            processes: Vec::new(),
+            position: at,
+        });
+        let (rows, position) = Calls::new(&mut runner).processes(RunId(1), None).unwrap();
+        assert!(rows.is_empty());
+        assert_eq!(position, at);
     }
 
     #[test]

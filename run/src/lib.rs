@@ -36,6 +36,7 @@ pub mod driven;
 pub mod event;
 pub mod faults;
 pub mod guest;
+pub mod inspect;
 pub mod manifest;
 pub mod moment;
 pub mod outcome;

@@ -10,6 +10,7 @@
 
 use run::api::{CheckpointId, Controller, Position, Request, Response, RunId, Until};
 use run::faults::Fault;
+use run::inspect::{ExecMode, ExecOutcome, ExecRequest, ExitStatus, NodeState};
 use run::manifest;
 use run::moment::Moment;
 use run::streams::Captured;
@@ -43,6 +44,9 @@ node = "n2"
 command = ["sh", "-c", "sleep 1; if ping -c 1 -w 2 192.0.2.1; then echo reached n1; exit 3; fi; echo n1 unreachable; exit 1"]
 "#;
 
+/// A file of the nodes' root, read back through the agent.
+const MOTD: &str = "a file in the nodes' root\n";
+
 /// Where the shipped plan is inside the helper VM.
 const SHIPPED_PLAN: &str = "/payload/files/prepared.json";
 
@@ -51,9 +55,11 @@ fn prepare(dir: &Path) -> PreparedUp {
     let bin = dir.join("root/bin");
     std::fs::create_dir_all(&bin).unwrap();
     std::fs::copy("/bin/busybox", bin.join("busybox")).expect("busybox-static is installed");
-    for applet in ["sh", "echo", "sleep", "ping", "nc", "true"] {
+    for applet in ["sh", "echo", "sleep", "ping", "nc", "true", "hostname"] {
         std::os::unix::fs::symlink("busybox", bin.join(applet)).unwrap();
     }
+    std::fs::create_dir_all(dir.join("root/etc")).unwrap();
+    std::fs::write(dir.join("root/etc/motd"), MOTD).unwrap();
     let manifest = manifest::parse(TWO_NODES, dir).unwrap();
     run::up::prepare(&manifest, &[], None, None).unwrap()
 }
@@ -102,17 +108,19 @@ fn reset(c: &mut Controller, streams: &Captured, run: RunId, checkpoint: Checkpo
     )
 }
 
-/// The scenario itself, on a host whose KVM runs Linux.
-fn scenario(prepared: PreparedUp, scratch: &Path) {
-    let streams = Captured::default();
-    let mut c = Controller::new();
+/// Boots the two nodes and runs them to the workload's start.
+fn boot_to_the_workload(
+    c: &mut Controller,
+    streams: &Captured,
+    prepared: PreparedUp,
+) -> (RunId, Position) {
     let options = UpOptions {
         until: Some(VirtNanos::from_secs(60)),
         stream_output: true,
         ..UpOptions::new(1)
     };
     let run = started(
-        c.handle(Request::BootUp { prepared, options }, &streams)
+        c.handle(Request::BootUp { prepared, options }, streams)
             .unwrap(),
     );
 
@@ -126,7 +134,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
                     run,
                     until: Until::Steps(4),
                 },
-                &streams,
+                streams,
             )
             .unwrap(),
         );
@@ -144,7 +152,14 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
             break;
         }
     }
-    let at = at.expect("the workload started");
+    (run, at.expect("the workload started"))
+}
+
+/// The scenario itself, on a host whose KVM runs Linux.
+fn scenario(prepared: PreparedUp, scratch: &Path) {
+    let streams = Captured::default();
+    let mut c = Controller::new();
+    let (run, at) = boot_to_the_workload(&mut c, &streams, prepared);
     let checkpoint = match c.handle(Request::Checkpoint { run }, &streams).unwrap() {
         Response::Checkpoint {
             checkpoint,
@@ -267,6 +282,17 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
 
 #[test]
 fn test_the_run_library_boots_checkpoints_injects_a_fault_branches_and_reads_outcomes() {
+    on_a_guest(TEST_NAME, scenario);
+}
+
+#[test]
+fn test_a_held_up_run_is_looked_into_and_acted_in_without_changing_its_history() {
+    on_a_guest(INSPECT_TEST_NAME, inspect_scenario);
+}
+
+/// Runs `scenario` where this host's KVM can run the guest: here, or
+/// inside the helper VM (this test binary again, running only `test_name`).
+fn on_a_guest(test_name: &str, scenario: fn(PreparedUp, &Path)) {
     let scratch = tempfile::tempdir().unwrap();
     if Path::new(SHIPPED_PLAN).is_file() {
         // Inside the helper VM, on the files shipped below.
@@ -303,7 +329,7 @@ fn test_the_run_library_boots_checkpoints_injects_a_fault_branches_and_reads_out
                 memory_mib: 3072,
                 ..helper_vm::HelperVmConfig::default()
             };
-            let args: Vec<OsString> = [TEST_NAME, "--exact", "--nocapture", "--test-threads=1"]
+            let args: Vec<OsString> = [test_name, "--exact", "--nocapture", "--test-threads=1"]
                 .into_iter()
                 .map(OsString::from)
                 .collect();
@@ -311,5 +337,272 @@ fn test_the_run_library_boots_checkpoints_injects_a_fault_branches_and_reads_out
             let status = helper_vm::run(&config, &exe, &args, &files).unwrap();
             assert_eq!(status, 0, "the scenario failed inside the helper VM");
         }
+    }
+}
+
+const INSPECT_TEST_NAME: &str =
+    "test_a_held_up_run_is_looked_into_and_acted_in_without_changing_its_history";
+
+/// A command to run in the held run.
+fn command(node: Option<&str>, argv: &[&str], mode: ExecMode, timeout_secs: u64) -> ExecRequest {
+    ExecRequest {
+        node: node.map(str::to_string),
+        command: argv.iter().map(|a| a.to_string()).collect(),
+        env: Default::default(),
+        mode,
+        timeout: VirtNanos::from_secs(timeout_secs),
+        output_limit: 1 << 16,
+    }
+}
+
+/// Looking into a held run (frozen: commands, files, processes, the
+/// machine) and resetting leaves its history as it was; a live command
+/// advances it.
+fn inspect_scenario(prepared: PreparedUp, _scratch: &Path) {
+    let streams = Captured::default();
+    let mut c = Controller::new();
+    let (run, at) = boot_to_the_workload(&mut c, &streams, prepared);
+
+    // The history without any of it.
+    let (checkpoint, _) = c_checkpoint(&mut c, &streams, run);
+    let straight = to_the_end(&mut c, &streams, run);
+    assert_eq!(straight.exit_status, Some(3), "{}", streams.stdout_text());
+    assert_eq!(reset(&mut c, &streams, run, checkpoint), at);
+    let c = &mut c;
+    let wall = std::time::Instant::now();
+
+    // A frozen command in n1 sees that node (its hostname, its root).
+    let hostname = exec_ok(
+        c,
+        &streams,
+        run,
+        command(Some("n1"), &["hostname"], ExecMode::Frozen, 10),
+    );
+    assert_eq!(hostname.stdout, b"n1\n");
+    assert_eq!(hostname.status, ExitStatus::Code(0));
+    assert!(!hostname.timed_out && !hostname.stdout_truncated);
+    assert_eq!(hostname.started, at);
+    assert!(hostname.position.exits > at.exits);
+
+    // Output past the limit is cut and said so; stderr is its own stream.
+    let mut loud = command(
+        Some("n2"),
+        &["sh", "-c", "echo 0123456789; echo oops >&2; exit 4"],
+        ExecMode::Frozen,
+        10,
+    );
+    loud.output_limit = 4;
+    let loud = exec_ok(c, &streams, run, loud);
+    assert_eq!(loud.stdout, b"0123");
+    assert!(loud.stdout_truncated);
+    assert_eq!(loud.stderr, b"oops");
+    assert!(loud.stderr_truncated, "5 bytes with the newline");
+    assert_eq!(loud.status, ExitStatus::Code(4));
+
+    // A command past its timeout is killed, in virtual time.
+    let slow = exec_ok(
+        c,
+        &streams,
+        run,
+        command(Some("n1"), &["sleep", "30"], ExecMode::Frozen, 1),
+    );
+    assert!(slow.timed_out);
+    assert_eq!(slow.status, ExitStatus::Signal(9));
+    let took = slow.position.virtual_ns.0 - slow.started.virtual_ns.0;
+    assert!((1_000_000_000..5_000_000_000).contains(&took), "{took} ns");
+
+    // A command that does not exist fails, naming it.
+    let error = exec_err(
+        c,
+        &streams,
+        run,
+        command(Some("n1"), &["no-such-command"], ExecMode::Frozen, 10),
+    );
+    assert!(error.contains("no-such-command"), "{error}");
+
+    // A node's file, whole and cut; a missing one names its path.
+    let (bytes, size, truncated) = read_ok(c, &streams, run, Some("n1"), "/etc/motd", 1 << 20);
+    assert_eq!(bytes, MOTD.as_bytes());
+    assert_eq!((size, truncated), (MOTD.len() as u64, false));
+    let (bytes, size, truncated) = read_ok(c, &streams, run, Some("n2"), "/etc/motd", 6);
+    assert_eq!(bytes, &MOTD.as_bytes()[..6]);
+    assert_eq!((size, truncated), (MOTD.len() as u64, true));
+    let missing = c
+        .handle(
+            Request::ReadFile {
+                run,
+                node: Some("n1".into()),
+                path: "/etc/nothing-here".into(),
+                limit: 10,
+            },
+            &streams,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(missing.contains("/etc/nothing-here"), "{missing}");
+    let directory = c
+        .handle(
+            Request::ReadFile {
+                run,
+                node: Some("n1".into()),
+                path: "/etc".into(),
+                limit: 10,
+            },
+            &streams,
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(directory.contains("\"/etc\" is a directory"), "{directory}");
+
+    // n1's processes, as its PID namespace sees them: its command is PID 1.
+    let processes = match c
+        .handle(
+            Request::Processes {
+                run,
+                node: Some("n1".into()),
+            },
+            &streams,
+        )
+        .unwrap()
+    {
+        Response::Processes { processes, .. } => processes,
+        other => panic!("expected processes, got {other:?}"),
+    };
+    let init = processes.iter().find(|p| p.pid == 1).expect("a PID 1");
+    assert_eq!(
+        init.command,
+        ["sh", "-c", "while true; do echo pong | nc -l -p 7000; done"],
+        "{processes:?}"
+    );
+    assert_eq!((init.ppid, init.state), (0, 'T'), "paused: {processes:?}");
+
+    // An unknown node names the nodes there are.
+    let unknown = exec_err(
+        c,
+        &streams,
+        run,
+        command(Some("n9"), &["true"], ExecMode::Frozen, 1),
+    );
+    assert!(
+        unknown.contains("no node \"n9\" in this run (its nodes: n1, n2)"),
+        "{unknown}"
+    );
+
+    // The machine: registers, devices, both nodes paused.
+    let report = match c.handle(Request::Inspect { run }, &streams).unwrap() {
+        Response::Inspect(report) => report,
+        other => panic!("expected a report, got {other:?}"),
+    };
+    assert_ne!(report.registers.rip, 0);
+    assert!(
+        report.devices.iter().any(|d| d.name == "switch"),
+        "{report:?}"
+    );
+    let states: Vec<_> = report
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n.state))
+        .collect();
+    assert_eq!(
+        states,
+        [("n1", NodeState::Paused), ("n2", NodeState::Paused)]
+    );
+    assert!(report.conductor_held);
+    let live = exec_err(
+        c,
+        &streams,
+        run,
+        command(None, &["true"], ExecMode::Live, 1),
+    );
+    assert!(live.contains("was frozen for an inspection"), "{live}");
+    eprintln!(
+        "looked into the run for {:.1} s (wall), {} exits",
+        wall.elapsed().as_secs_f64(),
+        report.position.exits - at.exits
+    );
+
+    // Back to the checkpoint: the history goes on exactly as it did.
+    assert_eq!(reset(c, &streams, run, checkpoint), at);
+    let again = to_the_end(c, &streams, run);
+    assert_eq!(again.digest, straight.digest);
+    assert_eq!(again.exits, straight.exits);
+    assert_eq!(again.exit_status, Some(3));
+
+    // A live command runs in the history: the nodes go on, time advances.
+    reset(c, &streams, run, checkpoint);
+    let live = exec_ok(
+        c,
+        &streams,
+        run,
+        command(None, &["true"], ExecMode::Live, 10),
+    );
+    assert_eq!(live.status, ExitStatus::Code(0));
+    assert!(
+        live.position.virtual_ns > live.started.virtual_ns,
+        "{live:?}"
+    );
+    assert!(live.position.exits > live.started.exits);
+    let report = match c.handle(Request::Inspect { run }, &streams).unwrap() {
+        Response::Inspect(report) => report,
+        other => panic!("expected a report, got {other:?}"),
+    };
+    assert!(!report.conductor_held);
+    assert!(
+        report.nodes.iter().all(|n| n.state == NodeState::Running),
+        "{report:?}"
+    );
+    let after_live = to_the_end(c, &streams, run);
+    assert_eq!(after_live.exit_status, Some(3));
+    // The digest sees what a command did: the one compared above would
+    // have told a look that changed the history.
+    assert_ne!(after_live.digest, straight.digest);
+}
+
+fn c_checkpoint(c: &mut Controller, streams: &Captured, run: RunId) -> (CheckpointId, Position) {
+    match c.handle(Request::Checkpoint { run }, streams).unwrap() {
+        Response::Checkpoint {
+            checkpoint,
+            position,
+        } => (checkpoint, position),
+        other => panic!("expected a checkpoint, got {other:?}"),
+    }
+}
+
+fn exec_ok(c: &mut Controller, streams: &Captured, run: RunId, exec: ExecRequest) -> ExecOutcome {
+    match c.handle(Request::Exec { run, exec }, streams) {
+        Ok(Response::Exec(outcome)) => outcome,
+        other => panic!("expected an exec outcome, got {other:?}"),
+    }
+}
+
+fn exec_err(c: &mut Controller, streams: &Captured, run: RunId, exec: ExecRequest) -> String {
+    match c.handle(Request::Exec { run, exec }, streams) {
+        Err(error) => format!("{:#}", anyhow::Error::from(error)),
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+fn read_ok(
+    c: &mut Controller,
+    streams: &Captured,
+    run: RunId,
+    node: Option<&str>,
+    path: &str,
+    limit: u64,
+) -> (Vec<u8>, u64, bool) {
+    let request = Request::ReadFile {
+        run,
+        node: node.map(str::to_string),
+        path: path.into(),
+        limit,
+    };
+    match c.handle(request, streams) {
+        Ok(Response::File {
+            bytes,
+            size,
+            truncated,
+            ..
+        }) => (bytes, size, truncated),
+        other => panic!("expected a file, got {other:?}"),
     }
 }

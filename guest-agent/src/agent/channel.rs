@@ -136,6 +136,14 @@ impl Agent {
                     env,
                 } => self.start_command(id, &node, &template, &command, &env),
                 HostToAgent::KillCommand { id } => self.kill_command(id),
+                HostToAgent::Exec(spec) => self.exec(spec),
+                HostToAgent::ReadFile {
+                    id,
+                    node,
+                    path,
+                    limit,
+                } => self.read_file(id, node.as_deref(), &path, limit),
+                HostToAgent::Processes { id, node } => self.processes(id, node.as_deref()),
             }
         };
         if let Err(message) = result {

@@ -115,6 +115,15 @@ impl Agent {
                 self.send(&AgentToHost::WorkloadExited { status });
                 continue;
             }
+            let exec = self
+                .execs
+                .iter()
+                .find(|(_, run)| run.pid == pid)
+                .map(|(id, _)| *id);
+            if let Some(id) = exec {
+                self.exec_ended(id, status, buffer);
+                continue;
+            }
             let command = self
                 .commands
                 .iter()

@@ -46,18 +46,7 @@ impl Agent {
             Command::new(&["sh".to_string(), "-i".to_string()], &env).map_err(|e| e.to_string())?;
         // What the user looks at stays that moment: every running node is
         // stopped, and none restarts behind the shell's back.
-        let running: Vec<String> = self
-            .nodes
-            .iter()
-            .filter(|(_, node)| node.running.is_some())
-            .map(|(name, _)| name.clone())
-            .collect();
-        for node in self.nodes.values_mut() {
-            node.restart_pending = false;
-        }
-        for name in &running {
-            self.pause(name, true)?;
-        }
+        let running = self.freeze_nodes()?;
         let spawned = match &namespaces {
             None => container::spawn(
                 &command,

@@ -64,6 +64,16 @@ pub enum ErrorContext {
     KillCommand {
         id: u32,
     },
+    /// An `exec` request (its command could not start, or a bad request).
+    Exec {
+        id: u64,
+    },
+    ReadFile {
+        id: u64,
+    },
+    Processes {
+        id: u64,
+    },
     /// An SDK client of node `node` (`None`: of the root namespaces'
     /// socket) misbehaved, or the record it wrote is not a JSON object.
     Sdk {
@@ -103,6 +113,9 @@ impl ErrorContext {
             ErrorContext::ListTemplate { template } => named("list_template", template),
             ErrorContext::StartCommand { command } => named("start_command", command),
             ErrorContext::KillCommand { id } => ("kill_command", Some(id.to_string())),
+            ErrorContext::Exec { id } => ("exec", Some(id.to_string())),
+            ErrorContext::ReadFile { id } => ("read_file", Some(id.to_string())),
+            ErrorContext::Processes { id } => ("processes", Some(id.to_string())),
             ErrorContext::Sdk { node } => ("sdk", node.clone()),
             ErrorContext::Output => ("output", None),
             ErrorContext::Channel => ("channel", None),
@@ -135,6 +148,12 @@ impl FromStr for ErrorContext {
             None => (text, None),
         };
         let named = || subject.clone().ok_or_else(unknown);
+        let request_id = || -> Result<u64, UnknownErrorContext> {
+            subject
+                .as_deref()
+                .and_then(|id| id.parse().ok())
+                .ok_or_else(unknown)
+        };
         let alone = |context: ErrorContext| match subject {
             None => Ok(context),
             Some(_) => Err(unknown()),
@@ -169,6 +188,9 @@ impl FromStr for ErrorContext {
                 .and_then(|id| id.parse().ok())
                 .map(|id| ErrorContext::KillCommand { id })
                 .ok_or_else(unknown),
+            "exec" => request_id().map(|id| ErrorContext::Exec { id }),
+            "read_file" => request_id().map(|id| ErrorContext::ReadFile { id }),
+            "processes" => request_id().map(|id| ErrorContext::Processes { id }),
             "sdk" => Ok(ErrorContext::Sdk { node: subject }),
             "output" => alone(ErrorContext::Output),
             "channel" => alone(ErrorContext::Channel),
@@ -233,6 +255,9 @@ mod tests {
                 "start_command parallel_driver a.sh",
             ),
             (ErrorContext::KillCommand { id: 3 }, "kill_command 3"),
+            (ErrorContext::Exec { id: 7 }, "exec 7"),
+            (ErrorContext::ReadFile { id: 8 }, "read_file 8"),
+            (ErrorContext::Processes { id: 9 }, "processes 9"),
             (ErrorContext::Sdk { node: Some(node()) }, "sdk n1"),
             (ErrorContext::Sdk { node: None }, "sdk"),
             (ErrorContext::Output, "output"),

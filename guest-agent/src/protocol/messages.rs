@@ -110,7 +110,89 @@ pub enum HostToAgent {
     },
     /// SIGKILL command run `id`'s process group (its `command_exited` follows).
     KillCommand { id: u32 },
+    /// Run a command to its end and report what it printed (`exec_output`*,
+    /// then `exec_exited` with the same `id`): inside a running node's
+    /// namespaces (like `nsenter`), or in the root namespaces (`node:
+    /// None`). With `freeze`, every running node is paused first (as
+    /// `open_shell` does) so the command sees that moment; without, no
+    /// node is touched. The command is SIGKILLed (its process group) once
+    /// `timeout_ns` of the guest's monotonic time has passed. Of each
+    /// stream the first `output_limit` bytes are sent, the rest counted.
+    Exec(ExecSpec),
+    /// Every running node paused, then a node's file (as the node sees it:
+    /// resolved inside its root) or a file of the guest (`node: None`)
+    /// read: `file_chunk`* then `file_read`, its first `limit` bytes.
+    ReadFile {
+        id: u64,
+        #[serde(default)]
+        node: Option<String>,
+        path: String,
+        limit: u64,
+    },
+    /// Every running node paused, then the processes of a node (PIDs as
+    /// its PID namespace sees them) or of the whole guest (`node: None`),
+    /// read from /proc: `process_rows`*, then `processes_listed`.
+    Processes {
+        id: u64,
+        #[serde(default)]
+        node: Option<String>,
+    },
 }
+
+/// What `exec` runs, where and how (see [`HostToAgent::Exec`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecSpec {
+    /// Names this request in the answers (the host's; unique per request).
+    pub id: u64,
+    #[serde(default)]
+    pub node: Option<String>,
+    /// argv; `argv[0]` without a `/` is looked up in `PATH`.
+    pub command: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Pause every running node before the command starts.
+    pub freeze: bool,
+    /// Guest monotonic nanoseconds before the command is killed (> 0).
+    pub timeout_ns: u64,
+    /// Bytes of each stream sent (the rest is counted, not sent).
+    pub output_limit: u64,
+}
+
+impl ExecSpec {
+    /// Why the request cannot be run as it stands, before anything starts.
+    pub fn check(&self) -> Result<(), String> {
+        if self.command.first().is_none_or(String::is_empty) {
+            return Err("exec: empty command".to_string());
+        }
+        if self.timeout_ns == 0 {
+            return Err("exec: a timeout of 0 ns".to_string());
+        }
+        Ok(())
+    }
+}
+
+/// One process, as `processes` reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessRow {
+    /// As seen in the node's PID namespace (the guest's for `node: None`).
+    pub pid: i32,
+    /// The parent's PID in the same namespace; 0 when the parent is
+    /// outside it (a node's PID 1, whose parent is the agent).
+    pub ppid: i32,
+    /// `/proc/PID/stat`'s state letter (`R`, `S`, `T` for a paused node...).
+    pub state: char,
+    /// `comm`: the kernel's name for it (at most 15 bytes).
+    pub name: String,
+    /// `/proc/PID/cmdline`'s arguments (empty for a kernel thread or a
+    /// zombie), cut to [`MAX_PROCESS_COMMAND`] bytes in all.
+    pub command: Vec<String>,
+}
+
+/// The most bytes of arguments a [`ProcessRow`] carries (so that a batch
+/// of rows always fits in a frame, even JSON-escaped six times over).
+pub const MAX_PROCESS_COMMAND: usize = 4096;
+/// Rows per `process_rows` message.
+pub const PROCESS_ROWS_PER_MESSAGE: usize = 8;
 
 /// One node: a container with its own namespaces and root directory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -256,6 +338,37 @@ pub enum AgentToHost {
     },
     /// A template command ended (its output read so far was sent before this).
     CommandExited { id: u32, status: ExitStatus },
+    /// A chunk of an `exec`'s output (only bytes within its limit).
+    ExecOutput {
+        id: u64,
+        stream: Stream,
+        #[serde(with = "base64")]
+        data: Vec<u8>,
+    },
+    /// The `exec` ended: its status, each stream's whole size (what was
+    /// sent is its first `output_limit` bytes), and whether its timeout
+    /// killed it. A command that could not start is an `error` instead
+    /// (context `exec ID`).
+    ExecExited {
+        id: u64,
+        status: ExitStatus,
+        stdout_bytes: u64,
+        stderr_bytes: u64,
+        timed_out: bool,
+    },
+    /// A chunk of a `read_file`'s bytes, in order.
+    FileChunk {
+        id: u64,
+        #[serde(with = "base64")]
+        data: Vec<u8>,
+    },
+    /// The `read_file` is done: the file's whole size (the chunks hold its
+    /// first `limit` bytes).
+    FileRead { id: u64, size: u64 },
+    /// Rows of a `processes` answer, in PID order.
+    ProcessRows { id: u64, rows: Vec<ProcessRow> },
+    /// The `processes` answer is complete: `count` rows were sent.
+    ProcessesListed { id: u64, count: u64 },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -317,6 +430,9 @@ impl HostToAgent {
                 command: command.clone(),
             },
             HostToAgent::KillCommand { id } => ErrorContext::KillCommand { id: *id },
+            HostToAgent::Exec(spec) => ErrorContext::Exec { id: spec.id },
+            HostToAgent::ReadFile { id, .. } => ErrorContext::ReadFile { id: *id },
+            HostToAgent::Processes { id, .. } => ErrorContext::Processes { id: *id },
         }
     }
 }

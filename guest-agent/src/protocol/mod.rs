@@ -56,6 +56,14 @@
 //! | `list_template` | `template_commands` (the test-composer commands of a template directory) |
 //! | `start_command` | `command_started` (then `command_output`*, `command_exited`) |
 //! | `kill_command` | nothing immediate; `command_exited` once it is gone (nothing if it had ended) |
+//! | `exec` | `exec_output`*, then `exec_exited` (or an `error` `exec ID` if it could not start) |
+//! | `read_file` | `file_chunk`*, then `file_read` (or an `error` `read_file ID`) |
+//! | `processes` | `process_rows`*, then `processes_listed` (or an `error` `processes ID`) |
+//!
+//! The three inspection requests carry a host-chosen `id` that every answer
+//! repeats. `exec` with `freeze`, `read_file` and `processes` pause every
+//! running node first (`paused` for each), as `open_shell` does: they are
+//! for looking at a moment in a fork the host throws away afterwards.
 
 mod error_context;
 mod frame;
@@ -65,7 +73,10 @@ pub mod base64;
 
 pub use error_context::{ErrorContext, UnknownErrorContext};
 pub use frame::{encode_frame, frame_payload, FrameDecoder, FrameError};
-pub use messages::{AgentToHost, ExitStatus, HostToAgent, NodeDisk, NodeSpec, Stream};
+pub use messages::{
+    AgentToHost, ExecSpec, ExitStatus, HostToAgent, NodeDisk, NodeSpec, ProcessRow, Stream,
+    MAX_PROCESS_COMMAND, PROCESS_ROWS_PER_MESSAGE,
+};
 
 /// Version exchanged in `hello` / `ready`; bumped on any incompatible change.
 pub const PROTOCOL_VERSION: u32 = 2;

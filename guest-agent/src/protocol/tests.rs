@@ -62,7 +62,30 @@ fn sample_host_messages() -> Vec<HostToAgent> {
             env: BTreeMap::new(),
         },
         HostToAgent::KillCommand { id: 3 },
+        HostToAgent::Exec(sample_exec()),
+        HostToAgent::ReadFile {
+            id: 5,
+            node: None,
+            path: "/etc/hostname".into(),
+            limit: 1 << 20,
+        },
+        HostToAgent::Processes {
+            id: 6,
+            node: Some("n2".into()),
+        },
     ]
+}
+
+fn sample_exec() -> ExecSpec {
+    ExecSpec {
+        id: 4,
+        node: Some("n1".into()),
+        command: vec!["cat".into(), "/etc/hostname".into()],
+        env: [("LANG".to_string(), "C".to_string())].into(),
+        freeze: true,
+        timeout_ns: 5_000_000_000,
+        output_limit: 4096,
+    }
 }
 
 fn sample_agent_messages() -> Vec<AgentToHost> {
@@ -130,6 +153,34 @@ fn sample_agent_messages() -> Vec<AgentToHost> {
             id: 3,
             status: ExitStatus::Code(1),
         },
+        AgentToHost::ExecOutput {
+            id: 4,
+            stream: Stream::Stderr,
+            data: b"cat: x: No such file\n".to_vec(),
+        },
+        AgentToHost::ExecExited {
+            id: 4,
+            status: ExitStatus::Signal(9),
+            stdout_bytes: 1 << 40,
+            stderr_bytes: 0,
+            timed_out: true,
+        },
+        AgentToHost::FileChunk {
+            id: 5,
+            data: vec![0, 255, 10],
+        },
+        AgentToHost::FileRead { id: 5, size: 3 },
+        AgentToHost::ProcessRows {
+            id: 6,
+            rows: vec![ProcessRow {
+                pid: 1,
+                ppid: 0,
+                state: 'T',
+                name: "sh".into(),
+                command: vec!["sh".into(), "-c".into(), "sleep 1".into()],
+            }],
+        },
+        AgentToHost::ProcessesListed { id: 6, count: 1 },
     ]
 }
 
@@ -478,4 +529,75 @@ fn test_a_request_names_its_own_context() {
         HostToAgent::Random { id: 7, value: 1 }.error_context(),
         ErrorContext::Random { id: 7 }
     );
+}
+
+/// The inspection requests' wire form, and what their answers name.
+#[test]
+fn test_inspection_messages_have_their_wire_form_and_contexts() {
+    let exec = HostToAgent::Exec(sample_exec());
+    assert_eq!(
+        serde_json::to_string(&exec).unwrap(),
+        r#"{"type":"exec","id":4,"node":"n1","command":["cat","/etc/hostname"],"env":{"LANG":"C"},"freeze":true,"timeout_ns":5000000000,"output_limit":4096}"#
+    );
+    assert_eq!(exec.error_context().to_string(), "exec 4");
+    let read: HostToAgent =
+        serde_json::from_str(r#"{"type":"read_file","id":9,"path":"/etc/os-release","limit":10}"#)
+            .unwrap();
+    assert_eq!(read.error_context(), ErrorContext::ReadFile { id: 9 });
+    let listed: AgentToHost = serde_json::from_str(
+        r#"{"type":"process_rows","id":2,"rows":[{"pid":1,"ppid":0,"state":"S","name":"sh","command":["sh"]}]}"#,
+    )
+    .unwrap();
+    assert!(matches!(listed, AgentToHost::ProcessRows { rows, .. } if rows[0].state == 'S'));
+    let output = AgentToHost::ExecOutput {
+        id: 1,
+        stream: Stream::Stdout,
+        data: b"hi".to_vec(),
+    };
+    assert_eq!(
+        serde_json::to_string(&output).unwrap(),
+        r#"{"type":"exec_output","id":1,"stream":"stdout","data":"aGk="}"#
+    );
+}
+
+/// Bad inspection input is refused with a message naming the problem.
+#[test]
+fn test_bad_inspection_requests_are_refused() {
+    let mut empty = sample_exec();
+    empty.command.clear();
+    assert_eq!(empty.check().unwrap_err(), "exec: empty command");
+    let mut blank = sample_exec();
+    blank.command = vec![String::new()];
+    assert_eq!(blank.check().unwrap_err(), "exec: empty command");
+    let mut no_time = sample_exec();
+    no_time.timeout_ns = 0;
+    assert_eq!(no_time.check().unwrap_err(), "exec: a timeout of 0 ns");
+    assert_eq!(sample_exec().check(), Ok(()));
+    // Missing fields and a state that is no single letter do not decode.
+    for bad in [
+        r#"{"type":"exec","id":1,"command":["ls"]}"#,
+        r#"{"type":"read_file","id":1,"path":"/x"}"#,
+        r#"{"type":"processes"}"#,
+    ] {
+        assert!(serde_json::from_str::<HostToAgent>(bad).is_err(), "{bad}");
+    }
+    let two_letters = r#"{"type":"process_rows","id":2,"rows":[{"pid":1,"ppid":0,"state":"SS","name":"sh","command":[]}]}"#;
+    assert!(serde_json::from_str::<AgentToHost>(two_letters).is_err());
+}
+
+/// The most a `process_rows` message can hold fits in one frame.
+#[test]
+fn test_a_full_batch_of_process_rows_fits_in_a_frame() {
+    let row = ProcessRow {
+        pid: i32::MAX,
+        ppid: i32::MAX,
+        state: 'R',
+        name: "\u{1}".repeat(15),
+        command: vec!["\u{1}".repeat(MAX_PROCESS_COMMAND / 16); 16],
+    };
+    let message = AgentToHost::ProcessRows {
+        id: u64::MAX,
+        rows: vec![row; PROCESS_ROWS_PER_MESSAGE],
+    };
+    assert!(encode_frame(&message).is_ok());
 }

@@ -46,6 +46,10 @@ pub enum Note {
     /// Faults stopped for good (a template's terminal command starts): the
     /// switch's partitions must heal and its pending faults be undone.
     StopNetworkFaults,
+    /// An answer to an inspection request (`exec`, `read_file`,
+    /// `processes`, or an error naming one), for [`crate::inspect`]: never
+    /// part of the run's conversation.
+    Inspect(AgentToHost),
 }
 
 /// What the agent reports about a fork's shell.
@@ -250,6 +254,17 @@ impl Conductor {
 
     /// The position of node `node`'s disk among the disks (those of the
     /// nodes that have one, in manifest order), if it has one.
+    /// Whether node `node` runs now (paused or not), as the agent reported.
+    pub fn is_running(&self, node: &str) -> bool {
+        self.running.contains(node)
+    }
+
+    /// Whether node `node` was paused (by a fault, or for an inspection)
+    /// and not resumed since.
+    pub fn is_paused(&self, node: &str) -> bool {
+        self.paused.contains(node)
+    }
+
     pub fn disk_index(&self, node: &str) -> Option<usize> {
         self.nodes
             .iter()
@@ -497,6 +512,19 @@ impl Conductor {
                 let value = self.next_sdk_random();
                 send.push(HostToAgent::Random { id, value });
             }
+            message @ (AgentToHost::ExecOutput { .. }
+            | AgentToHost::ExecExited { .. }
+            | AgentToHost::FileChunk { .. }
+            | AgentToHost::FileRead { .. }
+            | AgentToHost::ProcessRows { .. }
+            | AgentToHost::ProcessesListed { .. }
+            | AgentToHost::Error {
+                context:
+                    ErrorContext::Exec { .. }
+                    | ErrorContext::ReadFile { .. }
+                    | ErrorContext::Processes { .. },
+                ..
+            }) => notes.push(Note::Inspect(message)),
             AgentToHost::Error {
                 context: context @ (ErrorContext::OpenShell | ErrorContext::ShellInput),
                 message,

@@ -106,6 +106,9 @@ pub struct UpDriver {
     notes: Vec<Note>,
     /// Shell news not taken yet (see [`UpDriver::take_shell_events`]).
     shell_events: Vec<ShellEvent>,
+    /// Answers to inspection requests not taken yet (see
+    /// [`UpDriver::take_inspect_answers`]).
+    inspect_answers: Vec<AgentToHost>,
     /// See [`UpDriver::hold_conductor`]; never part of a recorded run.
     held: bool,
     /// What the guest reported, kept for a caller that judges the run
@@ -154,6 +157,7 @@ impl UpDriver {
             send: Vec::new(),
             notes: Vec::new(),
             shell_events: Vec::new(),
+            inspect_answers: Vec::new(),
             held: false,
             records: None,
             exit_now: 0,
@@ -375,6 +379,21 @@ impl UpDriver {
         self.held = true;
     }
 
+    /// Whether the conductor is held (see [`UpDriver::hold_conductor`]).
+    pub fn conductor_held(&self) -> bool {
+        self.held
+    }
+
+    /// The run's nodes, in manifest order.
+    pub fn node_names(&self) -> &[String] {
+        &self.node_names
+    }
+
+    /// The agent's answers to inspection requests since the last call.
+    pub fn take_inspect_answers(&mut self) -> Vec<AgentToHost> {
+        std::mem::take(&mut self.inspect_answers)
+    }
+
     /// What the agent reported about a fork's shell since the last call.
     pub fn take_shell_events(&mut self) -> Vec<ShellEvent> {
         std::mem::take(&mut self.shell_events)
@@ -491,6 +510,7 @@ impl UpDriver {
                 }
                 Note::Record { node, body } => self.record(session, node, body),
                 Note::Shell(event) => self.shell_events.push(event),
+                Note::Inspect(answer) => self.inspect_answers.push(answer),
                 Note::EndDiskCrash { node } => {
                     if let Some(index) = self.conductor.disk_index(&node) {
                         session
