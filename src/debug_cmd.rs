@@ -161,6 +161,10 @@ pub struct WaitArgs {
 
 /// A session on the source of `source_dir`.
 fn session(source_dir: &Path, common: &DebugArgs) -> Result<Session> {
+    session_with_stdin(source_dir, common, Stdin::None)
+}
+
+fn session_with_stdin(source_dir: &Path, common: &DebugArgs, stdin: Stdin) -> Result<Session> {
     let source = Source::open(source_dir)?;
     let limits = match &common.budget {
         Some(path) => {
@@ -175,7 +179,7 @@ fn session(source_dir: &Path, common: &DebugArgs) -> Result<Session> {
         .usage_log
         .clone()
         .unwrap_or_else(|| image_builder::cache_root().join("debugger/usage.jsonl"));
-    let runner = common.place.runner(None, Stdin::None);
+    let runner = common.place.runner(None, stdin);
     Ok(Session::new(
         source,
         Box::new(runner),
@@ -421,7 +425,13 @@ pub fn cmd_processes(args: ProcessesArgs) -> Result<u8> {
         stands_at(&listed.at);
         println!("{:>7} {:>7} S COMMAND", "PID", "PPID");
         for p in &listed.processes {
-            println!("{:>7} {:>7} {} {}", p.pid, p.ppid, p.state, p.command.join(" "));
+            println!(
+                "{:>7} {:>7} {} {}",
+                p.pid,
+                p.ppid,
+                p.state,
+                p.command.join(" ")
+            );
         }
     }
     session.close()?;
@@ -467,4 +477,26 @@ fn print_at(at: &At, spent: &Spent, json: bool) -> Result<()> {
         stands_at(at);
         Ok(())
     }
+}
+
+/// Whether `dir` is a finding or a campaign (whose moments the debugger
+/// reaches), not a directory of snapshots.
+pub fn is_finding_source(dir: &Path) -> bool {
+    dir.join(fuzzer::findings::FINDING_FILE).is_file() || dir.join(fuzzer::store::DB_FILE).is_file()
+}
+
+/// `detvisor shell` at a moment of a finding's history (or a branch of it):
+/// reached by the debugger, the shell in a fork of it.
+pub fn cmd_shell(moment: MomentId, terminal: run::shell::Terminal, place: PlaceArgs) -> Result<u8> {
+    let common = DebugArgs {
+        json: false,
+        budget: None,
+        usage_log: None,
+        place,
+    };
+    let mut session = session_with_stdin(&moment.source, &common, Stdin::UntilEot)?;
+    let ((at, status), _) = session.call("shell", |s| inspect::shell(s, &moment, &terminal))?;
+    stands_at(&at);
+    session.close()?;
+    Ok(status)
 }

@@ -513,6 +513,24 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
 }
 
 fn cmd_shell(args: ShellArgs) -> Result<u8> {
+    if let Moment::At { .. } = &args.spec {
+        let text = args.spec.to_string();
+        let source = text.parse::<debugger::moment::MomentId>().ok();
+        if let Some(moment) = source.filter(|m| debug_cmd::is_finding_source(&m.source)) {
+            let (rows, cols) = terminal::size();
+            let _raw = std::io::stdin()
+                .is_terminal()
+                .then(terminal::RawMode::enter)
+                .transpose()?;
+            let terminal = run::shell::Terminal {
+                node: args.node.clone(),
+                rows,
+                cols,
+                term: std::env::var("TERM").ok().filter(|t| !t.is_empty()),
+            };
+            return debug_cmd::cmd_shell(moment, terminal, args.place);
+        }
+    }
     // An `up` fork's shell is on a pseudo-terminal in the guest, which
     // echoes and edits lines: keystrokes pass through unchanged.
     let interactive = std::io::stdin().is_terminal() && run::snapshots::is_up(&args.spec)?;

@@ -417,11 +417,21 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
     // A command 1 s before the failure, in the old leader's node.
     let before = format!("{f}@-1s");
     let out = detvisor(&[
-        "exec", &before, "--node", &node, "--json", "--", "cat", "/proc/1/cmdline",
+        "exec",
+        &before,
+        "--node",
+        &node,
+        "--json",
+        "--",
+        "cat",
+        "/proc/1/cmdline",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let exec: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
-    assert!(exec["stdout"].as_str().unwrap().starts_with("raftkv"), "{exec}");
+    assert!(
+        exec["stdout"].as_str().unwrap().starts_with("raftkv"),
+        "{exec}"
+    );
     assert_eq!(exec["at"]["moment"], before);
     assert_eq!(
         exec["at"]["virtual_ns"].as_u64().unwrap(),
@@ -430,13 +440,21 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
     );
     let digest_before = exec["at"]["digest"].as_str().unwrap().to_owned();
     assert_eq!(digest_before.len(), 64, "{exec}");
-    assert!(exec["budget"]["session"]["virtual_time"].as_u64().unwrap() > 0, "{exec}");
+    assert!(
+        exec["budget"]["session"]["virtual_time"].as_u64().unwrap() > 0,
+        "{exec}"
+    );
 
     // A call that would pass its budget is refused before it starts.
     let budget = scratch().join("tiny-budget.json");
     std::fs::write(&budget, r#"{"call_virtual": 1000000000}"#).unwrap();
     let out = detvisor(&[
-        "processes", &before, "--node", &node, "--budget", budget.to_str().unwrap(),
+        "processes",
+        &before,
+        "--node",
+        &node,
+        "--budget",
+        budget.to_str().unwrap(),
     ]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let err = stderr(&out);
@@ -451,8 +469,7 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
         host_vm: helper_vm::HostVmMode::Auto,
         seccomp: true,
     };
-    let (mut runners, there) =
-        fuzzer::campaign::start_runners(place, &prepared, 1, &[]).unwrap();
+    let (mut runners, there) = fuzzer::campaign::start_runners(place, &prepared, 1, &[]).unwrap();
     let runner = runners.pop().unwrap();
     let log = scratch().join("usage.jsonl");
     let mut session = Session::new(
@@ -469,7 +486,10 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
     let started = std::time::Instant::now();
     let at = session.call("rewind", |s| s.reach(&moment)).unwrap().0;
     let cold = started.elapsed();
-    assert_eq!(at.digest, digest_before, "one moment, one digest, any process");
+    assert_eq!(
+        at.digest, digest_before,
+        "one moment, one digest, any process"
+    );
 
     let ps = GuestCommand {
         node: Some(node.clone()),
@@ -486,7 +506,9 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
     eprintln!("reaching {moment} cold: {cold:?}; exec there with it kept: {warm:?}");
 
     let (listed, _) = session
-        .call("processes", |s| inspect::processes(s, &moment, Some(node.clone())))
+        .call("processes", |s| {
+            inspect::processes(s, &moment, Some(node.clone()))
+        })
         .unwrap();
     assert!(
         listed
@@ -513,7 +535,7 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
         .call("exec", |s| inspect::exec_in_branch(s, &moment, &sleep))
         .unwrap();
     let end = branched.end.expect("a branch's end");
-    assert!(end.virtual_ns >= at.virtual_ns + 1_000_000_000, "{end:?}");
+    assert!(end.virtual_ns.0 >= at.virtual_ns.0 + 1_000_000_000, "{end:?}");
     assert!(end.moment.to_string().contains(":exec="), "{}", end.moment);
     // Reached again from its id, the branch's end is the same machine.
     let again = session.call("rewind", |s| s.reach(&end.moment)).unwrap().0;
@@ -527,7 +549,10 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
         serde_json::from_str(&std::fs::read_to_string(finding.join("finding.json")).unwrap())
             .unwrap();
     let end_of_history = moment.at(When::Latest);
-    let last = session.call("rewind", |s| s.reach(&end_of_history)).unwrap().0;
+    let last = session
+        .call("rewind", |s| s.reach(&end_of_history))
+        .unwrap()
+        .0;
     assert_eq!(last.digest, file["digest"].as_str().unwrap());
     session.close().unwrap();
     // Every call's use was logged.

@@ -440,8 +440,9 @@ impl Session {
         let position = match action {
             Action::Seed { seed, .. } => self.calls().rekey(run, *seed)?,
             Action::Fault { fault, .. } => self.calls().inject(run, fault.clone())?,
-            // PENDING: exec actions come with run's exec request.
-            Action::Exec { .. } => before,
+            Action::Exec { node, command, .. } => {
+                crate::inspect::exec_live(self, node.clone(), command.clone())?.position
+            }
         };
         let records = self.calls().take_records(run)?;
         self.budget.simulated(VirtNanos(

@@ -220,6 +220,7 @@ pub fn needs(request: &mut Request) -> Result<Needs> {
         | Request::TakeRecords { .. }
         // A guest's path (`ReadFile`) or command (`Exec`) is no host file.
         | Request::Exec { .. }
+        | Request::ShellIn { .. }
         | Request::ReadFile { .. }
         | Request::Processes { .. }
         | Request::Inspect { .. }
@@ -574,7 +575,7 @@ pub fn serve() -> Result<(), crate::channel::ServeError> {
         let input = io.stdin.take_receiver();
         // A fork's shell ends at Ctrl-D, as on the host.
         let input = match request {
-            Request::Shell(_) => ::run::streams::until_eot(input),
+            Request::Shell(_) | Request::ShellIn { .. } => ::run::streams::until_eot(input),
             _ => input,
         };
         let streams = CallStreams {

@@ -174,6 +174,16 @@ pub enum Request {
     /// The machine at the run's present: position, vCPU registers,
     /// devices, node states. Sends nothing to the guest. Answers `Inspect`.
     Inspect { run: RunId },
+    /// An interactive shell in a held run as it stands (its terminal on
+    /// the request's streams, input from its stdin up to Ctrl-D), `label`
+    /// naming the moment for the user. The run is a fork from then on:
+    /// every node is paused and the conductor held, so the caller resets it
+    /// afterwards. Answers `Shell`.
+    ShellIn {
+        run: RunId,
+        label: String,
+        terminal: crate::shell::Terminal,
+    },
     /// Let a held run go.
     Close { run: RunId },
     /// Whether runs started from now on in this process install the VMM's
@@ -655,6 +665,15 @@ impl Controller {
                     processes,
                     position: held.position(),
                 }
+            }
+            Request::ShellIn {
+                run,
+                label,
+                terminal,
+            } => {
+                let held = self.running(run)?;
+                let status = crate::shell::shell_in(&mut held.driven, &label, &terminal, streams)?;
+                Response::Shell { status }
             }
             Request::Inspect { run } => {
                 let held = self.held(run)?;

@@ -467,6 +467,22 @@ impl<'a> Calls<'a> {
         answer!(self, "inspecting the machine", Request::Inspect { run }, Response::Inspect(report) => report)
     }
 
+    /// A shell in the held run as it stands (see [`Request::ShellIn`]): its
+    /// exit status.
+    pub fn shell_in(
+        &mut self,
+        run: RunId,
+        label: String,
+        terminal: crate::shell::Terminal,
+    ) -> Result<u8, RunnerError> {
+        let request = Request::ShellIn {
+            run,
+            label,
+            terminal,
+        };
+        answer!(self, "opening a shell", request, Response::Shell { status } => status)
+    }
+
     pub fn close(&mut self, run: RunId) -> Result<(), RunnerError> {
         answer!(self, "closing the run", Request::Close { run }, Response::Closed => ())
     }

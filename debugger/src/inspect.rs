@@ -221,7 +221,7 @@ pub fn extract(
         .budget
         .check_bytes(limit.min(session.budget.limits.call_bytes))?;
     let limit = limit.min(session.budget.limits.call_bytes);
-    let (at, file) = in_fork(session, moment, |session, run| {
+    let (at, (file, _)) = in_fork(session, moment, |session, run| {
         Ok(session
             .calls()
             .read_file(run, node, path.to_owned(), limit)?)
