@@ -17,6 +17,7 @@
 //! - [`moving`]: rewinding, branching and waiting.
 
 pub mod budget;
+pub mod likelihood;
 pub mod moment;
 pub mod moving;
 pub mod reading;

@@ -206,6 +206,11 @@ impl Session {
         self.held.as_ref().map_or(&[], |h| h.records.as_slice())
     }
 
+    /// Where the held run stands (after [`Session::reach`]).
+    pub(crate) fn present(&self) -> Option<Position> {
+        self.held.as_ref().map(|h| h.position)
+    }
+
     /// Checks that `moment` is of this session's source.
     fn check_source(&self, moment: &MomentId) -> Result<()> {
         let given = moment
