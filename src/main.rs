@@ -4,6 +4,7 @@ mod campaign_cmd;
 #[cfg(test)]
 mod error_chains;
 mod image_cmd;
+mod likelihood_cmd;
 mod print;
 mod serve;
 mod soak_cmd;
@@ -78,6 +79,7 @@ enum Command {
     /// Where the exits of a trace (`run`/`up`/`branch --trace FILE`) went:
     /// counts by kind and by device, in all and per virtual second.
     Trace(trace_cmd::TraceArgs),
+    Likelihood(likelihood_cmd::LikelihoodArgs),
     /// Inside the helper VM: answer run requests on its channel.
     #[command(hide = true)]
     ServeChannel,
@@ -644,6 +646,7 @@ fn main() -> ExitCode {
         Command::Campaign(args) => campaign_cmd::cmd_campaign(args),
         Command::Findings(args) => campaign_cmd::cmd_findings(args),
         Command::Replay(args) => campaign_cmd::cmd_replay(args),
+        Command::Likelihood(args) => likelihood_cmd::cmd_likelihood(args),
         Command::Image(cmd) => image_cmd::run(cmd),
         Command::ServeChannel => serve::serve(),
     };

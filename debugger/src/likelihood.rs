@@ -211,8 +211,16 @@ pub fn wilson(failures: u32, n: u32) -> (f64, f64) {
     let center = (p + z2 / (2.0 * n)) / denominator;
     let half = Z95 / denominator * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
     // Exactly 0 and 1 at the ends (where the rounding would leave a hair).
-    let low = if failures == 0 { 0.0 } else { (center - half).max(0.0) };
-    let high = if p == 1.0 { 1.0 } else { (center + half).min(1.0) };
+    let low = if failures == 0 {
+        0.0
+    } else {
+        (center - half).max(0.0)
+    };
+    let high = if p == 1.0 {
+        1.0
+    } else {
+        (center + half).min(1.0)
+    };
     (low, high)
 }
 
@@ -231,7 +239,11 @@ pub fn plan(dir: &Path, options: &LikelihoodOptions) -> Result<Plan> {
         });
     };
     let file = &finding.finding.file;
-    let root_ns = file.path.steps.first().map_or(file.path.end_ns, |s| s.at_ns);
+    let root_ns = file
+        .path
+        .steps
+        .first()
+        .map_or(file.path.end_ns, |s| s.at_ns);
     let failure_ns = finding.failure.virtual_ns;
     if failure_ns <= root_ns {
         return Err(LikelihoodError::FailsAtRoot {
@@ -330,7 +342,12 @@ pub fn measure(plan: &Plan, sessions: Vec<Session>) -> Result<Likelihood> {
                 let (next, stop, results) = (&next, &stop, &results);
                 scope.spawn(move || -> Result<Usage> {
                     let judge = fuzzer::judges::campaign_judge(
-                        &session.finding().expect("a finding's session").finding.file.spec,
+                        &session
+                            .finding()
+                            .expect("a finding's session")
+                            .finding
+                            .file
+                            .spec,
                     )?;
                     let faults = {
                         let finding = session.finding().expect("a finding's session");
