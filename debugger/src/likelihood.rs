@@ -80,11 +80,17 @@ pub enum LikelihoodError {
     #[error(transparent)]
     Session(#[from] SessionError),
     #[error(transparent)]
-    Runners(#[from] CampaignError),
+    Runners(Box<CampaignError>),
     #[error("drawing the plot: {message}")]
     Plot { message: String },
     #[error("worker {worker} of likelihood panicked")]
     Panicked { worker: usize },
+}
+
+impl From<CampaignError> for LikelihoodError {
+    fn from(error: CampaignError) -> Self {
+        LikelihoodError::Runners(Box::new(error))
+    }
 }
 
 pub type Result<T, E = LikelihoodError> = std::result::Result<T, E>;
