@@ -6,7 +6,7 @@ use crate::PlaceArgs;
 use anyhow::{Context, Result};
 use clap::Args;
 use debugger::budget::Limits;
-use debugger::likelihood::{self, Likelihood, LikelihoodOptions};
+use debugger::likelihood::{self, Likelihood, LikelihoodOptions, PointEstimate};
 use std::path::PathBuf;
 use vmm::VirtNanos;
 
@@ -59,7 +59,26 @@ pub fn cmd_likelihood(args: LikelihoodArgs) -> Result<u8> {
         limits,
     };
     let workers = fuzzer::campaign::workers(args.jobs);
-    let result = likelihood::likelihood(&args.finding, &options, args.place.campaign(), workers)?;
+    let points = args.points;
+    let progress = |index: usize, point: &PointEstimate| {
+        eprintln!(
+            "detvisor: point {}/{points} at {}: {}/{} failed, P {:.3} [{:.3}, {:.3}]",
+            index + 1,
+            point.virtual_ns,
+            point.failures,
+            point.branches,
+            point.p,
+            point.low,
+            point.high
+        );
+    };
+    let result = likelihood::likelihood(
+        &args.finding,
+        &options,
+        args.place.campaign(),
+        workers,
+        &progress,
+    )?;
     if let Some(path) = &args.svg {
         let svg = likelihood::svg(&result)?;
         std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;

@@ -335,8 +335,12 @@ pub fn sessions(
         .collect()
 }
 
+/// What a measurement tells as it goes: each point once measured (its
+/// index in time order).
+pub type Progress<'a> = &'a (dyn Fn(usize, &PointEstimate) + Sync);
+
 /// Measures `plan` with `sessions` (one worker each, on `plan`'s finding).
-pub fn measure(plan: &Plan, sessions: Vec<Session>) -> Result<Likelihood> {
+pub fn measure(plan: &Plan, sessions: Vec<Session>, progress: Progress<'_>) -> Result<Likelihood> {
     let failure = MomentId::of_source(&plan.dir, When::Failure);
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
@@ -374,6 +378,7 @@ pub fn measure(plan: &Plan, sessions: Vec<Session>) -> Result<Likelihood> {
                         }
                         match worker.point(&mut session, index) {
                             Ok(estimate) => {
+                                progress(index, &estimate);
                                 results.lock().expect("results")[index] = Some(estimate)
                             }
                             Err(e) => {
@@ -588,6 +593,7 @@ fn seconds(t: VirtNanos) -> f64 {
 /// is drawn as SVG text: no font is read.
 pub fn svg(likelihood: &Likelihood) -> Result<String> {
     use plotters::prelude::*;
+    use plotters::style::text_anchor::{HPos, Pos, VPos};
     let plot = |e: &dyn std::fmt::Display| LikelihoodError::Plot {
         message: e.to_string(),
     };
@@ -654,9 +660,12 @@ pub fn svg(likelihood: &Likelihood) -> Result<String> {
             .map_err(|e| plot(&e))?;
         chart
             .draw_series(std::iter::once(Text::new(
-                format!("failure {}", likelihood.failure_ns),
-                (failure - margin, 1.02),
-                ("sans-serif", 14).into_font().color(&RED),
+                format!("failure at {} ", likelihood.failure_ns),
+                (failure, 1.04),
+                ("sans-serif", 14)
+                    .into_font()
+                    .color(&RED)
+                    .pos(Pos::new(HPos::Right, VPos::Top)),
             )))
             .map_err(|e| plot(&e))?;
         root.present().map_err(|e| plot(&e))?;
@@ -670,6 +679,7 @@ pub fn likelihood(
     options: &LikelihoodOptions,
     place: Place,
     workers: u32,
+    progress: Progress<'_>,
 ) -> Result<Likelihood> {
     let plan = plan(dir, options)?;
     let workers = workers.clamp(1, plan.points.len() as u32);
@@ -679,7 +689,7 @@ pub fn likelihood(
         limits: limits.clone(),
         ..SessionOptions::default()
     })?;
-    measure(&plan, sessions)
+    measure(&plan, sessions, progress)
 }
 
 #[cfg(test)]
