@@ -188,7 +188,7 @@ pub struct Likelihood {
     /// Of the intervals.
     pub confidence: f64,
     pub points: Vec<PointEstimate>,
-    /// What the workers used, together.
+    /// What the workers used, summed over them (wall time too).
     pub used: Usage,
 }
 
@@ -351,25 +351,20 @@ pub fn measure(plan: &Plan, sessions: Vec<Session>, progress: Progress<'_>) -> R
             .map(|mut session| {
                 let (next, stop, results) = (&next, &stop, &results);
                 scope.spawn(move || -> Result<Usage> {
-                    let judge = fuzzer::judges::campaign_judge(
-                        &session
-                            .finding()
-                            .expect("a finding's session")
-                            .finding
-                            .file
-                            .spec,
-                    )?;
-                    let faults = {
-                        let finding = session.finding().expect("a finding's session");
-                        fuzzer::judges::fault_source(
-                            &finding.finding.file.spec,
-                            &finding.finding.run,
-                        )?
+                    let Some(finding) = session.finding() else {
+                        return Err(LikelihoodError::NotAFinding {
+                            dir: session.source().dir().to_owned(),
+                        });
                     };
+                    let spec = &finding.finding.file.spec;
+                    let judge = fuzzer::judges::campaign_judge(spec)?;
+                    let faults = fuzzer::judges::fault_source(spec, &finding.finding.run)?;
                     let worker = Worker {
                         plan,
                         judge: judge.as_ref(),
                         faults: faults.as_ref(),
+                        steps: finding.finding.file.path.steps.clone(),
+                        slice: spec.slice_ns,
                     };
                     let outcome = loop {
                         let index = next.fetch_add(1, Ordering::SeqCst);
@@ -439,6 +434,10 @@ struct Worker<'a> {
     plan: &'a Plan,
     judge: &'a dyn fuzzer::judge::Judge,
     faults: &'a dyn fuzzer::engine::FaultSource,
+    /// The finding's path.
+    steps: Vec<fuzzer::step::Step>,
+    /// The campaign's slice, which a branch's faults are drawn for.
+    slice: VirtNanos,
 }
 
 impl Worker<'_> {
@@ -454,12 +453,7 @@ impl Worker<'_> {
             // the finding's between the two is taken).
             s.reach(&at.moment.at(When::Time(at.virtual_ns)))
         })?;
-        let own: Vec<Action> = session
-            .finding()
-            .expect("a finding's session")
-            .finding
-            .file
-            .path
+        let own: Vec<Action> = self
             .steps
             .iter()
             .filter(|step| step.at_ns == at.virtual_ns)
@@ -476,7 +470,7 @@ impl Worker<'_> {
             .collect();
         let mut outcomes = Vec::with_capacity(planned.seeds.len());
         for &seed in &planned.seeds {
-            let faults = self.faults.draw(seed, session_slice(session));
+            let faults = self.faults.draw(seed, self.slice);
             let mut moment = at.moment.clone();
             // After the history's own actions at this instant (a moment at
             // a time comes after them), so the point's checkpoint is this
@@ -560,17 +554,6 @@ impl Worker<'_> {
             }
         }
     }
-}
-
-/// The campaign's slice, which the profile's faults are drawn for.
-fn session_slice(session: &Session) -> VirtNanos {
-    session
-        .finding()
-        .expect("a finding's session")
-        .finding
-        .file
-        .spec
-        .slice_ns
 }
 
 /// The property id of a property's failure key, for stopping a branch at
