@@ -453,39 +453,10 @@ impl Worker<'_> {
             // the finding's between the two is taken).
             s.reach(&at.moment.at(When::Time(at.virtual_ns)))
         })?;
-        let own: Vec<Action> = self
-            .steps
-            .iter()
-            .filter(|step| step.at_ns == at.virtual_ns)
-            .flat_map(|step| {
-                std::iter::once(Action::Seed {
-                    at: step.at_ns,
-                    seed: step.seed,
-                })
-                .chain(step.faults.iter().map(|fault| Action::Fault {
-                    at: step.at_ns,
-                    fault: fault.clone(),
-                }))
-            })
-            .collect();
         let mut outcomes = Vec::with_capacity(planned.seeds.len());
         for &seed in &planned.seeds {
             let faults = self.faults.draw(seed, self.slice);
-            let mut moment = at.moment.clone();
-            // After the history's own actions at this instant (a moment at
-            // a time comes after them), so the point's checkpoint is this
-            // history's prefix.
-            moment.actions.extend(own.iter().cloned());
-            moment.actions.push(Action::Seed {
-                at: at.virtual_ns,
-                seed,
-            });
-            moment
-                .actions
-                .extend(faults.iter().map(|fault| Action::Fault {
-                    at: at.virtual_ns,
-                    fault: fault.clone(),
-                }));
+            let moment = branch_moment(&at.moment, at.virtual_ns, &self.steps, seed, &faults);
             let ((failures, end_ns), spent) =
                 session.call("likelihood branch", |s| self.branch(s, &moment))?;
             outcomes.push(BranchOutcome {
@@ -554,6 +525,43 @@ impl Worker<'_> {
             }
         }
     }
+}
+
+/// The first moment of a branch from `point` (a moment of the finding's
+/// own history, standing at `at`) re-keyed with `seed` and `faults` added.
+/// It comes after the history's own actions at that instant, as the point
+/// does (a moment at a time comes after the actions taken at it), so the
+/// point's kept checkpoint is a prefix of its history and the branch
+/// starts from it; those actions are written out in its id, since a
+/// moment's own actions replace the source's from their first instant on.
+pub fn branch_moment(
+    point: &MomentId,
+    at: VirtNanos,
+    steps: &[fuzzer::step::Step],
+    seed: u64,
+    faults: &[run::faults::Fault],
+) -> MomentId {
+    let mut moment = point.at(When::Time(at));
+    for step in steps.iter().filter(|step| step.at_ns == at) {
+        moment.actions.push(Action::Seed {
+            at,
+            seed: step.seed,
+        });
+        moment
+            .actions
+            .extend(step.faults.iter().map(|fault| Action::Fault {
+                at,
+                fault: fault.clone(),
+            }));
+    }
+    moment.actions.push(Action::Seed { at, seed });
+    moment
+        .actions
+        .extend(faults.iter().map(|fault| Action::Fault {
+            at,
+            fault: fault.clone(),
+        }));
+    moment
 }
 
 /// The property id of a property's failure key, for stopping a branch at

@@ -239,3 +239,38 @@ fn test_a_plan_refuses_nothing_to_do_and_what_passes_the_budget() {
         assert_eq!(error.to_string(), format!("{what} must be at least 1"));
     }
 }
+
+#[test]
+fn test_a_branch_at_a_step_of_the_finding_comes_after_the_step() {
+    let point = MomentId::of_source("/f/0001", When::Time(VirtNanos(2 * S)));
+    let fault: run::faults::Fault = "at=+1s pause n1 for=1s".parse().unwrap();
+    let steps = vec![
+        fuzzer::step::Step {
+            at_ns: VirtNanos(2 * S),
+            seed: 11,
+            faults: vec![fault.clone()],
+        },
+        fuzzer::step::Step {
+            at_ns: VirtNanos(12 * S),
+            seed: 12,
+            faults: vec![],
+        },
+    ];
+    // At the root, where the finding branched: its re-key and fault, then
+    // the branch's own.
+    let moment = branch_moment(
+        &point,
+        VirtNanos(2 * S),
+        &steps,
+        7,
+        std::slice::from_ref(&fault),
+    );
+    assert_eq!(
+        moment.to_string(),
+        "/f/0001~2s:seed=11~2s:fault=at=+1s pause n1 for=1s~2s:seed=7~2s:fault=at=+1s pause n1 for=1s@2s"
+    );
+    assert_eq!(moment.depth(), 1);
+    // Between steps, and named by the time the point stands at.
+    let moment = branch_moment(&point, VirtNanos(5 * S), &steps, 7, &[]);
+    assert_eq!(moment.to_string(), "/f/0001~5s:seed=7@5s");
+}
