@@ -5,6 +5,7 @@ mod debug_cmd;
 #[cfg(test)]
 mod error_chains;
 mod image_cmd;
+mod likelihood_cmd;
 mod print;
 mod serve;
 mod soak_cmd;
@@ -107,6 +108,7 @@ enum Command {
     /// Where the exits of a trace (`run`/`up`/`branch --trace FILE`) went:
     /// counts by kind and by device, in all and per virtual second.
     Trace(trace_cmd::TraceArgs),
+    Likelihood(likelihood_cmd::LikelihoodArgs),
     /// Inside the helper VM: answer run requests on its channel.
     #[command(hide = true)]
     ServeChannel,
@@ -701,6 +703,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => debug_cmd::cmd_inspect(args),
         Command::Rewind(args) => debug_cmd::cmd_rewind(args),
         Command::Wait(args) => debug_cmd::cmd_wait(args),
+        Command::Likelihood(args) => likelihood_cmd::cmd_likelihood(args),
         Command::Image(cmd) => image_cmd::run(cmd),
         Command::ServeChannel => serve::serve(),
     };

@@ -535,7 +535,10 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
         .call("exec", |s| inspect::exec_in_branch(s, &moment, &sleep))
         .unwrap();
     let end = branched.end.expect("a branch's end");
-    assert!(end.virtual_ns.0 >= at.virtual_ns.0 + 1_000_000_000, "{end:?}");
+    assert!(
+        end.virtual_ns.0 >= at.virtual_ns.0 + 1_000_000_000,
+        "{end:?}"
+    );
     assert!(end.moment.to_string().contains(":exec="), "{}", end.moment);
     // Reached again from its id, the branch's end is the same machine.
     let again = session.call("rewind", |s| s.reach(&end.moment)).unwrap().0;

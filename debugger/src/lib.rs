@@ -18,6 +18,7 @@
 
 pub mod budget;
 pub mod inspect;
+pub mod likelihood;
 pub mod moment;
 pub mod moving;
 pub mod reading;

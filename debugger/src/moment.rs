@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn test_every_form_parses_once_and_prints_back() {
-        let fault: Fault = "at=+1s pause n1 for=500ms".parse().unwrap();
+        let fault: Fault = "at=+1s pause n1 for=0.5s".parse().unwrap();
         let cases = [
             (
                 "nightly/findings/0001@-1s",
@@ -304,7 +304,7 @@ mod tests {
                 },
             ),
             (
-                "snaps~2s:seed=1~2s:fault=at=+1s pause n1 for=0.5s~3s:exec=n1:sh -c echo%20a%7Eb%40c@5s",
+                "snaps~2s:seed=1~2s:fault=at=+1s pause n1 for=500ms~3s:exec=n1:sh -c echo%20a%7Eb%40c@5s",
                 MomentId {
                     source: "snaps".into(),
                     actions: vec![
@@ -372,11 +372,13 @@ mod tests {
 
     #[test]
     fn test_depth_counts_the_instants_branched_at() {
-        let moment: MomentId = "f~1s:seed=1~1s:fault=kill n1~4s:seed=2@5s".parse().unwrap();
+        let moment: MomentId = "f~1s:seed=1~1s:fault=at=+0s kill n1~4s:seed=2@5s"
+            .parse()
+            .unwrap();
         assert_eq!(moment.depth(), 2);
         assert_eq!(
             moment.at(When::Failure).to_string(),
-            "f~1s:seed=1~1s:fault=kill n1~4s:seed=2@failure"
+            "f~1s:seed=1~1s:fault=at=+0s kill n1~4s:seed=2@failure"
         );
     }
 }

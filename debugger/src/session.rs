@@ -220,6 +220,11 @@ impl Session {
         self.held.as_ref().map_or(&[], |h| h.records.as_slice())
     }
 
+    /// Where the held run stands (after [`Session::reach`]).
+    pub(crate) fn present(&self) -> Option<Position> {
+        self.held.as_ref().map(|h| h.position)
+    }
+
     /// Checks that `moment` is of this session's source.
     fn check_source(&self, moment: &MomentId) -> Result<()> {
         let given = moment
@@ -239,13 +244,16 @@ impl Session {
     }
 
     /// The actions of `moment`'s whole history: the source's own (a
-    /// finding's path) before the first of the moment's, then its own.
+    /// finding's path) up to the instant of the first of the moment's,
+    /// then its own.
     fn history(&self, moment: &MomentId) -> Vec<Action> {
         let mut history = Vec::new();
         if let Source::Finding(finding) = &self.source {
             let cut = moment.actions.first().map(Action::at);
             for step in &finding.finding.file.path.steps {
-                if cut.is_some_and(|cut| step.at_ns >= cut) {
+                // A moment at an instant comes after the source's own
+                // actions at it: a branch from there continues them.
+                if cut.is_some_and(|cut| step.at_ns > cut) {
                     break;
                 }
                 history.push(Action::Seed {

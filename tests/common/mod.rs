@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod coin;
 pub mod images;
 
 use std::process::{Command, Output};
