@@ -368,7 +368,10 @@ fn test_a_campaign_finds_the_failure_shrinks_it_and_replays_it() {
     assert!(report.reproduced, "{report:?}");
     // Its failure moment was written with it: the first record of the
     // shrunk path's records that fails, as the replay sees it too.
-    let written = finding.file.failure_moment.expect("written with the finding");
+    let written = finding
+        .file
+        .failure_moment
+        .expect("written with the finding");
     let dir_1 = findings::finding_dir(dir.path(), 1);
     let records = findings::read_records(&dir_1).unwrap();
     let key = crate::failure::FailureKey::from_slug(&finding.file.key).unwrap();

@@ -161,9 +161,10 @@ mod tests {
 
         fn check(&self, path: &[&[GuestRecord]]) -> Vec<Failure> {
             self.checks.set(self.checks.get() + 1);
-            let bad = path.iter().flat_map(|s| s.iter()).any(
-                |r| matches!(&r.body, RecordBody::Sdk { json } if json == "bad"),
-            );
+            let bad = path
+                .iter()
+                .flat_map(|s| s.iter())
+                .any(|r| matches!(&r.body, RecordBody::Sdk { json } if json == "bad"));
             if bad && !self.at_end_only {
                 vec![Failure {
                     key: self.key.clone(),

@@ -100,8 +100,9 @@ pub enum FindingError {
     #[error("{path}: the campaign's judge")]
     Judge {
         path: PathBuf,
+        /// Boxed: a profile's error is large, and this one is rare.
         #[source]
-        source: crate::judges::JudgesError,
+        source: Box<crate::judges::JudgesError>,
     },
 }
 
@@ -431,12 +432,11 @@ fn moment_of(dir: &Path, file: &FindingFile) -> Result<FailureMoment> {
         path: dir.join(FINDING_FILE),
         source,
     })?;
-    let judge = crate::judges::campaign_judge(&file.spec).map_err(|source| {
-        FindingError::Judge {
+    let judge =
+        crate::judges::campaign_judge(&file.spec).map_err(|source| FindingError::Judge {
             path: dir.join(FINDING_FILE),
-            source,
-        }
-    })?;
+            source: Box::new(source),
+        })?;
     let records = read_records(dir)?;
     Ok(crate::failure_moment::find_or_end(
         &records,

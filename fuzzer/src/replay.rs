@@ -64,18 +64,15 @@ pub fn replay_loaded(
     calls.close(run)?;
     let failures: Vec<Failure> = judge.check(&[&records]);
     let failed_again = failures.iter().any(|f| f.key.slug() == file.key);
-    let failure_moment = failures
-        .iter()
-        .find(|f| f.key.slug() == file.key)
-        .map(|f| {
-            crate::failure_moment::find_or_end(
-                &records,
-                judge,
-                &f.key,
-                position.exits,
-                position.virtual_ns,
-            )
-        });
+    let failure_moment = failures.iter().find(|f| f.key.slug() == file.key).map(|f| {
+        crate::failure_moment::find_or_end(
+            &records,
+            judge,
+            &f.key,
+            position.exits,
+            position.virtual_ns,
+        )
+    });
     Ok(ReplayReport {
         number: file.number,
         key: file.key.clone(),

@@ -73,7 +73,9 @@ fn main() {
         return;
     }
     test_a_moment_reached_by_the_campaign_by_branch_and_by_up_has_one_digest();
-    println!("test test_a_moment_reached_by_the_campaign_by_branch_and_by_up_has_one_digest ... ok");
+    println!(
+        "test test_a_moment_reached_by_the_campaign_by_branch_and_by_up_has_one_digest ... ok"
+    );
 }
 
 fn test_a_moment_reached_by_the_campaign_by_branch_and_by_up_has_one_digest() {

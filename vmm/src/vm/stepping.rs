@@ -115,7 +115,11 @@ impl Session {
         // moment a run reaches at its limit (`run`/`up`/`branch --until`)
         // is the one a campaign, a restore or a seek reaches at that time,
         // with the same exit count, virtual time and digest.
-        if self.machine.until.is_some_and(|limit| self.machine.now() >= limit) {
+        if self
+            .machine
+            .until
+            .is_some_and(|limit| self.machine.now() >= limit)
+        {
             return Ok(ExitAction::Stop(StopReason::TimeLimit));
         }
         // Set-up is over once the guest is about to run: from here on the
