@@ -405,6 +405,7 @@ fn campaign_with_finding(dir: &Path, fault: &str) -> PathBuf {
         exits: 0,
         virtual_ns: vmm::VirtNanos::ZERO,
         spec,
+        failure_moment: None,
     };
     let mut finding_json = json(&file);
     if typed.is_none() {

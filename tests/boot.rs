@@ -112,9 +112,12 @@ fn test_until_stops_at_virtual_time_limit() {
     assert_eq!(out.status.code(), Some(124));
     let s = summary(&out);
     assert_eq!(s["stop"]["kind"], "time_limit");
+    // At the first exit at or after 5 s, the moment `DIR@5s` and a
+    // campaign name: a guest asleep across 5 s wakes first (its next timer),
+    // long before `sleep 600` would end.
     let v = s["virtual_ns"].as_u64().unwrap();
     assert!(
-        (5_000_000_000..6_000_000_000).contains(&v),
+        (5_000_000_000..60_000_000_000).contains(&v),
         "stopped at {v}"
     );
 }

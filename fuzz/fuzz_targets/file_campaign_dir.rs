@@ -276,6 +276,12 @@ fn seeds() -> Vec<Vec<u8>> {
         exits: 20,
         virtual_ns: devices::VirtNanos(2_000),
         spec,
+        // Kept, as a finding made now keeps it (one written before has
+        // none, and loading it reads its records.jsonl).
+        failure_moment: Some(fuzzer::failure_moment::FailureMoment::at_end(
+            20,
+            devices::VirtNanos(2_000),
+        )),
     };
     std::fs::write(
         finding.join(findings::FINDING_FILE),

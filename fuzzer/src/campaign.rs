@@ -7,6 +7,7 @@
 
 use crate::budget::{Budget, WallBudget};
 use crate::engine::{CampaignSummary, Engine, EngineError, Progress};
+use crate::failure_moment::FailureMoment;
 use crate::findings::{self, FindingError, LoadedFinding};
 use crate::judges::JudgesError;
 use crate::listing::{self, ListError};
@@ -198,6 +199,12 @@ impl Campaign {
 pub struct FindingLine {
     pub digest: String,
     pub dir: PathBuf,
+    /// The failure moment as `finding.json` holds it (findings written
+    /// before it was kept have none here: [`findings::failure_moment`]
+    /// computes theirs, which a listing does not, to stay cheap). In the
+    /// keys' sorted place, as the line's other keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_moment: Option<FailureMoment>,
     /// Faults of the shrunk path.
     pub faults: usize,
     /// Faults of the path as it was found.
@@ -222,6 +229,7 @@ pub fn findings(dir: &Path) -> Result<Vec<FindingLine>> {
             number: file.number,
             summary: file.summary,
             virtual_ns: file.virtual_ns,
+            failure_moment: file.failure_moment,
         })
         .collect())
 }
@@ -245,8 +253,8 @@ pub fn replay(finding: &Path, logs: Option<&Path>, place: Place) -> Result<Repla
     let shared: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
     let (mut runners, there) = plan(place, &finding.run, 1)?.start(&shared)?;
     let loaded = LoadedFinding {
-        file: finding.file,
         run: there,
+        ..finding
     };
     Ok(crate::replay::replay_loaded(
         &mut runners[0],
@@ -443,6 +451,7 @@ mod tests {
             number: 1,
             summary: "x broke".into(),
             virtual_ns: VirtNanos(5),
+            failure_moment: None,
         };
         let by_hand = serde_json::json!({
             "number": 1, "key": "property:x", "summary": "x broke",
@@ -453,6 +462,20 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&line).unwrap(),
             serde_json::to_string(&by_hand).unwrap()
+        );
+        // A finding that keeps its failure moment: one key more, sorted.
+        let moment = FailureMoment {
+            exit: 40,
+            virtual_ns: VirtNanos(4),
+            record: Some(2),
+        };
+        let line = FindingLine {
+            failure_moment: Some(moment),
+            ..line
+        };
+        assert_eq!(
+            serde_json::to_string(&line).unwrap(),
+            r#"{"digest":"ab","dir":"/c/findings/0001","failure_moment":{"exit":40,"virtual_ns":4,"record":2},"faults":1,"found_faults":3,"key":"property:x","number":1,"summary":"x broke","virtual_ns":5}"#
         );
     }
 

@@ -628,6 +628,13 @@ impl<'a> Engine<'a> {
         let run_file = self.store.campaign_meta()?.run;
         let mut all_records = root_records.clone();
         all_records.extend(records);
+        let failure_moment = crate::failure_moment::find_or_end(
+            &all_records,
+            judge.as_ref(),
+            &key,
+            position.exits,
+            position.virtual_ns,
+        );
         findings::write(
             &self.dir,
             &NewFinding {
@@ -643,6 +650,7 @@ impl<'a> Engine<'a> {
                     exits: position.exits,
                     virtual_ns: position.virtual_ns,
                     spec: self.spec.clone(),
+                    failure_moment: Some(failure_moment),
                 },
                 run: &run_file,
                 failure: &failure,

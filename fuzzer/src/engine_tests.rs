@@ -366,6 +366,24 @@ fn test_a_campaign_finds_the_failure_shrinks_it_and_replays_it() {
     let report =
         crate::replay::replay_loaded(&mut fresh, &finding, &FailJudge::default(), None).unwrap();
     assert!(report.reproduced, "{report:?}");
+    // Its failure moment was written with it: the first record of the
+    // shrunk path's records that fails, as the replay sees it too.
+    let written = finding
+        .file
+        .failure_moment
+        .expect("written with the finding");
+    let dir_1 = findings::finding_dir(dir.path(), 1);
+    let records = findings::read_records(&dir_1).unwrap();
+    let key = crate::failure::FailureKey::from_slug(&finding.file.key).unwrap();
+    let judge = FailJudge::default();
+    assert_eq!(
+        crate::failure_moment::find(&records, &judge, &key),
+        Some(written)
+    );
+    assert_eq!(finding.failure_moment, written);
+    assert_eq!(report.failure_moment, Some(written));
+    let index = written.record.expect("a record broke it");
+    assert!(judge.check(&[&records[..index]]).is_empty());
     // Copied elsewhere, it still loads (no absolute path).
     let elsewhere = tempfile::tempdir().unwrap();
     let copy = elsewhere.path().join("0001");

@@ -4,7 +4,9 @@
 //!
 //! - `finding.json`: number, failure key and summary, the failed property's
 //!   or checker's details, the path from the root (shrunk, and as found),
-//!   the digest of the shrunk history's end, the campaign's spec;
+//!   the digest of the shrunk history's end, the campaign's spec, the
+//!   failure moment (written since it exists; computed from `records.jsonl`
+//!   when a finding written before is loaded, nothing written into it);
 //! - `run.json`: the assembled `up` run, its kernel, initrd and disk images
 //!   named by content digest (`blobs/<blake3>`; no absolute path anywhere);
 //! - `blobs/`: those files (hard links into the campaign's own `blobs/`
@@ -17,6 +19,8 @@
 //! A directory is written under a temporary name and renamed into place,
 //! so a finding that exists is whole.
 
+use crate::failure::{FailureKey, FailureSlugError};
+use crate::failure_moment::FailureMoment;
 use crate::judge::Failure;
 use crate::spec::CampaignSpec;
 use crate::step::Path as StepPath;
@@ -32,9 +36,13 @@ pub const FINDINGS_DIR: &str = "findings";
 pub const BLOBS_DIR: &str = "blobs";
 pub const FINDING_FILE: &str = "finding.json";
 pub const RUN_FILE: &str = "run.json";
+/// Everything the guest reported along the path, a [`GuestRecord`] a line.
+pub const RECORDS_FILE: &str = "records.jsonl";
 /// The format of `finding.json`. 2: a branch re-keys the guest kernel's
 /// CRNG at its first instant, so a version 1 finding's path replays to
-/// another history; those are refused.
+/// another history; those are refused. (`failure_moment` came later as an
+/// optional field, in the same version: a finding without it is whole, its
+/// moment is computed when it is loaded.)
 pub const FINDING_FORMAT: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +84,26 @@ pub enum FindingError {
         expected: String,
         actual: String,
     },
+    #[error("{path}: line {line} is not a record")]
+    Record {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path}: its failure key")]
+    Key {
+        path: PathBuf,
+        #[source]
+        source: FailureSlugError,
+    },
+    #[error("{path}: the campaign's judge")]
+    Judge {
+        path: PathBuf,
+        /// Boxed: a profile's error is large, and this one is rare.
+        #[source]
+        source: Box<crate::judges::JudgesError>,
+    },
 }
 
 type Result<T, E = FindingError> = std::result::Result<T, E>;
@@ -91,6 +119,8 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> FindingError + '_ {
 pub const MAX_BLOB_BYTES: u64 = 4 << 30;
 /// The largest `finding.json` or `run.json` read.
 pub const MAX_JSON_BYTES: u64 = 64 << 20;
+/// The largest `records.jsonl` read (a long history's output and records).
+pub const MAX_RECORDS_BYTES: u64 = 1 << 30;
 
 /// A file of a campaign directory: a regular file only (never a FIFO or a
 /// device: directories are copied between machines), of bounded size.
@@ -122,6 +152,11 @@ pub struct FindingFile {
     pub exits: u64,
     pub virtual_ns: vmm::VirtNanos,
     pub spec: CampaignSpec,
+    /// Where on the shrunk path the failure happened (see
+    /// [`crate::failure_moment`]); `None` in a finding written before it
+    /// was kept (then [`load`] and [`failure_moment`] compute it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_moment: Option<FailureMoment>,
 }
 
 /// `finding.json`'s `path`, an error in it (a fault that does not parse)
@@ -315,16 +350,18 @@ pub fn write(campaign: &Path, finding: &NewFinding<'_>) -> Result<PathBuf> {
         lines.push_str(&serde_json::to_string(record).expect("records serialize"));
         lines.push('\n');
     }
-    json(partial.join("records.jsonl"), lines)?;
+    json(partial.join(RECORDS_FILE), lines)?;
     crate::node_logs::write(&partial, finding.records).map_err(io(&partial))?;
     std::fs::rename(&partial, &dir).map_err(io(&dir))?;
     Ok(dir)
 }
 
-/// A finding read back: its file and its run, paths resolved under `dir`.
+/// A finding read back: its file and its run, paths resolved under `dir`,
+/// and its failure moment (the file's, or computed from its records).
 pub struct LoadedFinding {
     pub file: FindingFile,
     pub run: PreparedUp,
+    pub failure_moment: FailureMoment,
 }
 
 /// `finding.json` of the finding directory `dir`, its format checked.
@@ -372,7 +409,59 @@ pub fn load(dir: &Path) -> Result<LoadedFinding> {
             })?;
     }
     let run = resolve(dir, &run)?;
-    Ok(LoadedFinding { file, run })
+    let failure_moment = moment_of(dir, &file)?;
+    Ok(LoadedFinding {
+        file,
+        run,
+        failure_moment,
+    })
+}
+
+/// The failure moment of the finding in `dir`: as its `finding.json` says,
+/// or (a finding written before moments were kept) computed from its
+/// `records.jsonl` with its campaign's judge. Nothing is written.
+pub fn failure_moment(dir: &Path) -> Result<FailureMoment> {
+    moment_of(dir, &read_file(dir)?)
+}
+
+fn moment_of(dir: &Path, file: &FindingFile) -> Result<FailureMoment> {
+    if let Some(moment) = file.failure_moment {
+        return Ok(moment);
+    }
+    let key = FailureKey::from_slug(&file.key).map_err(|source| FindingError::Key {
+        path: dir.join(FINDING_FILE),
+        source,
+    })?;
+    let judge =
+        crate::judges::campaign_judge(&file.spec).map_err(|source| FindingError::Judge {
+            path: dir.join(FINDING_FILE),
+            source: Box::new(source),
+        })?;
+    let records = read_records(dir)?;
+    Ok(crate::failure_moment::find_or_end(
+        &records,
+        judge.as_ref(),
+        &key,
+        file.exits,
+        file.virtual_ns,
+    ))
+}
+
+/// `records.jsonl` of the finding directory `dir`.
+pub fn read_records(dir: &Path) -> Result<Vec<GuestRecord>> {
+    let path = dir.join(RECORDS_FILE);
+    let text = hostfile::read_text_limited(&path, MAX_RECORDS_BYTES).map_err(FindingError::Read)?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| !line.trim().is_empty())
+        .map(|(index, line)| {
+            serde_json::from_str(line).map_err(|source| FindingError::Record {
+                path: path.clone(),
+                line: index + 1,
+                source,
+            })
+        })
+        .collect()
 }
 
 /// A finding of a minimal campaign, failed at the root (for tests).
@@ -396,6 +485,7 @@ pub(crate) fn test_finding(number: u32, key: &str) -> FindingFile {
         exits: 0,
         virtual_ns: vmm::VirtNanos::ZERO,
         spec,
+        failure_moment: None,
     }
 }
 
@@ -419,24 +509,166 @@ mod tests {
         assert_eq!(back, file);
     }
 
-    #[test]
-    fn test_a_blobified_run_names_no_host_path() {
-        let dir = tempfile::tempdir().unwrap();
-        let kernel = dir.path().join("vmlinux");
-        let image = dir.path().join("raft.img");
+    /// A run of one workload node whose kernel is a file of `dir`.
+    fn test_run(dir: &Path) -> PreparedUp {
+        let kernel = dir.join("vmlinux");
+        let image = dir.join("raft.img");
         std::fs::write(&kernel, b"kernel bytes").unwrap();
         let node = serde_json::json!({
             "name": "workload", "source": {"image": image}, "address": "192.0.2.10/24",
             "hostname": null, "command": ["kvclient"], "env": {}, "disk": null
         });
-        let prepared: PreparedUp = serde_json::from_value(serde_json::json!({
+        serde_json::from_value(serde_json::json!({
             "kernel": kernel, "initrd": {"bytes": [1, 2, 3]}, "specs": [], "node_names": [],
             "workload": {"own_node": node},
             "network": serde_json::to_value(devices::NetworkConfig::reliable(
                 devices::LatencyDist::Fixed(vmm::VirtNanos::ZERO))).unwrap(),
             "rtc_epoch_unix_secs": 0, "ram_bytes": 1, "faults": [], "disks": []
         }))
-        .unwrap();
+        .unwrap()
+    }
+
+    /// An SDK `Always` assertion's hit, as the guest reports it.
+    fn always_hit(index: u64, condition: bool) -> GuestRecord {
+        use run::records::sdk::{AssertType, Assertion, Location};
+        let assertion = Assertion {
+            assert_type: AssertType::Always,
+            display_type: "Always".into(),
+            condition,
+            message: "counter never negative".into(),
+            location: Location {
+                class: "app".into(),
+                function: "app::f".into(),
+                file: "src/app.rs".into(),
+                begin_line: 10,
+                begin_column: 5,
+            },
+            hit: true,
+            must_hit: true,
+            id: "counter never negative".into(),
+            details: serde_json::json!({"n": index}),
+        };
+        GuestRecord {
+            exit: 100 + index,
+            virtual_ns: vmm::VirtNanos::from_micros(1_000 * index),
+            node: Some("n1".into()),
+            body: run::records::RecordBody::Sdk {
+                json: serde_json::json!({ "antithesis_assert": assertion }),
+            },
+        }
+    }
+
+    /// A finding directory written by [`write`] in a campaign directory
+    /// under `root`: `file` over records whose third (index 2) is the first
+    /// failing hit of an `Always` assertion; its key is the judge's.
+    fn finding_with(root: &Path, file: FindingFile) -> (PathBuf, Vec<GuestRecord>) {
+        let campaign = root.join("campaign");
+        std::fs::create_dir_all(&campaign).unwrap();
+        let run = blobify(&campaign, &test_run(root)).unwrap();
+        let records: Vec<GuestRecord> = [true, true, false, true, false]
+            .into_iter()
+            .enumerate()
+            .map(|(i, condition)| always_hit(i as u64, condition))
+            .collect();
+        let judge = crate::judges::campaign_judge(&file.spec).unwrap();
+        let failure = judge.check(&[&records]).remove(0);
+        let file = FindingFile {
+            key: failure.key.slug(),
+            exits: 900,
+            virtual_ns: vmm::VirtNanos::from_secs(9),
+            ..file
+        };
+        let new = NewFinding {
+            file,
+            run: &run,
+            failure: &failure,
+            records: &records,
+        };
+        (write(&campaign, &new).unwrap(), records)
+    }
+
+    /// Every file of `dir` and its bytes.
+    fn contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+        let mut files = Vec::new();
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    stack.push(path);
+                } else {
+                    files.push((path.clone(), std::fs::read(&path).unwrap()));
+                }
+            }
+        }
+        files.sort();
+        files
+    }
+
+    /// A finding written before failure moments were kept (no such field
+    /// in its file) loads, and gets the moment of its first failing record
+    /// computed from records.jsonl; nothing is written into it.
+    #[test]
+    fn test_a_finding_without_a_failure_moment_gets_it_computed_when_loaded() {
+        let root = tempfile::tempdir().unwrap();
+        let (dir, records) = finding_with(root.path(), test_finding(1, "k"));
+        let text = std::fs::read_to_string(dir.join(FINDING_FILE)).unwrap();
+        assert!(!text.contains("failure_moment"), "{text}");
+        let before = contents(&dir);
+
+        let expected = FailureMoment {
+            exit: records[2].exit,
+            virtual_ns: records[2].virtual_ns,
+            record: Some(2),
+        };
+        let loaded = load(&dir).unwrap();
+        assert_eq!(loaded.file.failure_moment, None);
+        assert_eq!(loaded.failure_moment, expected);
+        assert_eq!(failure_moment(&dir).unwrap(), expected);
+        assert_eq!(contents(&dir), before, "nothing is written into a finding");
+
+        // A records.jsonl that is not records is named, with its line.
+        let path = dir.join(RECORDS_FILE);
+        std::fs::write(&path, "{}\n").unwrap();
+        let message = failure_moment(&dir).unwrap_err().to_string();
+        assert!(
+            message.contains(RECORDS_FILE) && message.contains("line 1"),
+            "{message}"
+        );
+    }
+
+    /// A finding that keeps its failure moment reads it back as written
+    /// (not recomputed: here it names another record than the first
+    /// failing one).
+    #[test]
+    fn test_a_finding_s_failure_moment_round_trips() {
+        let root = tempfile::tempdir().unwrap();
+        let kept = FailureMoment {
+            exit: 104,
+            virtual_ns: vmm::VirtNanos::from_micros(4_000),
+            record: Some(4),
+        };
+        let file = FindingFile {
+            failure_moment: Some(kept),
+            ..test_finding(1, "k")
+        };
+        let (dir, _) = finding_with(root.path(), file);
+        let text = std::fs::read_to_string(dir.join(FINDING_FILE)).unwrap();
+        assert!(text.contains("\"failure_moment\""), "{text}");
+        assert_eq!(read_file(&dir).unwrap().failure_moment, Some(kept));
+        assert_eq!(load(&dir).unwrap().failure_moment, kept);
+        // And a file's failure moment with a field it does not know is
+        // refused, naming the field.
+        let bad = text.replace("\"record\": 4", "\"record\": 4, \"insn\": 1");
+        std::fs::write(dir.join(FINDING_FILE), bad).unwrap();
+        let message = format!("{:?}", read_file(&dir).unwrap_err());
+        assert!(message.contains("insn"), "{message}");
+    }
+
+    #[test]
+    fn test_a_blobified_run_names_no_host_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let prepared = test_run(dir.path());
         let campaign = dir.path().join("campaign");
         std::fs::create_dir(&campaign).unwrap();
         let blobified = blobify(&campaign, &prepared).unwrap();

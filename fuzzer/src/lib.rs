@@ -12,6 +12,7 @@ pub mod campaign;
 pub mod campaign_dir;
 pub mod engine;
 pub mod failure;
+pub mod failure_moment;
 pub mod findings;
 pub mod judge;
 pub mod judges;

@@ -3,6 +3,7 @@
 //! reach the root moment by the campaign's rule, take the path's steps, and
 //! compare the digest and the failure with those recorded.
 
+use crate::failure_moment::FailureMoment;
 use crate::findings::LoadedFinding;
 use crate::judge::{Failure, Judge};
 use crate::session::{apply_steps, boot_options, reach, SessionError};
@@ -33,6 +34,11 @@ pub struct ReplayReport {
     /// Same digest and the same failure: reproduced bit for bit.
     pub reproduced: bool,
     pub failures: Vec<String>,
+    /// Where the failure happened in the replayed history (the first
+    /// record that broke the property, see [`crate::failure_moment`]);
+    /// `None` when it was not seen again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_moment: Option<FailureMoment>,
 }
 
 /// Replays `finding` (read by the caller, which may have moved its files,
@@ -58,6 +64,15 @@ pub fn replay_loaded(
     calls.close(run)?;
     let failures: Vec<Failure> = judge.check(&[&records]);
     let failed_again = failures.iter().any(|f| f.key.slug() == file.key);
+    let failure_moment = failures.iter().find(|f| f.key.slug() == file.key).map(|f| {
+        crate::failure_moment::find_or_end(
+            &records,
+            judge,
+            &f.key,
+            position.exits,
+            position.virtual_ns,
+        )
+    });
     Ok(ReplayReport {
         number: file.number,
         key: file.key.clone(),
@@ -68,5 +83,6 @@ pub fn replay_loaded(
         virtual_ns: position.virtual_ns,
         failed_again,
         failures: failures.into_iter().map(|f| f.key.slug()).collect(),
+        failure_moment,
     })
 }

@@ -108,6 +108,20 @@ pub(super) fn set_single_step(vcpu: &VcpuFd, on: bool) -> Result<(), VmError> {
 impl Session {
     /// Enters the guest until it makes an exit of its own and handles that exit.
     fn step(&mut self) -> Result<ExitAction, VmError> {
+        // The run's virtual-time limit ends it between two exits, before
+        // the guest is entered again: the last exit was handled whole (its
+        // interrupt decided, a driver's host side done after it), exactly
+        // as when a run is handed back at that time (`Until::Time`). So the
+        // moment a run reaches at its limit (`run`/`up`/`branch --until`)
+        // is the one a campaign, a restore or a seek reaches at that time,
+        // with the same exit count, virtual time and digest.
+        if self
+            .machine
+            .until
+            .is_some_and(|limit| self.machine.now() >= limit)
+        {
+            return Ok(ExitAction::Stop(StopReason::TimeLimit));
+        }
         // Set-up is over once the guest is about to run: from here on the
         // thread runs under the allowlist (a no-op once it does).
         crate::seccomp::ensure_installed()?;
