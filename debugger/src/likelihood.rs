@@ -380,7 +380,6 @@ pub fn measure(plan: &Plan, seats: Vec<Seat>, progress: Progress<'_>) -> Result<
                         plan,
                         judge: judge.as_ref(),
                         faults: faults.as_ref(),
-                        steps: finding.finding.file.path.steps.clone(),
                         slice: spec.slice_ns,
                     };
                     let outcome = loop {
@@ -452,7 +451,6 @@ struct Worker<'a> {
     judge: &'a dyn fuzzer::judge::Judge,
     faults: &'a dyn fuzzer::engine::FaultSource,
     /// The finding's path.
-    steps: Vec<fuzzer::step::Step>,
     /// The campaign's slice, which a branch's faults are drawn for.
     slice: VirtNanos,
 }

@@ -30,19 +30,7 @@ pub enum SourceError {
     },
     #[error("{}: neither a finding ({FINDING_FILE}), a campaign ({DB_FILE}) nor a directory of snapshots", path.display())]
     Unknown { path: PathBuf },
-    #[error("{}: records line {line}", path.display())]
-    Records {
-        path: PathBuf,
-        line: usize,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error(transparent)]
-    Read(#[from] hostfile::ReadError),
 }
-
-/// The largest `records.jsonl` read.
-const MAX_RECORDS_BYTES: u64 = 1 << 30;
 
 /// A finding opened for debugging.
 pub struct FindingSource {
@@ -116,7 +104,7 @@ impl Source {
 
 fn open_finding(dir: &Path) -> Result<FindingSource, SourceError> {
     let finding = findings::load(dir)?;
-    let records = read_records(&dir.join("records.jsonl"))?;
+    let records = findings::read_records(dir)?;
     let failure = failure_point(&finding);
     Ok(FindingSource {
         dir: dir.to_owned(),
@@ -129,28 +117,8 @@ fn open_finding(dir: &Path) -> Result<FindingSource, SourceError> {
 /// The finding's failure moment, as the campaign wrote it or as computed
 /// when it was loaded.
 fn failure_point(finding: &LoadedFinding) -> FailurePoint {
-    // TEMPORARY until the failure-moment branch is merged: the path's end.
     FailurePoint {
-        exit: finding.file.exits,
-        virtual_ns: finding.file.virtual_ns,
+        exit: finding.failure_moment.exit,
+        virtual_ns: finding.failure_moment.virtual_ns,
     }
-}
-
-/// `records.jsonl`, a record a line.
-pub fn read_records(path: &Path) -> Result<Vec<GuestRecord>, SourceError> {
-    if !path.exists() {
-        return Ok(Vec::new());
-    }
-    let text = hostfile::read_text_limited(path, MAX_RECORDS_BYTES)?;
-    text.lines()
-        .enumerate()
-        .filter(|(_, line)| !line.trim().is_empty())
-        .map(|(index, line)| {
-            serde_json::from_str(line).map_err(|source| SourceError::Records {
-                path: path.to_owned(),
-                line: index + 1,
-                source,
-            })
-        })
-        .collect()
 }
