@@ -479,6 +479,46 @@ fn print_at(at: &At, spent: &Spent, json: bool) -> Result<()> {
     }
 }
 
+/// `moment` as the debugger's, when its directory is a finding's or a
+/// campaign's (whose moments the debugger reaches, not the snapshots').
+pub fn finding_moment(moment: &run::moment::Moment) -> Option<MomentId> {
+    let run::moment::Moment::At { .. } = moment else {
+        return None;
+    };
+    let moment: MomentId = moment.to_string().parse().ok()?;
+    is_finding_source(&moment.source).then_some(moment)
+}
+
+/// `detvisor branch` from a moment of a finding's history: re-keyed from
+/// `seed` and with `faults` added there, run on to `until` when given;
+/// prints the moment it ends at.
+pub fn cmd_branch(
+    from: MomentId,
+    seed: Option<u64>,
+    faults: &[run::faults::Fault],
+    until: Option<VirtNanos>,
+    json: bool,
+    place: PlaceArgs,
+) -> Result<u8> {
+    let common = DebugArgs {
+        json,
+        budget: None,
+        usage_log: None,
+        place,
+    };
+    let mut session = session(&from.source, &common)?;
+    let (at, spent) = session.call("branch", |s| {
+        let start = debugger::moving::branch(s, &from, seed, faults)?;
+        match until {
+            Some(until) if until > start.virtual_ns => s.reach(&start.moment.at(When::Time(until))),
+            _ => Ok(start),
+        }
+    })?;
+    print_at(&at, &spent, json)?;
+    session.close()?;
+    Ok(0)
+}
+
 /// Whether `dir` is a finding or a campaign (whose moments the debugger
 /// reaches), not a directory of snapshots.
 pub fn is_finding_source(dir: &Path) -> bool {

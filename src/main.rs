@@ -476,6 +476,20 @@ fn cmd_audit(args: AuditArgs) -> Result<u8> {
 }
 
 fn cmd_branch(args: BranchArgs) -> Result<u8> {
+    // A moment of a finding's history: a branch the debugger makes.
+    if let Some(moment) = debug_cmd::finding_moment(&args.spec) {
+        if args.seeds.is_some() || args.trace.is_some() || args.snapshots.snapshots.is_some() {
+            bail!("a branch of a finding's history takes --seed, --fault and --until (see `detvisor likelihood` for many seeds)");
+        }
+        return debug_cmd::cmd_branch(
+            moment,
+            args.seed,
+            &args.faults,
+            args.until,
+            args.json,
+            args.place.place,
+        );
+    }
     // Checked against the snapshot's files before anything starts: the
     // grammar, the nodes, the branch point and the lanes.
     run::branch::check_faults(&args.spec, &args.faults)?;
@@ -515,23 +529,20 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
 }
 
 fn cmd_shell(args: ShellArgs) -> Result<u8> {
-    if let Moment::At { .. } = &args.spec {
-        let text = args.spec.to_string();
-        let source = text.parse::<debugger::moment::MomentId>().ok();
-        if let Some(moment) = source.filter(|m| debug_cmd::is_finding_source(&m.source)) {
-            let (rows, cols) = terminal::size();
-            let _raw = std::io::stdin()
-                .is_terminal()
-                .then(terminal::RawMode::enter)
-                .transpose()?;
-            let terminal = run::shell::Terminal {
-                node: args.node.clone(),
-                rows,
-                cols,
-                term: std::env::var("TERM").ok().filter(|t| !t.is_empty()),
-            };
-            return debug_cmd::cmd_shell(moment, terminal, args.place);
-        }
+    // A moment of a finding's history: the debugger reaches it.
+    if let Some(moment) = debug_cmd::finding_moment(&args.spec) {
+        let (rows, cols) = terminal::size();
+        let _raw = std::io::stdin()
+            .is_terminal()
+            .then(terminal::RawMode::enter)
+            .transpose()?;
+        let terminal = run::shell::Terminal {
+            node: args.node.clone(),
+            rows,
+            cols,
+            term: std::env::var("TERM").ok().filter(|t| !t.is_empty()),
+        };
+        return debug_cmd::cmd_shell(moment, terminal, args.place);
     }
     // An `up` fork's shell is on a pseudo-terminal in the guest, which
     // echoes and edits lines: keystrokes pass through unchanged.
