@@ -697,3 +697,43 @@ fn a_second_image_build_to_one_output_fails_naming_the_first() {
     assert_eq!(built.status.code(), Some(0), "{}", stderr(&built));
     assert!(out.is_file() && !lock.exists());
 }
+
+/// The debugger's verbs refuse what names no history before any helper VM
+/// starts, one line naming the problem: a directory that is missing or
+/// none of a finding, a campaign or snapshots; a finding whose stored path
+/// does not parse; a moment a finding's history has no room for.
+#[test]
+fn debugger_moments_that_name_nothing_are_refused_before_any_helper_vm() {
+    let dir = campaign_scratch();
+    let tmp = dir.path().join("tmp");
+    let missing = dir.path().join("no-such-dir");
+    refused_before_any_helper_vm(
+        &tmp,
+        &["exec", &format!("{}@-1s", text(&missing)), "--", "ls"],
+        "no-such-dir: no such directory",
+    );
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    refused_before_any_helper_vm(
+        &tmp,
+        &["processes", &format!("{}@2s", text(&empty))],
+        "neither a finding (finding.json), a campaign (campaign.db) nor a directory of snapshots",
+    );
+    let out = campaign_with_finding(dir.path(), "at=+1s paws n1");
+    let finding = out.join("findings/0001");
+    refused_before_any_helper_vm(
+        &tmp,
+        &["exec", &format!("{}@failure", text(&finding)), "--", "ls"],
+        "unknown action \"paws\"",
+    );
+    refused_before_any_helper_vm(
+        &tmp,
+        &["events", text(&finding), "--until", "@-1s"],
+        "unknown action \"paws\"",
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+    // A moment's text that is no moment: clap's error, naming the part.
+    let out = detvisor_in(&tmp, &["exec", "f~1s:spin=1@2s", "--", "ls"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("unknown action \"spin\""), "{}", stderr(&out));
+}
