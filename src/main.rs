@@ -10,6 +10,7 @@ mod soak_cmd;
 mod terminal;
 mod trace_cmd;
 mod up_cmd;
+mod verify_cmd;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -75,6 +76,8 @@ enum Command {
     Findings(campaign_cmd::FindingsArgs),
     /// Reproduce a finding (DIR/findings/NNNN) bit for bit from a fresh process.
     Replay(campaign_cmd::ReplayArgs),
+    /// Verify a fix: replay a finding's faults with N seeds on the patched and the unpatched system side by side.
+    Verify(verify_cmd::VerifyArgs),
     /// Where the exits of a trace (`run`/`up`/`branch --trace FILE`) went:
     /// counts by kind and by device, in all and per virtual second.
     Trace(trace_cmd::TraceArgs),
@@ -644,6 +647,7 @@ fn main() -> ExitCode {
         Command::Campaign(args) => campaign_cmd::cmd_campaign(args),
         Command::Findings(args) => campaign_cmd::cmd_findings(args),
         Command::Replay(args) => campaign_cmd::cmd_replay(args),
+        Command::Verify(args) => verify_cmd::cmd_verify(args),
         Command::Image(cmd) => image_cmd::run(cmd),
         Command::ServeChannel => serve::serve(),
     };
