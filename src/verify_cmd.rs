@@ -6,7 +6,7 @@ use crate::PlaceArgs;
 use anyhow::Result;
 use clap::{ArgGroup, Args};
 use debugger::budget::{Budget, Limits};
-use debugger::verify::{self, Patch, SystemRun, VerifyReport, VerifyRequest, MAX_SEEDS};
+use debugger::verify::{self, Patch, SeedRow, SystemRun, VerifyReport, VerifyRequest, MAX_SEEDS};
 use std::path::PathBuf;
 
 /// The exit status of `detvisor verify`, said in its help.
@@ -55,7 +55,15 @@ pub fn cmd_verify(args: VerifyArgs) -> Result<u8> {
         place: args.place.campaign(),
     };
     let mut budget = Budget::new(Limits::default(), None);
-    let report = verify::verify(&request, &mut budget)?;
+    let progress = |row: &SeedRow| {
+        eprintln!(
+            "detvisor: seed offset {}: unpatched control {}, patched {}",
+            row.seeds.offset,
+            if row.control.failed { "FAIL" } else { "pass" },
+            if row.patched.failed { "FAIL" } else { "pass" },
+        );
+    };
+    let report = verify::verify(&request, &mut budget, &progress)?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -144,6 +152,82 @@ mod tests {
             panic!("a verify");
         };
         Ok(args)
+    }
+
+    fn run(failed: bool, digest: &str) -> SystemRun {
+        SystemRun {
+            failed,
+            failures: Vec::new(),
+            digest: digest.into(),
+            exits: 10,
+            virtual_ns: vmm::VirtNanos(30_000_000_000),
+            stopped: None,
+        }
+    }
+
+    #[test]
+    fn test_the_table_has_a_row_per_seed_the_control_check_and_the_verdict() {
+        use debugger::budget::{Spent, Usage};
+        use debugger::verify::{Comparison, ControlCheck, Rate, SeedChoice};
+        let check = ControlCheck {
+            expected_digest: "c0".repeat(16),
+            digest: "c0".repeat(16),
+            reproduced: true,
+        };
+        let (control, patched) = (Rate::wilson(1, 2), Rate::wilson(0, 2));
+        let (verified, verdict) = verify::verdict(&check, &control, &patched);
+        let row = |offset, control_failed| verify::SeedRow {
+            seeds: SeedChoice {
+                offset,
+                boot: 1 + u64::from(offset),
+                steps: vec![5 + u64::from(offset)],
+            },
+            control: run(control_failed, &"c0".repeat(16)),
+            patched: run(false, &"9a".repeat(16)),
+        };
+        let report = VerifyReport {
+            comparison: Comparison {
+                finding: "/n/findings/0001".into(),
+                key: "checker:linearizability:k1".into(),
+                patch: Patch::Image("p.img".into()),
+                manifest: "/n/m.toml".into(),
+                workers: 1,
+                seeds: vec![row(0, true), row(1, false)],
+                control_check: check,
+                control,
+                patched,
+                verified,
+                verdict,
+            },
+            spent: Spent {
+                call: Usage::default(),
+                session: Usage::default(),
+                left: Usage::default(),
+            },
+        };
+        let text = table(&report);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 6, "{text}");
+        assert!(
+            lines[0].contains("patch: image p.img, 2 seeds on 1 worker"),
+            "{text}"
+        );
+        assert!(
+            lines[2].contains("FAIL        30s c0c0c0c0c0c0")
+                && lines[2].contains("pass        30s 9a9a9a9a9a9a")
+                && lines[2].ends_with("  5"),
+            "{text}"
+        );
+        assert!(lines[3].trim_start().starts_with("1 "), "{text}");
+        assert!(lines[4].ends_with("(reproduced)"), "{text}");
+        assert!(
+            lines[5].starts_with("verified: patched failed 0/2"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["verified"], true);
+        assert_eq!(json["seeds"][1]["seeds"]["boot"], 2);
+        assert_eq!(json["spent"]["call"]["branches_created"], 0);
     }
 
     #[test]

@@ -389,10 +389,16 @@ fn test_verify_a_source_patch_against_the_finding_s_unpatched_control() {
     assert_eq!(report["control_check"]["reproduced"], true, "{report}");
     for row in seeds {
         assert_eq!(row["patched"]["failed"], false, "{report}");
-        assert_ne!(row["patched"]["digest"], row["control"]["digest"], "{report}");
+        assert_ne!(
+            row["patched"]["digest"], row["control"]["digest"],
+            "{report}"
+        );
     }
     assert_eq!(report["patched"]["failed"], 0, "{report}");
-    assert!(report["control"]["failed"].as_u64().unwrap() >= 1, "{report}");
+    assert!(
+        report["control"]["failed"].as_u64().unwrap() >= 1,
+        "{report}"
+    );
     let verdict = report["verdict"].as_str().unwrap();
     assert!(
         verdict.starts_with("verified: patched failed 0/2"),

@@ -67,7 +67,7 @@ pub enum VerifyError {
     #[error("{}: no such manifest{}", path.display(), if *given { "" } else { " (the finding's campaign read its manifest there; give the patched system's with --manifest)" })]
     ManifestMissing { path: PathBuf, given: bool },
     #[error("the patched system's manifest")]
-    Manifest(#[source] ManifestError),
+    Manifest(#[source] Box<ManifestError>),
     #[error("{}: no such image", path.display())]
     ImageMissing { path: PathBuf },
     #[error("{}: no node runs from an image (`image = ...`), so there is none to replace; give a patched manifest with --manifest", manifest.display())]
@@ -76,7 +76,7 @@ pub enum VerifyError {
     Prepare {
         manifest: PathBuf,
         #[source]
-        source: run::up::PrepareError,
+        source: Box<run::up::PrepareError>,
     },
     #[error("the finding's path cannot run on the patched system of {} (a node it names is not there)", manifest.display())]
     PathNodes {
@@ -94,14 +94,14 @@ pub enum VerifyError {
     Runners {
         system: System,
         #[source]
-        source: CampaignError,
+        source: Box<CampaignError>,
     },
     #[error("the {system} system at seed offset {offset}")]
     Run {
         system: System,
         offset: u32,
         #[source]
-        source: RunError,
+        source: Box<RunError>,
     },
 }
 
@@ -403,7 +403,8 @@ pub fn patched_run(
             given,
         });
     }
-    let mut manifest = run::manifest::load(&manifest_path).map_err(VerifyError::Manifest)?;
+    let mut manifest =
+        run::manifest::load(&manifest_path).map_err(|e| VerifyError::Manifest(Box::new(e)))?;
     if let Patch::Image(image) = patch {
         let image = image
             .canonicalize()
@@ -418,12 +419,13 @@ pub fn patched_run(
             });
         }
     }
-    let prepared = run::up::prepare(&manifest, &[], None, Some(&finding.run.kernel)).map_err(
-        |source| VerifyError::Prepare {
-            manifest: manifest_path.clone(),
-            source,
-        },
-    )?;
+    let prepared =
+        run::up::prepare(&manifest, &[], None, Some(&finding.run.kernel)).map_err(|source| {
+            VerifyError::Prepare {
+                manifest: manifest_path.clone(),
+                source: Box::new(source),
+            }
+        })?;
     finding
         .file
         .path
@@ -470,17 +472,30 @@ pub fn run_history(
     })
 }
 
+/// What a verification says while it runs: each seed offset as both
+/// systems finished it (in the order they finish).
+pub type Progress<'a> = &'a (dyn Fn(&SeedRow) + Sync);
+
 /// Verifies `request`'s patch against the finding's unpatched control,
 /// within `budget` (workers and virtual time checked before anything
-/// starts; what was simulated counted).
-pub fn verify(request: &VerifyRequest, budget: &mut Budget) -> Result<VerifyReport, VerifyError> {
+/// starts; what was simulated counted), each finished seed offset told to
+/// `progress`.
+pub fn verify(
+    request: &VerifyRequest,
+    budget: &mut Budget,
+    progress: Progress<'_>,
+) -> Result<VerifyReport, VerifyError> {
     budget.begin("verify")?;
-    let result = verify_within(request, budget);
+    let result = verify_within(request, budget, progress);
     let spent = budget.end(if result.is_ok() { "ok" } else { "error" })?;
     result.map(|comparison| VerifyReport { comparison, spent })
 }
 
-fn verify_within(request: &VerifyRequest, budget: &mut Budget) -> Result<Comparison, VerifyError> {
+fn verify_within(
+    request: &VerifyRequest,
+    budget: &mut Budget,
+    progress: Progress<'_>,
+) -> Result<Comparison, VerifyError> {
     if request.seeds == 0 || request.seeds > MAX_SEEDS {
         return Err(VerifyError::Seeds {
             seeds: request.seeds,
@@ -502,13 +517,15 @@ fn verify_within(request: &VerifyRequest, budget: &mut Budget) -> Result<Compari
     let workers = fuzzer::campaign::workers(request.jobs).min(request.seeds);
     budget.check_workers(u64::from(workers))?;
     let end = finding.file.path.end_ns.0;
-    budget.check_virtual(VirtNanos(
-        end.saturating_mul(2 * u64::from(request.seeds)),
-    ))?;
+    budget.check_virtual(VirtNanos(end.saturating_mul(2 * u64::from(request.seeds))))?;
 
     let start = |system, prepared: &PreparedUp| {
-        fuzzer::campaign::start_runners(request.place, prepared, workers, &[])
-            .map_err(|source| VerifyError::Runners { system, source })
+        fuzzer::campaign::start_runners(request.place, prepared, workers, &[]).map_err(|source| {
+            VerifyError::Runners {
+                system,
+                source: Box::new(source),
+            }
+        })
     };
     let (control_runners, control_there) = start(System::Control, &finding.run)?;
     let (patched_runners, patched_there) = start(System::Patched, &patched)?;
@@ -522,6 +539,7 @@ fn verify_within(request: &VerifyRequest, budget: &mut Budget) -> Result<Compari
         &finding,
         &key,
         request.seeds,
+        progress,
     )?;
     for row in &rows {
         budget.simulated(VirtNanos(
@@ -569,6 +587,7 @@ fn run_seeds<R: Runner + Send>(
     finding: &LoadedFinding,
     key: &FailureKey,
     seeds: u32,
+    progress: Progress<'_>,
 ) -> Result<Vec<SeedRow>, VerifyError> {
     let next = AtomicU32::new(0);
     let stop = AtomicBool::new(false);
@@ -593,16 +612,18 @@ fn run_seeds<R: Runner + Send>(
                                 .map_err(|source| VerifyError::Run {
                                     system,
                                     offset,
-                                    source,
+                                    source: Box::new(source),
                                 })
                         };
                         let control_run = one(System::Control, &mut control, systems.control)?;
                         let patched_run = one(System::Patched, &mut patched, systems.patched)?;
-                        rows.lock().expect("rows").push(SeedRow {
+                        let row = SeedRow {
                             seeds: choice,
                             control: control_run,
                             patched: patched_run,
-                        });
+                        };
+                        progress(&row);
+                        rows.lock().expect("rows").push(row);
                     }
                 })();
                 if let Err(error) = outcome {

@@ -73,7 +73,9 @@ fn test_verified_only_when_the_control_fails_and_the_patched_system_never_does()
     let (ok, text) = verdict(&check, &Rate::wilson(1, 2), &Rate::wilson(0, 2));
     assert!(!ok);
     assert!(
-        text.contains("did not reproduce the finding at seed offset 0 (digest other, finding.json's d0)"),
+        text.contains(
+            "did not reproduce the finding at seed offset 0 (digest other, finding.json's d0)"
+        ),
         "{text}"
     );
 }
@@ -193,7 +195,13 @@ fn test_an_image_patch_replaces_every_node_image_and_the_workload_s_of_the_same_
     let mut manifest = run::manifest::parse(&text, base).unwrap();
     assert_eq!(replace_images(&mut manifest, patched), 2);
     assert_eq!(
-        manifest.workload.as_ref().unwrap().own_node().unwrap().source,
+        manifest
+            .workload
+            .as_ref()
+            .unwrap()
+            .own_node()
+            .unwrap()
+            .source,
         RootSource::Image("/m/client.img".into())
     );
 }
@@ -215,7 +223,9 @@ fn finding(manifest: &Path) -> LoadedFinding {
         virtual_ns: VirtNanos::ZERO,
         spec,
     };
-    let network = run::manifest::parse(MANIFEST, Path::new("/m")).unwrap().network;
+    let network = run::manifest::parse(MANIFEST, Path::new("/m"))
+        .unwrap()
+        .network;
     let run: PreparedUp = serde_json::from_value(serde_json::json!({
         "kernel": "/nonexistent/vmlinux", "initrd": {"bytes": []}, "specs": [],
         "node_names": ["n1"], "workload": null,
@@ -244,7 +254,10 @@ fn test_a_missing_or_bad_manifest_or_image_is_refused_naming_the_path() {
 
     let error = patched_run(&finding(&gone), &Patch::Image(image.clone())).unwrap_err();
     let text = message(&error);
-    assert!(matches!(error, VerifyError::ManifestMissing { .. }), "{text}");
+    assert!(
+        matches!(error, VerifyError::ManifestMissing { .. }),
+        "{text}"
+    );
     assert!(
         text.contains(&gone.display().to_string()) && text.contains("--manifest"),
         "{text}"
@@ -290,14 +303,27 @@ fn test_no_seeds_or_no_finding_is_refused_before_anything_runs() {
             seccomp: true,
         },
     };
-    let error = verify(&request("/", 0), &mut budget).unwrap_err();
-    assert_eq!(error.to_string(), format!("--seeds 0: give 1..={MAX_SEEDS}"));
-    let error = verify(&request("/nonexistent/findings/0001", 2), &mut budget).unwrap_err();
+    let error = verify(&request("/", 0), &mut budget, &|_| {}).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!("--seeds 0: give 1..={MAX_SEEDS}")
+    );
+    let error = verify(
+        &request("/nonexistent/findings/0001", 2),
+        &mut budget,
+        &|_| {},
+    )
+    .unwrap_err();
     assert_eq!(
         error.to_string(),
         "/nonexistent/findings/0001: no such finding directory"
     );
     let dir = tempfile::tempdir().unwrap();
-    let error = verify(&request(dir.path().to_str().unwrap(), 2), &mut budget).unwrap_err();
+    let error = verify(
+        &request(dir.path().to_str().unwrap(), 2),
+        &mut budget,
+        &|_| {},
+    )
+    .unwrap_err();
     assert!(matches!(error, VerifyError::Finding(_)), "{error}");
 }

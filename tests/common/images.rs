@@ -109,7 +109,10 @@ fn build_patched_raft_image() -> Result<PathBuf, String> {
         }
     };
     run(
-        Command::new("cp").arg("-r").arg(root().join("examples")).arg(&copy),
+        Command::new("cp")
+            .arg("-r")
+            .arg(root().join("examples"))
+            .arg(&copy),
         "copying examples/",
     )?;
     run(
