@@ -213,8 +213,8 @@ mod tests {
             "{text}"
         );
         assert!(
-            lines[2].contains("FAIL        30s c0c0c0c0c0c0")
-                && lines[2].contains("pass        30s 9a9a9a9a9a9a")
+            lines[2].contains("FAIL       30s c0c0c0c0c0c0")
+                && lines[2].contains("pass       30s 9a9a9a9a9a9a")
                 && lines[2].ends_with("  5"),
             "{text}"
         );
