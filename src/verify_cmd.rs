@@ -18,7 +18,8 @@ Exit status: 0 verified (the unpatched control failed at least once, the patched
 #[command(after_help = VERIFY_EXIT_STATUS)]
 #[command(group(ArgGroup::new("patch").required(true).args(["image", "manifest"])))]
 pub struct VerifyArgs {
-    /// A finding's directory (DIR/findings/NNNN), wherever it was copied.
+    /// A finding's directory (DIR/findings/NNNN, wherever it was copied), or
+    /// a campaign's directory holding one finding.
     finding: PathBuf,
     /// The patched node image: it replaces every node image of the finding's
     /// manifest (and the workload's own node's, when it is the same file).

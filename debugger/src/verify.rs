@@ -27,9 +27,10 @@
 //! it states both failure rates with 95% Wilson intervals ([`Rate`]).
 
 use crate::budget::{Budget, BudgetError, LogError, Spent};
+use crate::source::{FindingSource, Source, SourceError};
 use fuzzer::campaign::{CampaignError, Place};
 use fuzzer::failure::{FailureKey, FailureSlugError};
-use fuzzer::findings::{self, FindingError, LoadedFinding};
+use fuzzer::findings::{self, LoadedFinding};
 use fuzzer::judge::Judge;
 use fuzzer::judges::JudgesError;
 use fuzzer::session::{apply_steps, boot_options, reach, SessionError};
@@ -53,9 +54,9 @@ pub const MAX_SEEDS: u32 = 4096;
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
     #[error(transparent)]
-    Finding(#[from] FindingError),
-    #[error("{}: no such finding directory", path.display())]
-    NoFinding { path: PathBuf },
+    Source(#[from] SourceError),
+    #[error("{}: a directory of snapshots, not a finding (verify replays a finding's faults)", path.display())]
+    NotAFinding { path: PathBuf },
     #[error("{}: the finding's key", path.display())]
     Key {
         path: PathBuf,
@@ -157,7 +158,7 @@ impl std::fmt::Display for Patch {
 /// A verification asked for.
 #[derive(Clone, Debug)]
 pub struct VerifyRequest {
-    /// A finding's directory.
+    /// A finding's directory, or a campaign's holding one finding.
     pub finding: PathBuf,
     pub patch: Patch,
     /// Histories per system (1..=[`MAX_SEEDS`]); offset 0, the finding's
@@ -501,18 +502,20 @@ fn verify_within(
             seeds: request.seeds,
         });
     }
-    let dir = request
-        .finding
-        .canonicalize()
-        .map_err(|_| VerifyError::NoFinding {
-            path: request.finding.clone(),
-        })?;
-    let finding = findings::load(&dir)?;
+    let source = Source::open(&request.finding)?;
+    let Source::Finding(opened) = source else {
+        return Err(VerifyError::NotAFinding {
+            path: source.dir().to_owned(),
+        });
+    };
+    let FindingSource { dir, finding, .. } = *opened;
     let key = FailureKey::from_slug(&finding.file.key).map_err(|source| VerifyError::Key {
         path: dir.join(findings::FINDING_FILE),
         source,
     })?;
     let (manifest, patched) = patched_run(&finding, &request.patch)?;
+    // Each worker makes its own judge; one the spec cannot make is
+    // refused here, before any runner starts.
     fuzzer::judges::campaign_judge(&finding.file.spec)?;
     let workers = fuzzer::campaign::workers(request.jobs).min(request.seeds);
     budget.check_workers(u64::from(workers))?;

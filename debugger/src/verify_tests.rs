@@ -316,7 +316,7 @@ fn test_no_seeds_or_no_finding_is_refused_before_anything_runs() {
     .unwrap_err();
     assert_eq!(
         error.to_string(),
-        "/nonexistent/findings/0001: no such finding directory"
+        "/nonexistent/findings/0001: no such directory"
     );
     let dir = tempfile::tempdir().unwrap();
     let error = verify(
@@ -325,5 +325,16 @@ fn test_no_seeds_or_no_finding_is_refused_before_anything_runs() {
         &|_| {},
     )
     .unwrap_err();
-    assert!(matches!(error, VerifyError::Finding(_)), "{error}");
+    assert!(matches!(error, VerifyError::Source(_)), "{error}");
+    std::fs::write(dir.path().join(findings::FINDING_FILE), "{}").unwrap();
+    let error = verify(
+        &request(dir.path().to_str().unwrap(), 2),
+        &mut budget,
+        &|_| {},
+    )
+    .unwrap_err();
+    assert!(
+        error.to_string().contains("finding format version 0"),
+        "{error}"
+    );
 }
