@@ -12,6 +12,7 @@ mod soak_cmd;
 mod terminal;
 mod trace_cmd;
 mod up_cmd;
+mod verify_cmd;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
@@ -105,6 +106,8 @@ enum Command {
     /// Run a history on from a moment for a virtual duration; prints the
     /// moment it ends at.
     Wait(debug_cmd::WaitArgs),
+    /// Verify a fix: replay a finding's faults with N seeds on the patched and the unpatched system side by side.
+    Verify(verify_cmd::VerifyArgs),
     /// Where the exits of a trace (`run`/`up`/`branch --trace FILE`) went:
     /// counts by kind and by device, in all and per virtual second.
     Trace(trace_cmd::TraceArgs),
@@ -715,6 +718,7 @@ fn main() -> ExitCode {
         Command::Rewind(args) => debug_cmd::cmd_rewind(args),
         Command::Wait(args) => debug_cmd::cmd_wait(args),
         Command::Likelihood(args) => likelihood_cmd::cmd_likelihood(args),
+        Command::Verify(args) => verify_cmd::cmd_verify(args),
         Command::Image(cmd) => image_cmd::run(cmd),
         Command::ServeChannel => serve::serve(),
     };

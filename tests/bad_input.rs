@@ -735,5 +735,9 @@ fn debugger_moments_that_name_nothing_are_refused_before_any_helper_vm() {
     // A moment's text that is no moment: clap's error, naming the part.
     let out = detvisor_in(&tmp, &["exec", "f~1s:spin=1@2s", "--", "ls"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(stderr(&out).contains("unknown action \"spin\""), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("unknown action \"spin\""),
+        "{}",
+        stderr(&out)
+    );
 }

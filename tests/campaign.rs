@@ -561,3 +561,79 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(logged.lines().count() >= 7, "{logged}");
 }
+
+/// A fix verified against the finding's unpatched control: the diff to
+/// raftkv's source that makes every read verify leadership
+/// (examples/raft/verify-leader.patch), built into an image by the
+/// example's own script, is verified over 2 seeds (the finding's own and
+/// one more); the unpatched image given as the "patch" is not.
+#[test]
+fn test_verify_a_source_patch_against_the_finding_s_unpatched_control() {
+    let finding_dir = stale_finding();
+    let finding: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(finding_dir.join("finding.json")).unwrap())
+            .unwrap();
+    let finding_arg = finding_dir.to_str().unwrap();
+
+    let patched = patched_raft_image();
+    let out = detvisor(&[
+        "verify",
+        finding_arg,
+        "--image",
+        patched.to_str().unwrap(),
+        "--seeds",
+        "2",
+        "--jobs",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "verified: {}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_str(stdout(&out).trim()).unwrap();
+    assert_eq!(report["verified"], true, "{report}");
+    let seeds = report["seeds"].as_array().unwrap();
+    assert_eq!(seeds.len(), 2, "{report}");
+    // Offset 0 is the finding's own history: the control fails there with
+    // the finding's digest.
+    assert_eq!(seeds[0]["seeds"]["offset"], 0, "{report}");
+    assert_eq!(seeds[0]["control"]["failed"], true, "{report}");
+    assert_eq!(seeds[0]["control"]["digest"], finding["digest"], "{report}");
+    assert_eq!(report["control_check"]["reproduced"], true, "{report}");
+    for row in seeds {
+        assert_eq!(row["patched"]["failed"], false, "{report}");
+        assert_ne!(
+            row["patched"]["digest"], row["control"]["digest"],
+            "{report}"
+        );
+    }
+    assert_eq!(report["patched"]["failed"], 0, "{report}");
+    assert!(
+        report["control"]["failed"].as_u64().unwrap() >= 1,
+        "{report}"
+    );
+    let verdict = report["verdict"].as_str().unwrap();
+    assert!(
+        verdict.starts_with("verified: patched failed 0/2"),
+        "{verdict}"
+    );
+
+    // The unpatched image as the "patch": the same system, so it fails
+    // where the control does.
+    let unpatched = raft_image();
+    let out = detvisor(&[
+        "verify",
+        finding_arg,
+        "--image",
+        unpatched.to_str().unwrap(),
+        "--seeds",
+        "2",
+        "--jobs",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "not verified: {}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("not verified: the patched system failed; patched failed "),
+        "{text}"
+    );
+    assert!(text.contains("(reproduced)"), "{text}");
+}

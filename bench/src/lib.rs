@@ -8,6 +8,8 @@
 //! - `bench etcd` ([`etcd`]): the etcd example, `up` against QEMU TCG with icount.
 //! - `bench exits` ([`exits`]): boot, the etcd smoke run and the etcd partition under
 //!   detvisor's new and old exit paths and QEMU-KVM: exits, exits by kind, wall times, ratios.
+//! - `bench verify` ([`verify`]): `detvisor verify` of a finding with one worker and with a
+//!   worker per core (it places its runs itself, no worker here).
 //!
 //! Each runs its measurements in a worker: in this process when the host's KVM runs guests,
 //! else inside the helper VM (L1), where `detvisor bench serve-channel` ([`serve`]) answers the
@@ -60,6 +62,7 @@ mod snapshot_report;
 mod snapshot_restore;
 mod snapshot_worker;
 mod stats;
+mod verify;
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
@@ -89,6 +92,9 @@ pub enum BenchCommand {
     /// under detvisor's new exit path, its old one and QEMU -accel kvm (same place). Prints a
     /// table per scenario, the ratios and a final JSON line.
     Exits(exits::ExitsArgs),
+    /// Issue 28: `detvisor verify` of a finding over N seeds with one worker and with a worker
+    /// per core, side by side: wall times, the speed-up, and whether both gave the same rows.
+    Verify(verify::VerifyBenchArgs),
     /// Inside the helper VM: answer the benches' worker plans on its channel.
     #[command(hide = true)]
     ServeChannel,
@@ -161,6 +167,7 @@ pub fn run(args: BenchArgs) -> Result<u8> {
         BenchCommand::Snapshot(args) => snapshot::orchestrate(&args),
         BenchCommand::Etcd(args) => etcd::orchestrate(&args),
         BenchCommand::Exits(args) => exits::orchestrate(&args),
+        BenchCommand::Verify(args) => verify::orchestrate(&args),
         BenchCommand::ServeChannel => serve::serve(),
     }
 }

@@ -24,3 +24,4 @@ pub mod moving;
 pub mod reading;
 pub mod session;
 pub mod source;
+pub mod verify;

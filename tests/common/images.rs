@@ -79,3 +79,58 @@ pub fn example_copy(example: &str, edit: impl Fn(String) -> String) -> PathBuf {
     std::fs::write(&path, edit(text)).unwrap();
     path
 }
+
+/// examples/raft's image with examples/raft/verify-leader.patch applied, as
+/// an agent's fix would be built: a copy of `examples/` patched with
+/// `patch -p1`, then the copy's own `raft/build.sh --image` (into an OCI
+/// directory of its own, so the unpatched build's stamp is not reused), as
+/// `scratch()/raft-patched.img`.
+pub fn patched_raft_image() -> PathBuf {
+    static IMAGE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    IMAGE
+        .get_or_init(build_patched_raft_image)
+        .clone()
+        .unwrap_or_else(|why| panic!("the patched raft image cannot be built: {why}"))
+}
+
+fn build_patched_raft_image() -> Result<PathBuf, String> {
+    let copy = scratch().join("examples-patched");
+    let _ = std::fs::remove_dir_all(&copy);
+    let run = |command: &mut Command, what: &str| -> Result<(), String> {
+        let out = command.output().map_err(|e| format!("{what}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what} failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    };
+    run(
+        Command::new("cp")
+            .arg("-r")
+            .arg(root().join("examples"))
+            .arg(&copy),
+        "copying examples/",
+    )?;
+    run(
+        Command::new("patch")
+            .args(["-p1", "--forward", "-i"])
+            .arg(root().join("examples/raft/verify-leader.patch"))
+            .current_dir(&copy),
+        "patch -p1 < examples/raft/verify-leader.patch",
+    )?;
+    let image = scratch().join("raft-patched.img");
+    run(
+        Command::new("bash")
+            .arg(copy.join("raft/build.sh"))
+            .arg("--image")
+            .arg(&image)
+            .arg(scratch().join("raft-oci-patched"))
+            .env("DETVISOR", env!("CARGO_BIN_EXE_detvisor")),
+        "the patched copy's raft/build.sh --image",
+    )?;
+    Ok(image)
+}
