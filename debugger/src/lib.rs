@@ -21,6 +21,7 @@ pub mod inspect;
 pub mod likelihood;
 pub mod moment;
 pub mod moving;
+pub mod rate;
 pub mod reading;
 pub mod session;
 pub mod source;

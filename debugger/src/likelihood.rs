@@ -55,9 +55,6 @@ use std::sync::Mutex;
 use vmm::entropy::EntropyStream;
 use vmm::VirtNanos;
 
-/// z of a two-sided 95% interval.
-const Z95: f64 = 1.959_963_984_540_054;
-
 /// Why a likelihood could not be measured.
 #[derive(Debug, thiserror::Error)]
 pub enum LikelihoodError {
@@ -205,29 +202,10 @@ pub fn branch_seed(base: u64, point: u32, branch: u32) -> u64 {
     EntropyStream::new(base, &format!("likelihood-point-{point}-branch-{branch}")).next_u64()
 }
 
-/// Wilson's score interval of `failures` out of `n` at confidence z.
+/// Wilson's score interval of `failures` out of `n` at 95%.
 pub fn wilson(failures: u32, n: u32) -> (f64, f64) {
-    if n == 0 {
-        return (0.0, 1.0);
-    }
-    let n = f64::from(n);
-    let p = f64::from(failures) / n;
-    let z2 = Z95 * Z95;
-    let denominator = 1.0 + z2 / n;
-    let center = (p + z2 / (2.0 * n)) / denominator;
-    let half = Z95 / denominator * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt();
-    // Exactly 0 and 1 at the ends (where the rounding would leave a hair).
-    let low = if failures == 0 {
-        0.0
-    } else {
-        (center - half).max(0.0)
-    };
-    let high = if p == 1.0 {
-        1.0
-    } else {
-        (center + half).min(1.0)
-    };
-    (low, high)
+    let rate = crate::rate::Rate::wilson(failures, n);
+    (rate.low, rate.high)
 }
 
 /// The plan for `dir`'s finding: its points and seeds.

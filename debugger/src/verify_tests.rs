@@ -222,6 +222,7 @@ fn finding(manifest: &Path) -> LoadedFinding {
         exits: 0,
         virtual_ns: VirtNanos::ZERO,
         spec,
+        failure_moment: None,
     };
     let network = run::manifest::parse(MANIFEST, Path::new("/m"))
         .unwrap()
@@ -233,7 +234,11 @@ fn finding(manifest: &Path) -> LoadedFinding {
         "rtc_epoch_unix_secs": 0, "ram_bytes": 1, "faults": [], "disks": []
     }))
     .unwrap();
-    LoadedFinding { file, run }
+    LoadedFinding {
+        file,
+        run,
+        failure_moment: fuzzer::failure_moment::FailureMoment::at_end(0, VirtNanos::ZERO),
+    }
 }
 
 fn message(error: &VerifyError) -> String {
