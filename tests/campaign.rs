@@ -468,6 +468,8 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
         host_vm: helper_vm::HostVmMode::Auto,
         seccomp: true,
     };
+    // This test binary serves no calls: a helper VM runs detvisor's.
+    helper_vm::client::set_serving_executable(env!("CARGO_BIN_EXE_detvisor"));
     let (mut runners, there) = fuzzer::campaign::start_runners(place, &prepared, 1, &[]).unwrap();
     let runner = runners.pop().unwrap();
     let log = scratch().join("usage.jsonl");

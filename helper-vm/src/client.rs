@@ -352,7 +352,21 @@ pub enum RemoteError {
     Start(#[from] crate::StartError),
 }
 
-/// Starts a helper VM whose payload is this executable run with `args`
+/// The executable a helper VM runs to serve calls, when it is not this one
+/// (see [`set_serving_executable`]).
+static SERVING_EXECUTABLE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Makes helper VMs started from now on in this process serve with `exe`
+/// (a detvisor binary) instead of this process's own executable: for a
+/// program that uses the libraries but is not detvisor and has no
+/// `serve-channel` verb of its own (a test, an embedding server). Set once;
+/// a second call is ignored.
+pub fn set_serving_executable(exe: impl Into<PathBuf>) {
+    let _ = SERVING_EXECUTABLE.set(exe.into());
+}
+
+/// Starts a helper VM whose payload is this executable (or the one
+/// [`set_serving_executable`] named) run with `args`
 /// (a hidden verb that serves calls on the channel: the run API's
 /// `serve-channel`, the benchmarks' `bench serve-channel`), with `files`
 /// shipped in and `shared_dirs` shared at their own paths; `memory_mib` 0
@@ -373,7 +387,10 @@ pub fn start_serving(
     if memory_mib > 0 {
         config.memory_mib = memory_mib;
     }
-    let exe = std::env::current_exe().map_err(RemoteError::Executable)?;
+    let exe = match SERVING_EXECUTABLE.get() {
+        Some(exe) => exe.clone(),
+        None => std::env::current_exe().map_err(RemoteError::Executable)?,
+    };
     let args: Vec<OsString> = args.iter().map(OsString::from).collect();
     Ok(HelperVm::start(&config, &exe, &args, files)?)
 }
