@@ -285,6 +285,30 @@ pub fn resolve(moment: &Moment) -> Result<snapshot::Resolved> {
     })
 }
 
+/// The directories of snapshots a restore of `moment` reads: its own, and
+/// those of the parents its chain links to in other directories (a
+/// branch's snapshots over the moment it was restored from), each once,
+/// as real paths. A place that sees only some directories (the helper VM)
+/// must see all of them.
+pub fn chain_roots(moment: &Moment) -> Result<Vec<PathBuf>> {
+    let resolved = resolve(moment)?;
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for layer in snapshot::memory_chain(&resolved.snapshot.dir)? {
+        let dir = layer.dir.canonicalize().map_err(|source| {
+            SnapshotsError::Snapshot(SnapshotError::Io {
+                path: layer.dir.clone(),
+                op: "canonicalize",
+                source,
+            })
+        })?;
+        let root = dir.parent().map_or(dir.clone(), Path::to_path_buf);
+        if !roots.contains(&root) {
+            roots.push(root);
+        }
+    }
+    Ok(roots)
+}
+
 /// Whether the snapshot `moment` is restored from is of an `up` run.
 pub fn is_up(moment: &Moment) -> Result<bool> {
     let resolved = resolve(moment)?;
