@@ -258,10 +258,9 @@ pub fn orchestrate(args: &BranchSnapshotsArgs) -> Result<u8> {
     );
     for s in &sides {
         let first = match (s.first_incremental, s.first_pages_stored) {
-            (Some(incremental), Some(pages)) => format!(
-                "{} {pages}p",
-                if incremental { "incr" } else { "full" }
-            ),
+            (Some(incremental), Some(pages)) => {
+                format!("{} {pages}p", if incremental { "incr" } else { "full" })
+            }
             _ => "-".into(),
         };
         println!(
@@ -269,8 +268,7 @@ pub fn orchestrate(args: &BranchSnapshotsArgs) -> Result<u8> {
             s.side.name(),
             s.runs_ok,
             s.median_wall_ms.unwrap_or(f64::NAN) / 1000.0,
-            s.ratio_to_plain
-                .map_or("-".into(), |r| format!("{r:.2}x")),
+            s.ratio_to_plain.map_or("-".into(), |r| format!("{r:.2}x")),
             first
         );
     }
@@ -282,9 +280,8 @@ pub fn orchestrate(args: &BranchSnapshotsArgs) -> Result<u8> {
         .error
         .as_deref()
         .or(session.as_ref().and_then(|s| s.error.as_deref()));
-    let all_ok = error.is_none()
-        && one_history
-        && sides.iter().all(|s| s.runs_ok == args.runs as usize);
+    let all_ok =
+        error.is_none() && one_history && sides.iter().all(|s| s.runs_ok == args.runs as usize);
     let summary = Summary {
         bench: "branch-snapshots",
         place: placement.name(),

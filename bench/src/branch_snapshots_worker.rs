@@ -122,12 +122,7 @@ fn cause(e: RunnerError) -> anyhow::Error {
 }
 
 /// The branch `side` of `moment`, its snapshots (if any) into `dir`: its digest and exits.
-fn branch(
-    side: Side,
-    moment: Moment,
-    seed: u64,
-    plan: SnapshotPlan,
-) -> Result<(String, u64)> {
+fn branch(side: Side, moment: Moment, seed: u64, plan: SnapshotPlan) -> Result<(String, u64)> {
     match side {
         Side::Plain | Side::Incremental => {
             let request = BranchRequest {
@@ -156,8 +151,9 @@ fn branch(
             driven.rekey(seed)?;
             let stop = match restored.stopped_early {
                 Some(stop) => stop,
-                None => Snapshotter::new(&plan, Some(restored.snapshot.meta.id.clone()))?
-                    .run(driven)?,
+                None => {
+                    Snapshotter::new(&plan, Some(restored.snapshot.meta.id.clone()))?.run(driven)?
+                }
             };
             let outcome = driven.outcome(stop)?;
             let summary = run::outcome::RunSummary::new(seed, &outcome);

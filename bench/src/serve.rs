@@ -55,9 +55,9 @@ pub fn answer(call: BenchCall) -> Result<BenchReply> {
         }
         BenchCall::Etcd(plan) => BenchReply::Etcd(Box::new(crate::etcd_worker::worker(&plan))),
         BenchCall::Exits(plan) => BenchReply::Exits(Box::new(crate::exits_worker::worker(&plan))),
-        BenchCall::BranchSnapshots(plan) => BenchReply::BranchSnapshots(Box::new(
-            crate::branch_snapshots_worker::worker(&plan),
-        )),
+        BenchCall::BranchSnapshots(plan) => {
+            BenchReply::BranchSnapshots(Box::new(crate::branch_snapshots_worker::worker(&plan)))
+        }
         BenchCall::Run(guest) => {
             BenchReply::Run(Box::new(on_own_thread(move || run_plain(*guest))?))
         }

@@ -495,8 +495,7 @@ fn restore_impl(
         }
         Err(e) => return Err(e.into()),
     };
-    let mut session =
-        Session::resume(resume, &saved.session, memory, data_ranges, console, input)?;
+    let mut session = Session::resume(resume, &saved.session, memory, data_ranges, console, input)?;
     if track_writes {
         // Nothing has written guest RAM yet: it is the snapshot's, and
         // every page written from here on is in the log.

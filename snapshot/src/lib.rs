@@ -451,8 +451,7 @@ fn load_head<S: DeserializeOwned>(dir: &Path) -> Result<(Head, S)> {
         });
     }
     let path = dir.join(STATE_FILE);
-    let (flags, payload, crc) =
-        read_framed(&path, STATE_MAGIC, "state.bin (state and metadata)")?;
+    let (flags, payload, crc) = read_framed(&path, STATE_MAGIC, "state.bin (state and metadata)")?;
     check_flags(&path, flags, KNOWN_FLAGS)?;
     let env: EnvelopeIn<S> = serde_json::from_slice(&payload).map_err(|source| {
         use serde_json::error::Category;

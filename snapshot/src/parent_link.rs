@@ -112,7 +112,12 @@ mod tests {
 
     #[test]
     fn test_a_link_is_relative_names_and_dotdot_ending_in_the_parent() {
-        for ok in ["../snaps/exit-1", "exit-1", "../../a/b/exit-1", "sub/exit-1"] {
+        for ok in [
+            "../snaps/exit-1",
+            "exit-1",
+            "../../a/b/exit-1",
+            "sub/exit-1",
+        ] {
             link(ok).check_form("exit-1").unwrap();
         }
         for (bad, why) in [
@@ -134,7 +139,10 @@ mod tests {
         let branch = top.path().join("runs/branch");
         std::fs::create_dir_all(snaps.join("exit-1")).unwrap();
         std::fs::create_dir_all(&branch).unwrap();
-        assert_eq!(link_from(&snaps, &snaps.join("exit-1"), 1, 2).unwrap(), None);
+        assert_eq!(
+            link_from(&snaps, &snaps.join("exit-1"), 1, 2).unwrap(),
+            None
+        );
         let found = link_from(&branch, &snaps.join("exit-1"), 1, 2)
             .unwrap()
             .unwrap();

@@ -787,7 +787,9 @@ fn a_parent_in_another_root_round_trips_and_is_refused_when_moved_or_changed() {
     std::fs::rename(y.join("orig"), y.join("orig-moved")).unwrap();
     for e in [
         read(&branch.join("b2")).unwrap_err(),
-        map_memory_private(&branch.join("b1")).map(drop).unwrap_err(),
+        map_memory_private(&branch.join("b1"))
+            .map(drop)
+            .unwrap_err(),
         list(&branch).map(drop).unwrap_err(),
     ] {
         let text = chain_text(&e);
