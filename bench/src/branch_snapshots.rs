@@ -10,7 +10,10 @@
 //! database holds its data) with random bytes before the branch point, then printing a random
 //! line every 50 ms; the workload sleeps and ends the run. The guest is assembled on the host
 //! as `detvisor up` assembles it; the snapshots go to a host directory, shared with the helper
-//! VM over 9p when the guests run there (as `detvisor` shares snapshot directories).
+//! VM over 9p when the guests run there (as `detvisor` shares snapshot directories). There,
+//! the helper VM's page cache is dropped before each branch (unless `--warm`): each
+//! `detvisor branch` starts a fresh helper VM that holds none of the snapshot's pages, and a
+//! full snapshot reads every page of guest RAM through the restored mapping.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -63,6 +66,11 @@ pub struct BranchSnapshotsArgs {
     /// Where the guests run.
     #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
     pub host_vm: HostVmMode,
+    /// Keep the helper VM's page cache between branches (by default it is dropped before
+    /// each, as a `detvisor branch` in a fresh helper VM starts; on the host it is never
+    /// dropped).
+    #[arg(long)]
+    pub warm: bool,
 }
 
 /// Busybox's applets the nodes use.
@@ -155,6 +163,7 @@ struct Summary<'a> {
     mem: &'a str,
     fill_mib_per_node: u32,
     moment: &'a str,
+    page_cache_dropped: bool,
     up_wall_ms: Option<f64>,
     sides: Vec<SideFigures>,
     /// Every branch ended with one digest (they are one history).
@@ -183,14 +192,19 @@ pub fn orchestrate(args: &BranchSnapshotsArgs) -> Result<u8> {
     let placement = helper_vm::placement(args.host_vm);
     say!(
         "bench: branch-snapshots: 3 busybox nodes, {} RAM, {} MiB each; branch at {} with and \
-         without snapshots every {}, {} run(s) per side, on the {}{}",
+         without snapshots every {}, {} run(s) per side, on the {}{}{}",
         args.mem,
         args.fill,
         args.at,
         args.snapshot_every,
         args.runs,
         placement.name(),
-        because(&placement)
+        because(&placement),
+        if placement.in_helper_vm() && !args.warm {
+            "; its page cache dropped before each branch"
+        } else {
+            ""
+        }
     );
     let plan = BranchSnapshotsPlan {
         runs: args.runs,
@@ -202,6 +216,7 @@ pub fn orchestrate(args: &BranchSnapshotsArgs) -> Result<u8> {
         snapshot_every: args.snapshot_every,
         prepared,
         scratch,
+        cold: placement.in_helper_vm() && !args.warm,
         place: "host".into(),
     };
     let (session, report) = if placement.in_helper_vm() {
@@ -288,6 +303,7 @@ pub fn orchestrate(args: &BranchSnapshotsArgs) -> Result<u8> {
         mem: &args.mem,
         fill_mib_per_node: args.fill,
         moment: &report.moment,
+        page_cache_dropped: placement.in_helper_vm() && !args.warm,
         up_wall_ms: report.up_wall_ms,
         sides,
         one_history,

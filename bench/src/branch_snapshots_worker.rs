@@ -62,6 +62,10 @@ pub struct BranchSnapshotsPlan {
     /// Where the snapshots go (shared with the host when in the helper VM, as `detvisor`
     /// shares snapshot directories).
     pub scratch: PathBuf,
+    /// Drop the page cache before each branch (only where the worker has the machine to
+    /// itself, the helper VM): every `detvisor branch` starts a fresh helper VM, whose page
+    /// cache holds none of the snapshot's pages.
+    pub cold: bool,
     pub place: String,
 }
 
@@ -162,6 +166,14 @@ fn branch(side: Side, moment: Moment, seed: u64, plan: SnapshotPlan) -> Result<(
     }
 }
 
+/// Writes back and drops this machine's page cache, so that the next restore reads the
+/// snapshot's pages from the share again.
+fn drop_page_cache() -> Result<()> {
+    // SAFETY: sync(2) takes no arguments and cannot fail.
+    unsafe { libc::sync() };
+    std::fs::write("/proc/sys/vm/drop_caches", "3").context("dropping the page cache")
+}
+
 /// Fills in what `dir` holds: the snapshots, the first's kind and pages, the disk used.
 fn describe_snapshots(run: &mut BranchRun, dir: &Path) -> Result<()> {
     let infos = snapshot::list(dir).with_context(|| format!("listing {}", dir.display()))?;
@@ -231,6 +243,9 @@ fn measure(plan: &BranchSnapshotsPlan, report: &mut BranchSnapshotsReport) -> Re
                 every: Some(plan.snapshot_every),
                 at_exits: Vec::new(),
             };
+            if plan.cold {
+                drop_page_cache()?;
+            }
             let (moment, seed) = (moment.clone(), plan.branch_seed);
             let (result, wall) = on_thread(move || branch(side, moment, seed, snapshots), limit);
             let mut run = BranchRun {
