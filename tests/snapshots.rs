@@ -334,3 +334,134 @@ fn test_ram_beyond_4_gib_is_used_and_snapshots_of_it_resume_identically() {
     assert_eq!(branches[1]["digest"], summary(&alone)["digest"]);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `snapshot ls DIR --json`, checked to succeed.
+fn snapshot_rows(dir: &str) -> Vec<serde_json::Value> {
+    let ls = detvisor(&["snapshot", "ls", dir, "--json"]);
+    assert_eq!(ls.status.code(), Some(0), "{}", stderr(&ls));
+    let rows: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    rows.as_array().unwrap().clone()
+}
+
+/// A branch that keeps snapshots writes its first one incremental over
+/// the snapshot it was restored from, which lives in another directory: it
+/// stores only the pages written since the restore, each of the branch's
+/// snapshots resumes to the branch's own history, and with the parent
+/// directory gone every use names the missing parent.
+#[test]
+fn test_a_branchs_first_snapshot_is_incremental_over_the_snapshot_it_was_restored_from() {
+    let dir = std::env::temp_dir().join(format!("detvisor-branch-incr-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let snaps = dir.join("snaps").display().to_string();
+    let branch_snaps = dir.join("runs/branch").display().to_string();
+    // Random reads every 250 ms: exits at every snapshot point.
+    let workload =
+        "for i in 1 2 3 4 5 6 7 8; do head -c4 /dev/urandom | od -An -tx1; sleep 0.25; done; echo done";
+    let run = detvisor(&[
+        "run",
+        "--seed",
+        "5",
+        "--snapshots",
+        &snaps,
+        "--snapshot-every",
+        "500ms",
+        "--",
+        "sh",
+        "-c",
+        workload,
+    ]);
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    let originals = snapshot_rows(&snaps);
+    // The branch restores the last snapshot at or before 0.8 s.
+    let restored = originals
+        .iter()
+        .rfind(|r| r["virtual_ns"].as_u64().unwrap() <= 800_000_000)
+        .expect("a snapshot at or before 0.8 s");
+    let restored_id = restored["id"].as_str().unwrap();
+    let full_pages = originals[0]["memory_pages_stored"].as_u64().unwrap();
+    assert_eq!(originals[0]["incremental"], false);
+
+    let moment = format!("{snaps}@800ms");
+    let branch = detvisor(&[
+        "branch",
+        &moment,
+        "--seed",
+        "9",
+        "--json",
+        "--snapshots",
+        &branch_snaps,
+        "--snapshot-every",
+        "300ms",
+    ]);
+    assert_eq!(branch.status.code(), Some(0), "{}", stderr(&branch));
+    let b = summary(&branch);
+    let rows = snapshot_rows(&branch_snaps);
+    assert!(rows.len() >= 2, "{rows:?}");
+    let first = &rows[0];
+    assert_eq!(first["incremental"], true, "{first}");
+    assert_eq!(first["parent"], restored_id, "{first}");
+    assert_eq!(
+        first["parent_path"],
+        format!("../../snaps/{restored_id}"),
+        "{first}"
+    );
+    let stored = first["memory_pages_stored"].as_u64().unwrap();
+    assert!(
+        stored > 0 && stored < full_pages,
+        "the branch's first snapshot stores {stored} pages, a full one {full_pages}"
+    );
+    for row in &rows[1..] {
+        assert_eq!(row["incremental"], true, "{row}");
+    }
+    let first_id = first["id"].as_str().unwrap();
+    let first_dir = format!("{branch_snaps}/{first_id}");
+    let info = detvisor(&["snapshot", "info", &first_dir]);
+    assert_eq!(info.status.code(), Some(0), "{}", stderr(&info));
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(info["incremental"], true);
+    assert_eq!(info["parent"], restored_id);
+
+    // Each of the branch's snapshots resumes to the branch's own history.
+    for row in [first, rows.last().unwrap()] {
+        let id = row["id"].as_str().unwrap();
+        let resumed = detvisor(&["branch", &format!("{branch_snaps}/{id}"), "--json"]);
+        assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+        let r = summary(&resumed);
+        assert_eq!(r["digest"], b["digest"], "resumed from {id}");
+        assert_eq!(r["exits"], b["exits"], "resumed from {id}");
+    }
+    // A moment between the branch's first two snapshots: reached from the
+    // branch's snapshots, it is the moment the branch itself went through.
+    let between_ms = first["virtual_ns"].as_u64().unwrap() / 1_000_000 + 100;
+    let until = format!("{between_ms}ms");
+    let direct = detvisor(&[
+        "branch", &moment, "--seed", "9", "--until", &until, "--json",
+    ]);
+    // (124: stopped at the time limit.)
+    assert_eq!(direct.status.code(), Some(124), "{}", stderr(&direct));
+    let at = format!("{branch_snaps}@{until}");
+    let replayed = detvisor(&["branch", &at, "--until", &until, "--json"]);
+    assert_eq!(replayed.status.code(), Some(124), "{}", stderr(&replayed));
+    assert_eq!(summary(&direct)["stop"]["kind"], "time_limit");
+    assert_eq!(summary(&replayed)["digest"], summary(&direct)["digest"]);
+    assert_eq!(summary(&replayed)["exits"], summary(&direct)["exits"]);
+    let seek = detvisor(&["seek", &at, "--json"]);
+    assert_eq!(seek.status.code(), Some(0), "{}", stderr(&seek));
+    let s: serde_json::Value = serde_json::from_slice(&seek.stdout).unwrap();
+    assert_eq!(s["snapshot"], first_id);
+
+    // The parent directory gone: the branch's snapshots name what is missing.
+    std::fs::rename(&snaps, format!("{snaps}-gone")).unwrap();
+    let missing = format!("parent snapshot \"{restored_id}\" not found at");
+    let orphan = detvisor(&["branch", &first_dir]);
+    assert_eq!(orphan.status.code(), Some(2), "{}", stderr(&orphan));
+    assert!(
+        stderr(&orphan).contains(&missing) && stderr(&orphan).contains("../../snaps/"),
+        "{}",
+        stderr(&orphan)
+    );
+    let ls = detvisor(&["snapshot", "ls", &branch_snaps]);
+    assert_eq!(ls.status.code(), Some(2), "{}", stderr(&ls));
+    assert!(stderr(&ls).contains(&missing), "{}", stderr(&ls));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::boot_worker::BootWorkerReport;
+use crate::branch_snapshots_worker::BranchSnapshotsReport;
 use crate::etcd_worker::EtcdWorkerReport;
 use crate::exits_worker::ExitsWorkerReport;
 use crate::report::{Session, WorkerReport};
@@ -48,6 +49,7 @@ from_reply!(
     SnapWorkerReport => Snapshot,
     EtcdWorkerReport => Etcd,
     ExitsWorkerReport => Exits,
+    BranchSnapshotsReport => BranchSnapshots,
 );
 
 /// A helper VM whose payload is `detvisor bench serve-channel`.

@@ -6,6 +6,8 @@
 //!   against guest RAM size and dirty fraction, with full-copy baselines.
 //!
 //! - `bench etcd` ([`etcd`]): the etcd example, `up` against QEMU TCG with icount.
+//! - `bench branch-snapshots` ([`branch_snapshots`]): the same branch of an `up` moment with
+//!   and without keeping its snapshots (and with a full first snapshot, as before): the ratios.
 //! - `bench exits` ([`exits`]): boot, the etcd smoke run and the etcd partition under
 //!   detvisor's new and old exit paths and QEMU-KVM: exits, exits by kind, wall times, ratios.
 //! - `bench verify` ([`verify`]): `detvisor verify` of a finding with one worker and with a
@@ -33,16 +35,19 @@
 //! | [`serve`] | what answers the workers' plans inside the helper VM |
 //! | [`helper`] | the helper VM session seen from the host: a plan sent, the worker's report back |
 //! | [`boot`], [`boot_worker`], [`boot_report`] | `bench boot` |
+//! | [`branch_snapshots`], [`branch_snapshots_worker`] | `bench branch-snapshots` |
 //! | [`etcd`] (`etcd_report`), [`etcd_worker`], [`etcd_baseline`] | `bench etcd` |
 //! | [`exits`] (`exits_report`), [`exits_worker`] | `bench exits` |
 //! | [`snapshot`], [`snapshot_worker`], [`snapshot_cell`], [`snapshot_restore`], [`snapshot_memory`], [`snapshot_report`] | `bench snapshot` |
 //!
-//! A bench's command ([`boot`], [`etcd`], [`exits`], [`snapshot`]) is above [`helper`], which
+//! A bench's command ([`boot`], [`branch_snapshots`], [`etcd`], [`exits`], [`snapshot`]) is above [`helper`], which
 //! is above [`serve`], which is above the workers: no module imports one above it.
 
 mod boot;
 mod boot_report;
 mod boot_worker;
+mod branch_snapshots;
+mod branch_snapshots_worker;
 mod etcd;
 mod etcd_baseline;
 mod etcd_worker;
@@ -95,6 +100,10 @@ pub enum BenchCommand {
     /// Issue 28: `detvisor verify` of a finding over N seeds with one worker and with a worker
     /// per core, side by side: wall times, the speed-up, and whether both gave the same rows.
     Verify(verify::VerifyBenchArgs),
+    /// Issue 28's "a branch that keeps snapshots": the same `branch` of an `up` moment without
+    /// snapshots, with them (the first incremental over the restored snapshot) and with a full
+    /// first snapshot (as before), side by side. Prints the ratios and a final JSON line.
+    BranchSnapshots(branch_snapshots::BranchSnapshotsArgs),
     /// Inside the helper VM: answer the benches' worker plans on its channel.
     #[command(hide = true)]
     ServeChannel,
@@ -168,6 +177,7 @@ pub fn run(args: BenchArgs) -> Result<u8> {
         BenchCommand::Etcd(args) => etcd::orchestrate(&args),
         BenchCommand::Exits(args) => exits::orchestrate(&args),
         BenchCommand::Verify(args) => verify::orchestrate(&args),
+        BenchCommand::BranchSnapshots(args) => branch_snapshots::orchestrate(&args),
         BenchCommand::ServeChannel => serve::serve(),
     }
 }

@@ -10,6 +10,7 @@ use run::plain::GuestSpec;
 use serde::{Deserialize, Serialize};
 
 use crate::boot_worker::{run_plain, BootWorkerReport, WorkerPlan};
+use crate::branch_snapshots_worker::{BranchSnapshotsPlan, BranchSnapshotsReport};
 use crate::etcd_worker::{EtcdWorkerPlan, EtcdWorkerReport};
 use crate::exits_worker::{ExitsPlan, ExitsWorkerReport};
 use crate::machine::uptime;
@@ -25,6 +26,7 @@ pub enum BenchCall {
     Snapshot(SnapWorkerPlan),
     Etcd(EtcdWorkerPlan),
     Exits(Box<ExitsPlan>),
+    BranchSnapshots(BranchSnapshotsPlan),
     /// A plain run to its end through the run library (an end-to-end
     /// run, as `detvisor run` makes it).
     Run(Box<GuestSpec>),
@@ -39,6 +41,7 @@ pub enum BenchReply {
     Snapshot(Box<SnapWorkerReport>),
     Etcd(Box<EtcdWorkerReport>),
     Exits(Box<ExitsWorkerReport>),
+    BranchSnapshots(Box<BranchSnapshotsReport>),
     Run(Box<RunSummary>),
 }
 
@@ -52,6 +55,9 @@ pub fn answer(call: BenchCall) -> Result<BenchReply> {
         }
         BenchCall::Etcd(plan) => BenchReply::Etcd(Box::new(crate::etcd_worker::worker(&plan))),
         BenchCall::Exits(plan) => BenchReply::Exits(Box::new(crate::exits_worker::worker(&plan))),
+        BenchCall::BranchSnapshots(plan) => {
+            BenchReply::BranchSnapshots(Box::new(crate::branch_snapshots_worker::worker(&plan)))
+        }
         BenchCall::Run(guest) => {
             BenchReply::Run(Box::new(on_own_thread(move || run_plain(*guest))?))
         }

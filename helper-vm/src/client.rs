@@ -253,6 +253,11 @@ fn snapshot_needs(moment: &mut Moment, taking: Option<&mut SnapshotPlan>) -> Res
     let mut needs = Needs::default();
     *moment = moment.absolute()?;
     needs.share(&moment.root())?;
+    // A branch's snapshots chain to the snapshot it was restored from, in
+    // another directory: every directory of the chain is read.
+    for root in ::run::snapshots::chain_roots(moment)? {
+        needs.share(&root)?;
+    }
     // An `up` run's snapshots name their disks' base images in the node
     // disks' image cache, shared at its own path.
     let disks = ::run::guest::cache_root().join("disks");

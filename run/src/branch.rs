@@ -68,7 +68,13 @@ pub fn branch(request: &BranchRequest, streams: &dyn Streams) -> Result<RunSumma
     };
     // Before the VM starts: a path that cannot be written stops nothing running.
     let trace = crate::trace::TraceFile::create_if(request.trace.as_deref())?;
-    let mut restored = snapshots::restore(
+    // A branch that keeps snapshots writes its first over the snapshot it
+    // is restored from: the dirty log counts every page written since.
+    let restore = match request.snapshots {
+        Some(_) => snapshots::restore_tracking_writes,
+        None => snapshots::restore,
+    };
+    let mut restored = restore(
         &request.moment,
         &resume,
         streams.stdout(),
@@ -88,8 +94,7 @@ pub fn branch(request: &BranchRequest, streams: &dyn Streams) -> Result<RunSumma
         Some(stop) => stop,
         None => match &request.snapshots {
             Some(plan) => {
-                let mut snapshotter =
-                    Snapshotter::new(plan, Some(restored.snapshot.meta.id.clone()))?;
+                let mut snapshotter = Snapshotter::over_restored(plan, &restored.snapshot)?;
                 snapshotter.run(driven)?
             }
             None => driven.run_to_end()?,

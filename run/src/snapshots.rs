@@ -113,17 +113,24 @@ pub struct Snapshotter {
     root: PathBuf,
     every: Option<VirtNanos>,
     at_exits: Vec<u64>,
+    /// The parent a full snapshot names (lineage only): the previous one.
     last_id: Option<String>,
-    /// Snapshots written since the last full one (0: the next is full).
-    chain_len: usize,
+    /// The snapshot the next one is incremental over, and the layers of
+    /// its memory chain (`None`: the next is full): the previous one
+    /// written, or, for a branch's first, the snapshot it was restored from
+    /// (in another directory, named by a checked link).
+    over: Option<(PathBuf, usize)>,
     pub taken: Vec<snapshot::SnapshotInfo>,
 }
 
-/// Every this many snapshots one is full, which bounds the chain a restore
-/// maps (the others store only the pages dirtied since the previous one).
+/// A chain of snapshots is at most this many layers deep: the next one
+/// past it is full, which bounds the chain a restore maps (the others store
+/// only the pages dirtied since the previous one).
 const FULL_SNAPSHOT_EVERY: usize = 32;
 
 impl Snapshotter {
+    /// Snapshots of a run whose first is full (`parent`: the lineage it
+    /// names, if any).
     pub fn new(plan: &SnapshotPlan, parent: Option<String>) -> Result<Snapshotter> {
         plan.validate()?;
         let root = &plan.dir;
@@ -137,9 +144,24 @@ impl Snapshotter {
             every,
             at_exits,
             last_id: parent,
-            chain_len: 0,
+            over: None,
             taken: Vec::new(),
         })
+    }
+
+    /// Snapshots of a branch whose first is incremental over `restored`,
+    /// the snapshot the run was restored from: the run's dirty log must
+    /// count from the restore on ([`restore_tracking_writes`]), so that it
+    /// knows every page written since (the replay to the moment, the
+    /// re-key, the branch).
+    pub fn over_restored(
+        plan: &SnapshotPlan,
+        restored: &snapshot::SnapshotInfo,
+    ) -> Result<Snapshotter> {
+        let mut snapshotter = Snapshotter::new(plan, Some(restored.meta.id.clone()))?;
+        let layers = snapshot::memory_chain(&restored.dir)?.len();
+        snapshotter.over = Some((restored.dir.clone(), layers));
+        Ok(snapshotter)
     }
 
     /// How many snapshots were written, and where.
@@ -167,38 +189,45 @@ impl Snapshotter {
         }
     }
 
-    /// Writes one snapshot: full the first time (and every
-    /// `FULL_SNAPSHOT_EVERY`), else incremental over the previous one, with
-    /// the pages KVM's dirty log and the VMM's bitmap saw written since.
+    /// Writes one snapshot: incremental over the previous one (or, first
+    /// in a branch, over the snapshot it was restored from) with the pages
+    /// KVM's dirty log and the VMM's bitmap saw written since, else full
+    /// (the first of a run, and when the chain would pass
+    /// `FULL_SNAPSHOT_EVERY` layers).
     fn take(&mut self, driven: &mut Driven) -> Result<()> {
         let id = snapshot_id(driven);
-        let parent = self.last_id.clone();
-        let info = if self.chain_len == 0 {
-            // Dirty pages are counted from this full snapshot on.
-            driven
-                .session
-                .start_dirty_log()
-                .map_err(SnapshotsError::StartDirtyLog)?;
-            write_full_snapshot(&self.root, driven, parent)?
-        } else {
-            let dirty = driven
-                .session
-                .take_dirty_pages()
-                .map_err(SnapshotsError::DirtyLog)?;
-            let (meta, state) = snapshot_meta(driven, parent)?;
-            snapshot::write_incremental_snapshot(
-                &self.root,
-                &meta,
-                &state,
-                driven.session.memory(),
-                &dirty,
-            )
-            .map_err(|source| SnapshotsError::Write {
-                id: id.clone(),
-                source,
-            })?
+        let (info, layers) = match self.over.take() {
+            Some((parent_dir, layers)) if layers < FULL_SNAPSHOT_EVERY => {
+                let dirty = driven
+                    .session
+                    .take_dirty_pages()
+                    .map_err(SnapshotsError::DirtyLog)?;
+                let (meta, state) = snapshot_meta(driven, None)?;
+                let info = snapshot::write_incremental_snapshot_over(
+                    &self.root,
+                    &meta,
+                    &state,
+                    driven.session.memory(),
+                    &dirty,
+                    &parent_dir,
+                )
+                .map_err(|source| SnapshotsError::Write {
+                    id: id.clone(),
+                    source,
+                })?;
+                (info, layers + 1)
+            }
+            _ => {
+                // Dirty pages are counted from this full snapshot on.
+                driven
+                    .session
+                    .start_dirty_log()
+                    .map_err(SnapshotsError::StartDirtyLog)?;
+                let info = write_full_snapshot(&self.root, driven, self.last_id.clone())?;
+                (info, 1)
+            }
         };
-        self.chain_len = (self.chain_len + 1) % FULL_SNAPSHOT_EVERY;
+        self.over = Some((info.dir.clone(), layers));
         self.last_id = Some(id);
         self.taken.push(info);
         Ok(())
@@ -256,6 +285,30 @@ pub fn resolve(moment: &Moment) -> Result<snapshot::Resolved> {
     })
 }
 
+/// The directories of snapshots a restore of `moment` reads: its own, and
+/// those of the parents its chain links to in other directories (a
+/// branch's snapshots over the moment it was restored from), each once,
+/// as real paths. A place that sees only some directories (the helper VM)
+/// must see all of them.
+pub fn chain_roots(moment: &Moment) -> Result<Vec<PathBuf>> {
+    let resolved = resolve(moment)?;
+    let mut roots: Vec<PathBuf> = Vec::new();
+    for layer in snapshot::memory_chain(&resolved.snapshot.dir)? {
+        let dir = layer.dir.canonicalize().map_err(|source| {
+            SnapshotsError::Snapshot(SnapshotError::Io {
+                path: layer.dir.clone(),
+                op: "canonicalize",
+                source,
+            })
+        })?;
+        let root = dir.parent().map_or(dir.clone(), Path::to_path_buf);
+        if !roots.contains(&root) {
+            roots.push(root);
+        }
+    }
+    Ok(roots)
+}
+
 /// Whether the snapshot `moment` is restored from is of an `up` run.
 pub fn is_up(moment: &Moment) -> Result<bool> {
     let resolved = resolve(moment)?;
@@ -277,6 +330,11 @@ pub fn list(root: &Path) -> Result<Vec<SnapshotRow>> {
 pub struct SnapshotRow {
     pub id: String,
     pub parent: Option<String>,
+    /// Where the parent is when it is in another directory (a branch's
+    /// first snapshot, over the moment the branch started from): its path
+    /// relative to this snapshot's directory of snapshots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_path: Option<String>,
     pub virtual_ns: VirtNanos,
     pub exit_index: u64,
     pub ram_bytes: u64,
@@ -293,6 +351,7 @@ impl From<&snapshot::SnapshotInfo> for SnapshotRow {
         SnapshotRow {
             id: info.meta.id.clone(),
             parent: info.meta.parent.clone(),
+            parent_path: info.meta.parent_link.as_ref().map(|link| link.path.clone()),
             virtual_ns: info.meta.virtual_ns,
             exit_index: info.meta.exit_index,
             ram_bytes: info.meta.ram_bytes,
@@ -381,12 +440,39 @@ impl NodeOutput {
     }
 }
 
+/// Restores `moment`: the snapshot it names, replayed exactly to its
+/// target.
 pub fn restore(
     moment: &Moment,
     resume: &ResumeConfig,
     console: Box<dyn std::io::Write + Send>,
     input: Option<vmm::vm::ConsoleInput>,
     node_output: NodeOutput,
+) -> Result<Restored> {
+    restore_impl(moment, resume, console, input, node_output, false)
+}
+
+/// [`restore`], with the dirty log counting from the restore on, before
+/// the replay to the moment: the run's next incremental snapshot can be
+/// written over the snapshot it was restored from
+/// ([`Snapshotter::over_restored`]).
+pub fn restore_tracking_writes(
+    moment: &Moment,
+    resume: &ResumeConfig,
+    console: Box<dyn std::io::Write + Send>,
+    input: Option<vmm::vm::ConsoleInput>,
+    node_output: NodeOutput,
+) -> Result<Restored> {
+    restore_impl(moment, resume, console, input, node_output, true)
+}
+
+fn restore_impl(
+    moment: &Moment,
+    resume: &ResumeConfig,
+    console: Box<dyn std::io::Write + Send>,
+    input: Option<vmm::vm::ConsoleInput>,
+    node_output: NodeOutput,
+    track_writes: bool,
 ) -> Result<Restored> {
     let resolved = resolve(moment)?;
     let dir = &resolved.snapshot.dir;
@@ -409,7 +495,14 @@ pub fn restore(
         }
         Err(e) => return Err(e.into()),
     };
-    let session = Session::resume(resume, &saved.session, memory, data_ranges, console, input)?;
+    let mut session = Session::resume(resume, &saved.session, memory, data_ranges, console, input)?;
+    if track_writes {
+        // Nothing has written guest RAM yet: it is the snapshot's, and
+        // every page written from here on is in the log.
+        session
+            .start_dirty_log()
+            .map_err(SnapshotsError::StartDirtyLog)?;
+    }
     let up = match saved.up {
         Some(state) => {
             let output = UpOutput::plain(&state.node_names, node_output.out, node_output.events)?;

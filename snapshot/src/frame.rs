@@ -66,13 +66,13 @@ fn write_framed_within(
     Ok(())
 }
 
-/// Reads and checks a framed file: magic, version, length, checksum. Returns the flags and
-/// the payload. `what` names the part for a `MissingPart` error.
+/// Reads and checks a framed file: magic, version, length, checksum. Returns the flags, the
+/// payload and its checksum. `what` names the part for a `MissingPart` error.
 pub(crate) fn read_framed(
     path: &Path,
     magic: &[u8; 8],
     what: &'static str,
-) -> Result<(u32, Vec<u8>)> {
+) -> Result<(u32, Vec<u8>, u64)> {
     // A regular file only (never a FIFO or a device), of bounded size.
     let mut bytes = match hostfile::read_limited(path, MAX_FRAMED_BYTES) {
         Ok(b) => b,
@@ -137,7 +137,7 @@ pub(crate) fn read_framed(
             actual: sum,
         });
     }
-    Ok((flags, payload))
+    Ok((flags, payload, crc))
 }
 
 /// Checks that `flags` has no bits outside `known`.
@@ -175,7 +175,7 @@ mod tests {
         );
         assert!(!path.exists());
         write_framed_within(&path, b"DVSTATE\0", 0, &payload[..99], max).unwrap();
-        let (_, back) = read_framed(&path, b"DVSTATE\0", "state").unwrap();
+        let (_, back, _) = read_framed(&path, b"DVSTATE\0", "state").unwrap();
         assert_eq!(back, payload[..99]);
     }
 }

@@ -43,7 +43,11 @@
 //! size (4096), ram_bytes, CRC-64/XZ over the bytes of every listed page in order, the number of
 //! runs, then `(first_page, page_count)` per run, sorted and disjoint. For a full snapshot the
 //! runs are exactly the non-zero pages; for an incremental one they are the dirty pages (zero or
-//! not), and every other page comes from the parent.
+//! not), and every other page comes from the parent: `meta.parent` in the same root, or, when
+//! `meta.parent_link` is present ([`ParentLink`]), the snapshot at that path relative to the
+//! root, checked against the checksums the link recorded (a branch's first snapshot, over the
+//! moment it was restored from in another directory). The link is left out of the JSON when
+//! absent, so snapshots without one are written exactly as before it existed.
 //!
 //! `memory.img` is always exactly `ram_bytes` long; only the non-zero pages of its runs are
 //! written, the rest are file-system holes (created with `set_len` and positioned writes).
@@ -64,6 +68,7 @@ mod error;
 mod frame;
 pub use frame::MAX_FRAMED_BYTES;
 mod memory;
+mod parent_link;
 mod spec;
 
 use std::collections::HashSet;
@@ -77,6 +82,7 @@ use serde::{Deserialize, Serialize};
 
 pub use error::{Result, SnapshotError};
 pub use memory::{data_ranges, MappedMemory, PageRun};
+pub use parent_link::ParentLink;
 pub use spec::{by_id, resolve_dir, select, Resolved, Target};
 
 use error::io;
@@ -125,7 +131,14 @@ pub struct SnapshotMeta {
     pub id: String,
     /// The snapshot this one continues from (the one the run was restored from, if any).
     /// Required for, and the memory base of, an incremental snapshot; lineage only otherwise.
+    /// In this snapshot's root, unless `parent_link` says where else.
     pub parent: Option<String>,
+    /// Where the parent of an incremental snapshot lives when it is in another root, and
+    /// the checksums it had when this one was written over it (a branch's first snapshot,
+    /// over the moment the branch was restored from). Absent from the JSON when `None`, so
+    /// snapshots over a parent in their own root read and write as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_link: Option<ParentLink>,
     /// Guest virtual time at the capture, in nanoseconds.
     pub virtual_ns: VirtNanos,
     /// Index of the VM exit at which the capture happened.
@@ -150,6 +163,7 @@ impl SnapshotMeta {
         SnapshotMeta {
             id: id.into(),
             parent: None,
+            parent_link: None,
             virtual_ns,
             exit_index,
             ram_bytes,
@@ -237,9 +251,10 @@ pub fn write_snapshot<S: Serialize + ?Sized>(
 
 /// Writes an incremental snapshot: like [`write_snapshot`], but stores only the pages listed in
 /// `dirty_pages` (page numbers = byte offset / 4096, any order, duplicates allowed) and takes
-/// every other page from `meta.parent`, which must be a snapshot in the same root with the same
-/// `ram_bytes`. `memory` is still all of guest RAM. A dirty page that is now zero is recorded
-/// (and stored as a hole), so it correctly shadows a non-zero parent page.
+/// every other page from `meta.parent`, which must be a snapshot with the same `ram_bytes`, in
+/// the same root or where `meta.parent_link` says (whose checksums must match). `memory` is
+/// still all of guest RAM. A dirty page that is now zero is recorded (and stored as a hole), so
+/// it correctly shadows a non-zero parent page.
 ///
 /// Correctness rests on the caller: every page written since the parent's state must be in
 /// `dirty_pages` (e.g. from KVM's dirty log, plus pages the VMM itself wrote).
@@ -253,6 +268,28 @@ pub fn write_incremental_snapshot<S: Serialize + ?Sized>(
     write_impl(root, meta, state, memory, Some(dirty_pages))
 }
 
+/// Writes an incremental snapshot over the snapshot in `parent_dir`, in `root` or in any
+/// other directory (a branch's first snapshot, over the moment it was restored from): as
+/// [`write_incremental_snapshot`], with `meta.parent` set to that snapshot's id and, when it
+/// is not in `root`, `meta.parent_link` to its path relative to `root` and the checksums of
+/// its `state.bin` and `memory.idx`, which every read of the new snapshot checks.
+pub fn write_incremental_snapshot_over<S: Serialize + ?Sized>(
+    root: &Path,
+    meta: &SnapshotMeta,
+    state: &S,
+    memory: &[u8],
+    dirty_pages: &[u64],
+    parent_dir: &Path,
+) -> Result<SnapshotInfo> {
+    std::fs::create_dir_all(root).map_err(io(root, "create directory"))?;
+    let parent = load_layer(parent_dir)?;
+    let mut meta = meta.clone();
+    meta.parent = Some(parent.meta.id.clone());
+    meta.parent_link =
+        parent_link::link_from(root, parent_dir, parent.state_crc, parent.index_crc)?;
+    write_impl(root, &meta, state, memory, Some(dirty_pages))
+}
+
 fn write_impl<S: Serialize + ?Sized>(
     root: &Path,
     meta: &SnapshotMeta,
@@ -263,6 +300,17 @@ fn write_impl<S: Serialize + ?Sized>(
     validate_id(&meta.id)?;
     if let Some(p) = &meta.parent {
         validate_id(p)?;
+    }
+    match (&meta.parent_link, &meta.parent, dirty_pages) {
+        (None, _, _) => {}
+        (Some(link), Some(parent), Some(_)) => link
+            .check_form(parent)
+            .map_err(SnapshotError::InvalidArgument)?,
+        (Some(_), _, _) => {
+            return Err(SnapshotError::InvalidArgument(
+                "meta.parent_link is for an incremental snapshot's parent".into(),
+            ))
+        }
     }
     if meta.ram_bytes == 0 || !meta.ram_bytes.is_multiple_of(PAGE_SIZE) {
         return Err(SnapshotError::InvalidArgument(format!(
@@ -289,17 +337,11 @@ fn write_impl<S: Serialize + ?Sized>(
     let (flags, runs) = match dirty_pages {
         None => (0, memory::nonzero_runs(memory)),
         Some(dirty) => {
-            let parent = meta.parent.as_deref().ok_or_else(|| {
+            let parent_dir = parent_link::parent_dir(root, &meta).ok_or_else(|| {
                 SnapshotError::InvalidArgument("an incremental snapshot needs meta.parent".into())
             })?;
-            let pdir = root.join(parent);
-            let (_, pmeta, IgnoredAny, _) = load_head::<IgnoredAny>(&pdir)?;
-            if pmeta.ram_bytes != meta.ram_bytes {
-                return Err(SnapshotError::InvalidArgument(format!(
-                    "parent {parent:?} has ram_bytes {}, this snapshot {}",
-                    pmeta.ram_bytes, meta.ram_bytes
-                )));
-            }
+            let parent = load_layer(&parent_dir)?;
+            check_parent(&meta, &parent_dir, &parent).map_err(SnapshotError::InvalidArgument)?;
             (
                 FLAG_INCREMENTAL,
                 memory::dirty_runs(dirty, meta.ram_bytes / PAGE_SIZE)?,
@@ -386,10 +428,22 @@ struct Layer {
     incremental: bool,
     index: PageIndex,
     state_bytes: u64,
+    /// The checksums in the headers of `state.bin` and `memory.idx` (a [`ParentLink`]'s).
+    state_crc: u64,
+    index_crc: u64,
+}
+
+/// What `load_head` read of `state.bin` besides the state: its flags, metadata, size and
+/// checksum.
+struct Head {
+    flags: u32,
+    meta: SnapshotMeta,
+    bytes: u64,
+    crc: u64,
 }
 
 /// Reads and checks `state.bin`: header, checksum, JSON, types.
-fn load_head<S: DeserializeOwned>(dir: &Path) -> Result<(u32, SnapshotMeta, S, u64)> {
+fn load_head<S: DeserializeOwned>(dir: &Path) -> Result<(Head, S)> {
     if !dir.is_dir() {
         return Err(SnapshotError::MissingPart {
             path: dir.to_owned(),
@@ -397,7 +451,7 @@ fn load_head<S: DeserializeOwned>(dir: &Path) -> Result<(u32, SnapshotMeta, S, u
         });
     }
     let path = dir.join(STATE_FILE);
-    let (flags, payload) = read_framed(&path, STATE_MAGIC, "state.bin (state and metadata)")?;
+    let (flags, payload, crc) = read_framed(&path, STATE_MAGIC, "state.bin (state and metadata)")?;
     check_flags(&path, flags, KNOWN_FLAGS)?;
     let env: EnvelopeIn<S> = serde_json::from_slice(&payload).map_err(|source| {
         use serde_json::error::Category;
@@ -412,16 +466,23 @@ fn load_head<S: DeserializeOwned>(dir: &Path) -> Result<(u32, SnapshotMeta, S, u
             },
         }
     })?;
-    Ok((
+    let head = Head {
         flags,
-        env.meta,
-        env.state,
-        (HEADER_LEN + payload.len()) as u64,
-    ))
+        meta: env.meta,
+        bytes: (HEADER_LEN + payload.len()) as u64,
+        crc,
+    };
+    Ok((head, env.state))
 }
 
 /// Checks the parts of a snapshot other than `state.bin` against its metadata.
-fn check_layer(dir: &Path, flags: u32, meta: SnapshotMeta, state_bytes: u64) -> Result<Layer> {
+fn check_layer(dir: &Path, head: Head) -> Result<Layer> {
+    let Head {
+        flags,
+        meta,
+        bytes: state_bytes,
+        crc: state_crc,
+    } = head;
     let state_path = dir.join(STATE_FILE);
     let inconsistent = |reason: String| SnapshotError::Inconsistent {
         path: state_path.clone(),
@@ -442,7 +503,7 @@ fn check_layer(dir: &Path, flags: u32, meta: SnapshotMeta, state_bytes: u64) -> 
     validate_id(&meta.id).map_err(|e| inconsistent(format!("meta.id: {e}")))?;
     if let Some(parent) = &meta.parent {
         validate_id(parent).map_err(|e| inconsistent(format!("meta.parent: {e}")))?;
-        if *parent == meta.id {
+        if *parent == meta.id && meta.parent_link.is_none() {
             return Err(inconsistent(format!(
                 "snapshot {parent:?} is its own parent"
             )));
@@ -452,8 +513,19 @@ fn check_layer(dir: &Path, flags: u32, meta: SnapshotMeta, state_bytes: u64) -> 
     if incremental && meta.parent.is_none() {
         return Err(inconsistent("incremental snapshot without a parent".into()));
     }
+    if let Some(link) = &meta.parent_link {
+        match &meta.parent {
+            Some(parent) if incremental => link.check_form(parent).map_err(inconsistent)?,
+            _ => {
+                return Err(inconsistent(
+                    "a parent_link on a snapshot that is not incremental".into(),
+                ))
+            }
+        }
+    }
     let idx_path = dir.join(INDEX_FILE);
-    let (iflags, payload) = read_framed(&idx_path, INDEX_MAGIC, "memory.idx (page index)")?;
+    let (iflags, payload, index_crc) =
+        read_framed(&idx_path, INDEX_MAGIC, "memory.idx (page index)")?;
     check_flags(&idx_path, iflags, KNOWN_FLAGS)?;
     if iflags != flags {
         return Err(SnapshotError::Inconsistent {
@@ -495,12 +567,75 @@ fn check_layer(dir: &Path, flags: u32, meta: SnapshotMeta, state_bytes: u64) -> 
         incremental,
         index,
         state_bytes,
+        state_crc,
+        index_crc,
     })
 }
 
 fn load_layer(dir: &Path) -> Result<Layer> {
-    let (flags, meta, IgnoredAny, state_bytes) = load_head::<IgnoredAny>(dir)?;
-    check_layer(dir, flags, meta, state_bytes)
+    let (head, IgnoredAny) = load_head::<IgnoredAny>(dir)?;
+    check_layer(dir, head)
+}
+
+/// Whether `parent`, read from `parent_dir`, is the parent `child` names: its id, the same
+/// `ram_bytes`, and for a parent in another root the checksums the link recorded. The reason
+/// if not.
+fn check_parent(
+    child: &SnapshotMeta,
+    parent_dir: &Path,
+    parent: &Layer,
+) -> std::result::Result<(), String> {
+    let id = child.parent.as_deref().unwrap_or_default();
+    if parent.meta.id != id {
+        return Err(format!(
+            "directory {} holds snapshot {:?}, not the parent {id:?}",
+            parent_dir.display(),
+            parent.meta.id
+        ));
+    }
+    if parent.meta.ram_bytes != child.ram_bytes {
+        return Err(format!(
+            "parent {id:?} has ram_bytes {}, child {}",
+            parent.meta.ram_bytes, child.ram_bytes
+        ));
+    }
+    if let Some(link) = &child.parent_link {
+        if (parent.state_crc, parent.index_crc) != (link.state_crc, link.index_crc) {
+            return Err(format!(
+                "parent snapshot {id:?} at {} is not the one this snapshot was written over \
+                 (rewritten or replaced since?): its state.bin and memory.idx have CRC-64/XZ \
+                 {:#018x} and {:#018x}, the link recorded {:#018x} and {:#018x}",
+                parent_dir.display(),
+                parent.state_crc,
+                parent.index_crc,
+                link.state_crc,
+                link.index_crc
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Why the parent of `meta` (a snapshot held in `root`), expected in `parent_dir`, is missing.
+fn missing_parent(meta: &SnapshotMeta, parent_dir: &Path) -> String {
+    let id = meta.parent.as_deref().unwrap_or_default();
+    match &meta.parent_link {
+        Some(link) => format!(
+            "parent snapshot {id:?} not found at {} (linked as {:?} from this snapshot's \
+             directory of snapshots: moved or removed?)",
+            parent_dir.display(),
+            link.path
+        ),
+        None => format!(
+            "parent snapshot {id:?} not found at {}",
+            parent_dir.display()
+        ),
+    }
+}
+
+/// What tells two snapshot directories apart: the real path, else the path as given.
+fn dir_key(dir: &Path) -> PathBuf {
+    dir.canonicalize().unwrap_or_else(|_| dir.to_owned())
 }
 
 /// The directory holding `dir`'s sibling snapshots.
@@ -515,7 +650,7 @@ fn root_of(dir: &Path) -> Result<PathBuf> {
 
 /// Follows `head`'s parents down to a full snapshot; returns the chain base first.
 fn resolve_chain(head: Layer) -> Result<Vec<Layer>> {
-    let mut seen = HashSet::from([head.meta.id.clone()]);
+    let mut seen = HashSet::from([dir_key(&head.dir)]);
     let mut chain = vec![head];
     loop {
         let last = chain.last().expect("non-empty");
@@ -528,32 +663,18 @@ fn resolve_chain(head: Layer) -> Result<Vec<Layer>> {
         };
         let parent = last.meta.parent.clone().expect("checked by check_layer");
         validate_id(&parent).map_err(|e| broken(e.to_string()))?;
-        if !seen.insert(parent.clone()) || chain.len() >= MAX_CHAIN {
+        let pdir = parent_link::parent_dir(&root_of(&last.dir)?, &last.meta)
+            .expect("checked by check_layer");
+        if !pdir.is_dir() {
+            return Err(broken(missing_parent(&last.meta, &pdir)));
+        }
+        if !seen.insert(dir_key(&pdir)) || chain.len() >= MAX_CHAIN {
             return Err(broken(format!(
                 "cycle or chain longer than {MAX_CHAIN} at parent {parent:?}"
             )));
         }
-        let pdir = root_of(&last.dir)?.join(&parent);
-        if !pdir.is_dir() {
-            return Err(broken(format!(
-                "parent snapshot {parent:?} not found at {}",
-                pdir.display()
-            )));
-        }
         let layer = load_layer(&pdir)?;
-        if layer.meta.id != parent {
-            return Err(broken(format!(
-                "directory {} holds snapshot {:?}, not the parent {parent:?}",
-                pdir.display(),
-                layer.meta.id
-            )));
-        }
-        if layer.meta.ram_bytes != last.meta.ram_bytes {
-            return Err(broken(format!(
-                "parent {parent:?} has ram_bytes {}, child {}",
-                layer.meta.ram_bytes, last.meta.ram_bytes
-            )));
-        }
+        check_parent(&last.meta, &pdir, &layer).map_err(broken)?;
         chain.push(layer);
     }
     chain.reverse();
@@ -564,9 +685,9 @@ fn resolve_chain(head: Layer) -> Result<Vec<Layer>> {
 /// checksum, JSON, types), `memory.idx`, `memory.img`'s presence and length, and, for an
 /// incremental snapshot, the same for every parent down to a full snapshot.
 pub fn read_snapshot<S: DeserializeOwned>(dir: &Path) -> Result<(SnapshotMeta, S)> {
-    let (flags, meta, state, state_bytes) = load_head::<S>(dir)?;
-    let head = check_layer(dir, flags, meta.clone(), state_bytes)?;
-    resolve_chain(head)?;
+    let (head, state) = load_head::<S>(dir)?;
+    let meta = head.meta.clone();
+    resolve_chain(check_layer(dir, head)?)?;
     Ok((meta, state))
 }
 
@@ -632,14 +753,22 @@ pub fn list(root: &Path) -> Result<Vec<SnapshotInfo>> {
         out.push(info);
     }
     let ids: HashSet<&str> = out.iter().map(|i| i.meta.id.as_str()).collect();
-    for i in &out {
-        if let (true, Some(p)) = (i.incremental, &i.meta.parent) {
-            if !ids.contains(p.as_str()) {
-                return Err(SnapshotError::BrokenChain {
-                    path: i.dir.clone(),
-                    reason: format!("parent snapshot {p:?} not found in {}", root.display()),
-                });
+    for i in out.iter().filter(|i| i.incremental) {
+        let Some(p) = &i.meta.parent else { continue };
+        let missing = match &i.meta.parent_link {
+            // In another root: only whether it is there (reading it is a restore's work).
+            Some(link) => {
+                let pdir = root.join(&link.path);
+                (!pdir.is_dir()).then(|| missing_parent(&i.meta, &pdir))
             }
+            None => (!ids.contains(p.as_str()))
+                .then(|| format!("parent snapshot {p:?} not found in {}", root.display())),
+        };
+        if let Some(reason) = missing {
+            return Err(SnapshotError::BrokenChain {
+                path: i.dir.clone(),
+                reason,
+            });
         }
     }
     check_no_cycle(&out)?;
@@ -657,6 +786,7 @@ pub fn list(root: &Path) -> Result<Vec<SnapshotInfo>> {
 fn check_no_cycle(snapshots: &[SnapshotInfo]) -> Result<()> {
     let parents: std::collections::HashMap<&str, &str> = snapshots
         .iter()
+        .filter(|i| i.meta.parent_link.is_none())
         .filter_map(|i| Some((i.meta.id.as_str(), i.meta.parent.as_deref()?)))
         .collect();
     for info in snapshots {
@@ -688,7 +818,9 @@ pub fn remove_snapshot(root: &Path, id: &str) -> Result<()> {
     }
     let children: Vec<String> = list(root)?
         .into_iter()
-        .filter(|i| i.incremental && i.meta.parent.as_deref() == Some(id))
+        .filter(|i| {
+            i.incremental && i.meta.parent_link.is_none() && i.meta.parent.as_deref() == Some(id)
+        })
         .map(|i| i.meta.id)
         .collect();
     if !children.is_empty() {
@@ -927,7 +1059,7 @@ mod tests {
     /// metadata can be wrong).
     fn edit_meta(root: &Path, dir: &str, edit: impl FnOnce(&mut serde_json::Value)) {
         let path = root.join(dir).join(STATE_FILE);
-        let (flags, payload) = read_framed(&path, STATE_MAGIC, "state.bin").unwrap();
+        let (flags, payload, _) = read_framed(&path, STATE_MAGIC, "state.bin").unwrap();
         let mut env: serde_json::Value = serde_json::from_slice(&payload).unwrap();
         edit(&mut env["meta"]);
         std::fs::remove_file(&path).unwrap();

@@ -698,3 +698,162 @@ fn mapped_memory_into_raw_hands_over_the_mapping() {
         assert_eq!(libc::munmap(ptr.cast(), len), 0);
     }
 }
+
+/// An error and its causes, as one line.
+fn chain_text(e: &SnapshotError) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+#[test]
+fn a_parent_in_another_root_round_trips_and_is_refused_when_moved_or_changed() {
+    let top = tempfile::tempdir().unwrap();
+    let x = top.path().join("x");
+    let (orig, branch) = (x.join("orig"), x.join("runs/branch"));
+    let n = 4 * MIB;
+    let mut mem = vec![0u8; n];
+    for p in [0usize, 7, 300] {
+        mem[p * PAGE..(p + 1) * PAGE].fill(p as u8 + 1);
+    }
+    write_snapshot(&orig, &meta("base", 1, 10, n), &state(), &mem).unwrap();
+    mem[7 * PAGE] = 0x70;
+    let mut m = meta("child", 2, 20, n);
+    m.parent = Some("base".into());
+    write_incremental_snapshot(&orig, &m, &state(), &mem, &[7]).unwrap();
+    let child_mem = mem.clone();
+
+    // The branch's first snapshot, over `orig/child`, in another root.
+    mem[300 * PAGE..301 * PAGE].fill(0);
+    mem[900 * PAGE + 1] = 9;
+    let b1 = write_incremental_snapshot_over(
+        &branch,
+        &meta("b1", 3, 30, n),
+        &state(),
+        &mem,
+        &[300, 900],
+        &orig.join("child"),
+    )
+    .unwrap();
+    assert!(b1.incremental);
+    assert_eq!(b1.memory_pages_stored, 2);
+    assert_eq!(b1.meta.parent.as_deref(), Some("child"));
+    let link = b1.meta.parent_link.clone().expect("a link to another root");
+    assert_eq!(link.path, "../../orig/child");
+    let b1_mem = mem.clone();
+
+    // The next one in the branch is over b1, in its own root: named by id alone.
+    mem[5 * PAGE] = 5;
+    let b2 = write_incremental_snapshot_over(
+        &branch,
+        &meta("b2", 4, 40, n),
+        &state(),
+        &mem,
+        &[5],
+        &branch.join("b1"),
+    )
+    .unwrap();
+    assert_eq!(b2.meta.parent.as_deref(), Some("b1"));
+    assert_eq!(b2.meta.parent_link, None);
+
+    let check = |root: &Path| {
+        for (id, want) in [("b1", &b1_mem), ("b2", &mem)] {
+            let dir = root.join(id);
+            let (back, _) = read(&dir).unwrap();
+            assert_eq!(back.id, id);
+            assert!(map_memory_private(&dir).unwrap().as_slice() == want.as_slice());
+            verify_memory(&dir).unwrap();
+        }
+        let chain = memory_chain(&root.join("b2")).unwrap();
+        let ids: Vec<&str> = chain.iter().map(|l| l.id.as_str()).collect();
+        assert_eq!(ids, ["base", "child", "b1", "b2"]);
+        let listed: Vec<String> = list(root).unwrap().into_iter().map(|i| i.meta.id).collect();
+        assert_eq!(listed, ["b1", "b2"]);
+    };
+    check(&branch);
+    assert_eq!(read(&branch.join("b1")).unwrap().0, b1.meta);
+
+    // Both directories moved together: the relative link still holds.
+    let y = top.path().join("y");
+    std::fs::rename(&x, &y).unwrap();
+    let branch = y.join("runs/branch");
+    check(&branch);
+
+    // The parent gone: every read names it and where it was looked for.
+    std::fs::rename(y.join("orig"), y.join("orig-moved")).unwrap();
+    for e in [
+        read(&branch.join("b2")).unwrap_err(),
+        map_memory_private(&branch.join("b1"))
+            .map(drop)
+            .unwrap_err(),
+        list(&branch).map(drop).unwrap_err(),
+    ] {
+        let text = chain_text(&e);
+        assert!(matches!(e, SnapshotError::BrokenChain { .. }), "{text}");
+        assert!(
+            text.contains("parent snapshot \"child\" not found at")
+                && text.contains("orig/child")
+                && text.contains("linked as \"../../orig/child\""),
+            "{text}"
+        );
+    }
+
+    // Another snapshot of the same id in its place: refused, never read as the parent.
+    let orig = y.join("orig");
+    write_snapshot(&orig, &meta("child", 2, 20, n), &state(), &child_mem).unwrap();
+    let e = read(&branch.join("b1")).unwrap_err();
+    let text = chain_text(&e);
+    assert!(matches!(e, SnapshotError::BrokenChain { .. }), "{text}");
+    assert!(
+        text.contains("parent snapshot \"child\" at")
+            && text.contains("is not the one this snapshot was written over"),
+        "{text}"
+    );
+    // The old parent back: all is well again.
+    std::fs::remove_dir_all(&orig).unwrap();
+    std::fs::rename(y.join("orig-moved"), &orig).unwrap();
+    check(&branch);
+}
+
+#[test]
+fn a_parent_link_of_a_bad_form_is_refused_when_written_and_when_read() {
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    write_snapshot(r, &meta("base", 1, 1, MIB), &state(), &small_ram()).unwrap();
+    let link = |path: &str| ParentLink {
+        path: path.into(),
+        state_crc: 0,
+        index_crc: 0,
+    };
+    let mut m = meta("child", 2, 2, MIB);
+    m.parent = Some("base".into());
+    for (path, why) in [
+        ("/tmp/base", "not a relative path"),
+        ("../other", "does not end in the parent's id"),
+    ] {
+        m.parent_link = Some(link(path));
+        let e = write_incremental_snapshot(r, &m, &state(), &small_ram(), &[3]).unwrap_err();
+        assert!(
+            matches!(e, SnapshotError::InvalidArgument(ref t) if t.contains(why)),
+            "{e}"
+        );
+    }
+    // A full snapshot names no linked parent.
+    m.parent_link = Some(link("../x/base"));
+    let e = write_snapshot(r, &m, &state(), &small_ram()).unwrap_err();
+    assert!(matches!(e, SnapshotError::InvalidArgument(_)), "{e}");
+    // A link whose checksums are not the parent's: refused when written.
+    m.parent_link = Some(link(&format!(
+        "../{}/base",
+        r.file_name().unwrap().to_str().unwrap()
+    )));
+    let e = write_incremental_snapshot(r, &m, &state(), &small_ram(), &[3]).unwrap_err();
+    assert!(
+        chain_text(&e).contains("is not the one this snapshot was written over"),
+        "{e}"
+    );
+}
