@@ -375,6 +375,13 @@ fn test_up_snapshots_branch_to_the_straight_runs_history() {
     assert!(text.contains("\r\nn2\r\n"), "{text}");
     // The node's PID 1 (its command), frozen at that moment.
     assert!(text.contains("State:\tT (stopped)"), "{text}");
+    // The debugger's `exec` at a moment past the last snapshot, where the
+    // workload has printed: the replay to it is quiet, so stdout is the
+    // command's alone.
+    let late = format!("{snaps}@exit:{}", exits * 97 / 100);
+    let out = detvisor(&["exec", &late, "--node", "n2", "--", "echo", "only-this"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "only-this\n", "{}", stderr(&out));
     let out = detvisor(&["shell", &moment, "--node", "n9"]);
     assert_ne!(out.status.code(), Some(0));
     assert!(

@@ -133,7 +133,7 @@ pub fn child_restore(dir: &Path) -> ChildRestore {
         let mut calls = Calls::new(&mut here);
         let failed = |e: RunnerError| anyhow::Error::msg(e.into_cause());
         let (run, _) = calls
-            .restore(moment, None, Default::default())
+            .restore(moment, None, Default::default(), false)
             .map_err(failed)?;
         let p = calls.run_until(run, Until::Steps(1)).map_err(failed)?;
         if p.stop.is_some() {

@@ -398,8 +398,12 @@ impl Session {
                     dir: dir.clone(),
                     when,
                 };
-                let (run, _) =
-                    Calls::new(&mut self.runner).restore(saved, None, StallTimeout::default())?;
+                let (run, _) = Calls::new(&mut self.runner).restore(
+                    saved,
+                    None,
+                    StallTimeout::default(),
+                    false,
+                )?;
                 let position = Calls::new(&mut self.runner).collect_records(run)?;
                 (run, position)
             }

@@ -98,6 +98,12 @@ pub enum Request {
         until: Option<VirtNanos>,
         #[serde(default)]
         stall_timeout: StallTimeout,
+        /// The guest's console and the nodes' output go to the caller's
+        /// streams (stdout, events to stderr); without it they are
+        /// dropped, as a debugger's session wants: its records keep
+        /// what it reads.
+        #[serde(default)]
+        stream_output: bool,
     },
     /// Run a held run on.
     RunUntil { run: RunId, until: Until },
@@ -511,18 +517,23 @@ impl Controller {
                 moment,
                 until,
                 stall_timeout,
+                stream_output,
             } => {
                 let resume = ResumeConfig {
                     until,
                     record: RecordConfig::default(),
                     stall_timeout,
                 };
-                let node_output = NodeOutput {
-                    out: Box::new(streams.stdout()),
-                    events: Some(Box::new(streams.stderr())),
+                let (console, node_output): (Box<dyn std::io::Write + Send>, _) = if stream_output {
+                    let node_output = NodeOutput {
+                        out: Box::new(streams.stdout()),
+                        events: Some(Box::new(streams.stderr())),
+                    };
+                    (Box::new(streams.stdout()), node_output)
+                } else {
+                    (Box::new(std::io::sink()), NodeOutput::discard())
                 };
-                let restored =
-                    snapshots::restore(&moment, &resume, streams.stdout(), None, node_output)?;
+                let restored = snapshots::restore(&moment, &resume, console, None, node_output)?;
                 self.hold(restored.driven, restored.stopped_early)
             }
             Request::RunUntil { run, until } => {

@@ -313,11 +313,13 @@ impl<'a> Calls<'a> {
         moment: Moment,
         until: Option<VirtNanos>,
         stall_timeout: StallTimeout,
+        stream_output: bool,
     ) -> Result<(RunId, Position), RunnerError> {
         self.start(Request::Restore {
             moment,
             until,
             stall_timeout,
+            stream_output,
         })
     }
 

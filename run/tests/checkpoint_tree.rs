@@ -269,6 +269,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
             moment: moment.clone(),
             until: None,
             stall_timeout: Default::default(),
+            stream_output: true,
         }));
         let mut other = Run {
             c: &mut *r.c,

@@ -244,6 +244,7 @@ fn scenario(prepared: PreparedUp, scratch: &Path) {
                 moment,
                 until: None,
                 stall_timeout: Default::default(),
+                stream_output: true,
             },
             &streams,
         )
