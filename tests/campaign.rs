@@ -499,11 +499,17 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
         output_limit: 4096,
     };
     let started = std::time::Instant::now();
-    let (executed, _) = session
+    let (executed, spent) = session
         .call("exec", |s| inspect::exec(s, &moment, &ps))
         .unwrap();
     let warm = started.elapsed();
     assert!(executed.stdout.starts_with("raftkv"), "{executed:?}");
+    // From the checkpoint kept at the moment: only the command's own
+    // virtual time is simulated, no replay.
+    assert!(
+        spent.call.virtual_time.0 < 100_000_000,
+        "the exec replayed to its moment: {spent:?}"
+    );
     eprintln!("reaching {moment} cold: {cold:?}; exec there with it kept: {warm:?}");
 
     let (listed, _) = session

@@ -98,6 +98,10 @@ struct Kept {
     /// The actions taken before it (a prefix of its history).
     history: Vec<Action>,
     position: Position,
+    /// The earliest virtual time whose moment (the first exit at or after
+    /// it) is known to be this one: a moment at any time from here to the
+    /// position's is this checkpoint, not one to replay to.
+    since: VirtNanos,
     records: Arc<Vec<GuestRecord>>,
     digest: String,
     last_used: u64,
@@ -346,7 +350,8 @@ impl Session {
                     && kept.history[..] == history[..n]
                     // No action of the history was due before it and not taken.
                     && history.get(n).is_none_or(|next| next.at() >= kept.position.virtual_ns)
-                    && !target.passed_by(&kept.position)
+                    && (!target.passed_by(&kept.position)
+                        || matches!(target, Target::Time(t) if kept.since <= t))
             })
             .max_by_key(|(_, kept)| (kept.position.exits, kept.last_used))
             .map(|(index, _)| index)
@@ -527,7 +532,11 @@ impl Session {
         }
         let position = self.advance(target)?;
         self.stopped_before(moment, &position, target)?;
-        self.keep(moment)
+        let since = match target {
+            Target::Time(t) => t.min(position.virtual_ns),
+            Target::Exit(_) => position.virtual_ns,
+        };
+        self.keep(moment, since)
     }
 
     fn stopped_before(&self, moment: &MomentId, position: &Position, target: Target) -> Result<()> {
@@ -542,7 +551,7 @@ impl Session {
     }
 
     /// Keeps the held run's present (unless kept already); where it stands.
-    fn keep(&mut self, moment: &MomentId) -> Result<At> {
+    fn keep(&mut self, moment: &MomentId, since: VirtNanos) -> Result<At> {
         let held = self.held.as_ref().expect("a held run");
         let (run, position) = (held.run, held.position);
         let existing = self
@@ -551,8 +560,10 @@ impl Session {
             .position(|k| k.position == position && k.history == held.history);
         let digest = match existing {
             Some(index) => {
-                self.kept[index].last_used = self.uses;
-                self.kept[index].digest.clone()
+                let kept = &mut self.kept[index];
+                kept.last_used = self.uses;
+                kept.since = kept.since.min(since);
+                kept.digest.clone()
             }
             None => {
                 while self.kept.len() >= self.max_kept {
@@ -583,6 +594,7 @@ impl Session {
                     checkpoint,
                     history: held.history.clone(),
                     position,
+                    since,
                     records: Arc::new(held.records.clone()),
                     digest: digest.clone(),
                     last_used: self.uses,
@@ -657,7 +669,8 @@ impl Session {
     /// Keeps the held run's present as `moment`.
     pub(crate) fn keep_as(&mut self, moment: &MomentId) -> Result<At> {
         self.uses += 1;
-        self.keep(moment)
+        let position = self.held.as_ref().expect("a held run").position;
+        self.keep(moment, position.virtual_ns)
     }
 
     /// The checkpoints kept, most recently used first.
