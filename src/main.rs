@@ -687,7 +687,28 @@ fn parse_cli() -> Result<Cli, ExitCode> {
     })
 }
 
+/// A reader that closed its end of stdout (`detvisor snapshot ls | head`)
+/// ends the process as a shell's pipeline expects (status 128 + SIGPIPE),
+/// not with `println!`'s panic. SIGPIPE itself stays ignored: a closed
+/// helper-VM channel must be an error that names it, not a silent death.
+fn end_quietly_when_stdout_is_closed() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(128 + libc::SIGPIPE);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    end_quietly_when_stdout_is_closed();
     let cli = match parse_cli() {
         Ok(cli) => cli,
         Err(code) => return code,

@@ -741,3 +741,19 @@ fn debugger_moments_that_name_nothing_are_refused_before_any_helper_vm() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_reader_that_closes_stdout_ends_the_process_without_a_panic() {
+    // As `detvisor campaign --print-defaults | head -0` would: the reader
+    // is gone before the first line is written.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_detvisor"))
+        .args(["campaign", "--print-defaults"])
+        .stdout(writer)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(128 + 13), "{}", stderr(&out));
+}
