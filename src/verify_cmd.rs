@@ -204,6 +204,7 @@ mod tests {
                 call: Usage::default(),
                 session: Usage::default(),
                 left: Usage::default(),
+                shared: None,
             },
         };
         let text = table(&report);

@@ -10,6 +10,8 @@
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vmm::VirtNanos;
 
@@ -95,6 +97,17 @@ pub struct Spent {
     pub call: Usage,
     pub session: Usage,
     pub left: Usage,
+    /// Within a budget shared by several sessions (a server's): what they
+    /// used together and what is left of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<SharedSpent>,
+}
+
+/// A shared budget's use, as a result reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedSpent {
+    pub used: Usage,
+    pub left: Usage,
 }
 
 /// A limit a call would pass.
@@ -118,6 +131,133 @@ pub struct LogError {
     pub source: std::io::Error,
 }
 
+/// A call was cancelled by its caller (checked where the wall budget is).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the call was cancelled")]
+pub struct Cancelled;
+
+/// The limits of a budget several sessions share (a server's, over all its
+/// clients): what they may spend together. Wall time here is the sum of
+/// the calls' wall times (the compute they held), not time since start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SharedLimits {
+    /// Wall time of all calls together.
+    pub wall: VirtNanos,
+    /// Virtual time simulated by all calls together.
+    pub virtual_time: VirtNanos,
+    /// Branches created by all sessions together.
+    pub branches_created: u64,
+    /// Bytes returned by all sessions together.
+    pub bytes: u64,
+}
+
+impl Default for SharedLimits {
+    /// No limit (each session keeps its own).
+    fn default() -> Self {
+        SharedLimits {
+            wall: VirtNanos(u64::MAX),
+            virtual_time: VirtNanos(u64::MAX),
+            branches_created: u64::MAX,
+            bytes: u64::MAX,
+        }
+    }
+}
+
+/// A budget several sessions draw from at once (clone it into each): a
+/// call is checked against what the others used and ended, its use added
+/// when it ends. Checks and ends of concurrent calls interleave: a call is
+/// checked against the calls that ended before it, so concurrent calls
+/// may together pass a limit by at most what they were each allowed.
+#[derive(Clone, Debug)]
+pub struct SharedBudget {
+    inner: Arc<Mutex<SharedState>>,
+}
+
+#[derive(Debug)]
+struct SharedState {
+    limits: SharedLimits,
+    used: Usage,
+}
+
+impl SharedBudget {
+    pub fn new(limits: SharedLimits) -> SharedBudget {
+        SharedBudget {
+            inner: Arc::new(Mutex::new(SharedState {
+                limits,
+                used: Usage::default(),
+            })),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SharedState> {
+        // A panic elsewhere left the counts as they were: still usable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn limits(&self) -> SharedLimits {
+        self.state().limits.clone()
+    }
+
+    /// What all sessions used (calls that ended).
+    pub fn used(&self) -> Usage {
+        self.state().used.clone()
+    }
+
+    /// What is left.
+    pub fn left(&self) -> Usage {
+        let state = self.state();
+        let (limits, used) = (&state.limits, &state.used);
+        Usage {
+            wall: VirtNanos(limits.wall.0.saturating_sub(used.wall.0)),
+            virtual_time: VirtNanos(limits.virtual_time.0.saturating_sub(used.virtual_time.0)),
+            branches_created: limits
+                .branches_created
+                .saturating_sub(used.branches_created),
+            bytes: limits.bytes.saturating_sub(used.bytes),
+            disk_bytes: 0,
+        }
+    }
+
+    fn add(&self, call: &Usage) {
+        self.state().used.add(call);
+    }
+
+    /// Refuses a call whose use so far is `call` and that needs `needed`
+    /// more.
+    fn check(&self, call: &Usage, needed: &Usage) -> Result<(), BudgetError> {
+        let state = self.state();
+        let (limits, used) = (&state.limits, &state.used);
+        let wall = VirtNanos(used.wall.0.saturating_add(call.wall.0));
+        if wall.0.saturating_add(needed.wall.0) > limits.wall.0 {
+            return Err(time_error("shared_wall", limits.wall, wall, needed.wall));
+        }
+        let virtual_time = VirtNanos(used.virtual_time.0.saturating_add(call.virtual_time.0));
+        if virtual_time.0.saturating_add(needed.virtual_time.0) > limits.virtual_time.0 {
+            return Err(time_error(
+                "shared_virtual_time",
+                limits.virtual_time,
+                virtual_time,
+                needed.virtual_time,
+            ));
+        }
+        let branches = used.branches_created.saturating_add(call.branches_created);
+        if branches.saturating_add(needed.branches_created) > limits.branches_created {
+            return Err(count_error(
+                "shared_branches_created",
+                limits.branches_created,
+                branches,
+                needed.branches_created,
+            ));
+        }
+        let bytes = used.bytes.saturating_add(call.bytes);
+        if bytes.saturating_add(needed.bytes) > limits.bytes {
+            return Err(count_error("shared_bytes", limits.bytes, bytes, needed.bytes));
+        }
+        Ok(())
+    }
+}
+
 /// A session's budget: its limits, what it used, and the call under way.
 pub struct Budget {
     pub limits: Limits,
@@ -125,6 +265,8 @@ pub struct Budget {
     started: Instant,
     call: Option<(String, Instant, Usage)>,
     log: Option<PathBuf>,
+    shared: Option<SharedBudget>,
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 fn time_error(
@@ -133,7 +275,7 @@ fn time_error(
     used: VirtNanos,
     needed: VirtNanos,
 ) -> BudgetError {
-    let over = VirtNanos((used.0 + needed.0).saturating_sub(limit.0));
+    let over = VirtNanos(used.0.saturating_add(needed.0).saturating_sub(limit.0));
     BudgetError {
         budget,
         limit: limit.to_string(),
@@ -149,7 +291,7 @@ fn count_error(budget: &'static str, limit: u64, used: u64, needed: u64) -> Budg
         limit: limit.to_string(),
         used: used.to_string(),
         needed: needed.to_string(),
-        over: (used + needed).saturating_sub(limit).to_string(),
+        over: used.saturating_add(needed).saturating_sub(limit).to_string(),
     }
 }
 
@@ -162,6 +304,60 @@ impl Budget {
             started: Instant::now(),
             call: None,
             log: log.map(Path::to_path_buf),
+            shared: None,
+            cancel: None,
+        }
+    }
+
+    /// This budget within `shared`: every check also against it, every
+    /// call's use also added to it.
+    pub fn within(mut self, shared: Option<SharedBudget>) -> Budget {
+        self.shared = shared;
+        self
+    }
+
+    /// Calls stop (with [`Cancelled`], between the slices they run in)
+    /// once `flag` is set; a new call clears nothing: the flag's owner
+    /// does.
+    pub fn cancelled_by(mut self, flag: Option<Arc<AtomicBool>>) -> Budget {
+        self.cancel = flag;
+        self
+    }
+
+    /// Sets (or takes away) the flag that cancels calls.
+    pub fn set_cancel(&mut self, flag: Option<Arc<AtomicBool>>) {
+        self.cancel = flag;
+    }
+
+    /// Refuses going on once the call was cancelled.
+    pub fn check_cancelled(&self) -> Result<(), Cancelled> {
+        match &self.cancel {
+            Some(flag) if flag.load(Ordering::SeqCst) => Err(Cancelled),
+            _ => Ok(()),
+        }
+    }
+
+    /// The flag that cancels calls, for work on other threads.
+    pub fn cancel_flag(&self) -> Option<Arc<AtomicBool>> {
+        self.cancel.clone()
+    }
+
+    /// The shared budget this one is within, if any.
+    pub fn shared(&self) -> Option<&SharedBudget> {
+        self.shared.as_ref()
+    }
+
+    /// Checks `needed` more of this call against the shared budget.
+    fn check_shared(&self, needed: Usage) -> Result<(), BudgetError> {
+        match &self.shared {
+            Some(shared) => {
+                let mut call = self.call_usage();
+                if let Some((_, started, _)) = &self.call {
+                    call.wall = VirtNanos(started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
+                }
+                shared.check(&call, &needed)
+            }
+            None => Ok(()),
         }
     }
 
@@ -198,7 +394,10 @@ impl Budget {
                 needed,
             ));
         }
-        Ok(())
+        self.check_shared(Usage {
+            virtual_time: needed,
+            ..Usage::default()
+        })
     }
 
     /// Counts `simulated` virtual time against the call.
@@ -228,7 +427,10 @@ impl Budget {
                 needed,
             ));
         }
-        Ok(())
+        self.check_shared(Usage {
+            bytes: needed,
+            ..Usage::default()
+        })
     }
 
     pub fn returned(&mut self, bytes: u64) {
@@ -295,7 +497,10 @@ impl Budget {
                 1,
             ));
         }
-        Ok(())
+        self.check_shared(Usage {
+            branches_created: needed,
+            ..Usage::default()
+        })
     }
 
     pub fn branched(&mut self, count: u64) {
@@ -336,7 +541,7 @@ impl Budget {
                 VirtNanos::ZERO,
             ));
         }
-        Ok(())
+        self.check_shared(Usage::default())
     }
 
     /// Ends the call (also a failed one): its use counts against the
@@ -348,10 +553,17 @@ impl Budget {
             .unwrap_or_else(|| ("call".into(), Instant::now(), Usage::default()));
         call.wall = VirtNanos(started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
         self.session.add(&call);
+        if let Some(shared) = &self.shared {
+            shared.add(&call);
+        }
         let spent = Spent {
             call: call.clone(),
             session: self.session.clone(),
             left: self.left(),
+            shared: self.shared.as_ref().map(|shared| SharedSpent {
+                used: shared.used(),
+                left: shared.left(),
+            }),
         };
         if let Some(path) = &self.log {
             let line = serde_json::json!({
@@ -360,6 +572,7 @@ impl Budget {
                 "used": call,
                 "session": self.session,
                 "left": spent.left,
+                "shared": spent.shared,
             });
             let error = |source| LogError {
                 path: path.clone(),
@@ -465,6 +678,56 @@ mod tests {
             lines[1]["left"]["bytes"],
             serde_json::json!(Limits::default().session_bytes - 12)
         );
+    }
+
+    #[test]
+    fn test_sessions_within_a_shared_budget_draw_from_it_together() {
+        let shared = SharedBudget::new(SharedLimits {
+            virtual_time: VirtNanos(10 * SECOND),
+            branches_created: 3,
+            ..SharedLimits::default()
+        });
+        let mut a = Budget::new(Limits::default(), None).within(Some(shared.clone()));
+        let mut b = Budget::new(Limits::default(), None).within(Some(shared.clone()));
+        a.begin("wait").unwrap();
+        a.check_virtual(VirtNanos(6 * SECOND)).unwrap();
+        a.simulated(VirtNanos(6 * SECOND));
+        a.branched(2);
+        let spent = a.end("ok").unwrap();
+        let reported = spent.shared.expect("a shared budget is reported");
+        assert_eq!(reported.used.virtual_time, VirtNanos(6 * SECOND));
+        assert_eq!(reported.left.virtual_time, VirtNanos(4 * SECOND));
+        assert_eq!(reported.left.branches_created, 1);
+        // The other session has its own limits untouched, but not the
+        // shared ones.
+        b.begin("wait").unwrap();
+        let error = b.check_virtual(VirtNanos(5 * SECOND)).unwrap_err();
+        assert_eq!(error.budget, "shared_virtual_time");
+        assert_eq!(error.over, "1s");
+        b.check_virtual(VirtNanos(4 * SECOND)).unwrap();
+        let error = b.check_branches(2, 0, 1, 0).unwrap_err();
+        assert_eq!(
+            (error.budget, error.used.as_str(), error.over.as_str()),
+            ("shared_branches_created", "2", "1")
+        );
+        b.check_branches(1, 0, 1, 0).unwrap();
+        assert_eq!(b.session().virtual_time, VirtNanos::ZERO);
+        b.end("ok").unwrap();
+        // Without limits a shared budget refuses nothing.
+        let free = Budget::new(Limits::default(), None)
+            .within(Some(SharedBudget::new(SharedLimits::default())));
+        free.check_virtual(VirtNanos(SECOND)).unwrap();
+        free.check_bytes(1).unwrap();
+    }
+
+    #[test]
+    fn test_a_cancelled_call_is_told_so() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let budget = Budget::new(Limits::default(), None).cancelled_by(Some(flag.clone()));
+        budget.check_cancelled().unwrap();
+        flag.store(true, Ordering::SeqCst);
+        assert_eq!(budget.check_cancelled(), Err(Cancelled));
+        assert!(Budget::new(Limits::default(), None).check_cancelled().is_ok());
     }
 
     #[test]
