@@ -97,17 +97,45 @@ pub struct Spent {
     pub call: Usage,
     pub session: Usage,
     pub left: Usage,
-    /// Within a budget shared by several sessions (a server's): what they
-    /// used together and what is left of it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shared: Option<SharedSpent>,
+    /// The budgets shared with other sessions that this one is within (a
+    /// server's, a client's): what they used together and what is left.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<SharedSpent>,
 }
 
 /// A shared budget's use, as a result reports it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SharedSpent {
+    /// Whose it is (`server`, `client`).
+    pub scope: SharedScope,
     pub used: Usage,
     pub left: Usage,
+}
+
+/// Whose a shared budget is: the limits it refuses are named after it
+/// (`server_virtual_time`, `client_branches_created`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SharedScope {
+    /// Every client of a server together.
+    Server,
+    /// One client's sessions (one per source) together.
+    Client,
+}
+
+impl SharedScope {
+    fn name(self, what: &str) -> &'static str {
+        match (self, what) {
+            (SharedScope::Server, "wall") => "server_wall",
+            (SharedScope::Server, "virtual_time") => "server_virtual_time",
+            (SharedScope::Server, "branches_created") => "server_branches_created",
+            (SharedScope::Server, _) => "server_bytes",
+            (SharedScope::Client, "wall") => "client_wall",
+            (SharedScope::Client, "virtual_time") => "client_virtual_time",
+            (SharedScope::Client, "branches_created") => "client_branches_created",
+            (SharedScope::Client, _) => "client_bytes",
+        }
+    }
 }
 
 /// A limit a call would pass.
@@ -176,17 +204,32 @@ pub struct SharedBudget {
 
 #[derive(Debug)]
 struct SharedState {
+    scope: SharedScope,
     limits: SharedLimits,
     used: Usage,
 }
 
 impl SharedBudget {
-    pub fn new(limits: SharedLimits) -> SharedBudget {
+    pub fn new(scope: SharedScope, limits: SharedLimits) -> SharedBudget {
         SharedBudget {
             inner: Arc::new(Mutex::new(SharedState {
+                scope,
                 limits,
                 used: Usage::default(),
             })),
+        }
+    }
+
+    pub fn scope(&self) -> SharedScope {
+        self.state().scope
+    }
+
+    /// What a result reports of it.
+    pub fn spent(&self) -> SharedSpent {
+        SharedSpent {
+            scope: self.scope(),
+            used: self.used(),
+            left: self.left(),
         }
     }
 
@@ -227,15 +270,20 @@ impl SharedBudget {
     /// more.
     fn check(&self, call: &Usage, needed: &Usage) -> Result<(), BudgetError> {
         let state = self.state();
-        let (limits, used) = (&state.limits, &state.used);
+        let (limits, used, scope) = (&state.limits, &state.used, state.scope);
         let wall = VirtNanos(used.wall.0.saturating_add(call.wall.0));
         if wall.0.saturating_add(needed.wall.0) > limits.wall.0 {
-            return Err(time_error("shared_wall", limits.wall, wall, needed.wall));
+            return Err(time_error(
+                scope.name("wall"),
+                limits.wall,
+                wall,
+                needed.wall,
+            ));
         }
         let virtual_time = VirtNanos(used.virtual_time.0.saturating_add(call.virtual_time.0));
         if virtual_time.0.saturating_add(needed.virtual_time.0) > limits.virtual_time.0 {
             return Err(time_error(
-                "shared_virtual_time",
+                scope.name("virtual_time"),
                 limits.virtual_time,
                 virtual_time,
                 needed.virtual_time,
@@ -244,7 +292,7 @@ impl SharedBudget {
         let branches = used.branches_created.saturating_add(call.branches_created);
         if branches.saturating_add(needed.branches_created) > limits.branches_created {
             return Err(count_error(
-                "shared_branches_created",
+                scope.name("branches_created"),
                 limits.branches_created,
                 branches,
                 needed.branches_created,
@@ -252,7 +300,12 @@ impl SharedBudget {
         }
         let bytes = used.bytes.saturating_add(call.bytes);
         if bytes.saturating_add(needed.bytes) > limits.bytes {
-            return Err(count_error("shared_bytes", limits.bytes, bytes, needed.bytes));
+            return Err(count_error(
+                scope.name("bytes"),
+                limits.bytes,
+                bytes,
+                needed.bytes,
+            ));
         }
         Ok(())
     }
@@ -265,7 +318,7 @@ pub struct Budget {
     started: Instant,
     call: Option<(String, Instant, Usage)>,
     log: Option<PathBuf>,
-    shared: Option<SharedBudget>,
+    shared: Vec<SharedBudget>,
     cancel: Option<Arc<AtomicBool>>,
 }
 
@@ -291,7 +344,10 @@ fn count_error(budget: &'static str, limit: u64, used: u64, needed: u64) -> Budg
         limit: limit.to_string(),
         used: used.to_string(),
         needed: needed.to_string(),
-        over: used.saturating_add(needed).saturating_sub(limit).to_string(),
+        over: used
+            .saturating_add(needed)
+            .saturating_sub(limit)
+            .to_string(),
     }
 }
 
@@ -304,15 +360,15 @@ impl Budget {
             started: Instant::now(),
             call: None,
             log: log.map(Path::to_path_buf),
-            shared: None,
+            shared: Vec::new(),
             cancel: None,
         }
     }
 
-    /// This budget within `shared`: every check also against it, every
-    /// call's use also added to it.
-    pub fn within(mut self, shared: Option<SharedBudget>) -> Budget {
-        self.shared = shared;
+    /// This budget within `shared` too: every check also against them,
+    /// every call's use also added to them.
+    pub fn within(mut self, shared: impl IntoIterator<Item = SharedBudget>) -> Budget {
+        self.shared.extend(shared);
         self
     }
 
@@ -342,23 +398,21 @@ impl Budget {
         self.cancel.clone()
     }
 
-    /// The shared budget this one is within, if any.
-    pub fn shared(&self) -> Option<&SharedBudget> {
-        self.shared.as_ref()
+    /// The shared budgets this one is within.
+    pub fn shared(&self) -> &[SharedBudget] {
+        &self.shared
     }
 
-    /// Checks `needed` more of this call against the shared budget.
+    /// Checks `needed` more of this call against the shared budgets.
     fn check_shared(&self, needed: Usage) -> Result<(), BudgetError> {
-        match &self.shared {
-            Some(shared) => {
-                let mut call = self.call_usage();
-                if let Some((_, started, _)) = &self.call {
-                    call.wall = VirtNanos(started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
-                }
-                shared.check(&call, &needed)
-            }
-            None => Ok(()),
+        let mut call = self.call_usage();
+        if let Some((_, started, _)) = &self.call {
+            call.wall = VirtNanos(started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
         }
+        for shared in &self.shared {
+            shared.check(&call, &needed)?;
+        }
+        Ok(())
     }
 
     /// A call named `name` begins (its wall time counts from here).
@@ -553,17 +607,14 @@ impl Budget {
             .unwrap_or_else(|| ("call".into(), Instant::now(), Usage::default()));
         call.wall = VirtNanos(started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
         self.session.add(&call);
-        if let Some(shared) = &self.shared {
+        for shared in &self.shared {
             shared.add(&call);
         }
         let spent = Spent {
             call: call.clone(),
             session: self.session.clone(),
             left: self.left(),
-            shared: self.shared.as_ref().map(|shared| SharedSpent {
-                used: shared.used(),
-                left: shared.left(),
-            }),
+            shared: self.shared.iter().map(SharedBudget::spent).collect(),
         };
         if let Some(path) = &self.log {
             let line = serde_json::json!({
@@ -682,19 +733,30 @@ mod tests {
 
     #[test]
     fn test_sessions_within_a_shared_budget_draw_from_it_together() {
-        let shared = SharedBudget::new(SharedLimits {
-            virtual_time: VirtNanos(10 * SECOND),
-            branches_created: 3,
-            ..SharedLimits::default()
-        });
-        let mut a = Budget::new(Limits::default(), None).within(Some(shared.clone()));
-        let mut b = Budget::new(Limits::default(), None).within(Some(shared.clone()));
+        let shared = SharedBudget::new(
+            SharedScope::Server,
+            SharedLimits {
+                virtual_time: VirtNanos(10 * SECOND),
+                branches_created: 3,
+                ..SharedLimits::default()
+            },
+        );
+        let mut a = Budget::new(Limits::default(), None).within([shared.clone()]);
+        let client = SharedBudget::new(
+            SharedScope::Client,
+            SharedLimits {
+                bytes: 10,
+                ..SharedLimits::default()
+            },
+        );
+        let mut b = Budget::new(Limits::default(), None).within([shared.clone(), client]);
         a.begin("wait").unwrap();
         a.check_virtual(VirtNanos(6 * SECOND)).unwrap();
         a.simulated(VirtNanos(6 * SECOND));
         a.branched(2);
         let spent = a.end("ok").unwrap();
-        let reported = spent.shared.expect("a shared budget is reported");
+        let reported = &spent.shared[0];
+        assert_eq!(reported.scope, SharedScope::Server);
         assert_eq!(reported.used.virtual_time, VirtNanos(6 * SECOND));
         assert_eq!(reported.left.virtual_time, VirtNanos(4 * SECOND));
         assert_eq!(reported.left.branches_created, 1);
@@ -702,20 +764,24 @@ mod tests {
         // shared ones.
         b.begin("wait").unwrap();
         let error = b.check_virtual(VirtNanos(5 * SECOND)).unwrap_err();
-        assert_eq!(error.budget, "shared_virtual_time");
+        assert_eq!(error.budget, "server_virtual_time");
         assert_eq!(error.over, "1s");
         b.check_virtual(VirtNanos(4 * SECOND)).unwrap();
         let error = b.check_branches(2, 0, 1, 0).unwrap_err();
         assert_eq!(
             (error.budget, error.used.as_str(), error.over.as_str()),
-            ("shared_branches_created", "2", "1")
+            ("server_branches_created", "2", "1")
         );
         b.check_branches(1, 0, 1, 0).unwrap();
+        assert_eq!(b.check_bytes(11).unwrap_err().budget, "client_bytes");
+        b.check_bytes(10).unwrap();
         assert_eq!(b.session().virtual_time, VirtNanos::ZERO);
-        b.end("ok").unwrap();
+        assert_eq!(b.end("ok").unwrap().shared.len(), 2);
         // Without limits a shared budget refuses nothing.
-        let free = Budget::new(Limits::default(), None)
-            .within(Some(SharedBudget::new(SharedLimits::default())));
+        let free = Budget::new(Limits::default(), None).within([SharedBudget::new(
+            SharedScope::Server,
+            SharedLimits::default(),
+        )]);
         free.check_virtual(VirtNanos(SECOND)).unwrap();
         free.check_bytes(1).unwrap();
     }
@@ -727,7 +793,9 @@ mod tests {
         budget.check_cancelled().unwrap();
         flag.store(true, Ordering::SeqCst);
         assert_eq!(budget.check_cancelled(), Err(Cancelled));
-        assert!(Budget::new(Limits::default(), None).check_cancelled().is_ok());
+        assert!(Budget::new(Limits::default(), None)
+            .check_cancelled()
+            .is_ok());
     }
 
     #[test]

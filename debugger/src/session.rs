@@ -81,7 +81,7 @@ pub struct SessionOptions {
     pub max_kept: usize,
     /// A budget the session is within, shared with other sessions (a
     /// server's).
-    pub shared: Option<SharedBudget>,
+    pub shared: Vec<SharedBudget>,
     /// Calls stop once this is set (see [`Budget::cancelled_by`]).
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
@@ -99,7 +99,7 @@ impl Default for SessionOptions {
             limits: Limits::default(),
             log: None,
             max_kept: DEFAULT_KEPT,
-            shared: None,
+            shared: Vec::new(),
             cancel: None,
         }
     }
