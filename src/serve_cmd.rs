@@ -66,6 +66,9 @@ pub struct ServeArgs {
     /// The most bytes `extract` reads.
     #[arg(long, default_value_t = serve::DEFAULT_MAX_EXTRACT_BYTES)]
     max_extract_bytes: u64,
+    /// The longest request (a stdio line, an HTTP body), bytes.
+    #[arg(long, default_value_t = serve::DEFAULT_MAX_REQUEST_BYTES)]
+    max_request_bytes: usize,
     /// The shared helper VM's memory (MiB) at least, where runs go through
     /// one.
     #[arg(long, default_value_t = serve::DEFAULT_HELPER_MEMORY_MIB)]
@@ -123,6 +126,7 @@ pub fn cmd_serve(args: ServeArgs) -> Result<u8> {
         max_result_bytes: args.max_result_bytes,
         max_extract_bytes: args.max_extract_bytes,
         helper_memory_mib: args.helper_memory,
+        max_request_bytes: args.max_request_bytes,
     };
     match args.http {
         None => serve::serve_stdio(&options)?,
@@ -134,7 +138,7 @@ pub fn cmd_serve(args: ServeArgs) -> Result<u8> {
                     .token_file
                     .unwrap_or_else(|| image_builder::cache_root().join("serve/token")),
                 allowed_origins: args.allow_origins,
-                max_request_bytes: 4 << 20,
+                max_request_bytes: args.max_request_bytes,
             };
             serve::serve_http(&options, &http)?;
         }

@@ -62,7 +62,18 @@ impl Handler {
     }
 }
 
-fn tool_error(text: String) -> CallToolResult {
+/// The longest error text returned: an error may quote what it was given.
+const MAX_ERROR_BYTES: usize = 4096;
+
+fn tool_error(mut text: String) -> CallToolResult {
+    if text.len() > MAX_ERROR_BYTES {
+        let mut end = MAX_ERROR_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push_str("... (cut)");
+    }
     CallToolResult::error(vec![ContentBlock::text(text)])
 }
 

@@ -121,11 +121,12 @@ impl Gate {
         (status, format!("detvisor serve: {why}\n")).into_response()
     }
 
-    fn check(&self, request: &Request) -> Result<(), Response> {
+    /// Refused: the status and why.
+    fn check(&self, request: &Request) -> Result<(), (StatusCode, &'static str)> {
         if let Some(origin) = request.headers().get(header::ORIGIN) {
             let origin = origin.to_str().unwrap_or("");
             if !self.origins.iter().any(|o| o == origin) {
-                return Err(Self::refuse(
+                return Err((
                     StatusCode::FORBIDDEN,
                     "this Origin may not call the server (DNS rebinding guard)",
                 ));
@@ -138,7 +139,7 @@ impl Gate {
             .and_then(|v| v.strip_prefix("Bearer "));
         match given {
             Some(given) if same(given.trim().as_bytes(), self.token.as_bytes()) => Ok(()),
-            _ => Err(Self::refuse(
+            _ => Err((
                 StatusCode::UNAUTHORIZED,
                 "a bearer token is needed (Authorization: Bearer <the token file's contents>)",
             )),
@@ -153,7 +154,7 @@ async fn gate(
 ) -> Response {
     match gate.check(&request) {
         Ok(()) => next.run(request).await,
-        Err(refused) => refused,
+        Err((status, why)) => Gate::refuse(status, why),
     }
 }
 

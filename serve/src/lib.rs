@@ -23,6 +23,7 @@ pub mod handler;
 pub mod http;
 pub mod paths;
 pub mod runner;
+mod stdio;
 pub mod tools;
 
 use client::Shared;
@@ -73,7 +74,12 @@ pub struct ServeOptions {
     pub max_extract_bytes: u64,
     /// The helper VM's memory at least, MiB.
     pub helper_memory_mib: u32,
+    /// The longest request (a stdio line, an HTTP body), bytes.
+    pub max_request_bytes: usize,
 }
+
+/// The longest request by default.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 << 20;
 
 /// The default size limit of one result.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 8 << 20;
@@ -142,10 +148,20 @@ pub fn serve_stdio(options: &ServeOptions) -> Result<(), ServeError> {
     let shared = shared(options)?;
     let tools = Arc::new(tools::all());
     let handler = Handler::new(shared, tools).map_err(ServeError::Threads)?;
+    let max_line = options.max_request_bytes;
     runtime()?.block_on(async move {
         let out = tokio::fs::File::from_std(protocol_out);
+        let (ours, theirs) = tokio::io::duplex(1 << 16);
+        let (from_rmcp, to_rmcp) = tokio::io::split(ours);
+        tokio::spawn(stdio::pump(
+            tokio::io::stdin(),
+            out,
+            from_rmcp,
+            to_rmcp,
+            max_line,
+        ));
         let service = handler
-            .serve((tokio::io::stdin(), out))
+            .serve(tokio::io::split(theirs))
             .await
             .map_err(|e| ServeError::Session(e.to_string()))?;
         service
