@@ -298,3 +298,109 @@ impl HelperPlace {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prepared(kernel: &Path, initrd: Initrd) -> PreparedUp {
+        PreparedUp {
+            kernel: kernel.to_path_buf(),
+            initrd,
+            specs: Vec::new(),
+            node_names: Vec::new(),
+            workload: None,
+            network: devices::NetworkConfig::reliable(devices::LatencyDist::Fixed(vmm::VirtNanos(
+                1_000_000,
+            ))),
+            rtc_epoch_unix_secs: 0,
+            ram_bytes: 384 << 20,
+            faults: Vec::new(),
+            disks: Vec::new(),
+        }
+    }
+
+    fn helper(shared: &Path) -> HelperPlace {
+        HelperPlace {
+            reason: "a test".into(),
+            options: RunnerOptions {
+                placement: Placement::HelperVm {
+                    reason: "a test".into(),
+                },
+                seccomp: true,
+                shared_dirs: vec![shared.to_path_buf()],
+                helper_memory_mib: 0,
+            },
+            vm: None,
+            staging: None,
+            staged: BTreeMap::new(),
+            seccomp_said: false,
+        }
+    }
+
+    /// An `up` run's initrd and kernel are staged once each (by content,
+    /// by path) in the directory shared with the helper VM, the request
+    /// rewritten to name them there; what the shared helper VM cannot
+    /// hold is refused, naming it.
+    #[test]
+    fn test_a_run_s_files_are_staged_once_for_the_shared_helper_vm() {
+        let scratch = tempfile::tempdir().unwrap();
+        let kernel = scratch.path().join("vmlinux");
+        std::fs::write(&kernel, b"kernel").unwrap();
+        let mut place = helper(scratch.path());
+        let boot = |initrd: &[u8]| Request::BootUp {
+            prepared: prepared(&kernel, Initrd::Bytes(initrd.to_vec())),
+            options: UpOptions::new(1),
+        };
+        let mut first = boot(b"initrd one");
+        let memory = place.rewrite(&mut first).unwrap();
+        assert_eq!(memory, 2048, "at least the helper VM's floor");
+        let Request::BootUp { prepared: one, .. } = &first else {
+            panic!("a boot")
+        };
+        let Initrd::File(initrd) = &one.initrd else {
+            panic!("staged as a file")
+        };
+        let staging = place.staging().unwrap();
+        assert!(initrd.starts_with(&staging) && one.kernel.starts_with(&staging));
+        assert_eq!(std::fs::read(initrd).unwrap(), b"initrd one");
+        assert_eq!(std::fs::read(&one.kernel).unwrap(), b"kernel");
+        let mut again = boot(b"initrd one");
+        place.rewrite(&mut again).unwrap();
+        let mut other = boot(b"initrd two");
+        place.rewrite(&mut other).unwrap();
+        let (
+            Request::BootUp {
+                prepared: again, ..
+            },
+            Request::BootUp {
+                prepared: other, ..
+            },
+        ) = (&again, &other)
+        else {
+            panic!("boots")
+        };
+        let file = |initrd: &Initrd| match initrd {
+            Initrd::File(path) => path.clone(),
+            Initrd::Bytes(_) => panic!("staged as a file"),
+        };
+        assert_eq!(
+            file(&again.initrd),
+            file(&one.initrd),
+            "the same bytes staged once"
+        );
+        assert_ne!(file(&other.initrd), file(&one.initrd));
+        assert_eq!(other.kernel, one.kernel, "the same kernel staged once");
+        assert_eq!(place.staged.len(), 3);
+
+        let mut logs = boot(b"initrd one");
+        if let Request::BootUp { options, .. } = &mut logs {
+            options.logs = Some(scratch.path().join("logs"));
+        }
+        let refused = place.rewrite(&mut logs).unwrap_err();
+        assert!(refused.contains("no logs file"), "{refused}");
+        assert!(place.check_shared(&scratch.path().join("x")).is_ok());
+        let outside = place.check_shared(Path::new("/elsewhere")).unwrap_err();
+        assert!(outside.contains("/elsewhere: outside"), "{outside}");
+    }
+}
