@@ -101,6 +101,7 @@ impl Place {
                 vm: None,
                 staging: None,
                 staged: BTreeMap::new(),
+                kernels: BTreeMap::new(),
                 seccomp_said: false,
             })),
         }
@@ -123,6 +124,10 @@ struct HelperPlace {
     staging: Option<TempDir>,
     /// What was staged: a host file (or an initrd's digest) and where it is.
     staged: BTreeMap<String, PathBuf>,
+    /// Kernels shipped in the helper VM's payload when it started (the
+    /// VMM loads a kernel straight into guest memory, which a file on the
+    /// shared directory cannot be read into): host path, path inside.
+    kernels: BTreeMap<PathBuf, PathBuf>,
     seccomp_said: bool,
 }
 
@@ -222,7 +227,7 @@ impl HelperPlace {
             Initrd::File(path) => self.stage_file(&staging, path, "initrd")?,
         };
         prepared.initrd = Initrd::File(initrd);
-        prepared.kernel = self.stage_file(&staging, &prepared.kernel.clone(), "vmlinux")?;
+        prepared.kernel = self.kernel(&prepared.kernel)?;
         for disk in &mut prepared.disks {
             disk.image = disk
                 .image
@@ -248,6 +253,34 @@ impl HelperPlace {
             return Err("the server's helper VM takes no snapshots of an `up` run".into());
         }
         Ok(())
+    }
+
+    /// Where the helper VM has the kernel `path`: shipped in its payload
+    /// when it starts; a kernel it was not started with is refused.
+    fn kernel(&mut self, path: &Path) -> Result<PathBuf, String> {
+        let host = path
+            .canonicalize()
+            .map_err(|e| format!("kernel {}: {e}", path.display()))?;
+        if let Some(inside) = self.kernels.get(&host) {
+            return Ok(inside.clone());
+        }
+        if self.vm.is_some() {
+            return Err(format!(
+                "kernel {}: the server's helper VM started with {}; a run with another kernel needs a server of its own",
+                host.display(),
+                self.kernels
+                    .keys()
+                    .map(|k| k.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        let inside = PathBuf::from(helper_vm::payload_path(&format!(
+            "vmlinux-{}",
+            self.kernels.len()
+        )));
+        self.kernels.insert(host, inside.clone());
+        Ok(inside)
     }
 
     /// A copy of the host file `path` in the staging directory (once).
@@ -292,7 +325,19 @@ impl HelperPlace {
             "detvisor: serving through one helper VM (QEMU TCG with nested SVM, {memory} MiB), kept for every call, because {}",
             self.reason
         );
-        let vm = helper_vm::client::start_serving(&["serve-channel"], memory, shared, &[])
+        let files: Vec<helper_vm::PayloadFile> = self
+            .kernels
+            .iter()
+            .map(|(host, inside)| helper_vm::PayloadFile {
+                host_path: host.clone(),
+                payload_name: inside
+                    .strip_prefix(helper_vm::payload_path(""))
+                    .expect("a payload path")
+                    .display()
+                    .to_string(),
+            })
+            .collect();
+        let vm = helper_vm::client::start_serving(&["serve-channel"], memory, shared, &files)
             .map_err(|e| run::chain(&e))?;
         self.vm = Some(vm);
         Ok(())
@@ -334,6 +379,7 @@ mod tests {
             vm: None,
             staging: None,
             staged: BTreeMap::new(),
+            kernels: BTreeMap::new(),
             seccomp_said: false,
         }
     }
@@ -362,9 +408,10 @@ mod tests {
             panic!("staged as a file")
         };
         let staging = place.staging().unwrap();
-        assert!(initrd.starts_with(&staging) && one.kernel.starts_with(&staging));
+        assert!(initrd.starts_with(&staging));
         assert_eq!(std::fs::read(initrd).unwrap(), b"initrd one");
-        assert_eq!(std::fs::read(&one.kernel).unwrap(), b"kernel");
+        // The kernel goes in the helper VM's payload.
+        assert_eq!(one.kernel, Path::new("/payload/files/vmlinux-0"));
         let mut again = boot(b"initrd one");
         place.rewrite(&mut again).unwrap();
         let mut other = boot(b"initrd two");
@@ -390,8 +437,8 @@ mod tests {
             "the same bytes staged once"
         );
         assert_ne!(file(&other.initrd), file(&one.initrd));
-        assert_eq!(other.kernel, one.kernel, "the same kernel staged once");
-        assert_eq!(place.staged.len(), 3);
+        assert_eq!(other.kernel, one.kernel, "the same kernel shipped once");
+        assert_eq!(place.staged.len(), 2);
 
         let mut logs = boot(b"initrd one");
         if let Request::BootUp { options, .. } = &mut logs {
