@@ -1,7 +1,7 @@
 //! `detvisor serve` driven by MCP clients no one here wrote: the official
 //! Python SDK over stdio through a whole debugging session on the Raft
 //! stale-read finding (tests/serve/session.py), and over HTTP with the
-//! Python and TypeScript SDKs (tests/serve/http.py, client.mjs); raw
+//! Python and TypeScript SDKs (tests/serve/over_http.py, client.mjs); raw
 //! malformed requests over stdio. The clients are installed by
 //! scripts/mcp-clients into the cache; the finding is the campaign the
 //! test run shares (tests/common/stale.rs).
@@ -148,9 +148,9 @@ fn test_http_needs_the_token_and_its_own_origin_and_serves_the_typescript_sdk() 
 
     let python_figures = run_client(
         Command::new(python())
-            .arg(repo().join("tests/serve/http.py"))
+            .arg(repo().join("tests/serve/over_http.py"))
             .args([&url, token_file.to_str().unwrap(), "campaign"]),
-        "tests/serve/http.py",
+        "tests/serve/over_http.py",
     );
     assert!(python_figures["findings"].as_u64().unwrap() >= 1);
 
@@ -209,20 +209,32 @@ fn test_http_needs_the_token_and_its_own_origin_and_serves_the_typescript_sdk() 
     .unwrap();
     // Past the longest request the server takes (4 MiB): refused unread.
     let huge = "a".repeat(5 << 20);
-    writeln!(input, "{}", serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-        "params": {"name": "findings", "arguments": {"campaign": huge}}}))
+    writeln!(
+        input,
+        "{}",
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "findings", "arguments": {"campaign": huge}}})
+    )
     .unwrap();
     // A long one it takes, with a path that is no directory: an error
     // result, cut short.
     let long = "a".repeat(1 << 20);
-    writeln!(input, "{}", serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
-        "params": {"name": "findings", "arguments": {"campaign": long}}}))
+    writeln!(
+        input,
+        "{}",
+        serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+        "params": {"name": "findings", "arguments": {"campaign": long}}})
+    )
     .unwrap();
     let refused = answer(3);
     assert_eq!(refused["result"]["isError"], true, "{refused:.300}");
     assert!(refused.to_string().len() < 8192, "{refused:.300}");
-    writeln!(input, "{}", serde_json::json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
-        "params": {"name": "findings", "arguments": {"campaign": "campaign"}}}))
+    writeln!(
+        input,
+        "{}",
+        serde_json::json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+        "params": {"name": "findings", "arguments": {"campaign": "campaign"}}})
+    )
     .unwrap();
     let listed = answer(4);
     assert!(
