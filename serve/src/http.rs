@@ -180,7 +180,7 @@ pub async fn serve(shared: Arc<Shared>, options: &HttpOptions) -> Result<(), Htt
         origins.push(format!("http://{bound}"));
     }
     origins.extend(options.allowed_origins.iter().cloned());
-    let mut hosts = vec![
+    let hosts = vec![
         "localhost".to_string(),
         "127.0.0.1".into(),
         "::1".into(),
@@ -188,13 +188,16 @@ pub async fn serve(shared: Arc<Shared>, options: &HttpOptions) -> Result<(), Htt
         format!("127.0.0.1:{port}"),
         format!("[::1]:{port}"),
     ];
-    if !bound.ip().is_loopback() {
-        hosts.push(bound.to_string());
-        hosts.push(bound.ip().to_string());
-    }
     let ct = tokio_util::sync::CancellationToken::new();
-    let config = StreamableHttpServerConfig::default()
-        .with_allowed_hosts(hosts)
+    let config = StreamableHttpServerConfig::default();
+    // Told to listen beyond loopback, clients name the host by whatever
+    // address reaches it: the token and the Origin check guard it.
+    let config = if options.any_address {
+        config.disable_allowed_hosts()
+    } else {
+        config.with_allowed_hosts(hosts)
+    };
+    let config = config
         .with_allowed_origins(origins.clone())
         .enforce_origin_validation()
         .with_max_request_body_bytes(options.max_request_bytes)

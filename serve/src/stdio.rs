@@ -114,3 +114,51 @@ where
     }
     reader.abort();
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn lines(input: &[u8], max: usize) -> Vec<Option<String>> {
+        let mut reader = BufReader::with_capacity(4, input);
+        let mut line = Vec::new();
+        let mut out = Vec::new();
+        while let Some(fits) = read_line(&mut reader, &mut line, max).await.unwrap() {
+            out.push(fits.then(|| String::from_utf8(line.clone()).unwrap()));
+        }
+        out
+    }
+
+    /// Lines are read whole across the reader's buffer; one past the limit
+    /// is dropped to its end (the next is read as it is); the last line
+    /// needs no newline.
+    #[test]
+    fn test_lines_past_the_limit_are_dropped_whole() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let read = runtime.block_on(lines(b"short\nmuch too long a line\n\nlast", 10));
+        assert_eq!(
+            read,
+            [
+                Some("short".to_string()),
+                None,
+                Some(String::new()),
+                Some("last".to_string())
+            ]
+        );
+        assert_eq!(
+            runtime.block_on(lines(b"", 10)),
+            Vec::<Option<String>>::new()
+        );
+    }
+
+    #[test]
+    fn test_an_unreadable_request_is_answered_with_a_json_rpc_error() {
+        let line = error_line(-32700, "parse error");
+        let value: serde_json::Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(value["error"]["code"], -32700);
+        assert!(value["id"].is_null());
+        assert_eq!(line.last(), Some(&b'\n'));
+    }
+}
