@@ -200,10 +200,10 @@ impl HelperPlace {
         }
         // Its paths made absolute, as inside.
         *request = probe;
-        if self.vm.is_some() {
-            for dir in &needs.shared_dirs {
-                self.check_shared(dir)?;
-            }
+        // The helper VM shares the root, the disks' cache and the staging
+        // directory, whichever request comes first.
+        for dir in &needs.shared_dirs {
+            self.check_shared(dir)?;
         }
         Ok(needs.memory_mib)
     }
@@ -233,9 +233,7 @@ impl HelperPlace {
                 .image
                 .canonicalize()
                 .map_err(|e| format!("disk image {}: {e}", disk.image.display()))?;
-            if self.vm.is_some() {
-                self.check_shared(&disk.image)?;
-            }
+            self.check_shared(&disk.image)?;
         }
         for (what, path) in [
             ("logs", &options.logs),
