@@ -8,6 +8,7 @@ mod image_cmd;
 mod likelihood_cmd;
 mod print;
 mod serve;
+mod serve_cmd;
 mod soak_cmd;
 mod terminal;
 mod trace_cmd;
@@ -112,6 +113,9 @@ enum Command {
     /// counts by kind and by device, in all and per virtual second.
     Trace(trace_cmd::TraceArgs),
     Likelihood(likelihood_cmd::LikelihoodArgs),
+    /// The debugger over MCP for coding agents: every debugger verb a tool,
+    /// over stdio (default) or streamable HTTP, within enforced budgets.
+    Serve(serve_cmd::ServeArgs),
     /// Inside the helper VM: answer run requests on its channel.
     #[command(hide = true)]
     ServeChannel,
@@ -741,6 +745,7 @@ fn main() -> ExitCode {
         Command::Likelihood(args) => likelihood_cmd::cmd_likelihood(args),
         Command::Verify(args) => verify_cmd::cmd_verify(args),
         Command::Image(cmd) => image_cmd::run(cmd),
+        Command::Serve(args) => serve_cmd::cmd_serve(args),
         Command::ServeChannel => serve::serve(),
     };
     match result {

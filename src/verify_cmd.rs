@@ -204,6 +204,7 @@ mod tests {
                 call: Usage::default(),
                 session: Usage::default(),
                 left: Usage::default(),
+                shared: Vec::new(),
             },
         };
         let text = table(&report);

@@ -10,15 +10,12 @@
 mod common;
 
 use common::images::*;
+use common::stale::*;
 use common::*;
 use fuzzer::store::Store;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
-
-/// Branches per campaign: the stale read is found on the first (seed 1).
-const BRANCHES: &str = "3";
 
 /// A copy of `examples/raft/campaign-<variant>.toml` and its manifest beside
 /// the scratch raft image.
@@ -84,35 +81,10 @@ fn state(dir: &Path) -> CampaignState {
     (nodes, findings, store.campaign_meta().unwrap().tally)
 }
 
-/// The stale campaign run once, uninterrupted (shared by the tests here).
-fn stale_campaign() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = out_dir("stale");
-        let run = campaign(&campaign_file("stale"), &out, &[]);
-        assert_eq!(
-            run.status.code(),
-            Some(1),
-            "a campaign with findings exits 1: {}",
-            stderr(&run)
-        );
-        out
-    })
-}
-
-fn findings_json(dir: &Path) -> Vec<serde_json::Value> {
-    let out = detvisor(&["findings", dir.to_str().unwrap(), "--json"]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    stdout(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
 #[test]
 fn test_stale_read_campaign_finds_shrinks_and_replays_from_a_copy() {
     let dir = stale_campaign();
-    let found = findings_json(dir);
+    let found = findings_json(&dir);
     let lin: Vec<_> = found
         .iter()
         .filter(|f| {
@@ -216,7 +188,7 @@ fn test_campaign_killed_mid_branch_resumes_the_same_search() {
     );
     // The same tree, findings and tally as the uninterrupted campaign.
     let (nodes, findings, tally) = state(&out);
-    let (want_nodes, want_findings, want_tally) = state(stale_campaign());
+    let (want_nodes, want_findings, want_tally) = state(&stale_campaign());
     assert_eq!(nodes, want_nodes);
     assert_eq!(findings, want_findings);
     assert_eq!(tally, want_tally);
@@ -339,44 +311,6 @@ fn test_a_moment_spill_cannot_take_is_let_go_and_the_campaign_goes_on() {
             && err.contains("No space left on device"),
         "{err}"
     );
-}
-
-/// The stale-read finding's first linearizability finding's directory.
-fn stale_finding() -> PathBuf {
-    let dir = stale_campaign();
-    let found = findings_json(dir);
-    let finding = found
-        .iter()
-        .find(|f| {
-            f["key"]
-                .as_str()
-                .unwrap()
-                .starts_with("checker:linearizability:")
-        })
-        .expect("a linearizability finding");
-    PathBuf::from(finding["dir"].as_str().unwrap())
-}
-
-/// The node the finding's path paused or cut off first (the old leader,
-/// whose lease reads went stale), else n1.
-fn old_leader(finding: &Path) -> String {
-    let file: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(finding.join("finding.json")).unwrap())
-            .unwrap();
-    file["path"]["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|s| s["faults"].as_array().unwrap().clone())
-        .filter_map(|f| {
-            let text = f.as_str()?.to_owned();
-            ["n1", "n2", "n3"]
-                .into_iter()
-                .find(|n| text.contains(&format!("pause {n}")))
-                .map(str::to_owned)
-        })
-        .next()
-        .unwrap_or_else(|| "n1".into())
 }
 
 /// The debugger at the stale-read finding, as a person and as an agent

@@ -10,6 +10,8 @@
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use vmm::VirtNanos;
 
@@ -95,6 +97,45 @@ pub struct Spent {
     pub call: Usage,
     pub session: Usage,
     pub left: Usage,
+    /// The budgets shared with other sessions that this one is within (a
+    /// server's, a client's): what they used together and what is left.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<SharedSpent>,
+}
+
+/// A shared budget's use, as a result reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedSpent {
+    /// Whose it is (`server`, `client`).
+    pub scope: SharedScope,
+    pub used: Usage,
+    pub left: Usage,
+}
+
+/// Whose a shared budget is: the limits it refuses are named after it
+/// (`server_virtual_time`, `client_branches_created`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SharedScope {
+    /// Every client of a server together.
+    Server,
+    /// One client's sessions (one per source) together.
+    Client,
+}
+
+impl SharedScope {
+    fn name(self, what: &str) -> &'static str {
+        match (self, what) {
+            (SharedScope::Server, "wall") => "server_wall",
+            (SharedScope::Server, "virtual_time") => "server_virtual_time",
+            (SharedScope::Server, "branches_created") => "server_branches_created",
+            (SharedScope::Server, _) => "server_bytes",
+            (SharedScope::Client, "wall") => "client_wall",
+            (SharedScope::Client, "virtual_time") => "client_virtual_time",
+            (SharedScope::Client, "branches_created") => "client_branches_created",
+            (SharedScope::Client, _) => "client_bytes",
+        }
+    }
 }
 
 /// A limit a call would pass.
@@ -118,6 +159,158 @@ pub struct LogError {
     pub source: std::io::Error,
 }
 
+/// A call was cancelled by its caller (checked where the wall budget is).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the call was cancelled")]
+pub struct Cancelled;
+
+/// The limits of a budget several sessions share (a server's, over all its
+/// clients): what they may spend together. Wall time here is the sum of
+/// the calls' wall times (the compute they held), not time since start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SharedLimits {
+    /// Wall time of all calls together.
+    pub wall: VirtNanos,
+    /// Virtual time simulated by all calls together.
+    pub virtual_time: VirtNanos,
+    /// Branches created by all sessions together.
+    pub branches_created: u64,
+    /// Bytes returned by all sessions together.
+    pub bytes: u64,
+}
+
+impl Default for SharedLimits {
+    /// No limit (each session keeps its own).
+    fn default() -> Self {
+        SharedLimits {
+            wall: VirtNanos(u64::MAX),
+            virtual_time: VirtNanos(u64::MAX),
+            branches_created: u64::MAX,
+            bytes: u64::MAX,
+        }
+    }
+}
+
+/// A budget several sessions draw from at once (clone it into each): a
+/// call is checked against what the others used and ended, its use added
+/// when it ends. Checks and ends of concurrent calls interleave: a call is
+/// checked against the calls that ended before it, so concurrent calls
+/// may together pass a limit by at most what they were each allowed.
+#[derive(Clone, Debug)]
+pub struct SharedBudget {
+    inner: Arc<Mutex<SharedState>>,
+}
+
+#[derive(Debug)]
+struct SharedState {
+    scope: SharedScope,
+    limits: SharedLimits,
+    used: Usage,
+}
+
+impl SharedBudget {
+    pub fn new(scope: SharedScope, limits: SharedLimits) -> SharedBudget {
+        SharedBudget {
+            inner: Arc::new(Mutex::new(SharedState {
+                scope,
+                limits,
+                used: Usage::default(),
+            })),
+        }
+    }
+
+    pub fn scope(&self) -> SharedScope {
+        self.state().scope
+    }
+
+    /// What a result reports of it.
+    pub fn spent(&self) -> SharedSpent {
+        SharedSpent {
+            scope: self.scope(),
+            used: self.used(),
+            left: self.left(),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, SharedState> {
+        // A panic elsewhere left the counts as they were: still usable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn limits(&self) -> SharedLimits {
+        self.state().limits.clone()
+    }
+
+    /// What all sessions used (calls that ended).
+    pub fn used(&self) -> Usage {
+        self.state().used.clone()
+    }
+
+    /// What is left.
+    pub fn left(&self) -> Usage {
+        let state = self.state();
+        let (limits, used) = (&state.limits, &state.used);
+        Usage {
+            wall: VirtNanos(limits.wall.0.saturating_sub(used.wall.0)),
+            virtual_time: VirtNanos(limits.virtual_time.0.saturating_sub(used.virtual_time.0)),
+            branches_created: limits
+                .branches_created
+                .saturating_sub(used.branches_created),
+            bytes: limits.bytes.saturating_sub(used.bytes),
+            disk_bytes: 0,
+        }
+    }
+
+    fn add(&self, call: &Usage) {
+        self.state().used.add(call);
+    }
+
+    /// Refuses a call whose use so far is `call` and that needs `needed`
+    /// more.
+    fn check(&self, call: &Usage, needed: &Usage) -> Result<(), BudgetError> {
+        let state = self.state();
+        let (limits, used, scope) = (&state.limits, &state.used, state.scope);
+        let wall = VirtNanos(used.wall.0.saturating_add(call.wall.0));
+        if wall.0.saturating_add(needed.wall.0) > limits.wall.0 {
+            return Err(time_error(
+                scope.name("wall"),
+                limits.wall,
+                wall,
+                needed.wall,
+            ));
+        }
+        let virtual_time = VirtNanos(used.virtual_time.0.saturating_add(call.virtual_time.0));
+        if virtual_time.0.saturating_add(needed.virtual_time.0) > limits.virtual_time.0 {
+            return Err(time_error(
+                scope.name("virtual_time"),
+                limits.virtual_time,
+                virtual_time,
+                needed.virtual_time,
+            ));
+        }
+        let branches = used.branches_created.saturating_add(call.branches_created);
+        if branches.saturating_add(needed.branches_created) > limits.branches_created {
+            return Err(count_error(
+                scope.name("branches_created"),
+                limits.branches_created,
+                branches,
+                needed.branches_created,
+            ));
+        }
+        let bytes = used.bytes.saturating_add(call.bytes);
+        if bytes.saturating_add(needed.bytes) > limits.bytes {
+            return Err(count_error(
+                scope.name("bytes"),
+                limits.bytes,
+                bytes,
+                needed.bytes,
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A session's budget: its limits, what it used, and the call under way.
 pub struct Budget {
     pub limits: Limits,
@@ -125,6 +318,8 @@ pub struct Budget {
     started: Instant,
     call: Option<(String, Instant, Usage)>,
     log: Option<PathBuf>,
+    shared: Vec<SharedBudget>,
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 fn time_error(
@@ -133,7 +328,7 @@ fn time_error(
     used: VirtNanos,
     needed: VirtNanos,
 ) -> BudgetError {
-    let over = VirtNanos((used.0 + needed.0).saturating_sub(limit.0));
+    let over = VirtNanos(used.0.saturating_add(needed.0).saturating_sub(limit.0));
     BudgetError {
         budget,
         limit: limit.to_string(),
@@ -149,7 +344,10 @@ fn count_error(budget: &'static str, limit: u64, used: u64, needed: u64) -> Budg
         limit: limit.to_string(),
         used: used.to_string(),
         needed: needed.to_string(),
-        over: (used + needed).saturating_sub(limit).to_string(),
+        over: used
+            .saturating_add(needed)
+            .saturating_sub(limit)
+            .to_string(),
     }
 }
 
@@ -162,7 +360,59 @@ impl Budget {
             started: Instant::now(),
             call: None,
             log: log.map(Path::to_path_buf),
+            shared: Vec::new(),
+            cancel: None,
         }
+    }
+
+    /// This budget within `shared` too: every check also against them,
+    /// every call's use also added to them.
+    pub fn within(mut self, shared: impl IntoIterator<Item = SharedBudget>) -> Budget {
+        self.shared.extend(shared);
+        self
+    }
+
+    /// Calls stop (with [`Cancelled`], between the slices they run in)
+    /// once `flag` is set; a new call clears nothing: the flag's owner
+    /// does.
+    pub fn cancelled_by(mut self, flag: Option<Arc<AtomicBool>>) -> Budget {
+        self.cancel = flag;
+        self
+    }
+
+    /// Sets (or takes away) the flag that cancels calls.
+    pub fn set_cancel(&mut self, flag: Option<Arc<AtomicBool>>) {
+        self.cancel = flag;
+    }
+
+    /// Refuses going on once the call was cancelled.
+    pub fn check_cancelled(&self) -> Result<(), Cancelled> {
+        match &self.cancel {
+            Some(flag) if flag.load(Ordering::SeqCst) => Err(Cancelled),
+            _ => Ok(()),
+        }
+    }
+
+    /// The flag that cancels calls, for work on other threads.
+    pub fn cancel_flag(&self) -> Option<Arc<AtomicBool>> {
+        self.cancel.clone()
+    }
+
+    /// The shared budgets this one is within.
+    pub fn shared(&self) -> &[SharedBudget] {
+        &self.shared
+    }
+
+    /// Checks `needed` more of this call against the shared budgets.
+    fn check_shared(&self, needed: Usage) -> Result<(), BudgetError> {
+        let mut call = self.call_usage();
+        if let Some((_, started, _)) = &self.call {
+            call.wall = VirtNanos(started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
+        }
+        for shared in &self.shared {
+            shared.check(&call, &needed)?;
+        }
+        Ok(())
     }
 
     /// A call named `name` begins (its wall time counts from here).
@@ -198,7 +448,10 @@ impl Budget {
                 needed,
             ));
         }
-        Ok(())
+        self.check_shared(Usage {
+            virtual_time: needed,
+            ..Usage::default()
+        })
     }
 
     /// Counts `simulated` virtual time against the call.
@@ -228,7 +481,10 @@ impl Budget {
                 needed,
             ));
         }
-        Ok(())
+        self.check_shared(Usage {
+            bytes: needed,
+            ..Usage::default()
+        })
     }
 
     pub fn returned(&mut self, bytes: u64) {
@@ -295,7 +551,10 @@ impl Budget {
                 1,
             ));
         }
-        Ok(())
+        self.check_shared(Usage {
+            branches_created: needed,
+            ..Usage::default()
+        })
     }
 
     pub fn branched(&mut self, count: u64) {
@@ -336,7 +595,7 @@ impl Budget {
                 VirtNanos::ZERO,
             ));
         }
-        Ok(())
+        self.check_shared(Usage::default())
     }
 
     /// Ends the call (also a failed one): its use counts against the
@@ -348,10 +607,14 @@ impl Budget {
             .unwrap_or_else(|| ("call".into(), Instant::now(), Usage::default()));
         call.wall = VirtNanos(started.elapsed().as_nanos().min(u128::from(u64::MAX)) as u64);
         self.session.add(&call);
+        for shared in &self.shared {
+            shared.add(&call);
+        }
         let spent = Spent {
             call: call.clone(),
             session: self.session.clone(),
             left: self.left(),
+            shared: self.shared.iter().map(SharedBudget::spent).collect(),
         };
         if let Some(path) = &self.log {
             let line = serde_json::json!({
@@ -360,6 +623,7 @@ impl Budget {
                 "used": call,
                 "session": self.session,
                 "left": spent.left,
+                "shared": spent.shared,
             });
             let error = |source| LogError {
                 path: path.clone(),
@@ -465,6 +729,73 @@ mod tests {
             lines[1]["left"]["bytes"],
             serde_json::json!(Limits::default().session_bytes - 12)
         );
+    }
+
+    #[test]
+    fn test_sessions_within_a_shared_budget_draw_from_it_together() {
+        let shared = SharedBudget::new(
+            SharedScope::Server,
+            SharedLimits {
+                virtual_time: VirtNanos(10 * SECOND),
+                branches_created: 3,
+                ..SharedLimits::default()
+            },
+        );
+        let mut a = Budget::new(Limits::default(), None).within([shared.clone()]);
+        let client = SharedBudget::new(
+            SharedScope::Client,
+            SharedLimits {
+                bytes: 10,
+                ..SharedLimits::default()
+            },
+        );
+        let mut b = Budget::new(Limits::default(), None).within([shared.clone(), client]);
+        a.begin("wait").unwrap();
+        a.check_virtual(VirtNanos(6 * SECOND)).unwrap();
+        a.simulated(VirtNanos(6 * SECOND));
+        a.branched(2);
+        let spent = a.end("ok").unwrap();
+        let reported = &spent.shared[0];
+        assert_eq!(reported.scope, SharedScope::Server);
+        assert_eq!(reported.used.virtual_time, VirtNanos(6 * SECOND));
+        assert_eq!(reported.left.virtual_time, VirtNanos(4 * SECOND));
+        assert_eq!(reported.left.branches_created, 1);
+        // The other session has its own limits untouched, but not the
+        // shared ones.
+        b.begin("wait").unwrap();
+        let error = b.check_virtual(VirtNanos(5 * SECOND)).unwrap_err();
+        assert_eq!(error.budget, "server_virtual_time");
+        assert_eq!(error.over, "1s");
+        b.check_virtual(VirtNanos(4 * SECOND)).unwrap();
+        let error = b.check_branches(2, 0, 1, 0).unwrap_err();
+        assert_eq!(
+            (error.budget, error.used.as_str(), error.over.as_str()),
+            ("server_branches_created", "2", "1")
+        );
+        b.check_branches(1, 0, 1, 0).unwrap();
+        assert_eq!(b.check_bytes(11).unwrap_err().budget, "client_bytes");
+        b.check_bytes(10).unwrap();
+        assert_eq!(b.session().virtual_time, VirtNanos::ZERO);
+        assert_eq!(b.end("ok").unwrap().shared.len(), 2);
+        // Without limits a shared budget refuses nothing.
+        let free = Budget::new(Limits::default(), None).within([SharedBudget::new(
+            SharedScope::Server,
+            SharedLimits::default(),
+        )]);
+        free.check_virtual(VirtNanos(SECOND)).unwrap();
+        free.check_bytes(1).unwrap();
+    }
+
+    #[test]
+    fn test_a_cancelled_call_is_told_so() {
+        let flag = Arc::new(AtomicBool::new(false));
+        let budget = Budget::new(Limits::default(), None).cancelled_by(Some(flag.clone()));
+        budget.check_cancelled().unwrap();
+        flag.store(true, Ordering::SeqCst);
+        assert_eq!(budget.check_cancelled(), Err(Cancelled));
+        assert!(Budget::new(Limits::default(), None)
+            .check_cancelled()
+            .is_ok());
     }
 
     #[test]

@@ -288,7 +288,7 @@ impl Plan {
 /// is made on the worker's thread (a run's state stays on the thread that
 /// made it).
 pub struct Seat {
-    runner: fuzzer::campaign::WorkerRunner,
+    runner: Box<dyn run::client::Runner + Send>,
     dir: PathBuf,
     /// The run as the runner sees it (its files in the helper VM).
     there: run::up::PreparedUp,
@@ -321,9 +321,33 @@ pub fn sessions(
     Ok(runners
         .into_iter()
         .map(|runner| Seat {
-            runner,
+            runner: Box::new(runner),
             dir: source.dir().to_owned(),
             there: there.clone(),
+            options: options(),
+        })
+        .collect())
+}
+
+/// `workers` seats on `dir`'s finding, each on a runner `runner` makes
+/// (one that takes the run's files as the host names them).
+pub fn seats_on(
+    dir: &Path,
+    workers: u32,
+    runner: &dyn Fn() -> Box<dyn run::client::Runner + Send>,
+    options: &dyn Fn() -> SessionOptions,
+) -> Result<Vec<Seat>> {
+    let source = Source::open(dir)?;
+    let Some(finding) = source.finding() else {
+        return Err(LikelihoodError::NotAFinding {
+            dir: source.dir().to_owned(),
+        });
+    };
+    Ok((0..workers.max(1))
+        .map(|_| Seat {
+            runner: runner(),
+            dir: source.dir().to_owned(),
+            there: finding.finding.run.clone(),
             options: options(),
         })
         .collect())

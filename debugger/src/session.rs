@@ -7,7 +7,7 @@
 //! cheap. What is kept is bounded (by count here and by bytes in the run
 //! library's checkpoint budget); the least recently used goes first.
 
-use crate::budget::{Budget, BudgetError, Limits, LogError, Spent};
+use crate::budget::{Budget, BudgetError, Cancelled, Limits, LogError, SharedBudget, Spent};
 use crate::moment::{Action, MomentId};
 use crate::source::{FindingSource, Source, SourceError};
 use run::api::{CheckpointId, Position, RunId, Until};
@@ -30,6 +30,8 @@ pub enum SessionError {
     Budget(#[from] BudgetError),
     #[error(transparent)]
     Log(#[from] LogError),
+    #[error(transparent)]
+    Cancelled(#[from] Cancelled),
     #[error("{moment}: {what} names a moment of a finding's history; {source_dir} is a directory of snapshots")]
     NotAFinding {
         moment: String,
@@ -77,7 +79,16 @@ pub struct SessionOptions {
     pub log: Option<std::path::PathBuf>,
     /// Checkpoints kept at once (the least recently used is let go).
     pub max_kept: usize,
+    /// A budget the session is within, shared with other sessions (a
+    /// server's).
+    pub shared: Vec<SharedBudget>,
+    /// Calls stop once this is set (see [`Budget::cancelled_by`]).
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
+
+/// What a session tells while it replays toward a moment: the virtual
+/// time reached and the time it is going to.
+pub type ProgressHook = Box<dyn Fn(VirtNanos, VirtNanos)>;
 
 /// Checkpoints a session keeps by default.
 pub const DEFAULT_KEPT: usize = 8;
@@ -88,6 +99,8 @@ impl Default for SessionOptions {
             limits: Limits::default(),
             log: None,
             max_kept: DEFAULT_KEPT,
+            shared: Vec::new(),
+            cancel: None,
         }
     }
 }
@@ -179,6 +192,8 @@ pub struct Session {
     /// The finding's run as the runner sees it (its files where a helper
     /// VM holds them), when the runner was started for it.
     run_as_seen: Option<run::up::PreparedUp>,
+    /// Told each slice of a replay.
+    progress: Option<ProgressHook>,
 }
 
 impl Session {
@@ -187,7 +202,9 @@ impl Session {
         Session {
             runner,
             source,
-            budget: Budget::new(options.limits, options.log.as_deref()),
+            budget: Budget::new(options.limits, options.log.as_deref())
+                .within(options.shared)
+                .cancelled_by(options.cancel),
             held: None,
             kept: Vec::new(),
             uses: 0,
@@ -195,7 +212,14 @@ impl Session {
             branches: Default::default(),
             boot: None,
             run_as_seen: None,
+            progress: None,
         }
+    }
+
+    /// Tells `hook` the virtual time reached and the target after each
+    /// slice of a replay (`None`: tells no one).
+    pub fn set_progress(&mut self, hook: Option<ProgressHook>) {
+        self.progress = hook;
     }
 
     /// For a runner started for the finding's run (e.g. by
@@ -432,6 +456,7 @@ impl Session {
                 return Ok(from);
             }
             self.budget.check_wall()?;
+            self.budget.check_cancelled()?;
             let until = match limit {
                 Target::Time(t) => Until::Time(VirtNanos(t.0.min(from.virtual_ns.0 + SLICE.0))),
                 Target::Exit(n) => Until::ExitOrTime {
@@ -447,6 +472,9 @@ impl Session {
             let held = self.held.as_mut().expect("a held run");
             held.records.extend(records);
             held.position = position;
+            if let (Some(hook), Target::Time(target)) = (&self.progress, limit) {
+                hook(position.virtual_ns, target);
+            }
         }
     }
 

@@ -26,7 +26,7 @@
 //! the finding, failed at least once, and the patched system never failed;
 //! it states both failure rates with 95% Wilson intervals ([`Rate`]).
 
-use crate::budget::{Budget, BudgetError, LogError, Spent};
+use crate::budget::{Budget, BudgetError, Cancelled, LogError, Spent};
 pub use crate::rate::Rate;
 use crate::source::{FindingSource, Source, SourceError};
 use fuzzer::campaign::{CampaignError, Place};
@@ -92,6 +92,8 @@ pub enum VerifyError {
     Budget(#[from] BudgetError),
     #[error(transparent)]
     Log(#[from] LogError),
+    #[error(transparent)]
+    Cancelled(#[from] Cancelled),
     #[error("starting the {system} system's runners")]
     Runners {
         system: System,
@@ -439,8 +441,25 @@ pub fn verify(
     budget: &mut Budget,
     progress: Progress<'_>,
 ) -> Result<VerifyReport, VerifyError> {
+    verify_on(request, budget, progress, None)
+}
+
+/// Makes a runner that takes a run's files as the host names them (one
+/// that ships them wherever its runs happen itself).
+pub type MakeRunner<'a> = &'a dyn Fn() -> Box<dyn Runner + Send>;
+
+/// [`verify`], its workers' runners (a control and a patched one each)
+/// made by `runners` when given, instead of started for the request's
+/// place: a caller that holds runners already (a server's, over one helper
+/// VM) pays no start.
+pub fn verify_on(
+    request: &VerifyRequest,
+    budget: &mut Budget,
+    progress: Progress<'_>,
+    runners: Option<MakeRunner<'_>>,
+) -> Result<VerifyReport, VerifyError> {
     budget.begin("verify")?;
-    let result = verify_within(request, budget, progress);
+    let result = verify_within(request, budget, progress, runners);
     let spent = budget.end(if result.is_ok() { "ok" } else { "error" })?;
     result.map(|comparison| VerifyReport { comparison, spent })
 }
@@ -449,6 +468,7 @@ fn verify_within(
     request: &VerifyRequest,
     budget: &mut Budget,
     progress: Progress<'_>,
+    runners: Option<MakeRunner<'_>>,
 ) -> Result<Comparison, VerifyError> {
     if request.seeds == 0 || request.seeds > MAX_SEEDS {
         return Err(VerifyError::Seeds {
@@ -476,15 +496,29 @@ fn verify_within(
     budget.check_virtual(VirtNanos(end.saturating_mul(2 * u64::from(request.seeds))))?;
 
     let start = |system, prepared: &PreparedUp| {
-        fuzzer::campaign::start_runners(request.place, prepared, workers, &[]).map_err(|source| {
-            VerifyError::Runners {
-                system,
-                source: Box::new(source),
-            }
-        })
+        let (runners, there) =
+            fuzzer::campaign::start_runners(request.place, prepared, workers, &[]).map_err(
+                |source| VerifyError::Runners {
+                    system,
+                    source: Box::new(source),
+                },
+            )?;
+        let runners: Vec<Box<dyn Runner + Send>> = runners
+            .into_iter()
+            .map(|r| Box::new(r) as Box<dyn Runner + Send>)
+            .collect();
+        Ok::<_, VerifyError>((runners, there))
     };
-    let (control_runners, control_there) = start(System::Control, &finding.run)?;
-    let (patched_runners, patched_there) = start(System::Patched, &patched)?;
+    let ((control_runners, control_there), (patched_runners, patched_there)) = match runners {
+        Some(make) => (
+            ((0..workers).map(|_| make()).collect(), finding.run.clone()),
+            ((0..workers).map(|_| make()).collect(), patched.clone()),
+        ),
+        None => (
+            start(System::Control, &finding.run)?,
+            start(System::Patched, &patched)?,
+        ),
+    };
 
     let rows = run_seeds(
         Systems {
@@ -496,6 +530,7 @@ fn verify_within(
         &key,
         request.seeds,
         progress,
+        budget.cancel_flag(),
     )?;
     for row in &rows {
         budget.simulated(VirtNanos(
@@ -544,6 +579,7 @@ fn run_seeds<R: Runner + Send>(
     key: &FailureKey,
     seeds: u32,
     progress: Progress<'_>,
+    cancel: Option<std::sync::Arc<AtomicBool>>,
 ) -> Result<Vec<SeedRow>, VerifyError> {
     let next = AtomicU32::new(0);
     let stop = AtomicBool::new(false);
@@ -554,6 +590,7 @@ fn run_seeds<R: Runner + Send>(
     std::thread::scope(|scope| {
         for (mut control, mut patched) in workers {
             let (next, stop, rows, first_error) = (&next, &stop, &rows, &first_error);
+            let cancel = cancel.clone();
             scope.spawn(move || {
                 let outcome = (|| -> Result<(), VerifyError> {
                     let judge = fuzzer::judges::campaign_judge(spec)?;
@@ -561,6 +598,9 @@ fn run_seeds<R: Runner + Send>(
                         let offset = next.fetch_add(1, Ordering::SeqCst);
                         if offset >= seeds || stop.load(Ordering::SeqCst) {
                             return Ok(());
+                        }
+                        if cancel.as_ref().is_some_and(|c| c.load(Ordering::SeqCst)) {
+                            return Err(Cancelled.into());
                         }
                         let choice = SeedChoice::at(spec.seed, &path.steps, offset);
                         let one = |system, runner: &mut R, prepared| {

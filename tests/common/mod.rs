@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod coin;
 pub mod images;
+pub mod stale;
 
 use std::process::{Command, Output};
 

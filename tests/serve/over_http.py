@@ -1,0 +1,70 @@
+"""`detvisor serve --http` with the official MCP Python SDK (tests/serve.rs):
+initialize and one call with the bearer token; refusals without it and with
+a foreign Origin; malformed and oversized requests answered, the server
+alive after them.
+
+argv: URL TOKEN_FILE CAMPAIGN (relative to the server's root).
+"""
+
+import asyncio
+import json
+import sys
+import urllib.error
+import urllib.request
+
+from mcp import ClientSession
+from mcp.client.streamable_http import streamablehttp_client
+
+url, token_file, campaign = sys.argv[1:4]
+token = open(token_file).read().strip()
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}}}
+
+
+def check(condition, what):
+    if not condition:
+        raise AssertionError(what)
+
+
+def post(body, headers):
+    request = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        **headers,
+    })
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(errors="replace")
+
+
+async def session():
+    async with streamablehttp_client(url, headers={"Authorization": f"Bearer {token}"}) as (r, w, _):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            res = await s.call_tool("findings", {"campaign": campaign})
+            check(not res.isError, res)
+            check(res.structuredContent["findings"], res.structuredContent)
+            return len(res.structuredContent["findings"])
+
+
+found = asyncio.run(session())
+authorized = {"Authorization": f"Bearer {token}"}
+body = json.dumps(INIT).encode()
+status, text = post(body, {})
+check(status == 401, (status, text))
+status, text = post(body, {"Authorization": "Bearer not-the-token"})
+check(status == 401, (status, text))
+status, text = post(body, {**authorized, "Origin": "http://evil.example"})
+check(status == 403, (status, text))
+status, text = post(b"{this is not json", authorized)
+check(400 <= status < 500, (status, text))
+status, text = post(b"[" + b" " * (8 << 20) + b"]", authorized)
+check(status == 413, (status, text[:200]))
+# Alive after all of it, for the server's own Origin too.
+origin = url.rsplit("/", 1)[0]
+status, text = post(body, {**authorized, "Origin": origin})
+check(status == 200, (status, text))
+print(json.dumps({"findings": found}))
