@@ -47,6 +47,12 @@ async def session():
             res = await s.call_tool("findings", {"campaign": campaign})
             check(not res.isError, res)
             check(res.structuredContent["findings"], res.structuredContent)
+            # The server-wide budget (--budget-virtual 1s) refuses a call
+            # that would replay past it, before anything runs, naming it.
+            moment = f"{campaign}/findings/0001@-1s"
+            refused = await s.call_tool("rewind", {"moment": moment})
+            text = " ".join(c.text for c in refused.content if hasattr(c, "text"))
+            check(refused.isError and "budget server_virtual_time" in text, (refused, text))
             return len(res.structuredContent["findings"])
 
 
