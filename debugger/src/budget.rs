@@ -109,7 +109,17 @@ pub struct SharedSpent {
     /// Whose it is (`server`, `client`).
     pub scope: SharedScope,
     pub used: Usage,
-    pub left: Usage,
+    pub left: SharedLeft,
+}
+
+/// What is left of a shared budget; `None` (null in JSON) where it has no
+/// limit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharedLeft {
+    pub wall: Option<VirtNanos>,
+    pub virtual_time: Option<VirtNanos>,
+    pub branches_created: Option<u64>,
+    pub bytes: Option<u64>,
 }
 
 /// Whose a shared budget is: the limits it refuses are named after it
@@ -247,18 +257,16 @@ impl SharedBudget {
         self.state().used.clone()
     }
 
-    /// What is left.
-    pub fn left(&self) -> Usage {
+    /// What is left (`None` where there is no limit: `u64::MAX`).
+    pub fn left(&self) -> SharedLeft {
         let state = self.state();
         let (limits, used) = (&state.limits, &state.used);
-        Usage {
-            wall: VirtNanos(limits.wall.0.saturating_sub(used.wall.0)),
-            virtual_time: VirtNanos(limits.virtual_time.0.saturating_sub(used.virtual_time.0)),
-            branches_created: limits
-                .branches_created
-                .saturating_sub(used.branches_created),
-            bytes: limits.bytes.saturating_sub(used.bytes),
-            disk_bytes: 0,
+        let left = |limit: u64, used: u64| (limit != u64::MAX).then(|| limit.saturating_sub(used));
+        SharedLeft {
+            wall: left(limits.wall.0, used.wall.0).map(VirtNanos),
+            virtual_time: left(limits.virtual_time.0, used.virtual_time.0).map(VirtNanos),
+            branches_created: left(limits.branches_created, used.branches_created),
+            bytes: left(limits.bytes, used.bytes),
         }
     }
 
@@ -758,8 +766,10 @@ mod tests {
         let reported = &spent.shared[0];
         assert_eq!(reported.scope, SharedScope::Server);
         assert_eq!(reported.used.virtual_time, VirtNanos(6 * SECOND));
-        assert_eq!(reported.left.virtual_time, VirtNanos(4 * SECOND));
-        assert_eq!(reported.left.branches_created, 1);
+        assert_eq!(reported.left.virtual_time, Some(VirtNanos(4 * SECOND)));
+        assert_eq!(reported.left.branches_created, Some(1));
+        // No limit on bytes: nothing to count down from.
+        assert_eq!(reported.left.bytes, None);
         // The other session has its own limits untouched, but not the
         // shared ones.
         b.begin("wait").unwrap();

@@ -278,7 +278,15 @@ fn shared_spent() -> Value {
         json!({
             "scope": {"type": "string", "enum": ["server", "client"]},
             "used": usage(),
-            "left": usage(),
+            "left": object(
+                json!({
+                    "wall": {"type": ["integer", "null"], "description": "nanoseconds; null: no limit"},
+                    "virtual_time": {"type": ["integer", "null"], "description": "nanoseconds; null: no limit"},
+                    "branches_created": {"type": ["integer", "null"]},
+                    "bytes": {"type": ["integer", "null"]},
+                }),
+                &["wall", "virtual_time", "branches_created", "bytes"],
+            ),
         }),
         &["scope", "used", "left"],
     )
