@@ -128,7 +128,13 @@ fn test_http_needs_the_token_and_its_own_origin_and_serves_the_typescript_sdk() 
     let mut server = Command::new(env!("CARGO_BIN_EXE_detvisor"))
         .args(["serve", "--root"])
         .arg(root)
-        .args(["--http", "127.0.0.1:0", "--budget-virtual", "1s", "--token-file"])
+        .args([
+            "--http",
+            "127.0.0.1:0",
+            "--budget-virtual",
+            "1s",
+            "--token-file",
+        ])
         .arg(&token_file)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
