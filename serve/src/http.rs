@@ -153,7 +153,17 @@ async fn gate(
     next: Next,
 ) -> Response {
     match gate.check(&request) {
-        Ok(()) => next.run(request).await,
+        Ok(()) => {
+            let ending_session = request.method() == axum::http::Method::DELETE;
+            let mut response = next.run(request).await;
+            // rmcp answers a session's end with 202 and no body; MCP
+            // clients read 200 or 204 as ended (the Python SDK logs a 202
+            // as "Session termination failed").
+            if ending_session && response.status() == StatusCode::ACCEPTED {
+                *response.status_mut() = StatusCode::NO_CONTENT;
+            }
+            response
+        }
         Err((status, why)) => Gate::refuse(status, why),
     }
 }

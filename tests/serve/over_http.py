@@ -73,4 +73,25 @@ check(status == 413, (status, text[:200]))
 origin = url.rsplit("/", 1)[0]
 status, text = post(body, {**authorized, "Origin": origin})
 check(status == 200, (status, text))
+
+
+def raw(method, data, headers):
+    request = urllib.request.Request(url, data=data, method=method, headers={
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        **headers,
+    })
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers, error.read()
+
+
+# A session ends with a status MCP clients read as ended (200 or 204).
+status, headers, _ = raw("POST", body, authorized)
+session_id = headers.get("Mcp-Session-Id")
+check(status == 200 and session_id, (status, dict(headers)))
+status, _, text = raw("DELETE", None, {**authorized, "Mcp-Session-Id": session_id})
+check(status in (200, 204), (status, text))
 print(json.dumps({"findings": found}))
