@@ -66,12 +66,38 @@ pub fn stale_root() -> &'static Path {
         let locked = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
         assert_eq!(locked, 0, "locking {}", dir.display());
         if !dir.join("done").exists() {
+            remove_old_fixtures(&dir);
             make(&dir);
             std::fs::write(dir.join("done"), b"").unwrap();
         }
         drop(lock);
         dir.canonicalize().unwrap()
     })
+}
+
+/// Other builds' campaigns finished over a day ago (none of this run's:
+/// a test binary of another build still running would be using its own
+/// within the hour): each is about 50 MiB.
+fn remove_old_fixtures(ours: &Path) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    let day = std::time::Duration::from_secs(24 * 60 * 60);
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let is_fixture = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .is_some_and(|name| name.starts_with("detvisor-stale-"));
+        let finished_long_ago = std::fs::metadata(path.join("done"))
+            .and_then(|meta| meta.modified())
+            .ok()
+            .and_then(|at| at.elapsed().ok())
+            .is_some_and(|age| age > day);
+        if is_fixture && path != ours && finished_long_ago {
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
 }
 
 fn make(dir: &Path) {
