@@ -1,7 +1,8 @@
 //! `detvisor serve` driven by MCP clients no one here wrote: the official
 //! Python SDK over stdio through a whole debugging session on the Raft
 //! stale-read finding (tests/serve/session.py), and over HTTP with the
-//! Python and TypeScript SDKs (tests/serve/over_http.py, client.mjs); raw
+//! Python and TypeScript SDKs (tests/serve/over_http.py, client.mjs) and
+//! the MCP Inspector's CLI; raw
 //! malformed requests over stdio. The clients are installed by
 //! scripts/mcp-clients into the cache; the finding is the campaign the
 //! test run shares (tests/common/stale.rs).
@@ -100,6 +101,29 @@ fn test_an_agent_debugs_the_stale_read_over_stdio_with_the_python_sdk() {
     assert!(figures["cancel_s"].as_f64().unwrap() < 120.0, "{figures}");
 }
 
+/// The MCP Inspector's CLI mode (`mcp-inspector --cli TARGET...`).
+fn inspector(target: &[&str]) -> Command {
+    let mut command = Command::new(clients().join("mcp-node/node_modules/.bin/mcp-inspector"));
+    command.arg("--cli").args(target);
+    command
+}
+
+/// The JSON the Inspector's CLI printed, after checking it succeeded.
+fn inspector_json(out: &std::process::Output, what: &str) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{what}: {:?}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The JSON follows any notice the CLI prints first.
+    let start = text
+        .find('{')
+        .unwrap_or_else(|| panic!("{what}: no JSON in {text}"));
+    serde_json::from_str(&text[start..]).unwrap_or_else(|e| panic!("{what}: {e}: {text}"))
+}
+
 /// Reads the server's stderr until it says where it serves; the URL.
 fn served_url(stderr: &mut impl BufRead) -> String {
     let mut line = String::new();
@@ -119,10 +143,12 @@ fn served_url(stderr: &mut impl BufRead) -> String {
 /// Over HTTP: the Python SDK initializes and calls with the token; raw
 /// requests without it and with a foreign Origin are refused; malformed
 /// and oversized ones answered; the TypeScript SDK lists the tools and
-/// calls one. And over stdio, raw lines that are no JSON-RPC are skipped
+/// calls one; the MCP Inspector's CLI lists them with the token (and is
+/// refused without it) and calls one over stdio, and one that names a path
+/// outside the root is a tool error. And over stdio, raw lines that are no JSON-RPC are skipped
 /// and the server answers what comes after.
 #[test]
-fn test_http_needs_the_token_and_its_own_origin_and_serves_the_typescript_sdk() {
+fn test_http_needs_the_token_and_its_own_origin_and_serves_typescript_and_the_inspector() {
     let root = stale_root();
     let scratch = tempfile::tempdir().unwrap();
     let token_file = scratch.path().join("token");
@@ -175,7 +201,56 @@ fn test_http_needs_the_token_and_its_own_origin_and_serves_the_typescript_sdk() 
     assert!(tools.len() >= 16, "{node_figures}");
     assert!(tools.iter().any(|t| t == "verify"), "{node_figures}");
     assert_eq!(node_figures["findings"], python_figures["findings"]);
+
+    // The MCP Inspector's CLI, over HTTP with the token and over stdio.
+    let token = std::fs::read_to_string(&token_file).unwrap();
+    let authorization = format!("Authorization: Bearer {}", token.trim());
+    let listed = inspector(&[&url, "--transport", "http", "--header", &authorization])
+        .args(["--method", "tools/list"])
+        .output()
+        .unwrap();
+    let listed = inspector_json(&listed, "inspector tools/list over HTTP");
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), tools.len(), "{names:?}");
+    let refused = inspector(&[&url, "--transport", "http"])
+        .args(["--method", "tools/list"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success(), "no token, no tools");
+    assert!(
+        String::from_utf8_lossy(&refused.stdout).contains("bearer token")
+            || String::from_utf8_lossy(&refused.stderr).contains("bearer token"),
+        "{refused:?}"
+    );
     server.kill().unwrap();
+    let detvisor = env!("CARGO_BIN_EXE_detvisor");
+    let root_text = root.to_str().unwrap();
+    let found = inspector(&[detvisor, "serve", "--root", root_text])
+        .args(["--method", "tools/call", "--tool-name", "findings"])
+        .args(["--tool-arg", "campaign=campaign"])
+        .output()
+        .unwrap();
+    let found = inspector_json(&found, "inspector tools/call findings over stdio");
+    assert_eq!(
+        found["structuredContent"]["findings"]
+            .as_array()
+            .map(Vec::len),
+        python_figures["findings"].as_u64().map(|n| n as usize),
+        "{found}"
+    );
+    let outside = inspector(&[detvisor, "serve", "--root", root_text])
+        .args(["--method", "tools/call", "--tool-name", "extract"])
+        .args(["--tool-arg", "moment=../etc@1s", "path=/etc/passwd"])
+        .output()
+        .unwrap();
+    let outside = inspector_json(&outside, "inspector tools/call extract outside the root");
+    assert_eq!(outside["isError"], true, "{outside}");
+    assert!(outside.to_string().contains("`..`"), "{outside}");
     server.wait().unwrap();
 
     // Over stdio, raw: lines that are no JSON-RPC do not stop the server.
