@@ -80,8 +80,7 @@ fn patched_in_root() -> &'static str {
 /// failure moment, rewind 1 s, processes and a file in the old leader's
 /// node, a command in a branch, the history unchanged, a call a budget
 /// refuses, malformed calls answered, a long call cancelled (its work
-/// stops), the source patch verified with 2 seeds, and a one-point
-/// likelihood with its plot.
+/// stops), and the source patch verified with 2 seeds.
 #[test]
 fn test_an_agent_debugs_the_stale_read_over_stdio_with_the_python_sdk() {
     let root = stale_root();

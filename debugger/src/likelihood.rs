@@ -39,7 +39,7 @@
 //! every branch of the point resets to that checkpoint and runs only the
 //! branch (each branch reports the virtual time it simulated).
 
-use crate::budget::{BudgetError, Limits, Usage};
+use crate::budget::{BudgetError, Limits, SharedBudget, Usage};
 use crate::moment::{Action, MomentId};
 use crate::session::{Session, SessionError, SessionOptions};
 use crate::source::{Source, SourceError};
@@ -259,11 +259,19 @@ pub fn plan(dir: &Path, options: &LikelihoodOptions) -> Result<Plan> {
 }
 
 impl Plan {
-    /// Refuses a plan that would pass `limits` (before anything runs): the
-    /// workers, the branches from one moment and in all, and the virtual
-    /// time the branches run (the replays to the points come on top).
-    pub fn check(&self, limits: &Limits, workers: u32) -> Result<(), BudgetError> {
-        let mut budget = crate::budget::Budget::new(limits.clone(), None);
+    /// Refuses a plan that would pass `limits` or a `shared` budget it runs
+    /// within (before anything runs, so that no worker starts for a plan
+    /// refused later): the workers, the branches from one moment and in
+    /// all, and the virtual time the branches run (the replays to the
+    /// points come on top).
+    pub fn check(
+        &self,
+        limits: &Limits,
+        workers: u32,
+        shared: &[SharedBudget],
+    ) -> Result<(), BudgetError> {
+        let mut budget =
+            crate::budget::Budget::new(limits.clone(), None).within(shared.iter().cloned());
         budget.begin("likelihood")?;
         budget.check_workers(u64::from(workers))?;
         let per_point = self.points.first().map_or(0, |p| p.seeds.len() as u64);
@@ -274,7 +282,9 @@ impl Plan {
             siblings: u64::MAX,
             ..limits.clone()
         };
-        crate::budget::Budget::new(in_all, None).check_branches(all, 0, 1, 0)?;
+        crate::budget::Budget::new(in_all, None)
+            .within(shared.iter().cloned())
+            .check_branches(all, 0, 1, 0)?;
         let virtual_ns: u64 = self
             .points
             .iter()
@@ -678,7 +688,7 @@ pub fn likelihood(
 ) -> Result<Likelihood> {
     let plan = plan(dir, options)?;
     let workers = workers.clamp(1, plan.points.len() as u32);
-    plan.check(&options.limits, workers)?;
+    plan.check(&options.limits, workers, &[])?;
     let limits = options.limits.clone();
     let sessions = sessions(dir, place, workers, &|| SessionOptions {
         limits: limits.clone(),

@@ -462,7 +462,7 @@ impl ClientState {
             .jobs
             .unwrap_or(1)
             .clamp(1, plan.points.len().max(1) as u32);
-        plan.check(&options.limits, workers)
+        plan.check(&options.limits, workers, &self.budgets())
             .map_err(|e| failed(&e))?;
         let session_options = || SessionOptions {
             limits: self.shared.session_limits.clone(),

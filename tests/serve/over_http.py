@@ -55,6 +55,12 @@ async def session():
             refused = await s.call_tool("rewind", {"moment": moment})
             text = " ".join(c.text for c in refused.content if hasattr(c, "text"))
             check(refused.isError and "budget server_virtual_time" in text, (refused, text))
+            # So is a likelihood, whose plan (its points' branches) is
+            # checked against the budgets before any branch runs.
+            refused = await s.call_tool("likelihood", {"finding": f"{campaign}/findings/0001",
+                                                       "points": 1, "branches": 1})
+            text = " ".join(c.text for c in refused.content if hasattr(c, "text"))
+            check(refused.isError and "budget server_virtual_time" in text, (refused, text))
             return len(res.structuredContent["findings"])
 
 

@@ -156,27 +156,6 @@ async def main():
             check(report["control_check"]["reproduced"] is True, report)
             check(len(verify_told) == 2, verify_told)
             check(report["spent"]["call"]["virtual_time"] > 0, report["spent"])
-
-            # When the failure became likely: one point, one branch (the
-            # smallest curve), its plot as SVG, progress told per point.
-            likely_told = []
-
-            async def likely_progress(done, total, message):
-                likely_told.append((done, total, message))
-
-            start = time.monotonic()
-            curve = result(await s.call_tool("likelihood", {"finding": finding, "points": 1,
-                                                            "branches": 1, "svg": True},
-                                             progress_callback=likely_progress), "likelihood")
-            figures["likelihood_s"] = time.monotonic() - start
-            check(len(curve["points"]) == 1 and curve["points"][0]["branches"] == 1, curve)
-            point = curve["points"][0]
-            check(curve["root_ns"] <= point["virtual_ns"] <= curve["failure_ns"], curve)
-            check(0.0 <= point["low"] <= point["p"] <= point["high"] <= 1.0, point)
-            check("<svg" in curve["svg"] and "</svg>" in curve["svg"], curve["svg"][:200])
-            check(likely_told and likely_told[-1][:2] == (1, 1), likely_told)
-            scopes = {b["scope"] for b in curve["budget"]}
-            check(scopes == {"server", "client"}, curve["budget"])
     print(json.dumps(figures))
 
 

@@ -1,4 +1,5 @@
 use super::*;
+use crate::budget::{SharedLimits, SharedScope};
 
 const S: u64 = 1_000_000_000;
 
@@ -203,18 +204,21 @@ fn test_a_plan_refuses_nothing_to_do_and_what_passes_the_budget() {
             })
             .collect(),
     };
-    plan.check(&Limits::default(), 4).unwrap();
+    plan.check(&Limits::default(), 4, &[]).unwrap();
     let siblings = Limits {
         siblings: 15,
         ..Limits::default()
     };
-    assert_eq!(plan.check(&siblings, 1).unwrap_err().budget, "siblings");
+    assert_eq!(
+        plan.check(&siblings, 1, &[]).unwrap_err().budget,
+        "siblings"
+    );
     let created = Limits {
         branches_created: 63,
         ..Limits::default()
     };
     assert_eq!(
-        plan.check(&created, 1).unwrap_err().budget,
+        plan.check(&created, 1, &[]).unwrap_err().budget,
         "branches_created"
     );
     // 16 branches each of 10 s, 8 s, 6 s and 4 s: 448 s.
@@ -222,12 +226,22 @@ fn test_a_plan_refuses_nothing_to_do_and_what_passes_the_budget() {
         call_virtual: VirtNanos(447 * S),
         ..Limits::default()
     };
-    let error = plan.check(&short, 1).unwrap_err();
+    let error = plan.check(&short, 1, &[]).unwrap_err();
     assert_eq!((error.budget, error.over.as_str()), ("call_virtual", "1s"));
     assert_eq!(
-        plan.check(&Limits::default(), 65).unwrap_err().budget,
+        plan.check(&Limits::default(), 65, &[]).unwrap_err().budget,
         "workers"
     );
+    // A shared budget refuses it before anything runs too, naming itself.
+    let server = SharedBudget::new(
+        SharedScope::Server,
+        SharedLimits {
+            virtual_time: VirtNanos(100 * S),
+            ..SharedLimits::default()
+        },
+    );
+    let error = plan.check(&Limits::default(), 1, &[server]).unwrap_err();
+    assert_eq!(error.budget, "server_virtual_time", "{error}");
     for (points, branches, what) in [(0, 1, "points"), (1, 0, "branches")] {
         let options = LikelihoodOptions {
             points,
