@@ -94,6 +94,14 @@ impl CampaignStats {
     }
 }
 
+impl crate::store::Store {
+    /// The campaign's stats (`None`: a campaign written before they were
+    /// kept, or whose root has not been committed yet).
+    pub fn stats(&self) -> Result<Option<CampaignStats>, crate::store::StoreError> {
+        self.meta_json(STATS_META)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
