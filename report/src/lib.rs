@@ -72,3 +72,6 @@ impl Outputs {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
