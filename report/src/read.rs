@@ -426,6 +426,12 @@ fn attach(
         details: e.details.clone(),
     };
     for row in rows {
+        // The debugger gives a finding's own failure a row of its own when
+        // no assertion's id ends its key: a property's failure is already
+        // its assertion's counterexample.
+        if row.kind == "checker" && matches!(key, Some(FailureKey::Property { .. })) {
+            continue;
+        }
         let targets: Vec<&mut PropertyReport> = if row.kind == "checker" {
             properties.iter_mut().filter(|p| p.key == owner).collect()
         } else {
