@@ -45,6 +45,7 @@ pre { background: #f6f6f6; padding: 0.5em; overflow-x: auto; margin: 0.3em 0; }
 .replay { background: #fff8e1; padding: 0.3em 0.5em; display: inline-block; }
 iframe.checker { width: 100%; height: 420px; border: 1px solid #ccc; }
 .muted { color: #666; }
+li code, td code { white-space: pre-wrap; word-break: break-all; }
 "#;
 
 /// The page.
@@ -85,14 +86,17 @@ fn campaigns(out: &mut String, report: &Report) {
         let limit = |v: Option<String>| v.unwrap_or_else(|| "none".to_owned());
         let _ = writeln!(
             out,
-            "<tr><td><code>{}</code></td><td><code>{}</code></td><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{:?}</td><td class=\"num\">{} ({})</td><td>{} ({})</td><td class=\"num\">{}</td></tr>",
+            "<tr><td><code>{}</code></td><td><code>{}</code></td><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td class=\"num\">{} ({})</td><td>{} ({})</td><td class=\"num\">{}</td></tr>",
             escape(&c.dir.display().to_string()),
             escape(&c.spec.manifest.display().to_string()),
             c.spec.seed,
             c.spec.slice_ns,
             c.spec.max_depth,
             c.spec.live_checkpoints,
-            c.spec.checker,
+            serde_json::to_value(c.spec.checker)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
             c.budget.branches,
             limit(c.budget.max_branches.map(|b| b.to_string())),
             duration(c.budget.wall_ms),

@@ -158,7 +158,7 @@ pub fn findings_over_time(report: &Report) -> Result<String, PlotError> {
         return nothing(
             "findings",
             TITLE,
-            "when findings were found is not recorded (a campaign from before it was kept)",
+            "not recorded (a campaign from before it was kept)",
         );
     }
     times.sort_by(f64::total_cmp);
