@@ -72,7 +72,10 @@ fn test_report_of_the_stale_campaign_in_html_json_junit_and_a_browser() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(report["version"], 1);
-    assert_eq!(report["exploration"]["branches"], BRANCHES.parse::<u64>().unwrap());
+    assert_eq!(
+        report["exploration"]["branches"],
+        BRANCHES.parse::<u64>().unwrap()
+    );
     assert!(
         report["exploration"]["phases"]["root_ms"].as_u64().unwrap() > 0,
         "boot to root is recorded: {}",
@@ -95,7 +98,10 @@ fn test_report_of_the_stale_campaign_in_html_json_junit_and_a_browser() {
         format!("detvisor replay {}", finding_dir.display())
     );
     assert!(!finding["faults"].as_array().unwrap().is_empty());
-    assert!(finding["checker_html"].as_str().unwrap().contains("Not linearizable"));
+    assert!(finding["checker_html"]
+        .as_str()
+        .unwrap()
+        .contains("Not linearizable"));
     assert!(finding["timeline"]
         .as_array()
         .unwrap()
@@ -185,5 +191,9 @@ fn open_in_chromium(html: &Path, out: &Path) {
     assert!(page_errors(&String::from_utf8_lossy(&shot.stderr)).is_empty());
     let bytes = std::fs::read(&png).expect("a screenshot");
     assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
-    assert!(bytes.len() > 20_000, "more than a blank page: {} bytes", bytes.len());
+    assert!(
+        bytes.len() > 20_000,
+        "more than a blank page: {} bytes",
+        bytes.len()
+    );
 }

@@ -122,7 +122,10 @@ fn examples(out: &mut String, what: &str, examples: &[Example]) {
     }
     let _ = writeln!(out, "<div>{what}:<ul>");
     for x in examples {
-        let node = x.node.as_deref().map_or(String::new(), |n| format!(" in {}", escape(n)));
+        let node = x
+            .node
+            .as_deref()
+            .map_or(String::new(), |n| format!(" in {}", escape(n)));
         let details = if x.details.is_null() {
             String::new()
         } else {
@@ -163,11 +166,13 @@ fn properties(out: &mut String, report: &Report) {
             Verdict::Failed => "failed",
             Verdict::NeverReached => "never_reached",
         };
-        let why = p.why.as_deref().map_or(String::new(), |w| format!(" ({})", escape(w)));
-        let location = p
-            .location
+        let why = p
+            .why
             .as_deref()
-            .map_or(String::new(), |l| format!("<br><span class=\"muted\">{}</span>", escape(l)));
+            .map_or(String::new(), |w| format!(" ({})", escape(w)));
+        let location = p.location.as_deref().map_or(String::new(), |l| {
+            format!("<br><span class=\"muted\">{}</span>", escape(l))
+        });
         let findings: Vec<String> = p
             .findings
             .iter()
@@ -216,7 +221,9 @@ fn findings(out: &mut String, report: &Report) -> Result<(), PlotError> {
             format!(
                 " <span class=\"muted\">[{:?}{}]</span>",
                 t.status,
-                t.note.as_deref().map_or(String::new(), |n| format!(": {}", escape(n)))
+                t.note
+                    .as_deref()
+                    .map_or(String::new(), |n| format!(": {}", escape(n)))
             )
         });
         let _ = writeln!(
@@ -260,7 +267,10 @@ fn findings(out: &mut String, report: &Report) -> Result<(), PlotError> {
             f.steps
         );
         if !f.faults.is_empty() {
-            let _ = writeln!(out, "<table class=\"faults\"><tr><th>branch point</th><th>fault</th></tr>");
+            let _ = writeln!(
+                out,
+                "<table class=\"faults\"><tr><th>branch point</th><th>fault</th></tr>"
+            );
             for fault in &f.faults {
                 let _ = writeln!(
                     out,
@@ -294,7 +304,10 @@ fn findings(out: &mut String, report: &Report) -> Result<(), PlotError> {
             );
         }
         if !f.logs.is_empty() {
-            let _ = writeln!(out, "<details><summary>The last lines of its logs</summary>");
+            let _ = writeln!(
+                out,
+                "<details><summary>The last lines of its logs</summary>"
+            );
             for (name, lines) in &f.logs {
                 let _ = writeln!(
                     out,
@@ -326,18 +339,24 @@ fn exploration(out: &mut String, report: &Report) -> Result<(), PlotError> {
         ("moments by depth", format!("{:?}", e.moments_by_depth)),
         ("wall time", duration(e.wall_ms)),
         ("branches per hour", rate(e.branches_per_hour)),
-        ("branches per hour per worker", rate(e.branches_per_hour_per_worker)),
+        (
+            "branches per hour per worker",
+            rate(e.branches_per_hour_per_worker),
+        ),
         (
             "wall time: boot to root",
-            e.phases.map_or("not recorded".to_owned(), |p| duration(p.root_ms)),
+            e.phases
+                .map_or("not recorded".to_owned(), |p| duration(p.root_ms)),
         ),
         (
             "wall time: branches (summed over workers)",
-            e.phases.map_or("not recorded".to_owned(), |p| duration(p.branch_ms)),
+            e.phases
+                .map_or("not recorded".to_owned(), |p| duration(p.branch_ms)),
         ),
         (
             "wall time: shrinking",
-            e.phases.map_or("not recorded".to_owned(), |p| duration(p.shrink_ms)),
+            e.phases
+                .map_or("not recorded".to_owned(), |p| duration(p.shrink_ms)),
         ),
         ("checkpoints live at the end", option(e.live_checkpoints)),
         ("checkpoints spilled to disk", option(e.spilled)),

@@ -293,7 +293,9 @@ pub fn timeline(finding: &FindingReport) -> Result<String, PlotError> {
             .y_label_formatter(&|y| {
                 let i = y.round();
                 if (y - i).abs() < 1e-6 && i >= 0.0 {
-                    LANES.get(i as usize).map_or(String::new(), |l| l.to_string())
+                    LANES
+                        .get(i as usize)
+                        .map_or(String::new(), |l| l.to_string())
                 } else {
                     String::new()
                 }

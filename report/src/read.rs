@@ -314,7 +314,10 @@ fn read_finding(
         .collect();
     let checker_path = dir.join("checker.html");
     let checker_html = if checker_path.exists() {
-        Some(hostfile::read_text_limited(&checker_path, MAX_CHECKER_HTML)?)
+        Some(hostfile::read_text_limited(
+            &checker_path,
+            MAX_CHECKER_HTML,
+        )?)
     } else {
         None
     };

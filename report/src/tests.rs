@@ -124,7 +124,9 @@ fn campaign(root: &Path, name: &str, shard: &Shard) -> PathBuf {
     }
     for (i, records) in stretch_records.iter().enumerate() {
         let (observations, _) = sdk_observations(records);
-        tally.add_stretch(StretchId(i as u64), &observations).unwrap();
+        tally
+            .add_stretch(StretchId(i as u64), &observations)
+            .unwrap();
     }
     let saved = json!({"tally": tally, "fault_combinations": {"": 1, "pause": shard.branches}});
     let stats = CampaignStats {
@@ -201,7 +203,7 @@ fn write_finding(
     let dir = fuzzer::findings::finding_dir(campaign, number);
     std::fs::create_dir_all(dir.join("logs")).unwrap();
     let checker = key.starts_with("checker:");
-    let records = vec![
+    let records = [
         sdk(10, 100, assertion("Always", "stays-true", true)),
         sdk(11, 110, assertion("Always", "stays-true", checker)),
     ];
@@ -278,7 +280,7 @@ fn property<'a>(report: &'a Report, name: &str) -> &'a PropertyReport {
 fn test_one_campaign_reads_into_the_model() {
     let root = tempfile::tempdir().unwrap();
     let dir = campaign(root.path(), "a", &one_shard());
-    let report = read(&[dir.clone()]).unwrap();
+    let report = read::read_one(&dir).unwrap();
     assert_eq!(report.version, VERSION);
     assert_eq!(report.campaigns.len(), 1);
     assert_eq!(report.campaigns[0].spec.seed, 7);
@@ -297,7 +299,10 @@ fn test_one_campaign_reads_into_the_model() {
         always.counterexamples[0].moment,
         format!("{}@110ms", finding_dir.display())
     );
-    assert_eq!(always.examples[0].moment, format!("{}@100ms", finding_dir.display()));
+    assert_eq!(
+        always.examples[0].moment,
+        format!("{}@100ms", finding_dir.display())
+    );
     let sometimes = property(&report, "eventually");
     assert_eq!(sometimes.verdict, Verdict::Failed);
     assert_eq!(sometimes.why.as_deref(), Some("never true"));
@@ -311,7 +316,10 @@ fn test_one_campaign_reads_into_the_model() {
     assert_eq!(finding.failure.exit, 11);
     assert_eq!(finding.faults.len(), 1);
     assert_eq!(finding.faults[0].fault, "at=+10ms pause n2 for=20ms");
-    assert_eq!(finding.replay, format!("detvisor replay {}", finding_dir.display()));
+    assert_eq!(
+        finding.replay,
+        format!("detvisor replay {}", finding_dir.display())
+    );
     assert_eq!(finding.logs["n1"].len(), read::LOG_LINES);
     assert_eq!(finding.logs["n1"].last().unwrap(), "n1 line 20");
     assert_eq!(finding.found_at_ms, Some(30_000));
@@ -368,9 +376,13 @@ fn test_a_merge_of_shards_is_the_union_of_findings_and_the_sum_of_tallies() {
         .enumerate()
         .map(|(i, s)| campaign(root.path(), &format!("shard{i}"), s))
         .collect();
-    let parts: Vec<Report> = dirs.iter().map(|d| read(&[d.clone()]).unwrap()).collect();
+    let parts: Vec<Report> = dirs.iter().map(|d| read::read_one(d).unwrap()).collect();
     let merged = read(&dirs).unwrap();
-    assert_eq!(merged, merge::merge(parts.clone()), "read together = merged");
+    assert_eq!(
+        merged,
+        merge::merge(parts.clone()),
+        "read together = merged"
+    );
 
     for name in ["stays-true", "eventually", "linearizability"] {
         let sum = |f: fn(&PropertyReport) -> u64| -> u64 {
@@ -386,7 +398,11 @@ fn test_a_merge_of_shards_is_the_union_of_findings_and_the_sum_of_tallies() {
             .iter()
             .map(|r| property(r, name).counterexamples.len())
             .sum();
-        assert_eq!(p.counterexamples.len(), examples, "{name}: every example kept");
+        assert_eq!(
+            p.counterexamples.len(),
+            examples,
+            "{name}: every example kept"
+        );
     }
     // Never true in two shards, true in one: passed over the whole.
     assert_eq!(property(&merged, "eventually").verdict, Verdict::Passed);
@@ -409,7 +425,9 @@ fn test_a_merge_of_shards_is_the_union_of_findings_and_the_sum_of_tallies() {
     let first = &merged.findings[0];
     assert_eq!(first.campaign, 0);
     assert_eq!(first.also_in.len(), 1);
-    assert!(first.also_in[0].dir.starts_with(dirs[2].canonicalize().unwrap()));
+    assert!(first.also_in[0]
+        .dir
+        .starts_with(dirs[2].canonicalize().unwrap()));
     assert_eq!(merged.findings[2].campaign, 2);
     assert_eq!(merged.campaigns.len(), 3);
 
@@ -443,7 +461,13 @@ fn test_the_json_round_trips_and_says_its_version() {
     let text = serde_json::to_string_pretty(&report).unwrap();
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(value["version"], json!(VERSION));
-    for field in ["campaigns", "properties", "findings", "exploration", "fault_kinds"] {
+    for field in [
+        "campaigns",
+        "properties",
+        "findings",
+        "exploration",
+        "fault_kinds",
+    ] {
         assert!(value.get(field).is_some(), "{field}");
     }
     assert_eq!(value["findings"][0]["triage"], json!(null));
@@ -500,7 +524,14 @@ fn test_the_html_is_self_contained_and_the_summary_says_the_same() {
     let report = read(&[dir]).unwrap();
     let page = html::html(&report).unwrap();
     assert!(page.starts_with("<!DOCTYPE html>"));
-    for external in ["<script", "<link", "src=\"http", "href=\"http", "@import", "url("] {
+    for external in [
+        "<script",
+        "<link",
+        "src=\"http",
+        "href=\"http",
+        "@import",
+        "url(",
+    ] {
         assert!(!page.contains(external), "{external} in the page");
     }
     assert_eq!(page.matches("<svg").count(), 5, "four plots and a timeline");
@@ -515,9 +546,15 @@ fn test_the_html_is_self_contained_and_the_summary_says_the_same() {
         roxmltree::Document::parse(&element).expect("an SVG element");
     }
     let summary = text::summary(&report);
-    assert!(summary.contains("properties: 0 passed, 3 failed, 0 never reached"), "{summary}");
+    assert!(
+        summary.contains("properties: 0 passed, 3 failed, 0 never reached"),
+        "{summary}"
+    );
     assert!(summary.contains(&report.findings[0].replay), "{summary}");
-    assert!(summary.contains("wall time by phase: boot to root 1.0s"), "{summary}");
+    assert!(
+        summary.contains("wall time by phase: boot to root 1.0s"),
+        "{summary}"
+    );
 }
 
 /// A directory that is not a campaign, and none at all: errors naming it.
@@ -525,7 +562,10 @@ fn test_the_html_is_self_contained_and_the_summary_says_the_same() {
 fn test_a_directory_that_is_no_campaign_is_an_error_naming_it() {
     let root = tempfile::tempdir().unwrap();
     let error = read(&[root.path().join("missing")]).unwrap_err();
-    assert!(error.to_string().contains("missing: no such directory"), "{error}");
+    assert!(
+        error.to_string().contains("missing: no such directory"),
+        "{error}"
+    );
     let error = read(&[root.path().to_owned()]).unwrap_err();
     assert!(error.to_string().contains("campaign.db"), "{error}");
     assert!(matches!(read(&[]), Err(read::ReadError::Nothing)));

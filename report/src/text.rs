@@ -50,7 +50,10 @@ pub fn summary(report: &Report) -> String {
     }
     let _ = writeln!(out, "properties:");
     for p in &report.properties {
-        let why = p.why.as_deref().map_or(String::new(), |w| format!(" ({w})"));
+        let why = p
+            .why
+            .as_deref()
+            .map_or(String::new(), |w| format!(" ({w})"));
         let _ = writeln!(
             out,
             "  {:<13} {} [{}] hits {}, passes {}, failures {}{}",
@@ -136,7 +139,11 @@ pub fn summary(report: &Report) -> String {
             .iter()
             .map(|(k, n)| format!("{k} {n}"))
             .collect();
-        let _ = writeln!(out, "  fault kinds realised (stretches): {}", kinds.join(", "));
+        let _ = writeln!(
+            out,
+            "  fault kinds realised (stretches): {}",
+            kinds.join(", ")
+        );
     }
     out
 }
