@@ -14,7 +14,7 @@ pub struct PlotError {
     message: String,
 }
 
-const WIDTH: u32 = 640;
+const WIDTH: u32 = 560;
 const HEIGHT: u32 = 300;
 
 fn error(plot: &'static str) -> impl Fn(&dyn std::fmt::Display) -> PlotError {
@@ -181,6 +181,14 @@ pub fn findings_over_time(report: &Report) -> Result<String, PlotError> {
             .configure_mesh()
             .x_desc("wall time (minutes)")
             .y_desc("findings")
+            .y_labels(times.len() + 2)
+            .y_label_formatter(&|y| {
+                if y.fract() == 0.0 {
+                    format!("{y:.0}")
+                } else {
+                    String::new()
+                }
+            })
             .draw()
             .map_err(|x| e(&x))?;
         let mut steps = vec![(0.0, 0.0)];
