@@ -140,29 +140,20 @@ pub fn read_one(dir: &Path) -> Result<Report, ReadError> {
     for node in &nodes {
         exploration.moments_by_depth[node.depth as usize] += 1;
     }
-    match &stats {
-        Some(stats) => {
-            exploration.worker_ms = Some(meta.wall_ms * u64::from(stats.workers.max(1)));
-            exploration.phases = Some(Phases {
-                root_ms: stats.root_ms,
-                branch_ms: stats.branch_ms,
-                shrink_ms: stats.shrink_ms,
-            });
-            exploration.spilled = Some(stats.spilled);
-            exploration.loaded = Some(stats.loaded);
-            exploration.replayed_steps = Some(stats.replayed_steps);
-            exploration.live_checkpoints = Some(stats.live_checkpoints);
-            exploration.branches_by_minute = stats.branches_by_minute.clone();
-        }
-        None => {
-            exploration.worker_ms = None;
-            exploration.phases = None;
-            exploration.spilled = None;
-            exploration.loaded = None;
-            exploration.replayed_steps = None;
-            exploration.live_checkpoints = None;
-        }
-    }
+    let kept = stats.as_ref();
+    exploration.worker_ms = kept.map(|s| meta.wall_ms * u64::from(s.workers.max(1)));
+    exploration.phases = kept.map(|s| Phases {
+        root_ms: s.root_ms,
+        branch_ms: s.branch_ms,
+        shrink_ms: s.shrink_ms,
+    });
+    exploration.spilled = kept.map(|s| s.spilled);
+    exploration.loaded = kept.map(|s| s.loaded);
+    exploration.replayed_steps = kept.map(|s| s.replayed_steps);
+    exploration.live_checkpoints = kept.map(|s| s.live_checkpoints);
+    exploration.branches_by_minute = kept
+        .map(|s| s.branches_by_minute.clone())
+        .unwrap_or_default();
     report.exploration = exploration;
     report.campaigns.push(CampaignPart {
         dir,
