@@ -180,6 +180,9 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
     for warning in &summary.warnings {
         println!("WARNING  {warning}");
     }
+    if let Some(dir) = args.resume.as_ref().or(args.out.as_ref()) {
+        crate::report_cmd::print_summary(dir);
+    }
     Ok(if summary.findings.is_empty() { 0 } else { 1 })
 }
 

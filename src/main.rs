@@ -7,6 +7,7 @@ mod error_chains;
 mod image_cmd;
 mod likelihood_cmd;
 mod print;
+mod report_cmd;
 mod serve;
 mod serve_cmd;
 mod soak_cmd;
@@ -79,6 +80,9 @@ enum Command {
     Findings(campaign_cmd::FindingsArgs),
     /// Reproduce a finding (DIR/findings/NNNN) bit for bit from a fresh process.
     Replay(campaign_cmd::ReplayArgs),
+    /// A campaign's report (one directory or its shards, merged): HTML,
+    /// JSON, JUnit XML, or a summary on the terminal.
+    Report(report_cmd::ReportArgs),
     /// A source's notable moments: a finding's failure, its branch points,
     /// faults, node events, failed properties; a directory's snapshots.
     Moments(debug_cmd::MomentsArgs),
@@ -732,6 +736,7 @@ fn main() -> ExitCode {
         Command::Campaign(args) => campaign_cmd::cmd_campaign(args),
         Command::Findings(args) => campaign_cmd::cmd_findings(args),
         Command::Replay(args) => campaign_cmd::cmd_replay(args),
+        Command::Report(args) => report_cmd::cmd_report(args),
         Command::Moments(args) => debug_cmd::cmd_moments(args),
         Command::Events(args) => debug_cmd::cmd_events(args),
         Command::Properties(args) => debug_cmd::cmd_properties(args),

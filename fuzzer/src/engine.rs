@@ -11,6 +11,7 @@ use crate::findings::{self, FindingFile, NewFinding, FINDING_FORMAT};
 use crate::judge::{Failure, Judge};
 use crate::shrink::ddmin;
 use crate::spec::CampaignSpec;
+use crate::stats::{CampaignStats, WorkerCounts, STATS_META};
 use crate::step::Path as StepPath;
 use crate::store::{FindingRow, FinishedBranch, NewCampaignDir, NodeRow, Store, StoreError};
 use crate::tree::{self, path_records, TreeNode};
@@ -126,6 +127,9 @@ pub struct Engine<'a> {
     warnings: Vec<String>,
     /// The first branches' records were looked at in this process.
     silence_checked: bool,
+    /// What the campaign counted (see [`crate::stats`]), the workers'
+    /// counts of this run not included.
+    stats: CampaignStats,
 }
 
 /// Seed of branch `k` of the campaign seeded `seed`.
@@ -161,6 +165,7 @@ impl<'a> Engine<'a> {
         // The run's files go by digest into the directory first: a database
         // that exists names only files that do.
         let blobified = findings::blobify(dir, host_run)?;
+        let stats = CampaignStats::default();
         let store = Store::create_in(
             claimed,
             &[
@@ -189,6 +194,7 @@ impl<'a> Engine<'a> {
             wall_before_ms: 0,
             warnings: Vec::new(),
             silence_checked: false,
+            stats,
         })
     }
 
@@ -251,6 +257,7 @@ impl<'a> Engine<'a> {
             .collect::<Result<_>>()?;
         let branches = store.branches()?;
         let wall_before_ms = store.wall_ms()?;
+        let stats = store.meta_json(STATS_META)?.unwrap_or_default();
         let faults = faults(&spec);
         Ok(Engine {
             workers: worker::workers(runners, &spec, dir),
@@ -266,6 +273,7 @@ impl<'a> Engine<'a> {
             wall_before_ms,
             warnings: Vec::new(),
             silence_checked: false,
+            stats,
         })
     }
 
@@ -315,6 +323,8 @@ impl<'a> Engine<'a> {
             records: root_records,
             digest,
         } = self.reach_root()?;
+        self.stats.root_ms += started.elapsed().as_millis() as u64;
+        self.stats.workers = self.stats.workers.max(self.workers.len() as u32);
         if self.nodes.is_empty() {
             let row = NodeRow {
                 id: 0,
@@ -399,8 +409,10 @@ impl<'a> Engine<'a> {
             }
         };
         let wall_ms = self.wall_before_ms + started.elapsed().as_millis() as u64;
-        self.store
-            .commit_meta(&[("wall_ms", wall_ms.to_string())])?;
+        self.store.commit_meta(&[
+            ("wall_ms", wall_ms.to_string()),
+            (STATS_META, self.stats_now().to_json()),
+        ])?;
         let mut spill = crate::spill::SpillStats::default();
         for worker in &mut self.workers {
             spill += worker.finish_spill()?;
@@ -418,6 +430,18 @@ impl<'a> Engine<'a> {
             spill,
             warnings: self.warnings.clone(),
         })
+    }
+
+    /// The campaign's stats with what the workers counted in this run.
+    fn stats_now(&self) -> CampaignStats {
+        let mut counts = WorkerCounts::default();
+        for worker in &self.workers {
+            let c = worker.counts();
+            counts.spill += c.spill;
+            counts.replayed_steps += c.replayed_steps;
+            counts.live_checkpoints += c.live_checkpoints;
+        }
+        self.stats.with_counts(counts)
     }
 
     /// Warns once (a resumed campaign again) when the root and the first
@@ -536,12 +560,18 @@ impl<'a> Engine<'a> {
             if self.findings.contains_key(&failure.key) {
                 continue;
             }
+            let shrinking = Instant::now();
             let row = self.make_finding(id, failure)?;
+            self.stats.shrink_ms += shrinking.elapsed().as_millis() as u64;
+            let at_ms = self.wall_before_ms + started.elapsed().as_millis() as u64;
+            self.stats.findings_at_ms.insert(row.number, at_ms);
             self.findings.insert(failure.key.clone(), row.number);
             new_findings.push(row);
         }
         self.branches += 1;
         let wall_ms = self.wall_before_ms + started.elapsed().as_millis() as u64;
+        self.stats.branch(worker, done.wall_ms, wall_ms);
+        let stats = self.stats_now().to_json();
         let node = &self.nodes[id as usize];
         let records_json = serde_json::to_string(&node.records).expect("records serialize");
         self.store.commit_branch(&FinishedBranch {
@@ -552,6 +582,7 @@ impl<'a> Engine<'a> {
                 ("branches", self.branches.to_string()),
                 ("wall_ms", wall_ms.to_string()),
                 ("tally", self.judge.save()),
+                (STATS_META, stats),
             ],
         })?;
         for row in &new_findings {

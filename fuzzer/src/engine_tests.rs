@@ -457,11 +457,19 @@ fn test_a_resumed_campaign_continues_the_same_search() {
     };
     assert_eq!(summary.branches, 9);
     assert_eq!(summary.branches_this_run, 5);
+    // The stats add over both runs: every branch counted once, by worker
+    // and by minute, the finding's time kept.
+    let stats = Store::open(split.path()).unwrap().stats().unwrap().unwrap();
+    assert_eq!(stats.branches_by_worker, vec![9]);
+    assert_eq!(stats.branches_by_minute.iter().sum::<u64>(), 9);
+    assert_eq!(stats.workers, 1);
     let resumed = Store::open(split.path()).unwrap().nodes().unwrap();
     assert_eq!(resumed, all);
     let a = Store::open(straight.path()).unwrap().findings().unwrap();
     let b = Store::open(split.path()).unwrap().findings().unwrap();
     assert_eq!(a, b);
+    let found: Vec<u32> = stats.findings_at_ms.keys().copied().collect();
+    assert_eq!(found, b.iter().map(|f| f.number).collect::<Vec<_>>());
 }
 
 /// `kill -9` at any moment of a campaign loses nothing already committed,

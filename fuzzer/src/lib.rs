@@ -27,6 +27,7 @@ pub mod shrink;
 pub mod silence;
 pub mod spec;
 pub mod spill;
+pub mod stats;
 pub mod step;
 pub mod store;
 pub mod tree;

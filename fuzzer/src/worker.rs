@@ -7,6 +7,7 @@
 use crate::session::{apply_steps, boot_options, reach, SessionError};
 use crate::spec::CampaignSpec;
 use crate::spill::{self, Spill, SpillError, SpillStats};
+use crate::stats::WorkerCounts;
 use crate::step::Path as StepPath;
 use crate::tree::TreeNode;
 use run::api::{CheckpointId, Position, Request, RunId};
@@ -45,6 +46,8 @@ pub(crate) struct Worker<'a> {
     spill: Option<Spill>,
     /// Where the run is now: at this node's moment exactly.
     at_node: Option<u64>,
+    /// Steps replayed to reach moments neither live nor spilled.
+    replayed_steps: u64,
 }
 
 /// What the root moment looked like to one worker.
@@ -89,6 +92,7 @@ impl<'a> Worker<'a> {
             spill_dir,
             spill: None,
             at_node: None,
+            replayed_steps: 0,
         }
     }
 
@@ -112,6 +116,15 @@ impl<'a> Worker<'a> {
         match self.spill.take() {
             Some(spill) => Ok(spill.finish()?),
             None => Ok(SpillStats::default()),
+        }
+    }
+
+    /// What this worker counted in this run (see [`crate::stats`]).
+    pub fn counts(&self) -> WorkerCounts {
+        WorkerCounts {
+            spill: self.spill.as_ref().map(|s| s.stats).unwrap_or_default(),
+            replayed_steps: self.replayed_steps,
+            live_checkpoints: self.live.len() as u64,
         }
     }
 
@@ -203,6 +216,7 @@ impl<'a> Worker<'a> {
         if ancestor != node {
             let from = nodes[ancestor as usize].row.depth as usize;
             let path = &nodes[node as usize].row.path;
+            self.replayed_steps += (path.steps.len() - from) as u64;
             let mut calls = self.calls();
             position = apply_steps(&mut calls, run, &path.steps[from..], path.end_ns)?;
             drop(calls.take_records(run)?);

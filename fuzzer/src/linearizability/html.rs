@@ -14,7 +14,7 @@ use super::model::{KvModel, Model};
 use super::report::{CheckReport, Verdict, Violation};
 
 /// Escapes text for HTML element content and quoted attribute values.
-fn escape(text: &str) -> String {
+pub fn escape(text: &str) -> String {
     let mut escaped = String::with_capacity(text.len());
     for c in text.chars() {
         match c {

@@ -60,7 +60,7 @@ pub use history::{
     parse_history_jsonl, parse_history_values, History, HistoryError, HistoryProblem, KvInput,
     KvOutput, Operation, TimeNs, HISTORY_LINE_KEY,
 };
-pub use html::render_html;
+pub use html::{escape as escape_html, render_html};
 pub use report::{CheckReport, CheckStats, Verdict, Violation};
 pub use search::Unknown;
 

@@ -1,0 +1,157 @@
+//! Where a campaign's wall time went and how its tree was explored, for
+//! reports: kept in the campaign's database under the metadata key
+//! [`STATS_META`] (JSON), written with every branch and once more when the
+//! campaign stops, and summed over the runs of a resumed campaign. A
+//! campaign written before these were kept has none (a report says "not
+//! recorded"); every field has a default, so one kept by an older build
+//! reads.
+
+use crate::spill::SpillStats;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The metadata key the stats are kept under.
+pub const STATS_META: &str = "stats";
+
+/// Wall time of the campaign is counted in buckets of this many
+/// milliseconds for [`CampaignStats::branches_by_minute`].
+pub const BUCKET_MS: u64 = 60_000;
+
+/// A campaign's counters, over all its runs (a resumed campaign's
+/// included).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CampaignStats {
+    /// The most workers any run of the campaign had.
+    pub workers: u32,
+    /// Wall time spent booting and running to the root (the workers boot
+    /// at once: counted once per run).
+    pub root_ms: u64,
+    /// Wall time of the branches, summed over the workers that ran them
+    /// (worker-milliseconds: reaching the parent, the slice, the digest).
+    pub branch_ms: u64,
+    /// Wall time spent shrinking new findings and writing them.
+    pub shrink_ms: u64,
+    /// Branches committed in each minute of the campaign's wall time (index
+    /// `i`: from `i` to `i + 1` minutes).
+    pub branches_by_minute: Vec<u64>,
+    /// Branches run by each worker (index: the worker).
+    pub branches_by_worker: Vec<u64>,
+    /// Each finding's number and the campaign's wall time (ms) when it was
+    /// committed.
+    pub findings_at_ms: BTreeMap<u32, u64>,
+    /// Checkpoints written to `spill/`, and the milliseconds that took.
+    pub spilled: u64,
+    pub spill_write_ms: u64,
+    /// Checkpoints loaded back from `spill/`, and the milliseconds that took.
+    pub loaded: u64,
+    pub load_ms: u64,
+    /// Steps replayed to reach a moment that was neither live nor spilled.
+    pub replayed_steps: u64,
+    /// Checkpoints the workers held in memory at the last commit.
+    pub live_checkpoints: u64,
+}
+
+/// What the workers of one run counted so far (their totals in this run).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerCounts {
+    pub spill: SpillStats,
+    pub replayed_steps: u64,
+    pub live_checkpoints: u64,
+}
+
+impl CampaignStats {
+    /// Counts a branch `worker` ran for `branch_ms`, committed when the
+    /// campaign's wall time was `at_ms`.
+    pub fn branch(&mut self, worker: usize, branch_ms: u64, at_ms: u64) {
+        self.branch_ms += branch_ms;
+        let minute = (at_ms / BUCKET_MS) as usize;
+        if self.branches_by_minute.len() <= minute {
+            self.branches_by_minute.resize(minute + 1, 0);
+        }
+        self.branches_by_minute[minute] += 1;
+        if self.branches_by_worker.len() <= worker {
+            self.branches_by_worker.resize(worker + 1, 0);
+        }
+        self.branches_by_worker[worker] += 1;
+    }
+
+    /// These stats (of the runs before this one) with this run's workers'
+    /// counts added.
+    pub fn with_counts(&self, counts: WorkerCounts) -> CampaignStats {
+        let mut total = self.clone();
+        total.spilled += counts.spill.written;
+        total.spill_write_ms += counts.spill.write_ms;
+        total.loaded += counts.spill.loaded;
+        total.load_ms += counts.spill.load_ms;
+        total.replayed_steps += counts.replayed_steps;
+        total.live_checkpoints = counts.live_checkpoints;
+        total
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("stats serialize")
+    }
+}
+
+impl crate::store::Store {
+    /// The campaign's stats (`None`: a campaign written before they were
+    /// kept, or whose root has not been committed yet).
+    pub fn stats(&self) -> Result<Option<CampaignStats>, crate::store::StoreError> {
+        self.meta_json(STATS_META)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn test_branches_are_bucketed_by_minute_and_worker() {
+        let mut stats = CampaignStats::default();
+        stats.branch(1, 500, 10);
+        stats.branch(0, 700, 59_999);
+        stats.branch(1, 300, 125_000);
+        assert_eq!(stats.branches_by_minute, vec![2, 0, 1]);
+        assert_eq!(stats.branches_by_worker, vec![1, 2]);
+        assert_eq!(stats.branch_ms, 1500);
+    }
+
+    #[test]
+    fn test_worker_counts_add_to_earlier_runs_and_live_is_the_latest() {
+        let before = CampaignStats {
+            spilled: 2,
+            loaded: 1,
+            replayed_steps: 5,
+            live_checkpoints: 9,
+            ..Default::default()
+        };
+        let counts = WorkerCounts {
+            spill: SpillStats {
+                written: 3,
+                write_ms: 30,
+                loaded: 4,
+                load_ms: 40,
+            },
+            replayed_steps: 1,
+            live_checkpoints: 2,
+        };
+        let total = before.with_counts(counts);
+        assert_eq!(
+            (total.spilled, total.loaded, total.replayed_steps),
+            (5, 5, 6)
+        );
+        assert_eq!((total.spill_write_ms, total.load_ms), (30, 40));
+        assert_eq!(total.live_checkpoints, 2);
+    }
+
+    /// Stats kept by an older build (fewer fields) read, the rest default.
+    #[test]
+    fn test_stats_with_missing_fields_read_with_defaults() {
+        let stats: CampaignStats = serde_json::from_str(r#"{"root_ms": 5}"#).unwrap();
+        assert_eq!(stats.root_ms, 5);
+        assert_eq!(stats.branches_by_minute, Vec::<u64>::new());
+        let back: CampaignStats = serde_json::from_str(&stats.to_json()).unwrap();
+        assert_eq!(back, stats);
+    }
+}

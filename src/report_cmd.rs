@@ -1,0 +1,60 @@
+//! `detvisor report`: one or more campaign directories (shards) read and
+//! merged by the `campaign-report` library, written as HTML, JSON and JUnit
+//! XML, or printed as a terminal summary.
+
+use anyhow::Result;
+use campaign_report::{read, text, Outputs};
+use clap::Args;
+use std::path::{Path, PathBuf};
+
+#[derive(Args, Debug)]
+#[command(
+    after_help = "Without --html, --json or --junit the summary is printed. Several directories (the shards of one campaign) are merged: tallies add, a finding found by two is one (see docs/campaigns.md, \"Reports\"). Exit status: 0 when written, 2 on an error."
+)]
+pub struct ReportArgs {
+    /// Campaign directories (one, or the shards of one campaign).
+    #[arg(required = true, value_name = "DIR")]
+    dirs: Vec<PathBuf>,
+    /// Write one self-contained HTML page here.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
+    /// Write the report as JSON (versioned) here.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Write JUnit XML here: one test case per property, failures carrying
+    /// their findings' replay commands.
+    #[arg(long, value_name = "FILE")]
+    junit: Option<PathBuf>,
+}
+
+pub fn cmd_report(args: ReportArgs) -> Result<u8> {
+    let outputs = Outputs {
+        html: args.html,
+        json: args.json,
+        junit: args.junit,
+    };
+    outputs.check()?;
+    let report = read(&args.dirs)?;
+    if outputs.is_empty() {
+        print!("{}", text::summary(&report));
+    } else {
+        outputs.write(&report)?;
+        for path in [&outputs.html, &outputs.json, &outputs.junit]
+            .into_iter()
+            .flatten()
+        {
+            eprintln!("detvisor: wrote {}", path.display());
+        }
+    }
+    Ok(0)
+}
+
+/// The summary of the campaign in `dir`, as `report DIR` prints it, at
+/// the end of a campaign; a directory that does not read is said on
+/// stderr (the campaign's own lines stand).
+pub fn print_summary(dir: &Path) {
+    match read(&[dir.to_owned()]) {
+        Ok(report) => print!("{}", text::summary(&report)),
+        Err(e) => eprintln!("detvisor: WARNING: no report of {}: {e}", dir.display()),
+    }
+}
