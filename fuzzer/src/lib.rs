@@ -30,4 +30,5 @@ pub mod spill;
 pub mod step;
 pub mod store;
 pub mod tree;
+pub mod triage;
 pub mod worker;
