@@ -70,12 +70,10 @@ pub struct Baseline {
 /// Why a baseline could not be read or edited.
 #[derive(Debug, thiserror::Error)]
 pub enum BaselineError {
-    #[error("{}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: hostfile::ReadError,
-    },
+    #[error(transparent)]
+    Read(hostfile::ReadError),
+    #[error(transparent)]
+    Write(hostfile::WriteError),
     #[error("{}: line {line}: {message}", path.display())]
     Parse {
         path: PathBuf,
@@ -196,20 +194,27 @@ impl Baseline {
 
 /// The text of the baseline file `path`.
 fn read(path: &Path) -> Result<String, BaselineError> {
-    let bytes = hostfile::read_limited(path, MAX_BASELINE_BYTES).map_err(|source| {
-        BaselineError::Read {
-            path: path.to_owned(),
-            source,
-        }
-    })?;
-    String::from_utf8(bytes).map_err(|e| BaselineError::Parse {
-        path: path.to_owned(),
-        line: line_of(
-            &String::from_utf8_lossy(e.as_bytes()),
-            e.utf8_error().valid_up_to(),
-        ),
-        message: "not UTF-8 text".into(),
-    })
+    hostfile::read_text_limited(path, MAX_BASELINE_BYTES).map_err(BaselineError::Read)
+}
+
+/// [`set_entry`] on the baseline file `path` (created if missing; replaced
+/// whole, never half-written).
+pub fn set_entry_in_file(
+    path: &Path,
+    key: &FailureKey,
+    entry: &Entry,
+) -> Result<(), BaselineError> {
+    let text = match read(path) {
+        Ok(text) => text,
+        Err(BaselineError::Read(e)) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e),
+    };
+    let edited = set_entry(&text, path, key, entry)?;
+    let mut out = hostfile::Output::create(path).map_err(BaselineError::Write)?;
+    out.write_all(edited.as_bytes())
+        .map_err(BaselineError::Write)?;
+    out.commit().map_err(BaselineError::Write)?;
+    Ok(())
 }
 
 /// The text of a new baseline file, before its first entry.
