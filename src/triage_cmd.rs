@@ -38,7 +38,12 @@ pub struct TriageArgs {
     /// A finding's directory (DIR/findings/NNNN).
     finding: PathBuf,
     /// Mark it known, with this note (e.g. "upstream #123").
-    #[arg(long, value_name = "NOTE", conflicts_with = "ignore", required_unless_present = "ignore")]
+    #[arg(
+        long,
+        value_name = "NOTE",
+        conflicts_with = "ignore",
+        required_unless_present = "ignore"
+    )]
     known: Option<String>,
     /// Mark it ignored, with this note (why).
     #[arg(long, value_name = "NOTE")]
@@ -155,8 +160,12 @@ fn one_line(note: &str) -> String {
 
 pub fn cmd_triage(args: TriageArgs) -> Result<u8> {
     let file = fuzzer::findings::read_file(&args.finding)?;
-    let key = FailureKey::from_slug(&file.key)
-        .with_context(|| format!("{}", args.finding.join(fuzzer::findings::FINDING_FILE).display()))?;
+    let key = FailureKey::from_slug(&file.key).with_context(|| {
+        format!(
+            "{}",
+            args.finding.join(fuzzer::findings::FINDING_FILE).display()
+        )
+    })?;
     let (status, note) = match (args.known, args.ignore) {
         (Some(note), _) => (Mark::Known, note),
         (None, Some(note)) => (Mark::Ignored, note),
@@ -192,11 +201,21 @@ mod tests {
 
     #[test]
     fn test_triage_takes_one_mark_and_a_file() {
-        let ok = parse(&["detvisor", "triage", "c/findings/0001", "--known", "upstream #1", "--into", "t.toml"]);
+        let ok = parse(&[
+            "detvisor",
+            "triage",
+            "c/findings/0001",
+            "--known",
+            "upstream #1",
+            "--into",
+            "t.toml",
+        ]);
         assert!(matches!(ok, Ok(crate::Command::Triage(_))), "{ok:?}");
         for bad in [
             &["detvisor", "triage", "f", "--into", "t.toml"][..],
-            &["detvisor", "triage", "f", "--known", "a", "--ignore", "b", "--into", "t.toml"],
+            &[
+                "detvisor", "triage", "f", "--known", "a", "--ignore", "b", "--into", "t.toml",
+            ],
             &["detvisor", "triage", "f", "--known", "a"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
@@ -206,6 +225,9 @@ mod tests {
             panic!("{several:?}");
         };
         assert_eq!(args.dirs.len(), 2);
-        assert!(parse(&["detvisor", "findings"]).is_err(), "a directory at least");
+        assert!(
+            parse(&["detvisor", "findings"]).is_err(),
+            "a directory at least"
+        );
     }
 }

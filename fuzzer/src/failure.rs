@@ -292,8 +292,16 @@ mod tests {
                 "checker linearizability: \"k2\"",
             ),
             (property("x", "", ""), "property:x@@", "property \"x\""),
-            (property("x", "", "f"), "property:x@@f", "property \"x\" in f"),
-            (property("x", "a.go", ""), "property:x@a.go@", "property \"x\" at a.go"),
+            (
+                property("x", "", "f"),
+                "property:x@@f",
+                "property \"x\" in f",
+            ),
+            (
+                property("x", "a.go", ""),
+                "property:x@a.go@",
+                "property \"x\" at a.go",
+            ),
             // Old keys, as campaigns wrote them before: verbatim.
             (
                 old("counter never negative", "src/main.rs:42"),
@@ -357,7 +365,8 @@ mod tests {
         let new = property("no stale read", "src/app.rs", "app::get");
         // An old `file:line` key: the same id and file, whatever the line
         // and the function.
-        let old_key = FailureKey::from_slug("property:no%20stale%20read@src%2Fapp.rs%3A42").unwrap();
+        let old_key =
+            FailureKey::from_slug("property:no%20stale%20read@src%2Fapp.rs%3A42").unwrap();
         assert_eq!(old_key, old("no stale read", "src/app.rs:42"));
         assert!(old_key.matches(&new) && new.matches(&old_key));
         assert!(old_key.matches(&property("no stale read", "src/app.rs", "app::put")));
@@ -399,7 +408,12 @@ mod tests {
             );
             assert!(err.to_string().contains(&format!("{bad:?}")));
         }
-        for bad in ["command:%4", "command:%zz", "command:%FF", "property:x@%4@f"] {
+        for bad in [
+            "command:%4",
+            "command:%zz",
+            "command:%FF",
+            "property:x@%4@f",
+        ] {
             assert!(matches!(
                 FailureKey::from_slug(bad).unwrap_err(),
                 FailureSlugError::Escape { .. }
@@ -410,8 +424,11 @@ mod tests {
     fn key() -> impl Strategy<Value = FailureKey> {
         let text = || any::<String>();
         prop_oneof![
-            (text(), text(), text())
-                .prop_map(|(id, file, function)| FailureKey::Property { id, file, function }),
+            (text(), text(), text()).prop_map(|(id, file, function)| FailureKey::Property {
+                id,
+                file,
+                function
+            }),
             (text(), text()).prop_map(|(id, location)| FailureKey::PropertyAtLine { id, location }),
             text().prop_map(|name| FailureKey::Command { name }),
             (text(), text()).prop_map(|(checker, key)| FailureKey::Checker { checker, key }),

@@ -66,9 +66,8 @@ pub fn replay_loaded(
     let failures: Vec<Failure> = judge.check(&[&records]);
     // The finding's own failure: its key, or the new key an old one maps to.
     let key = FailureKey::from_slug(&file.key).ok();
-    let is_the_finding_s = |f: &&Failure| {
-        f.key.slug() == file.key || key.as_ref().is_some_and(|k| k.matches(&f.key))
-    };
+    let is_the_finding_s =
+        |f: &&Failure| f.key.slug() == file.key || key.as_ref().is_some_and(|k| k.matches(&f.key));
     let failed_again = failures.iter().any(|f| is_the_finding_s(&f));
     let failure_moment = failures.iter().find(is_the_finding_s).map(|f| {
         crate::failure_moment::find_or_end(

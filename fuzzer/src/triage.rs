@@ -237,13 +237,13 @@ pub fn set_entry(
     } else {
         text
     };
-    let mut doc: toml_edit::DocumentMut = text.parse().map_err(|e: toml_edit::TomlError| {
-        BaselineError::Parse {
-            path: path.to_owned(),
-            line: e.span().map_or(1, |span| line_of(text, span.start)),
-            message: one_line(e.message()),
-        }
-    })?;
+    let mut doc: toml_edit::DocumentMut =
+        text.parse()
+            .map_err(|e: toml_edit::TomlError| BaselineError::Parse {
+                path: path.to_owned(),
+                line: e.span().map_or(1, |span| line_of(text, span.start)),
+                message: one_line(e.message()),
+            })?;
     let slug = baseline
         .entry_for(key)
         .map_or_else(|| key.slug(), |(k, _)| k.slug());
@@ -422,7 +422,11 @@ pub fn classify(findings: &[FindingLine], baseline: &Baseline) -> Triage {
                         Mark::Ignored => Status::Ignored,
                     };
                     let slug = k.slug();
-                    (status, Some(entry.clone()), (slug != group.slug).then_some(slug))
+                    (
+                        status,
+                        Some(entry.clone()),
+                        (slug != group.slug).then_some(slug),
+                    )
                 }
                 None => (Status::New, None, None),
             };

@@ -76,7 +76,10 @@ fn test_a_baseline_prints_and_reads_back_equal() {
         text.contains("[finding.\"checker:linearizability:k2\"]\nstatus = \"ignored\""),
         "{text}"
     );
-    assert!(text.contains("[finding.\"property:p@main.go%3A10\"]"), "{text}");
+    assert!(
+        text.contains("[finding.\"property:p@main.go%3A10\"]"),
+        "{text}"
+    );
     assert_eq!(Baseline::parse(&text, path()).unwrap(), baseline);
     assert_eq!(
         Baseline::parse("", path()).unwrap(),
@@ -195,15 +198,30 @@ fn test_set_entry_adds_and_updates_keeping_comments_and_other_entries() {
         name: "driver".into(),
     };
     let other = property("no stale read", "src/kv.rs", "kv::get");
-    let added = set_entry(&reviewed, path(), &other, &entry(Mark::Ignored, "too strict")).unwrap();
+    let added = set_entry(
+        &reviewed,
+        path(),
+        &other,
+        &entry(Mark::Ignored, "too strict"),
+    )
+    .unwrap();
     assert!(added.starts_with(&reviewed), "appended:\n{added}");
     let read = Baseline::parse(&added, path()).unwrap();
     assert_eq!(read.entries.len(), 3);
     assert_eq!(read.entries[&other], entry(Mark::Ignored, "too strict"));
 
     // Updated in place: the same key, its comments and the others kept.
-    let updated = set_entry(&added, path(), &command, &entry(Mark::Known, "fixed upstream")).unwrap();
-    assert!(updated.contains("# The driver is slow on CI; see PR #9."), "{updated}");
+    let updated = set_entry(
+        &added,
+        path(),
+        &command,
+        &entry(Mark::Known, "fixed upstream"),
+    )
+    .unwrap();
+    assert!(
+        updated.contains("# The driver is slow on CI; see PR #9."),
+        "{updated}"
+    );
     assert!(updated.contains("# Findings triaged"), "{updated}");
     let read = Baseline::parse(&updated, path()).unwrap();
     assert_eq!(read.entries.len(), 3);
@@ -228,8 +246,17 @@ fn test_set_entry_adds_and_updates_keeping_comments_and_other_entries() {
     );
 
     // A bad file is refused as reading refuses it, and not rewritten.
-    let error = set_entry("[finding.\"command:a\"]\nstatus = 3\n", path(), &key, &known).unwrap_err();
-    assert!(error.to_string().starts_with("ci/triage.toml: line 2: "), "{error}");
+    let error = set_entry(
+        "[finding.\"command:a\"]\nstatus = 3\n",
+        path(),
+        &key,
+        &known,
+    )
+    .unwrap_err();
+    assert!(
+        error.to_string().starts_with("ci/triage.toml: line 2: "),
+        "{error}"
+    );
 }
 
 #[test]
@@ -357,6 +384,31 @@ fn test_old_keys_mark_and_merge_with_new_ones() {
     assert_eq!(triage.failures[0].status, Status::Known);
     assert_eq!(triage.failures[0].findings.len(), 2);
     assert!(triage.possibly_fixed.is_empty());
+}
+
+/// Campaign directories as they are on disk: an old campaign's database
+/// and `finding.json` with an old `file:line` property key still list, and
+/// merge with a new campaign's finding of the same property.
+#[test]
+fn test_an_old_campaign_directory_lists_and_triages_with_a_new_one() {
+    let new = property("no stale read", "src/kv.rs", "kv::get");
+    let old_slug = "property:no%20stale%20read@src%2Fkv.rs%3A42";
+    let old = crate::listing::tests::campaign_with_keys(&[(1, old_slug), (2, "checker:lin:k")]);
+    let tonight = crate::listing::tests::campaign_with_keys(&[(1, &new.slug())]);
+    let mut lines = crate::campaign::findings(old.path()).unwrap();
+    assert_eq!(lines[0].key, old_slug, "the old key as it was written");
+    lines.extend(crate::campaign::findings(tonight.path()).unwrap());
+    let mut baseline = Baseline::default();
+    baseline
+        .entries
+        .insert(new.clone(), entry(Mark::Known, "filed"));
+    let triage = classify(&lines, &baseline);
+    assert_eq!(triage.failures.len(), 2);
+    assert_eq!(triage.failures[0].key, new.slug());
+    assert_eq!(triage.failures[0].status, Status::Known);
+    assert_eq!(triage.failures[0].findings.len(), 2);
+    assert_eq!(triage.failures[1].status, Status::New);
+    assert!(triage.any_new());
 }
 
 #[test]
