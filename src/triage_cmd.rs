@@ -51,9 +51,12 @@ pub struct TriageArgs {
     /// The baseline file to add the entry to (or update it in).
     #[arg(long, value_name = "FILE")]
     into: PathBuf,
-    /// Who triaged it, kept in the entry.
+    /// Who triaged it, kept in the entry (`by`).
     #[arg(long, value_name = "NAME")]
     by: Option<String>,
+    /// When, kept in the entry (`date`; any text, e.g. `$(date -I)`).
+    #[arg(long, value_name = "DATE")]
+    date: Option<String>,
 }
 
 /// The findings of every directory, in the order given.
@@ -175,7 +178,7 @@ pub fn cmd_triage(args: TriageArgs) -> Result<u8> {
         status,
         note,
         by: args.by,
-        date: Some(triage::today()),
+        date: args.date,
     };
     triage::set_entry_in_file(&args.into, &key, &entry)?;
     println!(

@@ -624,16 +624,16 @@ fn test_findings_against_a_baseline_fail_only_on_new_findings() {
     assert_eq!(text.status.code(), Some(1));
     assert!(stdout(&text).starts_with("new "), "{}", stdout(&text));
 
+    let triage = |mark: &[&str]| {
+        let mut args = vec!["triage", finding.to_str().unwrap()];
+        args.extend_from_slice(mark);
+        args.extend_from_slice(&["--into", baseline_text]);
+        let triaged = detvisor(&args);
+        assert_eq!(triaged.status.code(), Some(0), "{}", stderr(&triaged));
+    };
+
     // Triaged known, and an entry for a failure not found tonight.
-    let triaged = detvisor(&[
-        "triage",
-        finding.to_str().unwrap(),
-        "--known",
-        "upstream #123",
-        "--into",
-        baseline_text,
-    ]);
-    assert_eq!(triaged.status.code(), Some(0), "{}", stderr(&triaged));
+    triage(&["--known", "upstream #123"]);
     let mut file = std::fs::read_to_string(&baseline).unwrap();
     assert!(file.contains(&format!("[finding.\"{key}\"]")), "{file}");
     file.push_str("\n# Gone since the fix?\n[finding.\"checker:linearizability:no-such-key\"]\nstatus = \"known\"\nnote = \"fixed in #130\"\n");
@@ -655,17 +655,7 @@ fn test_findings_against_a_baseline_fail_only_on_new_findings() {
     );
 
     // Re-triaged ignored: the entry updated in place, the comment kept.
-    let ignored = detvisor(&[
-        "triage",
-        finding.to_str().unwrap(),
-        "--ignore",
-        "too strict",
-        "--by",
-        "ci",
-        "--into",
-        baseline_text,
-    ]);
-    assert_eq!(ignored.status.code(), Some(0), "{}", stderr(&ignored));
+    triage(&["--ignore", "too strict", "--by", "ci"]);
     let file = std::fs::read_to_string(&baseline).unwrap();
     assert_eq!(
         file.matches(&format!("[finding.\"{key}\"]")).count(),

@@ -56,7 +56,7 @@ pub struct Entry {
     /// Who triaged it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
-    /// When (`YYYY-MM-DD`, as `detvisor triage` writes it; any text read).
+    /// When (any text; e.g. `YYYY-MM-DD`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub date: Option<String>,
 }
@@ -462,29 +462,6 @@ pub fn classify(findings: &[FindingLine], baseline: &Baseline) -> Triage {
         failures,
         possibly_fixed,
     }
-}
-
-/// Today's date (UTC) as `YYYY-MM-DD`, for an entry's `date`.
-pub fn today() -> String {
-    let days = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() / 86_400);
-    civil_date(days as i64)
-}
-
-/// The proleptic Gregorian date `days` after 1970-01-01 (Howard Hinnant's
-/// `civil_from_days`).
-fn civil_date(days: i64) -> String {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}")
 }
 
 #[cfg(test)]

@@ -25,6 +25,12 @@ fn entry(status: Mark, note: &str) -> Entry {
     }
 }
 
+fn baseline_of(entries: Vec<(FailureKey, Entry)>) -> Baseline {
+    Baseline {
+        entries: entries.into_iter().collect(),
+    }
+}
+
 fn path() -> &'static Path {
     Path::new("ci/triage.toml")
 }
@@ -46,25 +52,24 @@ fn line(dir: &str, number: u32, key: &FailureKey) -> FindingLine {
 
 #[test]
 fn test_a_baseline_prints_and_reads_back_equal() {
-    let mut baseline = Baseline::default();
-    baseline.entries.insert(
-        property("no stale read", "src/kv.rs", "kv::get"),
-        Entry {
-            status: Mark::Known,
-            note: "upstream #123 \"quoted\"\nsecond line".into(),
-            by: Some("alice".into()),
-            date: Some("2026-12-05".into()),
-        },
-    );
-    baseline
-        .entries
-        .insert(checker("k2"), entry(Mark::Ignored, "flaky checker"));
-    baseline.entries.insert(
-        FailureKey::Command {
-            name: "parallel driver".into(),
-        },
-        entry(Mark::Known, ""),
-    );
+    let mut baseline = baseline_of(vec![
+        (
+            property("no stale read", "src/kv.rs", "kv::get"),
+            Entry {
+                status: Mark::Known,
+                note: "upstream #123 \"quoted\"\nsecond line".into(),
+                by: Some("alice".into()),
+                date: Some("2026-12-05".into()),
+            },
+        ),
+        (checker("k2"), entry(Mark::Ignored, "flaky checker")),
+        (
+            FailureKey::Command {
+                name: "parallel driver".into(),
+            },
+            entry(Mark::Known, ""),
+        ),
+    ]);
     // An old key stays as it was written.
     baseline.entries.insert(
         FailureKey::from_slug("property:p@main.go%3A10").unwrap(),
@@ -267,16 +272,11 @@ fn test_classify_says_new_known_ignored_and_possibly_fixed() {
     };
     let fresh = property("no stale read", "src/kv.rs", "kv::get");
     let gone = checker("k9");
-    let mut baseline = Baseline::default();
-    baseline
-        .entries
-        .insert(stale.clone(), entry(Mark::Known, "upstream #123"));
-    baseline
-        .entries
-        .insert(flaky.clone(), entry(Mark::Ignored, "slow CI"));
-    baseline
-        .entries
-        .insert(gone.clone(), entry(Mark::Known, "fixed?"));
+    let mut baseline = baseline_of(vec![
+        (stale.clone(), entry(Mark::Known, "upstream #123")),
+        (flaky.clone(), entry(Mark::Ignored, "slow CI")),
+        (gone.clone(), entry(Mark::Known, "fixed?")),
+    ]);
     let tonight = [
         line("a", 1, &stale),
         line("a", 2, &fresh),
@@ -331,10 +331,7 @@ fn test_classify_merges_directories_by_key() {
         line("shards/1", 2, &stale),
         line("shards/2", 1, &stale),
     ];
-    let mut baseline = Baseline::default();
-    baseline
-        .entries
-        .insert(other.clone(), entry(Mark::Known, "x"));
+    let baseline = baseline_of(vec![(other.clone(), entry(Mark::Known, "x"))]);
     let triage = classify(&tonight, &baseline);
     assert_eq!(triage.failures.len(), 2);
     let merged = &triage.failures[0];
@@ -359,19 +356,13 @@ fn test_old_keys_mark_and_merge_with_new_ones() {
     let new = property("no stale read", "src/kv.rs", "kv::get");
     let old = FailureKey::from_slug("property:no%20stale%20read@src%2Fkv.rs%3A42").unwrap();
     // An old key in the baseline marks tonight's new key.
-    let mut baseline = Baseline::default();
-    baseline
-        .entries
-        .insert(old.clone(), entry(Mark::Known, "filed"));
+    let baseline = baseline_of(vec![(old.clone(), entry(Mark::Known, "filed"))]);
     let triage = classify(&[line("a", 1, &new)], &baseline);
     assert_eq!(triage.failures[0].status, Status::Known);
     assert_eq!(triage.failures[0].baseline_key, Some(old.slug()));
     assert!(triage.possibly_fixed.is_empty());
     // A line shift or another file is still news against a new key.
-    let mut baseline = Baseline::default();
-    baseline
-        .entries
-        .insert(new.clone(), entry(Mark::Known, "filed"));
+    let baseline = baseline_of(vec![(new.clone(), entry(Mark::Known, "filed"))]);
     let moved = property("no stale read", "src/other.rs", "kv::get");
     let triage = classify(&[line("a", 1, &moved)], &baseline);
     assert_eq!(triage.failures[0].status, Status::New);
@@ -398,10 +389,7 @@ fn test_an_old_campaign_directory_lists_and_triages_with_a_new_one() {
     let mut lines = crate::campaign::findings(old.path()).unwrap();
     assert_eq!(lines[0].key, old_slug, "the old key as it was written");
     lines.extend(crate::campaign::findings(tonight.path()).unwrap());
-    let mut baseline = Baseline::default();
-    baseline
-        .entries
-        .insert(new.clone(), entry(Mark::Known, "filed"));
+    let baseline = baseline_of(vec![(new.clone(), entry(Mark::Known, "filed"))]);
     let triage = classify(&lines, &baseline);
     assert_eq!(triage.failures.len(), 2);
     assert_eq!(triage.failures[0].key, new.slug());
@@ -419,13 +407,4 @@ fn test_a_damaged_key_is_matched_by_its_text() {
     assert_eq!(triage.failures.len(), 1);
     assert_eq!(triage.failures[0].findings.len(), 2);
     assert_eq!(triage.failures[0].status, Status::New);
-}
-
-#[test]
-fn test_civil_dates() {
-    assert_eq!(civil_date(0), "1970-01-01");
-    assert_eq!(civil_date(59), "1970-03-01");
-    assert_eq!(civil_date(11_016), "2000-02-29");
-    assert_eq!(civil_date(20_792), "2026-12-05");
-    assert_eq!(today().len(), 10);
 }
