@@ -48,15 +48,6 @@ pub struct CampaignArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct FindingsArgs {
-    /// A campaign directory.
-    dir: PathBuf,
-    /// One JSON object per finding, a line each.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Args, Debug)]
 pub struct ReplayArgs {
     /// A finding's directory (DIR/findings/NNNN), wherever it was copied.
     finding: PathBuf,
@@ -184,30 +175,6 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
         crate::report_cmd::print_summary(dir);
     }
     Ok(if summary.findings.is_empty() { 0 } else { 1 })
-}
-
-pub fn cmd_findings(args: FindingsArgs) -> Result<u8> {
-    let listed = fuzzer::campaign::findings(&args.dir)?;
-    for line in &listed {
-        if args.json {
-            println!("{}", serde_json::to_string(line)?);
-        } else {
-            println!(
-                "{:04}  {}  {}  ({} fault{} after shrinking from {}; ends at {})",
-                line.number,
-                line.key,
-                line.summary,
-                line.faults,
-                if line.faults == 1 { "" } else { "s" },
-                line.found_faults,
-                line.virtual_ns
-            );
-        }
-    }
-    if listed.is_empty() && !args.json {
-        println!("no findings");
-    }
-    Ok(0)
 }
 
 pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {

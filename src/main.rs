@@ -13,6 +13,7 @@ mod serve_cmd;
 mod soak_cmd;
 mod terminal;
 mod trace_cmd;
+mod triage_cmd;
 mod up_cmd;
 mod verify_cmd;
 
@@ -76,8 +77,12 @@ enum Command {
     /// Search the histories of a system under test for broken properties
     /// (see docs/campaigns.md); `--resume DIR` continues one.
     Campaign(campaign_cmd::CampaignArgs),
-    /// A campaign's findings, one line per distinct failure.
-    Findings(campaign_cmd::FindingsArgs),
+    /// A campaign's findings, one line per distinct failure; with
+    /// --baseline, each new, known or ignored (exit 1 only for new ones).
+    Findings(triage_cmd::FindingsArgs),
+    /// Mark a finding known or ignored in a baseline file (TOML), which
+    /// `findings --baseline` reads.
+    Triage(triage_cmd::TriageArgs),
     /// Reproduce a finding (DIR/findings/NNNN) bit for bit from a fresh process.
     Replay(campaign_cmd::ReplayArgs),
     /// A campaign's report (one directory or its shards, merged): HTML,
@@ -734,7 +739,8 @@ fn main() -> ExitCode {
         Command::Up(args) => up_cmd::cmd_up(args),
         Command::Trace(args) => trace_cmd::cmd_trace(args),
         Command::Campaign(args) => campaign_cmd::cmd_campaign(args),
-        Command::Findings(args) => campaign_cmd::cmd_findings(args),
+        Command::Findings(args) => triage_cmd::cmd_findings(args),
+        Command::Triage(args) => triage_cmd::cmd_triage(args),
         Command::Replay(args) => campaign_cmd::cmd_replay(args),
         Command::Report(args) => report_cmd::cmd_report(args),
         Command::Moments(args) => debug_cmd::cmd_moments(args),

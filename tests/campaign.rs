@@ -579,3 +579,110 @@ fn test_verify_a_source_patch_against_the_finding_s_unpatched_control() {
     );
     assert!(text.contains("(reproduced)"), "{text}");
 }
+
+/// Triage across nights on the stale campaign: against an empty baseline its
+/// finding is new (exit 1); `triage --known` writes the entry; then it is
+/// known (exit 0), an entry for a key not found tonight is possibly fixed,
+/// and `triage --ignore` updates the entry in place, the file's comments
+/// kept. No guest boots: only the campaign directory is read.
+#[test]
+fn test_findings_against_a_baseline_fail_only_on_new_findings() {
+    let dir = stale_campaign();
+    let dir_text = dir.to_str().unwrap();
+    let finding = stale_finding();
+    let key = findings_json(&dir)
+        .into_iter()
+        .find(|f| f["dir"] == finding.to_str().unwrap())
+        .unwrap()["key"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let work = out_dir("triage");
+    std::fs::create_dir_all(&work).unwrap();
+    let baseline = work.join("triage.toml");
+    let baseline_text = baseline.to_str().unwrap();
+    std::fs::write(&baseline, "").unwrap();
+    let listed = |more: &[&str]| {
+        let mut args = vec!["findings", dir_text, "--baseline", baseline_text];
+        args.extend_from_slice(more);
+        detvisor(&args)
+    };
+    let json_lines = |out: &std::process::Output| -> Vec<serde_json::Value> {
+        stdout(out)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+
+    // An empty baseline: everything is new.
+    let night = listed(&["--json"]);
+    assert_eq!(night.status.code(), Some(1), "{}", stderr(&night));
+    let lines = json_lines(&night);
+    assert!(!lines.is_empty());
+    assert!(lines.iter().all(|l| l["status"] == "new"), "{lines:?}");
+    let text = listed(&[]);
+    assert_eq!(text.status.code(), Some(1));
+    assert!(stdout(&text).starts_with("new "), "{}", stdout(&text));
+
+    let triage = |mark: &[&str]| {
+        let mut args = vec!["triage", finding.to_str().unwrap()];
+        args.extend_from_slice(mark);
+        args.extend_from_slice(&["--into", baseline_text]);
+        let triaged = detvisor(&args);
+        assert_eq!(triaged.status.code(), Some(0), "{}", stderr(&triaged));
+    };
+
+    // Triaged known, and an entry for a failure not found tonight.
+    triage(&["--known", "upstream #123"]);
+    let mut file = std::fs::read_to_string(&baseline).unwrap();
+    assert!(file.contains(&format!("[finding.\"{key}\"]")), "{file}");
+    file.push_str("\n# Gone since the fix?\n[finding.\"checker:linearizability:no-such-key\"]\nstatus = \"known\"\nnote = \"fixed in #130\"\n");
+    std::fs::write(&baseline, &file).unwrap();
+    let morning = listed(&["--json"]);
+    assert_eq!(morning.status.code(), Some(0), "{}", stderr(&morning));
+    let lines = json_lines(&morning);
+    let ours = lines.iter().find(|l| l["key"] == key.as_str()).unwrap();
+    assert_eq!(ours["status"], "known", "{ours}");
+    assert_eq!(ours["note"], "upstream #123", "{ours}");
+    let fixed = lines.last().unwrap();
+    assert_eq!(fixed["status"], "possibly_fixed", "{lines:?}");
+    assert_eq!(fixed["key"], "checker:linearizability:no-such-key");
+    let text = stdout(&listed(&[]));
+    assert!(text.contains("known    0001"), "{text}");
+    assert!(
+        text.contains("possibly fixed checker:linearizability:no-such-key  # fixed in #130"),
+        "{text}"
+    );
+
+    // Re-triaged ignored: the entry updated in place, the comment kept.
+    triage(&["--ignore", "too strict", "--by", "ci"]);
+    let file = std::fs::read_to_string(&baseline).unwrap();
+    assert_eq!(
+        file.matches(&format!("[finding.\"{key}\"]")).count(),
+        1,
+        "{file}"
+    );
+    assert!(file.contains("# Gone since the fix?"), "{file}");
+    // The same campaign twice: one failure, both listed by directory.
+    let twice = detvisor(&["findings", dir_text, dir_text, "--baseline", baseline_text]);
+    assert_eq!(twice.status.code(), Some(0), "{}", stderr(&twice));
+    let text = stdout(&twice);
+    assert!(
+        text.contains(&format!("ignored  {}", finding.display())),
+        "{text}"
+    );
+
+    // A bad baseline is an error (2) naming its file and line.
+    std::fs::write(
+        &baseline,
+        "[finding.\"command:a\"]\nstatus = \"knwon\"\nnote = \"\"\n",
+    )
+    .unwrap();
+    let bad = listed(&[]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains(&format!("{baseline_text}: line 2: unknown variant `knwon`")),
+        "{}",
+        stderr(&bad)
+    );
+}

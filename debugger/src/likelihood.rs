@@ -488,7 +488,7 @@ impl Worker<'_> {
                 session.call("likelihood branch", |s| self.branch(s, &moment))?;
             outcomes.push(BranchOutcome {
                 seed,
-                failed: failures.contains(&self.plan.key),
+                failed: holds(&failures, &self.plan.key),
                 moment,
                 faults: faults.len(),
                 failures,
@@ -546,7 +546,7 @@ impl Worker<'_> {
                 .into_iter()
                 .map(|f| f.key.slug())
                 .collect();
-            if found.is_none() || failures.contains(&self.plan.key) {
+            if found.is_none() || holds(&failures, &self.plan.key) {
                 let end = session.present().map_or(VirtNanos::ZERO, |p| p.virtual_ns);
                 return Ok((failures, end));
             }
@@ -578,11 +578,24 @@ pub fn branch_moment(
     moment
 }
 
+/// Whether `failures` (slugs) hold the finding's failure `key`: the same
+/// slug, or a key an old finding's (`file:line`) maps to
+/// ([`fuzzer::failure::FailureKey::matches`]).
+fn holds(failures: &[String], key: &str) -> bool {
+    use fuzzer::failure::FailureKey;
+    let finding = FailureKey::from_slug(key).ok();
+    failures.iter().any(|f| {
+        f == key
+            || matches!((&finding, FailureKey::from_slug(f)), (Some(a), Ok(b)) if a.matches(&b))
+    })
+}
+
 /// The property id of a property's failure key, for stopping a branch at
 /// the record that broke it.
 fn property_of(slug: &str) -> Option<String> {
     match fuzzer::failure::FailureKey::from_slug(slug).ok()? {
-        fuzzer::failure::FailureKey::Property { id, .. } => Some(id),
+        fuzzer::failure::FailureKey::Property { id, .. }
+        | fuzzer::failure::FailureKey::PropertyAtLine { id, .. } => Some(id),
         _ => None,
     }
 }

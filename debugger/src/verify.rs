@@ -215,12 +215,13 @@ impl SeedChoice {
 }
 
 /// Whether `key` is a failure of the finding's kind, `finding`: the same
-/// property (id and location), the same command, or the same checker on any
-/// of its keys.
+/// property (id, file and function; an old finding's `file:line` key as
+/// [`FailureKey::matches`] maps it), the same command, or the same checker
+/// on any of its keys.
 pub fn same_failure(finding: &FailureKey, key: &FailureKey) -> bool {
     match (finding, key) {
         (FailureKey::Checker { checker: a, .. }, FailureKey::Checker { checker: b, .. }) => a == b,
-        _ => finding == key,
+        _ => finding.matches(key),
     }
 }
 

@@ -128,14 +128,28 @@ fn test_a_failure_of_the_same_checker_on_another_key_is_the_finding_s_kind() {
     assert!(!same_failure(&finding, &checker("other", "k1")));
     let property = FailureKey::Property {
         id: "no stale read".into(),
-        location: "main.go:10".into(),
+        file: "main.go".into(),
+        function: "main.get".into(),
     };
     assert!(same_failure(&property, &property.clone()));
     let elsewhere = FailureKey::Property {
         id: "no stale read".into(),
-        location: "main.go:20".into(),
+        file: "main.go".into(),
+        function: "main.put".into(),
     };
     assert!(!same_failure(&property, &elsewhere));
+    // An old finding's key (`file:line`) is the kind of tonight's failure
+    // with the same id and file.
+    let old = FailureKey::from_slug("property:no%20stale%20read@main.go%3A10").unwrap();
+    assert!(same_failure(&old, &property));
+    assert!(!same_failure(
+        &old,
+        &FailureKey::Property {
+            id: "no stale read".into(),
+            file: "other.go".into(),
+            function: "main.get".into(),
+        }
+    ));
     assert!(!same_failure(
         &FailureKey::Command { name: "a".into() },
         &FailureKey::Command { name: "b".into() }

@@ -552,12 +552,12 @@ impl<'a> Engine<'a> {
         let new_failures = verdict
             .failures
             .iter()
-            .filter(|f| !self.findings.contains_key(&f.key))
+            .filter(|f| !self.found(&f.key))
             .count();
         self.nodes[id as usize].row.score = verdict.novelty + new_failures as f64;
         let mut new_findings = Vec::new();
         for failure in &verdict.failures {
-            if self.findings.contains_key(&failure.key) {
+            if self.found(&failure.key) {
                 continue;
             }
             let shrinking = Instant::now();
@@ -605,6 +605,13 @@ impl<'a> Engine<'a> {
             wall_ms: done.wall_ms,
             worker,
         })
+    }
+
+    /// Whether the campaign has a finding of `key` already: the same key,
+    /// or an old one (a campaign resumed from before property keys left
+    /// the line out) that [matches](FailureKey::matches) it.
+    fn found(&self, key: &FailureKey) -> bool {
+        self.findings.contains_key(key) || self.findings.keys().any(|k| k.matches(key))
     }
 
     /// Shrinks `failure`'s faults on `node`'s path (on worker 0, every

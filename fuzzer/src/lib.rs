@@ -31,4 +31,5 @@ pub mod stats;
 pub mod step;
 pub mod store;
 pub mod tree;
+pub mod triage;
 pub mod worker;

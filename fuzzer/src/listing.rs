@@ -133,20 +133,32 @@ pub fn remove_unindexed(campaign: &Path, indexed: &[u32]) -> Result<Vec<PathBuf>
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::store::{FindingRow, FinishedBranch, NodeRow};
 
     /// A campaign directory whose index holds findings `numbers` (their
     /// directories written with `finding.json` only).
     fn campaign(numbers: &[u32]) -> tempfile::TempDir {
+        let keys: Vec<String> = numbers.iter().map(|n| format!("property:p{n}")).collect();
+        let keyed: Vec<(u32, &str)> = numbers
+            .iter()
+            .zip(&keys)
+            .map(|(&n, k)| (n, k.as_str()))
+            .collect();
+        campaign_with_keys(&keyed)
+    }
+
+    /// A campaign directory whose index holds findings `(number, key)`
+    /// (their directories written with `finding.json` only).
+    pub(crate) fn campaign_with_keys(keyed: &[(u32, &str)]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         let mut store = Store::create(dir.path(), &[("spec", "{}".into())]).unwrap();
-        let rows: Vec<FindingRow> = numbers
+        let rows: Vec<FindingRow> = keyed
             .iter()
-            .map(|&number| FindingRow {
+            .map(|&(number, key)| FindingRow {
                 number,
-                key: format!("property:p{number}"),
+                key: key.into(),
                 node: 0,
                 summary: "failed".into(),
             })

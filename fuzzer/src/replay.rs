@@ -3,6 +3,7 @@
 //! reach the root moment by the campaign's rule, take the path's steps, and
 //! compare the digest and the failure with those recorded.
 
+use crate::failure::FailureKey;
 use crate::failure_moment::FailureMoment;
 use crate::findings::LoadedFinding;
 use crate::judge::{Failure, Judge};
@@ -63,8 +64,12 @@ pub fn replay_loaded(
     let digest = calls.outcome(run)?.digest;
     calls.close(run)?;
     let failures: Vec<Failure> = judge.check(&[&records]);
-    let failed_again = failures.iter().any(|f| f.key.slug() == file.key);
-    let failure_moment = failures.iter().find(|f| f.key.slug() == file.key).map(|f| {
+    // The finding's own failure: its key, or the new key an old one maps to.
+    let key = FailureKey::from_slug(&file.key).ok();
+    let is_the_finding_s =
+        |f: &&Failure| f.key.slug() == file.key || key.as_ref().is_some_and(|k| k.matches(&f.key));
+    let failed_again = failures.iter().any(|f| is_the_finding_s(&f));
+    let failure_moment = failures.iter().find(is_the_finding_s).map(|f| {
         crate::failure_moment::find_or_end(
             &records,
             judge,

@@ -188,7 +188,8 @@ impl AssertionTally {
     pub fn key(&self) -> FailureKey {
         FailureKey::Property {
             id: self.id.clone(),
-            location: self.location.key_text(),
+            file: self.location.file.clone(),
+            function: self.location.key_function().to_owned(),
         }
     }
 

@@ -48,7 +48,8 @@ fn hit(kind: &str, id: &str, condition: bool) -> Observation {
 fn key(id: &str) -> FailureKey {
     FailureKey::Property {
         id: id.into(),
-        location: "src/app.rs:10".into(),
+        file: "src/app.rs".into(),
+        function: "app::f".into(),
     }
 }
 

@@ -122,15 +122,14 @@ pub struct Location {
 }
 
 impl Location {
-    /// The location as a failure key holds it: `file:line`; without a file,
-    /// the function, else the class; empty if the SDK gave none.
-    pub fn key_text(&self) -> String {
-        if !self.file.is_empty() {
-            format!("{}:{}", self.file, self.begin_line)
-        } else if !self.function.is_empty() {
-            self.function.clone()
+    /// The function as a property's failure key holds it (beside the file,
+    /// never the line, so that a line shift keeps the key): the function,
+    /// else the class; empty if the SDK gave neither.
+    pub fn key_function(&self) -> &str {
+        if self.function.is_empty() {
+            &self.class
         } else {
-            self.class.clone()
+            &self.function
         }
     }
 }
@@ -295,7 +294,7 @@ mod tests {
             };
             assert_eq!(a.kind(), kind);
             assert_eq!(a.kind().to_string(), display);
-            assert_eq!(a.location.key_text(), "src/app.rs:10");
+            assert_eq!(a.location.key_function(), "app::f");
             assert_eq!(a.details, json!({"n": 1}));
         }
     }
