@@ -45,7 +45,10 @@ fn step(at_secs: u64, seed: u64) -> crate::step::Step {
 
 /// Workers on `runners`, booted to the root moment: the root's records and
 /// its end.
-fn booted(runners: Vec<BadSeeds>, dir: &Path) -> (Vec<Worker<'static>>, Vec<GuestRecord>, VirtNanos) {
+fn booted(
+    runners: Vec<BadSeeds>,
+    dir: &Path,
+) -> (Vec<Worker<'static>>, Vec<GuestRecord>, VirtNanos) {
     let files = tempfile::tempdir().unwrap();
     let run = prepared(files.path());
     let spec = spec(1);
@@ -92,8 +95,7 @@ fn test_a_finding_without_faults_shrinks_to_its_fewest_steps_and_earliest_end() 
     let mut first: Option<(crate::step::Path, String, Shrinking)> = None;
     for workers in [1, 2, 4] {
         let dir = tempfile::tempdir().unwrap();
-        let (mut workers_v, root_records, root_end) =
-            booted(bad_seeds(workers, false), dir.path());
+        let (mut workers_v, root_records, root_end) = booted(bad_seeds(workers, false), dir.path());
         assert_eq!(root_end, VirtNanos::from_secs(1));
         let shrunk = shrink(
             &mut workers_v,
@@ -144,7 +146,14 @@ fn test_a_failed_replay_on_any_worker_is_reported() {
         "at=+200ms loss n3 0.1 for=1s",
     ])
     .unwrap();
-    let error = shrink(&mut workers, &judge, &root_records, root_end, &found, &key())
+    let error = shrink(
+        &mut workers,
+        &judge,
+        &root_records,
+        root_end,
+        &found,
+        &key(),
+    )
     .err()
     .expect("the replays fail");
     assert_eq!(error.worker, 0);
@@ -181,7 +190,12 @@ fn test_every_worker_shrinks_and_the_finding_is_the_same_with_any_number() {
             // Batches of two run on workers 0 and 1; 2 and 3 reset to the
             // root only to replay trials.
             for (w, calls) in calls.iter().enumerate().skip(2) {
-                let resets = calls.lock().unwrap().iter().filter(|c| *c == "Reset").count();
+                let resets = calls
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|c| *c == "Reset")
+                    .count();
                 assert!(resets > 0, "worker {w} replayed no trial");
             }
         }

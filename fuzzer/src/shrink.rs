@@ -172,7 +172,10 @@ mod tests {
         vec![
             (16, Box::new(|s: &[u32]| s.contains(&11))),
             (10, Box::new(|s: &[u32]| s.contains(&2) && s.contains(&7))),
-            (13, Box::new(|s: &[u32]| s.iter().filter(|&&x| x % 3 == 0).count() >= 3)),
+            (
+                13,
+                Box::new(|s: &[u32]| s.iter().filter(|&&x| x % 3 == 0).count() >= 3),
+            ),
             (9, Box::new(|s: &[u32]| s.contains(&0) || s.contains(&8))),
             (6, Box::new(|_: &[u32]| true)),
             (1, Box::new(|s: &[u32]| s.contains(&0))),
@@ -207,8 +210,14 @@ mod tests {
                 for width in [2, 3, 4, 8] {
                     let (wide, batches) = run(width);
                     assert_eq!(wide.kept, one.kept, "n={n} budget={budget} width={width}");
-                    assert_eq!(wide.chosen, one.chosen, "n={n} budget={budget} width={width}");
-                    assert_eq!(wide.trials, one.trials, "n={n} budget={budget} width={width}");
+                    assert_eq!(
+                        wide.chosen, one.chosen,
+                        "n={n} budget={budget} width={width}"
+                    );
+                    assert_eq!(
+                        wide.trials, one.trials,
+                        "n={n} budget={budget} width={width}"
+                    );
                     // A batch runs past its first failing trial at most `width - 1`.
                     assert!(wide.tried >= wide.trials);
                     assert!(wide.tried <= wide.trials + (width - 1) * wide.chosen.len());

@@ -76,7 +76,10 @@ impl std::ops::AddAssign for ShrinkStats {
 /// A replay of a shrinking trial failed (the others of its batch that
 /// failed too are named, not lost).
 #[derive(Debug, thiserror::Error)]
-#[error("shrinking the finding: a replay on worker {worker}{}", others_text(others))]
+#[error(
+    "shrinking the finding: a replay on worker {worker}{}",
+    others_text(others)
+)]
 pub struct ShrinkError {
     pub worker: usize,
     #[source]
@@ -379,7 +382,10 @@ mod tests {
         let text = include_str!("testdata/finding_before_shrinking_steps.json");
         let file: FindingFile = serde_json::from_str(text).unwrap();
         assert_eq!(file.shrinking, None);
-        assert_eq!((file.path.fault_count(), file.found_path.fault_count()), (2, 3));
+        assert_eq!(
+            (file.path.fault_count(), file.found_path.fault_count()),
+            (2, 3)
+        );
         let json = serde_json::to_value(&file).unwrap();
         let original: serde_json::Value = serde_json::from_str(text).unwrap();
         assert_eq!(json, original);
