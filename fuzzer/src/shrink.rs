@@ -167,8 +167,11 @@ mod tests {
         assert_eq!(trials, 1);
         assert!(min.contains(&3));
     }
-    /// Failure predicates of several shapes over 0..n.
-    fn predicates() -> Vec<(usize, Box<dyn Fn(&[u32]) -> bool>)> {
+    /// A failure predicate over subsets of 0..n.
+    type Fails = Box<dyn Fn(&[u32]) -> bool>;
+
+    /// Failure predicates of several shapes, each with its n.
+    fn predicates() -> Vec<(usize, Fails)> {
         vec![
             (16, Box::new(|s: &[u32]| s.contains(&11))),
             (10, Box::new(|s: &[u32]| s.contains(&2) && s.contains(&7))),
