@@ -97,8 +97,13 @@ impl Progress for Printer {
     }
 
     fn finding(&mut self, number: u32, key: &str, summary: &str, dir: &Path) {
+        // What shrinking made of its path, as `findings` says it.
+        let shrunk = match fuzzer::campaign::FindingLine::read(dir) {
+            Ok(line) => line.shrunk(),
+            Err(e) => format!("{}: {}", dir.display(), run::chain(&e)),
+        };
         eprintln!(
-            "detvisor: FINDING {number:04} {key}: {summary} -> {}",
+            "detvisor: FINDING {number:04} {key}: {summary} ({shrunk}) -> {}",
             dir.display()
         );
     }
@@ -150,6 +155,18 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
         if summary.findings.len() == 1 { "" } else { "s" },
         summary.wall_ms as f64 / 60_000.0
     );
+    let shrinking = summary.shrinking;
+    if shrinking.findings > 0 {
+        eprintln!(
+            "detvisor: shrinking {} finding{}: {} replays from the root on {} worker{}, {:.1} s",
+            shrinking.findings,
+            if shrinking.findings == 1 { "" } else { "s" },
+            shrinking.replays,
+            summary.workers,
+            if summary.workers == 1 { "" } else { "s" },
+            shrinking.wall_ms as f64 / 1000.0
+        );
+    }
     let spill = summary.spill;
     if spill.written > 0 {
         eprintln!(

@@ -76,15 +76,7 @@ fn finding_text(line: &FindingLine, several: bool) -> String {
     } else {
         format!("{:04}", line.number)
     };
-    format!(
-        "{name}  {}  {}  ({} fault{} after shrinking from {}; ends at {})",
-        line.key,
-        line.summary,
-        line.faults,
-        if line.faults == 1 { "" } else { "s" },
-        line.found_faults,
-        line.virtual_ns
-    )
+    format!("{name}  {}  {}  ({})", line.key, line.summary, line.shrunk())
 }
 
 pub fn cmd_findings(args: FindingsArgs) -> Result<u8> {

@@ -406,6 +406,7 @@ fn campaign_with_finding(dir: &Path, fault: &str) -> PathBuf {
         virtual_ns: vmm::VirtNanos::ZERO,
         spec,
         failure_moment: None,
+        shrinking: None,
     };
     let mut finding_json = json(&file);
     if typed.is_none() {

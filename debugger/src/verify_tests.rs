@@ -237,6 +237,7 @@ fn finding(manifest: &Path) -> LoadedFinding {
         virtual_ns: VirtNanos::ZERO,
         spec,
         failure_moment: None,
+        shrinking: None,
     };
     let network = run::manifest::parse(MANIFEST, Path::new("/m"))
         .unwrap()

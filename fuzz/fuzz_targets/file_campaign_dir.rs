@@ -282,6 +282,8 @@ fn seeds() -> Vec<Vec<u8>> {
             20,
             devices::VirtNanos(2_000),
         )),
+        // Not shrunk (as a finding written before steps were).
+        shrinking: None,
     };
     std::fs::write(
         finding.join(findings::FINDING_FILE),

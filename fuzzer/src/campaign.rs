@@ -12,6 +12,7 @@ use crate::findings::{self, FindingError, LoadedFinding};
 use crate::judges::JudgesError;
 use crate::listing::{self, ListError};
 use crate::replay::{ReplayError, ReplayReport};
+use crate::shrink_finding::Shrinking;
 use crate::spec::{CampaignFile, CampaignSpec, SpecError, MAX_BATCH_WIDTH};
 use crate::store::{NewCampaignDir, Store, StoreError};
 use helper_vm::client::{NeedsError, Placed, RemoteError};
@@ -209,10 +210,80 @@ pub struct FindingLine {
     pub faults: usize,
     /// Faults of the path as it was found.
     pub found_faults: usize,
+    /// Steps of the path as it was found.
+    pub found_steps: usize,
     pub key: String,
     pub number: u32,
+    /// How the path was shrunk (findings written before steps and ends
+    /// were shrunk have none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shrinking: Option<Shrinking>,
+    /// Steps of the shrunk path.
+    pub steps: usize,
     pub summary: String,
+    /// Where the shrunk path ends.
     pub virtual_ns: VirtNanos,
+}
+
+impl FindingLine {
+    /// The line of `finding.json` in the finding directory `dir`.
+    pub fn read(dir: &Path) -> Result<FindingLine> {
+        Ok(Self::of_file(dir.to_owned(), findings::read_file(dir)?))
+    }
+
+    pub(crate) fn of_file(dir: PathBuf, file: findings::FindingFile) -> FindingLine {
+        FindingLine {
+            digest: file.digest,
+            dir,
+            faults: file.path.fault_count(),
+            found_faults: file.found_path.fault_count(),
+            found_steps: file.found_path.steps.len(),
+            key: file.key,
+            number: file.number,
+            shrinking: file.shrinking,
+            steps: file.path.steps.len(),
+            summary: file.summary,
+            virtual_ns: file.virtual_ns,
+            failure_moment: file.failure_moment,
+        }
+    }
+
+    /// What shrinking made of the path, for people: its faults (or none),
+    /// and its minimal path (steps, failure moment, end).
+    pub fn shrunk(&self) -> String {
+        let count = |n: usize, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
+        let faults = if self.found_faults == 0 {
+            "no faults".to_string()
+        } else {
+            format!(
+                "{} after shrinking from {}",
+                count(self.faults, "fault"),
+                self.found_faults
+            )
+        };
+        match (self.shrinking, self.failure_moment) {
+            (Some(shrinking), Some(moment)) => {
+                let end = if shrinking.ends_at_failure {
+                    " and ends there".to_string()
+                } else {
+                    format!(", ends at {}", self.virtual_ns)
+                };
+                format!(
+                    "{faults}; minimal path: {} (of {} found), fails at {}{end}",
+                    count(self.steps, "step"),
+                    self.found_steps,
+                    moment.virtual_ns
+                )
+            }
+            // Written before steps and ends were shrunk.
+            _ if self.found_faults == 0 => format!(
+                "{faults}; {}, not shrunk; ends at {}",
+                count(self.steps, "step"),
+                self.virtual_ns
+            ),
+            _ => format!("{faults}; ends at {}", self.virtual_ns),
+        }
+    }
 }
 
 /// The findings of the campaign in `dir`, in order (readable while the
@@ -220,17 +291,7 @@ pub struct FindingLine {
 pub fn findings(dir: &Path) -> Result<Vec<FindingLine>> {
     Ok(listing::list(dir)?
         .into_iter()
-        .map(|listing::Listed { dir, file }| FindingLine {
-            digest: file.digest,
-            dir,
-            faults: file.path.fault_count(),
-            found_faults: file.found_path.fault_count(),
-            key: file.key,
-            number: file.number,
-            summary: file.summary,
-            virtual_ns: file.virtual_ns,
-            failure_moment: file.failure_moment,
-        })
+        .map(|listing::Listed { dir, file }| FindingLine::of_file(dir, file))
         .collect())
 }
 
@@ -447,15 +508,18 @@ mod tests {
             dir: "/c/findings/0001".into(),
             faults: 1,
             found_faults: 3,
+            found_steps: 2,
             key: "property:x".into(),
             number: 1,
+            shrinking: None,
+            steps: 1,
             summary: "x broke".into(),
             virtual_ns: VirtNanos(5),
             failure_moment: None,
         };
         let by_hand = serde_json::json!({
             "number": 1, "key": "property:x", "summary": "x broke",
-            "faults": 1, "found_faults": 3,
+            "faults": 1, "found_faults": 3, "steps": 1, "found_steps": 2,
             "virtual_ns": 5, "digest": "ab",
             "dir": PathBuf::from("/c/findings/0001"),
         });
@@ -475,8 +539,86 @@ mod tests {
         };
         assert_eq!(
             serde_json::to_string(&line).unwrap(),
-            r#"{"digest":"ab","dir":"/c/findings/0001","failure_moment":{"exit":40,"virtual_ns":4,"record":2},"faults":1,"found_faults":3,"key":"property:x","number":1,"summary":"x broke","virtual_ns":5}"#
+            r#"{"digest":"ab","dir":"/c/findings/0001","failure_moment":{"exit":40,"virtual_ns":4,"record":2},"faults":1,"found_faults":3,"found_steps":2,"key":"property:x","number":1,"steps":1,"summary":"x broke","virtual_ns":5}"#
         );
+        // Shrunk in steps and end too: one key more, sorted.
+        let shrinking = Shrinking {
+            fault_trials: 5,
+            step_trials: 1,
+            ends_at_failure: true,
+        };
+        let line = FindingLine {
+            shrinking: Some(shrinking),
+            ..line
+        };
+        let text = serde_json::to_string(&line).unwrap();
+        assert!(
+            text.contains(r#""number":1,"shrinking":{"fault_trials":5,"step_trials":1,"ends_at_failure":true},"steps":1,"#),
+            "{text}"
+        );
+    }
+
+    /// The line `findings` prints for a finding's shrinking: a finding
+    /// without faults says its minimal path, not "0 faults after shrinking
+    /// from 0"; one written before steps were shrunk says as much.
+    #[test]
+    fn test_a_finding_without_faults_says_its_minimal_path() {
+        let moment = FailureMoment {
+            exit: 2_500,
+            virtual_ns: VirtNanos::from_micros(2_500_000),
+            record: Some(9),
+        };
+        let shrinking = Shrinking {
+            fault_trials: 0,
+            step_trials: 2,
+            ends_at_failure: true,
+        };
+        let line = FindingLine {
+            digest: "ab".into(),
+            dir: "/c/findings/0001".into(),
+            failure_moment: Some(moment),
+            faults: 0,
+            found_faults: 0,
+            found_steps: 3,
+            key: "property:x".into(),
+            number: 1,
+            shrinking: Some(shrinking),
+            steps: 1,
+            summary: "x broke".into(),
+            virtual_ns: VirtNanos::from_micros(2_500_000),
+        };
+        assert_eq!(
+            line.shrunk(),
+            "no faults; minimal path: 1 step (of 3 found), fails at 2.5s and ends there"
+        );
+        let faults = FindingLine {
+            faults: 2,
+            found_faults: 3,
+            found_steps: 2,
+            steps: 2,
+            shrinking: Some(Shrinking {
+                ends_at_failure: false,
+                ..shrinking
+            }),
+            virtual_ns: VirtNanos::from_secs(4),
+            ..line.clone()
+        };
+        assert_eq!(
+            faults.shrunk(),
+            "2 faults after shrinking from 3; minimal path: 2 steps (of 2 found), fails at 2.5s, ends at 4s"
+        );
+        let old = FindingLine {
+            shrinking: None,
+            failure_moment: None,
+            steps: 3,
+            ..line.clone()
+        };
+        assert_eq!(old.shrunk(), "no faults; 3 steps, not shrunk; ends at 2.5s");
+        let old = FindingLine {
+            shrinking: None,
+            ..faults
+        };
+        assert_eq!(old.shrunk(), "2 faults after shrinking from 3; ends at 4s");
     }
 
     #[test]

@@ -9,7 +9,6 @@ pub use crate::budget::Budget;
 use crate::failure::{FailureKey, FailureSlugError};
 use crate::findings::{self, FindingFile, NewFinding, FINDING_FORMAT};
 use crate::judge::{Failure, Judge};
-use crate::shrink::ddmin;
 use crate::spec::CampaignSpec;
 use crate::stats::{CampaignStats, WorkerCounts, STATS_META};
 use crate::step::Path as StepPath;
@@ -37,6 +36,8 @@ pub enum EngineError {
     Spill(#[from] crate::spill::SpillError),
     #[error(transparent)]
     Listing(#[from] crate::listing::ListError),
+    #[error(transparent)]
+    Shrink(#[from] crate::shrink_finding::ShrinkError),
     #[error("resuming: the run reached its root moment with digest {now}, but the campaign was started from {then}: the manifest, its images or this detvisor changed")]
     RootMoved { then: String, now: String },
     #[error("worker {worker} reached the root moment with digest {digest}, worker 0 with {first}: the run is not deterministic")]
@@ -109,6 +110,8 @@ pub struct CampaignSummary {
     pub spill: crate::spill::SpillStats,
     /// What [`Progress::warning`] was told, in order.
     pub warnings: Vec<String>,
+    /// What shrinking new findings cost in this process.
+    pub shrinking: crate::shrink_finding::ShrinkStats,
 }
 
 pub struct Engine<'a> {
@@ -130,6 +133,8 @@ pub struct Engine<'a> {
     /// What the campaign counted (see [`crate::stats`]), the workers'
     /// counts of this run not included.
     stats: CampaignStats,
+    /// What shrinking cost in this process.
+    shrink_stats: crate::shrink_finding::ShrinkStats,
 }
 
 /// Seed of branch `k` of the campaign seeded `seed`.
@@ -195,6 +200,7 @@ impl<'a> Engine<'a> {
             warnings: Vec::new(),
             silence_checked: false,
             stats,
+            shrink_stats: Default::default(),
         })
     }
 
@@ -274,6 +280,7 @@ impl<'a> Engine<'a> {
             warnings: Vec::new(),
             silence_checked: false,
             stats,
+            shrink_stats: Default::default(),
         })
     }
 
@@ -429,6 +436,7 @@ impl<'a> Engine<'a> {
             stopped_by,
             spill,
             warnings: self.warnings.clone(),
+            shrinking: self.shrink_stats,
         })
     }
 
@@ -614,51 +622,26 @@ impl<'a> Engine<'a> {
         self.findings.contains_key(key) || self.findings.keys().any(|k| k.matches(key))
     }
 
-    /// Shrinks `failure`'s faults on `node`'s path (on worker 0, every
-    /// trial replayed from the root), writes its directory.
+    /// Shrinks `failure`'s path (`node`'s) on every worker at once
+    /// ([`crate::shrink_finding`]), writes its directory.
     fn make_finding(&mut self, node: u64, failure: &Failure) -> Result<FindingRow> {
         let found = self.nodes[node as usize].row.path.clone();
-        let positions = found.fault_positions();
         let key = failure.key.clone();
         let root_records = self.nodes[0].records.clone();
-        let worker = &mut self.workers[0];
+        let root_end = self.nodes[0].row.end_ns;
         let judge = &self.judge;
-        let mut trial_error = None;
-        let (kept, _trials) = ddmin(&positions, 48, |keep| {
-            if trial_error.is_some() {
-                return false;
-            }
-            let trial = found.with_faults(keep);
-            match worker.replay_from_root(&trial) {
-                Ok((records, _)) => judge
-                    .check(&[&root_records, &records])
-                    .iter()
-                    .any(|f| f.key == key),
-                Err(e) => {
-                    trial_error = Some(e);
-                    false
-                }
-            }
-        });
-        if let Some(e) = trial_error {
-            return Err(e.into());
-        }
-        let shrunk = found.with_faults(&kept);
-        // The shrunk path, once more: its digest and its failure's details.
-        let (records, position) = worker.replay_from_root(&shrunk)?;
-        let digest = worker.digest()?;
-        let failures = judge.check(&[&root_records, &records]);
-        let (path, failure, digest, position, records) =
-            match failures.into_iter().find(|f| f.key == key) {
-                Some(shrunk_failure) => (shrunk, shrunk_failure, digest, position, records),
-                // Shrinking must keep the failure; if the final replay
-                // disagrees, keep the path as found.
-                None => {
-                    let (records, position) = worker.replay_from_root(&found)?;
-                    let digest = worker.digest()?;
-                    (found.clone(), failure.clone(), digest, position, records)
-                }
-            };
+        let shrunk = crate::shrink_finding::shrink(
+            &mut self.workers,
+            judge.as_ref(),
+            &root_records,
+            root_end,
+            &found,
+            &key,
+        )?;
+        self.shrink_stats += shrunk.stats;
+        let (path, digest, position, records) =
+            (shrunk.path, shrunk.digest, shrunk.position, shrunk.records);
+        let failure = shrunk.failure.unwrap_or_else(|| failure.clone());
         let number = findings::next_number(
             &self.dir,
             self.findings.values().max().copied().unwrap_or(0) + 1,
@@ -689,6 +672,7 @@ impl<'a> Engine<'a> {
                     virtual_ns: position.virtual_ns,
                     spec: self.spec.clone(),
                     failure_moment: Some(failure_moment),
+                    shrinking: Some(shrunk.shrinking),
                 },
                 run: &run_file,
                 failure: &failure,

@@ -762,10 +762,11 @@ fn test_a_finding_holds_the_logs_of_its_whole_path() {
     let expected: Vec<u64> = (1..=finding.file.virtual_ns.0 / 250_000_000)
         .map(|i| i * 250_000_000)
         .collect();
+    // Found two steps or more down; shrunk to the step of its faults.
     assert!(
-        finding.file.path.steps.len() >= 2,
+        finding.file.found_path.steps.len() >= 2,
         "{:?}",
-        finding.file.path
+        finding.file.found_path
     );
     assert_eq!(times, expected);
 }
@@ -778,3 +779,6 @@ mod silence;
 
 #[path = "engine_spill_tests.rs"]
 mod spill_bound;
+
+#[path = "engine_shrink_tests.rs"]
+mod shrinking;

@@ -22,6 +22,7 @@
 use crate::failure::{FailureKey, FailureSlugError};
 use crate::failure_moment::FailureMoment;
 use crate::judge::Failure;
+use crate::shrink_finding::Shrinking;
 use crate::spec::CampaignSpec;
 use crate::step::Path as StepPath;
 use run::manifest::{NodePlan, RootSource, WorkloadPlan};
@@ -42,7 +43,8 @@ pub const RECORDS_FILE: &str = "records.jsonl";
 /// CRNG at its first instant, so a version 1 finding's path replays to
 /// another history; those are refused. (`failure_moment` came later as an
 /// optional field, in the same version: a finding without it is whole, its
-/// moment is computed when it is loaded.)
+/// moment is computed when it is loaded; so did `shrinking`, absent from a
+/// finding whose steps and end were not shrunk.)
 pub const FINDING_FORMAT: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
@@ -157,6 +159,11 @@ pub struct FindingFile {
     /// was kept (then [`load`] and [`failure_moment`] compute it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_moment: Option<FailureMoment>,
+    /// How `path` was shrunk from `found_path` (its steps and its end as
+    /// well as its faults); `None` in a finding written before steps and
+    /// ends were shrunk (only its faults were).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shrinking: Option<Shrinking>,
 }
 
 /// `finding.json`'s `path`, an error in it (a fault that does not parse)
@@ -486,6 +493,7 @@ pub(crate) fn test_finding(number: u32, key: &str) -> FindingFile {
         virtual_ns: vmm::VirtNanos::ZERO,
         spec,
         failure_moment: None,
+        shrinking: None,
     }
 }
 

@@ -24,6 +24,7 @@ pub mod properties;
 pub mod replay;
 pub mod session;
 pub mod shrink;
+pub mod shrink_finding;
 pub mod silence;
 pub mod spec;
 pub mod spill;

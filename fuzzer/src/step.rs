@@ -147,6 +147,44 @@ impl Path {
         path
     }
 
+    /// The same path with only the steps at `keep` (indices into
+    /// `steps`, in order): a step left out is a re-key (and faults) that
+    /// does not happen, the step before it running on.
+    pub fn with_steps(&self, keep: &[usize]) -> Path {
+        Path {
+            steps: self
+                .steps
+                .iter()
+                .enumerate()
+                .filter(|(s, _)| keep.contains(s))
+                .map(|(_, step)| step.clone())
+                .collect(),
+            end_ns: self.end_ns,
+        }
+    }
+
+    /// The same path run only to `end_ns`: the steps that branch before it,
+    /// then to `end_ns` (a step at `end_ns` or later never changed
+    /// anything before it).
+    pub fn ending_at(&self, end_ns: VirtNanos) -> Path {
+        Path {
+            steps: self
+                .steps
+                .iter()
+                .filter(|step| step.at_ns < end_ns)
+                .cloned()
+                .collect(),
+            end_ns,
+        }
+    }
+
+    /// The indices of the steps that add no fault (only re-key).
+    pub fn steps_without_faults(&self) -> Vec<usize> {
+        (0..self.steps.len())
+            .filter(|&s| self.steps[s].faults.is_empty())
+            .collect()
+    }
+
     /// Checks that every fault of every step names only `nodes` (the
     /// run's) and has a time (`at=+` from the step's branch point), so a
     /// path read from a file or a database is refused before any run
@@ -274,5 +312,22 @@ mod tests {
         assert_eq!(q.steps[1].faults, faults(&["at=+2s kill n2"]));
         assert_eq!(q.end_ns, p.end_ns);
         assert_eq!(q.steps[1].seed, 9);
+    }
+
+    #[test]
+    fn test_steps_left_out_and_an_earlier_end_keep_the_rest() {
+        let p = path().child(11, Vec::new(), VirtNanos::from_secs(5));
+        assert_eq!(p.steps_without_faults(), vec![2]);
+        let q = p.with_steps(&[1, 2]);
+        assert_eq!(q.steps, p.steps[1..].to_vec());
+        assert_eq!(q.end_ns, p.end_ns);
+        assert_eq!(p.with_steps(&[]).steps, Vec::new());
+        // Ending at 10 s: the step at 10 s never ran before it.
+        let r = p.ending_at(VirtNanos::from_secs(10));
+        assert_eq!(r.steps, p.steps[..2].to_vec());
+        assert_eq!(r.end_ns, VirtNanos::from_secs(10));
+        let r = p.ending_at(VirtNanos::from_micros(5_001_000));
+        assert_eq!(r.steps, p.steps[..2].to_vec());
+        assert_eq!(p.ending_at(VirtNanos::ZERO).steps, Vec::new());
     }
 }
