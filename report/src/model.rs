@@ -91,7 +91,7 @@ pub enum Verdict {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PropertyReport {
     /// Its identity, the same in every shard: a finding's key for an
-    /// assertion (`property:<id>@<location>`) or a command
+    /// assertion (`property:<id>@<file>@<function>`) or a command
     /// (`command:<name>`); `checker:<name>` for a checker (its findings'
     /// keys are `checker:<name>:<key>`).
     pub key: String,

@@ -191,7 +191,7 @@ fn properties_of(tally: &PropertyTally, checker: HistoryChecker) -> Vec<Property
             kind,
             must_hit: t.must_hit,
             message: t.message.clone(),
-            location: Some(t.location.key_text()).filter(|l| !l.is_empty()),
+            location: Some(location_text(&t.location)).filter(|l| !l.is_empty()),
             verdict: Verdict::Passed,
             why: None,
             hits: t.hits,
@@ -438,5 +438,15 @@ fn attach(
             p.examples.extend(row.passing.iter().map(example));
             p.counterexamples.extend(row.failing.iter().map(example));
         }
+    }
+}
+
+/// Where an assertion is, for people: `file:line` (the line is shown, never
+/// part of the key), else its function or class.
+fn location_text(location: &run::records::sdk::Location) -> String {
+    if location.file.is_empty() {
+        location.key_function().to_owned()
+    } else {
+        format!("{}:{}", location.file, location.begin_line)
     }
 }
