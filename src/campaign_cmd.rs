@@ -3,11 +3,12 @@
 //! its runs happen, is the `fuzzer` library's (`fuzzer::campaign`).
 
 use crate::PlaceArgs;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use fuzzer::budget::WallBudget;
 use fuzzer::campaign::{BudgetOverride, Campaign, NewCampaign};
 use fuzzer::engine::{BranchReport, Progress};
+use fuzzer::shard::{Shard, COMPLETION_INDEX_VAR, MAX_SHARDS};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -43,8 +44,33 @@ pub struct CampaignArgs {
     /// of this many (the search is the same whatever --jobs a resume gives).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=64))]
     jobs: u32,
+    /// Run shard INDEX of COUNT of the campaign's search (0-based: 0/4 to
+    /// 3/4): the same root in every shard, each branching only its own part
+    /// of the tree (docs/campaigns.md, "Shards"). Kept for the campaign's
+    /// life; with --resume, checked against the campaign's.
+    #[arg(long, value_name = "INDEX/COUNT", conflicts_with = "shard_count")]
+    shard: Option<Shard>,
+    /// Run one shard of COUNT, its index (0-based) read from
+    /// JOB_COMPLETION_INDEX, as a Kubernetes Indexed Job sets it in each pod.
+    #[arg(long, value_name = "COUNT", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SHARDS)))]
+    shard_count: Option<u32>,
     #[command(flatten)]
     place: PlaceArgs,
+}
+
+impl CampaignArgs {
+    /// The shard given by `--shard`, or by `--shard-count` and the
+    /// completion index in the environment.
+    fn shard(&self) -> Result<Option<Shard>> {
+        if let Some(count) = self.shard_count {
+            let index = std::env::var_os(COMPLETION_INDEX_VAR);
+            let index = index.as_ref().map(|i| i.to_string_lossy());
+            let shard = Shard::from_completion_index(index.as_deref(), count)
+                .with_context(|| format!("--shard-count {count}"))?;
+            return Ok(Some(shard));
+        }
+        Ok(self.shard)
+    }
 }
 
 #[derive(Args, Debug)]
@@ -130,9 +156,10 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
     // SAFETY: installs a handler that only stores to an atomic.
     unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
     let stop = || INTERRUPTED.load(Ordering::SeqCst);
+    let shard = args.shard()?;
     // --jobs was checked by clap (0..=64) before anything started.
     let mut campaign = if let Some(dir) = &args.resume {
-        Campaign::resume(dir, budget, args.jobs, args.place.campaign())?
+        Campaign::resume(dir, budget, args.jobs, args.place.campaign(), shard)?
     } else {
         let (Some(file), Some(out)) = (&args.campaign, &args.out) else {
             bail!("give a campaign file and --out DIR, or --resume DIR");
@@ -143,12 +170,20 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
             budget,
             jobs: args.jobs,
             place: args.place.campaign(),
+            shard: shard.unwrap_or(Shard::WHOLE),
         };
         Campaign::start(&new, &mut Printer)?
     };
+    let shard = campaign.shard();
+    let of_shard = if shard.is_whole() {
+        String::new()
+    } else {
+        eprintln!("detvisor: shard {shard} of the campaign's search: branch seeds = {} mod {}", shard.index, shard.count);
+        format!(" of shard {shard}")
+    };
     let summary = campaign.run(&mut Printer, &stop)?;
     eprintln!(
-        "detvisor: campaign stopped ({}): {} branches ({} in this run, {} worker{}, batches of {}), {} finding{}, {:.1} min of wall time",
+        "detvisor: campaign stopped ({}): {} branches{of_shard} ({} in this run, {} worker{}, batches of {}), {} finding{}, {:.1} min of wall time",
         summary.stopped_by,
         summary.branches,
         summary.branches_this_run,

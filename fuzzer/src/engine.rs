@@ -128,7 +128,8 @@ pub struct Engine<'a> {
     silence_checked: bool,
 }
 
-/// Seed of branch `k` of the campaign seeded `seed`.
+/// Seed of branch `k` of the campaign seeded `seed` (a shard's branch
+/// draws [`crate::shard::Shard::branch_seed`]).
 pub fn branch_seed(seed: u64, k: u64) -> u64 {
     EntropyStream::new(seed, &format!("campaign-branch-seed-{k}")).next_u64()
 }
@@ -368,6 +369,7 @@ impl<'a> Engine<'a> {
             let Some(parents) = tree::choose_batch(
                 &self.nodes,
                 self.spec.seed,
+                self.spec.shard,
                 self.spec.max_depth,
                 start,
                 start + u64::from(width),
@@ -438,10 +440,10 @@ impl<'a> Engine<'a> {
         self.warnings.push(text);
     }
 
-    /// Branch `k` of `parent`: its seed, its faults (drawn from the seed)
-    /// and its path.
+    /// Branch `k` of `parent`: its seed (this shard's), its faults (drawn
+    /// from the seed) and its path.
     fn job(&self, k: u64, parent: u64) -> BranchJob {
-        let seed = branch_seed(self.spec.seed, k);
+        let seed = self.spec.shard.branch_seed(self.spec.seed, k);
         let faults = self.faults.draw(seed, self.spec.slice_ns);
         let parent_row = &self.nodes[parent as usize].row;
         BranchJob {

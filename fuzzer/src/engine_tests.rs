@@ -770,3 +770,6 @@ mod silence;
 
 #[path = "engine_spill_tests.rs"]
 mod spill_bound;
+
+#[path = "engine_shard_tests.rs"]
+mod shards;
