@@ -178,7 +178,10 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
     let of_shard = if shard.is_whole() {
         String::new()
     } else {
-        eprintln!("detvisor: shard {shard} of the campaign's search: branch seeds = {} mod {}", shard.index, shard.count);
+        eprintln!(
+            "detvisor: shard {shard} of the campaign's search: branch seeds = {} mod {}",
+            shard.index, shard.count
+        );
         format!(" of shard {shard}")
     };
     let summary = campaign.run(&mut Printer, &stop)?;
@@ -288,6 +291,45 @@ mod tests {
             panic!("{argv:?} is a campaign");
         };
         Ok(args.budget)
+    }
+
+    /// `campaign` with `more` arguments as clap reads them, or its refusal.
+    fn campaign_args(more: &[&str]) -> Result<CampaignArgs, clap::Error> {
+        let mut argv = vec!["detvisor", "campaign", "c.toml", "--out", "o"];
+        argv.extend_from_slice(more);
+        let crate::Command::Campaign(args) = crate::Cli::try_parse_from(&argv)?.command else {
+            panic!("{argv:?} is a campaign");
+        };
+        Ok(args)
+    }
+
+    #[test]
+    fn test_shard_flags_are_read_and_bad_ones_refused_naming_the_flag() {
+        let args = campaign_args(&["--shard", "3/20"]).unwrap();
+        assert_eq!(
+            args.shard().unwrap(),
+            Some(Shard {
+                index: 3,
+                count: 20
+            })
+        );
+        assert_eq!(campaign_args(&[]).unwrap().shard().unwrap(), None);
+        let refused = campaign_args(&["--shard", "20/20"]).unwrap_err();
+        assert_eq!(refused.kind(), clap::error::ErrorKind::ValueValidation);
+        assert_eq!(
+            std::error::Error::source(&refused).unwrap().to_string(),
+            "shard index 20 is out of range for 20 shards: they are numbered 0 to 19 (0-based, as JOB_COMPLETION_INDEX)"
+        );
+        for bad in [["--shard-count", "0"], ["--shard-count", "100001"]] {
+            let refused = campaign_args(&bad).unwrap_err();
+            assert_eq!(
+                refused.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{bad:?}"
+            );
+        }
+        let both = campaign_args(&["--shard", "1/3", "--shard-count", "3"]).unwrap_err();
+        assert_eq!(both.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 
     #[test]

@@ -144,7 +144,11 @@ mod tests {
 
     #[test]
     fn test_a_shard_round_trips_through_its_text_and_json() {
-        for (text, index, count) in [("0/1", 0, 1), ("3/20", 3, 20), ("99999/100000", 99_999, 100_000)] {
+        for (text, index, count) in [
+            ("0/1", 0, 1),
+            ("3/20", 3, 20),
+            ("99999/100000", 99_999, 100_000),
+        ] {
             let shard: Shard = text.parse().unwrap();
             assert_eq!(shard, Shard { index, count });
             assert_eq!(shard.to_string(), text);
@@ -167,7 +171,10 @@ mod tests {
             refused("1/1"),
             "shard index 1 is out of range for 1 shard: they are numbered 0 to 0 (0-based, as JOB_COMPLETION_INDEX)"
         );
-        assert_eq!(refused("0/0"), "the count of shards must be 1 to 100000, not 0");
+        assert_eq!(
+            refused("0/0"),
+            "the count of shards must be 1 to 100000, not 0"
+        );
         assert_eq!(
             refused("0/100001"),
             "the count of shards must be 1 to 100000, not 100001"
@@ -176,7 +183,9 @@ mod tests {
             refused("0/99999999999999999999999"),
             "the count of shards must be 1 to 100000, not 18446744073709551615"
         );
-        for text in ["1", "/3", "1/", "-1/3", "1/3/4", "a/3", " 1/3", "1 / 3", "+1/3", ""] {
+        for text in [
+            "1", "/3", "1/", "-1/3", "1/3/4", "a/3", " 1/3", "1 / 3", "+1/3", "",
+        ] {
             assert_eq!(
                 refused(text),
                 format!("expected INDEX/COUNT (0-based, e.g. 0/4), not {text:?}"),
@@ -196,7 +205,12 @@ mod tests {
             Err(ShardError::Index { index: 3, count: 3 })
         );
         let unset = Shard::from_completion_index(None, 3).unwrap_err();
-        assert!(unset.to_string().starts_with("JOB_COMPLETION_INDEX is not set"), "{unset}");
+        assert!(
+            unset
+                .to_string()
+                .starts_with("JOB_COMPLETION_INDEX is not set"),
+            "{unset}"
+        );
         assert_eq!(
             Shard::from_completion_index(Some("two"), 3)
                 .unwrap_err()
@@ -240,6 +254,9 @@ mod tests {
         let shard = Shard::new(5, 7).unwrap();
         assert!(shard.owns(shard.own(u64::MAX)));
         assert!(shard.own(u64::MAX) <= u64::MAX);
-        assert_eq!(Shard::new(0, 7).unwrap().own(u64::MAX), u64::MAX - u64::MAX % 7);
+        assert_eq!(
+            Shard::new(0, 7).unwrap().own(u64::MAX),
+            u64::MAX - u64::MAX % 7
+        );
     }
 }

@@ -424,5 +424,8 @@ fn test_a_sharded_spec_keeps_its_shard_and_an_unsharded_one_says_nothing() {
     assert_eq!(serde_json::from_str::<CampaignSpec>(&json).unwrap(), spec);
     // Not a key of the campaign file: every shard reads the same file.
     let error = parse("manifest = \"m.toml\"\nshard = \"1/3\"\n").unwrap_err();
-    assert!(error.to_string().contains("unknown field `shard`"), "{error}");
+    assert!(
+        error.to_string().contains("unknown field `shard`"),
+        "{error}"
+    );
 }
