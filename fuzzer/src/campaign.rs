@@ -209,6 +209,21 @@ impl Campaign {
         Ok(Campaign { engine, budget })
     }
 
+    /// What this run of the campaign may spend.
+    pub fn budget(&self) -> Budget {
+        self.budget
+    }
+
+    /// Branches taken so far (a resumed campaign's earlier runs' included).
+    pub fn branches(&self) -> u64 {
+        self.engine.branches()
+    }
+
+    /// Findings so far (a resumed campaign's earlier runs' included).
+    pub fn findings(&self) -> usize {
+        self.engine.findings()
+    }
+
     /// The part of the search this campaign runs.
     pub fn shard(&self) -> Shard {
         self.engine.spec().shard
@@ -411,7 +426,7 @@ impl Plan {
                 there,
             } => {
                 if self.workers > 1 {
-                    eprintln!("detvisor: {} workers, a helper VM each", self.workers);
+                    tracing::info!("{} workers, a helper VM each", self.workers);
                 }
                 // One after the other, on this thread: QEMU is tied to the
                 // thread that starts it (it is killed when that thread ends).

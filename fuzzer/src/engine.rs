@@ -274,6 +274,16 @@ impl<'a> Engine<'a> {
         &self.spec
     }
 
+    /// Branches committed so far.
+    pub fn branches(&self) -> u64 {
+        self.branches
+    }
+
+    /// Distinct failures found so far.
+    pub fn findings(&self) -> usize {
+        self.findings.len()
+    }
+
     /// Every worker boots and runs to the root moment, at once; they must
     /// all reach it with the same digest. Worker 0's records and position.
     fn reach_root(&mut self) -> Result<Root> {
@@ -310,12 +320,20 @@ impl<'a> Engine<'a> {
         stop: &dyn Fn() -> bool,
     ) -> Result<CampaignSummary> {
         let started = Instant::now();
+        let _campaign = tracing::info_span!(
+            "campaign",
+            dir = %self.dir.display(),
+            shard = %self.spec.shard
+        )
+        .entered();
         crate::spill::clear(&self.dir)?;
         let Root {
             position,
             records: root_records,
             digest,
-        } = self.reach_root()?;
+        } = tracing::info_span!("boot_to_root", workers = self.workers.len())
+            .in_scope(|| self.reach_root())?;
+        tracing::debug!(%digest, exits = position.exits, "root reached");
         if self.nodes.is_empty() {
             let row = NodeRow {
                 id: 0,
@@ -384,6 +402,8 @@ impl<'a> Engine<'a> {
             let jobs: Vec<BranchJob> = (k..end)
                 .map(|j| self.job(j, parents[(j - start) as usize]))
                 .collect();
+            let _wave =
+                tracing::debug_span!("wave", first = k + 1, branches = jobs.len()).entered();
             let runs = self.run_wave(&jobs)?;
             let notes: Vec<String> = self
                 .workers
@@ -581,6 +601,8 @@ impl<'a> Engine<'a> {
     /// Shrinks `failure`'s faults on `node`'s path (on worker 0, every
     /// trial replayed from the root), writes its directory.
     fn make_finding(&mut self, node: u64, failure: &Failure) -> Result<FindingRow> {
+        let _shrink =
+            tracing::info_span!("shrink", moment = node, key = %failure.key.slug()).entered();
         let found = self.nodes[node as usize].row.path.clone();
         let positions = found.fault_positions();
         let key = failure.key.clone();
@@ -588,7 +610,7 @@ impl<'a> Engine<'a> {
         let worker = &mut self.workers[0];
         let judge = &self.judge;
         let mut trial_error = None;
-        let (kept, _trials) = ddmin(&positions, 48, |keep| {
+        let (kept, trials) = ddmin(&positions, 48, |keep| {
             if trial_error.is_some() {
                 return false;
             }
@@ -607,6 +629,12 @@ impl<'a> Engine<'a> {
         if let Some(e) = trial_error {
             return Err(e.into());
         }
+        tracing::debug!(
+            trials,
+            from = positions.len(),
+            to = kept.len(),
+            "faults shrunk"
+        );
         let shrunk = found.with_faults(&kept);
         // The shrunk path, once more: its digest and its failure's details.
         let (records, position) = worker.replay_from_root(&shrunk)?;
