@@ -166,30 +166,38 @@ impl Write for AboveDisplays {
 }
 
 /// Installs the process's `tracing` subscriber: `RUST_LOG`'s filter when
-/// set (with a line at the close of each span, saying its time: the phases'
-/// wall time), else [`DEFAULT_FILTER`] (`quiet`: nothing). A `RUST_LOG`
+/// set (with the time since the start on each line, and a line at the
+/// close of each span saying its busy and idle time: the phases' wall
+/// time), else [`DEFAULT_FILTER`] (`quiet`: nothing). A `RUST_LOG`
 /// that does not parse is said and ignored.
 pub fn init_tracing(quiet: bool) {
     let from_env = std::env::var("RUST_LOG").ok().map(|text| {
         EnvFilter::try_new(&text).map_err(|e| format!("RUST_LOG={text:?}: {e}: ignored"))
     });
-    let (filter, span_events) = match from_env {
-        Some(Ok(filter)) => (filter, FmtSpan::CLOSE),
+    let (filter, logging) = match from_env {
+        Some(Ok(filter)) => (filter, true),
         other => {
             if let Some(Err(problem)) = other {
                 eprintln!("detvisor: warning: {problem}");
             }
             let default = if quiet { "off" } else { DEFAULT_FILTER };
-            (EnvFilter::new(default), FmtSpan::NONE)
+            (EnvFilter::new(default), false)
         }
     };
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_span_events(span_events)
-        .without_time()
         .with_target(false)
-        .with_writer(|| AboveDisplays)
-        .try_init();
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(|| AboveDisplays);
+    // A span's close says its busy and idle time only with a timer.
+    let _ = if logging {
+        builder
+            .with_span_events(FmtSpan::CLOSE)
+            .with_timer(tracing_subscriber::fmt::time::Uptime::default())
+            .try_init()
+    } else {
+        builder.without_time().try_init()
+    };
 }
 
 #[cfg(test)]
