@@ -210,7 +210,7 @@ impl Progress for Printer {
         ));
         let budget = self.counts.budget.branches;
         self.reporter
-            .start((budget > 0).then_some(budget), self.counts.branches);
+            .start((budget > 0).then_some(budget), self.counts.branches, false);
         self.redraw();
     }
 

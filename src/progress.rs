@@ -92,17 +92,23 @@ impl Reporter {
     }
 
     /// Starts (or restarts) the display at `position` of `total` (`None`:
-    /// no known end, a spinner); nothing but on a terminal.
-    pub fn start(&mut self, total: Option<u64>, position: u64) {
+    /// no known end, a spinner), with indicatif's ETA from the pace so far
+    /// when `eta` (a caller that knows better says its own in the
+    /// message); nothing but on a terminal.
+    pub fn start(&mut self, total: Option<u64>, position: u64, eta: bool) {
         if self.mode != Mode::Display {
             return;
         }
         self.finish();
         let display = match total {
             Some(total) => ProgressBar::new(total).with_style(
-                ProgressStyle::with_template("{spinner} [{bar:24}] {pos}/{len} {wide_msg}")
-                    .expect("a valid template")
-                    .progress_chars("=> "),
+                ProgressStyle::with_template(if eta {
+                    "{spinner} [{bar:24}] {pos}/{len} ETA {eta} {wide_msg}"
+                } else {
+                    "{spinner} [{bar:24}] {pos}/{len} {wide_msg}"
+                })
+                .expect("a valid template")
+                .progress_chars("=> "),
             ),
             None => ProgressBar::new_spinner().with_style(
                 ProgressStyle::with_template("{spinner} {wide_msg}").expect("a valid template"),
@@ -225,7 +231,7 @@ mod tests {
     fn test_only_a_terminal_gets_a_display() {
         for mode in [Mode::Lines, Mode::Quiet] {
             let mut reporter = Reporter::new(mode);
-            reporter.start(Some(10), 0);
+            reporter.start(Some(10), 0, true);
             assert!(reporter.display.is_none(), "{mode:?}");
         }
     }
