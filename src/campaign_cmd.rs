@@ -2,14 +2,17 @@
 //! arguments, the interrupt, and printing. The campaign itself, and where
 //! its runs happen, is the `fuzzer` library's (`fuzzer::campaign`).
 
+use crate::progress::{human, Mode, Reporter};
 use crate::PlaceArgs;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use fuzzer::budget::WallBudget;
 use fuzzer::campaign::{BudgetOverride, Campaign, NewCampaign};
-use fuzzer::engine::{BranchReport, Progress};
+use fuzzer::engine::{BranchReport, Budget, Progress};
+use fuzzer::shard::{Shard, COMPLETION_INDEX_VAR, MAX_SHARDS};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// The exit status of `detvisor campaign`, said in its help.
 const CAMPAIGN_EXIT_STATUS: &str = "Exit status: 0 when the campaign stopped holding no finding, 1 when it holds one or more (a resumed campaign's earlier ones included; `detvisor findings DIR` lists them), 2 on an error (bad input, a run that failed).";
@@ -43,8 +46,39 @@ pub struct CampaignArgs {
     /// of this many (the search is the same whatever --jobs a resume gives).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=64))]
     jobs: u32,
+    /// Run shard INDEX of COUNT of the campaign's search (0-based: 0/4 to
+    /// 3/4): the same root in every shard, each branching only its own part
+    /// of the tree (docs/campaigns.md, "Shards"). Kept for the campaign's
+    /// life; with --resume, checked against the campaign's.
+    #[arg(long, value_name = "INDEX/COUNT", conflicts_with = "shard_count")]
+    shard: Option<Shard>,
+    /// Run one shard of COUNT, its index (0-based) read from
+    /// JOB_COMPLETION_INDEX, as a Kubernetes Indexed Job sets it in each pod.
+    #[arg(long, value_name = "COUNT", value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SHARDS)))]
+    shard_count: Option<u32>,
+    /// Show no progress (no display, no lines on stderr; errors still);
+    /// the findings on stdout are printed as always. Without it, a terminal
+    /// gets a live display (branches, moments, findings, budget left, ETA)
+    /// and anything else plain lines.
+    #[arg(long)]
+    pub quiet: bool,
     #[command(flatten)]
     place: PlaceArgs,
+}
+
+impl CampaignArgs {
+    /// The shard given by `--shard`, or by `--shard-count` and the
+    /// completion index in the environment.
+    fn shard(&self) -> Result<Option<Shard>> {
+        if let Some(count) = self.shard_count {
+            let index = std::env::var_os(COMPLETION_INDEX_VAR);
+            let index = index.as_ref().map(|i| i.to_string_lossy());
+            let shard = Shard::from_completion_index(index.as_deref(), count)
+                .with_context(|| format!("--shard-count {count}"))?;
+            return Ok(Some(shard));
+        }
+        Ok(self.shard)
+    }
 }
 
 #[derive(Args, Debug)]
@@ -68,18 +102,114 @@ extern "C" fn on_sigint(_: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-struct Printer;
+/// A campaign's counts, for its display.
+#[derive(Clone, Copy, Debug)]
+struct Counts {
+    /// Branches in all (a resumed campaign's earlier ones included).
+    branches: u64,
+    /// Of those, this run's.
+    this_run: u64,
+    findings: usize,
+    /// Wall time of this run so far.
+    elapsed: Duration,
+    budget: Budget,
+}
+
+/// What the display says: branches, moments, findings, budget left, ETA.
+fn status(c: &Counts) -> String {
+    let wall_left = c.budget.wall.map(|wall| wall.saturating_sub(c.elapsed));
+    let branches_left =
+        (c.budget.branches > 0).then(|| c.budget.branches.saturating_sub(c.branches));
+    let mut left = Vec::new();
+    if let Some(wall) = wall_left {
+        left.push(human(wall));
+    }
+    if let Some(branches) = branches_left {
+        left.push(format!(
+            "{branches} branch{}",
+            if branches == 1 { "" } else { "es" }
+        ));
+    }
+    // By the branch budget at this run's pace, by the wall budget, or the
+    // sooner of both.
+    let by_branches = branches_left
+        .filter(|_| c.this_run > 0)
+        .map(|left| c.elapsed.mul_f64(left as f64 / c.this_run as f64));
+    let eta = match (by_branches, wall_left) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    format!(
+        "branches {} ({} this run) · moments {} · findings {} · budget left {} · ETA {}",
+        c.branches,
+        c.this_run,
+        c.branches + 1,
+        c.findings,
+        if left.is_empty() {
+            "no limit".to_string()
+        } else {
+            left.join(", ")
+        },
+        eta.map_or_else(|| "-".to_string(), human)
+    )
+}
+
+/// The campaign's progress: lines for the root, findings and warnings
+/// (and for each branch away from a terminal), a display of its counts on
+/// one.
+struct Printer {
+    reporter: Reporter,
+    started: Instant,
+    counts: Counts,
+}
+
+impl Printer {
+    fn new(mode: Mode) -> Printer {
+        Printer {
+            reporter: Reporter::new(mode),
+            started: Instant::now(),
+            counts: Counts {
+                branches: 0,
+                this_run: 0,
+                findings: 0,
+                elapsed: Duration::ZERO,
+                budget: Budget::default(),
+            },
+        }
+    }
+
+    /// Counts from the campaign as it starts its run.
+    fn begin(&mut self, campaign: &Campaign) {
+        self.started = Instant::now();
+        self.counts.budget = campaign.budget();
+        self.counts.branches = campaign.branches();
+        self.counts.findings = campaign.findings();
+    }
+
+    fn redraw(&mut self) {
+        self.counts.elapsed = self.started.elapsed();
+        self.reporter
+            .update(self.counts.branches, status(&self.counts));
+    }
+}
 
 impl Progress for Printer {
     fn root(&mut self, position: &run::api::Position, digest: &str) {
-        eprintln!(
+        self.reporter.line(&format!(
             "detvisor: root moment at {} (exit {}), digest {digest}",
             position.virtual_ns, position.exits
-        );
+        ));
+        let budget = self.counts.budget.branches;
+        self.reporter
+            .start((budget > 0).then_some(budget), self.counts.branches, false);
+        self.redraw();
     }
 
     fn branch(&mut self, r: &BranchReport) {
-        eprintln!(
+        self.counts.branches = r.number;
+        self.counts.this_run += 1;
+        self.redraw();
+        self.reporter.event(&format!(
             "detvisor: branch {} from moment {} (depth {}), seed {}, {} fault{}: to {}, {} failure{}, novelty {:.2} ({:.1} s, worker {})",
             r.number,
             r.parent,
@@ -93,23 +223,25 @@ impl Progress for Printer {
             r.novelty,
             r.wall_ms as f64 / 1000.0,
             r.worker
-        );
+        ));
     }
 
     fn finding(&mut self, number: u32, key: &str, summary: &str, dir: &Path) {
+        self.counts.findings += 1;
         // What shrinking made of its path, as `findings` says it.
         let shrunk = match fuzzer::campaign::FindingLine::read(dir) {
             Ok(line) => line.shrunk(),
             Err(e) => format!("{}: {}", dir.display(), run::chain(&e)),
         };
-        eprintln!(
+        self.reporter.line(&format!(
             "detvisor: FINDING {number:04} {key}: {summary} ({shrunk}) -> {}",
             dir.display()
-        );
+        ));
+        self.redraw();
     }
 
     fn warning(&mut self, text: &str) {
-        eprintln!("detvisor: WARNING: {text}");
+        self.reporter.line(&format!("detvisor: WARNING: {text}"));
     }
 }
 
@@ -126,9 +258,11 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
     // SAFETY: installs a handler that only stores to an atomic.
     unsafe { libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t) };
     let stop = || INTERRUPTED.load(Ordering::SeqCst);
+    let shard = args.shard()?;
+    let mut printer = Printer::new(Mode::detect(args.quiet));
     // --jobs was checked by clap (0..=64) before anything started.
     let mut campaign = if let Some(dir) = &args.resume {
-        Campaign::resume(dir, budget, args.jobs, args.place.campaign())?
+        Campaign::resume(dir, budget, args.jobs, args.place.campaign(), shard)?
     } else {
         let (Some(file), Some(out)) = (&args.campaign, &args.out) else {
             bail!("give a campaign file and --out DIR, or --resume DIR");
@@ -139,12 +273,26 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
             budget,
             jobs: args.jobs,
             place: args.place.campaign(),
+            shard: shard.unwrap_or(Shard::WHOLE),
         };
-        Campaign::start(&new, &mut Printer)?
+        Campaign::start(&new, &mut printer)?
     };
-    let summary = campaign.run(&mut Printer, &stop)?;
-    eprintln!(
-        "detvisor: campaign stopped ({}): {} branches ({} in this run, {} worker{}, batches of {}), {} finding{}, {:.1} min of wall time",
+    let shard = campaign.shard();
+    let of_shard = if shard.is_whole() {
+        String::new()
+    } else {
+        printer.reporter.line(&format!(
+            "detvisor: shard {shard} of the campaign's search: branch seeds = {} mod {}",
+            shard.index, shard.count
+        ));
+        format!(" of shard {shard}")
+    };
+    printer.begin(&campaign);
+    let summary = campaign.run(&mut printer, &stop)?;
+    let reporter = &mut printer.reporter;
+    reporter.finish();
+    reporter.line(&format!(
+        "detvisor: campaign stopped ({}): {} branches{of_shard} ({} in this run, {} worker{}, batches of {}), {} finding{}, {:.1} min of wall time",
         summary.stopped_by,
         summary.branches,
         summary.branches_this_run,
@@ -154,10 +302,10 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
         summary.findings.len(),
         if summary.findings.len() == 1 { "" } else { "s" },
         summary.wall_ms as f64 / 60_000.0
-    );
+    ));
     let shrinking = summary.shrinking;
     if shrinking.findings > 0 {
-        eprintln!(
+        reporter.line(&format!(
             "detvisor: shrinking {} finding{}: {} replays from the root on {} worker{}, {:.1} s",
             shrinking.findings,
             if shrinking.findings == 1 { "" } else { "s" },
@@ -165,14 +313,14 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
             summary.workers,
             if summary.workers == 1 { "" } else { "s" },
             shrinking.wall_ms as f64 / 1000.0
-        );
+        ));
     }
     let spill = summary.spill;
     if spill.written > 0 {
-        eprintln!(
+        reporter.line(&format!(
             "detvisor: {} checkpoint(s) spilled to disk ({} ms), {} loaded back in place ({} ms)",
             spill.written, spill.write_ms, spill.loaded, spill.load_ms
-        );
+        ));
     }
     for finding in &summary.findings {
         println!(
@@ -240,6 +388,84 @@ mod tests {
             panic!("{argv:?} is a campaign");
         };
         Ok(args.budget)
+    }
+
+    /// `campaign` with `more` arguments as clap reads them, or its refusal.
+    fn campaign_args(more: &[&str]) -> Result<CampaignArgs, clap::Error> {
+        let mut argv = vec!["detvisor", "campaign", "c.toml", "--out", "o"];
+        argv.extend_from_slice(more);
+        let crate::Command::Campaign(args) = crate::Cli::try_parse_from(&argv)?.command else {
+            panic!("{argv:?} is a campaign");
+        };
+        Ok(args)
+    }
+
+    #[test]
+    fn test_the_display_says_counts_budget_left_and_eta() {
+        let counts = Counts {
+            branches: 12,
+            this_run: 4,
+            findings: 1,
+            elapsed: Duration::from_secs(120),
+            budget: Budget {
+                wall: Some(Duration::from_secs(3600)),
+                branches: 20,
+            },
+        };
+        // 8 branches left at 30 s each: 4 minutes, sooner than the wall.
+        assert_eq!(
+            status(&counts),
+            "branches 12 (4 this run) · moments 13 · findings 1 · budget left 58m 00s, 8 branches · ETA 4m 00s"
+        );
+        let wall_only = Counts {
+            budget: Budget {
+                wall: Some(Duration::from_secs(600)),
+                branches: 0,
+            },
+            ..counts
+        };
+        assert_eq!(
+            status(&wall_only),
+            "branches 12 (4 this run) · moments 13 · findings 1 · budget left 8m 00s · ETA 8m 00s"
+        );
+        let none = Counts {
+            this_run: 0,
+            budget: Budget::default(),
+            ..counts
+        };
+        assert_eq!(
+            status(&none),
+            "branches 12 (0 this run) · moments 13 · findings 1 · budget left no limit · ETA -"
+        );
+    }
+
+    #[test]
+    fn test_shard_flags_are_read_and_bad_ones_refused_naming_the_flag() {
+        let args = campaign_args(&["--shard", "3/20"]).unwrap();
+        assert_eq!(
+            args.shard().unwrap(),
+            Some(Shard {
+                index: 3,
+                count: 20
+            })
+        );
+        assert_eq!(campaign_args(&[]).unwrap().shard().unwrap(), None);
+        let refused = campaign_args(&["--shard", "20/20"]).unwrap_err();
+        assert_eq!(refused.kind(), clap::error::ErrorKind::ValueValidation);
+        assert_eq!(
+            std::error::Error::source(&refused).unwrap().to_string(),
+            "shard index 20 is out of range for 20 shards: they are numbered 0 to 19 (0-based, as JOB_COMPLETION_INDEX)"
+        );
+        for bad in [["--shard-count", "0"], ["--shard-count", "100001"]] {
+            let refused = campaign_args(&bad).unwrap_err();
+            assert_eq!(
+                refused.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{bad:?}"
+            );
+        }
+        let both = campaign_args(&["--shard", "1/3", "--shard-count", "3"]).unwrap_err();
+        assert_eq!(both.kind(), clap::error::ErrorKind::ArgumentConflict);
     }
 
     #[test]

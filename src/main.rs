@@ -7,6 +7,7 @@ mod error_chains;
 mod image_cmd;
 mod likelihood_cmd;
 mod print;
+mod progress;
 mod report_cmd;
 mod serve;
 mod serve_cmd;
@@ -726,6 +727,10 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(code) => return code,
     };
+    // The helper VM's end of the channel writes nothing of its own.
+    if !matches!(cli.command, Command::ServeChannel) {
+        progress::init_tracing(matches!(&cli.command, Command::Campaign(args) if args.quiet));
+    }
     let result = match cli.command {
         Command::Run(args) => cmd_run(args),
         Command::Audit(args) => cmd_audit(args),

@@ -76,7 +76,12 @@ fn finding_text(line: &FindingLine, several: bool) -> String {
     } else {
         format!("{:04}", line.number)
     };
-    format!("{name}  {}  {}  ({})", line.key, line.summary, line.shrunk())
+    format!(
+        "{name}  {}  {}  ({})",
+        line.key,
+        line.summary,
+        line.shrunk()
+    )
 }
 
 pub fn cmd_findings(args: FindingsArgs) -> Result<u8> {

@@ -2,12 +2,14 @@
 //! printing. The verification is the debugger library's
 //! (`debugger::verify`).
 
+use crate::progress::{Mode, Reporter};
 use crate::PlaceArgs;
 use anyhow::Result;
 use clap::{ArgGroup, Args};
 use debugger::budget::{Budget, Limits};
 use debugger::verify::{self, Patch, SeedRow, SystemRun, VerifyReport, VerifyRequest, MAX_SEEDS};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The exit status of `detvisor verify`, said in its help.
 const VERIFY_EXIT_STATUS: &str = "Seeds: at offset d (0..N-1) the boot seed is the campaign's + d and each step's seed its own + d, so offset 0 is the finding's own history (the control must reproduce its digest there). A history fails on a failure of the finding's kind: the same property or command, or the same checker on any key.
@@ -38,6 +40,11 @@ pub struct VerifyArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Show no progress (no display, no lines on stderr; errors still).
+    /// Without it, a terminal gets a live display (seed offsets done, the
+    /// failures so far, ETA) and anything else a line per seed offset.
+    #[arg(long)]
+    quiet: bool,
     #[command(flatten)]
     place: PlaceArgs,
 }
@@ -56,15 +63,31 @@ pub fn cmd_verify(args: VerifyArgs) -> Result<u8> {
         place: args.place.campaign(),
     };
     let mut budget = Budget::new(Limits::default(), None);
+    let mut reporter = Reporter::new(Mode::detect(args.quiet));
+    reporter.start(Some(u64::from(args.seeds)), 0, true);
+    // Seed offsets done, and of those the control's and the patched
+    // system's failures.
+    let counts = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
     let progress = |row: &SeedRow| {
-        eprintln!(
+        let done = counts[0].fetch_add(1, Ordering::Relaxed) + 1;
+        let control = counts[1].fetch_add(u64::from(row.control.failed), Ordering::Relaxed)
+            + u64::from(row.control.failed);
+        let patched = counts[2].fetch_add(u64::from(row.patched.failed), Ordering::Relaxed)
+            + u64::from(row.patched.failed);
+        reporter.update(
+            done,
+            format!("seed offsets · unpatched control failed {control} · patched failed {patched}"),
+        );
+        reporter.event(&format!(
             "detvisor: seed offset {}: unpatched control {}, patched {}",
             row.seeds.offset,
             if row.control.failed { "FAIL" } else { "pass" },
             if row.patched.failed { "FAIL" } else { "pass" },
-        );
+        ));
     };
-    let report = verify::verify(&request, &mut budget, &progress)?;
+    let report = verify::verify(&request, &mut budget, &progress);
+    reporter.finish();
+    let report = report?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {

@@ -12,6 +12,7 @@ use crate::findings::{self, FindingError, LoadedFinding};
 use crate::judges::JudgesError;
 use crate::listing::{self, ListError};
 use crate::replay::{ReplayError, ReplayReport};
+use crate::shard::Shard;
 use crate::shrink_finding::Shrinking;
 use crate::spec::{CampaignFile, CampaignSpec, SpecError, MAX_BATCH_WIDTH};
 use crate::store::{NewCampaignDir, Store, StoreError};
@@ -65,6 +66,14 @@ pub enum CampaignError {
         #[source]
         source: std::io::Error,
     },
+    /// `--resume` with a shard other than the one the campaign was
+    /// created as.
+    #[error("{}: the campaign is shard {recorded}, not {given}: a shard keeps its part of the search for its whole life", dir.display())]
+    ShardChanged {
+        dir: PathBuf,
+        recorded: Shard,
+        given: Shard,
+    },
     #[error("creating {}", path.display())]
     CreateDir {
         path: PathBuf,
@@ -116,6 +125,8 @@ pub struct NewCampaign {
     /// Workers (0: one per core, at most [`MAX_BATCH_WIDTH`]).
     pub jobs: u32,
     pub place: Place,
+    /// The part of the search this campaign runs ([`Shard::WHOLE`]: all).
+    pub shard: Shard,
 }
 
 /// A campaign ready to run: its workers started, its database open (and
@@ -138,7 +149,8 @@ impl Campaign {
         let budget = new.budget.budget(&campaign.spec);
         let manifest = run::manifest::load(&campaign.spec.manifest)?;
         campaign.check_manifest(&manifest)?;
-        let spec = campaign.spec;
+        let mut spec = campaign.spec;
+        spec.shard = new.shard;
         let prepared = run::up::prepare(&manifest, &[], None, None)?;
         let judge = crate::judges::campaign_judge(&spec)?;
         let faults = crate::judges::fault_source(&spec, &prepared)?;
@@ -160,11 +172,25 @@ impl Campaign {
     }
 
     /// The campaign in `dir`, to continue (killed, interrupted or out of
-    /// budget): its spec and run are its own, checked before any VM starts.
-    pub fn resume(dir: &Path, budget: BudgetOverride, jobs: u32, place: Place) -> Result<Campaign> {
+    /// budget): its spec (its shard included) and run are its own, checked
+    /// before any VM starts; `shard`, when given, must be the campaign's.
+    pub fn resume(
+        dir: &Path,
+        budget: BudgetOverride,
+        jobs: u32,
+        place: Place,
+        shard: Option<Shard>,
+    ) -> Result<Campaign> {
         let dir = absolute(dir)?;
         let store = Store::open(&dir)?;
         let meta = store.campaign_meta()?;
+        if let Some(given) = shard.filter(|&given| given != meta.spec.shard) {
+            return Err(CampaignError::ShardChanged {
+                dir,
+                recorded: meta.spec.shard,
+                given,
+            });
+        }
         let host_run = findings::resolve(&dir, &meta.run)?;
         store.check_paths(&host_run.node_names)?;
         let budget = budget.budget(&meta.spec);
@@ -182,6 +208,26 @@ impl Campaign {
             |_, _| Ok(there),
         )?;
         Ok(Campaign { engine, budget })
+    }
+
+    /// What this run of the campaign may spend.
+    pub fn budget(&self) -> Budget {
+        self.budget
+    }
+
+    /// Branches taken so far (a resumed campaign's earlier runs' included).
+    pub fn branches(&self) -> u64 {
+        self.engine.branches()
+    }
+
+    /// Findings so far (a resumed campaign's earlier runs' included).
+    pub fn findings(&self) -> usize {
+        self.engine.findings()
+    }
+
+    /// The part of the search this campaign runs.
+    pub fn shard(&self) -> Shard {
+        self.engine.spec().shard
     }
 
     /// Runs the campaign until its budget is spent or `stop` says so.
@@ -441,7 +487,7 @@ impl Plan {
                 there,
             } => {
                 if self.workers > 1 {
-                    eprintln!("detvisor: {} workers, a helper VM each", self.workers);
+                    tracing::info!("{} workers, a helper VM each", self.workers);
                 }
                 // One after the other, on this thread: QEMU is tied to the
                 // thread that starts it (it is killed when that thread ends).

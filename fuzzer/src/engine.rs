@@ -137,7 +137,8 @@ pub struct Engine<'a> {
     shrink_stats: crate::shrink_finding::ShrinkStats,
 }
 
-/// Seed of branch `k` of the campaign seeded `seed`.
+/// Seed of branch `k` of the campaign seeded `seed` (a shard's branch
+/// draws [`crate::shard::Shard::branch_seed`]).
 pub fn branch_seed(seed: u64, k: u64) -> u64 {
     EntropyStream::new(seed, &format!("campaign-branch-seed-{k}")).next_u64()
 }
@@ -288,6 +289,16 @@ impl<'a> Engine<'a> {
         &self.spec
     }
 
+    /// Branches committed so far.
+    pub fn branches(&self) -> u64 {
+        self.branches
+    }
+
+    /// Distinct failures found so far.
+    pub fn findings(&self) -> usize {
+        self.findings.len()
+    }
+
     /// Every worker boots and runs to the root moment, at once; they must
     /// all reach it with the same digest. Worker 0's records and position.
     fn reach_root(&mut self) -> Result<Root> {
@@ -324,12 +335,20 @@ impl<'a> Engine<'a> {
         stop: &dyn Fn() -> bool,
     ) -> Result<CampaignSummary> {
         let started = Instant::now();
+        let _campaign = tracing::info_span!(
+            "campaign",
+            dir = %self.dir.display(),
+            shard = %self.spec.shard
+        )
+        .entered();
         crate::spill::clear(&self.dir)?;
         let Root {
             position,
             records: root_records,
             digest,
-        } = self.reach_root()?;
+        } = tracing::info_span!("boot_to_root", workers = self.workers.len())
+            .in_scope(|| self.reach_root())?;
+        tracing::debug!(%digest, exits = position.exits, "root reached");
         self.stats.root_ms += started.elapsed().as_millis() as u64;
         self.stats.workers = self.stats.workers.max(self.workers.len() as u32);
         if self.nodes.is_empty() {
@@ -385,6 +404,7 @@ impl<'a> Engine<'a> {
             let Some(parents) = tree::choose_batch(
                 &self.nodes,
                 self.spec.seed,
+                self.spec.shard,
                 self.spec.max_depth,
                 start,
                 start + u64::from(width),
@@ -399,6 +419,8 @@ impl<'a> Engine<'a> {
             let jobs: Vec<BranchJob> = (k..end)
                 .map(|j| self.job(j, parents[(j - start) as usize]))
                 .collect();
+            let _wave =
+                tracing::debug_span!("wave", first = k + 1, branches = jobs.len()).entered();
             let runs = self.run_wave(&jobs)?;
             let notes: Vec<String> = self
                 .workers
@@ -470,10 +492,10 @@ impl<'a> Engine<'a> {
         self.warnings.push(text);
     }
 
-    /// Branch `k` of `parent`: its seed, its faults (drawn from the seed)
-    /// and its path.
+    /// Branch `k` of `parent`: its seed (this shard's), its faults (drawn
+    /// from the seed) and its path.
     fn job(&self, k: u64, parent: u64) -> BranchJob {
-        let seed = branch_seed(self.spec.seed, k);
+        let seed = self.spec.shard.branch_seed(self.spec.seed, k);
         let faults = self.faults.draw(seed, self.spec.slice_ns);
         let parent_row = &self.nodes[parent as usize].row;
         BranchJob {
@@ -625,6 +647,8 @@ impl<'a> Engine<'a> {
     /// Shrinks `failure`'s path (`node`'s) on every worker at once
     /// ([`crate::shrink_finding`]), writes its directory.
     fn make_finding(&mut self, node: u64, failure: &Failure) -> Result<FindingRow> {
+        let _shrink =
+            tracing::info_span!("shrink", moment = node, key = %failure.key.slug()).entered();
         let found = self.nodes[node as usize].row.path.clone();
         let key = failure.key.clone();
         let root_records = self.nodes[0].records.clone();

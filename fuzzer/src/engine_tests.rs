@@ -780,5 +780,7 @@ mod silence;
 #[path = "engine_spill_tests.rs"]
 mod spill_bound;
 
+#[path = "engine_shard_tests.rs"]
+mod shards;
 #[path = "engine_shrink_tests.rs"]
 mod shrinking;

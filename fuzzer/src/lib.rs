@@ -23,6 +23,7 @@ pub mod profile;
 pub mod properties;
 pub mod replay;
 pub mod session;
+pub mod shard;
 pub mod shrink;
 pub mod shrink_finding;
 pub mod silence;

@@ -6,6 +6,7 @@
 //! any order, or be cut short by a kill, and the search stays a function of
 //! the campaign's seed alone.
 
+use crate::shard::Shard;
 use crate::store::NodeRow;
 use run::records::GuestRecord;
 use vmm::entropy::EntropyStream;
@@ -48,11 +49,13 @@ pub(crate) fn candidates(nodes: &[TreeNode], start: u64, max_depth: u32) -> Vec<
 /// The parents of branches `start..end` of one batch (`start` its first):
 /// each weighted by `(1 + 4 x score) / (1 + branches taken from it)`,
 /// counting the branches of the tree before `start` and the earlier
-/// choices of this batch, and drawn from `seed` and the branch's number.
-/// `None` when no moment may be branched.
+/// choices of this batch, and drawn from `seed` and the branch's number in
+/// the campaign (`shard`'s branch `k` is the campaign's
+/// [`Shard::campaign_branch`]). `None` when no moment may be branched.
 pub(crate) fn choose_batch(
     nodes: &[TreeNode],
     seed: u64,
+    shard: Shard,
     max_depth: u32,
     start: u64,
     end: u64,
@@ -76,7 +79,7 @@ pub(crate) fn choose_batch(
                 (1.0 + 4.0 * node.row.score) / (1.0 + children[id as usize] as f64)
             })
             .collect();
-        let parent = draw(&candidates, &weights, seed, k);
+        let parent = draw(&candidates, &weights, seed, shard.campaign_branch(k));
         children[parent as usize] += 1;
         parents.push(parent);
     }
@@ -132,11 +135,11 @@ mod tests {
         ];
         // Branches 2 and 3 form a batch of width 2 (start 2; their moments
         // will be nodes 3 and 4).
-        let whole = choose_batch(&nodes, 9, 3, 2, 4).unwrap();
+        let whole = choose_batch(&nodes, 9, Shard::WHOLE, 3, 2, 4).unwrap();
         // Branch 2 committed (a high-scoring child of node 1): branch 3's
         // choice is the same, as the tree before the batch is.
         nodes.push(node(3, Some(1), 2, 100.0));
-        let rest = choose_batch(&nodes, 9, 3, 2, 4).unwrap();
+        let rest = choose_batch(&nodes, 9, Shard::WHOLE, 3, 2, 4).unwrap();
         assert_eq!(whole, rest);
         assert_eq!(batch_start(3, 2), 2);
         assert_eq!(batch_start(3, 1), 3);
@@ -145,6 +148,6 @@ mod tests {
     #[test]
     fn test_no_candidates_no_batch() {
         let nodes = vec![node(0, None, 0, 1.0)];
-        assert!(choose_batch(&nodes, 1, 0, 0, 2).is_none());
+        assert!(choose_batch(&nodes, 1, Shard::WHOLE, 0, 0, 2).is_none());
     }
 }

@@ -43,8 +43,11 @@ fn line(dir: &str, number: u32, key: &FailureKey) -> FindingLine {
         failure_moment: None,
         faults: 1,
         found_faults: 2,
+        found_steps: 1,
         key: key.slug(),
         number,
+        shrinking: None,
+        steps: 1,
         summary: "broke".into(),
         virtual_ns: VirtNanos(5),
     }

@@ -45,7 +45,8 @@ fn sdk(exit: u64, ms: u64, json: serde_json::Value) -> GuestRecord {
 fn property_key(id: &str) -> String {
     FailureKey::Property {
         id: id.into(),
-        location: "src/app.rs:10".into(),
+        file: "src/app.rs".into(),
+        function: "app::f".into(),
     }
     .slug()
 }
@@ -232,6 +233,7 @@ fn write_finding(
             virtual_ns: VirtNanos(110_000_000),
             record: Some(1),
         }),
+        shrinking: None,
     };
     std::fs::write(
         dir.join("finding.json"),

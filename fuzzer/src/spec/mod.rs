@@ -12,6 +12,7 @@ mod nodes;
 pub use keys::Place;
 
 use crate::profile::FaultProfile;
+use crate::shard::Shard;
 use keys::Keys;
 use run::units::{parse_duration, ByteSize, MAX_VIRTUAL_TIME};
 use serde::{Deserialize, Serialize};
@@ -122,6 +123,12 @@ pub struct CampaignSpec {
     /// campaign starts); see [`crate::spill`].
     #[serde(default)]
     pub spill_limit: Option<u64>,
+    /// The part of the search this campaign runs (`--shard`; never from the
+    /// file: every shard reads the same one). Fixed when the campaign is
+    /// created; absent (the whole campaign) in a spec saved before shards
+    /// and in an unsharded one.
+    #[serde(default, skip_serializing_if = "Shard::is_whole")]
+    pub shard: Shard,
 }
 
 fn spill_default() -> bool {
@@ -452,6 +459,7 @@ impl CampaignFile {
             checkpoint_memory,
             spill: file.search.spill.unwrap_or(true),
             spill_limit,
+            shard: Shard::WHOLE,
             manifest,
             seed: file.seed,
             root,

@@ -408,3 +408,24 @@ fn test_a_spec_is_stored_as_the_build_before_typed_times_stored_it() {
     );
     assert_eq!(at.slice_ns, VirtNanos(2_500_000_000));
 }
+
+#[test]
+fn test_a_sharded_spec_keeps_its_shard_and_an_unsharded_one_says_nothing() {
+    let mut spec = parse("manifest = \"m.toml\"\n").unwrap();
+    assert_eq!(spec.shard, crate::shard::Shard::WHOLE);
+    let whole = serde_json::to_string(&spec).unwrap();
+    assert!(!whole.contains("shard"), "{whole}");
+    spec.shard = "1/3".parse().unwrap();
+    let json = serde_json::to_string(&spec).unwrap();
+    assert!(
+        json.ends_with(",\"shard\":{\"index\":1,\"count\":3}}"),
+        "{json}"
+    );
+    assert_eq!(serde_json::from_str::<CampaignSpec>(&json).unwrap(), spec);
+    // Not a key of the campaign file: every shard reads the same file.
+    let error = parse("manifest = \"m.toml\"\nshard = \"1/3\"\n").unwrap_err();
+    assert!(
+        error.to_string().contains("unknown field `shard`"),
+        "{error}"
+    );
+}
