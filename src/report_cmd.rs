@@ -25,6 +25,11 @@ pub struct ReportArgs {
     /// their findings' replay commands.
     #[arg(long, value_name = "FILE")]
     junit: Option<PathBuf>,
+    /// Mark each finding new, known or ignored by this baseline (see
+    /// `detvisor triage`), and list its entries no finding has as possibly
+    /// fixed.
+    #[arg(long, value_name = "FILE")]
+    baseline: Option<PathBuf>,
 }
 
 pub fn cmd_report(args: ReportArgs) -> Result<u8> {
@@ -34,7 +39,14 @@ pub fn cmd_report(args: ReportArgs) -> Result<u8> {
         junit: args.junit,
     };
     outputs.check()?;
-    let report = read(&args.dirs)?;
+    let baseline = match &args.baseline {
+        Some(path) => Some(fuzzer::triage::Baseline::load(path)?),
+        None => None,
+    };
+    let mut report = read(&args.dirs)?;
+    if let Some(baseline) = &baseline {
+        campaign_report::triage::apply(&mut report, baseline)?;
+    }
     if outputs.is_empty() {
         print!("{}", text::summary(&report));
     } else {

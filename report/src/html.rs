@@ -204,10 +204,25 @@ fn findings(out: &mut String, report: &Report) -> Result<(), PlotError> {
     if report.findings.is_empty() {
         let _ = writeln!(out, "<p>No finding.</p>");
     }
+    if !report.possibly_fixed.is_empty() {
+        let _ = writeln!(
+            out,
+            "<p>Possibly fixed (in the baseline, not found tonight):</p><ul>"
+        );
+        for p in &report.possibly_fixed {
+            let _ = writeln!(
+                out,
+                "<li><code>{}</code>: {}</li>",
+                escape(&p.key),
+                escape(&p.note)
+            );
+        }
+        let _ = writeln!(out, "</ul>");
+    }
     for f in &report.findings {
         let triage = f.triage.as_ref().map_or(String::new(), |t| {
             format!(
-                " <span class=\"muted\">[{:?}{}]</span>",
+                " <span class=\"muted\">[{}{}]</span>",
                 t.status,
                 t.note
                     .as_deref()

@@ -11,6 +11,8 @@
 //! - [`model`]: the report, [`model::VERSION`];
 //! - [`read`]: a campaign directory into a report (read only);
 //! - [`merge`]: several reports as one, and the rule that keeps it lossless;
+//! - [`triage`]: findings marked by a baseline (new, known, ignored,
+//!   possibly fixed);
 //! - [`html`], [`junit`], [`text`]: the outputs; [`plots`]: their SVG.
 
 pub mod html;
@@ -20,6 +22,7 @@ pub mod model;
 pub mod plots;
 pub mod read;
 pub mod text;
+pub mod triage;
 
 pub use model::{Report, VERSION};
 pub use read::{read, ReadError};

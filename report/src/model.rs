@@ -33,6 +33,17 @@ pub struct Report {
     /// Each combination of kinds that began together in a stretch (`+`
     /// joined, `""` none) and how many stretches had it.
     pub fault_combinations: BTreeMap<String, u64>,
+    /// With a baseline: its entries that no finding has (their failures
+    /// did not reproduce); empty without one.
+    #[serde(default)]
+    pub possibly_fixed: Vec<PossiblyFixedEntry>,
+}
+
+/// A baseline entry no finding of the report has.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PossiblyFixedEntry {
+    pub key: String,
+    pub note: String,
 }
 
 /// One campaign directory read.
@@ -159,8 +170,7 @@ pub struct TimelineEntry {
     pub what: String,
 }
 
-/// What a finding is to the team (another part of detvisor sets it from a
-/// baseline; `None` until then).
+/// What a finding is to the team, by a baseline ([`crate::triage`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TriageStatus {
@@ -168,6 +178,17 @@ pub enum TriageStatus {
     Known,
     Ignored,
     PossiblyFixed,
+}
+
+impl std::fmt::Display for TriageStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TriageStatus::New => "new",
+            TriageStatus::Known => "known",
+            TriageStatus::Ignored => "ignored",
+            TriageStatus::PossiblyFixed => "possibly fixed",
+        })
+    }
 }
 
 /// A finding's triage: its status and the baseline's note.
@@ -347,6 +368,7 @@ impl Report {
             exploration: Exploration::default(),
             fault_kinds: BTreeMap::new(),
             fault_combinations: BTreeMap::new(),
+            possibly_fixed: Vec::new(),
         }
     }
 

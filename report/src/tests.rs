@@ -572,3 +572,68 @@ fn test_a_directory_that_is_no_campaign_is_an_error_naming_it() {
     assert!(error.to_string().contains("campaign.db"), "{error}");
     assert!(matches!(read(&[]), Err(read::ReadError::Nothing)));
 }
+
+#[test]
+fn test_a_baseline_marks_findings_and_lists_what_did_not_fail_again() {
+    let root = tempfile::tempdir().unwrap();
+    let dirs = vec![
+        campaign(root.path(), "shard0", &one_shard()),
+        campaign(
+            root.path(),
+            "shard1",
+            &Shard {
+                always: (1, 0),
+                sometimes_true: true,
+                findings: vec![(1, "checker:linearizability:k1".into())],
+                branches: 2,
+                wall_ms: 30_000,
+                stats: true,
+            },
+        ),
+    ];
+    let baseline = fuzzer::triage::Baseline::parse(
+        "[finding.\"checker:linearizability:k1\"]\nstatus = \"known\"\nnote = \"upstream #123\"\n\n\
+             [finding.\"checker:linearizability:gone\"]\nstatus = \"ignored\"\nnote = \"flaky disk\"\n",
+        Path::new("triage.toml"),
+    )
+    .unwrap();
+    let mut report = read::read(&dirs).unwrap();
+    crate::triage::apply(&mut report, &baseline).unwrap();
+    let status = |key: &str| {
+        let f = report.findings.iter().find(|f| f.key == key).unwrap();
+        f.triage.clone().unwrap()
+    };
+    assert_eq!(
+        status(&property_key("stays-true")),
+        Triage {
+            status: TriageStatus::New,
+            note: None
+        }
+    );
+    assert_eq!(
+        status("checker:linearizability:k1"),
+        Triage {
+            status: TriageStatus::Known,
+            note: Some("upstream #123".into())
+        }
+    );
+    assert_eq!(
+        report.possibly_fixed,
+        vec![PossiblyFixedEntry {
+            key: "checker:linearizability:gone".into(),
+            note: "flaky disk".into()
+        }]
+    );
+    let summary = text::summary(&report);
+    assert!(
+        summary.contains("checker:linearizability:k1 [known]"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("possibly fixed checker:linearizability:gone  # flaky disk"),
+        "{summary}"
+    );
+    let html = html::html(&report).unwrap();
+    assert!(html.contains("[known: upstream #123]"), "html");
+    assert!(html.contains("Possibly fixed"), "html");
+}

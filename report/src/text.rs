@@ -80,7 +80,7 @@ pub fn summary(report: &Report) -> String {
         let triage = f
             .triage
             .as_ref()
-            .map_or(String::new(), |t| format!(" [{:?}]", t.status));
+            .map_or(String::new(), |t| format!(" [{}]", t.status));
         let _ = writeln!(out, "  {:04} {}{}: {}", f.number, f.key, triage, f.summary);
         let _ = writeln!(out, "      failed at {}", f.moment);
         let _ = writeln!(
@@ -97,6 +97,9 @@ pub fn summary(report: &Report) -> String {
         for copy in &f.also_in {
             let _ = writeln!(out, "      also found in {}", copy.dir.display());
         }
+    }
+    for p in &report.possibly_fixed {
+        let _ = writeln!(out, "  possibly fixed {}  # {}", p.key, p.note);
     }
     let _ = writeln!(out, "exploration:");
     let _ = writeln!(
