@@ -161,6 +161,39 @@ fn test_report_of_the_stale_campaign_in_html_json_junit_and_a_browser() {
         2 * BRANCHES.parse::<u64>().unwrap()
     );
 
+    // Against a baseline that knows the finding and an entry found no
+    // more: known with its note, and the other possibly fixed.
+    let baseline = out.path().join("triage.toml");
+    std::fs::write(
+        &baseline,
+        format!(
+            "[finding.\"{}\"]\nstatus = \"known\"\nnote = \"upstream #123\"\n\n\
+             [finding.\"checker:linearizability:gone\"]\nstatus = \"ignored\"\nnote = \"old\"\n",
+            finding["key"].as_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let triaged = out.path().join("triaged.json");
+    let run = detvisor(&[
+        "report",
+        dir.to_str().unwrap(),
+        "--baseline",
+        baseline.to_str().unwrap(),
+        "--json",
+        triaged.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+    let triaged: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&triaged).unwrap()).unwrap();
+    assert_eq!(
+        triaged["findings"][0]["triage"],
+        serde_json::json!({"status": "known", "note": "upstream #123"})
+    );
+    assert_eq!(
+        triaged["possibly_fixed"][0]["key"],
+        "checker:linearizability:gone"
+    );
+
     open_in_chromium(&html, out.path());
 }
 
