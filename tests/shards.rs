@@ -141,6 +141,65 @@ fn test_three_shards_from_the_completion_index_split_one_root_s_tree() {
     );
     assert!(found >= 1, "this campaign's seed finds the coin's failure");
 
+    // The merged report of the three is the union of their findings (a
+    // failure several shards found is one finding, the others its copies)
+    // and the sum of their tallies.
+    let report_of = |dirs: &[PathBuf], name: &str| -> serde_json::Value {
+        let json = dirs[0].parent().unwrap().join(name);
+        let mut args = vec!["report".to_owned()];
+        args.extend(dirs.iter().map(|d| d.to_str().unwrap().to_owned()));
+        args.extend(["--json".to_owned(), json.to_str().unwrap().to_owned()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let run = detvisor(&args);
+        assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    };
+    let merged = report_of(&dirs, "merged.json");
+    let parts: Vec<serde_json::Value> = dirs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| report_of(std::slice::from_ref(d), &format!("shard{i}.json")))
+        .collect();
+    let copies: usize = merged["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| 1 + f["also_in"].as_array().unwrap().len())
+        .sum();
+    assert_eq!(copies, found, "every shard's finding, once or as a copy");
+    let keys: BTreeSet<&str> = parts
+        .iter()
+        .flat_map(|p| p["findings"].as_array().unwrap())
+        .map(|f| f["key"].as_str().unwrap())
+        .collect();
+    let merged_keys: BTreeSet<&str> = merged["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(merged_keys, keys);
+    let sum = |what: &dyn Fn(&serde_json::Value) -> u64| parts.iter().map(what).sum::<u64>();
+    let branches = |r: &serde_json::Value| r["exploration"]["branches"].as_u64().unwrap();
+    assert_eq!(branches(&merged), sum(&branches));
+    assert_eq!(branches(&merged), 6);
+    let hits = |r: &serde_json::Value| {
+        r["properties"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["hits"].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    assert_eq!(hits(&merged), sum(&hits));
+    // `findings` over the three lists each shard's finding.
+    let mut args = vec!["findings"];
+    args.extend(dirs.iter().map(|d| d.to_str().unwrap()));
+    args.push("--json");
+    let listed = detvisor(&args);
+    assert_eq!(listed.status.code(), Some(0));
+    assert_eq!(stdout(&listed).lines().count(), found);
+
     // A shard resumes as itself only: another shard is refused before any
     // VM starts, naming both.
     let other = detvisor(&[
