@@ -2,8 +2,9 @@
 //! merged by the `campaign-report` library, written as HTML, JSON and JUnit
 //! XML, or printed as a terminal summary.
 
+use crate::progress::{Mode, Reporter};
 use anyhow::Result;
-use campaign_report::{read, text, Outputs};
+use campaign_report::{merge, read, text, Outputs};
 use clap::Args;
 use std::path::{Path, PathBuf};
 
@@ -30,6 +31,9 @@ pub struct ReportArgs {
     /// fixed.
     #[arg(long, value_name = "FILE")]
     baseline: Option<PathBuf>,
+    /// No progress lines while reading several directories.
+    #[arg(long)]
+    quiet: bool,
 }
 
 pub fn cmd_report(args: ReportArgs) -> Result<u8> {
@@ -43,7 +47,7 @@ pub fn cmd_report(args: ReportArgs) -> Result<u8> {
         Some(path) => Some(fuzzer::triage::Baseline::load(path)?),
         None => None,
     };
-    let mut report = read(&args.dirs)?;
+    let mut report = read_shards(&args.dirs, Mode::detect(args.quiet))?;
     if let Some(baseline) = &baseline {
         campaign_report::triage::apply(&mut report, baseline)?;
     }
@@ -59,6 +63,30 @@ pub fn cmd_report(args: ReportArgs) -> Result<u8> {
         }
     }
     Ok(0)
+}
+
+/// The directories read one by one, with a display of how many are read
+/// (on a terminal; a line each otherwise) when there are several, then
+/// merged as [`read`] merges them.
+fn read_shards(dirs: &[PathBuf], mode: Mode) -> Result<campaign_report::Report> {
+    if dirs.len() < 2 {
+        return Ok(read(dirs)?);
+    }
+    let mut progress = Reporter::new(mode);
+    progress.start(Some(dirs.len() as u64), 0, true);
+    let mut parts = Vec::with_capacity(dirs.len());
+    for (i, dir) in dirs.iter().enumerate() {
+        parts.push(campaign_report::read::read_one(dir)?);
+        progress.update(i as u64 + 1, format!("read {}", dir.display()));
+        progress.event(&format!(
+            "detvisor: read {} of {} campaign directories: {}",
+            i + 1,
+            dirs.len(),
+            dir.display()
+        ));
+    }
+    progress.finish();
+    Ok(merge::merge(parts))
 }
 
 /// The summary of the campaign in `dir`, as `report DIR` prints it, at

@@ -152,6 +152,11 @@ fn test_three_shards_from_the_completion_index_split_one_root_s_tree() {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let run = detvisor(&args);
         assert_eq!(run.status.code(), Some(0), "{}", stderr(&run));
+        if dirs.len() > 1 {
+            // Away from a terminal, a progress line per directory read.
+            let said = format!("read {} of {} campaign directories", dirs.len(), dirs.len());
+            assert!(stderr(&run).contains(&said), "{}", stderr(&run));
+        }
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
     };
     let merged = report_of(&dirs, "merged.json");
