@@ -4,7 +4,7 @@
 
 use crate::progress::{Mode, Reporter};
 use anyhow::Result;
-use campaign_report::{merge, read, text, Outputs};
+use campaign_report::{read, text, Outputs};
 use clap::Args;
 use std::path::{Path, PathBuf};
 
@@ -67,16 +67,14 @@ pub fn cmd_report(args: ReportArgs) -> Result<u8> {
 
 /// The directories read one by one, with a display of how many are read
 /// (on a terminal; a line each otherwise) when there are several, then
-/// merged as [`read`] merges them.
+/// merged.
 fn read_shards(dirs: &[PathBuf], mode: Mode) -> Result<campaign_report::Report> {
     if dirs.len() < 2 {
         return Ok(read(dirs)?);
     }
     let mut progress = Reporter::new(mode);
     progress.start(Some(dirs.len() as u64), 0, true);
-    let mut parts = Vec::with_capacity(dirs.len());
-    for (i, dir) in dirs.iter().enumerate() {
-        parts.push(campaign_report::read::read_one(dir)?);
+    let report = campaign_report::read::read_each(dirs, |i, dir| {
         progress.update(i as u64 + 1, format!("read {}", dir.display()));
         progress.event(&format!(
             "detvisor: read {} of {} campaign directories: {}",
@@ -84,9 +82,9 @@ fn read_shards(dirs: &[PathBuf], mode: Mode) -> Result<campaign_report::Report> 
             dirs.len(),
             dir.display()
         ));
-    }
+    })?;
     progress.finish();
-    Ok(merge::merge(parts))
+    Ok(report)
 }
 
 /// The summary of the campaign in `dir`, as `report DIR` prints it, at

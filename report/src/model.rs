@@ -6,6 +6,7 @@
 
 use fuzzer::spec::CampaignSpec;
 use fuzzer::stats::CampaignStats;
+pub use fuzzer::triage::Status;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -170,31 +171,12 @@ pub struct TimelineEntry {
     pub what: String,
 }
 
-/// What a finding is to the team, by a baseline ([`crate::triage`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TriageStatus {
-    New,
-    Known,
-    Ignored,
-    PossiblyFixed,
-}
-
-impl std::fmt::Display for TriageStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TriageStatus::New => "new",
-            TriageStatus::Known => "known",
-            TriageStatus::Ignored => "ignored",
-            TriageStatus::PossiblyFixed => "possibly fixed",
-        })
-    }
-}
-
 /// A finding's triage: its status and the baseline's note.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Triage {
-    pub status: TriageStatus,
+    /// New, known or ignored: the baseline's own classification
+    /// ([`crate::triage`]).
+    pub status: Status,
     pub note: Option<String>,
 }
 

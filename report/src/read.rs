@@ -77,13 +77,23 @@ struct SavedJudge {
 
 /// The campaign directories `dirs` read and merged (see [`merge::merge`]).
 pub fn read(dirs: &[PathBuf]) -> Result<Report, ReadError> {
+    read_each(dirs, |_, _| {})
+}
+
+/// [`read`], telling `on_read` each directory (its index) once it is read:
+/// the progress of a report of many shards.
+pub fn read_each(
+    dirs: &[PathBuf],
+    mut on_read: impl FnMut(usize, &Path),
+) -> Result<Report, ReadError> {
     if dirs.is_empty() {
         return Err(ReadError::Nothing);
     }
-    let parts = dirs
-        .iter()
-        .map(|dir| read_one(dir))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut parts = Vec::with_capacity(dirs.len());
+    for (i, dir) in dirs.iter().enumerate() {
+        parts.push(read_one(dir)?);
+        on_read(i, dir);
+    }
     Ok(merge::merge(parts))
 }
 

@@ -606,14 +606,14 @@ fn test_a_baseline_marks_findings_and_lists_what_did_not_fail_again() {
     assert_eq!(
         status(&property_key("stays-true")),
         Triage {
-            status: TriageStatus::New,
+            status: Status::New,
             note: None
         }
     );
     assert_eq!(
         status("checker:linearizability:k1"),
         Triage {
-            status: TriageStatus::Known,
+            status: Status::Known,
             note: Some("upstream #123".into())
         }
     );

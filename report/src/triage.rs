@@ -4,7 +4,7 @@
 //! own (`fuzzer::triage::classify`), the one `detvisor findings --baseline`
 //! prints, so the two never disagree.
 
-use crate::model::{PossiblyFixedEntry, Report, Triage, TriageStatus};
+use crate::model::{PossiblyFixedEntry, Report, Triage};
 use fuzzer::triage::{classify, Baseline, Status};
 
 /// Why a report could not be triaged.
@@ -14,15 +14,6 @@ pub struct TriageError {
     pub dir: std::path::PathBuf,
     #[source]
     pub source: Box<fuzzer::campaign::CampaignError>,
-}
-
-fn status(status: Status) -> TriageStatus {
-    match status {
-        Status::New => TriageStatus::New,
-        Status::Known => TriageStatus::Known,
-        Status::Ignored => TriageStatus::Ignored,
-        Status::PossiblyFixed => TriageStatus::PossiblyFixed,
-    }
 }
 
 /// Marks `report`'s findings by `baseline`.
@@ -44,12 +35,12 @@ pub fn apply(report: &mut Report, baseline: &Baseline) -> Result<(), TriageError
             .find(|f| f.findings.iter().any(|l| l.key == finding.key));
         finding.triage = Some(match failure {
             Some(failure) => Triage {
-                status: status(failure.status),
+                status: failure.status,
                 note: failure.entry.as_ref().map(|e| e.note.clone()),
             },
             // Every finding read is among the lines classified.
             None => Triage {
-                status: TriageStatus::New,
+                status: Status::New,
                 note: None,
             },
         });
