@@ -315,12 +315,8 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
             shrinking.wall_ms as f64 / 1000.0
         ));
     }
-    let spill = summary.spill;
-    if spill.written > 0 {
-        reporter.line(&format!(
-            "detvisor: {} checkpoint(s) spilled to disk ({} ms), {} loaded back in place ({} ms)",
-            spill.written, spill.write_ms, spill.loaded, spill.load_ms
-        ));
+    if summary.branches_this_run > 0 {
+        reporter.line(&format!("detvisor: {}", summary.going_back.line()));
     }
     for finding in &summary.findings {
         println!(

@@ -154,12 +154,13 @@ impl Campaign {
         let prepared = run::up::prepare(&manifest, &[], None, None)?;
         let judge = crate::judges::campaign_judge(&spec)?;
         let faults = crate::judges::fault_source(&spec, &prepared)?;
-        let plan = plan(new.place, &prepared, workers(new.jobs))?;
+        let plan = plan(new.place, &prepared, workers(new.jobs), Sizing::of(&spec))?;
+        let checkpoint_share = plan.checkpoint_share;
         // Claimed (created and locked) before any helper VM starts or any
         // file is written there.
         let claimed = NewCampaignDir::claim(&new.out).map_err(StoreError::from)?;
         let (runners, there) = plan.start(&[claimed.path()])?;
-        let engine = Engine::create(
+        let mut engine = Engine::create(
             boxed(runners),
             spec,
             &prepared,
@@ -168,6 +169,7 @@ impl Campaign {
             judge,
             faults,
         )?;
+        engine.size_checkpoints(checkpoint_share);
         Ok(Campaign { engine, budget })
     }
 
@@ -196,10 +198,11 @@ impl Campaign {
         let budget = budget.budget(&meta.spec);
         let judge = crate::judges::campaign_judge(&meta.spec)?;
         let faults = crate::judges::fault_source(&meta.spec, &host_run)?;
-        let plan = plan(place, &host_run, workers(jobs))?;
+        let plan = plan(place, &host_run, workers(jobs), Sizing::of(&meta.spec))?;
+        let checkpoint_share = plan.checkpoint_share;
         let (runners, there) = plan.start(&[&dir])?;
         // The store stays open (and locked) from here to the campaign's end.
-        let engine = Engine::resume_store(
+        let mut engine = Engine::resume_store(
             boxed(runners),
             &dir,
             store,
@@ -207,6 +210,7 @@ impl Campaign {
             |_| faults,
             |_, _| Ok(there),
         )?;
+        engine.size_checkpoints(checkpoint_share);
         Ok(Campaign { engine, budget })
     }
 
@@ -358,7 +362,7 @@ pub fn replay(finding: &Path, logs: Option<&Path>, place: Place) -> Result<Repla
         None => None,
     };
     let shared: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
-    let (mut runners, there) = plan(place, &finding.run, 1)?.start(&shared)?;
+    let (mut runners, there) = plan(place, &finding.run, 1, Sizing::Given)?.start(&shared)?;
     let loaded = LoadedFinding {
         run: there,
         ..finding
@@ -382,7 +386,7 @@ pub fn start_runners(
     workers: u32,
     shared: &[&Path],
 ) -> Result<(Vec<WorkerRunner>, PreparedUp)> {
-    plan(place, prepared, workers.max(1))?.start(shared)
+    plan(place, prepared, workers.max(1), Sizing::Given)?.start(shared)
 }
 
 /// Workers for `jobs`: 0 is one per core of this host (at most
@@ -419,6 +423,9 @@ struct Plan {
     workers: u32,
     place: Place,
     planned: Planned,
+    /// Bytes each worker's checkpoints may hold, when the campaign sizes
+    /// them from the memory available ([`crate::sizing`]).
+    checkpoint_share: Option<u64>,
 }
 
 enum Planned {
@@ -436,9 +443,18 @@ enum Planned {
 /// the helper VM, a helper VM each (one vCPU: measured faster than one
 /// helper VM with a vCPU per worker, whose multi-threaded TCG also changed
 /// the guest's digest; see docs/campaigns.md).
-fn plan(place: Place, prepared: &PreparedUp, workers: u32) -> Result<Plan> {
+fn plan(place: Place, prepared: &PreparedUp, workers: u32, sizing: Sizing) -> Result<Plan> {
+    let available = || helper_vm::client::available_memory_mib().map(|mib| mib << 20);
+    let mut checkpoint_share = None;
     let planned = match helper_vm::placement(place.host_vm) {
-        Placement::Host => Planned::Here(prepared.clone()),
+        Placement::Host => {
+            if sizing == Sizing::FromMemory {
+                checkpoint_share = available().and_then(|bytes| {
+                    crate::sizing::checkpoint_share(bytes, workers, prepared.ram_bytes)
+                });
+            }
+            Planned::Here(prepared.clone())
+        }
         Placement::HelperVm { reason } => {
             let mut needs = Vec::new();
             let mut there = prepared.clone();
@@ -454,6 +470,16 @@ fn plan(place: Place, prepared: &PreparedUp, workers: u32) -> Result<Plan> {
                     there = prepared;
                 }
             }
+            if sizing == Sizing::FromMemory {
+                let run_bytes = u64::from(needs[0].memory_mib) << 20;
+                checkpoint_share = available()
+                    .and_then(|bytes| crate::sizing::checkpoint_share(bytes, workers, run_bytes));
+                // Each helper VM holds its worker's checkpoints too.
+                let share_mib = checkpoint_share.map_or(0, |bytes| (bytes >> 20) as u32);
+                for needs in &mut needs {
+                    needs.memory_mib = needs.memory_mib.saturating_add(share_mib);
+                }
+            }
             check_host_memory(workers, needs[0].memory_mib)?;
             Planned::HelperVm {
                 reason,
@@ -466,7 +492,26 @@ fn plan(place: Place, prepared: &PreparedUp, workers: u32) -> Result<Plan> {
         workers,
         place,
         planned,
+        checkpoint_share,
     })
+}
+
+/// Whether a plan sizes the workers' checkpoints from the memory available.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sizing {
+    FromMemory,
+    /// The campaign file bounds them (or no campaign runs).
+    Given,
+}
+
+impl Sizing {
+    fn of(spec: &CampaignSpec) -> Sizing {
+        if spec.size_checkpoints_from_memory {
+            Sizing::FromMemory
+        } else {
+            Sizing::Given
+        }
+    }
 }
 
 impl Plan {

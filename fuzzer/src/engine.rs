@@ -10,7 +10,7 @@ use crate::failure::{FailureKey, FailureSlugError};
 use crate::findings::{self, FindingFile, NewFinding, FINDING_FORMAT};
 use crate::judge::{Failure, Judge};
 use crate::spec::CampaignSpec;
-use crate::stats::{CampaignStats, WorkerCounts, STATS_META};
+use crate::stats::{CampaignStats, GoingBack, WorkerCounts, STATS_META};
 use crate::step::Path as StepPath;
 use crate::store::{FindingRow, FinishedBranch, NewCampaignDir, NodeRow, Store, StoreError};
 use crate::tree::{self, path_records, TreeNode};
@@ -108,6 +108,8 @@ pub struct CampaignSummary {
     pub stopped_by: String,
     /// Checkpoints written to disk and loaded back in this process.
     pub spill: crate::spill::SpillStats,
+    /// What going back to moments cost this process's workers.
+    pub going_back: GoingBack,
     /// What [`Progress::warning`] was told, in order.
     pub warnings: Vec<String>,
     /// What shrinking new findings cost in this process.
@@ -285,6 +287,25 @@ impl<'a> Engine<'a> {
         })
     }
 
+    /// Lets each worker's checkpoints hold `share` bytes (see
+    /// [`crate::sizing`]) when the campaign sizes them from the memory
+    /// available; with no share (too little spare, or not known) they are
+    /// bounded by the default count instead.
+    pub fn size_checkpoints(&mut self, share: Option<u64>) {
+        if !self.spec.size_checkpoints_from_memory {
+            return;
+        }
+        if let Some(bytes) = share {
+            tracing::info!(
+                "live checkpoints sized from the memory available: {} a worker",
+                run::units::ByteSize(bytes)
+            );
+        }
+        for worker in &mut self.workers {
+            worker.size_checkpoints(share, self.spec.live_checkpoints);
+        }
+    }
+
     pub fn spec(&self) -> &CampaignSpec {
         &self.spec
     }
@@ -442,6 +463,10 @@ impl<'a> Engine<'a> {
             ("wall_ms", wall_ms.to_string()),
             (STATS_META, self.stats_now().to_json()),
         ])?;
+        let going_back = GoingBack {
+            counts: self.counts(),
+            worker_ms: started.elapsed().as_millis() as u64 * self.workers.len() as u64,
+        };
         let mut spill = crate::spill::SpillStats::default();
         for worker in &mut self.workers {
             spill += worker.finish_spill()?;
@@ -457,6 +482,7 @@ impl<'a> Engine<'a> {
             wall_ms,
             stopped_by,
             spill,
+            going_back,
             warnings: self.warnings.clone(),
             shrinking: self.shrink_stats,
         })
@@ -464,14 +490,16 @@ impl<'a> Engine<'a> {
 
     /// The campaign's stats with what the workers counted in this run.
     fn stats_now(&self) -> CampaignStats {
+        self.stats.with_counts(self.counts())
+    }
+
+    /// What the workers counted in this run, summed.
+    fn counts(&self) -> WorkerCounts {
         let mut counts = WorkerCounts::default();
         for worker in &self.workers {
-            let c = worker.counts();
-            counts.spill += c.spill;
-            counts.replayed_steps += c.replayed_steps;
-            counts.live_checkpoints += c.live_checkpoints;
+            counts += worker.counts();
         }
-        self.stats.with_counts(counts)
+        counts
     }
 
     /// Warns once (a resumed campaign again) when the root and the first

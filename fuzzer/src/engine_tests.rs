@@ -301,6 +301,7 @@ fn spec(live: u32) -> CampaignSpec {
     )
     .unwrap();
     spec.live_checkpoints = live;
+    spec.size_checkpoints_from_memory = false;
     spec
 }
 

@@ -27,6 +27,7 @@ pub mod shard;
 pub mod shrink;
 pub mod shrink_finding;
 pub mod silence;
+pub mod sizing;
 pub mod spec;
 pub mod spill;
 pub mod stats;

@@ -46,8 +46,10 @@ pub struct CampaignStats {
     /// Checkpoints loaded back from `spill/`, and the milliseconds that took.
     pub loaded: u64,
     pub load_ms: u64,
-    /// Steps replayed to reach a moment that was neither live nor spilled.
+    /// Steps replayed to reach a moment that was neither live nor spilled,
+    /// and the milliseconds that took (worker-milliseconds).
     pub replayed_steps: u64,
+    pub replay_ms: u64,
     /// Checkpoints the workers held in memory at the last commit.
     pub live_checkpoints: u64,
 }
@@ -57,7 +59,55 @@ pub struct CampaignStats {
 pub struct WorkerCounts {
     pub spill: SpillStats,
     pub replayed_steps: u64,
+    pub replay_ms: u64,
     pub live_checkpoints: u64,
+}
+
+impl std::ops::AddAssign for WorkerCounts {
+    fn add_assign(&mut self, other: Self) {
+        self.spill += other.spill;
+        self.replayed_steps += other.replayed_steps;
+        self.replay_ms += other.replay_ms;
+        self.live_checkpoints += other.live_checkpoints;
+    }
+}
+
+/// What going back to moments (to branch them) cost the workers of one
+/// run of a campaign, against their time: the share a campaign's closing
+/// summary prints.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GoingBack {
+    pub counts: WorkerCounts,
+    /// The run's wall time times its workers.
+    pub worker_ms: u64,
+}
+
+impl GoingBack {
+    /// The part of the workers' time `ms` is, in percent (0 with no time).
+    pub fn percent(&self, ms: u64) -> f64 {
+        if self.worker_ms == 0 {
+            return 0.0;
+        }
+        100.0 * ms as f64 / self.worker_ms as f64
+    }
+
+    /// One line: loads from `spill/`, writes to it and replays, each with
+    /// its time and share.
+    pub fn line(&self) -> String {
+        let c = &self.counts;
+        let part = |ms: u64| format!("{:.1} s, {:.1}%", ms as f64 / 1000.0, self.percent(ms));
+        format!(
+            "going back to moments: {} checkpoint load(s) from spill/ ({}), {} written to it ({}), {} step(s) replayed ({}) of {:.1} s of the workers' time; {} checkpoint(s) live at the end",
+            c.spill.loaded,
+            part(c.spill.load_ms),
+            c.spill.written,
+            part(c.spill.write_ms),
+            c.replayed_steps,
+            part(c.replay_ms),
+            self.worker_ms as f64 / 1000.0,
+            c.live_checkpoints,
+        )
+    }
 }
 
 impl CampaignStats {
@@ -85,6 +135,7 @@ impl CampaignStats {
         total.loaded += counts.spill.loaded;
         total.load_ms += counts.spill.load_ms;
         total.replayed_steps += counts.replayed_steps;
+        total.replay_ms += counts.replay_ms;
         total.live_checkpoints = counts.live_checkpoints;
         total
     }
@@ -134,15 +185,43 @@ mod tests {
                 load_ms: 40,
             },
             replayed_steps: 1,
+            replay_ms: 7,
             live_checkpoints: 2,
         };
         let total = before.with_counts(counts);
+        assert_eq!(total.replay_ms, 7);
         assert_eq!(
             (total.spilled, total.loaded, total.replayed_steps),
             (5, 5, 6)
         );
         assert_eq!((total.spill_write_ms, total.load_ms), (30, 40));
         assert_eq!(total.live_checkpoints, 2);
+    }
+
+    /// The closing summary's line: each cost with its share of the
+    /// workers' time.
+    #[test]
+    fn test_going_back_says_each_cost_and_its_share() {
+        let going_back = GoingBack {
+            counts: WorkerCounts {
+                spill: SpillStats {
+                    written: 3,
+                    write_ms: 1_500,
+                    loaded: 4,
+                    load_ms: 12_000,
+                },
+                replayed_steps: 2,
+                replay_ms: 6_000,
+                live_checkpoints: 40,
+            },
+            worker_ms: 120_000,
+        };
+        assert_eq!(going_back.percent(12_000), 10.0);
+        assert_eq!(
+            going_back.line(),
+            "going back to moments: 4 checkpoint load(s) from spill/ (12.0 s, 10.0%), 3 written to it (1.5 s, 1.2%), 2 step(s) replayed (6.0 s, 5.0%) of 120.0 s of the workers' time; 40 checkpoint(s) live at the end"
+        );
+        assert_eq!(GoingBack::default().percent(5), 0.0);
     }
 
     /// Stats kept by an older build (fewer fields) read, the rest default.

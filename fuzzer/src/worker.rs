@@ -5,7 +5,7 @@
 //! the engine.
 
 use crate::session::{apply_steps, boot_options, reach, SessionError};
-use crate::spec::CampaignSpec;
+use crate::spec::{CampaignSpec, DEFAULT_LIVE_CHECKPOINTS};
 use crate::spill::{self, Spill, SpillError, SpillStats};
 use crate::stats::WorkerCounts;
 use crate::step::Path as StepPath;
@@ -46,8 +46,10 @@ pub(crate) struct Worker<'a> {
     spill: Option<Spill>,
     /// Where the run is now: at this node's moment exactly.
     at_node: Option<u64>,
-    /// Steps replayed to reach moments neither live nor spilled.
+    /// Steps replayed to reach moments neither live nor spilled, and the
+    /// milliseconds that took.
     replayed_steps: u64,
+    replay_ms: u64,
 }
 
 /// What the root moment looked like to one worker.
@@ -93,6 +95,19 @@ impl<'a> Worker<'a> {
             spill: None,
             at_node: None,
             replayed_steps: 0,
+            replay_ms: 0,
+        }
+    }
+
+    /// Bounds the checkpoints by `share` bytes, and by `count` (the
+    /// campaign's sized backstop); without a share, by the default count.
+    pub fn size_checkpoints(&mut self, share: Option<u64>, count: u32) {
+        match share {
+            Some(bytes) => {
+                self.checkpoint_memory = Some(bytes);
+                self.live_limit = count;
+            }
+            None => self.live_limit = DEFAULT_LIVE_CHECKPOINTS,
         }
     }
 
@@ -124,6 +139,7 @@ impl<'a> Worker<'a> {
         WorkerCounts {
             spill: self.spill.as_ref().map(|s| s.stats).unwrap_or_default(),
             replayed_steps: self.replayed_steps,
+            replay_ms: self.replay_ms,
             live_checkpoints: self.live.len() as u64,
         }
     }
@@ -217,9 +233,11 @@ impl<'a> Worker<'a> {
             let from = nodes[ancestor as usize].row.depth as usize;
             let path = &nodes[node as usize].row.path;
             self.replayed_steps += (path.steps.len() - from) as u64;
+            let started = Instant::now();
             let mut calls = self.calls();
             position = apply_steps(&mut calls, run, &path.steps[from..], path.end_ns)?;
             drop(calls.take_records(run)?);
+            self.replay_ms += started.elapsed().as_millis() as u64;
             self.keep(node)?;
         }
         self.at_node = Some(node);
@@ -323,7 +341,14 @@ pub(crate) fn workers<'a>(
         .enumerate()
         .map(|(i, r)| {
             let spill_dir = share.map(|share| (crate::spill::worker_dir(dir, i), share));
-            Worker::new(r, spec.live_checkpoints, spec.checkpoint_memory, spill_dir)
+            // Sized from memory later (Engine::size_checkpoints); until
+            // then, by the count a campaign without a bound gets.
+            let live = if spec.size_checkpoints_from_memory {
+                DEFAULT_LIVE_CHECKPOINTS
+            } else {
+                spec.live_checkpoints
+            };
+            Worker::new(r, live, spec.checkpoint_memory, spill_dir)
         })
         .collect()
 }

@@ -152,24 +152,92 @@ pub fn load_in_place(driven: &mut Driven, dir: &Path) -> Result<LoadStats, Spill
     Ok(stats)
 }
 
-/// Guest RAM as `chain` (base first) stores it, read with one `pread` per
-/// run of stored pages (a lazily mapped image would fault them in one page
-/// at a time, each a round trip on a 9p share). The buffer is zeroed lazily
-/// (a large allocation is fresh anonymous memory): only the stored pages
-/// are touched, and the load reads nothing else of it.
+/// Guest RAM as `chain` (base first) stores it, each page read once, from
+/// the last layer that stores it, with one `pread` per run of such pages (a
+/// lazily mapped image would fault them in one page at a time, each a round
+/// trip on a 9p share; reading every layer whole read the pages later
+/// layers overwrite too, most of a long chain's bytes). The buffer is
+/// zeroed lazily (a large allocation is fresh anonymous memory): only the
+/// stored pages are touched, and the load reads nothing else of it.
 fn read_stored(chain: &[snapshot::MemoryLayer], ram_bytes: u64) -> std::io::Result<Vec<u8>> {
     use std::os::unix::fs::FileExt;
     let mut image = vec![0u8; ram_bytes as usize];
-    for layer in chain {
-        for run in &layer.runs {
-            let (start, end) = run.byte_range();
-            let end = end.min(ram_bytes);
-            if start < end {
-                layer
-                    .file
-                    .read_exact_at(&mut image[start as usize..end as usize], start)?;
-            }
-        }
+    for (layer, first, count) in topmost_runs(chain.iter().map(|l| l.runs.as_slice()), ram_bytes) {
+        let start = first * PAGE_BYTES;
+        let end = ((first + count) * PAGE_BYTES).min(ram_bytes);
+        chain[layer]
+            .file
+            .read_exact_at(&mut image[start as usize..end as usize], start)?;
     }
     Ok(image)
+}
+
+const PAGE_BYTES: u64 = snapshot::PAGE_SIZE;
+
+/// Runs of pages (layer, first page, count) that read guest RAM from a
+/// chain whose layers (base first) store `layers`' page runs: each page
+/// from the last layer storing it, in page order. Pages no layer stores
+/// (zero) are in none.
+fn topmost_runs<'a>(
+    layers: impl Iterator<Item = &'a [snapshot::PageRun]>,
+    ram_bytes: u64,
+) -> Vec<(usize, u64, u64)> {
+    const NONE: u32 = u32::MAX;
+    let pages = ram_bytes.div_ceil(PAGE_BYTES) as usize;
+    let mut owner = vec![NONE; pages];
+    for (layer, runs) in layers.enumerate() {
+        for run in runs {
+            let first = (run.first as usize).min(pages);
+            let last = (run.first.saturating_add(run.count) as usize).min(pages);
+            owner[first..last].fill(layer as u32);
+        }
+    }
+    let mut runs: Vec<(usize, u64, u64)> = Vec::new();
+    for (page, &layer) in owner.iter().enumerate() {
+        if layer == NONE {
+            continue;
+        }
+        match runs.last_mut() {
+            Some((l, first, count)) if *l == layer as usize && *first + *count == page as u64 => {
+                *count += 1
+            }
+            _ => runs.push((layer as usize, page as u64, 1)),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use snapshot::PageRun;
+
+    fn run(first: u64, count: u64) -> PageRun {
+        PageRun { first, count }
+    }
+
+    /// Each page comes from the last layer that stores it, once; pages no
+    /// layer stores are not read.
+    #[test]
+    fn test_each_page_is_read_from_its_last_layer_only() {
+        let base = [run(0, 8)];
+        let over = [run(2, 2), run(6, 1)];
+        let top = [run(3, 4), run(10, 2)];
+        let layers = [&base[..], &over[..], &top[..]];
+        let runs = topmost_runs(layers.into_iter(), 12 * PAGE_BYTES);
+        assert_eq!(
+            runs,
+            vec![(0, 0, 2), (1, 2, 1), (2, 3, 4), (0, 7, 1), (2, 10, 2)]
+        );
+        let pages: u64 = runs.iter().map(|r| r.2).sum();
+        assert_eq!(pages, 10, "pages 8 and 9 are zero in every layer");
+    }
+
+    /// A run past the end of RAM (a corrupt index) is cut at the end.
+    #[test]
+    fn test_runs_past_the_end_are_cut() {
+        let base = [run(2, u64::MAX)];
+        let runs = topmost_runs([&base[..]].into_iter(), 4 * PAGE_BYTES);
+        assert_eq!(runs, vec![(0, 2, 2)]);
+    }
 }

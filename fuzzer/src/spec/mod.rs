@@ -114,6 +114,14 @@ pub struct CampaignSpec {
     /// go (spilled) past it.
     #[serde(default)]
     pub checkpoint_memory: Option<u64>,
+    /// Neither `live_checkpoints` nor `checkpoint_memory` given: each
+    /// worker's checkpoints may hold a share of the memory available where
+    /// the runs are, sized when the workers start ([`crate::sizing`]), and
+    /// `live_checkpoints` is [`SIZED_LIVE_CHECKPOINTS`]. A campaign saved
+    /// before this was sized by `live_checkpoints` alone (and one that
+    /// bounds them is stored as that build stored it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub size_checkpoints_from_memory: bool,
     /// Whether a checkpoint let go is written to the campaign's `spill/`
     /// first, to be loaded back instead of replayed.
     #[serde(default = "spill_default")]
@@ -201,8 +209,13 @@ pub const DEFAULT_MAX_DEPTH: u32 = 3;
 /// each replayed when no checkpoint of it is live or spilled, and shrinking
 /// a finding replays the whole path per trial.
 pub const MAX_DEPTH: u32 = 1000;
-/// Default `search.live_checkpoints`.
+/// Default `search.live_checkpoints` where the memory available is not
+/// known (a campaign with `checkpoint_memory` and no count).
 pub const DEFAULT_LIVE_CHECKPOINTS: u32 = 8;
+/// `search.live_checkpoints` when the checkpoints' memory is sized from the
+/// memory available (neither key given): memory is the bound, this only a
+/// backstop.
+pub const SIZED_LIVE_CHECKPOINTS: u32 = 4096;
 /// The most `search.live_checkpoints` without `checkpoint_memory`: each
 /// checkpoint may keep up to the guest's whole RAM in the worker's memory,
 /// so more need `checkpoint_memory` to bound them.
@@ -373,10 +386,13 @@ impl CampaignFile {
             ),
             None => None,
         };
-        let live_checkpoints = file
-            .search
-            .live_checkpoints
-            .unwrap_or(DEFAULT_LIVE_CHECKPOINTS);
+        let size_checkpoints_from_memory =
+            file.search.live_checkpoints.is_none() && checkpoint_memory.is_none();
+        let live_checkpoints = match file.search.live_checkpoints {
+            Some(count) => count,
+            None if size_checkpoints_from_memory => SIZED_LIVE_CHECKPOINTS,
+            None => DEFAULT_LIVE_CHECKPOINTS,
+        };
         if live_checkpoints == 0 {
             return Err(keys.refuse(
                 "search.live_checkpoints",
@@ -384,7 +400,10 @@ impl CampaignFile {
                 "must be at least 1 (the root)",
             ));
         }
-        if checkpoint_memory.is_none() && live_checkpoints > MAX_LIVE_CHECKPOINTS_UNBOUNDED {
+        if checkpoint_memory.is_none()
+            && !size_checkpoints_from_memory
+            && live_checkpoints > MAX_LIVE_CHECKPOINTS_UNBOUNDED
+        {
             return Err(keys.refuse(
                 "search.live_checkpoints",
                 &DEFAULT_LIVE_CHECKPOINTS,
@@ -457,6 +476,7 @@ impl CampaignFile {
         }
         let spec = CampaignSpec {
             checkpoint_memory,
+            size_checkpoints_from_memory,
             spill: file.search.spill.unwrap_or(true),
             spill_limit,
             shard: Shard::WHOLE,

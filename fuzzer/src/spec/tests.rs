@@ -10,6 +10,28 @@ fn refusal(text: &str) -> String {
 }
 
 #[test]
+fn test_checkpoints_are_sized_from_memory_unless_the_file_bounds_them() {
+    let spec = parse("manifest = \"m.toml\"").unwrap();
+    assert!(spec.size_checkpoints_from_memory);
+    assert_eq!(spec.live_checkpoints, SIZED_LIVE_CHECKPOINTS);
+    assert_eq!(spec.checkpoint_memory, None);
+    let spec = parse("manifest = \"m.toml\"\n[search]\nlive_checkpoints = 6").unwrap();
+    assert!(!spec.size_checkpoints_from_memory);
+    assert_eq!(spec.live_checkpoints, 6);
+    let spec = parse("manifest = \"m.toml\"\n[search]\ncheckpoint_memory = \"2G\"").unwrap();
+    assert!(!spec.size_checkpoints_from_memory);
+    assert_eq!(spec.live_checkpoints, DEFAULT_LIVE_CHECKPOINTS);
+    assert_eq!(spec.checkpoint_memory, Some(2 << 30));
+    // A spec saved before sizing reads as bounded by its count.
+    let mut json = serde_json::to_value(parse("manifest = \"m.toml\"").unwrap()).unwrap();
+    json.as_object_mut()
+        .unwrap()
+        .remove("size_checkpoints_from_memory");
+    let saved: CampaignSpec = serde_json::from_value(json).unwrap();
+    assert!(!saved.size_checkpoints_from_memory);
+}
+
+#[test]
 fn test_defaults_and_a_full_file() {
     let spec = parse("manifest = \"m.toml\"").unwrap();
     assert_eq!(spec.manifest, PathBuf::from("/base/m.toml"));
@@ -388,7 +410,9 @@ fn test_a_spec_is_stored_as_the_build_before_typed_times_stored_it() {
             include_str!("testdata/stored_spec_root_at.json"),
         ),
         (
-            "manifest = \"m.toml\"\n[root]\nwait = \"90s\"\n",
+            // (Its live checkpoints then defaulted to 8; now, unbounded by
+            // the file, they are sized from memory.)
+            "manifest = \"m.toml\"\n[root]\nwait = \"90s\"\n[search]\nlive_checkpoints = 8\n",
             include_str!("testdata/stored_spec_setup_complete.json"),
         ),
     ] {
