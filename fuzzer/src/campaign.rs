@@ -362,7 +362,7 @@ pub fn replay(finding: &Path, logs: Option<&Path>, place: Place) -> Result<Repla
         None => None,
     };
     let shared: Vec<&Path> = logs.iter().map(PathBuf::as_path).collect();
-    let (mut runners, there) = plan(place, &finding.run, 1, Sizing::Given)?.start(&shared)?;
+    let (mut runners, there) = plan(place, &finding.run, 1, Sizing::Count)?.start(&shared)?;
     let loaded = LoadedFinding {
         run: there,
         ..finding
@@ -386,7 +386,7 @@ pub fn start_runners(
     workers: u32,
     shared: &[&Path],
 ) -> Result<(Vec<WorkerRunner>, PreparedUp)> {
-    plan(place, prepared, workers.max(1), Sizing::Given)?.start(shared)
+    plan(place, prepared, workers.max(1), Sizing::Count)?.start(shared)
 }
 
 /// Workers for `jobs`: 0 is one per core of this host (at most
@@ -470,15 +470,23 @@ fn plan(place: Place, prepared: &PreparedUp, workers: u32, sizing: Sizing) -> Re
                     there = prepared;
                 }
             }
-            if sizing == Sizing::FromMemory {
-                let run_bytes = u64::from(needs[0].memory_mib) << 20;
-                checkpoint_share = available()
-                    .and_then(|bytes| crate::sizing::checkpoint_share(bytes, workers, run_bytes));
-                // Each helper VM holds its worker's checkpoints too.
-                let share_mib = checkpoint_share.map_or(0, |bytes| (bytes >> 20) as u32);
-                for needs in &mut needs {
-                    needs.memory_mib = needs.memory_mib.saturating_add(share_mib);
+            let checkpoint_bytes = match sizing {
+                Sizing::FromMemory => {
+                    let run_bytes = u64::from(needs[0].memory_mib) << 20;
+                    checkpoint_share = available().and_then(|bytes| {
+                        crate::sizing::checkpoint_share(bytes, workers, run_bytes)
+                    });
+                    checkpoint_share
                 }
+                Sizing::Bytes(bytes) => Some(bytes),
+                Sizing::Count => None,
+            };
+            // Each helper VM holds its worker's checkpoints too.
+            let checkpoint_mib = checkpoint_bytes.map_or(0, |bytes| bytes.div_ceil(1 << 20));
+            for needs in &mut needs {
+                needs.memory_mib = needs
+                    .memory_mib
+                    .saturating_add(u32::try_from(checkpoint_mib).unwrap_or(u32::MAX));
             }
             check_host_memory(workers, needs[0].memory_mib)?;
             Planned::HelperVm {
@@ -496,20 +504,24 @@ fn plan(place: Place, prepared: &PreparedUp, workers: u32, sizing: Sizing) -> Re
     })
 }
 
-/// Whether a plan sizes the workers' checkpoints from the memory available.
+/// How a plan's workers' checkpoints are bounded: what a helper VM must
+/// hold besides its run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Sizing {
+    /// By a share of the memory available ([`crate::sizing`]).
     FromMemory,
-    /// The campaign file bounds them (or no campaign runs).
-    Given,
+    /// By the campaign file's `checkpoint_memory`.
+    Bytes(u64),
+    /// By a count alone (or no campaign runs).
+    Count,
 }
 
 impl Sizing {
     fn of(spec: &CampaignSpec) -> Sizing {
-        if spec.size_checkpoints_from_memory {
-            Sizing::FromMemory
-        } else {
-            Sizing::Given
+        match spec.checkpoint_memory {
+            _ if spec.size_checkpoints_from_memory => Sizing::FromMemory,
+            Some(bytes) => Sizing::Bytes(bytes),
+            None => Sizing::Count,
         }
     }
 }
