@@ -297,16 +297,17 @@ pub fn let_go(
 
 /// Lets checkpoints of `live` (least recently used first; the root, node
 /// 0, and the present, the last, are never let go) go while the run's
-/// checkpoints hold more than `budget` bytes.
+/// checkpoints hold more than `budget` bytes; the bytes they hold then
+/// (`None`: no budget, not asked).
 pub fn within_budget(
     calls: &mut Calls<'_>,
     mut spill: Option<&mut Spill>,
     run: RunId,
     live: &mut Vec<(u64, CheckpointId)>,
     budget: Option<u64>,
-) -> Result<()> {
+) -> Result<Option<u64>> {
     let Some(budget) = budget else {
-        return Ok(());
+        return Ok(None);
     };
     let mut memory = calls.checkpoint_memory(run)?;
     while memory.bytes > budget && live.len() > 2 {
@@ -317,5 +318,5 @@ pub fn within_budget(
         let old = live.remove(i);
         memory = let_go(calls, spill.as_deref_mut(), run, old, present)?;
     }
-    Ok(())
+    Ok(Some(memory.bytes))
 }

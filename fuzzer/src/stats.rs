@@ -61,6 +61,9 @@ pub struct WorkerCounts {
     pub replayed_steps: u64,
     pub replay_ms: u64,
     pub live_checkpoints: u64,
+    /// Bytes the live checkpoints held (where a memory bound has them
+    /// measured; 0 otherwise).
+    pub checkpoint_bytes: u64,
 }
 
 impl std::ops::AddAssign for WorkerCounts {
@@ -69,6 +72,7 @@ impl std::ops::AddAssign for WorkerCounts {
         self.replayed_steps += other.replayed_steps;
         self.replay_ms += other.replay_ms;
         self.live_checkpoints += other.live_checkpoints;
+        self.checkpoint_bytes += other.checkpoint_bytes;
     }
 }
 
@@ -97,7 +101,7 @@ impl GoingBack {
         let c = &self.counts;
         let part = |ms: u64| format!("{:.1} s, {:.1}%", ms as f64 / 1000.0, self.percent(ms));
         format!(
-            "going back to moments: {} checkpoint load(s) from spill/ ({}), {} written to it ({}), {} step(s) replayed ({}) of {:.1} s of the workers' time; {} checkpoint(s) live at the end",
+            "going back to moments: {} checkpoint load(s) from spill/ ({}), {} written to it ({}), {} step(s) replayed ({}) of {:.1} s of the workers' time; {} checkpoint(s) live at the end{}",
             c.spill.loaded,
             part(c.spill.load_ms),
             c.spill.written,
@@ -106,6 +110,10 @@ impl GoingBack {
             part(c.replay_ms),
             self.worker_ms as f64 / 1000.0,
             c.live_checkpoints,
+            match c.checkpoint_bytes {
+                0 => String::new(),
+                bytes => format!(", holding {}", run::units::ByteSize(bytes)),
+            }
         )
     }
 }
@@ -187,6 +195,7 @@ mod tests {
             replayed_steps: 1,
             replay_ms: 7,
             live_checkpoints: 2,
+            checkpoint_bytes: 0,
         };
         let total = before.with_counts(counts);
         assert_eq!(total.replay_ms, 7);
@@ -213,13 +222,14 @@ mod tests {
                 replayed_steps: 2,
                 replay_ms: 6_000,
                 live_checkpoints: 40,
+                checkpoint_bytes: 3 << 30,
             },
             worker_ms: 120_000,
         };
         assert_eq!(going_back.percent(12_000), 10.0);
         assert_eq!(
             going_back.line(),
-            "going back to moments: 4 checkpoint load(s) from spill/ (12.0 s, 10.0%), 3 written to it (1.5 s, 1.2%), 2 step(s) replayed (6.0 s, 5.0%) of 120.0 s of the workers' time; 40 checkpoint(s) live at the end"
+            "going back to moments: 4 checkpoint load(s) from spill/ (12.0 s, 10.0%), 3 written to it (1.5 s, 1.2%), 2 step(s) replayed (6.0 s, 5.0%) of 120.0 s of the workers' time; 40 checkpoint(s) live at the end, holding 3G"
         );
         assert_eq!(GoingBack::default().percent(5), 0.0);
     }

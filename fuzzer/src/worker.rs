@@ -50,6 +50,9 @@ pub(crate) struct Worker<'a> {
     /// milliseconds that took.
     replayed_steps: u64,
     replay_ms: u64,
+    /// Bytes the run's checkpoints held when last asked (with a memory
+    /// bound only).
+    held_bytes: u64,
 }
 
 /// What the root moment looked like to one worker.
@@ -96,6 +99,7 @@ impl<'a> Worker<'a> {
             at_node: None,
             replayed_steps: 0,
             replay_ms: 0,
+            held_bytes: 0,
         }
     }
 
@@ -141,6 +145,7 @@ impl<'a> Worker<'a> {
             replayed_steps: self.replayed_steps,
             replay_ms: self.replay_ms,
             live_checkpoints: self.live.len() as u64,
+            checkpoint_bytes: self.held_bytes,
         }
     }
 
@@ -268,7 +273,11 @@ impl<'a> Worker<'a> {
         let mut calls = Calls {
             runner: &mut *self.runner,
         };
-        spill::within_budget(&mut calls, self.spill.as_mut(), run, &mut self.live, budget)?;
+        if let Some(bytes) =
+            spill::within_budget(&mut calls, self.spill.as_mut(), run, &mut self.live, budget)?
+        {
+            self.held_bytes = bytes;
+        }
         Ok(())
     }
 
