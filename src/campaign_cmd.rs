@@ -9,6 +9,7 @@ use clap::Args;
 use fuzzer::budget::WallBudget;
 use fuzzer::campaign::{BudgetOverride, Campaign, NewCampaign};
 use fuzzer::engine::{BranchReport, Budget, Progress};
+use fuzzer::replay::ReplayProgress;
 use fuzzer::shard::{Shard, COMPLETION_INDEX_VAR, MAX_SHARDS};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,6 +92,11 @@ pub struct ReplayArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Show no progress (no display, no lines on stderr; errors still).
+    /// Without it, a terminal gets a live display (slices of the path run,
+    /// virtual time reached, ETA) and anything else a line per step.
+    #[arg(long)]
+    pub quiet: bool,
     #[command(flatten)]
     place: PlaceArgs,
 }
@@ -343,8 +349,30 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
 }
 
 pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
-    let report =
-        fuzzer::campaign::replay(&args.finding, args.logs.as_deref(), args.place.campaign())?;
+    let mut reporter = Reporter::new(Mode::detect(args.quiet));
+    reporter.start(None, 0, false);
+    reporter.update(0, format!("starting to replay {}", args.finding.display()));
+    let report = fuzzer::campaign::replay(
+        &args.finding,
+        args.logs.as_deref(),
+        args.place.campaign(),
+        &mut |step| {
+            match step {
+                // The path's slices are what takes long: a bar of them.
+                ReplayProgress::Root { slices, .. } => reporter.start(Some(slices as u64), 0, true),
+                ReplayProgress::Judging => reporter.start(None, 0, false),
+                ReplayProgress::Booting | ReplayProgress::Slice { .. } => {}
+            }
+            let done = match step {
+                ReplayProgress::Slice { done, .. } => done as u64,
+                _ => 0,
+            };
+            reporter.update(done, replay_status(&step));
+            reporter.event(&replay_line(&step));
+        },
+    );
+    reporter.finish();
+    let report = report?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -374,10 +402,88 @@ pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
     Ok(if report.reproduced { 0 } else { 1 })
 }
 
+/// What the display says at a step of a replay.
+fn replay_status(step: &ReplayProgress) -> String {
+    match *step {
+        ReplayProgress::Booting => "booting the finding's run".into(),
+        ReplayProgress::Root { virtual_ns, .. } => format!("root moment at {virtual_ns}"),
+        ReplayProgress::Slice {
+            virtual_ns, end, ..
+        } => format!("slices of the path · virtual time {virtual_ns} of {end}"),
+        ReplayProgress::Judging => "judging the history".into(),
+    }
+}
+
+/// A step of a replay as a plain line (stderr is not a terminal).
+fn replay_line(step: &ReplayProgress) -> String {
+    match *step {
+        ReplayProgress::Booting => "detvisor: replay: booting the finding's run".into(),
+        ReplayProgress::Root {
+            virtual_ns,
+            slices,
+            end,
+        } => format!(
+            "detvisor: replay: root moment at {virtual_ns}; {slices} slice{} of the path to {end}",
+            if slices == 1 { "" } else { "s" }
+        ),
+        ReplayProgress::Slice {
+            done,
+            total,
+            virtual_ns,
+            end,
+        } => format!(
+            "detvisor: replay: slice {done}/{total} run, virtual time {virtual_ns} of {end}"
+        ),
+        ReplayProgress::Judging => "detvisor: replay: judging the history".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn test_each_replay_step_is_one_plain_line() {
+        let (at, end) = (
+            vmm::VirtNanos(5_000_000_000),
+            vmm::VirtNanos(30_000_000_000),
+        );
+        let steps = [
+            ReplayProgress::Booting,
+            ReplayProgress::Root {
+                virtual_ns: at,
+                slices: 3,
+                end,
+            },
+            ReplayProgress::Slice {
+                done: 3,
+                total: 3,
+                virtual_ns: end,
+                end,
+            },
+            ReplayProgress::Judging,
+        ];
+        let lines: Vec<String> = steps.iter().map(replay_line).collect();
+        assert_eq!(
+            lines,
+            [
+                "detvisor: replay: booting the finding's run",
+                "detvisor: replay: root moment at 5s; 3 slices of the path to 30s",
+                "detvisor: replay: slice 3/3 run, virtual time 30s of 30s",
+                "detvisor: replay: judging the history",
+            ]
+        );
+        assert_eq!(
+            replay_status(&steps[2]),
+            "slices of the path · virtual time 30s of 30s"
+        );
+        let argv = ["detvisor", "replay", "f", "--quiet"];
+        let crate::Command::Replay(args) = crate::Cli::try_parse_from(argv).unwrap().command else {
+            panic!("a replay");
+        };
+        assert!(args.quiet);
+    }
 
     /// `--budget` as clap reads it, or clap's refusal.
     fn budget(text: &str) -> Result<Option<WallBudget>, clap::Error> {
