@@ -81,15 +81,20 @@ pub fn replay_loaded(
     progress: &mut dyn FnMut(ReplayProgress),
 ) -> Result<ReplayReport, ReplayError> {
     let file = &finding.file;
+    // The phases' wall time, with RUST_LOG (see docs/campaigns.md, "Progress").
+    let _replay = tracing::info_span!("replay", finding = file.number, key = %file.key).entered();
     let mut calls = Calls { runner };
     let options = boot_options(&file.spec, logs);
     progress(ReplayProgress::Booting);
+    let boot_to_root = tracing::info_span!("boot_to_root").entered();
     let (run, _) = calls.start(Request::BootUp {
         prepared: finding.run.clone(),
         options,
     })?;
     calls.collect_records(run)?;
     let (root, mut records) = reach(&mut calls, run, &file.spec.root)?;
+    drop(boot_to_root);
+    let path = tracing::info_span!("path", steps = file.path.steps.len()).entered();
     let (end, slices) = (file.path.end_ns, file.path.steps.len() + 1);
     progress(ReplayProgress::Root {
         virtual_ns: root.virtual_ns,
@@ -113,8 +118,11 @@ pub fn replay_loaded(
     records.extend(calls.take_records(run)?);
     let digest = calls.outcome(run)?.digest;
     calls.close(run)?;
+    drop(path);
     progress(ReplayProgress::Judging);
+    let judging = tracing::info_span!("judge", records = records.len()).entered();
     let failures: Vec<Failure> = judge.check(&[&records]);
+    drop(judging);
     // The finding's own failure: its key, or the new key an old one maps to.
     let key = FailureKey::from_slug(&file.key).ok();
     let is_the_finding_s =
