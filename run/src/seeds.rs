@@ -192,11 +192,21 @@ pub struct SeedDone<'a> {
     pub done: u64,
     pub total: u64,
     pub outcome: &'a BranchOutcome,
+    /// Wall time since the request started (host time: no part of any
+    /// history), for the time left at this pace.
+    pub elapsed: std::time::Duration,
 }
 
 impl SeedDone<'_> {
-    /// The line for people: the seed, how far the request has come, and
-    /// the branch's outcome as `branch --seeds`' table says it.
+    /// The wall time the seeds left take at this request's pace so far.
+    pub fn eta(&self) -> std::time::Duration {
+        let left = self.total.saturating_sub(self.done);
+        self.elapsed.mul_f64(left as f64 / self.done.max(1) as f64)
+    }
+
+    /// The line for people: the seed, how far the request has come (with
+    /// the time left while seeds are), and the branch's outcome as
+    /// `branch --seeds`' table says it.
     pub fn line(&self) -> String {
         let outcome = match self.outcome {
             BranchOutcome::Ran(summary) => format!(
@@ -212,8 +222,13 @@ impl SeedDone<'_> {
             ),
             BranchOutcome::Failed { error, .. } => format!("error: {error}"),
         };
+        let eta = if self.done < self.total {
+            format!(", ETA {}s", self.eta().as_secs())
+        } else {
+            String::new()
+        };
         format!(
-            "detvisor: seed {} ({}/{}): {outcome}",
+            "detvisor: seed {} ({}/{}{eta}): {outcome}",
             self.outcome.seed(),
             self.done,
             self.total
@@ -344,6 +359,7 @@ pub fn branch_seeds(
     .min(usize::try_from(request.seeds.len()).unwrap_or(usize::MAX));
     let queue = Mutex::new(request.seeds.seeds());
     let total = request.seeds.len();
+    let started = std::time::Instant::now();
     let mut branches = Vec::new();
     std::thread::scope(|scope| {
         // Each worker sends its outcomes here; this thread keeps and tells
@@ -370,6 +386,7 @@ pub fn branch_seeds(
                 done: branches.len() as u64,
                 total,
                 outcome: branches.last().expect("just pushed"),
+                elapsed: started.elapsed(),
             });
         }
     });
@@ -502,10 +519,13 @@ mod tests {
             done: 2,
             total: 8,
             outcome: &failed,
+            elapsed: std::time::Duration::from_secs(10),
         };
+        // 6 seeds left at 5 s each.
+        assert_eq!(done.eta(), std::time::Duration::from_secs(30));
         assert_eq!(
             done.line(),
-            "detvisor: seed 4 (2/8): error: resolving: no snapshots"
+            "detvisor: seed 4 (2/8, ETA 30s): error: resolving: no snapshots"
         );
         let summary: RunSummary = serde_json::from_value(serde_json::json!({
             "exit_status": 0, "stop": {"kind": "guest_exit", "status": 0},
@@ -524,6 +544,7 @@ mod tests {
             done: 8,
             total: 8,
             outcome: &ran,
+            elapsed: std::time::Duration::from_secs(40),
         };
         assert_eq!(
             done.line(),
