@@ -734,6 +734,8 @@ fn quiet(command: &Command) -> bool {
         Command::Replay(args) => args.quiet,
         Command::Image(image_cmd::ImageCommand::Build(args)) => args.quiet,
         Command::Branch(args) => args.quiet,
+        Command::Verify(args) => args.quiet,
+        Command::Report(args) => args.quiet,
         _ => false,
     }
 }
@@ -787,5 +789,34 @@ fn main() -> ExitCode {
             eprintln!("detvisor: error: {e:#}");
             ExitCode::from(run::exit_status::BAD_INPUT)
         }
+    }
+}
+
+#[cfg(test)]
+mod quiet_tests {
+    use super::*;
+
+    /// `--quiet` silences the diagnostics (`tracing`) of every verb that
+    /// takes it, not only its progress.
+    #[test]
+    fn test_each_verb_s_quiet_silences_its_diagnostics() {
+        let quiet_of = |argv: &[&str]| quiet(&Cli::try_parse_from(argv).unwrap().command);
+        for argv in [
+            &["detvisor", "campaign", "c.toml", "--out", "o", "--quiet"][..],
+            &["detvisor", "replay", "f", "--quiet"],
+            &[
+                "detvisor", "image", "build", "--rootfs", "r", "--out", "o", "--quiet",
+            ],
+            &[
+                "detvisor", "branch", "s@latest", "--seeds", "1..4", "--quiet",
+            ],
+            &["detvisor", "verify", "f", "--image", "p.img", "--quiet"],
+            &["detvisor", "report", "d", "--quiet"],
+        ] {
+            assert!(quiet_of(argv), "{argv:?}");
+            assert!(!quiet_of(&argv[..argv.len() - 1]), "{argv:?}");
+        }
+        // Without --seeds there is no progress to silence.
+        assert!(Cli::try_parse_from(["detvisor", "branch", "s@latest", "--quiet"]).is_err());
     }
 }
