@@ -352,22 +352,30 @@ pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
     let mut reporter = Reporter::new(Mode::detect(args.quiet));
     reporter.start(None, 0, false);
     reporter.update(0, format!("starting to replay {}", args.finding.display()));
+    let mut root = vmm::VirtNanos::ZERO;
     let report = fuzzer::campaign::replay(
         &args.finding,
         args.logs.as_deref(),
         args.place.campaign(),
         &mut |step| {
-            match step {
-                // The path's slices are what takes long: a bar of them.
-                ReplayProgress::Root { slices, .. } => reporter.start(Some(slices as u64), 0, true),
-                ReplayProgress::Judging => reporter.start(None, 0, false),
-                ReplayProgress::Booting | ReplayProgress::Slice { .. } => {}
-            }
-            let done = match step {
-                ReplayProgress::Slice { done, .. } => done as u64,
-                _ => 0,
+            // The path is what takes long: a bar of its virtual time from
+            // the root to its end (milliseconds), moved at each slice.
+            let position = match step {
+                ReplayProgress::Root {
+                    virtual_ns, end, ..
+                } => {
+                    root = virtual_ns;
+                    reporter.start(Some(millis_since(root, end)), 0, true);
+                    0
+                }
+                ReplayProgress::Slice { virtual_ns, .. } => millis_since(root, virtual_ns),
+                ReplayProgress::Judging => {
+                    reporter.start(None, 0, false);
+                    0
+                }
+                ReplayProgress::Booting => 0,
             };
-            reporter.update(done, replay_status(&step));
+            reporter.update(position, replay_status(&step));
             reporter.event(&replay_line(&step));
         },
     );
@@ -402,14 +410,22 @@ pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
     Ok(if report.reproduced { 0 } else { 1 })
 }
 
+/// Whole milliseconds of virtual time from `from` to `to`.
+fn millis_since(from: vmm::VirtNanos, to: vmm::VirtNanos) -> u64 {
+    to.0.saturating_sub(from.0) / 1_000_000
+}
+
 /// What the display says at a step of a replay.
 fn replay_status(step: &ReplayProgress) -> String {
     match *step {
         ReplayProgress::Booting => "booting the finding's run".into(),
         ReplayProgress::Root { virtual_ns, .. } => format!("root moment at {virtual_ns}"),
         ReplayProgress::Slice {
-            virtual_ns, end, ..
-        } => format!("slices of the path · virtual time {virtual_ns} of {end}"),
+            done,
+            total,
+            virtual_ns,
+            end,
+        } => format!("ms of the path · slice {done}/{total} · virtual time {virtual_ns} of {end}"),
         ReplayProgress::Judging => "judging the history".into(),
     }
 }
@@ -476,8 +492,10 @@ mod tests {
         );
         assert_eq!(
             replay_status(&steps[2]),
-            "slices of the path · virtual time 30s of 30s"
+            "ms of the path · slice 3/3 · virtual time 30s of 30s"
         );
+        assert_eq!(millis_since(at, end), 25_000);
+        assert_eq!(millis_since(end, at), 0);
         let argv = ["detvisor", "replay", "f", "--quiet"];
         let crate::Command::Replay(args) = crate::Cli::try_parse_from(argv).unwrap().command else {
             panic!("a replay");
