@@ -9,6 +9,7 @@ use clap::Args;
 use fuzzer::budget::WallBudget;
 use fuzzer::campaign::{BudgetOverride, Campaign, NewCampaign};
 use fuzzer::engine::{BranchReport, Budget, Progress};
+use fuzzer::replay::ReplayProgress;
 use fuzzer::shard::{Shard, COMPLETION_INDEX_VAR, MAX_SHARDS};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -91,6 +92,11 @@ pub struct ReplayArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Show no progress (no display, no lines on stderr; errors still).
+    /// Without it, a terminal gets a live display (slices of the path run,
+    /// virtual time reached, ETA) and anything else a line per step.
+    #[arg(long)]
+    pub quiet: bool,
     #[command(flatten)]
     place: PlaceArgs,
 }
@@ -339,8 +345,38 @@ pub fn cmd_campaign(args: CampaignArgs) -> Result<u8> {
 }
 
 pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
-    let report =
-        fuzzer::campaign::replay(&args.finding, args.logs.as_deref(), args.place.campaign())?;
+    let mut reporter = Reporter::new(Mode::detect(args.quiet));
+    reporter.start(None, 0, false);
+    reporter.update(0, format!("starting to replay {}", args.finding.display()));
+    let mut root = vmm::VirtNanos::ZERO;
+    let report = fuzzer::campaign::replay(
+        &args.finding,
+        args.logs.as_deref(),
+        args.place.campaign(),
+        &mut |step| {
+            // The path is what takes long: a bar of its virtual time from
+            // the root to its end (milliseconds), moved at each slice.
+            let position = match step {
+                ReplayProgress::Root {
+                    virtual_ns, end, ..
+                } => {
+                    root = virtual_ns;
+                    reporter.start(Some(millis_since(root, end)), 0, true);
+                    0
+                }
+                ReplayProgress::Slice { virtual_ns, .. } => millis_since(root, virtual_ns),
+                ReplayProgress::Judging => {
+                    reporter.start(None, 0, false);
+                    0
+                }
+                ReplayProgress::Booting => 0,
+            };
+            reporter.update(position, replay_status(&step));
+            reporter.event(&replay_line(&step));
+        },
+    );
+    reporter.finish();
+    let report = report?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -370,10 +406,98 @@ pub fn cmd_replay(args: ReplayArgs) -> Result<u8> {
     Ok(if report.reproduced { 0 } else { 1 })
 }
 
+/// Whole milliseconds of virtual time from `from` to `to`.
+fn millis_since(from: vmm::VirtNanos, to: vmm::VirtNanos) -> u64 {
+    to.0.saturating_sub(from.0) / 1_000_000
+}
+
+/// What the display says at a step of a replay.
+fn replay_status(step: &ReplayProgress) -> String {
+    match *step {
+        ReplayProgress::Booting => "booting the finding's run".into(),
+        ReplayProgress::Root { virtual_ns, .. } => format!("root moment at {virtual_ns}"),
+        ReplayProgress::Slice {
+            done,
+            total,
+            virtual_ns,
+            end,
+        } => format!("ms of the path · slice {done}/{total} · virtual time {virtual_ns} of {end}"),
+        ReplayProgress::Judging => "judging the history".into(),
+    }
+}
+
+/// A step of a replay as a plain line (stderr is not a terminal).
+fn replay_line(step: &ReplayProgress) -> String {
+    match *step {
+        ReplayProgress::Booting => "detvisor: replay: booting the finding's run".into(),
+        ReplayProgress::Root {
+            virtual_ns,
+            slices,
+            end,
+        } => format!(
+            "detvisor: replay: root moment at {virtual_ns}; {slices} slice{} of the path to {end}",
+            if slices == 1 { "" } else { "s" }
+        ),
+        ReplayProgress::Slice {
+            done,
+            total,
+            virtual_ns,
+            end,
+        } => format!(
+            "detvisor: replay: slice {done}/{total} run, virtual time {virtual_ns} of {end}"
+        ),
+        ReplayProgress::Judging => "detvisor: replay: judging the history".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn test_each_replay_step_is_one_plain_line() {
+        let (at, end) = (
+            vmm::VirtNanos(5_000_000_000),
+            vmm::VirtNanos(30_000_000_000),
+        );
+        let steps = [
+            ReplayProgress::Booting,
+            ReplayProgress::Root {
+                virtual_ns: at,
+                slices: 3,
+                end,
+            },
+            ReplayProgress::Slice {
+                done: 3,
+                total: 3,
+                virtual_ns: end,
+                end,
+            },
+            ReplayProgress::Judging,
+        ];
+        let lines: Vec<String> = steps.iter().map(replay_line).collect();
+        assert_eq!(
+            lines,
+            [
+                "detvisor: replay: booting the finding's run",
+                "detvisor: replay: root moment at 5s; 3 slices of the path to 30s",
+                "detvisor: replay: slice 3/3 run, virtual time 30s of 30s",
+                "detvisor: replay: judging the history",
+            ]
+        );
+        assert_eq!(
+            replay_status(&steps[2]),
+            "ms of the path · slice 3/3 · virtual time 30s of 30s"
+        );
+        assert_eq!(millis_since(at, end), 25_000);
+        assert_eq!(millis_since(end, at), 0);
+        let argv = ["detvisor", "replay", "f", "--quiet"];
+        let crate::Command::Replay(args) = crate::Cli::try_parse_from(argv).unwrap().command else {
+            panic!("a replay");
+        };
+        assert!(args.quiet);
+    }
 
     /// `--budget` as clap reads it, or clap's refusal.
     fn budget(text: &str) -> Result<Option<WallBudget>, clap::Error> {

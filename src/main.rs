@@ -179,6 +179,10 @@ struct BranchArgs {
     trace: Option<PathBuf>,
     #[arg(long)]
     json: bool,
+    /// With --seeds: show no progress (no line per seed on stderr; errors
+    /// still). Without it, a line per seed as its branch ends.
+    #[arg(long, requires = "seeds")]
+    quiet: bool,
     #[command(flatten)]
     place: RunPlaceArgs,
 }
@@ -521,6 +525,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
             in_place: args.in_place,
             faults: faults.clone(),
             stall_timeout: StallTimeout::default(),
+            progress: !args.quiet,
         };
         let mut runner = args.place.runner(Stdin::None);
         let report = Calls::new(&mut runner)
@@ -721,6 +726,20 @@ fn end_quietly_when_stdout_is_closed() {
     }));
 }
 
+/// Whether the verb was asked for `--quiet` (no progress, no diagnostics:
+/// nothing on stderr but errors).
+fn quiet(command: &Command) -> bool {
+    match command {
+        Command::Campaign(args) => args.quiet,
+        Command::Replay(args) => args.quiet,
+        Command::Image(image_cmd::ImageCommand::Build(args)) => args.quiet,
+        Command::Branch(args) => args.quiet,
+        Command::Verify(args) => args.quiet,
+        Command::Report(args) => args.quiet,
+        _ => false,
+    }
+}
+
 fn main() -> ExitCode {
     end_quietly_when_stdout_is_closed();
     let cli = match parse_cli() {
@@ -729,7 +748,7 @@ fn main() -> ExitCode {
     };
     // The helper VM's end of the channel writes nothing of its own.
     if !matches!(cli.command, Command::ServeChannel) {
-        progress::init_tracing(matches!(&cli.command, Command::Campaign(args) if args.quiet));
+        progress::init_tracing(quiet(&cli.command));
     }
     let result = match cli.command {
         Command::Run(args) => cmd_run(args),
@@ -770,5 +789,34 @@ fn main() -> ExitCode {
             eprintln!("detvisor: error: {e:#}");
             ExitCode::from(run::exit_status::BAD_INPUT)
         }
+    }
+}
+
+#[cfg(test)]
+mod quiet_tests {
+    use super::*;
+
+    /// `--quiet` silences the diagnostics (`tracing`) of every verb that
+    /// takes it, not only its progress.
+    #[test]
+    fn test_each_verb_s_quiet_silences_its_diagnostics() {
+        let quiet_of = |argv: &[&str]| quiet(&Cli::try_parse_from(argv).unwrap().command);
+        for argv in [
+            &["detvisor", "campaign", "c.toml", "--out", "o", "--quiet"][..],
+            &["detvisor", "replay", "f", "--quiet"],
+            &[
+                "detvisor", "image", "build", "--rootfs", "r", "--out", "o", "--quiet",
+            ],
+            &[
+                "detvisor", "branch", "s@latest", "--seeds", "1..4", "--quiet",
+            ],
+            &["detvisor", "verify", "f", "--image", "p.img", "--quiet"],
+            &["detvisor", "report", "d", "--quiet"],
+        ] {
+            assert!(quiet_of(argv), "{argv:?}");
+            assert!(!quiet_of(&argv[..argv.len() - 1]), "{argv:?}");
+        }
+        // Without --seeds there is no progress to silence.
+        assert!(Cli::try_parse_from(["detvisor", "branch", "s@latest", "--quiet"]).is_err());
     }
 }

@@ -33,7 +33,7 @@ pub struct ReportArgs {
     baseline: Option<PathBuf>,
     /// No progress lines while reading several directories.
     #[arg(long)]
-    quiet: bool,
+    pub quiet: bool,
 }
 
 pub fn cmd_report(args: ReportArgs) -> Result<u8> {

@@ -44,7 +44,7 @@ pub struct VerifyArgs {
     /// Without it, a terminal gets a live display (seed offsets done, the
     /// failures so far, ETA) and anything else a line per seed offset.
     #[arg(long)]
-    quiet: bool,
+    pub quiet: bool,
     #[command(flatten)]
     place: PlaceArgs,
 }

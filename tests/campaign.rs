@@ -133,6 +133,22 @@ fn test_stale_read_campaign_finds_shrinks_and_replays_from_a_copy() {
     assert_eq!(report["failed_again"], true, "{report}");
     assert_eq!(report["digest"], finding["digest"], "{report}");
     assert_eq!(report["key"], finding["key"], "{report}");
+    // Its progress away from a terminal: the root, each slice of the path
+    // up to the last, the judging.
+    let told = stderr(&replay);
+    let slices: Vec<&str> = told
+        .lines()
+        .filter_map(|l| l.strip_prefix("detvisor: replay: slice "))
+        .collect();
+    let last = slices.last().expect("a line per slice");
+    let (done, total) = last.split_once(' ').unwrap().0.split_once('/').unwrap();
+    assert_eq!(done, total, "{told}");
+    assert_eq!(slices.len().to_string(), total, "{told}");
+    assert!(told.contains("detvisor: replay: root moment at "), "{told}");
+    assert!(
+        told.ends_with("detvisor: replay: judging the history\n"),
+        "{told}"
+    );
 }
 
 #[test]

@@ -68,13 +68,37 @@ fn oci_build_is_reproducible_and_reads_back() {
 
     let out = build(&["--oci", &r], &a);
     assert_eq!(out.status.code(), Some(0));
-    assert_eq!(build(&["--oci", &r], &b).status.code(), Some(0));
+    // Quiet: nothing on stderr.
+    let quiet = build(&["--oci", &r, "--quiet"], &b);
+    assert_eq!(quiet.status.code(), Some(0));
+    assert_eq!(stderr(&quiet), "");
     let bytes = fs::read(&a).unwrap();
     assert_eq!(bytes, fs::read(&b).unwrap(), "two builds, same bytes");
     assert!(!partial(&a).exists());
 
-    let summary = stderr(&out);
-    assert_eq!(summary.lines().count(), 1, "{summary}");
+    // Away from a terminal: a line per step (the layers read, each
+    // unpacked, the tree), then the closing line.
+    let text = stderr(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 5, "{text}");
+    assert!(
+        lines[0].starts_with("detvisor: read the image: 2 layers, "),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("detvisor: layer 1/2 unpacked (sha256:"),
+        "{text}"
+    );
+    assert!(
+        lines[2].starts_with("detvisor: layer 2/2 unpacked (sha256:"),
+        "{text}"
+    );
+    assert!(
+        lines[3].ends_with(" entries: writing the node image"),
+        "{text}"
+    );
+    let summary = lines[4];
+    assert!(summary.starts_with("detvisor: wrote "), "{text}");
     assert!(summary.contains(&sha256_digest(&bytes)), "{summary}");
     assert!(
         summary.contains(&format!("{} bytes", bytes.len())),

@@ -346,8 +346,14 @@ pub fn findings(dir: &Path) -> Result<Vec<FindingLine>> {
 }
 
 /// Replays the finding in `finding` (a `DIR/findings/NNNN`, wherever it was
-/// copied) bit for bit, its nodes' logs into `logs` when given.
-pub fn replay(finding: &Path, logs: Option<&Path>, place: Place) -> Result<ReplayReport> {
+/// copied) bit for bit, its nodes' logs into `logs` when given, telling
+/// `progress` how far it has come (see [`crate::replay::ReplayProgress`]).
+pub fn replay(
+    finding: &Path,
+    logs: Option<&Path>,
+    place: Place,
+    progress: &mut dyn FnMut(crate::replay::ReplayProgress),
+) -> Result<ReplayReport> {
     let dir = absolute(finding)?;
     let finding = findings::load(&dir)?;
     let judge = crate::judges::campaign_judge(&finding.file.spec)?;
@@ -372,6 +378,7 @@ pub fn replay(finding: &Path, logs: Option<&Path>, place: Place) -> Result<Repla
         &loaded,
         judge.as_ref(),
         logs.as_deref(),
+        progress,
     )?)
 }
 

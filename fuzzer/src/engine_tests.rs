@@ -364,9 +364,43 @@ fn test_a_campaign_finds_the_failure_shrinks_it_and_replays_it() {
     assert!(finding.file.found_path.fault_count() > 2);
     // Replayed from a fresh runner: the same digest and the failure.
     let mut fresh = Sim::default();
-    let report =
-        crate::replay::replay_loaded(&mut fresh, &finding, &FailJudge::default(), None).unwrap();
+    let mut told = Vec::new();
+    let report = crate::replay::replay_loaded(
+        &mut fresh,
+        &finding,
+        &FailJudge::default(),
+        None,
+        &mut |step| told.push(step),
+    )
+    .unwrap();
     assert!(report.reproduced, "{report:?}");
+    // It told its progress: booting, the root, each slice of the path in
+    // order up to its end, then judging.
+    use crate::replay::ReplayProgress;
+    let slices = finding.file.path.steps.len() + 1;
+    assert_eq!(told.len(), slices + 3, "{told:?}");
+    assert_eq!(told[0], ReplayProgress::Booting);
+    let end = finding.file.path.end_ns;
+    assert!(
+        matches!(told[1], ReplayProgress::Root { slices: s, end: e, .. } if s == slices && e == end),
+        "{told:?}"
+    );
+    for (i, step) in told[2..2 + slices].iter().enumerate() {
+        let ReplayProgress::Slice { done, total, .. } = *step else {
+            panic!("{told:?}");
+        };
+        assert_eq!((done, total), (i + 1, slices), "{told:?}");
+    }
+    assert_eq!(
+        told[1 + slices],
+        ReplayProgress::Slice {
+            done: slices,
+            total: slices,
+            virtual_ns: report.virtual_ns,
+            end
+        }
+    );
+    assert_eq!(told[2 + slices], ReplayProgress::Judging);
     // Its failure moment was written with it: the first record of the
     // shrunk path's records that fails, as the replay sees it too.
     let written = finding

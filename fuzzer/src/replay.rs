@@ -7,11 +7,12 @@ use crate::failure::FailureKey;
 use crate::failure_moment::FailureMoment;
 use crate::findings::LoadedFinding;
 use crate::judge::{Failure, Judge};
-use crate::session::{apply_steps, boot_options, reach, SessionError};
+use crate::session::{apply_steps_each, boot_options, reach, SessionError};
 use run::api::Request;
 use run::client::{Calls, Runner, RunnerError};
 use serde::Serialize;
 use std::path::Path;
+use vmm::VirtNanos;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
@@ -42,28 +43,86 @@ pub struct ReplayReport {
     pub failure_moment: Option<FailureMoment>,
 }
 
+/// How far a replay has come, told as it goes (the caller shows it; the
+/// library prints nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayProgress {
+    /// The runner is ready (here, or in a helper VM started for it): the
+    /// finding's run boots next.
+    Booting,
+    /// The root moment was reached by the campaign's rule; the path's
+    /// `slices` follow (one per step, ending at its time, and the last to
+    /// the path's end at `end`).
+    Root {
+        virtual_ns: VirtNanos,
+        slices: usize,
+        end: VirtNanos,
+    },
+    /// Slice `done` (1-based) of `total` was run: the virtual time reached,
+    /// of the path's `end`.
+    Slice {
+        done: usize,
+        total: usize,
+        virtual_ns: VirtNanos,
+        end: VirtNanos,
+    },
+    /// The history is complete: judged next.
+    Judging,
+}
+
 /// Replays `finding` (read by the caller, which may have moved its files,
-/// e.g. into a helper VM) on `runner`, judged by `judge`.
+/// e.g. into a helper VM) on `runner`, judged by `judge`, telling
+/// `progress` how far it has come.
 pub fn replay_loaded(
     runner: &mut dyn Runner,
     finding: &LoadedFinding,
     judge: &dyn Judge,
     logs: Option<&Path>,
+    progress: &mut dyn FnMut(ReplayProgress),
 ) -> Result<ReplayReport, ReplayError> {
     let file = &finding.file;
+    // The phases' wall time, with RUST_LOG (see docs/campaigns.md, "Progress").
+    let _replay = tracing::info_span!("replay", finding = file.number, key = %file.key).entered();
     let mut calls = Calls { runner };
     let options = boot_options(&file.spec, logs);
+    progress(ReplayProgress::Booting);
+    let boot_to_root = tracing::info_span!("boot_to_root").entered();
     let (run, _) = calls.start(Request::BootUp {
         prepared: finding.run.clone(),
         options,
     })?;
     calls.collect_records(run)?;
-    let (_, mut records) = reach(&mut calls, run, &file.spec.root)?;
-    let position = apply_steps(&mut calls, run, &file.path.steps, file.path.end_ns)?;
+    let (root, mut records) = reach(&mut calls, run, &file.spec.root)?;
+    drop(boot_to_root);
+    let path = tracing::info_span!("path", steps = file.path.steps.len()).entered();
+    let (end, slices) = (file.path.end_ns, file.path.steps.len() + 1);
+    progress(ReplayProgress::Root {
+        virtual_ns: root.virtual_ns,
+        slices,
+        end,
+    });
+    let position = apply_steps_each(
+        &mut calls,
+        run,
+        &file.path.steps,
+        end,
+        &mut |done, virtual_ns| {
+            progress(ReplayProgress::Slice {
+                done,
+                total: slices,
+                virtual_ns,
+                end,
+            })
+        },
+    )?;
     records.extend(calls.take_records(run)?);
     let digest = calls.outcome(run)?.digest;
     calls.close(run)?;
+    drop(path);
+    progress(ReplayProgress::Judging);
+    let judging = tracing::info_span!("judge", records = records.len()).entered();
     let failures: Vec<Failure> = judge.check(&[&records]);
+    drop(judging);
     // The finding's own failure: its key, or the new key an old one maps to.
     let key = FailureKey::from_slug(&file.key).ok();
     let is_the_finding_s =

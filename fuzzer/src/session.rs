@@ -96,16 +96,33 @@ pub fn apply_steps(
     steps: &[Step],
     end_ns: VirtNanos,
 ) -> Result<Position> {
-    for step in steps {
+    apply_steps_each(calls, run, steps, end_ns, &mut |_, _| {})
+}
+
+/// [`apply_steps`], calling `reached` with each slice of the path run
+/// (1-based: slice `i` of `steps.len() + 1` ends at step `i`'s time, the
+/// last at `end_ns`) and the virtual time reached: for a caller that shows
+/// how far it has come. A guest that stops early ends the slices there.
+pub fn apply_steps_each(
+    calls: &mut Calls<'_>,
+    run: RunId,
+    steps: &[Step],
+    end_ns: VirtNanos,
+    reached: &mut dyn FnMut(usize, VirtNanos),
+) -> Result<Position> {
+    for (index, step) in steps.iter().enumerate() {
         let position = calls.run_until(run, Until::Time(step.at_ns))?;
         if position.stop.is_some() {
             return Ok(position);
         }
+        reached(index + 1, position.virtual_ns);
         calls.rekey(run, step.seed)?;
         for fault in &step.faults {
             // `at=+` counts from the run's present, the branch point.
             calls.inject(run, fault.clone())?;
         }
     }
-    Ok(calls.run_until(run, Until::Time(end_ns))?)
+    let position = calls.run_until(run, Until::Time(end_ns))?;
+    reached(steps.len() + 1, position.virtual_ns);
+    Ok(position)
 }

@@ -2,8 +2,8 @@
 //! directory -> a node image file, written atomically.
 
 use crate::{
-    flatten, parse_oci_ref, read_image, sha256_digest, write_node_image, ImageConfig, ImageError,
-    RootFs,
+    flatten_each, parse_oci_ref, read_image, sha256_digest, write_node_image, FlattenOptions,
+    ImageConfig, ImageError, RootFs,
 };
 use std::path::{Path, PathBuf};
 
@@ -27,13 +27,37 @@ pub struct NodeImageReport {
     pub digest: String,
 }
 
+/// How far [`write_node_image_file`] has come, told as it goes (the caller
+/// shows it; the library prints nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BuildProgress<'a> {
+    /// The OCI image's manifest, config and layers were read and verified:
+    /// `layers` layers of `bytes` bytes as stored (compressed) in all.
+    Read { layers: usize, bytes: u64 },
+    /// Layer `done` (1-based) of `total` was unpacked and applied: the
+    /// layer's digest, and the stored bytes of the layers applied so far
+    /// (`bytes_done`) of all (`bytes_total`).
+    Layer {
+        done: usize,
+        total: usize,
+        digest: &'a str,
+        bytes_done: u64,
+        bytes_total: u64,
+    },
+    /// The root filesystem is complete (`entries` entries): the image is
+    /// encoded and written next.
+    Tree { entries: usize },
+}
+
 /// Builds the node image of `source` into `out` (through a temporary file
 /// of a unique name beside it and a rename: `out` is either the old file
-/// or the complete new one). An `out` that exists and is not a regular
-/// file is refused, and so is an `out` another process is building now.
+/// or the complete new one), telling `progress` how far it has come. An
+/// `out` that exists and is not a regular file is refused, and so is an
+/// `out` another process is building now.
 pub fn write_node_image_file(
     source: &NodeImageSource,
     out: &Path,
+    progress: &mut dyn FnMut(BuildProgress<'_>),
 ) -> Result<NodeImageReport, ImageError> {
     // An output that is not a regular file (a device node, a symlink) is refused before
     // any work.
@@ -44,10 +68,30 @@ pub fn write_node_image_file(
     let (config, root) = match source {
         NodeImageSource::Oci(reference) => {
             let (config, layers) = read_image(&parse_oci_ref(reference)?)?;
-            (config, flatten(&layers)?)
+            let sizes: Vec<u64> = layers.iter().map(|l| l.data.len() as u64).collect();
+            let bytes_total = sizes.iter().sum();
+            progress(BuildProgress::Read {
+                layers: layers.len(),
+                bytes: bytes_total,
+            });
+            let mut bytes_done = 0;
+            let root = flatten_each(&layers, &FlattenOptions::default(), &mut |index| {
+                bytes_done += sizes[index];
+                progress(BuildProgress::Layer {
+                    done: index + 1,
+                    total: layers.len(),
+                    digest: &layers[index].digest,
+                    bytes_done,
+                    bytes_total,
+                });
+            })?;
+            (config, root)
         }
         NodeImageSource::Dir(dir) => (ImageConfig::default(), RootFs::from_dir(dir)?),
     };
+    progress(BuildProgress::Tree {
+        entries: root.len(),
+    });
     let mut bytes = Vec::new();
     write_node_image(&config, &root, &mut bytes)?;
     // A temporary file of its own (two builds to one `out` never mix), renamed over `out`.
@@ -75,7 +119,7 @@ mod tests {
         fs::create_dir_all(root.join("bin")).unwrap();
         fs::write(root.join("bin/hello"), b"hi").unwrap();
         let out = dir.path().join("node.img");
-        let report = write_node_image_file(&NodeImageSource::Dir(root), &out).unwrap();
+        let report = write_node_image_file(&NodeImageSource::Dir(root), &out, &mut |_| {}).unwrap();
         assert_eq!(report.bytes as u64, fs::metadata(&out).unwrap().len());
         assert_eq!(report.regular_files, 1);
         assert!(report.digest.starts_with("sha256:"));
@@ -93,6 +137,7 @@ mod tests {
         let error = write_node_image_file(
             &NodeImageSource::Dir(missing.clone()),
             &dir.path().join("x.img"),
+            &mut |_| {},
         )
         .unwrap_err();
         let mut chain = error.to_string();
@@ -112,7 +157,8 @@ mod tests {
         fs::create_dir_all(&root).unwrap();
         fs::write(root.join("f"), b"x").unwrap();
         let source = NodeImageSource::Dir(root);
-        let error = write_node_image_file(&source, Path::new("/dev/null")).unwrap_err();
+        let error =
+            write_node_image_file(&source, Path::new("/dev/null"), &mut |_| {}).unwrap_err();
         assert!(
             error
                 .to_string()
@@ -129,13 +175,13 @@ mod tests {
         fs::write(&victim, b"keep").unwrap();
         std::os::unix::fs::symlink(&victim, dir.path().join("node.img.partial")).unwrap();
         let out = dir.path().join("node.img");
-        let report = write_node_image_file(&source, &out).unwrap();
+        let report = write_node_image_file(&source, &out, &mut |_| {}).unwrap();
         assert_eq!(fs::read(&victim).unwrap(), b"keep");
         assert_eq!(report.bytes as u64, fs::metadata(&out).unwrap().len());
         // Nor is an output that is a symlink.
         let link = dir.path().join("link.img");
         std::os::unix::fs::symlink(&victim, &link).unwrap();
-        let error = write_node_image_file(&source, &link).unwrap_err();
+        let error = write_node_image_file(&source, &link, &mut |_| {}).unwrap_err();
         assert!(error.to_string().contains("(a symbolic link)"), "{error}");
         assert_eq!(fs::read(&victim).unwrap(), b"keep");
     }
@@ -158,7 +204,7 @@ mod tests {
         let results: Vec<Result<NodeImageReport, ImageError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = sources
                 .iter()
-                .map(|source| scope.spawn(|| write_node_image_file(source, &out)))
+                .map(|source| scope.spawn(|| write_node_image_file(source, &out, &mut |_| {})))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });

@@ -75,14 +75,25 @@ pub fn flatten(layers: &[LayerBlob]) -> Result<RootFs, ImageError> {
 ///
 /// Path handling is described in the [`crate::rootfs`] docs; nothing is written to the host.
 pub fn flatten_with(layers: &[LayerBlob], opts: &FlattenOptions) -> Result<RootFs, ImageError> {
+    flatten_each(layers, opts, &mut |_| {})
+}
+
+/// [`flatten_with`], calling `applied` with each layer's index (0-based)
+/// once it is applied: for a caller that shows how far it has come.
+pub fn flatten_each(
+    layers: &[LayerBlob],
+    opts: &FlattenOptions,
+    applied: &mut dyn FnMut(usize),
+) -> Result<RootFs, ImageError> {
     let mut fs = RootFs::new();
     let mut budget = Budget {
         total: 0,
         entries: 0,
     };
-    for layer in layers {
+    for (index, layer) in layers.iter().enumerate() {
         let staged = read_layer(layer, opts, &mut budget)?;
         apply_layer(&mut fs, &layer.digest, staged)?;
+        applied(index);
     }
     Ok(fs)
 }

@@ -96,11 +96,11 @@ mod reference;
 pub mod rootfs;
 mod unpack;
 
-pub use build::{write_node_image_file, NodeImageReport, NodeImageSource};
+pub use build::{write_node_image_file, BuildProgress, NodeImageReport, NodeImageSource};
 pub use cache::cache_root;
 pub use digest::sha256_digest;
 pub use error::ImageError;
-pub use flatten::{flatten, flatten_with, DevicePolicy, FlattenOptions};
+pub use flatten::{flatten, flatten_each, flatten_with, DevicePolicy, FlattenOptions};
 pub use hostdir::DirOptions;
 pub use initramfs::{write_cpio, write_initramfs, NewcEntry, NewcWriter, GZIP_LEVEL};
 pub use layout::{

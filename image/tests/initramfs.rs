@@ -227,3 +227,44 @@ fn layout_to_initramfs_end_to_end() {
         assert_eq!(m1.mode() & 0o7777, 0o755);
     }
 }
+
+/// `write_node_image_file` tells its progress: the layers read, each
+/// layer applied with the bytes so far, then the finished tree.
+#[test]
+fn node_image_build_tells_layers_bytes_and_the_tree() {
+    use image_builder::{write_node_image_file, BuildProgress, NodeImageSource};
+    let layout = Layout::new();
+    let m = layout.image(
+        &[
+            Layer::gzip(Tar::new().file("a", 0o644, b"first").finish()),
+            Layer::zstd(Tar::new().file("b", 0o644, b"second").finish()),
+        ],
+        json!({}),
+    );
+    layout.write_index(vec![tagged(m, "latest")]);
+    let out = layout.dir().join("node.img");
+    let mut told = Vec::new();
+    let source = NodeImageSource::Oci(format!("{}:latest", layout.dir().display()));
+    let report = write_node_image_file(&source, &out, &mut |step| {
+        told.push(match step {
+            BuildProgress::Read { layers, bytes } => format!("read {layers} {bytes}"),
+            BuildProgress::Layer {
+                done,
+                total,
+                digest,
+                bytes_done,
+                bytes_total,
+            } => {
+                assert!(digest.starts_with("sha256:"), "{digest}");
+                assert!(bytes_done <= bytes_total && bytes_done > 0);
+                format!("layer {done}/{total} {}", bytes_done == bytes_total)
+            }
+            BuildProgress::Tree { entries } => format!("tree {entries}"),
+        })
+    })
+    .unwrap();
+    assert_eq!(told.len(), 4, "{told:?}");
+    assert!(told[0].starts_with("read 2 "), "{told:?}");
+    assert_eq!(told[1..3], ["layer 1/2 false", "layer 2/2 true"]);
+    assert_eq!(told[3], format!("tree {}", report.entries));
+}

@@ -477,7 +477,14 @@ impl Controller {
                 Response::Up(up::run(&prepared, &options, streams)?)
             }
             Request::Branch(request) => Response::Summary(branch::branch(&request, streams)?),
-            Request::BranchSeeds(request) => Response::Seeds(seeds::branch_seeds(&request)?),
+            Request::BranchSeeds(request) => {
+                let mut progress = |done: seeds::SeedDone<'_>| {
+                    if request.progress {
+                        crate::streams::say(streams, &done.line());
+                    }
+                };
+                Response::Seeds(seeds::branch_seeds(&request, &mut progress)?)
+            }
             Request::Seek { moment } => Response::Seek(snapshots::seek(&moment)?),
             Request::Shell(request) => Response::Shell {
                 status: shell::run(&request, streams)?,

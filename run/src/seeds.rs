@@ -123,6 +123,10 @@ pub struct SeedsRequest {
     /// as stalled (host policy, not part of the history).
     #[serde(default)]
     pub stall_timeout: StallTimeout,
+    /// Tell each seed's outcome as it ends, a line on the request's
+    /// stderr ([`SeedDone::line`]; `branch --seeds` without `--quiet`).
+    #[serde(default)]
+    pub progress: bool,
 }
 
 /// One branch's outcome: the run's summary (the one representation of a
@@ -178,6 +182,58 @@ pub struct SeedsReport {
     pub stalled: usize,
     pub failures: usize,
     pub branches: Vec<BranchOutcome>,
+}
+
+/// A seed's branch has ended: told as each ends (in the order they end,
+/// which is not the seeds' with several workers).
+#[derive(Clone, Copy, Debug)]
+pub struct SeedDone<'a> {
+    /// Branches ended so far, this one included, of `total`.
+    pub done: u64,
+    pub total: u64,
+    pub outcome: &'a BranchOutcome,
+    /// Wall time since the request started (host time: no part of any
+    /// history), for the time left at this pace.
+    pub elapsed: std::time::Duration,
+}
+
+impl SeedDone<'_> {
+    /// The wall time the seeds left take at this request's pace so far.
+    pub fn eta(&self) -> std::time::Duration {
+        let left = self.total.saturating_sub(self.done);
+        self.elapsed.mul_f64(left as f64 / self.done.max(1) as f64)
+    }
+
+    /// The line for people: the seed, how far the request has come (with
+    /// the time left while seeds are), and the branch's outcome as
+    /// `branch --seeds`' table says it.
+    pub fn line(&self) -> String {
+        let outcome = match self.outcome {
+            BranchOutcome::Ran(summary) => format!(
+                "{}{} at {}, {} exits, digest {:.12}",
+                summary.stop_kind(),
+                summary
+                    .exit_status
+                    .map(|status| format!(" (status {status})"))
+                    .unwrap_or_default(),
+                summary.virtual_ns,
+                summary.exits,
+                summary.digest
+            ),
+            BranchOutcome::Failed { error, .. } => format!("error: {error}"),
+        };
+        let eta = if self.done < self.total {
+            format!(", ETA {}s", self.eta().as_secs())
+        } else {
+            String::new()
+        };
+        format!(
+            "detvisor: seed {} ({}/{}{eta}): {outcome}",
+            self.outcome.seed(),
+            self.done,
+            self.total
+        )
+    }
 }
 
 /// Restores the request's moment (replayed to its target) for one branch.
@@ -285,9 +341,13 @@ fn distinct_control_flows(branches: &[BranchOutcome]) -> usize {
     shapes.len()
 }
 
-/// Runs every seed of `request` and reports them in seed order. A moment
-/// that names no snapshot is one error, before any worker starts.
-pub fn branch_seeds(request: &SeedsRequest) -> Result<SeedsReport, SnapshotsError> {
+/// Runs every seed of `request` and reports them in seed order, telling
+/// `progress` (on the calling thread) of each as it ends. A moment that
+/// names no snapshot is one error, before any worker starts.
+pub fn branch_seeds(
+    request: &SeedsRequest,
+    progress: &mut dyn FnMut(SeedDone<'_>),
+) -> Result<SeedsReport, SnapshotsError> {
     crate::snapshots::resolve(&request.moment)?;
     let jobs = if request.jobs == 0 {
         std::thread::available_parallelism()
@@ -298,16 +358,19 @@ pub fn branch_seeds(request: &SeedsRequest) -> Result<SeedsReport, SnapshotsErro
     }
     .min(usize::try_from(request.seeds.len()).unwrap_or(usize::MAX));
     let queue = Mutex::new(request.seeds.seeds());
-    let results = Mutex::new(Vec::new());
+    let total = request.seeds.len();
+    let started = std::time::Instant::now();
+    let mut branches = Vec::new();
     std::thread::scope(|scope| {
+        // Each worker sends its outcomes here; this thread keeps and tells
+        // them until every worker has ended.
+        let (sender, outcomes) = std::sync::mpsc::channel::<BranchOutcome>();
         for _ in 0..jobs {
-            scope.spawn(|| {
+            let (sender, queue) = (sender.clone(), &queue);
+            scope.spawn(move || {
                 let next_seed = || queue.lock().unwrap_or_else(|e| e.into_inner()).next();
                 let done = |outcome: BranchOutcome| {
-                    results
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(outcome)
+                    let _ = sender.send(outcome);
                 };
                 if request.in_place {
                     in_place_worker(request, &next_seed, &done);
@@ -316,8 +379,17 @@ pub fn branch_seeds(request: &SeedsRequest) -> Result<SeedsReport, SnapshotsErro
                 }
             });
         }
+        drop(sender);
+        for outcome in outcomes {
+            branches.push(outcome);
+            progress(SeedDone {
+                done: branches.len() as u64,
+                total,
+                outcome: branches.last().expect("just pushed"),
+                elapsed: started.elapsed(),
+            });
+        }
     });
-    let mut branches = results.into_inner().unwrap_or_else(|e| e.into_inner());
     // Seeds no worker got to (every worker stopped early).
     for seed in queue.into_inner().unwrap_or_else(|e| e.into_inner()) {
         branches.push(BranchOutcome::failed(
@@ -383,6 +455,7 @@ mod tests {
             in_place: false,
             faults: Vec::new(),
             stall_timeout: StallTimeout::default(),
+            progress: false,
         };
         let e = restore_branch_point(&request).err().unwrap();
         let text = crate::chain(&e);
@@ -404,8 +477,9 @@ mod tests {
             in_place: false,
             faults: Vec::new(),
             stall_timeout: StallTimeout::default(),
+            progress: false,
         };
-        let e = branch_seeds(&request).unwrap_err();
+        let e = branch_seeds(&request, &mut |_| panic!("no seed ran")).unwrap_err();
         assert!(format!("{:#}", anyhow::Error::from(e))
             .starts_with(&format!("resolving \"{}\"", request.moment)),);
     }
@@ -436,6 +510,46 @@ mod tests {
             BranchOutcome::failed(5, "no".into()),
         ];
         assert_eq!(distinct_control_flows(&branches), 3);
+    }
+
+    #[test]
+    fn test_a_seed_s_line_says_its_place_and_its_outcome() {
+        let failed = BranchOutcome::failed(4, "resolving: no snapshots".into());
+        let done = SeedDone {
+            done: 2,
+            total: 8,
+            outcome: &failed,
+            elapsed: std::time::Duration::from_secs(10),
+        };
+        // 6 seeds left at 5 s each.
+        assert_eq!(done.eta(), std::time::Duration::from_secs(30));
+        assert_eq!(
+            done.line(),
+            "detvisor: seed 4 (2/8, ETA 30s): error: resolving: no snapshots"
+        );
+        let summary: RunSummary = serde_json::from_value(serde_json::json!({
+            "exit_status": 0, "stop": {"kind": "guest_exit", "status": 0},
+            "seed": 7, "virtual_ns": 30_000_000_000u64, "exits": 1234,
+            "exits_by_kind": {"Hlt": 1234}, "injected_interrupts": 0,
+            "irq_windows_stepped": 0, "single_steps": 0, "wall_ms": 1,
+            "wall_setup_ms": 0, "wall_finish_ms": 0, "exits_per_sec": 1,
+            "digest": "0a1b2c3d4e5f6a7b8c9d",
+            "digest_parts": {"records": "", "memory": "", "devices": "", "console": ""},
+            "console_bytes": 0, "unhandled_accesses": 0,
+            "vmm_peak_rss_beyond_guest_kib": null, "cpu_model_version": 2
+        }))
+        .unwrap();
+        let ran = BranchOutcome::Ran(Box::new(summary));
+        let done = SeedDone {
+            done: 8,
+            total: 8,
+            outcome: &ran,
+            elapsed: std::time::Duration::from_secs(40),
+        };
+        assert_eq!(
+            done.line(),
+            "detvisor: seed 7 (8/8): guest_exit (status 0) at 30s, 1234 exits, digest 0a1b2c3d4e5f"
+        );
     }
 
     #[test]

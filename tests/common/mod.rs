@@ -67,6 +67,18 @@ pub fn branch_seeds_1_2_in_place(spec: &str) -> Vec<serde_json::Value> {
         "--json",
     ]);
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // A line per seed as its branch ends (stderr is not a terminal).
+    let told = stderr(&out);
+    let seeds: Vec<&str> = told
+        .lines()
+        .filter(|l| l.starts_with("detvisor: seed "))
+        .collect();
+    assert_eq!(seeds.len(), 2, "{told}");
+    assert!(
+        seeds[0].starts_with("detvisor: seed 1 (1/2, ETA "),
+        "{told}"
+    );
+    assert!(seeds[1].starts_with("detvisor: seed 2 (2/2): "), "{told}");
     let branches = summary(&out)["branches"]
         .as_array()
         .expect("a report with branches")
