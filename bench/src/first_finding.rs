@@ -148,13 +148,13 @@ pub fn orchestrate(args: &FirstFindingArgs) -> Result<u8> {
         let (branch, at, written) = (median(pick(0)), median(pick(1)), median(pick(2)));
         let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
         line(format!(
-            "  median of the {} of {} campaigns that found one: {} s to the branch that found it ({} min; goal under 5), {} s to the finding written (shrunk), on branch {}",
+            "  median of the {} of {} campaigns that found one: {} s to the branch that found it ({} min; goal under 5), {} s to the finding written (shrunk), on branch {}; times are the campaign's wall time from its boot (the helper VMs' start not included)",
             found.len(),
             firsts.len(),
             fmt(at),
             at.map_or("-".to_string(), |s| format!("{:.2}", s / 60.0)),
             fmt(written),
-            fmt(branch)
+            branch.map_or("-".to_string(), |b| format!("{b:.0}"))
         ));
         json.push(serde_json::json!({
             "campaign": campaign,

@@ -245,36 +245,30 @@ fn report(args: &HistoriesArgs, ran: &Ran, base: &Baseline, machine: &str) -> St
         branches,
         engine_ms as f64 / 1000.0
     ));
-    line(format!(
-        "  restore (reset {} / load {} / replay {} steps) {}",
-        branches.saturating_sub(s.loaded),
-        s.loaded,
-        s.replayed_steps,
-        part(s.restore_ms, branches, engine_ms)
-    ));
-    line(format!(
-        "    of it: loads from spill/ {:.1} s, replays {:.1} s",
-        s.load_ms as f64 / 1000.0,
-        s.replay_ms as f64 / 1000.0
-    ));
-    line(format!(
-        "  run (re-key, faults, the slice, records, digest) {}",
-        part(s.run_ms, branches, engine_ms)
-    ));
-    line(format!(
-        "  keep (checkpoint the moment, spill the ones let go: {} written, {:.1} s) {}",
-        s.spilled,
-        s.spill_write_ms as f64 / 1000.0,
-        part(s.keep_ms, branches, engine_ms)
-    ));
-    line(format!(
-        "  judge (the whole path's history) {}",
-        part(s.judge_ms, branches, engine_ms)
-    ));
-    line(format!(
-        "  commit (the database transaction) {}",
-        part(s.commit_ms, branches, engine_ms)
-    ));
+    let mut part_line =
+        |name: &str, ms: u64| line(format!("  {name:<58} {}", part(ms, branches, engine_ms)));
+    part_line("restore (reset, load from spill/, replay)", s.restore_ms);
+    part_line(
+        &format!(
+            "  of it {} load(s) from spill/ ({:.1} s), {} step(s) replayed ({:.1} s)",
+            s.loaded,
+            s.load_ms as f64 / 1000.0,
+            s.replayed_steps,
+            s.replay_ms as f64 / 1000.0
+        ),
+        s.load_ms + s.replay_ms,
+    );
+    part_line("run (re-key, faults, the slice, records, digest)", s.run_ms);
+    part_line(
+        &format!(
+            "keep (checkpoint the moment; {} spilled, {:.1} s)",
+            s.spilled,
+            s.spill_write_ms as f64 / 1000.0
+        ),
+        s.keep_ms,
+    );
+    part_line("judge (the whole path's history)", s.judge_ms);
+    part_line("commit (the database transaction)", s.commit_ms);
     let per = |ms: u64| {
         if base.histories == 0 {
             0.0

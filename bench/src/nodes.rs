@@ -171,14 +171,17 @@ fn one(args: &NodesArgs, place: Place, dir: &Path, count: u32) -> Result<Count> 
     let manifest = match run::manifest::load(&path) {
         Ok(m) => m,
         Err(e) => {
-            c.broke = Some(format!("the manifest was refused: {e}"));
+            c.broke = Some(format!(
+                "the manifest was refused: {:#}",
+                anyhow::Error::from(e)
+            ));
             return Ok(c);
         }
     };
     let prepared = match run::up::prepare(&manifest, &[], None, None) {
         Ok(p) => p,
         Err(e) => {
-            c.broke = Some(format!("preparing the run: {e:#}"));
+            c.broke = Some(format!("preparing the run: {:#}", anyhow::Error::from(e)));
             return Ok(c);
         }
     };
@@ -193,7 +196,7 @@ fn one(args: &NodesArgs, place: Place, dir: &Path, count: u32) -> Result<Count> 
     }) {
         Ok((run, _)) => run,
         Err(e) => {
-            c.broke = Some(format!("booting the guest: {e:#}"));
+            c.broke = Some(format!("booting the guest: {:#}", anyhow::Error::from(e)));
             return Ok(c);
         }
     };
