@@ -5,12 +5,14 @@
 
 use crate::say;
 use anyhow::{bail, Context, Result};
+use clap::Args;
 use fuzzer::budget::WallBudget;
 use fuzzer::campaign::{BudgetOverride, Campaign, NewCampaign, Place};
 use fuzzer::engine::{BranchReport, CampaignSummary, Progress};
 use fuzzer::shard::Shard;
 use fuzzer::stats::CampaignStats;
 use fuzzer::store::Store;
+use helper_vm::HostVmMode;
 use run::api::Position;
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
@@ -238,7 +240,7 @@ pub(crate) fn results_path(name: &str) -> PathBuf {
 }
 
 /// Prints `report` and, when `write` (a full run) or `to` names a file, writes it there too.
-pub(crate) fn publish(report: &str, name: &str, write: bool, to: Option<&Path>) -> Result<()> {
+fn publish(report: &str, name: &str, write: bool, to: Option<&Path>) -> Result<()> {
     print!("{report}");
     let path = match to {
         Some(path) => path.to_owned(),
@@ -251,7 +253,7 @@ pub(crate) fn publish(report: &str, name: &str, write: bool, to: Option<&Path>) 
 }
 
 /// The machine a bench ran on, for its results: where the guests ran, cores, load.
-pub(crate) fn machine_line(host_vm: helper_vm::HostVmMode) -> String {
+fn machine_line(host_vm: helper_vm::HostVmMode) -> String {
     let place = match helper_vm::placement(host_vm) {
         helper_vm::Placement::Host => "the host's KVM".to_string(),
         helper_vm::Placement::HelperVm { reason } => {
@@ -265,9 +267,81 @@ pub(crate) fn machine_line(host_vm: helper_vm::HostVmMode) -> String {
     format!("guests ran in {place}; {cores} cores; load average at the start {load}")
 }
 
-/// A fresh scratch directory for a bench's campaigns (kept when `keep`, else removed at the
-/// end by the caller).
-pub(crate) fn scratch(name: &str) -> Result<PathBuf> {
+/// The options of every campaign bench besides its budget.
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Write the results here (default: bench/NAME-results.txt, after a run with the issue's
+    /// budget only).
+    #[arg(long, value_name = "FILE")]
+    pub results: Option<PathBuf>,
+    /// Keep the scratch directory of the runs (its path is printed).
+    #[arg(long)]
+    pub keep: bool,
+    /// Where the runs happen.
+    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
+    pub host_vm: HostVmMode,
+}
+
+/// What a bench starts from: where its runs go, the machine's line, its scratch directory.
+pub(crate) struct Setup {
+    pub place: Place,
+    pub machine: String,
+    pub dir: PathBuf,
+}
+
+impl Common {
+    /// Checks `budget` and makes the bench `name`'s scratch directory.
+    pub(crate) fn setup(&self, name: &str, budget: VirtNanos) -> Result<Setup> {
+        if budget == VirtNanos::ZERO {
+            bail!("--budget must be above 0");
+        }
+        Ok(Setup {
+            place: Place {
+                host_vm: self.host_vm,
+                seccomp: true,
+            },
+            machine: machine_line(self.host_vm),
+            dir: scratch(name)?,
+        })
+    }
+
+    /// Publishes `report` (written to bench/ when `full`, see [`publish`]) and removes the
+    /// scratch directory unless `--keep`.
+    pub(crate) fn finish(
+        &self,
+        setup: &Setup,
+        name: &str,
+        report: &Lines,
+        full: bool,
+    ) -> Result<u8> {
+        publish(&report.0, name, full, self.results.as_deref())?;
+        if self.keep {
+            say!("bench: kept {}", setup.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&setup.dir);
+        }
+        Ok(0)
+    }
+}
+
+/// Whether `budget` is the issue's `full` one (a full run, whose results go to bench/).
+pub(crate) fn is_full(budget: VirtNanos, full: &str) -> bool {
+    full.parse::<VirtNanos>().is_ok_and(|full| full == budget)
+}
+
+/// A bench's results, a line at a time.
+#[derive(Default)]
+pub(crate) struct Lines(String);
+
+impl Lines {
+    pub fn line(&mut self, line: impl AsRef<str>) {
+        self.0.push_str(line.as_ref());
+        self.0.push('\n');
+    }
+}
+
+/// A fresh scratch directory for a bench's runs.
+fn scratch(name: &str) -> Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("detvisor-bench-{name}-{}", std::process::id()));
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;

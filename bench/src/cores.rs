@@ -2,12 +2,10 @@
 //! `--jobs 0` (a worker per core), the same wall budget each: branches per hour of each (of the
 //! whole campaign, and less the time shrinking a finding took), and the ratio.
 
-use crate::campaign_run::{machine_line, publish, scratch, CampaignRun, Ran};
+use crate::campaign_run::{is_full, CampaignRun, Common, Lines, Ran};
 use crate::say;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
-use fuzzer::campaign::Place;
-use helper_vm::HostVmMode;
 use std::path::PathBuf;
 use vmm::VirtNanos;
 
@@ -23,15 +21,8 @@ pub struct CoresArgs {
     /// are not written to bench/ unless --results says where).
     #[arg(long, short = 'b', default_value = FULL_BUDGET)]
     pub budget: VirtNanos,
-    /// Write the results here (default: bench/cores-results.txt after a full run).
-    #[arg(long, value_name = "FILE")]
-    pub results: Option<PathBuf>,
-    /// Keep the campaign directories (their path is printed).
-    #[arg(long)]
-    pub keep: bool,
-    /// Where the runs happen.
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    pub host_vm: HostVmMode,
+    #[command(flatten)]
+    pub common: Common,
 }
 
 fn row(name: &str, ran: &Ran) -> String {
@@ -49,15 +40,8 @@ fn row(name: &str, ran: &Ran) -> String {
 }
 
 pub fn orchestrate(args: &CoresArgs) -> Result<u8> {
-    if args.budget == VirtNanos::ZERO {
-        bail!("--budget must be above 0");
-    }
-    let place = Place {
-        host_vm: args.host_vm,
-        seccomp: true,
-    };
-    let machine = machine_line(args.host_vm);
-    let dir = scratch("cores")?;
+    let setup = args.common.setup("cores", args.budget)?;
+    let (place, machine, dir) = (setup.place, &setup.machine, &setup.dir);
     say!(
         "bench: cores: {}, {} a side: --jobs 1, then --jobs 0 ({} worker(s))",
         args.campaign.display(),
@@ -80,11 +64,8 @@ pub fn orchestrate(args: &CoresArgs) -> Result<u8> {
     let one = side(1)?;
     let all = side(0)?;
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
-    let mut out = String::new();
-    let mut line = |l: String| {
-        out.push_str(&l);
-        out.push('\n');
-    };
+    let mut out = Lines::default();
+    let mut line = |l: String| out.line(l);
     line(format!(
         "detvisor bench cores: {}, {} a side, --jobs 0 against --jobs 1",
         args.campaign.display(),
@@ -138,12 +119,6 @@ pub fn orchestrate(args: &CoresArgs) -> Result<u8> {
         })
         .to_string(),
     );
-    let full = args.budget == FULL_BUDGET.parse::<VirtNanos>().expect("a duration");
-    publish(&out, "cores", full, args.results.as_deref())?;
-    if args.keep {
-        say!("bench: kept {}", dir.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    Ok(0)
+    args.common
+        .finish(&setup, "cores", &out, is_full(args.budget, FULL_BUDGET))
 }

@@ -4,12 +4,10 @@
 //! branch that found it was judged, and when the finding was written, shrunk), with the
 //! branches it took.
 
-use crate::campaign_run::{machine_line, publish, scratch, CampaignRun, Ran};
+use crate::campaign_run::{is_full, CampaignRun, Common, Lines, Ran};
 use crate::say;
 use anyhow::{bail, Result};
 use clap::Args;
-use fuzzer::campaign::Place;
-use helper_vm::HostVmMode;
 use std::path::PathBuf;
 use vmm::VirtNanos;
 
@@ -35,15 +33,8 @@ pub struct FirstFindingArgs {
     /// Workers of each campaign.
     #[arg(long, default_value_t = 1)]
     pub jobs: u32,
-    /// Write the results here (default: bench/first-finding-results.txt after a full run).
-    #[arg(long, value_name = "FILE")]
-    pub results: Option<PathBuf>,
-    /// Keep the campaign directories (their path is printed).
-    #[arg(long)]
-    pub keep: bool,
-    /// Where the runs happen.
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    pub host_vm: HostVmMode,
+    #[command(flatten)]
+    pub common: Common,
 }
 
 /// One campaign's first finding, if any.
@@ -82,20 +73,10 @@ pub fn orchestrate(args: &FirstFindingArgs) -> Result<u8> {
     if args.seeds.is_empty() || args.campaigns.is_empty() {
         bail!("--seeds and --campaign need at least one value each");
     }
-    if args.budget == VirtNanos::ZERO {
-        bail!("--budget must be above 0");
-    }
-    let place = Place {
-        host_vm: args.host_vm,
-        seccomp: true,
-    };
-    let machine = machine_line(args.host_vm);
-    let dir = scratch("first-finding")?;
-    let mut out = String::new();
-    let mut line = |l: String| {
-        out.push_str(&l);
-        out.push('\n');
-    };
+    let setup = args.common.setup("first-finding", args.budget)?;
+    let (place, machine, dir) = (setup.place, &setup.machine, &setup.dir);
+    let mut out = Lines::default();
+    let mut line = |l: String| out.line(l);
     line(format!(
         "detvisor bench first-finding: seeds {:?}, at most {} a campaign, --jobs {}",
         args.seeds, args.budget, args.jobs
@@ -182,12 +163,10 @@ pub fn orchestrate(args: &FirstFindingArgs) -> Result<u8> {
         })
         .to_string(),
     );
-    let full = args.budget == FULL_BUDGET.parse::<VirtNanos>().expect("a duration");
-    publish(&out, "first-finding", full, args.results.as_deref())?;
-    if args.keep {
-        say!("bench: kept {}", dir.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    Ok(0)
+    args.common.finish(
+        &setup,
+        "first-finding",
+        &out,
+        is_full(args.budget, FULL_BUDGET),
+    )
 }

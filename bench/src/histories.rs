@@ -5,14 +5,13 @@
 //! campaign's rule, take the path's steps, judge it). Prints both rates, the ratio, and where
 //! a branch's wall time goes (restore, run, keep, judge, commit: the engine's stats).
 
-use crate::campaign_run::{machine_line, per_hour, publish, scratch, CampaignRun, Ran};
+use crate::campaign_run::{is_full, per_hour, CampaignRun, Common, Lines, Ran};
 use crate::say;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fuzzer::campaign::Place;
 use fuzzer::session::{apply_steps, boot_options, reach};
 use fuzzer::store::{NodeRow, Store};
-use helper_vm::HostVmMode;
 use run::api::Request;
 use run::client::Calls;
 use std::path::{Path, PathBuf};
@@ -36,15 +35,8 @@ pub struct HistoriesArgs {
     /// Workers of each side (the campaign's --jobs; that many boots at once on the other).
     #[arg(long, default_value_t = 1)]
     pub jobs: u32,
-    /// Write the results here (default: bench/histories-results.txt after a full run).
-    #[arg(long, value_name = "FILE")]
-    pub results: Option<PathBuf>,
-    /// Keep the campaign directory (its path is printed).
-    #[arg(long)]
-    pub keep: bool,
-    /// Where the runs happen.
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    pub host_vm: HostVmMode,
+    #[command(flatten)]
+    pub common: Common,
 }
 
 /// What re-running histories from boot did.
@@ -183,7 +175,7 @@ fn part(ms: u64, branches: u64, whole: u64) -> String {
     format!("{per:>9.0} ms  {share:>5.1}%")
 }
 
-fn report(args: &HistoriesArgs, ran: &Ran, base: &Baseline, machine: &str) -> String {
+fn report(args: &HistoriesArgs, ran: &Ran, base: &Baseline, machine: &str) -> Lines {
     let s = &ran.stats;
     let branches = ran.summary.branches_this_run;
     let tree_rate = ran.branches_per_hour();
@@ -197,11 +189,8 @@ fn report(args: &HistoriesArgs, ran: &Ran, base: &Baseline, machine: &str) -> St
         }
     };
     let engine_ms = s.branch_ms + s.judge_ms + s.commit_ms;
-    let mut out = String::new();
-    let mut line = |l: String| {
-        out.push_str(&l);
-        out.push('\n');
-    };
+    let mut out = Lines::default();
+    let mut line = |l: String| out.line(l);
     line(format!(
         "detvisor bench histories: {}, {} a side, --jobs {}, both systems",
         args.campaign.display(),
@@ -333,15 +322,8 @@ pub fn orchestrate(args: &HistoriesArgs) -> Result<u8> {
     if args.jobs == 0 {
         bail!("--jobs must be at least 1 (the same workers on both sides)");
     }
-    if args.budget == VirtNanos::ZERO {
-        bail!("--budget must be above 0");
-    }
-    let place = Place {
-        host_vm: args.host_vm,
-        seccomp: true,
-    };
-    let machine = machine_line(args.host_vm);
-    let dir = scratch("histories")?;
+    let setup = args.common.setup("histories", args.budget)?;
+    let (place, machine, dir) = (setup.place, &setup.machine, &setup.dir);
     say!(
         "bench: histories: {}, {} a side, --jobs {}: branching from the tree, then each of its histories from boot ({})",
         args.campaign.display(),
@@ -362,13 +344,11 @@ pub fn orchestrate(args: &HistoriesArgs) -> Result<u8> {
     }
     .run()?;
     let base = baseline(&out, args.jobs, place, Duration::from_nanos(args.budget.0))?;
-    let text = report(args, &ran, &base, &machine);
-    let full = args.budget == FULL_BUDGET.parse::<VirtNanos>().expect("a duration");
-    publish(&text, "histories", full, args.results.as_deref())?;
-    if args.keep {
-        say!("bench: kept {}", dir.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-    Ok(0)
+    let text = report(args, &ran, &base, machine);
+    args.common.finish(
+        &setup,
+        "histories",
+        &text,
+        is_full(args.budget, FULL_BUDGET),
+    )
 }

@@ -6,17 +6,16 @@
 //! many peers answered it). Stops at the first count that fails, saying where (manifest, boot,
 //! run, workload) and why.
 
-use crate::campaign_run::{machine_line, publish, scratch};
+use crate::campaign_run::{is_full, Common, Lines};
 use crate::say;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fuzzer::campaign::Place;
-use helper_vm::HostVmMode;
 use run::api::{Request, Until};
 use run::client::Calls;
 use run::records::RecordBody;
 use run::up::UpOptions;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 use vmm::VirtNanos;
 
@@ -42,12 +41,8 @@ pub struct NodesArgs {
     /// Guest RAM of each guest.
     #[arg(long, default_value = "512M")]
     pub mem: String,
-    /// Write the results here (default: bench/nodes-results.txt after a full run).
-    #[arg(long, value_name = "FILE")]
-    pub results: Option<PathBuf>,
-    /// Where the runs happen.
-    #[arg(long, value_enum, default_value_t = HostVmMode::Auto)]
-    pub host_vm: HostVmMode,
+    #[command(flatten)]
+    pub common: Common,
 }
 
 /// The busybox applets the nodes use.
@@ -265,12 +260,9 @@ fn one(args: &NodesArgs, place: Place, dir: &Path, count: u32) -> Result<Count> 
     Ok(c)
 }
 
-fn report(args: &NodesArgs, counts: &[Count], machine: &str) -> String {
-    let mut out = String::new();
-    let mut line = |l: String| {
-        out.push_str(&l);
-        out.push('\n');
-    };
+fn report(args: &NodesArgs, counts: &[Count], machine: &str) -> Lines {
+    let mut out = Lines::default();
+    let mut line = |l: String| out.line(l);
     line(format!(
         "detvisor bench nodes: one up guest of N busybox httpd/wget nodes, {} of virtual time each, {} RAM, at most {} of wall time a count",
         args.virtual_time, args.mem, args.budget
@@ -338,20 +330,16 @@ pub fn orchestrate(args: &NodesArgs) -> Result<u8> {
     if args.counts.is_empty() || args.counts.contains(&0) {
         bail!("--counts needs node counts of at least 1");
     }
-    if args.budget == VirtNanos::ZERO || args.virtual_time < VirtNanos::from_secs(1) {
-        bail!("--budget must be above 0 and --virtual-time at least 1s");
+    if args.virtual_time < VirtNanos::from_secs(1) {
+        bail!("--virtual-time must be at least 1s");
     }
-    let place = Place {
-        host_vm: args.host_vm,
-        seccomp: true,
-    };
-    let machine = machine_line(args.host_vm);
-    let dir = scratch("nodes")?;
-    busybox_root(&dir)?;
+    let setup = args.common.setup("nodes", args.budget)?;
+    let (place, dir) = (setup.place, &setup.dir);
+    busybox_root(dir)?;
     let mut counts = Vec::new();
     for &count in &args.counts {
         say!("bench: nodes: {count} nodes in one guest");
-        let c = one(args, place, &dir, count).with_context(|| format!("{count} nodes"))?;
+        let c = one(args, place, dir, count).with_context(|| format!("{count} nodes"))?;
         let broke = c.broke.clone();
         counts.push(c);
         if let Some(why) = broke {
@@ -359,12 +347,9 @@ pub fn orchestrate(args: &NodesArgs) -> Result<u8> {
             break;
         }
     }
-    let text = report(args, &counts, &machine);
-    let full = args.counts == FULL_COUNTS
-        && args.budget == FULL_WALL.parse::<VirtNanos>().expect("a duration");
-    publish(&text, "nodes", full, args.results.as_deref())?;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(0)
+    let text = report(args, &counts, &setup.machine);
+    let full = args.counts == FULL_COUNTS && is_full(args.budget, FULL_WALL);
+    args.common.finish(&setup, "nodes", &text, full)
 }
 
 #[cfg(test)]
