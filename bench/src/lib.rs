@@ -10,6 +10,11 @@
 //!   and without keeping its snapshots (and with a full first snapshot, as before): the ratios.
 //! - `bench exits` ([`exits`]): boot, the etcd smoke run and the etcd partition under
 //!   detvisor's new and old exit paths and QEMU-KVM: exits, exits by kind, wall times, ratios.
+//! - Issue 30's campaign targets, each side by side in one run, results in `bench/` after a
+//!   full run ([`campaign_run`] runs a campaign through the fuzzer library): `bench
+//!   histories` ([`histories`]: branching from the tree against each history from boot),
+//!   `bench first-finding` ([`first_finding`]), `bench cores` ([`cores`]: `--jobs 0` against
+//!   `--jobs 1`) and `bench nodes` ([`nodes`]: nodes per `up` guest).
 //! - `bench verify` ([`verify`]): `detvisor verify` of a finding with one worker and with a
 //!   worker per core (it places its runs itself, no worker here).
 //!
@@ -39,6 +44,7 @@
 //! | [`etcd`] (`etcd_report`), [`etcd_worker`], [`etcd_baseline`] | `bench etcd` |
 //! | [`exits`] (`exits_report`), [`exits_worker`] | `bench exits` |
 //! | [`snapshot`], [`snapshot_worker`], [`snapshot_cell`], [`snapshot_restore`], [`snapshot_memory`], [`snapshot_report`] | `bench snapshot` |
+//! | [`campaign_run`], [`histories`], [`first_finding`], [`cores`], [`nodes`] | issue 30's campaign targets (they place their runs themselves through the fuzzer library, no worker here) |
 //!
 //! A bench's command ([`boot`], [`branch_snapshots`], [`etcd`], [`exits`], [`snapshot`]) is above [`helper`], which
 //! is above [`serve`], which is above the workers: no module imports one above it.
@@ -48,14 +54,19 @@ mod boot_report;
 mod boot_worker;
 mod branch_snapshots;
 mod branch_snapshots_worker;
+mod campaign_run;
+mod cores;
 mod etcd;
 mod etcd_baseline;
 mod etcd_worker;
 mod exits;
 mod exits_worker;
+mod first_finding;
 mod helper;
+mod histories;
 mod machine;
 mod monitor;
+mod nodes;
 mod process;
 mod qemu;
 mod report;
@@ -104,6 +115,16 @@ pub enum BenchCommand {
     /// snapshots, with them (the first incremental over the restored snapshot) and with a full
     /// first snapshot (as before), side by side. Prints the ratios and a final JSON line.
     BranchSnapshots(branch_snapshots::BranchSnapshotsArgs),
+    /// Issue 30: histories per hour, branching from the tree against re-running each history
+    /// from boot (same budget, workers and slice); where a branch's wall time goes.
+    Histories(histories::HistoriesArgs),
+    /// Issue 30: time to the first finding (median over campaign seeds) on each target.
+    FirstFinding(first_finding::FirstFindingArgs),
+    /// Issue 30: branches per hour with `--jobs 0` against `--jobs 1` on one campaign.
+    Cores(cores::CoresArgs),
+    /// Issue 30: one `up` guest of 3, 9, 27 and 64 busybox nodes: exits and wall time per
+    /// virtual second, guest memory; stops at the first count that fails, saying why.
+    Nodes(nodes::NodesArgs),
     /// Inside the helper VM: answer the benches' worker plans on its channel.
     #[command(hide = true)]
     ServeChannel,
@@ -178,6 +199,10 @@ pub fn run(args: BenchArgs) -> Result<u8> {
         BenchCommand::Exits(args) => exits::orchestrate(&args),
         BenchCommand::Verify(args) => verify::orchestrate(&args),
         BenchCommand::BranchSnapshots(args) => branch_snapshots::orchestrate(&args),
+        BenchCommand::Histories(args) => histories::orchestrate(&args),
+        BenchCommand::FirstFinding(args) => first_finding::orchestrate(&args),
+        BenchCommand::Cores(args) => cores::orchestrate(&args),
+        BenchCommand::Nodes(args) => nodes::orchestrate(&args),
         BenchCommand::ServeChannel => serve::serve(),
     }
 }

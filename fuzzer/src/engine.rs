@@ -10,7 +10,7 @@ use crate::failure::{FailureKey, FailureSlugError};
 use crate::findings::{self, FindingFile, NewFinding, FINDING_FORMAT};
 use crate::judge::{Failure, Judge};
 use crate::spec::CampaignSpec;
-use crate::stats::{CampaignStats, GoingBack, WorkerCounts, STATS_META};
+use crate::stats::{BranchParts, CampaignStats, GoingBack, WorkerCounts, STATS_META};
 use crate::step::Path as StepPath;
 use crate::store::{FindingRow, FinishedBranch, NewCampaignDir, NodeRow, Store, StoreError};
 use crate::tree::{self, path_records, TreeNode};
@@ -601,10 +601,16 @@ impl<'a> Engine<'a> {
             },
             records: done.records,
         });
+        let judging = Instant::now();
         let verdict = {
             let chain = path_records(&self.nodes, id);
             self.judge.judge(&chain)
         };
+        let parts = BranchParts {
+            judge_ms: judging.elapsed().as_millis() as u64,
+            ..done.parts
+        };
+        let judged_at_ms = self.wall_before_ms + started.elapsed().as_millis() as u64;
         // Failures already found are no news: branching their subtree again
         // would find them again.
         let new_failures = verdict
@@ -623,15 +629,21 @@ impl<'a> Engine<'a> {
             self.stats.shrink_ms += shrinking.elapsed().as_millis() as u64;
             let at_ms = self.wall_before_ms + started.elapsed().as_millis() as u64;
             self.stats.findings_at_ms.insert(row.number, at_ms);
+            self.stats.found_at_ms.insert(row.number, judged_at_ms);
             self.findings.insert(failure.key.clone(), row.number);
             new_findings.push(row);
         }
         self.branches += 1;
         let wall_ms = self.wall_before_ms + started.elapsed().as_millis() as u64;
         self.stats.branch(worker, done.wall_ms, wall_ms);
-        let stats = self.stats_now().to_json();
+        let committing = Instant::now();
         let node = &self.nodes[id as usize];
         let records_json = serde_json::to_string(&node.records).expect("records serialize");
+        let tally = self.judge.save();
+        // The transaction's own time is known only after it: counted in the
+        // next commit's stats (and in the campaign's last).
+        self.stats.branch_parts(parts);
+        let stats = self.stats_now().to_json();
         self.store.commit_branch(&FinishedBranch {
             node: &node.row,
             records_json: &records_json,
@@ -639,10 +651,14 @@ impl<'a> Engine<'a> {
             meta: &[
                 ("branches", self.branches.to_string()),
                 ("wall_ms", wall_ms.to_string()),
-                ("tally", self.judge.save()),
+                ("tally", tally),
                 (STATS_META, stats),
             ],
         })?;
+        self.stats.branch_parts(BranchParts {
+            commit_ms: committing.elapsed().as_millis() as u64,
+            ..BranchParts::default()
+        });
         for row in &new_findings {
             progress.finding(
                 row.number,

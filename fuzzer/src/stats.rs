@@ -52,6 +52,39 @@ pub struct CampaignStats {
     pub replay_ms: u64,
     /// Checkpoints the workers held in memory at the last commit.
     pub live_checkpoints: u64,
+    /// Where [`branch_ms`](Self::branch_ms) and the engine's thread spent a
+    /// branch: see [`BranchParts`]; summed over branches (and workers).
+    pub restore_ms: u64,
+    pub run_ms: u64,
+    pub keep_ms: u64,
+    pub judge_ms: u64,
+    pub commit_ms: u64,
+    /// Each finding's number and the campaign's wall time (ms) when the
+    /// branch that found it was judged: before shrinking, which
+    /// [`findings_at_ms`](Self::findings_at_ms) includes.
+    pub found_at_ms: BTreeMap<u32, u64>,
+}
+
+/// The wall time of one branch in parts (milliseconds). A worker's part
+/// (`restore`, `run`, `keep`) is its [`CampaignStats::branch_ms`]; the
+/// engine's (`judge`, `commit`) follow on the campaign's thread, in branch
+/// order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BranchParts {
+    /// Going back to the parent's moment: a reset to its checkpoint, a load
+    /// from `spill/`, or a replay of its path's steps from an ancestor.
+    pub restore_ms: u64,
+    /// The branch's own step (re-key, faults, the slice), taking its
+    /// records and reading its digest.
+    pub run_ms: u64,
+    /// Keeping the new moment as a checkpoint (and letting older ones go,
+    /// spilled to disk).
+    pub keep_ms: u64,
+    /// Judging the history of the whole path.
+    pub judge_ms: u64,
+    /// The branch's database transaction (shrinking a new finding is not
+    /// in it: that is [`CampaignStats::shrink_ms`]).
+    pub commit_ms: u64,
 }
 
 /// What the workers of one run counted so far (their totals in this run).
@@ -132,6 +165,15 @@ impl CampaignStats {
             self.branches_by_worker.resize(worker + 1, 0);
         }
         self.branches_by_worker[worker] += 1;
+    }
+
+    /// Adds a branch's parts (see [`BranchParts`]).
+    pub fn branch_parts(&mut self, parts: BranchParts) {
+        self.restore_ms += parts.restore_ms;
+        self.run_ms += parts.run_ms;
+        self.keep_ms += parts.keep_ms;
+        self.judge_ms += parts.judge_ms;
+        self.commit_ms += parts.commit_ms;
     }
 
     /// These stats (of the runs before this one) with this run's workers'
@@ -232,6 +274,39 @@ mod tests {
             "going back to moments: 4 checkpoint load(s) from spill/ (12.0 s, 10.0%), 3 written to it (1.5 s, 1.2%), 2 step(s) replayed (6.0 s, 5.0%) of 120.0 s of the workers' time; 40 checkpoint(s) live at the end, holding 3G"
         );
         assert_eq!(GoingBack::default().percent(5), 0.0);
+    }
+
+    /// A branch's parts add up over branches; the old JSON (without them)
+    /// reads them as zero.
+    #[test]
+    fn test_branch_parts_add_up() {
+        let mut stats = CampaignStats::default();
+        let parts = BranchParts {
+            restore_ms: 1,
+            run_ms: 20,
+            keep_ms: 3,
+            judge_ms: 4,
+            commit_ms: 5,
+        };
+        stats.branch_parts(parts);
+        stats.branch_parts(BranchParts {
+            run_ms: 10,
+            ..parts
+        });
+        assert_eq!(
+            (
+                stats.restore_ms,
+                stats.run_ms,
+                stats.keep_ms,
+                stats.judge_ms,
+                stats.commit_ms
+            ),
+            (2, 30, 6, 8, 10)
+        );
+        let back: CampaignStats = serde_json::from_str(&stats.to_json()).unwrap();
+        assert_eq!(back, stats);
+        let old: CampaignStats = serde_json::from_str(r#"{"branch_ms": 7}"#).unwrap();
+        assert_eq!((old.restore_ms, old.found_at_ms.len()), (0, 0));
     }
 
     /// Stats kept by an older build (fewer fields) read, the rest default.

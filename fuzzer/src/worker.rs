@@ -7,7 +7,7 @@
 use crate::session::{apply_steps, boot_options, reach, SessionError};
 use crate::spec::{CampaignSpec, DEFAULT_LIVE_CHECKPOINTS};
 use crate::spill::{self, Spill, SpillError, SpillStats};
-use crate::stats::WorkerCounts;
+use crate::stats::{BranchParts, WorkerCounts};
 use crate::step::Path as StepPath;
 use crate::tree::TreeNode;
 use run::api::{CheckpointId, Position, Request, RunId};
@@ -79,6 +79,9 @@ pub(crate) struct BranchRun {
     pub records: Vec<GuestRecord>,
     pub digest: String,
     pub wall_ms: u64,
+    /// The worker's parts of `wall_ms` (its `judge_ms` and `commit_ms` are
+    /// the engine's, 0 here).
+    pub parts: BranchParts,
 }
 
 impl<'a> Worker<'a> {
@@ -286,13 +289,18 @@ impl<'a> Worker<'a> {
     /// be branched.
     pub fn branch(&mut self, job: &BranchJob, nodes: &[TreeNode]) -> Result<BranchRun> {
         let started = Instant::now();
+        let ms = |since: Instant| since.elapsed().as_millis() as u64;
         self.go_to(job.parent, nodes)?;
+        let restore_ms = ms(started);
+        let running = Instant::now();
         let run = self.run_id();
         let step = job.path.steps.last().expect("a child has a step");
         let mut calls = self.calls();
         let position = apply_steps(&mut calls, run, std::slice::from_ref(step), job.path.end_ns)?;
         let records = calls.take_records(run)?;
         let digest = calls.outcome(run)?.digest;
+        let run_ms = ms(running);
+        let keeping = Instant::now();
         self.at_node = None;
         if job.keep && position.stop.is_none() {
             self.keep(job.id)?;
@@ -302,7 +310,13 @@ impl<'a> Worker<'a> {
             position,
             records,
             digest,
-            wall_ms: started.elapsed().as_millis() as u64,
+            wall_ms: ms(started),
+            parts: BranchParts {
+                restore_ms,
+                run_ms,
+                keep_ms: ms(keeping),
+                ..Default::default()
+            },
         })
     }
 
