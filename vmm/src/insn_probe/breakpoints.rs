@@ -84,8 +84,11 @@ pub fn probe_hw_breakpoints(kvm: &Kvm) -> Result<HwBreakpoints, String> {
                 hits += 1;
                 vm.edit_regs(|r| r.rflags |= RFLAGS_RF)?;
             }
-            Stop::Other(exit) => {
-                return Err(format!("the guest stopped with {exit} after {hits} breakpoint hits"))
+            other @ Stop::Other(_) => {
+                return Err(format!(
+                    "the guest stopped with {} after {hits} breakpoint hits",
+                    other.describe()
+                ))
             }
         }
     }
@@ -114,7 +117,7 @@ pub fn probe_int3(kvm: &Kvm) -> Result<Int3Report, String> {
             report.pc = Some(pc);
         }
         other => {
-            report.instead = Some(format!("{other:?}"));
+            report.instead = Some(other.describe());
             return Ok(report);
         }
     }

@@ -110,6 +110,19 @@ pub enum Stop {
     Other(String),
 }
 
+impl Stop {
+    /// What the stop was, in words.
+    pub fn describe(&self) -> String {
+        match self {
+            Stop::Report(value) => format!("the guest's report {value}"),
+            Stop::Debug { exception, pc, dr6 } => {
+                format!("a debug exit (exception {exception} at {pc:#x}, dr6 {dr6:#x})")
+            }
+            Stop::Other(exit) => format!("the exit {exit}"),
+        }
+    }
+}
+
 fn segment(selector: u16, type_: u8, dpl: u8) -> kvm_segment {
     kvm_segment {
         base: 0,

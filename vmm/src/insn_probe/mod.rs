@@ -125,6 +125,10 @@ pub struct Clocks {
     pub pmu: ClockOffer,
 }
 
+/// Why no clock but `exit` is offered on a KVM that cannot run guests.
+pub const CANNOT_RUN_GUESTS: &str =
+    "this KVM cannot run guests (see above; `check --host-vm always` probes the helper VM's)";
+
 /// Why the step clock is not offered by an exactness result.
 fn step_shortfall(e: &StepExactness) -> Option<String> {
     if e.stepped != e.expected {
@@ -146,8 +150,9 @@ impl Clocks {
     /// The clocks `probes` allow; `cannot_run_guests` is why this KVM
     /// cannot run guests at all, if it cannot.
     pub fn from_probes(probes: &InsnProbes, cannot_run_guests: Option<&str>) -> Clocks {
+        let cannot_run = || ClockOffer::no(CANNOT_RUN_GUESTS.to_string());
         let step = match (&probes.step, &probes.step_rate, cannot_run_guests) {
-            (_, _, Some(why)) => ClockOffer::no(format!("this KVM cannot run guests: {why}")),
+            (_, _, Some(_)) => cannot_run(),
             (Probed::Failed { reason }, _, _) => {
                 ClockOffer::no(format!("the stepping probe failed: {reason}"))
             }
@@ -159,9 +164,10 @@ impl Clocks {
                 },
             },
         };
+        // The counter's own reason first: it holds wherever the guest runs.
         let pmu = match (probes.pmu.why_unavailable(), cannot_run_guests) {
-            (_, Some(why)) => ClockOffer::no(format!("this KVM cannot run guests: {why}")),
-            (Some(why), None) => ClockOffer::no(why),
+            (Some(why), _) => ClockOffer::no(why),
+            (None, Some(_)) => cannot_run(),
             (None, None) => ClockOffer::yes(),
         };
         Clocks {
@@ -221,10 +227,10 @@ pub fn report_lines(probes: &InsnProbes, clocks: &Clocks, on: ProbedOn) -> Vec<S
                 .as_deref()
                 .map(|m| format!("; {m}"))
                 .unwrap_or_default(),
-            if h.guest_finished {
-                ""
-            } else {
-                "; the guest did not finish"
+            match (h.guest_finished, h.hits) {
+                (true, 0) => "; the guest ran past every breakpoint to its end",
+                (true, _) => "",
+                (false, _) => "; the guest did not finish",
             }
         ),
         Probed::Failed { reason } => format!("unknown: {reason}"),
@@ -248,7 +254,7 @@ pub fn report_lines(probes: &InsnProbes, clocks: &Clocks, on: ProbedOn) -> Vec<S
         }
         Probed::Measured(i) => format!(
             "no: the guest's int3 gave {}",
-            i.instead.as_deref().unwrap_or("nothing")
+            i.instead.as_deref().unwrap_or("no exit")
         ),
         Probed::Failed { reason } => format!("unknown: {reason}"),
     };

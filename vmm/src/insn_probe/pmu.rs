@@ -231,11 +231,12 @@ fn count_guest(kvm: &Kvm, type_: u32, config: u64, expected: u64) -> Counter {
         counter_ioctl(&counter, PERF_EVENT_IOC_DISABLE)?;
         match stop {
             Ok(Stop::Report(_)) => {}
-            other => {
+            Ok(other) => {
                 return Err(Counter::Failed {
-                    reason: format!("the counted guest stopped with {other:?}"),
+                    reason: format!("the counted guest stopped with {}", other.describe()),
                 })
             }
+            Err(reason) => return Err(Counter::Failed { reason }),
         }
         let mut bytes = [0u8; 8];
         (&counter)

@@ -116,7 +116,12 @@ fn step_to_report(kvm: &Kvm, cpl: Cpl, loops: u32, rep: u32) -> Result<(u64, u64
             Stop::Debug { exception, pc, .. } => {
                 return Err(format!("a debug exit with exception {exception} at {pc:#x} while stepping"));
             }
-            Stop::Other(exit) => return Err(format!("the guest stopped with {exit} after {steps} steps")),
+            other @ Stop::Other(_) => {
+                return Err(format!(
+                    "the guest stopped with {} after {steps} steps",
+                    other.describe()
+                ))
+            }
         }
         if steps > limit {
             return Err(format!("{steps} steps without reaching the guest's report (expected about {})", limit - 1000));
@@ -152,7 +157,12 @@ pub fn probe_rate(kvm: &Kvm) -> Result<StepRate, String> {
     while start.elapsed() < RATE_BUDGET {
         match vm.run()? {
             Stop::Debug { exception, .. } if exception == DB_VECTOR => steps += 1,
-            other => return Err(format!("the rate run stopped with {other:?} after {steps} steps")),
+            other => {
+                return Err(format!(
+                    "the rate run stopped with {} after {steps} steps",
+                    other.describe()
+                ))
+            }
         }
     }
     let micros = elapsed_micros(start);
@@ -161,7 +171,12 @@ pub fn probe_rate(kvm: &Kvm) -> Result<StepRate, String> {
     let start = Instant::now();
     let count = match free.run()? {
         Stop::Report(count) => u64::from(count),
-        other => return Err(format!("the unstepped run stopped with {other:?}")),
+        other => {
+            return Err(format!(
+                "the unstepped run stopped with {}",
+                other.describe()
+            ))
+        }
     };
     Ok(StepRate {
         steps,
