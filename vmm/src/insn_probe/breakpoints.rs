@@ -73,8 +73,18 @@ pub fn probe_hw_breakpoints(kvm: &Kvm) -> Result<HwBreakpoints, String> {
                 })
             }
             Stop::Debug { exception, pc, dr6 } => {
-                let want = if hits < u64::from(BP_LOOPS) { LOOP_DEC } else { AFTER_REP };
-                let which = if dr6 & 1 != 0 { LOOP_DEC } else if dr6 & 2 != 0 { AFTER_REP } else { 0 };
+                let want = if hits < u64::from(BP_LOOPS) {
+                    LOOP_DEC
+                } else {
+                    AFTER_REP
+                };
+                let which = if dr6 & 1 != 0 {
+                    LOOP_DEC
+                } else if dr6 & 2 != 0 {
+                    AFTER_REP
+                } else {
+                    0
+                };
                 if exception != DB_VECTOR || pc != want || which != want {
                     misplaced.get_or_insert(format!(
                         "hit {} was exception {exception} at {pc:#x} (dr6 {dr6:#x}), expected {want:#x}",
@@ -112,7 +122,11 @@ pub fn probe_int3(kvm: &Kvm) -> Result<Int3Report, String> {
         instead: None,
     };
     match vm.run()? {
-        Stop::Debug { exception: BP_VECTOR, pc, .. } => {
+        Stop::Debug {
+            exception: BP_VECTOR,
+            pc,
+            ..
+        } => {
             report.reported = true;
             report.pc = Some(pc);
         }
@@ -138,10 +152,27 @@ mod tests {
 
     #[test]
     fn breakpoints_fire_only_with_every_hit_in_place() {
-        let good = HwBreakpoints { expected_hits: 11, hits: 11, misplaced: None, guest_finished: true };
+        let good = HwBreakpoints {
+            expected_hits: 11,
+            hits: 11,
+            misplaced: None,
+            guest_finished: true,
+        };
         assert!(good.fire());
-        assert!(!HwBreakpoints { hits: 10, ..good.clone() }.fire());
-        assert!(!HwBreakpoints { misplaced: Some("x".into()), ..good.clone() }.fire());
-        assert!(!HwBreakpoints { guest_finished: false, ..good }.fire());
+        assert!(!HwBreakpoints {
+            hits: 10,
+            ..good.clone()
+        }
+        .fire());
+        assert!(!HwBreakpoints {
+            misplaced: Some("x".into()),
+            ..good.clone()
+        }
+        .fire());
+        assert!(!HwBreakpoints {
+            guest_finished: false,
+            ..good
+        }
+        .fire());
     }
 }

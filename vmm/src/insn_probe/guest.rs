@@ -227,17 +227,19 @@ impl ProbeVm {
 
     /// Enters the guest once.
     pub fn run(&mut self) -> Result<Stop, String> {
-        Ok(match self.vcpu.run().map_err(|e| format!("KVM_RUN: {e}"))? {
-            VcpuExit::IoOut(REPORT_PORT, data) if data.len() == 4 => {
-                Stop::Report(u32::from_le_bytes([data[0], data[1], data[2], data[3]]))
-            }
-            VcpuExit::Debug(arch) => Stop::Debug {
-                exception: arch.exception,
-                pc: arch.pc,
-                dr6: arch.dr6,
+        Ok(
+            match self.vcpu.run().map_err(|e| format!("KVM_RUN: {e}"))? {
+                VcpuExit::IoOut(REPORT_PORT, data) if data.len() == 4 => {
+                    Stop::Report(u32::from_le_bytes([data[0], data[1], data[2], data[3]]))
+                }
+                VcpuExit::Debug(arch) => Stop::Debug {
+                    exception: arch.exception,
+                    pc: arch.pc,
+                    dr6: arch.dr6,
+                },
+                other => Stop::Other(format!("{other:?}")),
             },
-            other => Stop::Other(format!("{other:?}")),
-        })
+        )
     }
 
     /// The guest's RIP.

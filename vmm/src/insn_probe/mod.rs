@@ -270,7 +270,10 @@ pub fn report_lines(probes: &InsnProbes, clocks: &Clocks, on: ProbedOn) -> Vec<S
         ProbedOn::HelperVm => "the helper VM's KVM (nested, under QEMU)",
     };
     vec![
-        line("clock exit", offer(&clocks.exit, " (virtual time per exit; the default)".into())),
+        line(
+            "clock exit",
+            offer(&clocks.exit, " (virtual time per exit; the default)".into()),
+        ),
         line("clock step", offer(&clocks.step, step_detail)),
         line("clock pmu", offer(&clocks.pmu, String::new())),
         line("hardware breakpoints", hw),

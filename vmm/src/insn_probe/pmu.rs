@@ -57,7 +57,7 @@ impl CpuModel {
     /// The raw perf event of retired conditional branches on this model.
     fn conditional_branch_event(&self) -> Option<u64> {
         match self.vendor.as_str() {
-            "GenuineIntel" => Some(0x5101c4),  // BR_INST_RETIRED.CONDITIONAL
+            "GenuineIntel" => Some(0x5101c4), // BR_INST_RETIRED.CONDITIONAL
             "AuthenticAMD" => Some(0x5100d1), // Zen: retired conditional branches
             _ => None,
         }
@@ -272,7 +272,12 @@ fn cpu_model() -> Option<CpuModel> {
 pub fn probe_pmu(kvm: &Kvm, hardware_pmu: bool) -> PmuProbe {
     let cpu = cpu_model();
     let loops = u64::from(PMU_LOOPS);
-    let instructions = count_guest(kvm, PERF_TYPE_HARDWARE, PERF_COUNT_HW_INSTRUCTIONS, 3 * loops + UNCOUNTED);
+    let instructions = count_guest(
+        kvm,
+        PERF_TYPE_HARDWARE,
+        PERF_COUNT_HW_INSTRUCTIONS,
+        3 * loops + UNCOUNTED,
+    );
     let conditional_branches = match cpu.as_ref().and_then(CpuModel::conditional_branch_event) {
         Some(event) => count_guest(kvm, PERF_TYPE_RAW, event, loops),
         None => Counter::Failed {
@@ -292,11 +297,19 @@ mod tests {
     use super::*;
 
     fn enoent() -> Counter {
-        Counter::OpenFailed { errno: 2, error: "No such file or directory (os error 2)".into() }
+        Counter::OpenFailed {
+            errno: 2,
+            error: "No such file or directory (os error 2)".into(),
+        }
     }
 
     fn probe(instructions: Counter, cpu: Option<CpuModel>) -> PmuProbe {
-        PmuProbe { cpu, hardware_pmu: false, instructions, conditional_branches: enoent() }
+        PmuProbe {
+            cpu,
+            hardware_pmu: false,
+            instructions,
+            conditional_branches: enoent(),
+        }
     }
 
     #[test]
@@ -317,25 +330,52 @@ mod tests {
 
     #[test]
     fn a_counter_that_counts_the_guest_makes_the_clock_available() {
-        let good = Counter::Counted { count: 30_010, expected: 30_004 };
+        let good = Counter::Counted {
+            count: 30_010,
+            expected: 30_004,
+        };
         assert_eq!(probe(good.clone(), None).why_unavailable(), None);
-        let zen = CpuModel { vendor: "AuthenticAMD".into(), family: 0x19, model: 1 };
+        let zen = CpuModel {
+            vendor: "AuthenticAMD".into(),
+            family: 0x19,
+            model: 1,
+        };
         assert_eq!(probe(good, Some(zen)).why_unavailable(), None);
     }
 
     #[test]
     fn a_counter_that_misses_the_guest_is_not_usable() {
-        let zero = Counter::Counted { count: 0, expected: 30_004 };
+        let zero = Counter::Counted {
+            count: 0,
+            expected: 30_004,
+        };
         assert!(!zero.usable());
-        assert_eq!(zero.why_not().unwrap(), "counted 0 where the guest ran at least 30004");
-        assert!(!Counter::Counted { count: 30_004 + SLACK + 1, expected: 30_004 }.usable());
+        assert_eq!(
+            zero.why_not().unwrap(),
+            "counted 0 where the guest ran at least 30004"
+        );
+        assert!(!Counter::Counted {
+            count: 30_004 + SLACK + 1,
+            expected: 30_004
+        }
+        .usable());
     }
 
     #[test]
     fn a_known_unreliable_model_is_refused_even_with_a_counter() {
-        let good = Counter::Counted { count: 30_004, expected: 30_004 };
-        let penryn = CpuModel { vendor: "GenuineIntel".into(), family: 6, model: 0x17 };
+        let good = Counter::Counted {
+            count: 30_004,
+            expected: 30_004,
+        };
+        let penryn = CpuModel {
+            vendor: "GenuineIntel".into(),
+            family: 6,
+            model: 0x17,
+        };
         let why = probe(good, Some(penryn)).why_unavailable().unwrap();
-        assert!(why.starts_with("counters known unreliable on this CPU (Intel Merom/Penryn"), "{why}");
+        assert!(
+            why.starts_with("counters known unreliable on this CPU (Intel Merom/Penryn"),
+            "{why}"
+        );
     }
 }

@@ -110,11 +110,15 @@ fn step_to_report(kvm: &Kvm, cpl: Cpl, loops: u32, rep: u32) -> Result<(u64, u64
             Stop::Debug { exception, pc, .. } if exception == DB_VECTOR => {
                 steps += 1;
                 if steps == 1 && cpl == Cpl::User && vm.cpl()? != 3 {
-                    return Err(format!("the guest is not at CPL 3 after its first step (rip {pc:#x})"));
+                    return Err(format!(
+                        "the guest is not at CPL 3 after its first step (rip {pc:#x})"
+                    ));
                 }
             }
             Stop::Debug { exception, pc, .. } => {
-                return Err(format!("a debug exit with exception {exception} at {pc:#x} while stepping"));
+                return Err(format!(
+                    "a debug exit with exception {exception} at {pc:#x} while stepping"
+                ));
             }
             other @ Stop::Other(_) => {
                 return Err(format!(
@@ -124,10 +128,16 @@ fn step_to_report(kvm: &Kvm, cpl: Cpl, loops: u32, rep: u32) -> Result<(u64, u64
             }
         }
         if steps > limit {
-            return Err(format!("{steps} steps without reaching the guest's report (expected about {})", limit - 1000));
+            return Err(format!(
+                "{steps} steps without reaching the guest's report (expected about {})",
+                limit - 1000
+            ));
         }
         if start.elapsed() > RUN_DEADLINE {
-            return Err(format!("stepping took more than {}s ({steps} steps)", RUN_DEADLINE.as_secs()));
+            return Err(format!(
+                "stepping took more than {}s ({steps} steps)",
+                RUN_DEADLINE.as_secs()
+            ));
         }
     }
 }
@@ -212,13 +222,26 @@ mod tests {
             rep_count: RepCount::PerIteration,
         };
         assert!(exact.exact());
-        assert!(!StepExactness { stepped: 903, ..exact.clone() }.exact());
-        assert!(!StepExactness { rep_count: RepCount::Other(3), ..exact }.exact());
+        assert!(!StepExactness {
+            stepped: 903,
+            ..exact.clone()
+        }
+        .exact());
+        assert!(!StepExactness {
+            rep_count: RepCount::Other(3),
+            ..exact
+        }
+        .exact());
     }
 
     #[test]
     fn rates_are_per_second_and_survive_zero_time() {
-        let rate = StepRate { steps: 5000, micros: 500_000, free_instructions: 9_000_004, free_micros: 0 };
+        let rate = StepRate {
+            steps: 5000,
+            micros: 500_000,
+            free_instructions: 9_000_004,
+            free_micros: 0,
+        };
         assert_eq!(rate.steps_per_second(), 10_000);
         assert_eq!(rate.free_instructions_per_second(), 9_000_004_000_000);
     }
