@@ -72,7 +72,7 @@ pub struct HostReport {
     pub clocks: Option<Clocks>,
     /// What the instruction probes measured, behind `clocks`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instruction_probes: Option<InsnProbes>,
+    pub instruction_probes: Option<Box<InsnProbes>>,
 }
 
 fn kvm_modules() -> Vec<String> {
@@ -248,6 +248,6 @@ pub fn host_report_with_clocks() -> HostReport {
         }
     };
     report.clocks = Some(Clocks::from_probes(&probes, report.reason.as_deref()));
-    report.instruction_probes = Some(probes);
+    report.instruction_probes = Some(Box::new(probes));
     report
 }
