@@ -614,7 +614,12 @@ fn cmd_check(args: CheckArgs) -> Result<u8> {
         );
         Calls::new(&mut runner).host_report().map_err(failed)?
     } else {
-        vmm::probe::host_report()
+        vmm::probe::host_report_with_clocks()
+    };
+    let probed_on = if args.host_vm == HostVmMode::Always {
+        vmm::insn_probe::ProbedOn::HelperVm
+    } else {
+        vmm::insn_probe::ProbedOn::ThisHost
     };
     let qemu = helper_vm::qemu_available();
     if args.json {
@@ -623,12 +628,18 @@ fn cmd_check(args: CheckArgs) -> Result<u8> {
             #[serde(flatten)]
             host: &'a vmm::probe::HostReport,
             helper_vm_qemu: bool,
+            /// `host` or `helper_vm`: whose KVM the report is about.
+            checked_on: &'static str,
         }
         println!(
             "{}",
             serde_json::to_string(&Check {
                 host: &report,
-                helper_vm_qemu: qemu
+                helper_vm_qemu: qemu,
+                checked_on: match probed_on {
+                    vmm::insn_probe::ProbedOn::ThisHost => "host",
+                    vmm::insn_probe::ProbedOn::HelperVm => "helper_vm",
+                },
             })?
         );
     } else {
@@ -672,6 +683,11 @@ fn cmd_check(args: CheckArgs) -> Result<u8> {
         println!("can run guests here:      {}", yes(report.can_run_guests));
         if let Some(r) = &report.reason {
             println!("  because:                {r}");
+        }
+        if let (Some(probes), Some(clocks)) = (&report.instruction_probes, &report.clocks) {
+            for line in vmm::insn_probe::report_lines(probes, clocks, probed_on) {
+                println!("{line}");
+            }
         }
         println!(
             "helper VM available:      {}",

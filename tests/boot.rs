@@ -286,9 +286,13 @@ fn test_check_reports_host_capabilities() {
         "hardware_pmu",
         "can_run_guests",
         "helper_vm_qemu",
+        "clocks",
+        "instruction_probes",
     ] {
         assert!(report.get(key).is_some(), "missing {key}");
     }
+    assert_eq!(report["checked_on"], "host");
+    assert_eq!(report["clocks"]["exit"]["available"], true, "{report}");
     // A host that cannot run guests must say why.
     if report["can_run_guests"] == false {
         assert!(report["reason"].as_str().unwrap().len() > 10);
@@ -305,6 +309,47 @@ fn test_check_inside_helper_vm_finds_a_kvm_that_honours_the_cpu_model() {
     assert_eq!(probe["seen_ecx"], probe["expected_ecx"]);
     assert_eq!(probe["seen_edx"], probe["expected_edx"]);
     assert_eq!(report["hardware_virtualization"], "svm");
+
+    // The instruction probes ran on the helper VM's KVM: single steps count
+    // the guest's own instructions exactly, a REP one step per iteration,
+    // at CPL 0 and CPL 3; this machine has no PMU.
+    assert_eq!(report["checked_on"], "helper_vm");
+    let probes = &report["instruction_probes"];
+    for level in ["step", "user_step"] {
+        let step = &probes[level]["measured"];
+        assert_eq!(step["guest_count"], 900, "{level}: {probes}");
+        assert_eq!(step["stepped"], step["expected"], "{level}: {probes}");
+        assert_eq!(step["rep_count"], "per_iteration", "{level}: {probes}");
+    }
+    let clocks = &report["clocks"];
+    assert_eq!(clocks["exit"]["available"], true, "{clocks}");
+    assert_eq!(clocks["step"]["available"], true, "{clocks}");
+    assert!(clocks["step"]["steps_per_second"].as_u64().unwrap() > 0);
+    assert_eq!(clocks["pmu"]["available"], false, "{clocks}");
+    let why = clocks["pmu"]["reason"].as_str().unwrap();
+    assert!(why.starts_with("no usable PMU"), "{why}");
+    assert!(why.contains("perf_event_open"), "{why}");
+    // Breakpoints and INT3 were measured (what they do is environment's).
+    assert_eq!(
+        probes["hardware_breakpoints"]["measured"]["expected_hits"], 11,
+        "{probes}"
+    );
+    assert!(probes["int3"].get("measured").is_some(), "{probes}");
+
+    let text = detvisor(&["check", "--host-vm", "always"]);
+    assert_eq!(text.status.code(), Some(0));
+    let text = stdout(&text);
+    for line in [
+        "clock exit:",
+        "clock step:               available, ",
+        "clock pmu:                no: no usable PMU",
+        "hardware breakpoints:",
+        "INT3 reported to VMM:",
+        "user-level stepping:      exact (CPL 3)",
+        "clocks probed on:         the helper VM's KVM",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
 }
 
 /// A guest that never makes a VM exit never reaches `--until` (virtual time

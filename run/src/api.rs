@@ -493,7 +493,7 @@ impl Controller {
                 rows: snapshots::list(&dir)?,
             },
             Request::SnapshotInfo { dir } => Response::SnapshotDetails(snapshots::info(&dir)?),
-            Request::HostReport => Response::HostReport(vmm::probe::host_report()),
+            Request::HostReport => Response::HostReport(vmm::probe::host_report_with_clocks()),
             Request::TraceReport { path } => Response::TraceReport(crate::trace::report(&path)?),
 
             Request::Boot { guest } => {

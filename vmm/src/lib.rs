@@ -8,6 +8,7 @@ pub mod cpu_model;
 pub mod entropy;
 pub mod exit;
 pub mod guest_crng;
+pub mod insn_probe;
 pub mod irq_window;
 mod kvm_util;
 pub mod probe;

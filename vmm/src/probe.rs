@@ -6,6 +6,7 @@
 //! `kvm_pvm` does) cannot give a deterministic guest.
 
 use crate::cpu_model;
+use crate::insn_probe::{self, Clocks, InsnProbes};
 use kvm_bindings::{kvm_msr_entry, kvm_userspace_memory_region, Msrs};
 use kvm_ioctls::{Cap, Kvm, VcpuExit};
 use serde::{Deserialize, Serialize};
@@ -65,6 +66,13 @@ pub struct HostReport {
     pub can_run_guests: bool,
     /// Why not, if not.
     pub reason: Option<String>,
+    /// Which clocks a run could use here (`detvisor check` only: the
+    /// probes take a second or more).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clocks: Option<Clocks>,
+    /// What the instruction probes measured, behind `clocks`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instruction_probes: Option<Box<InsnProbes>>,
 }
 
 fn kvm_modules() -> Vec<String> {
@@ -179,6 +187,8 @@ pub fn host_report() -> HostReport {
         probe_error: None,
         can_run_guests: false,
         reason: None,
+        clocks: None,
+        instruction_probes: None,
     };
     let kvm = match Kvm::new() {
         Ok(kvm) => kvm,
@@ -216,5 +226,28 @@ pub fn host_report() -> HostReport {
             })
     };
     report.can_run_guests = report.reason.is_none();
+    report
+}
+
+/// [`host_report`] with the instruction probes run and the clocks they
+/// allow (`detvisor check`).
+pub fn host_report_with_clocks() -> HostReport {
+    let mut report = host_report();
+    let probes = match Kvm::new() {
+        Ok(kvm) => insn_probe::run_probes(&kvm, report.hardware_pmu),
+        Err(e) => {
+            let reason = format!("cannot open /dev/kvm: {e}");
+            InsnProbes {
+                step: insn_probe::Probed::failed(&reason),
+                step_rate: insn_probe::Probed::failed(&reason),
+                user_step: insn_probe::Probed::failed(&reason),
+                hardware_breakpoints: insn_probe::Probed::failed(&reason),
+                int3: insn_probe::Probed::failed(&reason),
+                pmu: insn_probe::pmu::PmuProbe::unprobed(report.hardware_pmu, &reason),
+            }
+        }
+    };
+    report.clocks = Some(Clocks::from_probes(&probes, report.reason.as_deref()));
+    report.instruction_probes = Some(Box::new(probes));
     report
 }
