@@ -104,23 +104,40 @@ fn hardware_pmu() -> bool {
     })
 }
 
+/// A bare probe guest's VM and its memory: `bytes` at guest address 0,
+/// mapped by the VM's one slot. Field order is drop order: the VM goes
+/// before the memory it maps.
+pub(crate) struct BareVm {
+    pub vm: kvm_ioctls::VmFd,
+    pub memory: GuestMemoryMmap<()>,
+}
+
+impl BareVm {
+    pub(crate) fn new(kvm: &Kvm, bytes: usize) -> Result<BareVm, String> {
+        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), bytes)])
+            .map_err(|e| format!("guest memory: {e}"))?;
+        let vm = kvm.create_vm().map_err(|e| format!("KVM_CREATE_VM: {e}"))?;
+        let region = memory.iter().next().ok_or("no memory region")?;
+        let desc = kvm_userspace_memory_region {
+            slot: 0,
+            flags: 0,
+            guest_phys_addr: 0,
+            memory_size: region.len(),
+            userspace_addr: region.as_ptr() as u64,
+        };
+        // SAFETY: `desc` describes the live mapping `memory`, which the
+        // returned BareVm drops after `vm` (field order), so KVM never sees
+        // it unmapped.
+        unsafe { vm.set_user_memory_region(desc) }
+            .map_err(|e| format!("KVM_SET_USER_MEMORY_REGION: {e}"))?;
+        Ok(BareVm { vm, memory })
+    }
+}
+
 /// Runs the CPUID probe guest and returns what it saw.
 pub fn probe_cpuid(kvm: &Kvm) -> Result<CpuidProbe, String> {
-    // `mem` is declared before `vm`, so it is dropped after it.
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)])
-        .map_err(|e| e.to_string())?;
-    let vm = kvm.create_vm().map_err(|e| format!("KVM_CREATE_VM: {e}"))?;
-    let region = mem.iter().next().ok_or("no memory region")?;
-    let desc = kvm_userspace_memory_region {
-        slot: 0,
-        flags: 0,
-        guest_phys_addr: 0,
-        memory_size: region.len(),
-        userspace_addr: region.as_ptr() as u64,
-    };
-    // SAFETY: `desc` describes the live mapping `mem`, which outlives `vm`
-    // (declared earlier, dropped later), so KVM never sees it unmapped.
-    unsafe { vm.set_user_memory_region(desc) }.map_err(|e| format!("set memory: {e}"))?;
+    let bare = BareVm::new(kvm, 0x10000)?;
+    let (vm, mem) = (&bare.vm, &bare.memory);
     mem.write_slice(PROBE_CODE, GuestAddress(PROBE_CODE_ADDR))
         .map_err(|e| e.to_string())?;
     let mut vcpu = vm

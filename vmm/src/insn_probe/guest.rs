@@ -12,9 +12,10 @@
 //! report's `OUT` works at CPL 3 too.
 
 use crate::cpu_model;
-use kvm_bindings::{kvm_guest_debug, kvm_segment, kvm_userspace_memory_region};
-use kvm_ioctls::{Kvm, VcpuExit, VcpuFd, VmFd};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
+use crate::probe::BareVm;
+use kvm_bindings::{kvm_guest_debug, kvm_segment};
+use kvm_ioctls::{Kvm, VcpuExit, VcpuFd};
+use vm_memory::{Bytes, GuestAddress};
 
 /// Port the probe guest reports its count on.
 pub const REPORT_PORT: u16 = 0x510;
@@ -95,8 +96,7 @@ pub struct ProbeVm {
     // Field order is drop order: the vCPU and VM go before the memory
     // KVM maps.
     pub vcpu: VcpuFd,
-    _vm: VmFd,
-    _memory: GuestMemoryMmap<()>,
+    _bare: BareVm,
 }
 
 /// How one run of the guest ended.
@@ -145,22 +145,8 @@ impl ProbeVm {
     /// A fresh VM whose vCPU is about to execute `entry` at `cpl`, with
     /// ECX = `loops` and EBX = `rep`.
     pub fn new(kvm: &Kvm, cpl: Cpl, entry: u64, loops: u32, rep: u32) -> Result<ProbeVm, String> {
-        let memory = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEMORY_BYTES)])
-            .map_err(|e| format!("guest memory: {e}"))?;
-        let vm = kvm.create_vm().map_err(|e| format!("KVM_CREATE_VM: {e}"))?;
-        let region = memory.iter().next().ok_or("no memory region")?;
-        let desc = kvm_userspace_memory_region {
-            slot: 0,
-            flags: 0,
-            guest_phys_addr: 0,
-            memory_size: region.len(),
-            userspace_addr: region.as_ptr() as u64,
-        };
-        // SAFETY: `desc` describes the live mapping `memory`, which the
-        // returned ProbeVm drops after its VM (field order), so KVM never
-        // sees it unmapped.
-        unsafe { vm.set_user_memory_region(desc) }
-            .map_err(|e| format!("KVM_SET_USER_MEMORY_REGION: {e}"))?;
+        let bare = BareVm::new(kvm, MEMORY_BYTES)?;
+        let (vm, memory) = (&bare.vm, &bare.memory);
         for (addr, code) in CODE {
             memory
                 .write_slice(code, GuestAddress(*addr))
@@ -206,11 +192,7 @@ impl ProbeVm {
         regs.rsi = 0;
         vcpu.set_regs(&regs)
             .map_err(|e| format!("KVM_SET_REGS: {e}"))?;
-        Ok(ProbeVm {
-            vcpu,
-            _vm: vm,
-            _memory: memory,
-        })
+        Ok(ProbeVm { vcpu, _bare: bare })
     }
 
     /// Sets KVM's guest-debug control and debug registers.
