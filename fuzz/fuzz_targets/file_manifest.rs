@@ -38,7 +38,7 @@ use devices::VirtNanos;
 use files::{check_error, Scratch};
 use fuzzer::spec::{
     CampaignFile, CampaignSpec, RootRule, SpecError, MAX_DEPTH, MAX_LIVE_CHECKPOINTS_UNBOUNDED,
-    MIN_CHECKPOINT_MEMORY, MIN_SLICE, ROOT_POLL,
+    MIN_CHECKPOINT_MEMORY, MIN_SLICE, ROOT_POLL, SIZED_LIVE_CHECKPOINTS,
 };
 use libfuzzer_sys::fuzz_target;
 use run::manifest::WORKLOAD_NODE;
@@ -171,6 +171,11 @@ fn check_bounds(spec: &CampaignSpec) {
     assert!(spec.live_checkpoints >= 1);
     match spec.checkpoint_memory {
         Some(bytes) => assert!(bytes >= MIN_CHECKPOINT_MEMORY),
+        // Sized from the machine's memory when the run starts: the count
+        // is only a backstop then.
+        None if spec.size_checkpoints_from_memory => {
+            assert_eq!(spec.live_checkpoints, SIZED_LIVE_CHECKPOINTS)
+        }
         None => assert!(spec.live_checkpoints <= MAX_LIVE_CHECKPOINTS_UNBOUNDED),
     }
     let root = match spec.root {
