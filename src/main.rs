@@ -62,9 +62,9 @@ enum Command {
     /// List and inspect snapshots.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
-    /// Resume a saved moment (DIR@12.5s, DIR@exit:N, DIR/ID) and run on from it.
+    /// Resume a saved moment (DIR@12.5s, DIR@exit:N[+insn:K], DIR/ID) and run on from it.
     Branch(BranchArgs),
-    /// Replay to an exact moment (DIR@12.5s, DIR@exit:N) and report the machine state there.
+    /// Replay to an exact moment (DIR@12.5s, DIR@exit:N, DIR@exit:N+insn:K) and report the machine state there.
     Seek(SeekArgs),
     /// An interactive shell inside the guest at a saved moment (DIR@12.5s,
     /// DIR@exit:N, DIR/ID), in a fork: the saved history is untouched
@@ -145,7 +145,7 @@ enum SnapshotCommand {
 
 #[derive(Args, Debug)]
 struct BranchArgs {
-    /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
+    /// DIR@<time>, DIR@exit:<n>, DIR@exit:<n>+insn:<k> (k single steps after exit n), DIR@latest or DIR/<id>.
     spec: Moment,
     /// Stop at this virtual time (absolute, as in `run --until`).
     #[arg(long)]
@@ -258,7 +258,7 @@ pub fn failed(error: RunnerError) -> anyhow::Error {
 
 #[derive(Args, Debug)]
 struct SeekArgs {
-    /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
+    /// DIR@<time>, DIR@exit:<n>, DIR@exit:<n>+insn:<k> (k single steps after exit n), DIR@latest or DIR/<id>.
     spec: Moment,
     #[arg(long)]
     json: bool,
@@ -268,7 +268,7 @@ struct SeekArgs {
 
 #[derive(Args, Debug)]
 struct ShellArgs {
-    /// DIR@<time>, DIR@exit:<n>, DIR@latest or DIR/<id>.
+    /// DIR@<time>, DIR@exit:<n>, DIR@exit:<n>+insn:<k> (k single steps after exit n), DIR@latest or DIR/<id>.
     spec: Moment,
     /// For a snapshot of an `up` run: open the shell inside this node (its
     /// namespaces and root, its `/bin/sh`) instead of beside the nodes.

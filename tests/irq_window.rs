@@ -15,16 +15,7 @@ fn build_guest() -> (PathBuf, PathBuf) {
     let dir = std::env::temp_dir().join(format!("detvisor-irq-window-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let elf = dir.join("irq_window.elf");
-    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/guests/irq_window.S");
-    let status = std::process::Command::new("gcc")
-        .args(["-nostdlib", "-static", "-no-pie"])
-        .args(["-Wl,-Ttext=0x200000", "-Wl,--build-id=none", "-o"])
-        .arg(&elf)
-        .arg(&source)
-        .status()
-        .expect("gcc runs");
-    assert!(status.success(), "assembling {} failed", source.display());
+    let elf = assemble_bare_guest("irq_window", &dir);
     (dir, elf)
 }
 

@@ -334,7 +334,7 @@ mod tests {
                         node: None,
                         command: vec!["ps".into()],
                     }],
-                    when: When::Exit { index: 40 },
+                    when: When::Exit(vmm::position::InsnPosition::at_exit(40)),
                 },
             ),
         ];

@@ -42,6 +42,10 @@ pub enum SessionError {
     IdInFinding { moment: String },
     #[error("{moment}: `latest` of a branch is not a moment (give its time)")]
     LatestOfBranch { moment: String },
+    /// Instruction positions are reached by `seek`, `branch` and `shell`;
+    /// the debugger's moments keep whole exits for now.
+    #[error("{moment}: the debugger's moments are at exits (exit:N); `detvisor seek` reaches exit:N+insn:K")]
+    InsnPosition { moment: String },
     #[error("{moment}: {before} before the failure (at {failure}) is before the boot")]
     BeforeBoot {
         moment: String,
@@ -308,7 +312,12 @@ impl Session {
         };
         Ok(match &moment.when {
             When::Time(t) => Target::Time(*t),
-            When::Exit { index } => Target::Exit(*index),
+            When::Exit(position) if position.steps == 0 => Target::Exit(position.exit),
+            When::Exit(_) => {
+                return Err(SessionError::InsnPosition {
+                    moment: moment.to_string(),
+                })
+            }
             When::Failure => Target::Time(
                 finding
                     .ok_or_else(|| not_finding("failure"))?

@@ -131,6 +131,34 @@ pub struct Registers {
     pub r15: u64,
 }
 
+impl Registers {
+    /// The registers of a captured vCPU.
+    pub fn of(vcpu: &vmm::vcpu_state::VcpuState) -> Registers {
+        let r = &vcpu.regs;
+        Registers {
+            rip: r.rip,
+            rsp: r.rsp,
+            rflags: r.rflags,
+            cr3: vcpu.sregs.cr3,
+            rax: r.rax,
+            rbx: r.rbx,
+            rcx: r.rcx,
+            rdx: r.rdx,
+            rsi: r.rsi,
+            rdi: r.rdi,
+            rbp: r.rbp,
+            r8: r.r8,
+            r9: r.r9,
+            r10: r.r10,
+            r11: r.r11,
+            r12: r.r12,
+            r13: r.r13,
+            r14: r.r14,
+            r15: r.r15,
+        }
+    }
+}
+
 /// One device, in a line.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceSummary {
@@ -475,28 +503,7 @@ pub fn processes(
 /// not advance.
 pub fn inspect(driven: &mut Driven, stop: Option<StopReason>) -> Result<InspectReport> {
     let state = driven.session.capture().map_err(InspectError::Capture)?;
-    let r = &state.vcpu.regs;
-    let registers = Registers {
-        rip: r.rip,
-        rsp: r.rsp,
-        rflags: r.rflags,
-        cr3: state.vcpu.sregs.cr3,
-        rax: r.rax,
-        rbx: r.rbx,
-        rcx: r.rcx,
-        rdx: r.rdx,
-        rsi: r.rsi,
-        rdi: r.rdi,
-        rbp: r.rbp,
-        r8: r.r8,
-        r9: r.r9,
-        r10: r.r10,
-        r11: r.r11,
-        r12: r.r12,
-        r13: r.r13,
-        r14: r.r14,
-        r15: r.r15,
-    };
+    let registers = Registers::of(&state.vcpu);
     let nodes = match &driven.up {
         Some(up) => up
             .node_names()

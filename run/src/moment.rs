@@ -10,14 +10,15 @@
 //! failure moment (`F@failure`) and a time before it (`F@-1s`, recognised
 //! by its sign) are [`When`] variants that only a finding's history has
 //! (the `debugger` crate resolves them; a directory of snapshots refuses
-//! them); an instruction offset after an exit (`DIR@exit:N+insn:K`) will
-//! be a second field of [`When::Exit`].
+//! them); an instruction offset after an exit (`DIR@exit:N+insn:K`, the
+//! one position grammar, [`InsnPosition`]'s) is part of [`When::Exit`].
 
 use serde::{Deserialize, Serialize};
 use snapshot::{validate_id, Resolved, SnapshotError, Target};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use vmm::position::{InsnPosition, PositionError};
 use vmm::VirtNanos;
 
 /// A moment of a saved history.
@@ -42,9 +43,10 @@ pub enum When {
     /// time since boot, replayed forward from the last snapshot at or
     /// before it.
     Time(VirtNanos),
-    /// `exit:N`: once N exits have been handled, replayed forward from the
-    /// last snapshot at or before it.
-    Exit { index: u64 },
+    /// `exit:N` or `exit:N+insn:K`: once N exits have been handled (and K
+    /// single steps taken after them), replayed forward from the last
+    /// snapshot at or before exit N.
+    Exit(InsnPosition),
     /// `failure`: a finding's failure moment (the first record that broke
     /// its property); only in a finding's history.
     Failure,
@@ -65,6 +67,9 @@ pub enum MomentError {
     NothingAfterAt { text: String },
     #[error("bad snapshot spec {text:?}: exit index {index:?} is not a non-negative integer")]
     ExitIndex { text: String, index: String },
+    /// A position's other faults (its reason names the position).
+    #[error("bad snapshot spec {text:?}: {reason}")]
+    Position { text: String, reason: PositionError },
     /// Neither a time nor an id (the duration's reason is part of the
     /// message: a command line's parser shows the message alone).
     #[error("bad snapshot spec {text:?}: {reason}")]
@@ -108,15 +113,17 @@ impl When {
         let owned = || text.to_owned();
         Ok(if when.is_empty() {
             return Err(MomentError::NothingAfterAt { text: owned() });
-        } else if let Some(index) = when.strip_prefix("exit:") {
-            let index = index
-                .replace('_', "")
-                .parse()
-                .map_err(|_| MomentError::ExitIndex {
+        } else if when.starts_with("exit:") {
+            When::Exit(when.parse().map_err(|reason| match reason {
+                PositionError::ExitIndex { index, .. } => MomentError::ExitIndex {
                     text: owned(),
-                    index: index.to_owned(),
-                })?;
-            When::Exit { index }
+                    index,
+                },
+                reason => MomentError::Position {
+                    text: owned(),
+                    reason,
+                },
+            })?)
         } else if when == "latest" {
             When::Latest
         } else if when == "failure" {
@@ -157,7 +164,7 @@ impl fmt::Display for When {
             When::Id(id) if id_reads_as_itself(id) => f.write_str(id),
             When::Id(id) => write!(f, "id:{id}"),
             When::Time(time) => write!(f, "{time}"),
-            When::Exit { index } => write!(f, "exit:{index}"),
+            When::Exit(position) => write!(f, "{position}"),
             When::Failure => f.write_str("failure"),
             When::BeforeFailure(before) => write!(f, "-{before}"),
         }
@@ -225,6 +232,18 @@ impl Moment {
         })
     }
 
+    /// The single steps to take after the replay reached the resolved
+    /// target (`DIR@exit:N+insn:K`'s K; 0 for every other moment).
+    pub fn insn_steps(&self) -> u64 {
+        match self {
+            Moment::At {
+                when: When::Exit(position),
+                ..
+            } => position.steps,
+            _ => 0,
+        }
+    }
+
     /// The snapshot this moment is restored from and what to replay forward
     /// to, from the directory's files.
     ///
@@ -240,7 +259,7 @@ impl Moment {
         match when {
             When::Latest => snapshot::select(dir, Target::Latest),
             When::Time(time) => snapshot::select(dir, Target::VirtualTime(*time)),
-            When::Exit { index } => snapshot::select(dir, Target::ExitIndex(*index)),
+            When::Exit(position) => snapshot::select(dir, Target::ExitIndex(position.exit)),
             When::Id(id) if dir.join(id).is_dir() => snapshot::by_id(dir, id),
             When::Id(id) => Err(self.no_such_id(dir, id)),
             When::Failure | When::BeforeFailure(_) => Err(SnapshotError::BadSpec {
@@ -295,7 +314,20 @@ mod tests {
                 "snaps@12.5s",
                 at("snaps", When::Time(VirtNanos(12 * s + s / 2))),
             ),
-            ("snaps@exit:3", at("snaps", When::Exit { index: 3 })),
+            (
+                "snaps@exit:3",
+                at("snaps", When::Exit(InsnPosition::at_exit(3))),
+            ),
+            (
+                "snaps@exit:1200+insn:37",
+                at(
+                    "snaps",
+                    When::Exit(InsnPosition {
+                        exit: 1200,
+                        steps: 37,
+                    }),
+                ),
+            ),
             ("a@b/snaps@latest", at("a@b/snaps", When::Latest)),
             ("snaps@s1", at("snaps", When::Id("s1".into()))),
             ("/x/y@id:5s", at("/x/y", When::Id("5s".into()))),
@@ -332,6 +364,8 @@ mod tests {
             ("d@2m", 120 * s, "d@120s"),
             ("d@4999ms", 4_999_000_000, "d@4.999s"),
             ("d@exit:1_000", 0, "d@exit:1000"),
+            ("d@exit:7+insn:0", 0, "d@exit:7"),
+            ("d@exit:7+insn:1_000", 0, "d@exit:7+insn:1000"),
             ("d@id:s1", 0, "d@s1"),
         ] {
             let moment: Moment = text.parse().unwrap();
@@ -356,6 +390,8 @@ mod tests {
             ("snaps@exit:x", "bad snapshot spec \"snaps@exit:x\": exit index \"x\" is not a non-negative integer"),
             ("snaps@.s", "bad snapshot spec \"snaps@.s\": unparsable duration \".s\": expected a decimal number and a unit"),
             ("snaps@exit:", "bad snapshot spec \"snaps@exit:\": exit index \"\" is not a non-negative integer"),
+            ("snaps@exit:3+4", "bad snapshot spec \"snaps@exit:3+4\": position \"exit:3+4\": after '+' expected insn:K, K single steps after the exit"),
+            ("snaps@exit:3+insn:x", "bad snapshot spec \"snaps@exit:3+insn:x\": position \"exit:3+insn:x\": step count \"x\" is not a non-negative integer"),
             ("snaps@a b", "bad snapshot spec \"snaps@a b\": unparsable duration \"a b\""),
             ("snaps@id:a b", "bad snapshot spec \"snaps@id:a b\": invalid snapshot id \"a b\""),
         ] {

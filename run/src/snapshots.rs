@@ -68,6 +68,15 @@ pub enum SnapshotsError {
     /// Measuring the devices' state (`seek`).
     #[error(transparent)]
     Json(#[from] serde_json::Error),
+    #[error(
+        "{moment}: the guest's next exit comes {steps} single step(s) after exit {exit}: \
+         the positions between them are exit:{exit}+insn:0 to exit:{exit}+insn:{steps}"
+    )]
+    PastInterval {
+        moment: Box<Moment>,
+        exit: u64,
+        steps: u64,
+    },
 }
 
 type Result<T, E = SnapshotsError> = std::result::Result<T, E>;
@@ -511,11 +520,24 @@ fn restore_impl(
         None => None,
     };
     let mut driven = Driven { session, up };
-    let stopped_early = match resolved.target {
+    let mut stopped_early = match resolved.target {
         Target::ExitIndex(n) => driven.run_until(Until::Exit(n))?,
         Target::VirtualTime(t) => driven.run_until(Until::Time(t))?,
         Target::Snapshot | Target::Latest => None,
     };
+    let steps = moment.insn_steps();
+    if steps > 0 && stopped_early.is_none() {
+        let from = driven.session.insn_position();
+        let stepped = driven.session.step_insns(steps, true)?;
+        if stepped.exits > 0 && stepped.stop.is_none() {
+            return Err(SnapshotsError::PastInterval {
+                moment: Box::new(moment.clone()),
+                exit: from.exit,
+                steps: stepped.stepped,
+            });
+        }
+        stopped_early = stepped.stop;
+    }
     Ok(Restored {
         driven,
         snapshot: resolved.snapshot,
@@ -530,6 +552,9 @@ pub struct SeekReport {
     pub snapshot: String,
     pub target: String,
     pub exit_index: u64,
+    /// Single steps after that exit (`exit:N+insn:K`'s K).
+    #[serde(default)]
+    pub insn_steps: u64,
     pub virtual_ns: VirtNanos,
     pub rip: u64,
     pub rsp: u64,
@@ -539,16 +564,28 @@ pub struct SeekReport {
     pub injected_interrupts: u64,
     pub devices_state_bytes: usize,
     pub stopped_early: Option<vmm::exit::StopReason>,
+    /// The general registers, RIP, RFLAGS and CR3.
+    #[serde(default)]
+    pub regs: Option<crate::inspect::Registers>,
+    /// The privilege level the guest's code runs at (CS's low bits).
+    #[serde(default)]
+    pub cpl: u8,
+    /// The guest's whole RAM hashed (see `Session::memory_digest`).
+    #[serde(default)]
+    pub memory_hash: Option<String>,
 }
 
 impl SeekReport {
     /// One line for people.
     pub fn human(&self) -> String {
         format!(
-            "{} (from snapshot {}): exit {}, virtual {}, rip={:#x} rsp={:#x} rflags={:#x} cr3={:#x}",
+            "{} (from snapshot {}): {}, virtual {}, rip={:#x} rsp={:#x} rflags={:#x} cr3={:#x}",
             self.target,
             self.snapshot,
-            self.exit_index,
+            vmm::position::InsnPosition {
+                exit: self.exit_index,
+                steps: self.insn_steps
+            },
             self.virtual_ns,
             self.rip,
             self.rsp,
@@ -569,10 +606,19 @@ pub fn seek(moment: &Moment) -> Result<SeekReport> {
     )?;
     let session = &mut restored.driven.session;
     let state = session.capture()?;
+    let position = session.insn_position();
+    let target = match moment.insn_steps() {
+        0 => restored.target.to_string(),
+        steps => format!("{} and {steps} single step(s)", restored.target),
+    };
     Ok(SeekReport {
         snapshot: restored.snapshot.meta.id.clone(),
-        target: restored.target.to_string(),
-        exit_index: session.exits(),
+        target,
+        exit_index: position.exit,
+        insn_steps: position.steps,
+        regs: Some(crate::inspect::Registers::of(&state.vcpu)),
+        cpl: (state.vcpu.sregs.cs.selector & 3) as u8,
+        memory_hash: Some(session.memory_digest_hex()),
         virtual_ns: session.now(),
         rip: state.vcpu.regs.rip,
         rsp: state.vcpu.regs.rsp,

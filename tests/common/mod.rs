@@ -107,3 +107,21 @@ pub fn summary(out: &Output) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no JSON summary in stdout: {text}"));
     serde_json::from_str(line).expect("summary is JSON")
 }
+
+/// Assembles the bare guest `tests/guests/NAME.S` (booted like a vmlinux,
+/// text at 0x200000) into `dir/NAME.elf`.
+#[allow(dead_code)]
+pub fn assemble_bare_guest(name: &str, dir: &std::path::Path) -> std::path::PathBuf {
+    let elf = dir.join(format!("{name}.elf"));
+    let source =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("tests/guests/{name}.S"));
+    let status = std::process::Command::new("gcc")
+        .args(["-nostdlib", "-static", "-no-pie"])
+        .args(["-Wl,-Ttext=0x200000", "-Wl,--build-id=none", "-o"])
+        .arg(&elf)
+        .arg(&source)
+        .status()
+        .expect("gcc runs");
+    assert!(status.success(), "assembling {} failed", source.display());
+    elf
+}

@@ -11,6 +11,7 @@ pub mod guest_crng;
 pub mod insn_probe;
 pub mod irq_window;
 mod kvm_util;
+pub mod position;
 pub mod probe;
 pub mod record;
 pub mod seccomp;

@@ -193,6 +193,17 @@ impl StallGuard {
         }
         self.stalled_at(exits, Instant::now())
     }
+
+    /// Takes this guard's signal if it is pending, judging nothing: for
+    /// what enters the guest without making exits on purpose (single
+    /// steps as an observer, bounded by their own count). The wall time
+    /// they take is not the guest's: the guard's watch starts afresh.
+    pub(crate) fn take_signal(&mut self) {
+        if self.timer.is_some() {
+            take_pending(stall_signal());
+        }
+        self.seen = None;
+    }
 }
 
 /// Takes `signal` if it is pending for this thread (blocked there, so only

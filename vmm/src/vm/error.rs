@@ -86,6 +86,12 @@ pub enum VmError {
     ControlChannel(#[source] devices::DevicesError),
     #[error(transparent)]
     GuestCrng(#[from] crate::guest_crng::GuestCrngError),
+    #[error("cannot single-step the guest at {at}")]
+    Step {
+        at: crate::position::InsnPosition,
+        #[source]
+        reason: super::insn_steps::StepRefusal,
+    },
 }
 
 /// Maps a failed KVM call named `call` to a [`VmError`].

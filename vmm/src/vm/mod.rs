@@ -10,6 +10,8 @@
 //! [`ResumeConfig`], [`RunOutcome`]) and the one-shot [`run`]; the parts:
 //! - `session`: [`Session`] (boot, resume, capture, outcome) and [`SessionState`];
 //! - `stepping`: the exit loop (step, interrupt windows and injection, records);
+//! - `insn_steps`: single-stepping between two exits as an observer
+//!   (positions `exit:N+insn:K`);
 //! - `checkpoint`, `kept_pages`: in-place checkpoints, resets, the dirty log;
 //! - `kvm_exit`: KVM's exits to owned [`Exit`](crate::exit::Exit)s and answers back;
 //! - `kvm_vm`: creating the KVM VM and vCPU;
@@ -23,6 +25,7 @@
 mod checkpoint;
 mod console;
 mod error;
+mod insn_steps;
 mod kept_pages;
 mod kvm_exit;
 mod kvm_vm;
@@ -39,6 +42,7 @@ mod wiring;
 pub use checkpoint::Checkpoint;
 pub use console::ConsoleInput;
 pub use error::{IncompatibleState, SetupError, VmError};
+pub use insn_steps::{InsnSteps, StepRefusal, MAX_INSN_STEPS};
 pub use kept_pages::{CheckpointError, CheckpointMemory, ResetStats};
 pub use load_in_place::LoadStats;
 pub use memory::{memory_from_file, memory_from_mapping, GuestRam, MemoryError};

@@ -64,6 +64,12 @@ pub struct SessionState {
     /// snapshots older than the stall guard).
     #[serde(default)]
     pub last_exit_rip: u64,
+    /// Single steps taken as an observer since the last exit (see
+    /// `insn_steps`): the state is at `exit:N+insn:K`. Not written when 0,
+    /// so states at exits keep their format; a detvisor that predates it
+    /// refuses a state that has it (unknown field) rather than misplace it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub insn_steps: u64,
     /// Where the guest kernel keeps its CRNG, found in the vmlinux at boot
     /// (`None`: a kernel without the symbols; see [`crate::guest_crng`]).
     pub guest_crng: Option<GuestCrng>,
@@ -108,6 +114,8 @@ pub struct Session {
     pub(super) stall: StallGuard,
     /// RIP at the last guest-caused exit.
     pub(super) last_exit_rip: u64,
+    /// Single steps taken since the last exit (reset by each exit).
+    pub(super) insn_steps: u64,
     /// Where the guest kernel keeps its CRNG (re-keyed at a branch).
     pub(super) guest_crng: Option<GuestCrng>,
 }
@@ -194,6 +202,7 @@ impl Session {
             injected_total: 0,
             stall: StallGuard::new(config.stall_timeout),
             last_exit_rip: 0,
+            insn_steps: 0,
             guest_crng: kernel.guest_crng,
             window: WindowGuard::default(),
             ram_ledger: PageLedger::default(),
@@ -326,6 +335,7 @@ impl Session {
             injected_interrupts: self.injected_total,
             request_interrupt_window: self.vm.vcpu.get_kvm_run().request_interrupt_window,
             last_exit_rip: self.last_exit_rip,
+            insn_steps: self.insn_steps,
             guest_crng: self.guest_crng,
         })
     }
@@ -405,6 +415,7 @@ impl Session {
             injected_total: state.injected_interrupts,
             stall: StallGuard::new(config.stall_timeout),
             last_exit_rip: state.last_exit_rip,
+            insn_steps: state.insn_steps,
             guest_crng: state.guest_crng,
             window: WindowGuard::default(),
             ram_ledger: PageLedger::default(),
@@ -499,11 +510,16 @@ impl Session {
         }
         self.injected_total = state.injected_interrupts;
         self.last_exit_rip = state.last_exit_rip;
+        self.insn_steps = state.insn_steps;
         self.guest_crng = state.guest_crng;
         self.seed = state.seed;
         self.publish_before_entry = true;
         Ok(())
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Hash of the complete device state.

@@ -83,11 +83,20 @@ fn follows_sti(vcpu: &VcpuFd, memory: &GuestMemory, rip: u64) -> bool {
 /// `follows_sti`, for kernel code only (CPL 0): user space cannot execute
 /// `STI` (IOPL 0), and stepping user code could leave the trap flag in a
 /// frame it saves (SYSCALL's R11, PUSHF), which would later trap for real.
-fn follows_sti_in_kernel(vcpu: &VcpuFd, memory: &GuestMemory, rip: u64) -> bool {
+pub(super) fn follows_sti_in_kernel(vcpu: &VcpuFd, memory: &GuestMemory, rip: u64) -> bool {
     follows_sti(vcpu, memory, rip)
         && vcpu
             .get_sregs()
             .is_ok_and(|sregs| sregs.cs.selector & 3 == 0)
+}
+
+/// What the window guard makes of a KVM_RUN return.
+pub(super) fn window_stop(exit: &Exit) -> irq_window::Stop {
+    match exit {
+        Exit::IrqWindowOpen => irq_window::Stop::WindowOpen,
+        Exit::SingleStep => irq_window::Stop::SingleStep,
+        _ => irq_window::Stop::Other,
+    }
 }
 
 /// Turns KVM's single-stepping of the guest on or off.
@@ -108,30 +117,10 @@ pub(super) fn set_single_step(vcpu: &VcpuFd, on: bool) -> Result<(), VmError> {
 impl Session {
     /// Enters the guest until it makes an exit of its own and handles that exit.
     fn step(&mut self) -> Result<ExitAction, VmError> {
-        // The run's virtual-time limit ends it between two exits, before
-        // the guest is entered again: the last exit was handled whole (its
-        // interrupt decided, a driver's host side done after it), exactly
-        // as when a run is handed back at that time (`Until::Time`). So the
-        // moment a run reaches at its limit (`run`/`up`/`branch --until`)
-        // is the one a campaign, a restore or a seek reaches at that time,
-        // with the same exit count, virtual time and digest.
-        if self
-            .machine
-            .until
-            .is_some_and(|limit| self.machine.now() >= limit)
-        {
-            return Ok(ExitAction::Stop(StopReason::TimeLimit));
+        if let Some(stop) = self.before_entry()? {
+            return Ok(ExitAction::Stop(stop));
         }
-        // Set-up is over once the guest is about to run: from here on the
-        // thread runs under the allowlist (a no-op once it does).
-        crate::seccomp::ensure_installed()?;
-        if let Some(violation) = crate::seccomp::take_violation() {
-            return Ok(ExitAction::Stop(StopReason::SeccompViolation { violation }));
-        }
-        if std::mem::take(&mut self.publish_before_entry) {
-            self.machine.publish_clock_page();
-        }
-        let (exit, action) = loop {
+        loop {
             let (exit, slot) = match self.vm.vcpu.run() {
                 Ok(vcpu_exit) => convert_exit(vcpu_exit),
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
@@ -151,11 +140,7 @@ impl Session {
                 }
                 continue;
             }
-            let stop = match exit {
-                Exit::IrqWindowOpen => irq_window::Stop::WindowOpen,
-                Exit::SingleStep => irq_window::Stop::SingleStep,
-                _ => irq_window::Stop::Other,
-            };
+            let stop = window_stop(&exit);
             // A guest exit (`Other`) keeps its response slot; the guard hears
             // of it after the response is written (below).
             let (exit, slot) = if stop == irq_window::Stop::Other {
@@ -174,19 +159,70 @@ impl Session {
             if let ExitAction::Resume(completion) = &action {
                 complete(slot, completion);
             }
-            if stop == irq_window::Stop::Other && self.window.stepping() {
-                // The stepped instruction exited on its own: the exit is the
-                // guest's, and stepping ends with it.
-                self.check_window(stop)?;
-            }
-            break (exit, action);
-        };
+            return self.finish_exit(stop, &exit, action);
+        }
+    }
+
+    /// What is done before the guest is entered after an exit: the time
+    /// limit (a stop), the seccomp filter, the clock page.
+    pub(super) fn before_entry(&mut self) -> Result<Option<StopReason>, VmError> {
+        // The run's virtual-time limit ends it between two exits, before
+        // the guest is entered again: the last exit was handled whole (its
+        // interrupt decided, a driver's host side done after it), exactly
+        // as when a run is handed back at that time (`Until::Time`). So the
+        // moment a run reaches at its limit (`run`/`up`/`branch --until`)
+        // is the one a campaign, a restore or a seek reaches at that time,
+        // with the same exit count, virtual time and digest.
+        if self
+            .machine
+            .until
+            .is_some_and(|limit| self.machine.now() >= limit)
+        {
+            return Ok(Some(StopReason::TimeLimit));
+        }
+        // Set-up is over once the guest is about to run: from here on the
+        // thread runs under the allowlist (a no-op once it does).
+        crate::seccomp::ensure_installed()?;
+        if let Some(violation) = crate::seccomp::take_violation() {
+            return Ok(Some(StopReason::SeccompViolation { violation }));
+        }
+        if std::mem::take(&mut self.publish_before_entry) {
+            self.machine.publish_clock_page();
+        }
+        Ok(None)
+    }
+
+    /// The rest of handling a guest exit once its answer is written: the
+    /// window guard told of a guest exit met while stepping, the pending
+    /// interrupt decided, the record made.
+    pub(super) fn finish_exit(
+        &mut self,
+        stop: irq_window::Stop,
+        exit: &Exit,
+        action: ExitAction,
+    ) -> Result<ExitAction, VmError> {
+        if stop == irq_window::Stop::Other && self.window.stepping() {
+            // The stepped instruction exited on its own: the exit is the
+            // guest's, and stepping ends with it.
+            self.check_window(stop)?;
+        }
         let injected = match action {
-            ExitAction::Resume(_) => self.decide_interrupt(&exit)?,
+            ExitAction::Resume(_) => self.decide_interrupt(exit)?,
             ExitAction::Stop(_) => NO_VECTOR,
         };
-        self.record(&exit, &action, injected);
+        self.record(exit, &action, injected);
         Ok(action)
+    }
+
+    /// The window-open exit at this boundary, found by the caller (no
+    /// answer to write): handled as the loop handles KVM's.
+    pub(super) fn take_window_exit(&mut self) -> Result<ExitAction, VmError> {
+        let exit = Exit::IrqWindowOpen;
+        if let Some(input) = &self.input {
+            feed_console_input(&mut self.machine, input, false);
+        }
+        let action = self.machine.handle_exit(&exit);
+        self.finish_exit(irq_window::Stop::WindowOpen, &exit, action)
     }
 
     /// Asks the window guard about a stop that may be (or end) the search
@@ -267,6 +303,8 @@ impl Session {
     }
 
     fn record(&mut self, exit: &Exit, action: &ExitAction, injected: u16) {
+        // A new interval between exits begins: no steps into it yet.
+        self.insn_steps = 0;
         let regs = self.vm.vcpu.sync_regs().regs;
         self.last_exit_rip = regs.rip;
         let index = self.machine.exits() - 1;
