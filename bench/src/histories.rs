@@ -56,13 +56,34 @@ struct Baseline {
     ran_out: bool,
 }
 
-/// One history re-run from boot on `calls`: (same digest, boot ms, steps ms, judge ms).
+/// Where a history re-run from boot ended: its digest, exits and virtual time.
+struct Reached {
+    digest: String,
+    exits: u64,
+    virtual_ns: VirtNanos,
+}
+
+impl Reached {
+    /// Whether the re-run reached `node`'s moment; if not, how the two differ.
+    fn against(&self, node: &NodeRow) -> String {
+        if self.digest == node.digest {
+            "the same".into()
+        } else {
+            format!(
+                "DIFFERENT: from boot {} at exit {}, {}; the tree's {} at exit {}, {}",
+                self.digest, self.exits, self.virtual_ns, node.digest, node.end_exits, node.end_ns
+            )
+        }
+    }
+}
+
+/// One history re-run from boot on `calls`: (where it ended, boot ms, steps ms, judge ms).
 fn from_boot(
     calls: &mut Calls<'_>,
     prepared: &run::up::PreparedUp,
     spec: &fuzzer::spec::CampaignSpec,
     node: &NodeRow,
-) -> Result<(bool, u64, u64, u64)> {
+) -> Result<(Reached, u64, u64, u64)> {
     let ms = |since: Instant| since.elapsed().as_millis() as u64;
     let booting = Instant::now();
     let (run, _) = calls.start(Request::BootUp {
@@ -73,15 +94,19 @@ fn from_boot(
     let (_, mut records) = reach(calls, run, &spec.root)?;
     let boot_ms = ms(booting);
     let stepping = Instant::now();
-    apply_steps(calls, run, &node.path.steps, node.path.end_ns)?;
+    let position = apply_steps(calls, run, &node.path.steps, node.path.end_ns)?;
     records.extend(calls.take_records(run)?);
-    let digest = calls.outcome(run)?.digest;
+    let reached = Reached {
+        digest: calls.outcome(run)?.digest,
+        exits: position.exits,
+        virtual_ns: position.virtual_ns,
+    };
     calls.close(run)?;
     let steps_ms = ms(stepping);
     let judging = Instant::now();
     let judge = fuzzer::judges::campaign_judge(spec)?;
     drop(judge.check(&[&records]));
-    Ok((digest == node.digest, boot_ms, steps_ms, ms(judging)))
+    Ok((reached, boot_ms, steps_ms, ms(judging)))
 }
 
 /// Re-runs the histories of the campaign in `dir` from boot, in its branches' order, on
@@ -117,12 +142,13 @@ fn baseline(dir: &Path, jobs: u32, place: Place, budget: Duration) -> Result<Bas
                             total.lock().unwrap_or_else(|e| e.into_inner()).ran_out = true;
                             return Ok(());
                         };
-                        let (same, boot_ms, steps_ms, judge_ms) =
+                        let (reached, boot_ms, steps_ms, judge_ms) =
                             from_boot(&mut calls, there, spec, node)
                                 .with_context(|| format!("history {} from boot", node.id))?;
                         if Instant::now() > deadline {
                             return Ok(());
                         }
+                        let same = reached.digest == node.digest;
                         let mut t = total.lock().unwrap_or_else(|e| e.into_inner());
                         t.histories += 1;
                         t.same_digest += u64::from(same);
@@ -138,7 +164,7 @@ fn baseline(dir: &Path, jobs: u32, place: Place, budget: Duration) -> Result<Bas
                             node.path.steps.len(),
                             steps_ms as f64 / 1000.0,
                             judge_ms,
-                            if same { "the same" } else { "DIFFERENT" },
+                            reached.against(node),
                             started.elapsed().as_secs_f64()
                         );
                     }
