@@ -308,10 +308,14 @@ impl Switch {
         })
     }
 
-    /// Draws from now on come from the start of the ChaCha20 stream keyed
-    /// by `key` (a branch's alternate history); everything else stays.
+    /// Draws from now on come from the start of the ChaCha20 streams keyed
+    /// by `key` (a branch's alternate history), the slow-latency stream's
+    /// too; everything else stays. The slow stream is derived from the
+    /// main stream's key, as a restored switch derives it: a switch
+    /// re-keyed and then saved and restored draws what it would have drawn.
     pub fn rekey(&mut self, key: [u8; 32]) {
         self.rng = ChaCha20Rng::from_seed(key);
+        self.slow_rng = slow_stream(key);
     }
 
     /// Adds a port, or gives an existing one a new address (its counters stay).

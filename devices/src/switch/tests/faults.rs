@@ -438,3 +438,38 @@ fn test_switch_state_saved_with_a_partition_restores_its_blocked_links() {
     assert_eq!(restored.blocked_links(), [(A, B), (A, C), (B, A), (C, A)]);
     assert_eq!(restored.save().partition, None);
 }
+
+/// A re-keyed switch draws its slow latencies from the new key's slow
+/// stream, so the same switch saved and restored after the re-key (a branch
+/// point a campaign returns to) draws exactly what the live one does. The
+/// slow stream once kept the old key live while a restore derived it from
+/// the new one: a reset and a straight run then disagreed.
+#[test]
+fn test_switch_rekey_renews_the_slow_stream_as_a_restore_does() {
+    let slow_a = Fault::Slow {
+        port: A,
+        latency: Some(LatencyDist::Uniform {
+            min: MS_5,
+            max: VirtNanos(4 * MS_5.0),
+        }),
+    };
+    let links = [(A, MAC_B), (B, MAC_A)];
+    let mut live = switch_with(KEY, jittery());
+    live.schedule_fault(VirtNanos(0), slow_a).unwrap();
+    // Some slow draws under the first key, then the branch's re-key.
+    spaced_delays(&mut live, &links, 6);
+    live.rekey(OTHER_KEY);
+    let mut restored = Switch::from_state(&live.save());
+    let after_live = spaced_delays(&mut live, &links, 20);
+    let after_restore = spaced_delays(&mut restored, &links, 20);
+    assert_eq!(after_live, after_restore);
+    // And a re-key with a new key changes the slow draws.
+    let mut other = Switch::from_state(&restored.save());
+    other.rekey(KEY);
+    let mut same = Switch::from_state(&restored.save());
+    same.rekey(OTHER_KEY);
+    assert_ne!(
+        spaced_delays(&mut other, &links, 20),
+        spaced_delays(&mut same, &links, 20)
+    );
+}
