@@ -334,14 +334,11 @@ impl Session {
         sregs: &kvm_sregs,
     ) -> Result<Result<(), StepRefusal>, VmError> {
         let long = sregs.efer & EFER_LMA != 0;
-        let (size, gate) = if long {
-            (16u64, [0u8; 16])
-        } else {
-            (8, [0u8; 16])
-        };
-        let mut gate = gate;
-        let entry = sregs.idt.base.wrapping_add(u64::from(vector) * size);
-        if self.read_linear(entry, &mut gate[..size as usize]) < size as usize {
+        // An IDT gate is 16 bytes in long mode, 8 in legacy mode.
+        let size: usize = if long { 16 } else { 8 };
+        let mut gate = [0u8; 16];
+        let entry = sregs.idt.base.wrapping_add(u64::from(vector) * size as u64);
+        if self.read_linear(entry, &mut gate[..size]) < size {
             return Ok(Err(StepRefusal::Unmapped { address: entry }));
         }
         let word = |i: usize| u64::from(u16::from_le_bytes([gate[i], gate[i + 1]]));
