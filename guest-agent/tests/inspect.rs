@@ -175,10 +175,14 @@ fn test_read_file_and_processes_see_the_node_as_it_sees_itself() {
     agent.send(&HostToAgent::CreateNode(node("n1", &root, script)));
     let pid = agent.started("n1");
     // Its `sleep` runs before anything freezes the node (a child stopped
-    // between its fork and its exec would stay `sh`).
+    // between its fork and its exec would stay `sh`). An exec installs the
+    // new arguments before it renames the task, so both are waited for: a
+    // child seen between the two has `sleep 1000` for its command line and
+    // its parent's name.
     eventually("sleeping", || {
         children_of(pid).iter().any(|child| {
             std::fs::read(format!("/proc/{child}/cmdline")).is_ok_and(|c| c == b"sleep\x001000\0")
+                && std::fs::read(format!("/proc/{child}/comm")).is_ok_and(|c| c == b"sleep\n")
         })
     });
     let read = |agent: &mut AgentProcess, id: u64, path: &str, limit: u64| {
