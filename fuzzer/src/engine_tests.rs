@@ -70,6 +70,7 @@ impl Sim {
         Position {
             exits: self.state.now / 1_000,
             virtual_ns: vmm::VirtNanos(self.state.now),
+            insn_steps: 0,
             stop: None,
         }
     }

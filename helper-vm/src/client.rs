@@ -224,6 +224,11 @@ pub fn needs(request: &mut Request) -> Result<Needs> {
         | Request::ReadFile { .. }
         | Request::Processes { .. }
         | Request::Inspect { .. }
+        | Request::StepInsns { .. }
+        | Request::StepTo { .. }
+        | Request::RunToBreakpoint { .. }
+        | Request::Registers { .. }
+        | Request::ReadVirtual { .. }
         | Request::Close { .. }
         | Request::Seccomp { .. } => Needs::default(),
     })

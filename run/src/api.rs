@@ -190,6 +190,32 @@ pub enum Request {
         label: String,
         terminal: crate::shell::Terminal,
     },
+    /// Single-step a held run `count` instructions as an observer (see
+    /// `vmm::vm::insn_steps`); with `within_interval` the stepping ends at
+    /// a guest exit met (handled). Answers `Stepped`.
+    StepInsns {
+        run: RunId,
+        count: u64,
+        within_interval: bool,
+    },
+    /// Single-step a held run within its interval until RIP is `address`
+    /// (at most `max` steps). Answers `SteppedTo`.
+    StepTo { run: RunId, address: u64, max: u64 },
+    /// Run a held run on as `RunUntil` does, stopping at the first software
+    /// breakpoint reached (kernel addresses; see `vmm::vm::breakpoints`).
+    /// After a hit, the run's step within its interval is unknown until a
+    /// `Reset`. Answers `Breakpoint`.
+    RunToBreakpoint {
+        run: RunId,
+        breakpoints: Vec<u64>,
+        until: Until,
+    },
+    /// The vCPU's registers at a held run's present. Answers `Registers`.
+    Registers { run: RunId },
+    /// Up to `len` bytes of guest virtual memory from `address`, through
+    /// the guest's page tables, up to the first byte not mapped. Answers
+    /// `Memory`.
+    ReadVirtual { run: RunId, address: u64, len: u64 },
     /// Let a held run go.
     Close { run: RunId },
     /// Whether runs started from now on in this process install the VMM's
@@ -227,6 +253,10 @@ impl Request {
 pub struct Position {
     pub exits: u64,
     pub virtual_ns: VirtNanos,
+    /// Single steps since that exit (`exit:N+insn:K`'s K; not written
+    /// when 0, so whole-exit positions read as they always did).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub insn_steps: u64,
     /// Set once the guest stopped (it runs no further).
     pub stop: Option<StopReason>,
 }
@@ -291,6 +321,26 @@ pub enum Response {
         position: Position,
     },
     Inspect(InspectReport),
+    /// `StepInsns`.
+    Stepped {
+        position: Position,
+        stepped: u64,
+        exits: u64,
+    },
+    /// `StepTo`: whether RIP got to the address.
+    SteppedTo { position: Position, reached: bool },
+    /// `RunToBreakpoint`.
+    Breakpoint {
+        position: Position,
+        ran: crate::driven::BreakpointRun,
+    },
+    Registers(crate::inspect::Registers),
+    /// `ReadVirtual`: the bytes read (fewer than asked where memory
+    /// stops being mapped).
+    Memory {
+        #[serde(with = "guest_agent::protocol::base64")]
+        bytes: Vec<u8>,
+    },
     /// `Seccomp`: the setting now, and the filters on the thread that
     /// answered.
     Seccomp {
@@ -357,6 +407,9 @@ pub enum ApiError {
     Trace(#[from] crate::trace::TraceError),
 }
 
+/// The most bytes one `ReadVirtual` answers with.
+pub const MAX_READ_VIRTUAL: u64 = 1 << 20;
+
 /// A run the controller holds.
 struct Held {
     driven: Driven,
@@ -366,12 +419,12 @@ struct Held {
 
 impl Held {
     fn position(&self) -> Position {
-        Position {
-            exits: self.driven.session.exits(),
-            virtual_ns: self.driven.session.now(),
-            stop: self.stop,
-        }
+        crate::inspect::position(&self.driven, self.stop)
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Answers [`Request`]s, holding live runs between them.
@@ -697,6 +750,61 @@ impl Controller {
                 let held = self.held(run)?;
                 Response::Inspect(inspect::inspect(&mut held.driven, held.stop)?)
             }
+            Request::StepInsns {
+                run,
+                count,
+                within_interval,
+            } => {
+                let held = self.running(run)?;
+                let done = held.driven.step_insns(count, within_interval)?;
+                held.stop = done.stop;
+                Response::Stepped {
+                    position: held.position(),
+                    stepped: done.stepped,
+                    exits: done.exits,
+                }
+            }
+            Request::StepTo { run, address, max } => {
+                let held = self.running(run)?;
+                let (done, reached) = held.driven.step_to_address(address, max)?;
+                held.stop = done.stop;
+                Response::SteppedTo {
+                    position: held.position(),
+                    reached,
+                }
+            }
+            Request::RunToBreakpoint {
+                run,
+                breakpoints,
+                until,
+            } => {
+                let held = self.running(run)?;
+                let ran = held.driven.run_to_breakpoint(&breakpoints, until)?;
+                if let crate::driven::BreakpointRun::Ended { stop } = ran {
+                    held.stop = stop;
+                }
+                Response::Breakpoint {
+                    position: held.position(),
+                    ran,
+                }
+            }
+            Request::Registers { run } => {
+                let held = self.held(run)?;
+                let (regs, sregs) = held
+                    .driven
+                    .session
+                    .registers()
+                    .map_err(crate::driven::DrivenError::from)?;
+                Response::Registers(crate::inspect::Registers::from_kvm(&regs, &sregs))
+            }
+            Request::ReadVirtual { run, address, len } => {
+                let held = self.held(run)?;
+                let len = len.min(MAX_READ_VIRTUAL) as usize;
+                let mut bytes = vec![0; len];
+                let read = held.driven.session.read_virtual(address, &mut bytes);
+                bytes.truncate(read);
+                Response::Memory { bytes }
+            }
             Request::Close { run } => {
                 self.runs.remove(&run).ok_or(ApiError::UnknownRun(run))?;
                 Response::Closed
@@ -735,6 +843,7 @@ mod tests {
         let position = Position {
             exits: 3,
             virtual_ns: VirtNanos(1_500),
+            insn_steps: 0,
             stop: None,
         };
         let text = r#"{"exits":3,"virtual_ns":1500,"stop":null}"#;

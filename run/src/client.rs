@@ -331,6 +331,63 @@ impl<'a> Calls<'a> {
         self.position("running", Request::RunUntil { run, until })
     }
 
+    /// Single-steps a held run (see `Request::StepInsns`): where it stands
+    /// after, the steps taken and the exits met.
+    pub fn step_insns(
+        &mut self,
+        run: RunId,
+        count: u64,
+        within_interval: bool,
+    ) -> Result<(Position, u64, u64), RunnerError> {
+        let request = Request::StepInsns {
+            run,
+            count,
+            within_interval,
+        };
+        answer!(self, "single-stepping", request, Response::Stepped { position, stepped, exits } => (position, stepped, exits))
+    }
+
+    /// Steps within the interval to `address` (see `Request::StepTo`).
+    pub fn step_to(
+        &mut self,
+        run: RunId,
+        address: u64,
+        max: u64,
+    ) -> Result<(Position, bool), RunnerError> {
+        let request = Request::StepTo { run, address, max };
+        answer!(self, "stepping to an address", request, Response::SteppedTo { position, reached } => (position, reached))
+    }
+
+    /// Runs on to the first breakpoint reached (see `Request::RunToBreakpoint`).
+    pub fn run_to_breakpoint(
+        &mut self,
+        run: RunId,
+        breakpoints: Vec<u64>,
+        until: Until,
+    ) -> Result<(Position, crate::driven::BreakpointRun), RunnerError> {
+        let request = Request::RunToBreakpoint {
+            run,
+            breakpoints,
+            until,
+        };
+        answer!(self, "running to a breakpoint", request, Response::Breakpoint { position, ran } => (position, ran))
+    }
+
+    pub fn registers(&mut self, run: RunId) -> Result<crate::inspect::Registers, RunnerError> {
+        answer!(self, "reading registers", Request::Registers { run }, Response::Registers(registers) => registers)
+    }
+
+    /// Guest virtual memory (see `Request::ReadVirtual`).
+    pub fn read_virtual(
+        &mut self,
+        run: RunId,
+        address: u64,
+        len: u64,
+    ) -> Result<Vec<u8>, RunnerError> {
+        let request = Request::ReadVirtual { run, address, len };
+        answer!(self, "reading guest memory", request, Response::Memory { bytes } => bytes)
+    }
+
     pub fn collect_records(&mut self, run: RunId) -> Result<Position, RunnerError> {
         self.position("collecting records", Request::CollectRecords { run })
     }
@@ -532,6 +589,7 @@ mod tests {
         let at = Position {
             exits: 9,
             virtual_ns: VirtNanos(3),
+            insn_steps: 0,
             stop: None,
         };
         let mut runner = Always(Response::File {

@@ -9,7 +9,9 @@ use crate::faults::{Fault, FaultError};
 use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 use vmm::exit::StopReason;
-use vmm::vm::{Checkpoint, GuestCrngRekey, RunOutcome, Session, SessionState, Until, VmError};
+use vmm::vm::{
+    Checkpoint, GuestCrngRekey, InsnSteps, RunOutcome, Session, SessionState, Until, VmError,
+};
 
 /// Why a run could not step, be captured, kept or reset, or summed up.
 #[derive(Debug, thiserror::Error)]
@@ -28,11 +30,36 @@ pub enum DrivenError {
     Output(#[from] OutputError),
     #[error(transparent)]
     Fault(#[from] FaultError),
+    #[error(transparent)]
+    Breakpoint(#[from] vmm::vm::BreakpointError),
     #[error("fault \"{fault}\": this is a plain `run` (no nodes, no agent): faults need a snapshot of an `up` run")]
     FaultOnPlainRun { fault: Box<Fault> },
 }
 
 type Result<T, E = DrivenError> = std::result::Result<T, E>;
+
+impl DrivenError {
+    /// The breakpoint a run stopped at, when this "error" is that stop.
+    fn breakpoint_hit(&self) -> Option<u64> {
+        match self {
+            DrivenError::Vm(VmError::BreakpointHit { address, .. })
+            | DrivenError::Up(DriveError::Vm(VmError::BreakpointHit { address, .. })) => {
+                Some(*address)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// How [`Driven::run_to_breakpoint`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakpointRun {
+    /// The guest stands at the breakpoint at `address`.
+    Hit { address: u64 },
+    /// The limit was reached (`None`) or the guest stopped first.
+    Ended { stop: Option<StopReason> },
+}
 
 /// What a snapshot's `state.bin` holds: the machine's state and, for an `up`
 /// run, the host side of its agent conversation (`None` for `run`).
@@ -86,6 +113,72 @@ impl Driven {
                 .session
                 .run_until_with(until, |session| up.step(session))?),
             None => Ok(self.session.run_until(until)?),
+        }
+    }
+
+    /// Single-steps the guest `count` instructions as an observer (see
+    /// [`Session::step_insns`]). A guest exit met on the way is taken as
+    /// [`Driven::step`] takes it (an `up` run's conversation after it);
+    /// with `within_interval` the stepping ends there.
+    pub fn step_insns(&mut self, count: u64, within_interval: bool) -> Result<InsnSteps> {
+        let Some(up) = &mut self.up else {
+            return Ok(self.session.step_insns(count, within_interval)?);
+        };
+        let mut done = InsnSteps {
+            stepped: 0,
+            exits: 0,
+            stop: None,
+        };
+        while done.stepped < count {
+            let pending = up.before_exit(&mut self.session);
+            let interval = self.session.step_insns(count - done.stepped, true)?;
+            done.stepped += interval.stepped;
+            if interval.exits == 0 {
+                break;
+            }
+            done.exits += 1;
+            if let Some(stop) = interval.stop {
+                done.stop = Some(stop);
+                break;
+            }
+            up.after_exit(&mut self.session, pending)?;
+            if within_interval {
+                break;
+            }
+            // The exit counts as its instruction's step.
+            done.stepped += 1;
+        }
+        Ok(done)
+    }
+
+    /// Steps within the interval until RIP is `address` (see
+    /// [`Session::step_to_address`]); an exit that ends the interval first
+    /// is taken as [`Driven::step`] takes it.
+    pub fn step_to_address(&mut self, address: u64, max: u64) -> Result<(InsnSteps, bool)> {
+        let pending = self.up.as_mut().map(|up| up.before_exit(&mut self.session));
+        let (done, reached) = self.session.step_to_address(address, max)?;
+        if let (Some(up), Some(pending)) = (&mut self.up, pending) {
+            if done.exits > 0 && done.stop.is_none() {
+                up.after_exit(&mut self.session, pending)?;
+            }
+        }
+        Ok((done, reached))
+    }
+
+    /// Runs as [`Driven::run_until`] does, stopping at the first of the
+    /// software breakpoints at `breakpoints` (kernel addresses, see
+    /// `vmm::vm::breakpoints`) the guest reaches. After a hit the run's
+    /// step count within its interval is unknown until it is reset.
+    pub fn run_to_breakpoint(&mut self, breakpoints: &[u64], until: Until) -> Result<BreakpointRun> {
+        self.session.set_breakpoints(breakpoints)?;
+        let ran = self.run_until(until);
+        self.session.set_breakpoints(&[])?;
+        match ran {
+            Ok(stop) => Ok(BreakpointRun::Ended { stop }),
+            Err(error) => match error.breakpoint_hit() {
+                Some(address) => Ok(BreakpointRun::Hit { address }),
+                None => Err(error),
+            },
         }
     }
 

@@ -129,17 +129,56 @@ pub struct Registers {
     pub r13: u64,
     pub r14: u64,
     pub r15: u64,
+    /// The segment registers and what a debugger shows beside them
+    /// (written since `detvisor gdb`; 0 in older answers).
+    #[serde(default)]
+    pub segments: Segments,
+}
+
+/// Segment selectors and bases, and the control registers a debugger shows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segments {
+    pub cs: u16,
+    pub ss: u16,
+    pub ds: u16,
+    pub es: u16,
+    pub fs: u16,
+    pub gs: u16,
+    pub fs_base: u64,
+    pub gs_base: u64,
+    pub cr0: u64,
+    pub cr2: u64,
+    pub cr4: u64,
+    pub efer: u64,
 }
 
 impl Registers {
     /// The registers of a captured vCPU.
     pub fn of(vcpu: &vmm::vcpu_state::VcpuState) -> Registers {
-        let r = &vcpu.regs;
+        Registers::from_kvm(&vcpu.regs, &vcpu.sregs)
+    }
+
+    /// The registers KVM reports.
+    pub fn from_kvm(r: &kvm_bindings::kvm_regs, sregs: &kvm_bindings::kvm_sregs) -> Registers {
         Registers {
+            segments: Segments {
+                cs: sregs.cs.selector,
+                ss: sregs.ss.selector,
+                ds: sregs.ds.selector,
+                es: sregs.es.selector,
+                fs: sregs.fs.selector,
+                gs: sregs.gs.selector,
+                fs_base: sregs.fs.base,
+                gs_base: sregs.gs.base,
+                cr0: sregs.cr0,
+                cr2: sregs.cr2,
+                cr4: sregs.cr4,
+                efer: sregs.efer,
+            },
             rip: r.rip,
             rsp: r.rsp,
             rflags: r.rflags,
-            cr3: vcpu.sregs.cr3,
+            cr3: sregs.cr3,
             rax: r.rax,
             rbx: r.rbx,
             rcx: r.rcx,
@@ -252,10 +291,12 @@ fn up_with_node<'a>(
     Ok(up)
 }
 
-fn position(driven: &Driven, stop: Option<StopReason>) -> Position {
+/// Where a held run stands (its step within the interval too).
+pub(crate) fn position(driven: &Driven, stop: Option<StopReason>) -> Position {
     Position {
         exits: driven.session.exits(),
         virtual_ns: driven.session.now(),
+        insn_steps: driven.session.insn_position().steps,
         stop,
     }
 }
@@ -599,6 +640,7 @@ mod tests {
         let at = Position {
             exits: 5,
             virtual_ns: VirtNanos(7),
+            insn_steps: 0,
             stop: None,
         };
         let outcome = ExecOutcome {
@@ -653,6 +695,7 @@ mod tests {
         let position = Position {
             exits: 3,
             virtual_ns: VirtNanos(1_500),
+            insn_steps: 0,
             stop: None,
         };
         let file = Response::File {
@@ -703,6 +746,11 @@ mod tests {
                 r13: 16,
                 r14: 17,
                 r15: 18,
+                segments: Segments {
+                    cs: 0x10,
+                    fs_base: 19,
+                    ..Segments::default()
+                },
             },
             devices: vec![DeviceSummary {
                 name: "switch".into(),

@@ -466,15 +466,37 @@ impl UpDriver {
         &mut self,
         session: &mut vmm::vm::Session,
     ) -> Result<Option<vmm::exit::StopReason>> {
-        session.set_wakeup(self.conductor.next_fault_time());
-        let before = session.now();
-        let pending = network_faults_after(session.devices_mut().switch(), before);
-        let mut disk_pending = session.devices_mut().scheduled_disk_commands();
-        // Those at or before the present were announced already.
-        disk_pending.retain(|(_, s)| s.at > before);
+        let pending = self.before_exit(session);
         if let Some(stop) = session.step_one()? {
             return Ok(Some(stop));
         }
+        self.after_exit(session, pending)?;
+        Ok(None)
+    }
+
+    /// What [`UpDriver::step`] does before the guest runs to its next exit
+    /// (a caller that single-steps the guest toward an exit does it too,
+    /// and [`UpDriver::after_exit`] once an exit was met).
+    pub fn before_exit(&mut self, session: &mut vmm::vm::Session) -> PendingFaults {
+        session.set_wakeup(self.conductor.next_fault_time());
+        let before = session.now();
+        let network = network_faults_after(session.devices_mut().switch(), before);
+        let mut disk = session.devices_mut().scheduled_disk_commands();
+        // Those at or before the present were announced already.
+        disk.retain(|(_, s)| s.at > before);
+        PendingFaults { network, disk }
+    }
+
+    /// The conversation after a guest exit the session handled.
+    pub fn after_exit(
+        &mut self,
+        session: &mut vmm::vm::Session,
+        pending: PendingFaults,
+    ) -> Result<()> {
+        let PendingFaults {
+            network: pending,
+            disk: disk_pending,
+        } = pending;
         let now = session.now();
         self.exit_now = session.exits();
         if pending.first().is_some_and(|&(at, _)| at <= now) {
@@ -552,8 +574,15 @@ impl UpDriver {
         if let Some(full) = self.records_full.take() {
             return Err(full.into());
         }
-        Ok(None)
+        Ok(())
     }
+}
+
+/// The faults scheduled after the present before an exit, announced once
+/// the exit passed them (see [`UpDriver::step`]).
+pub struct PendingFaults {
+    network: Vec<(VirtNanos, SwitchFault)>,
+    disk: Vec<(usize, ScheduledDiskCommand)>,
 }
 
 /// The conversation's state and the agent's unfinished frame: saved with

@@ -15,7 +15,7 @@ mod output;
 mod template_tests;
 
 pub use conductor::{run_status, Conductor, Note, ShellEvent, SETUP_FAILED};
-pub use driver::{send_message, DriveError, UpDriver, UpState};
+pub use driver::{send_message, DriveError, PendingFaults, UpDriver, UpState};
 pub use output::{event_line, EventSink, OutputError, OutputSink, UpOutput};
 
 /// Where node `name`'s root directory is in the guest.

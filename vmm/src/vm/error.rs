@@ -86,6 +86,12 @@ pub enum VmError {
     ControlChannel(#[source] devices::DevicesError),
     #[error(transparent)]
     GuestCrng(#[from] crate::guest_crng::GuestCrngError),
+    /// Not a failure: the guest reached a software breakpoint (see
+    /// `vm::breakpoints`) after exit `exit`; the run stands at it.
+    #[error("the guest reached the breakpoint at {address:#x} after exit {exit}")]
+    BreakpointHit { address: u64, exit: u64 },
+    #[error("the position of the run was lost at a breakpoint hit: reset or restore it first")]
+    PositionLost,
     #[error("cannot single-step the guest at {at}")]
     Step {
         at: crate::position::InsnPosition,

@@ -160,6 +160,35 @@ impl Session {
     /// naming the position, where a step could show in the guest; the run
     /// is then where it was refused.
     pub fn step_insns(&mut self, count: u64, within_interval: bool) -> Result<InsnSteps, VmError> {
+        self.step_insns_to(count, within_interval, None)
+            .map(|(done, _)| done)
+    }
+
+    /// Single-steps within the interval until RIP is `address` (the
+    /// present boundary included), at most `max` steps; the `bool` says
+    /// whether it got there. Where it did not, the run stands where the
+    /// stepping ended: `max` steps on, or at the exit that ended the
+    /// interval (handled). A breakpoint's hit is found this way, from the
+    /// exit before it. An interrupt delivered at the interval's first step
+    /// enters its handler within that step, so a handler's first
+    /// instruction is not a boundary here.
+    pub fn step_to_address(
+        &mut self,
+        address: u64,
+        max: u64,
+    ) -> Result<(InsnSteps, bool), VmError> {
+        self.step_insns_to(max, true, Some(address))
+    }
+
+    fn step_insns_to(
+        &mut self,
+        count: u64,
+        within_interval: bool,
+        stop_at: Option<u64>,
+    ) -> Result<(InsnSteps, bool), VmError> {
+        if self.position_lost {
+            return Err(VmError::PositionLost);
+        }
         let refuse = |session: &Session, reason| VmError::Step {
             at: session.insn_position(),
             reason,
@@ -172,8 +201,19 @@ impl Session {
             exits: 0,
             stop: None,
         };
+        let mut reached = false;
         let result = (|| {
-            while done.stepped < count {
+            loop {
+                if let Some(address) = stop_at {
+                    let rip = self.vm.vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?.rip;
+                    if rip == address {
+                        reached = true;
+                        break;
+                    }
+                }
+                if done.stepped >= count {
+                    break;
+                }
                 match self.step_insn()? {
                     Ok(None) => done.stepped += 1,
                     Ok(Some(ExitAction::Resume(_))) if within_interval => {
@@ -198,7 +238,7 @@ impl Session {
         // from here, its stall guard watching afresh.
         self.stall.take_signal();
         set_single_step(&self.vm.vcpu, false)?;
-        result.map(|()| done)
+        result.map(|()| (done, reached))
     }
 
     /// One step: `Ok(None)` a step inside the interval, `Ok(Some(action))`
@@ -497,7 +537,7 @@ impl Session {
 
     /// Reads guest linear memory into `buf` up to the first byte that is
     /// not mapped; returns how many bytes were read.
-    fn read_linear(&self, linear: u64, buf: &mut [u8]) -> usize {
+    pub(super) fn read_linear(&self, linear: u64, buf: &mut [u8]) -> usize {
         let mut done = 0;
         while done < buf.len() {
             let at = linear.wrapping_add(done as u64);

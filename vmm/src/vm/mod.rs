@@ -22,6 +22,7 @@
 //!   name of the device the exit hit;
 //! - `error`: [`VmError`] and the per-operation errors.
 
+mod breakpoints;
 mod checkpoint;
 mod console;
 mod error;
@@ -39,6 +40,7 @@ mod session;
 mod stepping;
 mod wiring;
 
+pub use breakpoints::{BreakpointError, KERNEL_HALF};
 pub use checkpoint::Checkpoint;
 pub use console::ConsoleInput;
 pub use error::{IncompatibleState, SetupError, VmError};

@@ -116,6 +116,10 @@ pub struct Session {
     pub(super) last_exit_rip: u64,
     /// Single steps taken since the last exit (reset by each exit).
     pub(super) insn_steps: u64,
+    /// Software breakpoints a debugger set (not saved: a debugger's).
+    pub(super) breakpoints: super::breakpoints::Breakpoints,
+    /// A breakpoint hit left the run at an unknown step of its interval.
+    pub(super) position_lost: bool,
     /// Where the guest kernel keeps its CRNG (re-keyed at a branch).
     pub(super) guest_crng: Option<GuestCrng>,
 }
@@ -203,6 +207,8 @@ impl Session {
             stall: StallGuard::new(config.stall_timeout),
             last_exit_rip: 0,
             insn_steps: 0,
+            breakpoints: Default::default(),
+            position_lost: false,
             guest_crng: kernel.guest_crng,
             window: WindowGuard::default(),
             ram_ledger: PageLedger::default(),
@@ -312,6 +318,9 @@ impl Session {
     /// Captures the complete state between two exits (the pending exit is
     /// completed first, so a restored copy neither repeats nor skips it).
     pub fn capture(&mut self) -> Result<SessionState, VmError> {
+        if self.position_lost {
+            return Err(VmError::PositionLost);
+        }
         vcpu_state::complete_pending_exit(&mut self.vm.vcpu)?;
         let vcpu = vcpu_state::capture(&self.vm.vcpu)?;
         let (console_hash, console_bytes) = {
@@ -416,6 +425,8 @@ impl Session {
             stall: StallGuard::new(config.stall_timeout),
             last_exit_rip: state.last_exit_rip,
             insn_steps: state.insn_steps,
+            breakpoints: Default::default(),
+            position_lost: false,
             guest_crng: state.guest_crng,
             window: WindowGuard::default(),
             ram_ledger: PageLedger::default(),
@@ -511,6 +522,7 @@ impl Session {
         self.injected_total = state.injected_interrupts;
         self.last_exit_rip = state.last_exit_rip;
         self.insn_steps = state.insn_steps;
+        self.position_lost = false;
         self.guest_crng = state.guest_crng;
         self.seed = state.seed;
         self.publish_before_entry = true;

@@ -121,12 +121,27 @@ impl Session {
             return Ok(ExitAction::Stop(stop));
         }
         loop {
+            self.install_breakpoints();
             let (exit, slot) = match self.vm.vcpu.run() {
                 Ok(vcpu_exit) => convert_exit(vcpu_exit),
                 Err(e) if e.errno() == libc::EINTR || e.errno() == libc::EAGAIN => {
                     (Exit::Interrupted, ResponseSlot::None)
                 }
-                Err(e) => return Err(kvm_err("KVM_RUN")(e)),
+                Err(e) => {
+                    self.breakpoints.remove(&self.vm.memory);
+                    return Err(kvm_err("KVM_RUN")(e));
+                }
+            };
+            // The guest's bytes back before anything reads guest memory; a
+            // HLT at a breakpoint is a hit, not an exit (it writes no
+            // answer: its slot goes).
+            let patched = self.breakpoints.remove(&self.vm.memory);
+            let slot = if exit == Exit::Hlt && !patched.is_empty() {
+                drop(slot);
+                self.stop_at_hit(&patched)?;
+                ResponseSlot::None
+            } else {
+                slot
             };
             // A signal to this thread is a host event, not a guest-caused
             // exit: it must not be counted or recorded, move the clock, feed
