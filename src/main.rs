@@ -4,6 +4,7 @@ mod campaign_cmd;
 mod debug_cmd;
 #[cfg(test)]
 mod error_chains;
+mod gdb_cmd;
 mod image_cmd;
 mod likelihood_cmd;
 mod print;
@@ -66,6 +67,9 @@ enum Command {
     Branch(BranchArgs),
     /// Replay to an exact moment (DIR@12.5s, DIR@exit:N, DIR@exit:N+insn:K) and report the machine state there.
     Seek(SeekArgs),
+    /// A gdb remote server on a saved moment (DIR@12.5s, DIR@exit:N[+insn:K]): registers,
+    /// memory, stepi, breakpoints, reverse-stepi and reverse-continue by deterministic replay
+    Gdb(gdb_cmd::GdbArgs),
     /// An interactive shell inside the guest at a saved moment (DIR@12.5s,
     /// DIR@exit:N, DIR/ID), in a fork: the saved history is untouched
     Shell(ShellArgs),
@@ -775,6 +779,7 @@ fn main() -> ExitCode {
         Command::Snapshot(command) => cmd_snapshot(command),
         Command::Branch(args) => cmd_branch(args),
         Command::Seek(args) => cmd_seek(args),
+        Command::Gdb(args) => gdb_cmd::cmd_gdb(args),
         Command::Shell(args) => cmd_shell(args),
         Command::Up(args) => up_cmd::cmd_up(args),
         Command::Trace(args) => trace_cmd::cmd_trace(args),

@@ -228,6 +228,7 @@ pub fn needs(request: &mut Request) -> Result<Needs> {
         | Request::StepTo { .. }
         | Request::RunToBreakpoint { .. }
         | Request::Registers { .. }
+        | Request::MemoryDigest { .. }
         | Request::ReadVirtual { .. }
         | Request::Close { .. }
         | Request::Seccomp { .. } => Needs::default(),

@@ -212,6 +212,9 @@ pub enum Request {
     },
     /// The vCPU's registers at a held run's present. Answers `Registers`.
     Registers { run: RunId },
+    /// The guest's whole RAM hashed (as `seek` reports it). Answers
+    /// `MemoryDigest`.
+    MemoryDigest { run: RunId },
     /// Up to `len` bytes of guest virtual memory from `address`, through
     /// the guest's page tables, up to the first byte not mapped. Answers
     /// `Memory`.
@@ -335,6 +338,8 @@ pub enum Response {
         ran: crate::driven::BreakpointRun,
     },
     Registers(crate::inspect::Registers),
+    /// `MemoryDigest`: hex, as `SeekReport::memory_hash`.
+    MemoryDigest { memory_hash: String },
     /// `ReadVirtual`: the bytes read (fewer than asked where memory
     /// stops being mapped).
     Memory {
@@ -796,6 +801,12 @@ impl Controller {
                     .registers()
                     .map_err(crate::driven::DrivenError::from)?;
                 Response::Registers(crate::inspect::Registers::from_kvm(&regs, &sregs))
+            }
+            Request::MemoryDigest { run } => {
+                let held = self.held(run)?;
+                Response::MemoryDigest {
+                    memory_hash: held.driven.session.memory_digest_hex(),
+                }
             }
             Request::ReadVirtual { run, address, len } => {
                 let held = self.held(run)?;

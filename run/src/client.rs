@@ -377,6 +377,11 @@ impl<'a> Calls<'a> {
         answer!(self, "reading registers", Request::Registers { run }, Response::Registers(registers) => registers)
     }
 
+    /// The guest's RAM hashed (see `Request::MemoryDigest`).
+    pub fn memory_digest(&mut self, run: RunId) -> Result<String, RunnerError> {
+        answer!(self, "hashing guest memory", Request::MemoryDigest { run }, Response::MemoryDigest { memory_hash } => memory_hash)
+    }
+
     /// Guest virtual memory (see `Request::ReadVirtual`).
     pub fn read_virtual(
         &mut self,
