@@ -19,7 +19,9 @@ use gdbstub::target::ext::base::singlethread::{
     SingleThreadSingleStepOps,
 };
 use gdbstub::target::ext::base::BaseOps;
-use gdbstub::target::ext::breakpoints::{Breakpoints, BreakpointsOps, SwBreakpoint, SwBreakpointOps};
+use gdbstub::target::ext::breakpoints::{
+    Breakpoints, BreakpointsOps, SwBreakpoint, SwBreakpointOps,
+};
 use gdbstub::target::ext::monitor_cmd::{outputln, ConsoleOutput, MonitorCmd, MonitorCmdOps};
 use gdbstub::target::{Target, TargetError, TargetResult};
 use gdbstub_arch::x86::reg::X86_64CoreRegs;
@@ -206,7 +208,8 @@ impl Breakpoints for GdbTarget {
 impl SwBreakpoint for GdbTarget {
     fn add_sw_breakpoint(&mut self, addr: u64, _kind: usize) -> TargetResult<bool, Self> {
         if addr < vmm::vm::KERNEL_HALF {
-            self.last_error = Some(vmm::vm::BreakpointError::UserAddress { address: addr }.to_string());
+            self.last_error =
+                Some(vmm::vm::BreakpointError::UserAddress { address: addr }.to_string());
             return Ok(false);
         }
         self.timeline.breakpoints.insert(addr);
@@ -219,7 +222,11 @@ impl SwBreakpoint for GdbTarget {
 }
 
 impl MonitorCmd for GdbTarget {
-    fn handle_monitor_cmd(&mut self, cmd: &[u8], mut out: ConsoleOutput<'_>) -> Result<(), Self::Error> {
+    fn handle_monitor_cmd(
+        &mut self,
+        cmd: &[u8],
+        mut out: ConsoleOutput<'_>,
+    ) -> Result<(), Self::Error> {
         let cmd = String::from_utf8_lossy(cmd);
         match cmd.trim() {
             "position" | "" => {
@@ -234,7 +241,12 @@ impl MonitorCmd for GdbTarget {
             "digest" => {
                 let at = self.timeline.position();
                 let memory = self.timeline.memory_digest()?;
-                outputln!(out, "exit:{}+insn:{} memory {memory}", at.exits, at.insn_steps);
+                outputln!(
+                    out,
+                    "exit:{}+insn:{} memory {memory}",
+                    at.exits,
+                    at.insn_steps
+                );
             }
             "error" => match &self.last_error {
                 Some(error) => outputln!(out, "{error}"),

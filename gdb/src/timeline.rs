@@ -170,7 +170,10 @@ impl Timeline {
         }
         let run = self.run;
         let (checkpoint, _) = self.calls().checkpoint(run)?;
-        self.kept.push(Kept { at: here, checkpoint });
+        self.kept.push(Kept {
+            at: here,
+            checkpoint,
+        });
         if self.kept.len() > MAX_KEPT {
             let oldest = self.kept.remove(0);
             self.calls().drop_checkpoint(run, oldest.checkpoint)?;

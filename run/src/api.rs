@@ -331,7 +331,10 @@ pub enum Response {
         exits: u64,
     },
     /// `StepTo`: whether RIP got to the address.
-    SteppedTo { position: Position, reached: bool },
+    SteppedTo {
+        position: Position,
+        reached: bool,
+    },
     /// `RunToBreakpoint`.
     Breakpoint {
         position: Position,
@@ -339,7 +342,9 @@ pub enum Response {
     },
     Registers(crate::inspect::Registers),
     /// `MemoryDigest`: hex, as `SeekReport::memory_hash`.
-    MemoryDigest { memory_hash: String },
+    MemoryDigest {
+        memory_hash: String,
+    },
     /// `ReadVirtual`: the bytes read (fewer than asked where memory
     /// stops being mapped).
     Memory {

@@ -169,7 +169,11 @@ impl Driven {
     /// software breakpoints at `breakpoints` (kernel addresses, see
     /// `vmm::vm::breakpoints`) the guest reaches. After a hit the run's
     /// step count within its interval is unknown until it is reset.
-    pub fn run_to_breakpoint(&mut self, breakpoints: &[u64], until: Until) -> Result<BreakpointRun> {
+    pub fn run_to_breakpoint(
+        &mut self,
+        breakpoints: &[u64],
+        until: Until,
+    ) -> Result<BreakpointRun> {
         self.session.set_breakpoints(breakpoints)?;
         let ran = self.run_until(until);
         self.session.set_breakpoints(&[])?;

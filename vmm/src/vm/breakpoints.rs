@@ -64,7 +64,11 @@ impl Breakpoints {
 
     /// Writes a `HLT` over each breakpoint mapped in the present address
     /// space (one not mapped cannot be fetched either).
-    pub(super) fn install(&mut self, session_translate: impl Fn(u64) -> Option<u64>, memory: &GuestMemory) {
+    pub(super) fn install(
+        &mut self,
+        session_translate: impl Fn(u64) -> Option<u64>,
+        memory: &GuestMemory,
+    ) {
         for &linear in &self.addresses {
             let Some(gpa) = session_translate(linear) else {
                 continue;
@@ -76,8 +80,7 @@ impl Breakpoints {
             if self.patched.iter().any(|p| p.gpa == gpa) {
                 continue;
             }
-            if original != HLT_OPCODE && memory.write_obj(HLT_OPCODE, GuestAddress(gpa)).is_err()
-            {
+            if original != HLT_OPCODE && memory.write_obj(HLT_OPCODE, GuestAddress(gpa)).is_err() {
                 continue;
             }
             self.patched.push(Patch {
@@ -205,7 +208,10 @@ mod tests {
         // The second is not mapped: not patched.
         let translate = |l: u64| (l == at).then_some(0x1000);
         bps.install(translate, &memory);
-        assert_eq!(memory.read_obj::<u8>(GuestAddress(0x1000)).unwrap(), HLT_OPCODE);
+        assert_eq!(
+            memory.read_obj::<u8>(GuestAddress(0x1000)).unwrap(),
+            HLT_OPCODE
+        );
         let patched = bps.remove(&memory);
         assert_eq!(patched, [at]);
         assert_eq!(memory.read_obj::<u8>(GuestAddress(0x1000)).unwrap(), 0x55);

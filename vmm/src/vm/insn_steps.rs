@@ -205,7 +205,12 @@ impl Session {
         let result = (|| {
             loop {
                 if let Some(address) = stop_at {
-                    let rip = self.vm.vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?.rip;
+                    let rip = self
+                        .vm
+                        .vcpu
+                        .get_regs()
+                        .map_err(kvm_err("KVM_GET_REGS"))?
+                        .rip;
                     if rip == address {
                         reached = true;
                         break;

@@ -133,11 +133,11 @@ impl Session {
                 }
             };
             // The guest's bytes back before anything reads guest memory; a
-            // HLT at a breakpoint is a hit, not an exit (it writes no
-            // answer: its slot goes).
+            // HLT at a breakpoint is a hit, not an exit (a HLT writes no
+            // answer: its slot is not used past here).
             let patched = self.breakpoints.remove(&self.vm.memory);
             let slot = if exit == Exit::Hlt && !patched.is_empty() {
-                drop(slot);
+                let _ = slot;
                 self.stop_at_hit(&patched)?;
                 ResponseSlot::None
             } else {
