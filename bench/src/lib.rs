@@ -70,6 +70,7 @@ mod nodes;
 mod process;
 mod qemu;
 mod report;
+mod reverse_step;
 mod serve;
 mod snapshot;
 mod snapshot_cell;
@@ -125,6 +126,9 @@ pub enum BenchCommand {
     /// Issue 30: one `up` guest of 3, 9, 27 and 64 busybox nodes: exits and wall time per
     /// virtual second, guest memory; stops at the first count that fails, saying why.
     Nodes(nodes::NodesArgs),
+    /// Issue 31: reverse-stepi latency against the steps since the exit and the distance to
+    /// the nearest checkpoint, and the single-step rate, in the default Linux guest.
+    ReverseStep(reverse_step::ReverseStepArgs),
     /// Inside the helper VM: answer the benches' worker plans on its channel.
     #[command(hide = true)]
     ServeChannel,
@@ -198,6 +202,7 @@ pub fn run(args: BenchArgs) -> Result<u8> {
         BenchCommand::Etcd(args) => etcd::orchestrate(&args),
         BenchCommand::Exits(args) => exits::orchestrate(&args),
         BenchCommand::Verify(args) => verify::orchestrate(&args),
+        BenchCommand::ReverseStep(args) => reverse_step::orchestrate(&args),
         BenchCommand::BranchSnapshots(args) => branch_snapshots::orchestrate(&args),
         BenchCommand::Histories(args) => histories::orchestrate(&args),
         BenchCommand::FirstFinding(args) => first_finding::orchestrate(&args),

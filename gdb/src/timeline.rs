@@ -181,6 +181,20 @@ impl Timeline {
         Ok(())
     }
 
+    /// Keeps a checkpoint at the present, for later moves back to near it.
+    pub fn keep_here(&mut self) -> Result<()> {
+        self.keep()
+    }
+
+    /// Lets every kept checkpoint go but the start's.
+    pub fn forget_kept(&mut self) -> Result<()> {
+        let run = self.run;
+        for kept in std::mem::take(&mut self.kept) {
+            self.calls().drop_checkpoint(run, kept.checkpoint)?;
+        }
+        Ok(())
+    }
+
     /// The latest kept checkpoint at or before `target`.
     fn kept_before(&self, target: InsnPosition) -> Kept {
         self.kept
