@@ -68,18 +68,7 @@ fn test_gdb_breaks_steps_and_runs_backward_in_the_default_guest() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let snaps = dir.join("snaps").display().to_string();
-    let run = detvisor(&[
-        "run",
-        "--until",
-        "1s",
-        "--snapshots",
-        &snaps,
-        "--snapshot-at-exit",
-        "200",
-        "--json",
-    ]);
-    assert_eq!(run.status.code(), Some(124), "{}", stderr(&run));
-    let free = summary(&run)["digest"].as_str().unwrap().to_owned();
+    let free = boot_saved_at_exit(&snaps, 200, &[]);
     let vmlinux = run::guest::default_image().unwrap().kernel;
     let start = format!("{snaps}@exit:200");
     let mut server = Command::new(env!("CARGO_BIN_EXE_detvisor"))

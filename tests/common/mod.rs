@@ -97,6 +97,27 @@ pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// The default guest's first second, saved in `snaps` at exit `exit`
+/// (`extra`: more `run` arguments): the run's digest.
+pub fn boot_saved_at_exit(snaps: &str, exit: u64, extra: &[&str]) -> String {
+    let exit = exit.to_string();
+    let mut args = vec![
+        "run",
+        "--until",
+        "1s",
+        "--snapshots",
+        snaps,
+        "--snapshot-at-exit",
+        &exit,
+        "--json",
+    ];
+    args.extend(extra);
+    let run = detvisor(&args);
+    // 124: stopped at the time limit.
+    assert_eq!(run.status.code(), Some(124), "{}", stderr(&run));
+    summary(&run)["digest"].as_str().unwrap().to_owned()
+}
+
 /// The JSON summary `run --json` prints as its last stdout line.
 pub fn summary(out: &Output) -> serde_json::Value {
     let text = stdout(out);
