@@ -100,11 +100,21 @@ fn test_gdb_breaks_steps_and_runs_backward_in_the_default_guest() {
     mark("forward", &["stepi 5"]);
     mark("back", &["reverse-stepi 5"]);
     mark("previous", &["reverse-continue"]);
-    script.extend([
-        "monitor digest".into(),
-        "monitor error".into(),
-        "echo @@end\\n".into(),
-    ]);
+    script.extend(["monitor digest".into(), "monitor error".into()]);
+    // A register write: the present is a branch point, the start of what
+    // reverse execution can reach.
+    script.extend(
+        [
+            "set $rax = 0x1234",
+            "monitor start",
+            "echo @@written\\n",
+            "info registers rax",
+            "reverse-stepi",
+            "monitor position",
+            "echo @@end\\n",
+        ]
+        .map(String::from),
+    );
     script.push("kill".into());
     let mut gdb = Command::new("gdb");
     gdb.args(["-batch", "-nx"]).arg(&vmlinux);
@@ -134,7 +144,7 @@ fn test_gdb_breaks_steps_and_runs_backward_in_the_default_guest() {
 
     // Assert: both hits stop in `schedule`, at two positions.
     assert!(status.success(), "{said}");
-    let [first_at, second_at, forward_at, back_at, previous_at, digest, error] =
+    let [first_at, second_at, forward_at, back_at, previous_at, digest, error, branch_point, after_write] =
         std::array::from_fn(|_| next_position());
     let first = section(&text, "first");
     let second = section(&text, "second");
@@ -170,6 +180,20 @@ fn test_gdb_breaks_steps_and_runs_backward_in_the_default_guest() {
         digest.ends_with(&format!("memory {memory}")),
         "{digest} vs {memory}"
     );
+    // The write: the new start is where it was made, and nothing before
+    // it is reached.
+    assert!(
+        branch_point.ends_with("(a branch point: a write made a new history here)"),
+        "{branch_point}"
+    );
+    assert_eq!(position(&branch_point), position(&first_at));
+    let written = section(&text, "written");
+    assert!(written.contains("0x1234"), "{written}");
+    assert!(
+        written.contains("No more reverse-execution history"),
+        "{written}"
+    );
+    assert_eq!(position(&after_write), position(&first_at));
     // And the history, run on from the start, is the free run's.
     let branch = detvisor(&["branch", &start, "--until", "1s", "--json"]);
     assert_eq!(branch.status.code(), Some(124), "{}", stderr(&branch));

@@ -2,8 +2,8 @@
 //! memory, `stepi`, `continue`, software breakpoints, `reverse-stepi`,
 //! `reverse-continue`, and `monitor` commands.
 //!
-//! Writes (memory, registers) are refused: a write would make the present
-//! a branch point of a new history, which this server does not make yet.
+//! A write (memory, registers) makes the present a branch point: the
+//! history after it is a new one, and reverse execution stops there.
 //! Watchpoints are not offered, so gdb does not try them here (it falls
 //! back to its own single-stepping ones, slow on a whole Linux guest).
 
@@ -134,9 +134,22 @@ impl SingleThreadBase for GdbTarget {
         Ok(())
     }
 
-    fn write_registers(&mut self, _regs: &X86_64CoreRegs) -> TargetResult<(), Self> {
-        self.last_error = Some("register writes are refused: the history is read-only".into());
-        Err(TargetError::NonFatal)
+    fn write_registers(&mut self, regs: &X86_64CoreRegs) -> TargetResult<(), Self> {
+        let mut r = match self.timeline.registers() {
+            Ok(r) => r,
+            Err(e) => return non_fatal(self, e),
+        };
+        [
+            r.rax, r.rbx, r.rcx, r.rdx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8, r.r9, r.r10, r.r11,
+            r.r12, r.r13, r.r14, r.r15,
+        ] = regs.regs;
+        r.rip = regs.rip;
+        // EFLAGS' upper half is reserved (0).
+        r.rflags = u64::from(regs.eflags);
+        match self.timeline.set_registers(r) {
+            Ok(()) => Ok(()),
+            Err(e) => non_fatal(self, e),
+        }
     }
 
     fn read_addrs(&mut self, start_addr: u64, data: &mut [u8]) -> TargetResult<usize, Self> {
@@ -149,9 +162,12 @@ impl SingleThreadBase for GdbTarget {
         }
     }
 
-    fn write_addrs(&mut self, _start_addr: u64, _data: &[u8]) -> TargetResult<(), Self> {
-        self.last_error = Some("memory writes are refused: the history is read-only".into());
-        Err(TargetError::NonFatal)
+    fn write_addrs(&mut self, start_addr: u64, data: &[u8]) -> TargetResult<(), Self> {
+        match self.timeline.write(start_addr, data) {
+            Ok(written) if written == data.len() as u64 => Ok(()),
+            Ok(_) => Err(TargetError::NonFatal),
+            Err(e) => non_fatal(self, e),
+        }
     }
 
     fn support_resume(&mut self) -> Option<SingleThreadResumeOps<'_, Self>> {
@@ -237,7 +253,14 @@ impl MonitorCmd for GdbTarget {
                 };
                 outputln!(out, "{position} at virtual {}", at.virtual_ns);
             }
-            "start" => outputln!(out, "{}", self.timeline.start()),
+            "start" => {
+                let branched = if self.timeline.branched() {
+                    " (a branch point: a write made a new history here)"
+                } else {
+                    ""
+                };
+                outputln!(out, "{}{branched}", self.timeline.start());
+            }
             "digest" => {
                 let at = self.timeline.position();
                 let memory = self.timeline.memory_digest()?;

@@ -87,6 +87,7 @@ pub struct Timeline {
     at: Position,
     /// The software breakpoints (kernel addresses).
     pub breakpoints: std::collections::BTreeSet<u64>,
+    branched: bool,
 }
 
 fn insn_position(position: &Position) -> InsnPosition {
@@ -114,6 +115,7 @@ impl Timeline {
             kept: Vec::new(),
             at,
             breakpoints: Default::default(),
+            branched: false,
         })
     }
 
@@ -140,6 +142,50 @@ impl Timeline {
     pub fn memory_digest(&mut self) -> Result<String> {
         let run = self.run;
         Ok(self.calls().memory_digest(run)?)
+    }
+
+    /// Writes guest virtual memory (up to the first byte not mapped):
+    /// the present becomes a branch point (see [`Timeline::branch_here`]).
+    pub fn write(&mut self, address: u64, bytes: &[u8]) -> Result<u64> {
+        self.ended()?;
+        let run = self.run;
+        let written = self.calls().write_virtual(run, address, bytes.to_vec())?;
+        self.branch_here()?;
+        Ok(written)
+    }
+
+    /// Sets the general registers, RIP and RFLAGS: the present becomes a
+    /// branch point (see [`Timeline::branch_here`]).
+    pub fn set_registers(&mut self, registers: Registers) -> Result<()> {
+        self.ended()?;
+        let run = self.run;
+        self.calls().set_registers(run, registers)?;
+        self.branch_here()
+    }
+
+    /// After a write, the run is a new history from the present: every
+    /// checkpoint kept before it (the start's too) belongs to the old one
+    /// and is let go, and the present is the new start, so reverse
+    /// execution stops here (gdb: "No more reverse-execution history").
+    fn branch_here(&mut self) -> Result<()> {
+        let run = self.run;
+        self.forget_kept()?;
+        let old = self.start.checkpoint;
+        let (checkpoint, at) = self.calls().checkpoint(run)?;
+        self.calls().drop_checkpoint(run, old)?;
+        self.at = at;
+        self.start = Kept {
+            at: insn_position(&at),
+            checkpoint,
+        };
+        self.branched = true;
+        Ok(())
+    }
+
+    /// Whether a write made this session's history a branch of the one
+    /// it started on.
+    pub fn branched(&self) -> bool {
+        self.branched
     }
 
     /// Guest virtual memory, up to the first byte not mapped.

@@ -229,6 +229,8 @@ pub fn needs(request: &mut Request) -> Result<Needs> {
         | Request::RunToBreakpoint { .. }
         | Request::Registers { .. }
         | Request::MemoryDigest { .. }
+        | Request::WriteVirtual { .. }
+        | Request::SetRegisters { .. }
         | Request::ReadVirtual { .. }
         | Request::Close { .. }
         | Request::Seccomp { .. } => Needs::default(),

@@ -212,6 +212,22 @@ pub enum Request {
     },
     /// The vCPU's registers at a held run's present. Answers `Registers`.
     Registers { run: RunId },
+    /// Write guest virtual memory from `address` (through the guest's page
+    /// tables, up to the first byte not mapped): a debugger's write, after
+    /// which the run is a new history. Answers `Written`.
+    WriteVirtual {
+        run: RunId,
+        address: u64,
+        #[serde(with = "guest_agent::protocol::base64")]
+        bytes: Vec<u8>,
+    },
+    /// Set the vCPU's general registers, RIP and RFLAGS (the segments in
+    /// `registers` are not written): a debugger's write, after which the
+    /// run is a new history. Answers `Registers`.
+    SetRegisters {
+        run: RunId,
+        registers: crate::inspect::Registers,
+    },
     /// The guest's whole RAM hashed (as `seek` reports it). Answers
     /// `MemoryDigest`.
     MemoryDigest { run: RunId },
@@ -341,6 +357,10 @@ pub enum Response {
         ran: crate::driven::BreakpointRun,
     },
     Registers(crate::inspect::Registers),
+    /// `WriteVirtual`: how many bytes were written.
+    Written {
+        written: u64,
+    },
     /// `MemoryDigest`: hex, as `SeekReport::memory_hash`.
     MemoryDigest {
         memory_hash: String,
@@ -804,6 +824,29 @@ impl Controller {
                     .driven
                     .session
                     .registers()
+                    .map_err(crate::driven::DrivenError::from)?;
+                Response::Registers(crate::inspect::Registers::from_kvm(&regs, &sregs))
+            }
+            Request::WriteVirtual {
+                run,
+                address,
+                bytes,
+            } => {
+                let held = self.running(run)?;
+                let written = held.driven.session.write_virtual(address, &bytes);
+                Response::Written {
+                    written: written as u64,
+                }
+            }
+            Request::SetRegisters { run, registers } => {
+                let held = self.running(run)?;
+                let session = &mut held.driven.session;
+                let (mut regs, sregs) = session
+                    .registers()
+                    .map_err(crate::driven::DrivenError::from)?;
+                registers.write_general(&mut regs);
+                session
+                    .set_general_registers(&regs)
                     .map_err(crate::driven::DrivenError::from)?;
                 Response::Registers(crate::inspect::Registers::from_kvm(&regs, &sregs))
             }

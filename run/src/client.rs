@@ -377,6 +377,32 @@ impl<'a> Calls<'a> {
         answer!(self, "reading registers", Request::Registers { run }, Response::Registers(registers) => registers)
     }
 
+    /// Writes guest virtual memory (see `Request::WriteVirtual`): how many
+    /// bytes were written.
+    pub fn write_virtual(
+        &mut self,
+        run: RunId,
+        address: u64,
+        bytes: Vec<u8>,
+    ) -> Result<u64, RunnerError> {
+        let request = Request::WriteVirtual {
+            run,
+            address,
+            bytes,
+        };
+        answer!(self, "writing guest memory", request, Response::Written { written } => written)
+    }
+
+    /// Sets the general registers (see `Request::SetRegisters`).
+    pub fn set_registers(
+        &mut self,
+        run: RunId,
+        registers: crate::inspect::Registers,
+    ) -> Result<crate::inspect::Registers, RunnerError> {
+        let request = Request::SetRegisters { run, registers };
+        answer!(self, "setting registers", request, Response::Registers(registers) => registers)
+    }
+
     /// The guest's RAM hashed (see `Request::MemoryDigest`).
     pub fn memory_digest(&mut self, run: RunId) -> Result<String, RunnerError> {
         answer!(self, "hashing guest memory", Request::MemoryDigest { run }, Response::MemoryDigest { memory_hash } => memory_hash)

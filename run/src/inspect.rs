@@ -158,6 +158,28 @@ impl Registers {
         Registers::from_kvm(&vcpu.regs, &vcpu.sregs)
     }
 
+    /// Writes the general registers, RIP and RFLAGS into `regs`.
+    pub fn write_general(&self, regs: &mut kvm_bindings::kvm_regs) {
+        regs.rip = self.rip;
+        regs.rsp = self.rsp;
+        regs.rflags = self.rflags;
+        regs.rax = self.rax;
+        regs.rbx = self.rbx;
+        regs.rcx = self.rcx;
+        regs.rdx = self.rdx;
+        regs.rsi = self.rsi;
+        regs.rdi = self.rdi;
+        regs.rbp = self.rbp;
+        regs.r8 = self.r8;
+        regs.r9 = self.r9;
+        regs.r10 = self.r10;
+        regs.r11 = self.r11;
+        regs.r12 = self.r12;
+        regs.r13 = self.r13;
+        regs.r14 = self.r14;
+        regs.r15 = self.r15;
+    }
+
     /// The registers KVM reports.
     pub fn from_kvm(r: &kvm_bindings::kvm_regs, sregs: &kvm_bindings::kvm_sregs) -> Registers {
         Registers {

@@ -184,6 +184,47 @@ impl Session {
         Ok((regs, sregs))
     }
 
+    /// Sets the vCPU's general registers, RIP and RFLAGS (a debugger's
+    /// write: the history from here on is a new branch).
+    pub fn set_general_registers(&mut self, regs: &kvm_bindings::kvm_regs) -> Result<(), VmError> {
+        if self.position_lost {
+            return Err(VmError::PositionLost);
+        }
+        crate::vcpu_state::complete_pending_exit(&mut self.vm.vcpu)?;
+        self.vm
+            .vcpu
+            .set_regs(regs)
+            .map_err(kvm_err("KVM_SET_REGS"))?;
+        self.vm.vcpu.sync_regs_mut().regs = *regs;
+        Ok(())
+    }
+
+    /// Writes `bytes` to guest virtual memory (through the guest's page
+    /// tables) up to the first byte not mapped; returns how many were
+    /// written. A debugger's write: the history from here on is a new
+    /// branch.
+    pub fn write_virtual(&self, address: u64, bytes: &[u8]) -> usize {
+        let mut done = 0;
+        while done < bytes.len() {
+            let at = address.wrapping_add(done as u64);
+            let Some(gpa) = self.translate(at) else {
+                break;
+            };
+            let in_page = (4096 - (at % 4096)) as usize;
+            let end = (done + in_page).min(bytes.len());
+            if self
+                .vm
+                .memory
+                .write_slice(&bytes[done..end], vm_memory::GuestAddress(gpa))
+                .is_err()
+            {
+                break;
+            }
+            done = end;
+        }
+        done
+    }
+
     /// Reads guest virtual memory (through the guest's page tables) into
     /// `buf` up to the first byte not mapped; returns how many were read.
     /// Breakpoint patches are never in memory between two requests.

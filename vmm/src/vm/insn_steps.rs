@@ -533,7 +533,7 @@ impl Session {
     }
 
     /// The guest-physical address of linear address `linear`.
-    fn translate(&self, linear: u64) -> Option<u64> {
+    pub(super) fn translate(&self, linear: u64) -> Option<u64> {
         match self.vm.vcpu.translate_gva(linear) {
             Ok(t) if t.valid != 0 => Some(t.physical_address),
             _ => None,
