@@ -90,17 +90,24 @@ fn test_gdb_breaks_steps_and_runs_backward_in_the_default_guest() {
     // Act: break in the scheduler, continue to two hits, five steps
     // forward and back, then back to the first hit.
     let mut script = vec![format!("target remote {addr}"), "break schedule".into()];
-    let mut mark = |name: &str, commands: &[&str]| {
+    fn mark(script: &mut Vec<String>, name: &str, commands: &[&str]) {
         script.push(format!("echo @@{name}\\n"));
         script.extend(commands.iter().map(|c| c.to_string()));
         script.extend(["monitor position".into(), "info registers".into()]);
-    };
-    mark("first", &["continue"]);
-    mark("second", &["continue"]);
-    mark("forward", &["stepi 5"]);
-    mark("back", &["reverse-stepi 5"]);
-    mark("previous", &["reverse-continue"]);
+    }
+    mark(&mut script, "first", &["continue"]);
+    mark(&mut script, "second", &["continue"]);
+    mark(&mut script, "forward", &["stepi 5"]);
+    mark(&mut script, "back", &["reverse-stepi 5"]);
+    mark(&mut script, "previous", &["reverse-continue"]);
     script.extend(["monitor digest".into(), "monitor error".into()]);
+    // A write watchpoint on the tick counter (the vmlinux has no debug
+    // information: the symbol's type is given): two changes, then back to
+    // the first.
+    script.extend(["delete", "watch *(unsigned long *)&jiffies"].map(String::from));
+    mark(&mut script, "changed", &["continue"]);
+    mark(&mut script, "changed again", &["continue"]);
+    mark(&mut script, "changed before", &["reverse-continue"]);
     // A register write: the present is a branch point, the start of what
     // reverse execution can reach.
     script.extend(
@@ -144,7 +151,7 @@ fn test_gdb_breaks_steps_and_runs_backward_in_the_default_guest() {
 
     // Assert: both hits stop in `schedule`, at two positions.
     assert!(status.success(), "{said}");
-    let [first_at, second_at, forward_at, back_at, previous_at, digest, error, branch_point, after_write] =
+    let [first_at, second_at, forward_at, back_at, previous_at, digest, error, changed_at, again_at, before_at, branch_point, after_write] =
         std::array::from_fn(|_| next_position());
     let first = section(&text, "first");
     let second = section(&text, "second");
@@ -180,20 +187,40 @@ fn test_gdb_breaks_steps_and_runs_backward_in_the_default_guest() {
         digest.ends_with(&format!("memory {memory}")),
         "{digest} vs {memory}"
     );
+    // The watchpoint: each stop is just after the write, which gdb saw
+    // as the counter's old and new values; back is the first change.
+    let changed = section(&text, "changed");
+    assert!(changed.contains("Hardware watchpoint 2: "), "{changed}");
+    let values = |text: &str| -> (u64, u64) {
+        let value = |name: &str| {
+            let line = text
+                .lines()
+                .find(|l| l.starts_with(name))
+                .unwrap_or_else(|| panic!("{text}"));
+            line.rsplit(' ').next().unwrap().parse::<u64>().unwrap()
+        };
+        (value("Old value = "), value("New value = "))
+    };
+    let (old, new) = values(changed);
+    assert_eq!(new, old + 1, "{changed}");
+    let again = section(&text, "changed again");
+    assert_eq!(values(again), (new, new + 1), "{again}");
+    assert_ne!(position(&again_at), position(&changed_at));
+    assert_eq!(position(&before_at), position(&changed_at));
     // The write: the new start is where it was made, and nothing before
     // it is reached.
     assert!(
         branch_point.ends_with("(a branch point: a write made a new history here)"),
         "{branch_point}"
     );
-    assert_eq!(position(&branch_point), position(&first_at));
+    assert_eq!(position(&branch_point), position(&changed_at));
     let written = section(&text, "written");
     assert!(written.contains("0x1234"), "{written}");
     assert!(
         written.contains("No more reverse-execution history"),
         "{written}"
     );
-    assert_eq!(position(&after_write), position(&first_at));
+    assert_eq!(position(&after_write), position(&changed_at));
     // And the history, run on from the start, is the free run's.
     let branch = detvisor(&["branch", &start, "--until", "1s", "--json"]);
     assert_eq!(branch.status.code(), Some(124), "{}", stderr(&branch));

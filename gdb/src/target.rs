@@ -4,8 +4,8 @@
 //!
 //! A write (memory, registers) makes the present a branch point: the
 //! history after it is a new one, and reverse execution stops there.
-//! Watchpoints are not offered, so gdb does not try them here (it falls
-//! back to its own single-stepping ones, slow on a whole Linux guest).
+//! Write watchpoints are compared exit to exit and located by stepping
+//! the one interval where the bytes changed.
 
 use crate::timeline::{Stop, Timeline, TimelineError};
 use gdbstub::common::Signal;
@@ -20,7 +20,8 @@ use gdbstub::target::ext::base::singlethread::{
 };
 use gdbstub::target::ext::base::BaseOps;
 use gdbstub::target::ext::breakpoints::{
-    Breakpoints, BreakpointsOps, SwBreakpoint, SwBreakpointOps,
+    Breakpoints, BreakpointsOps, HwWatchpoint, HwWatchpointOps, SwBreakpoint, SwBreakpointOps,
+    WatchKind,
 };
 use gdbstub::target::ext::monitor_cmd::{outputln, ConsoleOutput, MonitorCmd, MonitorCmdOps};
 use gdbstub::target::{Target, TargetError, TargetResult};
@@ -67,6 +68,11 @@ impl GdbTarget {
         Ok(match stop {
             Stop::Step => SingleThreadStopReason::DoneStep,
             Stop::Breakpoint(_) => SingleThreadStopReason::SwBreak(()),
+            Stop::Watch(addr) => SingleThreadStopReason::Watch {
+                tid: (),
+                kind: WatchKind::Write,
+                addr,
+            },
             Stop::Start => SingleThreadStopReason::ReplayLog {
                 tid: None,
                 pos: ReplayLogPosition::Begin,
@@ -218,6 +224,37 @@ impl ReverseCont<()> for GdbTarget {
 impl Breakpoints for GdbTarget {
     fn support_sw_breakpoint(&mut self) -> Option<SwBreakpointOps<'_, Self>> {
         Some(self)
+    }
+
+    fn support_hw_watchpoint(&mut self) -> Option<HwWatchpointOps<'_, Self>> {
+        Some(self)
+    }
+}
+
+/// Write watchpoints, compared exit to exit and located by stepping the
+/// interval where the bytes changed (`Timeline`). Read watchpoints are not
+/// offered: nothing short of stepping every instruction sees a read.
+impl HwWatchpoint for GdbTarget {
+    fn add_hw_watchpoint(
+        &mut self,
+        addr: u64,
+        len: u64,
+        kind: WatchKind,
+    ) -> TargetResult<bool, Self> {
+        if kind != WatchKind::Write || len == 0 || len > run::driven::MAX_WATCH_BYTES {
+            return Ok(false);
+        }
+        self.timeline.watches.insert((addr, len));
+        Ok(true)
+    }
+
+    fn remove_hw_watchpoint(
+        &mut self,
+        addr: u64,
+        len: u64,
+        _kind: WatchKind,
+    ) -> TargetResult<bool, Self> {
+        Ok(self.timeline.watches.remove(&(addr, len)))
     }
 }
 

@@ -13,7 +13,7 @@
 
 use run::api::{CheckpointId, Position, RunId, Until};
 use run::client::{Calls, Runner, RunnerError};
-use run::driven::BreakpointRun;
+use run::driven::{BreakpointRun, Watch};
 use run::inspect::Registers;
 use run::moment::Moment;
 use vmm::exit::StopReason;
@@ -63,6 +63,9 @@ pub enum Stop {
     Step,
     /// At the software breakpoint at this address.
     Breakpoint(u64),
+    /// Just after a write to the watched range at this address (the
+    /// instruction that wrote it, or the exit whose handling did).
+    Watch(u64),
     /// At the start of the session: nothing earlier to go back to.
     Start,
     /// The debugger asked to stop (between two runs of exits).
@@ -87,6 +90,9 @@ pub struct Timeline {
     at: Position,
     /// The software breakpoints (kernel addresses).
     pub breakpoints: std::collections::BTreeSet<u64>,
+    /// The watched ranges (address, length): a write to one stops a run
+    /// after the instruction that made it.
+    pub watches: std::collections::BTreeSet<(u64, u64)>,
     branched: bool,
 }
 
@@ -115,6 +121,7 @@ impl Timeline {
             kept: Vec::new(),
             at,
             breakpoints: Default::default(),
+            watches: Default::default(),
             branched: false,
         })
     }
@@ -342,11 +349,18 @@ impl Timeline {
         let from = self.here();
         let run = self.run;
         let breakpoints = self.breakpoints.iter().copied().collect();
-        let (at, ran) = self.calls().run_to_breakpoint(run, breakpoints, until)?;
+        let watches = self.watch_list();
+        let (at, ran) = self
+            .calls()
+            .run_to_breakpoint(run, breakpoints, watches, until)?;
         match ran {
             BreakpointRun::Hit { address } => {
                 self.locate(address, at.exits, from)?;
                 Ok(Some(Stop::Breakpoint(address)))
+            }
+            BreakpointRun::Changed { address } => {
+                self.locate_change(at.exits, from)?;
+                Ok(Some(Stop::Watch(address)))
             }
             BreakpointRun::Ended { stop } => {
                 self.at = at;
@@ -370,6 +384,40 @@ impl Timeline {
         self.at = at;
         if !reached || at.exits != exit {
             return Err(TimelineError::HitNotLocated { address, exit });
+        }
+        self.keep()
+    }
+
+    fn watch_list(&self) -> Vec<Watch> {
+        self.watches
+            .iter()
+            .map(|&(address, len)| Watch { address, len })
+            .collect()
+    }
+
+    /// Finds the exact position of a watched range's change, seen after
+    /// exit `exit` of a run from `from`: the interval before that exit is
+    /// replayed and stepped until the bytes differ; where stepping reaches
+    /// the exit unchanged, the exit's handling wrote them (a device), and
+    /// the position is after it. A checkpoint is kept there.
+    fn locate_change(&mut self, exit: u64, from: InsnPosition) -> Result<()> {
+        let kept = self.kept_before(from);
+        self.reset_to(kept)?;
+        let interval = InsnPosition {
+            exit: exit.saturating_sub(1),
+            steps: 0,
+        };
+        self.reach_exit(interval.max(kept.at))?;
+        let run = self.run;
+        let watches = self.watch_list();
+        let (at, _) = self.calls().step_to_change(run, watches, MAX_INSN_STEPS)?;
+        self.at = at;
+        if at.exits != exit && at.exits + 1 != exit {
+            return Err(TimelineError::NotReached {
+                target: InsnPosition { exit, steps: 0 },
+                reached: self.here(),
+                stop: at.stop,
+            });
         }
         self.keep()
     }
@@ -412,9 +460,9 @@ impl Timeline {
         Ok(Stop::Step)
     }
 
-    /// Back to the last breakpoint hit before the present (found by
-    /// replaying from the start with the breakpoints set), or to the start
-    /// when there is none.
+    /// Back to the last breakpoint hit or watched change before the
+    /// present (found by replaying from the start with them set), or to
+    /// the start when there is none.
     pub fn reverse_cont(&mut self) -> Result<Stop> {
         let target = self.here();
         let start = self.start;
@@ -424,7 +472,7 @@ impl Timeline {
             let until = Until::Exit(target.exit + 1);
             match self.run_chunk(until)? {
                 Some(Stop::Breakpoint(address)) if self.here() < target => {
-                    last = Some((self.here(), address));
+                    last = Some((self.here(), Stop::Breakpoint(address)));
                     // Past it, to look for the next.
                     let run = self.run;
                     let (at, _, _) = self.calls().step_insns(run, 1, false)?;
@@ -433,16 +481,19 @@ impl Timeline {
                         break;
                     }
                 }
-                Some(Stop::Breakpoint(_)) | Some(Stop::Ended(_)) => break,
+                Some(Stop::Watch(address)) if self.here() < target => {
+                    last = Some((self.here(), Stop::Watch(address)));
+                }
+                Some(Stop::Breakpoint(_)) | Some(Stop::Watch(_)) | Some(Stop::Ended(_)) => break,
                 Some(_) => break,
                 None if self.at.exits > target.exit => break,
                 None => continue,
             }
         }
         match last {
-            Some((at, address)) => {
+            Some((at, stop)) => {
                 self.goto(at)?;
-                Ok(Stop::Breakpoint(address))
+                Ok(stop)
             }
             None => {
                 self.reset_to(start)?;

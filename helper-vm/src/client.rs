@@ -226,6 +226,7 @@ pub fn needs(request: &mut Request) -> Result<Needs> {
         | Request::Inspect { .. }
         | Request::StepInsns { .. }
         | Request::StepTo { .. }
+        | Request::StepToChange { .. }
         | Request::RunToBreakpoint { .. }
         | Request::Registers { .. }
         | Request::MemoryDigest { .. }

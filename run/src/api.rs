@@ -208,7 +208,17 @@ pub enum Request {
     RunToBreakpoint {
         run: RunId,
         breakpoints: Vec<u64>,
+        /// Ranges whose change stops the run at the exit after it.
+        #[serde(default)]
+        watches: Vec<crate::driven::Watch>,
         until: Until,
+    },
+    /// Single-step a held run within its interval until a watched range
+    /// changes (at most `max` steps). Answers `SteppedToChange`.
+    StepToChange {
+        run: RunId,
+        watches: Vec<crate::driven::Watch>,
+        max: u64,
     },
     /// The vCPU's registers at a held run's present. Answers `Registers`.
     Registers { run: RunId },
@@ -345,6 +355,11 @@ pub enum Response {
         position: Position,
         stepped: u64,
         exits: u64,
+    },
+    /// `StepToChange`: the range that changed, if one did.
+    SteppedToChange {
+        position: Position,
+        changed: Option<u64>,
     },
     /// `StepTo`: whether RIP got to the address.
     SteppedTo {
@@ -803,13 +818,25 @@ impl Controller {
                     reached,
                 }
             }
+            Request::StepToChange { run, watches, max } => {
+                let held = self.running(run)?;
+                let (done, changed) = held.driven.step_to_change(&watches, max)?;
+                held.stop = done.stop;
+                Response::SteppedToChange {
+                    position: held.position(),
+                    changed,
+                }
+            }
             Request::RunToBreakpoint {
                 run,
                 breakpoints,
+                watches,
                 until,
             } => {
                 let held = self.running(run)?;
-                let ran = held.driven.run_to_breakpoint(&breakpoints, until)?;
+                let ran = held
+                    .driven
+                    .run_to_breakpoint(&breakpoints, &watches, until)?;
                 if let crate::driven::BreakpointRun::Ended { stop } = ran {
                     held.stop = stop;
                 }

@@ -358,16 +358,30 @@ impl<'a> Calls<'a> {
         answer!(self, "stepping to an address", request, Response::SteppedTo { position, reached } => (position, reached))
     }
 
+    /// Steps within the interval until a watched range changes (see
+    /// `Request::StepToChange`).
+    pub fn step_to_change(
+        &mut self,
+        run: RunId,
+        watches: Vec<crate::driven::Watch>,
+        max: u64,
+    ) -> Result<(Position, Option<u64>), RunnerError> {
+        let request = Request::StepToChange { run, watches, max };
+        answer!(self, "stepping to a change", request, Response::SteppedToChange { position, changed } => (position, changed))
+    }
+
     /// Runs on to the first breakpoint reached (see `Request::RunToBreakpoint`).
     pub fn run_to_breakpoint(
         &mut self,
         run: RunId,
         breakpoints: Vec<u64>,
+        watches: Vec<crate::driven::Watch>,
         until: Until,
     ) -> Result<(Position, crate::driven::BreakpointRun), RunnerError> {
         let request = Request::RunToBreakpoint {
             run,
             breakpoints,
+            watches,
             until,
         };
         answer!(self, "running to a breakpoint", request, Response::Breakpoint { position, ran } => (position, ran))

@@ -51,12 +51,33 @@ impl DrivenError {
     }
 }
 
+/// A range of guest virtual memory a debugger watches for writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Watch {
+    pub address: u64,
+    pub len: u64,
+}
+
+/// The most bytes one watch compares.
+pub const MAX_WATCH_BYTES: u64 = 4096;
+
+/// The address of the first watch whose bytes differ.
+fn first_change(watches: &[Watch], before: &[Vec<u8>], now: &[Vec<u8>]) -> Option<u64> {
+    watches
+        .iter()
+        .zip(before.iter().zip(now))
+        .find(|(_, (b, n))| b != n)
+        .map(|(w, _)| w.address)
+}
+
 /// How [`Driven::run_to_breakpoint`] ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BreakpointRun {
     /// The guest stands at the breakpoint at `address`.
     Hit { address: u64 },
+    /// The watched range at `address` changed before the exit just made.
+    Changed { address: u64 },
     /// The limit was reached (`None`) or the guest stopped first.
     Ended { stop: Option<StopReason> },
 }
@@ -169,21 +190,91 @@ impl Driven {
     /// software breakpoints at `breakpoints` (kernel addresses, see
     /// `vmm::vm::breakpoints`) the guest reaches. After a hit the run's
     /// step count within its interval is unknown until it is reset.
+    ///
+    /// With `watches`, the run goes exit by exit and stops at the first
+    /// exit after which a watched range's bytes differ from what they were
+    /// when it started (a change undone within one interval is not seen).
     pub fn run_to_breakpoint(
         &mut self,
         breakpoints: &[u64],
+        watches: &[Watch],
         until: Until,
     ) -> Result<BreakpointRun> {
         self.session.set_breakpoints(breakpoints)?;
-        let ran = self.run_until(until);
+        let ran = if watches.is_empty() {
+            self.run_until(until)
+                .map(|stop| BreakpointRun::Ended { stop })
+        } else {
+            self.run_watching(watches, until)
+        };
         self.session.set_breakpoints(&[])?;
         match ran {
-            Ok(stop) => Ok(BreakpointRun::Ended { stop }),
+            Ok(ran) => Ok(ran),
             Err(error) => match error.breakpoint_hit() {
                 Some(address) => Ok(BreakpointRun::Hit { address }),
                 None => Err(error),
             },
         }
+    }
+
+    fn run_watching(&mut self, watches: &[Watch], until: Until) -> Result<BreakpointRun> {
+        let before = self.watched(watches);
+        let start = self.session.exits();
+        loop {
+            if until.reached(start, self.session.exits(), self.session.now()) {
+                return Ok(BreakpointRun::Ended { stop: None });
+            }
+            if let Some(stop) = self.step()? {
+                return Ok(BreakpointRun::Ended { stop: Some(stop) });
+            }
+            if let Some(address) = first_change(watches, &before, &self.watched(watches)) {
+                return Ok(BreakpointRun::Changed { address });
+            }
+        }
+    }
+
+    /// Single-steps within the interval until a watched range's bytes
+    /// differ from what they were at the start (at most `max` steps): the
+    /// steps taken and the range's address, if one changed. An exit that
+    /// ends the interval first is taken as [`Driven::step`] takes it (and
+    /// a change its handling made is seen after it).
+    pub fn step_to_change(
+        &mut self,
+        watches: &[Watch],
+        max: u64,
+    ) -> Result<(InsnSteps, Option<u64>)> {
+        let before = self.watched(watches);
+        let mut done = InsnSteps {
+            stepped: 0,
+            exits: 0,
+            stop: None,
+        };
+        while done.stepped < max {
+            let step = self.step_insns(1, true)?;
+            done.stepped += step.stepped;
+            done.exits += step.exits;
+            done.stop = step.stop;
+            if let Some(address) = first_change(watches, &before, &self.watched(watches)) {
+                return Ok((done, Some(address)));
+            }
+            if step.exits > 0 || step.stepped == 0 {
+                break;
+            }
+        }
+        Ok((done, None))
+    }
+
+    /// The bytes of each watched range (up to its first byte not mapped).
+    fn watched(&self, watches: &[Watch]) -> Vec<Vec<u8>> {
+        watches
+            .iter()
+            .map(|w| {
+                let mut bytes = vec![0; w.len.min(MAX_WATCH_BYTES) as usize];
+                let read = self.session.read_virtual(w.address, &mut bytes);
+                bytes.truncate(read);
+                bytes
+            })
+            .collect()
     }
 
     pub fn run_to_end(&mut self) -> Result<StopReason> {
