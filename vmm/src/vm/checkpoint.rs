@@ -264,6 +264,12 @@ impl Session {
         self.ram_ledger.tree.set_budget(bytes);
     }
 
+    /// The guest's whole RAM hashed, as hex: equal for equal memory (a
+    /// seek's check that a position is the same however it is reached).
+    pub fn memory_digest_hex(&mut self) -> String {
+        format!("{:016x}", self.memory_digest(false).0)
+    }
+
     /// The digest of guest RAM (see `page_digest`), and (when `residency`)
     /// the bytes of it the host has backed. With the dirty log on
     /// (checkpoints, snapshot chains), RAM is scanned once and from then on

@@ -147,12 +147,6 @@ impl Session {
         }
     }
 
-    /// The guest's whole RAM hashed, as hex: equal for equal memory (a
-    /// seek's check that a position is the same however it is reached).
-    pub fn memory_digest_hex(&mut self) -> String {
-        format!("{:016x}", self.memory_digest(false).0)
-    }
-
     /// Single-steps the guest `count` instructions as an observer (see the
     /// module's text). A guest exit met on the way is handled and counts as
     /// its instruction's step; with `within_interval` the stepping ends
@@ -481,7 +475,7 @@ impl Session {
             let flags = word(2);
             // RIP, CS (a code selector), RFLAGS with TF and bit 1 set.
             if flags & TF != 0 && flags & 2 != 0 && word(1) < 0x1_0000 && word(0) == stepped_rip {
-                self.write_linear_u64(frame + 16, flags & !TF);
+                self.write_virtual(frame + 16, &(flags & !TF).to_le_bytes());
             }
         }
     }
@@ -504,7 +498,7 @@ impl Session {
                 // TF is bit 0 of the pushed word's second byte.
                 let mut byte = [0u8; 1];
                 if self.read_linear(rsp.wrapping_add(1), &mut byte) == 1 && byte[0] & 1 != 0 {
-                    self.write_linear_u8(rsp.wrapping_add(1), byte[0] & !1);
+                    self.write_virtual(rsp.wrapping_add(1), &[byte[0] & !1]);
                 }
             }
             Saves::Syscall => {
@@ -559,18 +553,6 @@ impl Session {
             done += chunk.len();
         }
         done
-    }
-
-    fn write_linear_u8(&self, linear: u64, byte: u8) {
-        if let Some(gpa) = self.translate(linear) {
-            let _ = self.vm.memory.write_obj(byte, GuestAddress(gpa));
-        }
-    }
-
-    fn write_linear_u64(&self, linear: u64, value: u64) {
-        for (i, byte) in value.to_le_bytes().into_iter().enumerate() {
-            self.write_linear_u8(linear.wrapping_add(i as u64), byte);
-        }
     }
 }
 
