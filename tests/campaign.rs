@@ -520,6 +520,28 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
     // is the one first seen, and its end is the straight replay's.
     let back = session.call("rewind", |s| s.reach(&moment)).unwrap().0;
     assert_eq!(back.digest, digest_before);
+    // A moment between two exits: single steps after the moment's exit in
+    // the up run (3, or the interval's last position when it is shorter,
+    // which the refusal names).
+    let between = |steps| {
+        moment.at(When::Exit(vmm::position::InsnPosition {
+            exit: back.exits,
+            steps,
+        }))
+    };
+    let steps = match session.call("rewind", |s| s.reach(&between(3))) {
+        Ok(_) => 3,
+        Err(error) => {
+            let text = error.to_string();
+            assert!(text.contains("the positions between them are"), "{text}");
+            text.rsplit("+insn:").next().unwrap().trim().parse().unwrap()
+        }
+    };
+    if steps > 0 {
+        let stepped = session.call("rewind", |s| s.reach(&between(steps))).unwrap().0;
+        assert_eq!((stepped.exits, stepped.insn_steps), (back.exits, steps));
+        assert!(stepped.moment.to_string().ends_with(&format!("+insn:{steps}")));
+    }
     let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(finding.join("finding.json")).unwrap())
             .unwrap();

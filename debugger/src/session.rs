@@ -42,10 +42,12 @@ pub enum SessionError {
     IdInFinding { moment: String },
     #[error("{moment}: `latest` of a branch is not a moment (give its time)")]
     LatestOfBranch { moment: String },
-    /// Instruction positions are reached by `seek`, `branch` and `shell`;
-    /// the debugger's moments keep whole exits for now.
-    #[error("{moment}: the debugger's moments are at exits (exit:N); `detvisor seek` reaches exit:N+insn:K")]
-    InsnPosition { moment: String },
+    /// `exit:N+insn:K` with K past the interval's last position.
+    #[error(
+        "{moment}: the guest's next exit comes {steps} single step(s) after exit {exit}: the \
+         positions between them are exit:{exit}+insn:0 to exit:{exit}+insn:{steps}"
+    )]
+    PastInterval { moment: String, exit: u64, steps: u64 },
     #[error("{moment}: {before} before the failure (at {failure}) is before the boot")]
     BeforeBoot {
         moment: String,
@@ -140,7 +142,14 @@ pub struct At {
     pub moment: MomentId,
     pub digest: String,
     pub exits: u64,
+    /// Single steps after that exit (`exit:N+insn:K`; not written when 0).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub insn_steps: u64,
     pub virtual_ns: VirtNanos,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A checkpoint kept, as listed.
@@ -312,12 +321,8 @@ impl Session {
         };
         Ok(match &moment.when {
             When::Time(t) => Target::Time(*t),
-            When::Exit(position) if position.steps == 0 => Target::Exit(position.exit),
-            When::Exit(_) => {
-                return Err(SessionError::InsnPosition {
-                    moment: moment.to_string(),
-                })
-            }
+            // `+insn:K` is stepped to from exit N (see `reach`).
+            When::Exit(position) => Target::Exit(position.exit),
             When::Failure => Target::Time(
                 finding
                     .ok_or_else(|| not_finding("failure"))?
@@ -373,13 +378,18 @@ impl Session {
     }
 
     /// The kept checkpoint to start from for `history` up to `target`.
-    fn nearest_kept(&self, history: &[Action], target: Target) -> Option<usize> {
+    fn nearest_kept(&self, history: &[Action], target: Target, steps: u64) -> Option<usize> {
         self.kept
             .iter()
             .enumerate()
             .filter(|(_, kept)| {
                 let n = kept.history.len();
-                n <= history.len()
+                // A moment between two exits serves only a target in the
+                // same interval at or after it.
+                let p = &kept.position;
+                (p.insn_steps == 0
+                    || matches!(target, Target::Exit(e) if e == p.exits && p.insn_steps <= steps))
+                    && n <= history.len()
                     && kept.history[..] == history[..n]
                     // No action of the history was due before it and not taken.
                     && history.get(n).is_none_or(|next| next.at() >= kept.position.virtual_ns)
@@ -515,7 +525,11 @@ impl Session {
         self.check_source(moment)?;
         let history = self.history(moment);
         let target = self.target(moment)?;
-        let start = self.nearest_kept(&history, target);
+        let steps = match &moment.when {
+            When::Exit(position) => position.steps,
+            _ => 0,
+        };
+        let start = self.nearest_kept(&history, target, steps);
         // The virtual time to simulate, known before anything runs when the
         // target is a time.
         if let Target::Time(t) = target {
@@ -567,13 +581,36 @@ impl Session {
             }
             applied += 1;
         }
-        let position = self.advance(target)?;
+        let mut position = self.advance(target)?;
         self.stopped_before(moment, &position, target)?;
+        if steps > 0 {
+            position = self.step_into_interval(moment, steps)?;
+        }
         let since = match target {
             Target::Time(t) => t.min(position.virtual_ns),
             Target::Exit(_) => position.virtual_ns,
         };
         self.keep(moment, since)
+    }
+
+    /// From exit N (or a kept moment after it in the interval), single
+    /// steps to `exit:N+insn:steps` as an observer (docs/debugging.md,
+    /// "Instruction positions"); refused past the interval's end.
+    fn step_into_interval(&mut self, moment: &MomentId, steps: u64) -> Result<Position> {
+        let held = self.held.as_ref().expect("a held run");
+        let (run, from) = (held.run, held.position);
+        let (position, stepped, exits) =
+            self.calls()
+                .step_insns(run, steps.saturating_sub(from.insn_steps), true)?;
+        self.held.as_mut().expect("a held run").position = position;
+        if exits > 0 {
+            return Err(SessionError::PastInterval {
+                moment: moment.to_string(),
+                exit: from.exits,
+                steps: from.insn_steps + stepped,
+            });
+        }
+        Ok(position)
     }
 
     fn stopped_before(&self, moment: &MomentId, position: &Position, target: Target) -> Result<()> {
@@ -643,6 +680,7 @@ impl Session {
             moment: moment.clone(),
             digest,
             exits: position.exits,
+            insn_steps: position.insn_steps,
             virtual_ns: position.virtual_ns,
         })
     }
