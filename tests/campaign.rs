@@ -534,13 +534,24 @@ fn test_the_debugger_looks_into_the_past_of_the_stale_read_without_changing_it()
         Err(error) => {
             let text = error.to_string();
             assert!(text.contains("the positions between them are"), "{text}");
-            text.rsplit("+insn:").next().unwrap().trim().parse().unwrap()
+            text.rsplit("+insn:")
+                .next()
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
         }
     };
     if steps > 0 {
-        let stepped = session.call("rewind", |s| s.reach(&between(steps))).unwrap().0;
+        let stepped = session
+            .call("rewind", |s| s.reach(&between(steps)))
+            .unwrap()
+            .0;
         assert_eq!((stepped.exits, stepped.insn_steps), (back.exits, steps));
-        assert!(stepped.moment.to_string().ends_with(&format!("+insn:{steps}")));
+        assert!(stepped
+            .moment
+            .to_string()
+            .ends_with(&format!("+insn:{steps}")));
     }
     let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(finding.join("finding.json")).unwrap())

@@ -47,7 +47,11 @@ pub enum SessionError {
         "{moment}: the guest's next exit comes {steps} single step(s) after exit {exit}: the \
          positions between them are exit:{exit}+insn:0 to exit:{exit}+insn:{steps}"
     )]
-    PastInterval { moment: String, exit: u64, steps: u64 },
+    PastInterval {
+        moment: String,
+        exit: u64,
+        steps: u64,
+    },
     #[error("{moment}: {before} before the failure (at {failure}) is before the boot")]
     BeforeBoot {
         moment: String,
