@@ -509,3 +509,7 @@ impl Timeline {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "timeline_tests.rs"]
+mod tests;
