@@ -110,22 +110,62 @@ enum Saves {
     Syscall,
     /// `INT n`, `INT3`, `INTO`, `INT1`: RFLAGS to an interrupt frame.
     SoftwareInterrupt(u8),
+    /// RFLAGS loaded from what the guest saved (long mode), which would
+    /// drop the trap flag and with it the stepping until the next exit
+    /// (a return to user space ran unstepped).
+    Loads(FlagsFrom),
+}
+
+/// Where an instruction that loads RFLAGS takes it from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FlagsFrom {
+    /// `SYSRET`: R11.
+    Sysret,
+    /// `IRET`: the frame on the stack (8-byte slots with REX.W, else 4).
+    Iret { wide: bool },
+    /// `POPF`: the word on the stack.
+    Popf,
+}
+
+/// The trap flag put into what a stepped instruction loads RFLAGS from,
+/// taken out again after the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Planted {
+    Nothing,
+    R11,
+    /// The byte (RFLAGS bits 8-15) at this address, as it was.
+    Byte {
+        address: u64,
+        original: u8,
+    },
 }
 
 /// Classifies the instruction in `bytes` (legacy and REX prefixes skipped).
 fn classify(bytes: &[u8], mode: CodeMode) -> Saves {
     let mut i = 0;
+    let (mut rex_w, mut operand_16) = (false, false);
     while i < bytes.len() {
         match bytes[i] {
-            0x66 | 0x67 | 0xf0 | 0xf2 | 0xf3 | 0x2e | 0x36 | 0x3e | 0x26 | 0x64 | 0x65 => i += 1,
-            0x40..=0x4f if mode == CodeMode::Long => i += 1,
+            0x66 => {
+                operand_16 = true;
+                i += 1;
+            }
+            0x67 | 0xf0 | 0xf2 | 0xf3 | 0x2e | 0x36 | 0x3e | 0x26 | 0x64 | 0x65 => i += 1,
+            rex @ 0x40..=0x4f if mode == CodeMode::Long => {
+                rex_w = rex & 8 != 0;
+                i += 1;
+            }
             _ => break,
         }
     }
+    let long = mode == CodeMode::Long;
     match (bytes.get(i), bytes.get(i + 1)) {
         (Some(0x9c), _) => Saves::Pushf,
         (Some(0x0f), Some(0x05)) => Saves::Syscall,
         (Some(&op @ (0xcc | 0xcd | 0xce | 0xf1)), _) => Saves::SoftwareInterrupt(op),
+        (Some(0x0f), Some(0x07)) if long => Saves::Loads(FlagsFrom::Sysret),
+        (Some(0xcf), _) if long && !operand_16 => Saves::Loads(FlagsFrom::Iret { wide: rex_w }),
+        (Some(0x9d), _) if long && !operand_16 => Saves::Loads(FlagsFrom::Popf),
         _ => Saves::Nothing,
     }
 }
@@ -304,6 +344,10 @@ impl Session {
             }));
         }
         let frames = self.fault_frames(&regs, &sregs);
+        let planted = match saves {
+            Saves::Loads(from) => self.plant_trap_flag(from, &regs)?,
+            _ => Planted::Nothing,
+        };
         set_single_step(&self.vm.vcpu, true)?;
         self.vm.vcpu.get_kvm_run().request_interrupt_window = 0;
         let ran = loop {
@@ -321,6 +365,7 @@ impl Session {
         };
         let (exit, slot) = ran?;
         if exit == Exit::SingleStep {
+            self.unplant_trap_flag(planted)?;
             self.vm.vcpu.get_kvm_run().request_interrupt_window = wants_window;
             self.mend_after_step(saves, mode, &regs, &frames)?;
             self.insn_steps += 1;
@@ -335,6 +380,7 @@ impl Session {
         if let ExitAction::Resume(completion) = &action {
             complete(slot, completion);
         }
+        self.unplant_trap_flag(planted)?;
         self.vm.vcpu.get_kvm_run().request_interrupt_window = wants_window;
         set_single_step(&self.vm.vcpu, false)?;
         self.mend_fault_frames(&frames, regs.rip);
@@ -508,11 +554,63 @@ impl Session {
                     self.set_regs(&regs)?;
                 }
             }
-            Saves::Nothing | Saves::SoftwareInterrupt(_) => {}
+            Saves::Nothing | Saves::SoftwareInterrupt(_) | Saves::Loads(_) => {}
         }
         // A fault the instruction took ran its handler unstepped and
         // returned: its frame, now below the stack, held the trap flag.
         self.mend_fault_frames(frames, before.rip);
+        Ok(())
+    }
+
+    /// Sets the trap flag in what the instruction about to be stepped
+    /// loads RFLAGS from, so that the step after it traps too (KVM hides
+    /// that flag from KVM_GET_REGS while it single-steps, and clears it
+    /// when stepping ends). A value that has it already is left alone.
+    fn plant_trap_flag(&mut self, from: FlagsFrom, regs: &kvm_regs) -> Result<Planted, VmError> {
+        let byte_at = match from {
+            FlagsFrom::Sysret => {
+                if regs.r11 & TF != 0 {
+                    return Ok(Planted::Nothing);
+                }
+                let mut with = *regs;
+                with.r11 |= TF;
+                self.set_regs(&with)?;
+                return Ok(Planted::R11);
+            }
+            // RIP, CS, then RFLAGS.
+            FlagsFrom::Iret { wide: true } => regs.rsp.wrapping_add(16),
+            FlagsFrom::Iret { wide: false } => regs.rsp.wrapping_add(8),
+            FlagsFrom::Popf => regs.rsp,
+        };
+        // TF is bit 0 of the saved word's second byte.
+        let address = byte_at.wrapping_add(1);
+        let mut byte = [0u8; 1];
+        if self.read_linear(address, &mut byte) < 1 || byte[0] & 1 != 0 {
+            return Ok(Planted::Nothing);
+        }
+        if self.write_virtual(address, &[byte[0] | 1]) < 1 {
+            return Ok(Planted::Nothing);
+        }
+        Ok(Planted::Byte {
+            address,
+            original: byte[0],
+        })
+    }
+
+    /// Takes out what [`Session::plant_trap_flag`] put in: R11's flag, or
+    /// the saved byte (popped by now, below the stack) as it was.
+    fn unplant_trap_flag(&mut self, planted: Planted) -> Result<(), VmError> {
+        match planted {
+            Planted::Nothing => {}
+            Planted::R11 => {
+                let mut regs = self.vm.vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
+                regs.r11 &= !TF;
+                self.set_regs(&regs)?;
+            }
+            Planted::Byte { address, original } => {
+                self.write_virtual(address, &[original]);
+            }
+        }
         Ok(())
     }
 
@@ -576,6 +674,24 @@ mod tests {
             (&[0x49, 0xff, 0xc7][..], Long, Saves::Nothing),
             (&[0x0f, 0x01, 0xd9][..], Long, Saves::Nothing),
             (&[0xf3, 0xaa][..], Long, Saves::Nothing),
+            (
+                &[0x48, 0x0f, 0x07][..],
+                Long,
+                Saves::Loads(FlagsFrom::Sysret),
+            ),
+            (
+                &[0x48, 0xcf][..],
+                Long,
+                Saves::Loads(FlagsFrom::Iret { wide: true }),
+            ),
+            (
+                &[0xcf][..],
+                Long,
+                Saves::Loads(FlagsFrom::Iret { wide: false }),
+            ),
+            (&[0x9d][..], Long, Saves::Loads(FlagsFrom::Popf)),
+            (&[0x66, 0x9d][..], Long, Saves::Nothing),
+            (&[0x9d][..], Legacy, Saves::Nothing),
             (&[][..], Long, Saves::Nothing),
         ] {
             assert_eq!(classify(bytes, mode), saves, "{bytes:02x?} {mode:?}");
