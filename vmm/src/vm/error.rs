@@ -92,6 +92,8 @@ pub enum VmError {
     BreakpointHit { address: u64, exit: u64 },
     #[error("the position of the run was lost at a breakpoint hit: reset or restore it first")]
     PositionLost,
+    #[error("building a KVM MSR list")]
+    MsrList,
     #[error("cannot single-step the guest at {at}")]
     Step {
         at: crate::position::InsnPosition,

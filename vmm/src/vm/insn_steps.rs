@@ -138,7 +138,12 @@ enum Planted {
         address: u64,
         original: u8,
     },
+    /// IA32_FMASK as it was (with TF, which SYSCALL would clear).
+    SyscallMask(u64),
 }
+
+/// IA32_FMASK: the RFLAGS bits SYSCALL clears.
+const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
 
 /// Classifies the instruction in `bytes` (legacy and REX prefixes skipped).
 fn classify(bytes: &[u8], mode: CodeMode) -> Saves {
@@ -346,6 +351,7 @@ impl Session {
         let frames = self.fault_frames(&regs, &sregs);
         let planted = match saves {
             Saves::Loads(from) => self.plant_trap_flag(from, &regs)?,
+            Saves::Syscall => self.keep_trap_flag_through_syscall()?,
             _ => Planted::Nothing,
         };
         set_single_step(&self.vm.vcpu, true)?;
@@ -597,6 +603,45 @@ impl Session {
         })
     }
 
+    /// SYSCALL clears the RFLAGS bits in IA32_FMASK (Linux's has TF), and
+    /// the trap is decided on the flags after it: the kernel's whole path
+    /// to the next exit would run unstepped as one step. For that one step
+    /// FMASK leaves TF alone (put back after), so the step ends at the
+    /// entry's first instruction, as SYSCALL's own; R11 gets TF, which the
+    /// `Syscall` mend takes out.
+    fn keep_trap_flag_through_syscall(&mut self) -> Result<Planted, VmError> {
+        let mut msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+            index: MSR_SYSCALL_MASK,
+            ..Default::default()
+        }])
+        .map_err(|_| VmError::MsrList)?;
+        let read = self
+            .vm
+            .vcpu
+            .get_msrs(&mut msrs)
+            .map_err(kvm_err("KVM_GET_MSRS"))?;
+        let mask = msrs.as_slice()[0].data;
+        if read != 1 || mask & TF == 0 {
+            return Ok(Planted::Nothing);
+        }
+        self.set_syscall_mask(mask & !TF)?;
+        Ok(Planted::SyscallMask(mask))
+    }
+
+    fn set_syscall_mask(&mut self, mask: u64) -> Result<(), VmError> {
+        let msrs = kvm_bindings::Msrs::from_entries(&[kvm_bindings::kvm_msr_entry {
+            index: MSR_SYSCALL_MASK,
+            data: mask,
+            ..Default::default()
+        }])
+        .map_err(|_| VmError::MsrList)?;
+        self.vm
+            .vcpu
+            .set_msrs(&msrs)
+            .map_err(kvm_err("KVM_SET_MSRS"))?;
+        Ok(())
+    }
+
     /// Takes out what [`Session::plant_trap_flag`] put in: R11's flag, or
     /// the saved byte (popped by now, below the stack) as it was.
     fn unplant_trap_flag(&mut self, planted: Planted) -> Result<(), VmError> {
@@ -610,6 +655,7 @@ impl Session {
             Planted::Byte { address, original } => {
                 self.write_virtual(address, &[original]);
             }
+            Planted::SyscallMask(mask) => self.set_syscall_mask(mask)?,
         }
         Ok(())
     }
