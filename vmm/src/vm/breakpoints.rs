@@ -152,11 +152,7 @@ impl Session {
         };
         let mut regs = self.vm.vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
         regs.rip = address;
-        self.vm
-            .vcpu
-            .set_regs(&regs)
-            .map_err(kvm_err("KVM_SET_REGS"))?;
-        self.vm.vcpu.sync_regs_mut().regs = regs;
+        self.set_regs(&regs)?;
         self.position_lost = true;
         Err(VmError::BreakpointHit {
             address,
@@ -191,12 +187,7 @@ impl Session {
             return Err(VmError::PositionLost);
         }
         crate::vcpu_state::complete_pending_exit(&mut self.vm.vcpu)?;
-        self.vm
-            .vcpu
-            .set_regs(regs)
-            .map_err(kvm_err("KVM_SET_REGS"))?;
-        self.vm.vcpu.sync_regs_mut().regs = *regs;
-        Ok(())
+        self.set_regs(regs)
     }
 
     /// Writes `bytes` to guest virtual memory (through the guest's page

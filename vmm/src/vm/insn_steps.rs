@@ -661,7 +661,7 @@ impl Session {
     }
 
     /// KVM_SET_REGS, and the synced copy the exit loop reads made to match.
-    fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), VmError> {
+    pub(super) fn set_regs(&mut self, regs: &kvm_regs) -> Result<(), VmError> {
         self.vm
             .vcpu
             .set_regs(regs)
