@@ -45,9 +45,8 @@ pub fn bind(addr: &str) -> Result<TcpListener, ServeError> {
     })
 }
 
-/// Serves gdb connections on `listener`, one at a time, until one ends by
-/// gdb's `kill` or `detach` (`keep_serving` false) or forever. Returns how
-/// the last one ended.
+/// Serves one gdb connection on `listener` (told to `on_connect`) until
+/// gdb kills, detaches or disconnects; how it ended.
 pub fn serve(
     listener: &TcpListener,
     target: &mut GdbTarget,
