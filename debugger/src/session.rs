@@ -147,13 +147,9 @@ pub struct At {
     pub digest: String,
     pub exits: u64,
     /// Single steps after that exit (`exit:N+insn:K`; not written when 0).
-    #[serde(skip_serializing_if = "is_zero")]
+    #[serde(skip_serializing_if = "vmm::vm::is_zero")]
     pub insn_steps: u64,
     pub virtual_ns: VirtNanos,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 /// A checkpoint kept, as listed.

@@ -284,7 +284,7 @@ pub struct Position {
     pub virtual_ns: VirtNanos,
     /// Single steps since that exit (`exit:N+insn:K`'s K; not written
     /// when 0, so whole-exit positions read as they always did).
-    #[serde(default, skip_serializing_if = "is_zero")]
+    #[serde(default, skip_serializing_if = "vmm::vm::is_zero")]
     pub insn_steps: u64,
     /// Set once the guest stopped (it runs no further).
     pub stop: Option<StopReason>,
@@ -466,10 +466,6 @@ impl Held {
     fn position(&self) -> Position {
         crate::inspect::position(&self.driven, self.stop)
     }
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
 }
 
 /// Answers [`Request`]s, holding live runs between them.

@@ -48,7 +48,7 @@ pub use insn_steps::{InsnSteps, StepRefusal, MAX_INSN_STEPS};
 pub use kept_pages::{CheckpointError, CheckpointMemory, ResetStats};
 pub use load_in_place::LoadStats;
 pub use memory::{memory_from_file, memory_from_mapping, GuestRam, MemoryError};
-pub use session::{GuestCrngRekey, Session, SessionState};
+pub use session::{is_zero, GuestCrngRekey, Session, SessionState};
 pub use stepping::Until;
 pub use wiring::{disk_digest, nic_mac, DiskSpec, NetworkSpec};
 

@@ -530,7 +530,9 @@ impl Session {
     }
 }
 
-fn is_zero(n: &u64) -> bool {
+/// Whether a count is 0: serde's `skip_serializing_if` for step counts
+/// (`insn_steps`), which are not written at whole exits.
+pub fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
