@@ -33,8 +33,6 @@ pub enum ServeError {
     Accept(#[source] std::io::Error),
     #[error("the gdb connection: {0}")]
     Protocol(String),
-    #[error(transparent)]
-    Timeline(#[from] TimelineError),
 }
 
 /// A listener bound for gdb (bound first, so a caller can say where).
