@@ -181,6 +181,10 @@ struct BranchArgs {
     /// a JSON line each; `detvisor trace FILE` sums them up.
     #[arg(long, value_name = "FILE", conflicts_with = "seeds")]
     trace: Option<PathBuf>,
+    /// The clock the moment's history must have (exit, step): another is
+    /// refused, as one history keeps one clock. Default: the history's own.
+    #[arg(long, conflicts_with = "seeds")]
+    clock: Option<vmm::ClockKind>,
     #[arg(long)]
     json: bool,
     /// With --seeds: show no progress (no line per seed on stderr; errors
@@ -310,6 +314,12 @@ struct GuestArgs {
     /// and an EOI per interrupt, kept for comparisons).
     #[arg(long, default_value_t = vmm::ExitPath::default())]
     exit_path: vmm::ExitPath,
+    /// What moves virtual time: exit (a fixed cost per exit, jumps when
+    /// idle), step (every instruction single-stepped and counted, 1 ns
+    /// each: slow, for bare guests and short windows) or pmu (a hardware
+    /// counter; `detvisor check` says whether this host has one).
+    #[arg(long, default_value_t = vmm::ClockKind::Exit)]
+    clock: vmm::ClockKind,
     /// Virtio NICs in the guest (eth0..), joined by detvisor's simulated switch.
     #[arg(long, default_value_t = 0)]
     nics: u8,
@@ -460,6 +470,7 @@ fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
         // Set for where the request runs (`PlaceArgs::runner`).
         stall_timeout: StallTimeout::default(),
         exit_path: guest.exit_path,
+        clock: guest.clock,
     };
     spec.validate().context("--nics")?;
     Ok(spec)
@@ -548,6 +559,7 @@ fn cmd_branch(args: BranchArgs) -> Result<u8> {
         faults,
         stall_timeout: StallTimeout::default(),
         trace: args.trace.clone(),
+        clock: args.clock,
     };
     let mut runner = args.place.runner(Stdin::None);
     let summary = Calls::new(&mut runner).branch(request).map_err(failed)?;

@@ -103,6 +103,7 @@ pub fn detvisor_guest(plan: &WorkerPlan) -> GuestSpec {
         network: None,
         command: vec![GUEST_COMMAND.into()],
         stall_timeout: Default::default(),
+        clock: vmm::ClockKind::Exit,
     }
 }
 

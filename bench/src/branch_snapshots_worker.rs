@@ -138,6 +138,7 @@ fn branch(side: Side, moment: Moment, seed: u64, plan: SnapshotPlan) -> Result<(
                 faults: Vec::new(),
                 stall_timeout: Default::default(),
                 trace: None,
+                clock: None,
             };
             let mut here = Local::new(run::streams::Captured::default());
             let summary = Calls::new(&mut here).branch(request).map_err(cause)?;

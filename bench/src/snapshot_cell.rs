@@ -318,6 +318,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         control_channel: false,
         stall_timeout: Default::default(),
         disks: Vec::new(),
+        clock: vmm::ClockKind::Exit,
     };
 
     // 1. Boot and dirty.

@@ -14,6 +14,7 @@
 
 pub mod acpi_pm;
 pub mod bus;
+pub mod clock_kind;
 pub mod clock_page;
 pub mod error;
 pub mod hpet;
@@ -30,6 +31,7 @@ pub mod time;
 pub mod virtio;
 
 pub use bus::{Bus, BusDevice, BusError};
+pub use clock_kind::{ClockKind, UnknownClock};
 pub use clock_page::{ClockPage, ExitPath, ExitPathError};
 pub use error::DevicesError;
 pub use machine::{

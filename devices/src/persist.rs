@@ -53,6 +53,11 @@ pub enum RestoreError {
     Incompatible { part: &'static str, reason: String },
     #[error("the state was saved {} the clock page, this machine is {} it", if *saved { "with" } else { "without" }, if *machine { "with" } else { "without" })]
     ClockPage { saved: bool, machine: bool },
+    #[error("the state was made with the {saved} clock, this machine has the {machine} clock: one history keeps one clock")]
+    ClockKind {
+        saved: crate::ClockKind,
+        machine: crate::ClockKind,
+    },
     #[error("HPET state has {len} timers, expected {expected}")]
     HpetTimerCount { len: usize, expected: usize },
     #[error("RTC state has {len} bytes of CMOS RAM, expected {expected}")]

@@ -152,6 +152,7 @@ fn test_a_moment_reached_by_the_campaign_by_branch_and_by_up_has_one_digest() {
             faults: Vec::new(),
             stall_timeout: Default::default(),
             trace: None,
+            clock: None,
         })
         .unwrap();
     let at = |s: &run::RunSummary| (s.exits, s.virtual_ns, s.digest.clone());

@@ -642,6 +642,7 @@ mod tests {
             command: vec!["true".into()],
             stall_timeout: StallTimeout::default(),
             exit_path: Default::default(),
+            clock: Default::default(),
         }
     }
 

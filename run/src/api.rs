@@ -624,6 +624,7 @@ impl Controller {
                     until,
                     record: RecordConfig::default(),
                     stall_timeout,
+                    clock: None,
                 };
                 let (console, node_output): (Box<dyn std::io::Write + Send>, _) = if stream_output {
                     let node_output = NodeOutput {

@@ -7,6 +7,7 @@ use crate::moment::Moment;
 use crate::outcome::RunSummary;
 use crate::snapshots::{self, NodeOutput, SnapshotPlan, Snapshotter};
 use crate::streams::Streams;
+use devices::ClockKind;
 use serde::{Deserialize, Serialize};
 use vmm::record::RecordConfig;
 use vmm::stall::StallTimeout;
@@ -38,6 +39,10 @@ pub struct BranchRequest {
     /// JSON line each (see [`crate::trace`]).
     #[serde(default)]
     pub trace: Option<std::path::PathBuf>,
+    /// The clock the caller expects the moment's history to have (`None`:
+    /// whichever made it); another is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clock: Option<ClockKind>,
 }
 
 /// Why a branch could not be restored or run.
@@ -59,6 +64,7 @@ pub fn branch(request: &BranchRequest, streams: &dyn Streams) -> Result<RunSumma
         until: request.until,
         record: RecordConfig::default(),
         stall_timeout: request.stall_timeout,
+        clock: request.clock,
     };
     let node_output = NodeOutput {
         out: Box::new(streams.stdout()),

@@ -6,6 +6,7 @@ use crate::guest;
 use crate::outcome::RunSummary;
 use crate::pcap::PcapRecorder;
 use crate::snapshots::{SnapshotPlan, Snapshotter};
+use devices::ClockKind;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use vmm::record::RecordConfig;
@@ -46,6 +47,9 @@ pub struct GuestSpec {
     /// unless told otherwise; the legacy HPET path is for comparisons).
     #[serde(default)]
     pub exit_path: ExitPath,
+    /// What moves virtual time (`exit` unless told otherwise).
+    #[serde(default, skip_serializing_if = "ClockKind::is_exit")]
+    pub clock: ClockKind,
 }
 
 impl Default for GuestSpec {
@@ -62,6 +66,7 @@ impl Default for GuestSpec {
             command: Vec::new(),
             stall_timeout: StallTimeout::default(),
             exit_path: ExitPath::default(),
+            clock: ClockKind::Exit,
         }
     }
 }
@@ -176,6 +181,7 @@ impl GuestSpec {
             stall_timeout: self.stall_timeout,
             disks: Vec::new(),
             exit_path: self.exit_path,
+            clock: self.clock,
         })
     }
 }

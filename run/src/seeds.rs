@@ -242,6 +242,7 @@ fn restore_branch_point(request: &SeedsRequest) -> Result<Driven, BranchPointErr
         until: request.until,
         record: RecordConfig::default(),
         stall_timeout: request.stall_timeout,
+        clock: None,
     };
     let restored = restore(
         &request.moment,

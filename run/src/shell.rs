@@ -303,6 +303,7 @@ pub fn run(request: &ShellRequest, streams: &dyn Streams) -> Result<u8> {
         until: None,
         record: vmm::record::RecordConfig::default(),
         stall_timeout: vmm::stall::StallTimeout::default(),
+        clock: None,
     };
     // The guest's own console (and an `up` run's node output) goes to
     // stderr, the shell to stdout.

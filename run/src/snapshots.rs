@@ -263,6 +263,7 @@ fn snapshot_meta(
         state.session.seed,
     );
     meta.parent = parent;
+    meta.clock = state.session.machine.clock.kind;
     Ok((meta, state))
 }
 

@@ -98,6 +98,7 @@ pub fn write(
         state.session.seed,
     );
     meta.parent = parent.map(str::to_owned);
+    meta.clock = state.session.machine.clock.kind;
     let memory = session.memory();
     let written = match &dirty {
         None => snapshot::write_snapshot(root, &meta, &state, memory),

@@ -39,7 +39,7 @@ pub enum SnapshotError {
     },
 
     /// The file was written by a format version this build cannot read.
-    #[error("{}: unsupported snapshot format version {found} (this build reads version {supported})", .path.display())]
+    #[error("{}: unsupported snapshot format version {found} (this build reads versions {} to {supported})", .path.display(), crate::OLDEST_READ_VERSION)]
     UnsupportedVersion {
         path: PathBuf,
         found: u32,

@@ -14,7 +14,7 @@ use std::io::Write;
 use std::path::Path;
 
 use crate::error::{io, Result, SnapshotError};
-use crate::FORMAT_VERSION;
+use crate::{FORMAT_VERSION, OLDEST_READ_VERSION};
 
 pub(crate) const HEADER_LEN: usize = 32;
 
@@ -106,7 +106,7 @@ pub(crate) fn read_framed(
     let flags = u32_at(12);
     let len = u64_at(16);
     let crc = u64_at(24);
-    if version != FORMAT_VERSION {
+    if !(OLDEST_READ_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(SnapshotError::UnsupportedVersion {
             path: path.to_owned(),
             found: version,

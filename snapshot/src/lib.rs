@@ -20,8 +20,9 @@
 //!
 //! # File format
 //!
-//! This build writes and reads format version 5 ([`FORMAT_VERSION`], which says what
-//! each version changed) and refuses files of any other version.
+//! This build writes format version 6 ([`FORMAT_VERSION`], which says what each
+//! version changed), reads versions 5 and 6 ([`OLDEST_READ_VERSION`]), and refuses
+//! files of any other version.
 //!
 //! `state.bin` and `memory.idx` share one framing, all integers little-endian:
 //!
@@ -76,7 +77,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use devices::VirtNanos;
+use devices::{ClockKind, VirtNanos};
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
 
@@ -89,7 +90,10 @@ use error::io;
 use frame::{check_flags, read_framed, write_framed, CRC64, HEADER_LEN};
 use memory::{map_layers, MapLayer, PageIndex};
 
-/// The format version this build writes and reads. 5: a branch re-keys
+/// The format version this build writes. 6: the metadata names the clock
+/// backend that made the history (`clock`, absent for the exit clock, so a
+/// version 5 file, which has none, reads as the exit clock's, which it is).
+/// 5: a branch re-keys
 /// the guest kernel's CRNG in guest memory at the branch exit (the session
 /// state holds where: `guest_crng`); every branch's history changed with
 /// it, so older snapshots are refused. 4: the machine may
@@ -99,7 +103,9 @@ use memory::{map_layers, MapLayer, PageIndex};
 /// and saves faults as their text. 2: detvisor's state payload became
 /// `{"session": ..., "up": ...}` (an `up` run's host side beside the
 /// machine); version 1 files hold the machine's state alone.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
+/// The oldest format version this build reads (see [`FORMAT_VERSION`]).
+pub const OLDEST_READ_VERSION: u32 = 5;
 /// Guest page size: the granularity of sparseness and of incremental snapshots.
 pub const PAGE_SIZE: u64 = 4096;
 /// Magic of `state.bin`.
@@ -147,6 +153,10 @@ pub struct SnapshotMeta {
     pub ram_bytes: u64,
     /// The run's seed.
     pub seed: u64,
+    /// The clock backend that moved the history's virtual time (absent:
+    /// the exit clock's).
+    #[serde(default, skip_serializing_if = "ClockKind::is_exit")]
+    pub clock: ClockKind,
     /// Always [`FORMAT_VERSION`] once written (writing overrides whatever the caller put).
     pub format_version: u32,
 }
@@ -168,6 +178,7 @@ impl SnapshotMeta {
             exit_index,
             ram_bytes,
             seed,
+            clock: ClockKind::Exit,
             format_version: FORMAT_VERSION,
         }
     }
@@ -488,9 +499,9 @@ fn check_layer(dir: &Path, head: Head) -> Result<Layer> {
         path: state_path.clone(),
         reason,
     };
-    if meta.format_version != FORMAT_VERSION {
+    if !(OLDEST_READ_VERSION..=FORMAT_VERSION).contains(&meta.format_version) {
         return Err(inconsistent(format!(
-            "meta.format_version is {}, header says {FORMAT_VERSION}",
+            "meta.format_version is {}, the header's is {OLDEST_READ_VERSION} to {FORMAT_VERSION}",
             meta.format_version
         )));
     }

@@ -240,7 +240,7 @@ fn wrong_version_is_unsupported() {
     // Older formats (version 1 held the machine's state alone, version 2 an
     // `up` run's own copy of its network faults) and a newer one are all
     // refused, naming both versions.
-    for version in [1, FORMAT_VERSION - 1, FORMAT_VERSION + 1] {
+    for version in [1, OLDEST_READ_VERSION - 1, FORMAT_VERSION + 1] {
         let root = tempfile::tempdir().unwrap();
         let dir = small_snapshot(root.path());
         let path = dir.join(STATE_FILE);
@@ -260,9 +260,50 @@ fn wrong_version_is_unsupported() {
         let text = err.to_string();
         assert!(
             text.contains(&format!("unsupported snapshot format version {version}"))
-                && text.contains(&format!("this build reads version {FORMAT_VERSION}")),
+                && text.contains(&format!(
+                    "this build reads versions {OLDEST_READ_VERSION} to {FORMAT_VERSION}"
+                )),
             "{text}"
         );
+    }
+}
+
+/// A version 5 snapshot (before the metadata named its clock) still reads,
+/// as the exit clock's; a history of another clock keeps its name.
+#[test]
+fn version_5_reads_as_the_exit_clock_and_a_clock_round_trips() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = small_snapshot(root.path());
+    let path = dir.join(STATE_FILE);
+    let bytes = std::fs::read(&path).unwrap();
+    let text = String::from_utf8(bytes[32..].to_vec()).unwrap();
+    assert!(!text.contains("\"clock\":"), "{text}");
+    let old = text.replace(
+        &format!("\"format_version\":{FORMAT_VERSION}"),
+        "\"format_version\":5",
+    );
+    assert_ne!(old, text);
+    rewrite_payload(&path, old.as_bytes());
+    let mut header = std::fs::read(&path).unwrap();
+    header[8..12].copy_from_slice(&5u32.to_le_bytes());
+    std::fs::write(&path, header).unwrap();
+    let (meta, _) = read(&dir).unwrap();
+    assert_eq!(
+        (meta.format_version, meta.clock),
+        (5, devices::ClockKind::Exit)
+    );
+
+    let mut stepped = meta_of_clock("t", devices::ClockKind::Step);
+    write_snapshot(root.path(), &stepped, &state(), &small_ram()).unwrap();
+    let (back, _) = read(&root.path().join("t")).unwrap();
+    stepped.format_version = FORMAT_VERSION;
+    assert_eq!(back, stepped);
+}
+
+fn meta_of_clock(id: &str, clock: devices::ClockKind) -> SnapshotMeta {
+    SnapshotMeta {
+        clock,
+        ..meta(id, 1, 1, MIB)
     }
 }
 

@@ -5,7 +5,7 @@
 //! conditions) happens in [`Machine`], which knows nothing of KVM, so unit tests
 //! drive it with fake exits.
 
-use crate::clock::{ExitClock, TimedExit, VirtualClock};
+use crate::clock::{Clock, TimedExit, VirtualClock};
 use crate::cpu_model::{self, MsrAccess};
 use devices::{Devices, GuestEvent, VirtNanos};
 use devices::{Persist, RestoreError};
@@ -260,7 +260,7 @@ pub struct MachineState {
 /// Everything the guest can observe apart from its memory and registers.
 pub struct Machine {
     pub devices: Devices,
-    pub clock: ExitClock,
+    pub clock: Clock,
     /// The run's virtual-time limit: the session stops the run at the
     /// first boundary between two exits at or after it (never inside an
     /// exit, and a halt is not cut short by it).
@@ -273,10 +273,15 @@ pub struct Machine {
 }
 
 impl Machine {
+    /// A machine with the exit clock.
     pub fn new(devices: Devices, until: Option<VirtNanos>) -> Self {
+        Machine::with_clock(devices, until, Clock::default())
+    }
+
+    pub fn with_clock(devices: Devices, until: Option<VirtNanos>, clock: Clock) -> Self {
         Machine {
             devices,
-            clock: ExitClock::new(),
+            clock,
             until,
             wakeup: None,
             perturbation: None,

@@ -20,4 +20,4 @@ pub mod trace;
 pub mod vcpu_state;
 pub mod vm;
 
-pub use devices::{ExitPath, VirtNanos};
+pub use devices::{ClockKind, ExitPath, VirtNanos};

@@ -308,6 +308,7 @@ impl PreparedUp {
             control_channel: true,
             stall_timeout: options.stall_timeout,
             disks: self.disks.clone(),
+            clock: devices::ClockKind::Exit,
             exit_path: options.exit_path,
         })
     }

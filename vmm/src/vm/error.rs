@@ -25,6 +25,8 @@ pub enum SetupError {
     #[error("setting up the network")]
     Network(#[source] devices::SwitchError),
     /// Not a regular file, larger than `MAX_DISK_IMAGE_BYTES`, or unreadable.
+    #[error(transparent)]
+    Clock(#[from] crate::clock::ClockError),
     #[error("cannot read a disk image")]
     ReadDisk(#[source] hostfile::ReadError),
     #[error("disk image {} has digest {found}, expected {expected} (it changed since it was made)", path.display())]
@@ -54,6 +56,14 @@ pub enum IncompatibleState {
     Devices(#[source] devices::RestoreError),
     #[error("cannot resume this snapshot: clock or exit records")]
     Machine(#[source] devices::RestoreError),
+    #[error(
+        "cannot resume this snapshot with the {asked} clock: its history was made with the \
+         {saved} clock, and one history keeps one clock"
+    )]
+    Clock {
+        saved: devices::ClockKind,
+        asked: devices::ClockKind,
+    },
 }
 
 #[derive(Debug, Error)]

@@ -2,9 +2,10 @@
 //! one instruction at a time, as an observer (`exit:N+insn:K`, see
 //! [`crate::position`]).
 //!
-//! Stepping is observation, never history: a step advances no clock,
-//! makes no record, injects nothing, feeds no console input and writes no
-//! clock page. What the guest computes is what it computes unstepped, so
+//! Under the exit clock, stepping is observation, never history: a step
+//! advances no clock, makes no record, injects nothing, feeds no console
+//! input and writes no clock page (under the step clock each step is the
+//! clock's tick instead: see `step_clock`). What the guest computes is what it computes unstepped, so
 //! stepping through an interval and running on reaches the free run's next
 //! exit with the free run's state. The trap flag KVM single-steps with is
 //! the one way stepping could show in the guest: an instruction that
@@ -287,7 +288,8 @@ impl Session {
 
     /// One step: `Ok(None)` a step inside the interval, `Ok(Some(action))`
     /// the guest exit it met (handled), `Err` a refusal (nothing done).
-    fn step_insn(&mut self) -> Result<Result<Option<ExitAction>, StepRefusal>, VmError> {
+    /// Under the step clock it is also the clock's tick (`step_clock`).
+    pub(super) fn step_insn(&mut self) -> Result<Result<Option<ExitAction>, StepRefusal>, VmError> {
         if self.insn_steps == 0 {
             // The exit's own instruction is finished first (as a snapshot
             // does) and with the trap flag off, so that finishing it is no
@@ -300,6 +302,11 @@ impl Session {
         }
         let regs = self.vm.vcpu.get_regs().map_err(kvm_err("KVM_GET_REGS"))?;
         let sregs = self.vm.vcpu.get_sregs().map_err(kvm_err("KVM_GET_SREGS"))?;
+        // Under the step clock, a deadline the clock has reached is taken
+        // as the free run takes a pending interrupt: at a window (below).
+        if self.counted_deadline_due() {
+            self.vm.vcpu.get_kvm_run().request_interrupt_window = 1;
+        }
         // A window the free run waits for opens here: the exit it makes
         // (KVM is not asked for it while stepping, so that it is found
         // here, at the boundary the window guard would choose).
@@ -375,6 +382,10 @@ impl Session {
             self.vm.vcpu.get_kvm_run().request_interrupt_window = wants_window;
             self.mend_after_step(saves, mode, &regs, &frames)?;
             self.insn_steps += 1;
+            self.machine.clock.on_steps(1);
+            if self.step_clocked() {
+                self.machine.publish_clock_page();
+            }
             return Ok(Ok(None));
         }
         // The guest's own exit, handled as the exit loop handles it (its
@@ -382,6 +393,9 @@ impl Session {
         if let Some(input) = &self.input {
             feed_console_input(&mut self.machine, input, exit == Exit::Hlt);
         }
+        // The exiting instruction is this step's (time under the step
+        // clock, before the exit sees the time).
+        self.machine.clock.on_steps(1);
         let action = self.machine.handle_exit(&exit);
         if let ExitAction::Resume(completion) = &action {
             complete(slot, completion);

@@ -12,6 +12,8 @@
 //! - `stepping`: the exit loop (step, interrupt windows and injection, records);
 //! - `insn_steps`: single-stepping between two exits as an observer
 //!   (positions `exit:N+insn:K`);
+//! - `step_clock`: running under the step clock, every instruction
+//!   stepped and counted;
 //! - `checkpoint`, `kept_pages`: in-place checkpoints, resets, the dirty log;
 //! - `kvm_exit`: KVM's exits to owned [`Exit`](crate::exit::Exit)s and answers back;
 //! - `kvm_vm`: creating the KVM VM and vCPU;
@@ -37,6 +39,7 @@ mod observe;
 mod page_digest;
 mod page_ledger;
 mod session;
+mod step_clock;
 mod stepping;
 mod wiring;
 
@@ -55,7 +58,7 @@ pub use wiring::{disk_digest, nic_mac, DiskSpec, NetworkSpec};
 use crate::exit::{Perturbation, StopReason};
 use crate::record::{ExitRecord, RecordConfig};
 use crate::stall::StallTimeout;
-use devices::{ExitPath, VirtNanos};
+use devices::{ClockKind, ExitPath, VirtNanos};
 use error::kvm_err;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -69,6 +72,9 @@ pub struct ResumeConfig {
     pub record: RecordConfig,
     /// Host policy, not part of the run: see [`crate::stall`].
     pub stall_timeout: StallTimeout,
+    /// The clock the caller expects the history to have (`None`: whichever
+    /// made it). Another clock is refused: one history keeps one clock.
+    pub clock: Option<ClockKind>,
 }
 
 /// Everything that defines a run. Two runs with equal configs are identical.
@@ -100,6 +106,8 @@ pub struct VmConfig {
     /// How the guest reads the time and takes interrupts: the clock page
     /// (default) or the legacy HPET path (for comparisons).
     pub exit_path: ExitPath,
+    /// What moves virtual time (see [`crate::clock`]).
+    pub clock: ClockKind,
 }
 
 /// What a finished run reports.

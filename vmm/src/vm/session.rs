@@ -11,8 +11,12 @@ use super::memory::{fresh_ram, host_ram, GuestRam};
 use super::memory_scan::MemoryBacking;
 use super::page_ledger::PageLedger;
 use super::wiring::{build_devices, DeviceSetSpec, DiskSpec, NetworkSpec};
-use super::{kvm_err, DigestParts, IncompatibleState, ResumeConfig, RunOutcome, VmConfig, VmError};
+use super::{
+    kvm_err, DigestParts, IncompatibleState, ResumeConfig, RunOutcome, SetupError, VmConfig,
+    VmError,
+};
 use crate::boot::{self, BootError, BootInputs};
+use crate::clock::Clock;
 use crate::cpu_model;
 use crate::entropy::{self, stream, EntropyStream};
 use crate::exit::{Machine, MachineState, StopReason};
@@ -188,7 +192,8 @@ impl Session {
         };
         vm.vcpu.set_fpu(&fpu).map_err(kvm_err("KVM_SET_FPU"))?;
 
-        let mut machine = Machine::new(devices, config.until);
+        let clock = Clock::new(config.clock).map_err(SetupError::Clock)?;
+        let mut machine = Machine::with_clock(devices, config.until, clock);
         machine.set_perturbation(config.perturbation);
         Ok(Session {
             vm,
@@ -400,7 +405,12 @@ impl Session {
         devices
             .restore(&state.devices)
             .map_err(IncompatibleState::Devices)?;
-        let mut machine = Machine::new(devices, config.until);
+        let saved = state.machine.clock.kind;
+        if let Some(asked) = config.clock.filter(|&asked| asked != saved) {
+            return Err(IncompatibleState::Clock { saved, asked }.into());
+        }
+        let clock = Clock::new(saved).map_err(SetupError::Clock)?;
+        let mut machine = Machine::with_clock(devices, config.until, clock);
         machine
             .restore(&state.machine)
             .map_err(IncompatibleState::Machine)?;

@@ -9,6 +9,7 @@
 use super::console::feed_console_input;
 use super::kvm_exit::{complete, convert_exit, regs_hash, ResponseSlot};
 use super::session::devices_hash;
+use super::step_clock::stopped;
 use super::{kvm_err, Session, VmError};
 use crate::cpu_model::MsrAccess;
 use crate::exit::{AccessData, Completion, Exit, ExitAction, InterruptAction, StopReason};
@@ -60,6 +61,14 @@ impl Until {
             Until::Steps(steps) => exits >= start.saturating_add(steps),
             Until::ExitOrTime { exit, time } => exits >= exit || now >= time,
             Until::End => false,
+        }
+    }
+
+    /// The virtual time the limit ends at, if it has one.
+    pub fn time(self) -> Option<VirtNanos> {
+        match self {
+            Until::Time(time) | Until::ExitOrTime { time, .. } => Some(time),
+            Until::Exit(_) | Until::Steps(_) | Until::End => None,
         }
     }
 }
@@ -115,8 +124,9 @@ pub(super) fn set_single_step(vcpu: &VcpuFd, on: bool) -> Result<(), VmError> {
 }
 
 impl Session {
-    /// Enters the guest until it makes an exit of its own and handles that exit.
-    fn step(&mut self) -> Result<ExitAction, VmError> {
+    /// Enters the guest until it makes an exit of its own and handles that
+    /// exit (the exit clock; the step clock steps instead: `step_clock`).
+    pub(super) fn step_exit(&mut self) -> Result<ExitAction, VmError> {
         if let Some(stop) = self.before_entry()? {
             return Ok(ExitAction::Stop(stop));
         }
@@ -363,10 +373,8 @@ impl Session {
     /// first (`None` when the limit was).
     pub fn run_until(&mut self, until: Until) -> Result<Option<StopReason>, VmError> {
         self.stall.arm(&self.vm.vcpu)?;
-        self.run_until_with(until, |session| match session.step()? {
-            ExitAction::Stop(reason) => Ok(Some(reason)),
-            ExitAction::Resume(_) => Ok(None),
-        })
+        let time = until.time();
+        self.run_until_with(until, |session| Ok(stopped(session.step_toward(time)?)))
     }
 
     /// As [`Session::run_until`], each exit taken by `step` (`Some` when
@@ -391,17 +399,14 @@ impl Session {
     /// Runs one exit (`Some` when the guest stopped there).
     pub fn step_one(&mut self) -> Result<Option<StopReason>, VmError> {
         self.stall.arm(&self.vm.vcpu)?;
-        match self.step()? {
-            ExitAction::Stop(reason) => Ok(Some(reason)),
-            ExitAction::Resume(_) => Ok(None),
-        }
+        Ok(stopped(self.step_toward(None)?))
     }
 
     /// Runs until the guest stops.
     pub fn run_to_end(&mut self) -> Result<StopReason, VmError> {
         self.stall.arm(&self.vm.vcpu)?;
         loop {
-            if let ExitAction::Stop(reason) = self.step()? {
+            if let Some(reason) = stopped(self.step_toward(None)?) {
                 return Ok(reason);
             }
         }
