@@ -9,6 +9,7 @@ pub mod entropy;
 pub mod exit;
 pub mod guest_crng;
 pub mod insn_probe;
+pub mod pmu_clock;
 pub mod irq_window;
 mod kvm_util;
 pub mod position;

@@ -1,0 +1,292 @@
+//! The `pmu` clock's logic: reaching an exact count of guest retired
+//! instructions with a hardware counter that stops the guest late.
+//!
+//! A perf counter's overflow interrupt arrives some instructions after the
+//! count it was programmed for (its skid). So, as rr and Hermit do, the
+//! overflow is programmed `skid_margin` events before the target, the guest
+//! runs free until it fires, and the rest is single-stepped, one counted
+//! instruction at a time, to the exact count. A counter that overshoots
+//! the target anyway skids more than the margin allows: it is refused, not
+//! believed. The counter is the history's: a restore sets it back to the
+//! count the state was saved at.
+//!
+//! Nothing here touches KVM or perf: the counter and the vCPU come in
+//! through [`GuestEventCounter`] and [`CountedVcpu`] (one object: the
+//! vCPU thread owns both), so the logic is
+//! tested against a fake counter with a configurable skid. No machine here
+//! has a PMU (see docs/determinism.md), so no real counter drives it yet:
+//! `Clock::new(ClockKind::Pmu)` refuses, naming why.
+
+use serde::{Deserialize, Serialize};
+
+/// A counter of guest-only events (retired instructions) on the vCPU thread.
+pub trait GuestEventCounter {
+    /// Events counted so far.
+    fn read(&mut self) -> u64;
+    /// Sets the count (a restore puts the history's count back).
+    fn set(&mut self, count: u64);
+    /// Interrupts the guest once `after` more events are counted (`None`:
+    /// no interrupt).
+    fn arm_overflow(&mut self, after: Option<u64>);
+}
+
+/// How a run of the guest ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VcpuStop {
+    /// The counter's overflow interrupt (free run) or the single step's
+    /// trap (stepping): the guest only stopped.
+    Counted,
+    /// A guest-caused exit: the exit loop handles it.
+    Exit,
+}
+
+/// The vCPU as the counter's driver sees it.
+pub trait CountedVcpu {
+    /// Runs the guest until the counter's overflow or an exit.
+    fn run(&mut self) -> VcpuStop;
+    /// Runs one instruction (or until the exit it makes).
+    fn step(&mut self) -> VcpuStop;
+}
+
+/// Where [`run_to_count`] stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reached {
+    /// Exactly at the target count.
+    Target,
+    /// At a guest exit before it, with this count.
+    Exit { count: u64 },
+}
+
+/// The counter cannot be trusted to reach a count.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PmuError {
+    #[error(
+        "the counter overshot its target: {counted} events where the overflow was set to \
+         stop at most {margin} before {target} (it skids more than the margin: refused)"
+    )]
+    Overshot {
+        target: u64,
+        counted: u64,
+        margin: u64,
+    },
+    #[error("the counter went backwards, from {was} to {now}")]
+    Backwards { was: u64, now: u64 },
+}
+
+/// The counter's count in a saved state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PmuCountState {
+    pub count: u64,
+}
+
+/// Runs the guest to exactly `target` counted events, or to its first
+/// exit before them: free with the overflow set `skid_margin` short, then
+/// one step at a time.
+pub fn run_to_count<G: GuestEventCounter + CountedVcpu>(
+    guest: &mut G,
+    target: u64,
+    skid_margin: u64,
+) -> Result<Reached, PmuError> {
+    let mut last = guest.read();
+    loop {
+        if last == target {
+            guest.arm_overflow(None);
+            return Ok(Reached::Target);
+        }
+        if last > target {
+            guest.arm_overflow(None);
+            return Err(PmuError::Overshot {
+                target,
+                counted: last,
+                margin: skid_margin,
+            });
+        }
+        let remaining = target - last;
+        let stop = if remaining > skid_margin {
+            guest.arm_overflow(Some(remaining - skid_margin));
+            guest.run()
+        } else {
+            guest.arm_overflow(None);
+            guest.step()
+        };
+        let now = guest.read();
+        if now < last {
+            return Err(PmuError::Backwards { was: last, now });
+        }
+        last = now;
+        if stop == VcpuStop::Exit && last < target {
+            guest.arm_overflow(None);
+            return Ok(Reached::Exit { count: last });
+        }
+    }
+}
+
+/// The state of a counter to save with a snapshot.
+pub fn save_count(counter: &mut impl GuestEventCounter) -> PmuCountState {
+    PmuCountState {
+        count: counter.read(),
+    }
+}
+
+/// Puts a saved count back (after a restore, before the guest runs).
+pub fn restore_count(counter: &mut impl GuestEventCounter, state: &PmuCountState) {
+    counter.set(state.count);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A guest that retires one instruction per step, exits at the
+    /// instructions listed, and a counter whose overflow lands up to
+    /// `skid` instructions late (a fixed pattern, so runs repeat).
+    struct FakeMachine {
+        retired: u64,
+        exits_at: Vec<u64>,
+        overflow_at: Option<u64>,
+        skid: u64,
+        skid_pattern: u64,
+        /// What `set` added to the guest's own count (the counter's view).
+        offset: i128,
+        free_runs: u32,
+        steps: u32,
+    }
+
+    impl FakeMachine {
+        fn new(skid: u64, exits_at: Vec<u64>) -> Self {
+            FakeMachine {
+                retired: 0,
+                exits_at,
+                overflow_at: None,
+                skid,
+                skid_pattern: 0x9e37_79b9,
+                offset: 0,
+                free_runs: 0,
+                steps: 0,
+            }
+        }
+
+        fn counted(&self) -> u64 {
+            (i128::from(self.retired) + self.offset) as u64
+        }
+
+        /// The next exit at or after the present instruction.
+        fn next_exit(&self) -> Option<u64> {
+            self.exits_at.iter().copied().find(|&at| at > self.retired)
+        }
+    }
+
+    impl GuestEventCounter for FakeMachine {
+        fn read(&mut self) -> u64 {
+            self.counted()
+        }
+
+        fn set(&mut self, count: u64) {
+            self.offset = i128::from(count) - i128::from(self.retired);
+        }
+
+        fn arm_overflow(&mut self, after: Option<u64>) {
+            self.overflow_at = after.map(|n| self.counted() + n);
+        }
+    }
+
+    impl CountedVcpu for FakeMachine {
+        fn run(&mut self) -> VcpuStop {
+            self.free_runs += 1;
+            let overflow = self.overflow_at.expect("a free run has its overflow armed");
+            // The interrupt lands 0..=skid instructions after the count.
+            self.skid_pattern = self.skid_pattern.rotate_left(7) ^ 0x5bd1_e995;
+            let late = self.skid_pattern % (self.skid + 1);
+            let stop_counted = overflow + late;
+            let stop_retired = (i128::from(stop_counted) - self.offset) as u64;
+            match self.next_exit() {
+                Some(exit) if exit <= stop_retired => {
+                    self.retired = exit;
+                    VcpuStop::Exit
+                }
+                _ => {
+                    self.retired = stop_retired;
+                    VcpuStop::Counted
+                }
+            }
+        }
+
+        fn step(&mut self) -> VcpuStop {
+            self.steps += 1;
+            self.retired += 1;
+            if self.exits_at.contains(&self.retired) {
+                VcpuStop::Exit
+            } else {
+                VcpuStop::Counted
+            }
+        }
+    }
+
+    proptest! {
+        /// With a margin at least the skid, every target is reached exactly,
+        /// and most of the way is run free, not stepped.
+        #[test]
+        fn test_a_target_is_reached_exactly_within_the_margin(
+            target in 1u64..2_000_000,
+            skid in 0u64..200,
+            spare in 0u64..50,
+        ) {
+            let mut machine = FakeMachine::new(skid, Vec::new());
+            let margin = skid + spare;
+            prop_assert_eq!(run_to_count(&mut machine, target, margin), Ok(Reached::Target));
+            prop_assert_eq!(machine.retired, target);
+            prop_assert!(u64::from(machine.steps) <= margin + 1);
+        }
+    }
+
+    #[test]
+    fn test_a_counter_that_skids_past_the_margin_is_refused() {
+        let mut machine = FakeMachine::new(500, Vec::new());
+        let err = (0..50)
+            .find_map(|i| run_to_count(&mut machine, 100_000 * (i + 1), 10).err())
+            .expect("a skid of up to 500 overshoots a margin of 10");
+        assert!(matches!(err, PmuError::Overshot { margin: 10, .. }), "{err}");
+        assert!(err.to_string().contains("skids more than the margin"), "{err}");
+    }
+
+    #[test]
+    fn test_an_exit_before_the_target_stops_there() {
+        let mut machine = FakeMachine::new(30, vec![12_345, 50_000]);
+        assert_eq!(
+            run_to_count(&mut machine, 40_000, 64),
+            Ok(Reached::Exit { count: 12_345 })
+        );
+        // The exit handled, the same target is reached from there.
+        assert_eq!(run_to_count(&mut machine, 40_000, 64), Ok(Reached::Target));
+        assert_eq!(machine.retired, 40_000);
+        // An exit met while stepping the last stretch stops there too.
+        let mut machine = FakeMachine::new(0, vec![49_990]);
+        assert_eq!(
+            run_to_count(&mut machine, 50_000, 64),
+            Ok(Reached::Exit { count: 49_990 })
+        );
+    }
+
+    /// A restore puts the history's count back: the counter then reads
+    /// the saved count, and the same target lands on the same instruction
+    /// as in the history that was never restored.
+    #[test]
+    fn test_the_count_is_restored_with_the_state() {
+        let mut history = FakeMachine::new(40, Vec::new());
+        run_to_count(&mut history, 70_000, 64).unwrap();
+        let saved = save_count(&mut history);
+        assert_eq!(saved, PmuCountState { count: 70_000 });
+        run_to_count(&mut history, 90_000, 64).unwrap();
+
+        // Another process: its counter started elsewhere; the guest's
+        // state (70,000 retired) and the saved count are restored.
+        let mut restored = FakeMachine::new(40, Vec::new());
+        restored.retired = 70_000;
+        restored.offset = 12_345_678;
+        restore_count(&mut restored, &saved);
+        assert_eq!(restored.read(), 70_000);
+        run_to_count(&mut restored, 90_000, 64).unwrap();
+        assert_eq!(restored.retired, history.retired);
+    }
+}
