@@ -79,6 +79,7 @@ mod snapshot_report;
 mod snapshot_restore;
 mod snapshot_worker;
 mod stats;
+mod step_clock;
 mod verify;
 
 use anyhow::{bail, Result};
@@ -129,6 +130,9 @@ pub enum BenchCommand {
     /// Issue 31: reverse-stepi latency against the steps since the exit and the distance to
     /// the nearest checkpoint, and the single-step rate, in the default Linux guest.
     ReverseStep(reverse_step::ReverseStepArgs),
+    /// Issue 31: instructions per second under the step clock against the exit clock, on
+    /// one bare guest.
+    StepClock(step_clock::StepClockArgs),
     /// Inside the helper VM: answer the benches' worker plans on its channel.
     #[command(hide = true)]
     ServeChannel,
@@ -203,6 +207,7 @@ pub fn run(args: BenchArgs) -> Result<u8> {
         BenchCommand::Exits(args) => exits::orchestrate(&args),
         BenchCommand::Verify(args) => verify::orchestrate(&args),
         BenchCommand::ReverseStep(args) => reverse_step::orchestrate(&args),
+        BenchCommand::StepClock(args) => step_clock::orchestrate(&args),
         BenchCommand::BranchSnapshots(args) => branch_snapshots::orchestrate(&args),
         BenchCommand::Histories(args) => histories::orchestrate(&args),
         BenchCommand::FirstFinding(args) => first_finding::orchestrate(&args),

@@ -246,8 +246,14 @@ mod tests {
         let err = (0..50)
             .find_map(|i| run_to_count(&mut machine, 100_000 * (i + 1), 10).err())
             .expect("a skid of up to 500 overshoots a margin of 10");
-        assert!(matches!(err, PmuError::Overshot { margin: 10, .. }), "{err}");
-        assert!(err.to_string().contains("skids more than the margin"), "{err}");
+        assert!(
+            matches!(err, PmuError::Overshot { margin: 10, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("skids more than the margin"),
+            "{err}"
+        );
     }
 
     #[test]
