@@ -39,6 +39,11 @@ pub enum BreakpointError {
          take one here (a HLT in user code faults in the guest)"
     )]
     UserAddress { address: u64 },
+    #[error(
+        "breakpoints in a history of the step clock: not supported (its run is single-stepped \
+         and never enters the guest with the patches in place); step or watch instead"
+    )]
+    StepClock,
 }
 
 /// One patched byte.
@@ -121,6 +126,9 @@ impl Session {
     pub fn set_breakpoints(&mut self, addresses: &[u64]) -> Result<(), BreakpointError> {
         if let Some(&address) = addresses.iter().find(|&&a| a < KERNEL_HALF) {
             return Err(BreakpointError::UserAddress { address });
+        }
+        if self.step_clocked() && !addresses.is_empty() {
+            return Err(BreakpointError::StepClock);
         }
         let mut addresses = addresses.to_vec();
         addresses.sort_unstable();
