@@ -89,7 +89,13 @@ fn test_gdb_breaks_steps_and_runs_backward_in_the_default_guest() {
 
     // Act: break in the scheduler, continue to two hits, five steps
     // forward and back, then back to the first hit.
-    let mut script = vec![format!("target remote {addr}"), "break schedule".into()];
+    // `monitor digest` hashes all of guest RAM: longer than gdb's default
+    // 2 s on a loaded machine (docs/debugging.md says to raise it).
+    let mut script = vec![
+        "set remotetimeout 60".to_string(),
+        format!("target remote {addr}"),
+        "break schedule".into(),
+    ];
     fn mark(script: &mut Vec<String>, name: &str, commands: &[&str]) {
         script.push(format!("echo @@{name}\\n"));
         script.extend(commands.iter().map(|c| c.to_string()));

@@ -33,13 +33,6 @@ fn build_guest(dir: &Path) -> (PathBuf, u64) {
     (elf, counted)
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("detvisor-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// `seek SPEC --json`'s report.
 fn seek(spec: &str) -> Value {
     let out = detvisor(&["seek", spec, "--json"]);

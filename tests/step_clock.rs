@@ -13,13 +13,6 @@ mod common;
 use common::*;
 use serde_json::Value;
 
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("detvisor-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 fn json_of(out: &std::process::Output, what: &str) -> Value {
     assert_eq!(out.status.code(), Some(0), "{what}: {}", stderr(out));
     summary(out)

@@ -129,6 +129,15 @@ pub fn summary(out: &Output) -> serde_json::Value {
     serde_json::from_str(line).expect("summary is JSON")
 }
 
+/// A fresh scratch directory for the test `name` (this process's own).
+#[allow(dead_code)]
+pub fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("detvisor-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// Assembles the bare guest `tests/guests/NAME.S` (booted like a vmlinux,
 /// text at 0x200000) into `dir/NAME.elf`.
 #[allow(dead_code)]

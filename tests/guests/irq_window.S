@@ -19,35 +19,7 @@ _start:
 	cli
 	lea	stack_top(%rip), %rsp
 
-	/* IDT gate 0x20 -> isr (interrupt gate, present, DPL 0). */
-	lea	isr(%rip), %rax
-	lea	idt+0x20*16(%rip), %rdi
-	mov	%ax, (%rdi)
-	mov	%cs, %cx
-	mov	%cx, 2(%rdi)
-	movw	$0x8e00, 4(%rdi)
-	shr	$16, %rax
-	mov	%ax, 6(%rdi)
-	shr	$16, %rax
-	mov	%eax, 8(%rdi)
-	lidt	idtr(%rip)
-
-	/* PICs: vectors 0x20/0x28, cascade, 8086 mode; only IRQ 0 unmasked. */
-	mov	$0x11, %al;	outb %al, $0x20
-	mov	$0x20, %al;	outb %al, $0x21
-	mov	$0x04, %al;	outb %al, $0x21
-	mov	$0x01, %al;	outb %al, $0x21
-	mov	$0x11, %al;	outb %al, $0xa0
-	mov	$0x28, %al;	outb %al, $0xa1
-	mov	$0x02, %al;	outb %al, $0xa1
-	mov	$0x01, %al;	outb %al, $0xa1
-	mov	$0xfe, %al;	outb %al, $0x21
-	mov	$0xff, %al;	outb %al, $0xa1
-
-	/* HPET: timer 0 one-shot with interrupts, legacy routing, counting. */
-	mov	$0xfed00000, %rbx
-	movq	$4, 0x100(%rbx)
-	movq	$3, 0x10(%rbx)
+#include "hpet_irq0.inc"
 
 /* Masked: arm timer 0 50 ticks ahead and make exits (each one moves
  * virtual time) until it has fired. */

@@ -17,36 +17,8 @@ _start:
 	cli
 	lea	stack_top(%rip), %rsp
 
-	/* IDT gate 0x20 -> isr (interrupt gate, present, DPL 0). */
-	lea	isr(%rip), %rax
-	lea	idt+0x20*16(%rip), %rdi
-	mov	%ax, (%rdi)
-	mov	%cs, %cx
-	mov	%cx, 2(%rdi)
-	movw	$0x8e00, 4(%rdi)
-	shr	$16, %rax
-	mov	%ax, 6(%rdi)
-	shr	$16, %rax
-	mov	%eax, 8(%rdi)
-	lidt	idtr(%rip)
-
-	/* PICs: vectors 0x20/0x28, cascade, 8086 mode; only IRQ 0 unmasked. */
-	mov	$0x11, %al;	outb %al, $0x20
-	mov	$0x20, %al;	outb %al, $0x21
-	mov	$0x04, %al;	outb %al, $0x21
-	mov	$0x01, %al;	outb %al, $0x21
-	mov	$0x11, %al;	outb %al, $0xa0
-	mov	$0x28, %al;	outb %al, $0xa1
-	mov	$0x02, %al;	outb %al, $0xa1
-	mov	$0x01, %al;	outb %al, $0xa1
-	mov	$0xfe, %al;	outb %al, $0x21
-	mov	$0xff, %al;	outb %al, $0xa1
-
-	/* HPET: timer 0 one-shot with interrupts, legacy routing, counting;
-	 * its comparator 1000 ticks after the counter read. */
-	mov	$0xfed00000, %rbx
-	movq	$4, 0x100(%rbx)
-	movq	$3, 0x10(%rbx)
+#include "hpet_irq0.inc"
+	/* Timer 0's comparator 1000 ticks after the counter read. */
 	mov	0xf0(%rbx), %rax
 	add	$1000, %rax
 	mov	%rax, 0x108(%rbx)
