@@ -77,7 +77,7 @@ fn interval_after(spec_dir: &str, exit: u64) -> u64 {
 
 #[test]
 fn test_positions_land_where_the_guest_counts_and_leave_no_trace() {
-    let dir = scratch("positions");
+    let dir = scratch_dir("positions");
     let (elf, counted) = build_guest(&dir);
     let elf = elf.display().to_string();
     let snaps = dir.join("snaps").display().to_string();
@@ -134,7 +134,7 @@ fn test_positions_land_where_the_guest_counts_and_leave_no_trace() {
 
 #[test]
 fn test_stepping_a_linux_guest_is_observation() {
-    let dir = scratch("positions-linux");
+    let dir = scratch_dir("positions-linux");
     let snaps = dir.join("snaps").display().to_string();
     let trace = dir.join("trace.jsonl");
     let trace_arg = trace.display().to_string();

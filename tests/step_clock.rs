@@ -27,7 +27,7 @@ const BEFORE_EXIT_1: u64 = 4;
 
 #[test]
 fn test_the_step_clock_reads_the_guests_own_instruction_count() {
-    let dir = scratch("step-clock-count");
+    let dir = scratch_dir("step-clock-count");
     let elf = assemble_bare_guest("count_insns", &dir)
         .display()
         .to_string();
@@ -84,7 +84,7 @@ fn test_the_step_clock_reads_the_guests_own_instruction_count() {
 
 #[test]
 fn test_a_guest_that_never_exits_is_preempted_on_an_exact_instruction() {
-    let dir = scratch("step-clock-preempt");
+    let dir = scratch_dir("step-clock-preempt");
     let elf = assemble_bare_guest("step_clock", &dir)
         .display()
         .to_string();

@@ -131,7 +131,7 @@ pub fn summary(out: &Output) -> serde_json::Value {
 
 /// A fresh scratch directory for the test `name` (this process's own).
 #[allow(dead_code)]
-pub fn scratch(name: &str) -> std::path::PathBuf {
+pub fn scratch_dir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("detvisor-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
