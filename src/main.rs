@@ -320,6 +320,11 @@ struct GuestArgs {
     /// counter; `detvisor check` says whether this host has one).
     #[arg(long, default_value_t = vmm::ClockKind::Exit)]
     clock: vmm::ClockKind,
+    /// What `--clock pmu` counts with: hardware (the host's PMU) or
+    /// emulated (single steps with an emulated skid: the pmu clock's loop
+    /// on a host without a PMU, for tests; as slow as the step clock).
+    #[arg(long, default_value_t = vmm::pmu_clock::PmuCounterChoice::Hardware, hide = true)]
+    pmu_counter: vmm::pmu_clock::PmuCounterChoice,
     /// Virtio NICs in the guest (eth0..), joined by detvisor's simulated switch.
     #[arg(long, default_value_t = 0)]
     nics: u8,
@@ -471,6 +476,7 @@ fn guest_spec(guest: &GuestArgs) -> Result<GuestSpec> {
         stall_timeout: StallTimeout::default(),
         exit_path: guest.exit_path,
         clock: guest.clock,
+        pmu_counter: guest.pmu_counter,
     };
     spec.validate().context("--nics")?;
     Ok(spec)

@@ -104,6 +104,7 @@ pub fn detvisor_guest(plan: &WorkerPlan) -> GuestSpec {
         command: vec![GUEST_COMMAND.into()],
         stall_timeout: Default::default(),
         clock: vmm::ClockKind::Exit,
+        pmu_counter: Default::default(),
     }
 }
 

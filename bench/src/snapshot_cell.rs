@@ -319,6 +319,7 @@ fn cell(plan: &CellPlan, result: &mut CellResult) -> Result<()> {
         stall_timeout: Default::default(),
         disks: Vec::new(),
         clock: vmm::ClockKind::Exit,
+        pmu_counter: Default::default(),
     };
 
     // 1. Boot and dirty.

@@ -643,6 +643,7 @@ mod tests {
             stall_timeout: StallTimeout::default(),
             exit_path: Default::default(),
             clock: Default::default(),
+            pmu_counter: Default::default(),
         }
     }
 

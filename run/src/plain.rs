@@ -7,6 +7,7 @@ use crate::outcome::RunSummary;
 use crate::pcap::PcapRecorder;
 use crate::snapshots::{SnapshotPlan, Snapshotter};
 use devices::ClockKind;
+use vmm::pmu_clock::PmuCounterChoice;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use vmm::record::RecordConfig;
@@ -50,6 +51,10 @@ pub struct GuestSpec {
     /// What moves virtual time (`exit` unless told otherwise).
     #[serde(default, skip_serializing_if = "ClockKind::is_exit")]
     pub clock: ClockKind,
+    /// What the pmu clock counts with (the host's PMU unless told
+    /// otherwise; ignored by the other clocks).
+    #[serde(default, skip_serializing_if = "PmuCounterChoice::is_hardware")]
+    pub pmu_counter: PmuCounterChoice,
 }
 
 impl Default for GuestSpec {
@@ -67,6 +72,7 @@ impl Default for GuestSpec {
             stall_timeout: StallTimeout::default(),
             exit_path: ExitPath::default(),
             clock: ClockKind::Exit,
+            pmu_counter: PmuCounterChoice::Hardware,
         }
     }
 }
@@ -182,6 +188,7 @@ impl GuestSpec {
             disks: Vec::new(),
             exit_path: self.exit_path,
             clock: self.clock,
+            pmu_counter: self.pmu_counter,
         })
     }
 }

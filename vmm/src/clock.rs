@@ -9,6 +9,8 @@
 //! has is [`Clock`]; the devices see only `now`.
 
 use devices::{ClockKind, VirtNanos};
+use crate::pmu_clock::perf::PmuUnavailable;
+use crate::pmu_clock::{open_counter, CountedEvent, PmuCounter, PmuCounterChoice};
 use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 
@@ -37,6 +39,15 @@ pub struct ClockState {
     /// snapshot made with it) read and hash as before the other clocks.
     #[serde(default, skip_serializing_if = "ClockKind::is_exit")]
     pub kind: ClockKind,
+    /// The pmu clock's: what it counts, and the count at `now`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<CountedEvent>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub counted: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Every guest-caused exit costs this much virtual time. It stands for the
@@ -109,36 +120,133 @@ impl VirtualClock for StepClock {
     }
 }
 
+/// Virtual time per counted event under the pmu clock: a nominal machine
+/// that retires one counted event a nanosecond. With conditional branches
+/// (about one instruction in five to ten) time runs slower than the step
+/// clock's per instruction; any fixed rate is deterministic.
+pub const PMU_EVENT_COST: VirtNanos = VirtNanos(1);
+
+/// The clock that advances by [`PMU_EVENT_COST`] per event a counter
+/// counted (the session hands it the count at every stop) and jumps on
+/// idle. Exits cost nothing of their own.
+#[derive(Clone, Debug)]
+pub struct PmuClock {
+    now: VirtNanos,
+    event: CountedEvent,
+    /// The count `now` includes.
+    counted: u64,
+}
+
+impl PmuClock {
+    pub fn new(event: CountedEvent) -> Self {
+        PmuClock {
+            now: VirtNanos::ZERO,
+            event,
+            counted: 0,
+        }
+    }
+
+    pub fn event(&self) -> CountedEvent {
+        self.event
+    }
+
+    /// The history's count so far.
+    pub fn counted(&self) -> u64 {
+        self.counted
+    }
+
+    /// The counter reads `count`: the events since the last count move
+    /// time (a count that went backwards moves nothing).
+    pub fn on_count(&mut self, count: u64) {
+        let events = count.saturating_sub(self.counted);
+        self.counted = self.counted.max(count);
+        self.now = self
+            .now
+            .saturating_add(VirtNanos(events.saturating_mul(PMU_EVENT_COST.0)));
+    }
+
+    /// The count at which the clock first reads `at` or later.
+    pub fn count_at(&self, at: VirtNanos) -> u64 {
+        let nanos = at.0.saturating_sub(self.now.0);
+        self.counted
+            .saturating_add(nanos.div_ceil(PMU_EVENT_COST.0.max(1)))
+    }
+}
+
+impl VirtualClock for PmuClock {
+    fn now(&self) -> VirtNanos {
+        self.now
+    }
+
+    fn on_exit(&mut self, _exit: TimedExit) {}
+
+    fn advance_to(&mut self, deadline: VirtNanos) {
+        self.now = self.now.max(deadline);
+    }
+}
+
 /// A machine's clock: one of the backends.
 #[derive(Clone, Debug)]
 pub enum Clock {
     Exit(ExitClock),
     Step(StepClock),
+    Pmu(PmuClock),
 }
 
 /// Why a machine cannot have the clock asked for.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum ClockError {
-    #[error(
-        "the pmu clock needs a usable hardware counter of guest retired instructions, \
-         and this build drives none (`detvisor check` says what this host offers)"
-    )]
-    PmuNotDriven,
+    #[error("the pmu clock counts with a counter: it is made with one (`Clock::open`)")]
+    NeedsCounter,
+    #[error("the pmu clock cannot run here (`detvisor check` says what this host offers)")]
+    PmuUnavailable(#[from] PmuUnavailable),
 }
 
 impl Clock {
+    /// The exit or step clock (the pmu clock needs its counter: [`Clock::open`]).
     pub fn new(kind: ClockKind) -> Result<Clock, ClockError> {
         match kind {
             ClockKind::Exit => Ok(Clock::Exit(ExitClock::new())),
             ClockKind::Step => Ok(Clock::Step(StepClock::default())),
-            ClockKind::Pmu => Err(ClockError::PmuNotDriven),
+            ClockKind::Pmu => Err(ClockError::NeedsCounter),
         }
+    }
+
+    /// A machine's clock of `kind` and, for the pmu clock, the counter it
+    /// counts with, opened on this thread: of `event` (a restored
+    /// history's) or the best `choice` gives.
+    pub fn open(
+        kind: ClockKind,
+        choice: PmuCounterChoice,
+        event: Option<CountedEvent>,
+    ) -> Result<(Clock, Option<Box<dyn PmuCounter>>), ClockError> {
+        if kind != ClockKind::Pmu {
+            return Ok((Clock::new(kind)?, None));
+        }
+        let counter = open_counter(choice, event)?;
+        Ok((Clock::Pmu(PmuClock::new(counter.event())), Some(counter)))
     }
 
     pub fn kind(&self) -> ClockKind {
         match self {
             Clock::Exit(_) => ClockKind::Exit,
             Clock::Step(_) => ClockKind::Step,
+            Clock::Pmu(_) => ClockKind::Pmu,
+        }
+    }
+
+    /// The pmu clock, if this is one.
+    pub fn pmu(&self) -> Option<&PmuClock> {
+        match self {
+            Clock::Pmu(clock) => Some(clock),
+            _ => None,
+        }
+    }
+
+    pub fn pmu_mut(&mut self) -> Option<&mut PmuClock> {
+        match self {
+            Clock::Pmu(clock) => Some(clock),
+            _ => None,
         }
     }
 
@@ -155,6 +263,7 @@ impl Clock {
         match self {
             Clock::Exit(clock) => clock,
             Clock::Step(clock) => clock,
+            Clock::Pmu(clock) => clock,
         }
     }
 
@@ -162,6 +271,7 @@ impl Clock {
         match self {
             Clock::Exit(clock) => clock,
             Clock::Step(clock) => clock,
+            Clock::Pmu(clock) => clock,
         }
     }
 }
@@ -193,6 +303,8 @@ impl Persist for Clock {
         ClockState {
             now: self.now(),
             kind: self.kind(),
+            event: self.pmu().map(PmuClock::event),
+            counted: self.pmu().map_or(0, PmuClock::counted),
         }
     }
 
@@ -208,6 +320,20 @@ impl Persist for Clock {
         match self {
             Clock::Exit(clock) => clock.now = state.now,
             Clock::Step(clock) => clock.now = state.now,
+            Clock::Pmu(clock) => {
+                if state.event != Some(clock.event) {
+                    return Err(RestoreError::Incompatible {
+                        part: "pmu clock",
+                        reason: format!(
+                            "its history counted {}, this machine's counter counts {}",
+                            state.event.map_or("nothing".to_string(), |e| e.to_string()),
+                            clock.event
+                        ),
+                    });
+                }
+                clock.now = state.now;
+                clock.counted = state.counted;
+            }
         }
         Ok(())
     }
@@ -269,10 +395,10 @@ mod tests {
             .unwrap()
             .restore(&exit_state)
             .is_err());
-        assert_eq!(
-            Clock::new(ClockKind::Pmu).unwrap_err(),
-            ClockError::PmuNotDriven
-        );
+        assert!(matches!(
+            Clock::new(ClockKind::Pmu),
+            Err(ClockError::NeedsCounter)
+        ));
     }
 
     fn advanced(kind: ClockKind, nanos: u64) -> Clock {
@@ -286,6 +412,51 @@ mod tests {
             fresh: Clock::default(),
             saved: advanced(ClockKind::Exit, 1234),
             mutate: |clock: &mut Clock| clock.on_exit(TimedExit::Access),
+        }
+    }
+
+    #[test]
+    fn test_the_pmu_clock_moves_with_the_count_and_finds_a_deadline_count() {
+        let mut clock = Clock::Pmu(PmuClock::new(CountedEvent::EmulatedSteps));
+        clock.on_exit(TimedExit::Access);
+        clock.on_steps(100);
+        assert_eq!(clock.now(), VirtNanos::ZERO);
+        let pmu = clock.pmu_mut().unwrap();
+        pmu.on_count(1500);
+        assert_eq!(pmu.now(), VirtNanos(1500 * PMU_EVENT_COST.0));
+        // An idle jump moves time, not the count.
+        pmu.advance_to(VirtNanos::from_micros(3));
+        assert_eq!(pmu.counted(), 1500);
+        assert_eq!(pmu.count_at(VirtNanos(3100)), 1600);
+        assert_eq!(pmu.count_at(VirtNanos(10)), 1500);
+        pmu.on_count(1600);
+        assert_eq!(pmu.now(), VirtNanos(3100));
+        let state = clock.save();
+        assert_eq!(
+            serde_json::to_string(&state).unwrap(),
+            r#"{"now":3100,"kind":"pmu","event":"emulated_steps","counted":1600}"#
+        );
+        let mut other = Clock::Pmu(PmuClock::new(CountedEvent::RetiredConditionalBranches));
+        let err = other.restore(&state).unwrap_err().to_string();
+        assert!(
+            err.contains("counted emulated single steps, this machine's counter counts retired conditional branches"),
+            "{err}"
+        );
+    }
+
+    fn counted(count: u64) -> Clock {
+        let mut clock = Clock::Pmu(PmuClock::new(CountedEvent::RetiredConditionalBranches));
+        if let Some(pmu) = clock.pmu_mut() {
+            pmu.on_count(count);
+        }
+        clock
+    }
+
+    devices::persist_round_trip_tests! {
+        mod pmu_clock_persist {
+            fresh: counted(0),
+            saved: counted(1234),
+            mutate: |clock: &mut Clock| if let Some(pmu) = clock.pmu_mut() { pmu.on_count(2000) },
         }
     }
 

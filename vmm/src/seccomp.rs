@@ -164,7 +164,21 @@ pub fn rules() -> Result<BTreeMap<i64, Vec<SeccompRule>>, SeccompError> {
     for nr in [libc::SYS_mmap, libc::SYS_mprotect] {
         rules.insert(nr, not_executable()?);
     }
+    rules.insert(libc::SYS_perf_event_open, this_thread_counter()?);
     Ok(rules)
+}
+
+/// `perf_event_open` only for a counter of the calling thread on any CPU
+/// (pid 0, cpu -1): the pmu clock's counter, which a session run from a
+/// new thread opens again there. Not another process's, not a CPU-wide one.
+fn this_thread_counter() -> Result<Vec<SeccompRule>, SeccompError> {
+    let condition = |index, value| {
+        SeccompCondition::new(index, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, value)
+            .map_err(SeccompError::Build)
+    };
+    let rule = SeccompRule::new(vec![condition(1, 0)?, condition(2, u64::from(u32::MAX))?])
+        .map_err(SeccompError::Build)?;
+    Ok(vec![rule])
 }
 
 /// `mmap` and `mprotect` only without `PROT_EXEC` (their third argument):
@@ -185,12 +199,16 @@ fn argument_rule(index: u8, op: SeccompCmpOp, value: u64) -> Result<SeccompRule,
 }
 
 /// `ioctl` only for KVM (all of its requests have type 0xAE: the VMM's
-/// whole interface to the guest) and for a terminal (raw mode and window
-/// size for a console or a shell).
+/// whole interface to the guest), for a terminal (raw mode and window
+/// size for a console or a shell) and for the pmu clock's counter
+/// (enable, disable, reset, period).
 fn ioctl_rules() -> Result<Vec<SeccompRule>, SeccompError> {
     let request = |op: SeccompCmpOp, value: u64| argument_rule(1, op, value);
     let mut rules = vec![request(SeccompCmpOp::MaskedEq(0xff00), 0xae00)?];
     for &nr in TERMINAL_IOCTLS {
+        rules.push(request(SeccompCmpOp::Eq, nr)?);
+    }
+    for &nr in crate::pmu_clock::perf::PERF_IOCTLS {
         rules.push(request(SeccompCmpOp::Eq, nr)?);
     }
     Ok(rules)
@@ -339,6 +357,9 @@ const ALLOWED: &[(i64, &str)] = &[
     (libc::SYS_getrlimit, "getrlimit"),
     (libc::SYS_getrusage, "getrusage"),
     (libc::SYS_prctl, "prctl"),
+    // The pmu clock's counter, opened again on a new vCPU thread; its
+    // rules are [`this_thread_counter`].
+    (libc::SYS_perf_event_open, "perf_event_open"),
 ];
 
 /// Calls that are not allowed but likely to be what a compromised VMM
@@ -372,7 +393,6 @@ const REFUSED_NAMES: &[(i64, &str)] = &[
     (libc::SYS_setuid, "setuid"),
     (libc::SYS_setgid, "setgid"),
     (libc::SYS_bpf, "bpf"),
-    (libc::SYS_perf_event_open, "perf_event_open"),
     (libc::SYS_init_module, "init_module"),
     (libc::SYS_finit_module, "finit_module"),
     (libc::SYS_kexec_load, "kexec_load"),

@@ -43,8 +43,14 @@ fn the_allowlist_has_what_a_run_needs_and_not_what_it_does_not() {
             "{nr} allowed outright"
         );
     }
-    // ioctl only with conditions: KVM's type and a terminal's requests.
-    assert_eq!(rules[&libc::SYS_ioctl].len(), 1 + TERMINAL_IOCTLS.len());
+    // ioctl only with conditions: KVM's type, a terminal's requests and
+    // the pmu counter's.
+    assert_eq!(
+        rules[&libc::SYS_ioctl].len(),
+        1 + TERMINAL_IOCTLS.len() + crate::pmu_clock::perf::PERF_IOCTLS.len()
+    );
+    // perf_event_open only for this thread's counter.
+    assert_eq!(rules[&libc::SYS_perf_event_open].len(), 1);
     // mmap and mprotect only without PROT_EXEC.
     assert_eq!(rules[&libc::SYS_mmap].len(), 1);
     assert_eq!(rules[&libc::SYS_mprotect].len(), 1);
@@ -175,6 +181,46 @@ fn executable_memory_is_refused_and_other_memory_is_not() {
     assert_eq!(exec_map, (libc::MAP_FAILED as usize, Some(libc::EPERM)));
     assert_eq!(exec_protect, (-1, Some(libc::EPERM)));
     assert_eq!(violation.expect("recorded").syscall, libc::SYS_mmap);
+}
+
+/// Opens a perf event of instructions for `pid` on `cpu`, as the filter
+/// sees it: its result and errno.
+fn perf_open(pid: libc::pid_t, cpu: libc::c_int) -> (i64, Option<i32>) {
+    let mut attr = [0u64; 8];
+    // type 0 (hardware), size 64, config 1 (instructions), disabled.
+    attr[0] = 64 << 32;
+    attr[1] = 1;
+    attr[6] = 1;
+    // SAFETY: a 64-byte perf_event_attr that lives across the call.
+    let fd = unsafe { libc::syscall(libc::SYS_perf_event_open, attr.as_ptr(), pid, cpu, -1, 8) };
+    let errno = std::io::Error::last_os_error().raw_os_error();
+    if fd >= 0 {
+        // SAFETY: the descriptor was just opened here and is not used again.
+        unsafe { libc::close(fd as i32) };
+    }
+    (fd, errno)
+}
+
+#[test]
+fn perf_event_open_is_allowed_only_for_this_thread() {
+    let _one_at_a_time = VIOLATIONS.lock().unwrap();
+    let (own, other, cpu_wide, violation) = on_thread("seccomp-perf", || {
+        install_on_this_thread().unwrap();
+        let own = perf_open(0, -1);
+        take_violation();
+        let other = perf_open(1, -1);
+        let violation = take_violation();
+        let cpu_wide = perf_open(0, 0);
+        take_violation();
+        (own, other, cpu_wide, violation)
+    });
+    // This thread's counter passes the filter: it opens, or perf says why
+    // not (ENOENT where there is no PMU), never EPERM from the filter.
+    assert!(own.0 >= 0 || own.1 != Some(libc::EPERM), "{own:?}");
+    assert_eq!(other, (-1, Some(libc::EPERM)));
+    assert_eq!(cpu_wide, (-1, Some(libc::EPERM)));
+    let violation = violation.expect("recorded");
+    assert_eq!(violation.syscall, libc::SYS_perf_event_open);
 }
 
 #[test]

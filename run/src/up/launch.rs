@@ -309,6 +309,7 @@ impl PreparedUp {
             stall_timeout: options.stall_timeout,
             disks: self.disks.clone(),
             clock: devices::ClockKind::Exit,
+            pmu_counter: Default::default(),
             exit_path: options.exit_path,
         })
     }

@@ -2,11 +2,14 @@
 //! conditional branches works on the vCPU thread, as a `pmu` clock needs.
 
 use super::guest::{Cpl, ProbeVm, Stop, COUNT_ENTRY, UNCOUNTED};
+pub use crate::pmu_clock::perf::CpuModel;
+use crate::pmu_clock::perf::{
+    event_ioctl, open_event, read_event, PerfError, PERF_COUNT_HW_INSTRUCTIONS,
+    PERF_EVENT_IOC_DISABLE, PERF_EVENT_IOC_ENABLE, PERF_EVENT_IOC_RESET, PERF_TYPE_HARDWARE,
+    PERF_TYPE_RAW,
+};
 use kvm_ioctls::Kvm;
 use serde::{Deserialize, Serialize};
-use std::fs::File;
-use std::io::Read;
-use std::os::fd::{FromRawFd, OwnedFd};
 
 /// Loop iterations of the counted run.
 pub const PMU_LOOPS: u32 = 10_000;
@@ -27,39 +30,6 @@ impl Event {
         match self {
             Event::RetiredInstructions => "retired instructions",
             Event::RetiredConditionalBranches => "retired conditional branches",
-        }
-    }
-}
-
-/// The CPU perf would count on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CpuModel {
-    pub vendor: String,
-    pub family: u32,
-    pub model: u32,
-}
-
-impl CpuModel {
-    /// Why this model's counters are not trusted, if they are not: the
-    /// microarchitectures rr refuses to count on.
-    pub fn unreliable(&self) -> Option<&'static str> {
-        match (self.vendor.as_str(), self.family, self.model) {
-            ("GenuineIntel", 6, 0x0f | 0x16 | 0x17 | 0x1d) => {
-                Some("Intel Merom/Penryn: no reliable retired-branch counter")
-            }
-            ("AuthenticAMD", f, _) if f < 0x17 => {
-                Some("AMD before Zen: no reliable retired-conditional-branch counter")
-            }
-            _ => None,
-        }
-    }
-
-    /// The raw perf event of retired conditional branches on this model.
-    fn conditional_branch_event(&self) -> Option<u64> {
-        match self.vendor.as_str() {
-            "GenuineIntel" => Some(0x5101c4), // BR_INST_RETIRED.CONDITIONAL
-            "AuthenticAMD" => Some(0x5100d1), // Zen: retired conditional branches
-            _ => None,
         }
     }
 }
@@ -135,7 +105,7 @@ impl PmuProbe {
             reason: reason.to_string(),
         };
         PmuProbe {
-            cpu: cpu_model(),
+            cpu: CpuModel::host(),
             hardware_pmu,
             instructions: failed(),
             conditional_branches: failed(),
@@ -143,80 +113,21 @@ impl PmuProbe {
     }
 }
 
-/// `struct perf_event_attr` up to `config1` (PERF_ATTR_SIZE_VER0).
-#[repr(C)]
-#[derive(Default)]
-struct PerfEventAttr {
-    type_: u32,
-    size: u32,
-    config: u64,
-    sample_period: u64,
-    sample_type: u64,
-    read_format: u64,
-    flags: u64,
-    wakeup_events: u32,
-    bp_type: u32,
-    config1: u64,
-}
-
-const PERF_TYPE_HARDWARE: u32 = 0;
-const PERF_TYPE_RAW: u32 = 4;
-const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
-const FLAG_DISABLED: u64 = 1 << 0;
-const FLAG_EXCLUDE_HV: u64 = 1 << 6;
-const FLAG_EXCLUDE_HOST: u64 = 1 << 19;
-const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
-// _IO('$', 0), _IO('$', 1), _IO('$', 3)
-const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
-const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
-const PERF_EVENT_IOC_RESET: libc::c_ulong = 0x2403;
-
-/// Opens a disabled guest-only counter on this thread.
-fn open_counter(type_: u32, config: u64) -> Result<File, Counter> {
-    let attr = PerfEventAttr {
-        type_,
-        size: std::mem::size_of::<PerfEventAttr>() as u32,
-        config,
-        flags: FLAG_DISABLED | FLAG_EXCLUDE_HOST | FLAG_EXCLUDE_HV,
-        ..Default::default()
-    };
-    // SAFETY: `attr` is a valid perf_event_attr of the size it states and
-    // lives across the call; pid 0 / cpu -1 counts this thread anywhere.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_perf_event_open,
-            &attr as *const PerfEventAttr,
-            0 as libc::pid_t,
-            -1 as libc::c_int,
-            -1 as libc::c_int,
-            PERF_FLAG_FD_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        let error = std::io::Error::last_os_error();
-        return Err(Counter::OpenFailed {
-            errno: error.raw_os_error().unwrap_or(0),
-            error: error.to_string(),
-        });
+impl From<PerfError> for Counter {
+    fn from(error: PerfError) -> Counter {
+        match error.open_errno() {
+            Some(errno) => Counter::OpenFailed {
+                errno,
+                error: match error {
+                    PerfError::Open(error) => error.to_string(),
+                    other => other.to_string(),
+                },
+            },
+            None => Counter::Failed {
+                reason: error.to_string(),
+            },
+        }
     }
-    let fd = i32::try_from(fd).map_err(|_| Counter::Failed {
-        reason: "perf_event_open returned no descriptor".into(),
-    })?;
-    // SAFETY: `fd` was just returned by perf_event_open and nothing else
-    // owns it.
-    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
-}
-
-fn counter_ioctl(file: &File, request: libc::c_ulong) -> Result<(), Counter> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: a perf event descriptor this function's caller owns; these
-    // requests take no argument.
-    if unsafe { libc::ioctl(file.as_raw_fd(), request as _, 0) } < 0 {
-        return Err(Counter::Failed {
-            reason: format!("perf ioctl: {}", std::io::Error::last_os_error()),
-        });
-    }
-    Ok(())
 }
 
 /// Counts one unstepped run of the counting guest with one counter.
@@ -224,11 +135,11 @@ fn count_guest(kvm: &Kvm, type_: u32, config: u64, expected: u64) -> Counter {
     let run = || -> Result<Counter, Counter> {
         let mut vm = ProbeVm::new(kvm, Cpl::Kernel, COUNT_ENTRY, PMU_LOOPS, 0)
             .map_err(|reason| Counter::Failed { reason })?;
-        let counter = open_counter(type_, config)?;
-        counter_ioctl(&counter, PERF_EVENT_IOC_RESET)?;
-        counter_ioctl(&counter, PERF_EVENT_IOC_ENABLE)?;
+        let counter = open_event(type_, config, None)?;
+        event_ioctl(&counter, PERF_EVENT_IOC_RESET, "reset")?;
+        event_ioctl(&counter, PERF_EVENT_IOC_ENABLE, "enable")?;
         let stop = vm.run();
-        counter_ioctl(&counter, PERF_EVENT_IOC_DISABLE)?;
+        event_ioctl(&counter, PERF_EVENT_IOC_DISABLE, "disable")?;
         match stop {
             Ok(Stop::Report(_)) => {}
             Ok(other) => {
@@ -238,39 +149,17 @@ fn count_guest(kvm: &Kvm, type_: u32, config: u64, expected: u64) -> Counter {
             }
             Err(reason) => return Err(Counter::Failed { reason }),
         }
-        let mut bytes = [0u8; 8];
-        (&counter)
-            .read_exact(&mut bytes)
-            .map_err(|e| Counter::Failed {
-                reason: format!("reading the counter: {e}"),
-            })?;
         Ok(Counter::Counted {
-            count: u64::from_ne_bytes(bytes),
+            count: read_event(&counter)?,
             expected,
         })
     };
     run().unwrap_or_else(|c| c)
 }
 
-fn cpu_model() -> Option<CpuModel> {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    let field = |name: &str| {
-        cpuinfo
-            .lines()
-            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == name))
-            .and_then(|l| l.split(':').nth(1))
-            .map(|v| v.trim().to_string())
-    };
-    Some(CpuModel {
-        vendor: field("vendor_id")?,
-        family: field("cpu family")?.parse().ok()?,
-        model: field("model")?.parse().ok()?,
-    })
-}
-
 /// Tries both counters on this thread around a run of the counting guest.
 pub fn probe_pmu(kvm: &Kvm, hardware_pmu: bool) -> PmuProbe {
-    let cpu = cpu_model();
+    let cpu = CpuModel::host();
     let loops = u64::from(PMU_LOOPS);
     let instructions = count_guest(
         kvm,
@@ -310,11 +199,6 @@ mod tests {
             instructions,
             conditional_branches: enoent(),
         }
-    }
-
-    #[test]
-    fn the_size_is_perf_attr_size_ver0() {
-        assert_eq!(std::mem::size_of::<PerfEventAttr>(), 64);
     }
 
     #[test]

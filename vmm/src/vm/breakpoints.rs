@@ -40,10 +40,11 @@ pub enum BreakpointError {
     )]
     UserAddress { address: u64 },
     #[error(
-        "breakpoints in a history of the step clock: not supported (its run is single-stepped \
-         and never enters the guest with the patches in place); step or watch instead"
+        "breakpoints in a history of the {0} clock: not supported (its run is single-stepped, \
+         all of it or near each deadline, without the patches in place, so a hit there would \
+         be missed); step or watch instead"
     )]
-    StepClock,
+    CountingClock(devices::ClockKind),
 }
 
 /// One patched byte.
@@ -127,8 +128,9 @@ impl Session {
         if let Some(&address) = addresses.iter().find(|&&a| a < KERNEL_HALF) {
             return Err(BreakpointError::UserAddress { address });
         }
-        if self.step_clocked() && !addresses.is_empty() {
-            return Err(BreakpointError::StepClock);
+        let clock = self.machine.clock.kind();
+        if !clock.is_exit() && !addresses.is_empty() {
+            return Err(BreakpointError::CountingClock(clock));
         }
         let mut addresses = addresses.to_vec();
         addresses.sort_unstable();

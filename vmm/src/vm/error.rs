@@ -79,6 +79,8 @@ pub enum VmError {
     #[error(transparent)]
     Seccomp(#[from] crate::seccomp::SeccompError),
     #[error(transparent)]
+    Pmu(#[from] crate::pmu_clock::PmuError),
+    #[error(transparent)]
     StallGuard(#[from] crate::stall::StallGuardError),
     #[error("injecting an interrupt failed")]
     Inject(#[source] std::io::Error),

@@ -25,6 +25,7 @@
 //! does not follow an `STI` opcode byte (see `irq_window`).
 
 use super::console::feed_console_input;
+use super::pmu_run::count_step;
 use super::kvm_exit::{complete, convert_exit};
 use super::stepping::{follows_sti_in_kernel, set_single_step, window_stop};
 use super::{kvm_err, Session, VmError};
@@ -382,7 +383,7 @@ impl Session {
             self.vm.vcpu.get_kvm_run().request_interrupt_window = wants_window;
             self.mend_after_step(saves, mode, &regs, &frames)?;
             self.insn_steps += 1;
-            self.machine.clock.on_steps(1);
+            count_step(&mut self.counter, &mut self.machine.clock);
             if self.step_clocked() {
                 self.machine.publish_clock_page();
             }
@@ -395,7 +396,7 @@ impl Session {
         }
         // The exiting instruction is this step's (time under the step
         // clock, before the exit sees the time).
-        self.machine.clock.on_steps(1);
+        count_step(&mut self.counter, &mut self.machine.clock);
         let action = self.machine.handle_exit(&exit);
         if let ExitAction::Resume(completion) = &action {
             complete(slot, completion);

@@ -39,6 +39,7 @@ mod observe;
 mod page_digest;
 mod page_ledger;
 mod session;
+mod pmu_run;
 mod step_clock;
 mod stepping;
 mod wiring;
@@ -108,6 +109,8 @@ pub struct VmConfig {
     pub exit_path: ExitPath,
     /// What moves virtual time (see [`crate::clock`]).
     pub clock: ClockKind,
+    /// What the pmu clock counts with (ignored by the other clocks).
+    pub pmu_counter: crate::pmu_clock::PmuCounterChoice,
 }
 
 /// What a finished run reports.

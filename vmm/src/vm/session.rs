@@ -17,6 +17,7 @@ use super::{
 };
 use crate::boot::{self, BootError, BootInputs};
 use crate::clock::Clock;
+use crate::pmu_clock::PmuCounterChoice;
 use crate::cpu_model;
 use crate::entropy::{self, stream, EntropyStream};
 use crate::exit::{Machine, MachineState, StopReason};
@@ -120,6 +121,8 @@ pub struct Session {
     pub(super) last_exit_rip: u64,
     /// Single steps taken since the last exit (reset by each exit).
     pub(super) insn_steps: u64,
+    /// The pmu clock's counter (see `pmu_run`; `None` under other clocks).
+    pub(super) counter: Option<Box<dyn crate::pmu_clock::PmuCounter>>,
     /// Software breakpoints a debugger set (not saved: a debugger's).
     pub(super) breakpoints: super::breakpoints::Breakpoints,
     /// A breakpoint hit left the run at an unknown step of its interval.
@@ -192,7 +195,7 @@ impl Session {
         };
         vm.vcpu.set_fpu(&fpu).map_err(kvm_err("KVM_SET_FPU"))?;
 
-        let clock = Clock::new(config.clock).map_err(SetupError::Clock)?;
+        let (clock, counter) = Clock::open(config.clock, config.pmu_counter, None).map_err(SetupError::Clock)?;
         let mut machine = Machine::with_clock(devices, config.until, clock);
         machine.set_perturbation(config.perturbation);
         Ok(Session {
@@ -212,6 +215,7 @@ impl Session {
             stall: StallGuard::new(config.stall_timeout),
             last_exit_rip: 0,
             insn_steps: 0,
+            counter,
             breakpoints: Default::default(),
             position_lost: false,
             guest_crng: kernel.guest_crng,
@@ -409,7 +413,12 @@ impl Session {
         if let Some(asked) = config.clock.filter(|&asked| asked != saved) {
             return Err(IncompatibleState::Clock { saved, asked }.into());
         }
-        let clock = Clock::new(saved).map_err(SetupError::Clock)?;
+        let (clock, counter) = Clock::open(
+            saved,
+            PmuCounterChoice::Hardware,
+            state.machine.clock.event,
+        )
+        .map_err(SetupError::Clock)?;
         let mut machine = Machine::with_clock(devices, config.until, clock);
         machine
             .restore(&state.machine)
@@ -435,6 +444,7 @@ impl Session {
             stall: StallGuard::new(config.stall_timeout),
             last_exit_rip: state.last_exit_rip,
             insn_steps: state.insn_steps,
+            counter,
             breakpoints: Default::default(),
             position_lost: false,
             guest_crng: state.guest_crng,

@@ -28,9 +28,9 @@ impl Session {
     }
 
     /// Whether a deadline (a device's, or an `up` run's wake-up) is due at
-    /// the present instruction boundary under the step clock.
+    /// the present instruction boundary under a counting clock (step or pmu).
     pub(super) fn counted_deadline_due(&self) -> bool {
-        if !self.step_clocked() {
+        if self.machine.clock.kind() == ClockKind::Exit {
             return false;
         }
         let now = self.machine.now();
@@ -78,15 +78,15 @@ impl Session {
     }
 
     /// One exit's worth of the run under whichever clock the machine has
-    /// (`None`: stopped at `time` between two exits, step clock only).
+    /// (`None`: stopped at `time` between two exits, counting clocks only).
     pub(super) fn step_toward(
         &mut self,
         time: Option<VirtNanos>,
     ) -> Result<Option<ExitAction>, VmError> {
-        if self.step_clocked() {
-            self.step_counted(time)
-        } else {
-            self.step_exit().map(Some)
+        match self.machine.clock.kind() {
+            ClockKind::Step => self.step_counted(time),
+            ClockKind::Pmu => self.step_pmu(time),
+            ClockKind::Exit => self.step_exit(),
         }
     }
 }

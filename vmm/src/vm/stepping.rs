@@ -7,6 +7,7 @@
 //! determinism.md), so where an interrupt lands depends on the guest alone.
 
 use super::console::feed_console_input;
+use super::pmu_run::sync_counted_clock;
 use super::kvm_exit::{complete, convert_exit, regs_hash, ResponseSlot};
 use super::session::devices_hash;
 use super::step_clock::stopped;
@@ -125,10 +126,12 @@ pub(super) fn set_single_step(vcpu: &VcpuFd, on: bool) -> Result<(), VmError> {
 
 impl Session {
     /// Enters the guest until it makes an exit of its own and handles that
-    /// exit (the exit clock; the step clock steps instead: `step_clock`).
-    pub(super) fn step_exit(&mut self) -> Result<ExitAction, VmError> {
+    /// exit (the exit clock, and the pmu clock's free runs; the step clock
+    /// steps instead: `step_clock`). `None`: the pmu clock's counter
+    /// stopped the guest before it exited.
+    pub(super) fn step_exit(&mut self) -> Result<Option<ExitAction>, VmError> {
         if let Some(stop) = self.before_entry()? {
-            return Ok(ExitAction::Stop(stop));
+            return Ok(Some(ExitAction::Stop(stop)));
         }
         loop {
             self.install_breakpoints();
@@ -142,6 +145,8 @@ impl Session {
                     return Err(kvm_err("KVM_RUN")(e));
                 }
             };
+            // An exit's time is the count at that exit.
+            sync_counted_clock(&mut self.counter, &mut self.machine.clock);
             // The guest's bytes back before anything reads guest memory; a
             // HLT at a breakpoint is a hit, not an exit (a HLT writes no
             // answer: its slot is not used past here).
@@ -158,10 +163,15 @@ impl Session {
             // input or give an interrupt a chance to be injected. Enter again.
             if exit == Exit::Interrupted {
                 if self.stall.look(self.machine.exits()) {
-                    return Ok(ExitAction::Stop(self.stalled()));
+                    return Ok(Some(ExitAction::Stop(self.stalled())));
                 }
                 if let Some(violation) = crate::seccomp::take_violation() {
-                    return Ok(ExitAction::Stop(StopReason::SeccompViolation { violation }));
+                    return Ok(Some(ExitAction::Stop(StopReason::SeccompViolation {
+                        violation,
+                    })));
+                }
+                if self.counter_stop() {
+                    return Ok(None);
                 }
                 continue;
             }
@@ -184,7 +194,7 @@ impl Session {
             if let ExitAction::Resume(completion) = &action {
                 complete(slot, completion);
             }
-            return self.finish_exit(stop, &exit, action);
+            return self.finish_exit(stop, &exit, action).map(Some);
         }
     }
 

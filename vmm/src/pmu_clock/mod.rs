@@ -10,12 +10,17 @@
 //! believed. The counter is the history's: a restore sets it back to the
 //! count the state was saved at.
 //!
-//! Nothing here touches KVM or perf: the counter and the vCPU come in
-//! through [`GuestEventCounter`] and [`CountedVcpu`] (one object: the
-//! vCPU thread owns both), so the logic is
-//! tested against a fake counter with a configurable skid. No machine here
-//! has a PMU (see docs/determinism.md), so no real counter drives it yet:
-//! `Clock::new(ClockKind::Pmu)` refuses, naming why.
+//! The logic here touches neither KVM nor perf: the counter and the vCPU
+//! come in through [`GuestEventCounter`] and [`CountedVcpu`] (one object:
+//! the vCPU thread owns both), so it is tested against a fake counter with
+//! a configurable skid. The session drives it (`vm/pmu_run.rs`) with one
+//! of two counters ([`PmuCounter`]): a hardware one ([`perf::PerfCounter`])
+//! or one emulated by single steps ([`emulated::EmulatedCounter`]), which
+//! runs the same loop on real KVM where no PMU exists (every machine here:
+//! see docs/determinism.md).
+
+pub mod emulated;
+pub mod perf;
 
 use serde::{Deserialize, Serialize};
 
@@ -28,6 +33,104 @@ pub trait GuestEventCounter {
     /// Interrupts the guest once `after` more events are counted (`None`:
     /// no interrupt).
     fn arm_overflow(&mut self, after: Option<u64>);
+}
+
+/// What a `pmu` clock counts. A history keeps one: its saved clock names
+/// it, and a restore with another is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CountedEvent {
+    /// Guest-only retired conditional branches (rr's event: exact).
+    RetiredConditionalBranches,
+    /// Guest-only retired instructions (where no branch event is known).
+    RetiredInstructions,
+    /// Instructions the session single-stepped ([`emulated`]).
+    EmulatedSteps,
+}
+
+impl std::fmt::Display for CountedEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            CountedEvent::RetiredConditionalBranches => "retired conditional branches",
+            CountedEvent::RetiredInstructions => "retired instructions",
+            CountedEvent::EmulatedSteps => "emulated single steps",
+        })
+    }
+}
+
+/// Which counter a fresh `pmu` run counts with (a restored one counts the
+/// event its history counted).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PmuCounterChoice {
+    /// The host's PMU (`detvisor check` says whether it has a usable one).
+    #[default]
+    Hardware,
+    /// Single steps with an emulated skid: the pmu loop on hosts without
+    /// a PMU, for tests (as slow as the step clock).
+    Emulated,
+}
+
+impl PmuCounterChoice {
+    pub fn is_hardware(&self) -> bool {
+        *self == PmuCounterChoice::Hardware
+    }
+}
+
+impl std::fmt::Display for PmuCounterChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PmuCounterChoice::Hardware => "hardware",
+            PmuCounterChoice::Emulated => "emulated",
+        })
+    }
+}
+
+impl std::str::FromStr for PmuCounterChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "hardware" => Ok(PmuCounterChoice::Hardware),
+            "emulated" => Ok(PmuCounterChoice::Emulated),
+            other => Err(format!(
+                "unknown pmu counter {other:?} (hardware or emulated)"
+            )),
+        }
+    }
+}
+
+/// The counter a session's `pmu` clock counts with.
+pub trait PmuCounter: GuestEventCounter + Send + std::fmt::Debug {
+    fn event(&self) -> CountedEvent;
+    /// How far short of a target its overflow is set.
+    fn skid_margin(&self) -> u64;
+    /// Whether it counts the calling thread (a hardware counter counts the
+    /// thread that opened it: a session run from another is given a new one).
+    fn counts_this_thread(&self) -> bool;
+    /// One instruction was single-stepped (a hardware counter counted it
+    /// itself).
+    fn on_single_step(&mut self) {}
+    /// Whether a free run is emulated by single steps until [`Self::overflowed`].
+    fn emulates_free_runs(&self) -> bool {
+        false
+    }
+    fn overflowed(&self) -> bool {
+        false
+    }
+}
+
+/// Opens the counter of `event` (a restored history's), or `choice`'s best.
+pub fn open_counter(
+    choice: PmuCounterChoice,
+    event: Option<CountedEvent>,
+) -> Result<Box<dyn PmuCounter>, perf::PmuUnavailable> {
+    match (event, choice) {
+        (Some(CountedEvent::EmulatedSteps), _) | (None, PmuCounterChoice::Emulated) => {
+            Ok(Box::new(emulated::EmulatedCounter::default()))
+        }
+        (event, _) => Ok(Box::new(perf::PerfCounter::open(event)?)),
+    }
 }
 
 /// How a run of the guest ended.
