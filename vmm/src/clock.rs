@@ -8,9 +8,9 @@
 //! steps every instruction, see `vm/step_clock.rs`). Which one a machine
 //! has is [`Clock`]; the devices see only `now`.
 
-use devices::{ClockKind, VirtNanos};
 use crate::pmu_clock::perf::PmuUnavailable;
 use crate::pmu_clock::{open_counter, CountedEvent, PmuCounter, PmuCounterChoice};
+use devices::{ClockKind, VirtNanos};
 use devices::{Persist, RestoreError};
 use serde::{Deserialize, Serialize};
 

@@ -153,7 +153,10 @@ pub(crate) fn event_ioctl(
 pub(crate) fn read_event(mut file: &File) -> Result<u64, PerfError> {
     let mut bytes = [0u8; 8];
     file.read_exact(&mut bytes)
-        .map_err(|error| PerfError::Control { what: "read", error })?;
+        .map_err(|error| PerfError::Control {
+            what: "read",
+            error,
+        })?;
     Ok(u64::from_ne_bytes(bytes))
 }
 

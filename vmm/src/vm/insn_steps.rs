@@ -25,8 +25,8 @@
 //! does not follow an `STI` opcode byte (see `irq_window`).
 
 use super::console::feed_console_input;
-use super::pmu_run::count_step;
 use super::kvm_exit::{complete, convert_exit};
+use super::pmu_run::count_step;
 use super::stepping::{follows_sti_in_kernel, set_single_step, window_stop};
 use super::{kvm_err, Session, VmError};
 use crate::exit::{Exit, ExitAction, StopReason};

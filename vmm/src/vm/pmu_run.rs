@@ -34,8 +34,8 @@ impl Session {
     }
 
     /// Makes sure the counter counts this thread and holds the history's
-    /// count.
-    fn ready_counter(&mut self) -> Result<(), VmError> {
+    /// count (before every entry, stepped or free).
+    pub(super) fn ready_counter(&mut self) -> Result<(), VmError> {
         let Some(pmu) = self.machine.clock.pmu() else {
             return Ok(());
         };
@@ -87,7 +87,6 @@ impl Session {
         if let Some(stop) = self.before_entry()? {
             return Ok(Some(ExitAction::Stop(stop)));
         }
-        self.ready_counter()?;
         let deadline = self.next_counted_deadline(time);
         if deadline.is_some_and(|at| at <= self.machine.now()) {
             return self.step_counted(time);

@@ -17,12 +17,12 @@ use super::{
 };
 use crate::boot::{self, BootError, BootInputs};
 use crate::clock::Clock;
-use crate::pmu_clock::PmuCounterChoice;
 use crate::cpu_model;
 use crate::entropy::{self, stream, EntropyStream};
 use crate::exit::{Machine, MachineState, StopReason};
 use crate::guest_crng::GuestCrng;
 use crate::irq_window::WindowGuard;
+use crate::pmu_clock::PmuCounterChoice;
 use crate::record::{self, ChainHash, Recorder, RecorderState};
 use crate::stall::{StallGuard, StallTimeout};
 use crate::vcpu_state::{self, VcpuState};
@@ -195,7 +195,8 @@ impl Session {
         };
         vm.vcpu.set_fpu(&fpu).map_err(kvm_err("KVM_SET_FPU"))?;
 
-        let (clock, counter) = Clock::open(config.clock, config.pmu_counter, None).map_err(SetupError::Clock)?;
+        let (clock, counter) =
+            Clock::open(config.clock, config.pmu_counter, None).map_err(SetupError::Clock)?;
         let mut machine = Machine::with_clock(devices, config.until, clock);
         machine.set_perturbation(config.perturbation);
         Ok(Session {
@@ -413,12 +414,9 @@ impl Session {
         if let Some(asked) = config.clock.filter(|&asked| asked != saved) {
             return Err(IncompatibleState::Clock { saved, asked }.into());
         }
-        let (clock, counter) = Clock::open(
-            saved,
-            PmuCounterChoice::Hardware,
-            state.machine.clock.event,
-        )
-        .map_err(SetupError::Clock)?;
+        let (clock, counter) =
+            Clock::open(saved, PmuCounterChoice::Hardware, state.machine.clock.event)
+                .map_err(SetupError::Clock)?;
         let mut machine = Machine::with_clock(devices, config.until, clock);
         machine
             .restore(&state.machine)

@@ -7,8 +7,8 @@
 //! determinism.md), so where an interrupt lands depends on the guest alone.
 
 use super::console::feed_console_input;
-use super::pmu_run::sync_counted_clock;
 use super::kvm_exit::{complete, convert_exit, regs_hash, ResponseSlot};
+use super::pmu_run::sync_counted_clock;
 use super::session::devices_hash;
 use super::step_clock::stopped;
 use super::{kvm_err, Session, VmError};
@@ -215,6 +215,9 @@ impl Session {
         {
             return Ok(Some(StopReason::TimeLimit));
         }
+        // The pmu clock's counter counts this thread from the history's
+        // count (a restore moved the clock's, not the counter's).
+        self.ready_counter()?;
         // Set-up is over once the guest is about to run: from here on the
         // thread runs under the allowlist (a no-op once it does).
         crate::seccomp::ensure_installed()?;
