@@ -4,6 +4,11 @@
 //! an exit after each round) runs under the step clock and, with more rounds, under the exit
 //! clock; each run's guest time (its wall time less set-up and final hashing) gives its
 //! instructions per second. The step clock's virtual time checks the instruction count.
+//!
+//! Issue 31's pmu target ("within 1.1x of the exit clock on a CPU-bound guest") needs a PMU:
+//! the exit clock's guest runs under `--clock pmu` where perf has a usable counter, and the
+//! bench says why not elsewhere (every machine here). The pmu clock's loop with the counter
+//! emulated by single steps runs beside the step clock, for the loop's own cost.
 
 use crate::campaign_run::{Common, Lines};
 use crate::say;
@@ -13,6 +18,7 @@ use helper_vm::client::Placed;
 use run::client::{Calls, InProcess};
 use run::plain::GuestSpec;
 use std::path::{Path, PathBuf};
+use vmm::pmu_clock::PmuCounterChoice;
 use vmm::{ClockKind, VirtNanos};
 
 /// The guest's source, assembled with the rounds each run asks for.
@@ -55,11 +61,17 @@ fn assemble(dir: &Path, rounds: u64) -> Result<PathBuf> {
 }
 
 /// One run of the guest: its virtual time and the guest's own wall time in seconds.
-fn run_once(common: &Common, kernel: PathBuf, clock: ClockKind) -> Result<(VirtNanos, f64)> {
+fn run_once(
+    common: &Common,
+    kernel: PathBuf,
+    clock: ClockKind,
+    pmu_counter: PmuCounterChoice,
+) -> Result<(VirtNanos, f64)> {
     let guest = GuestSpec {
         kernel: Some(kernel),
         until: Some(VirtNanos::from_secs(60)),
         clock,
+        pmu_counter,
         ..GuestSpec::default()
     };
     let mut runner = Placed::new(
@@ -92,14 +104,24 @@ pub fn orchestrate(args: &StepClockArgs) -> Result<u8> {
     );
 
     say!("bench: step-clock: {step_n} instructions under the step clock");
-    let (step_time, step_s) = run_once(&args.common, step_elf, ClockKind::Step)?;
+    let hardware = PmuCounterChoice::Hardware;
+    let (step_time, step_s) = run_once(&args.common, step_elf.clone(), ClockKind::Step, hardware)?;
     if step_time.as_nanos() != step_n {
         bail!("the step clock read {step_time}, where the guest runs {step_n} instructions");
     }
+    say!("bench: step-clock: {step_n} instructions under the pmu clock, emulated counter");
+    let emulated = PmuCounterChoice::Emulated;
+    let (emulated_time, emulated_s) = run_once(&args.common, step_elf, ClockKind::Pmu, emulated)?;
+    if emulated_time != step_time {
+        bail!("the emulated pmu clock read {emulated_time}, the step clock {step_time}");
+    }
     say!("bench: step-clock: {exit_n} instructions under the exit clock");
-    let (exit_time, exit_s) = run_once(&args.common, exit_elf, ClockKind::Exit)?;
+    let (exit_time, exit_s) = run_once(&args.common, exit_elf.clone(), ClockKind::Exit, hardware)?;
+    say!("bench: step-clock: {exit_n} instructions under the pmu clock, if this host has a PMU");
+    let pmu = run_once(&args.common, exit_elf, ClockKind::Pmu, hardware);
 
     let step_rate = step_n as f64 / step_s;
+    let emulated_rate = step_n as f64 / emulated_s;
     let exit_rate = exit_n as f64 / exit_s;
     let mut out = Lines::default();
     out.line(
@@ -121,12 +143,41 @@ pub fn orchestrate(args: &StepClockArgs) -> Result<u8> {
         "the exit clock runs this guest {:.0}x faster than the step clock",
         exit_rate / step_rate
     ));
+    out.line(format!(
+        "pmu clock, emulated counter: {step_n} instructions, virtual time {emulated_time} (the \
+         step clock's), guest wall {emulated_s:.2} s: {emulated_rate:.0} instructions/s, \
+         {:.2}x the step clock's wall time",
+        emulated_s / step_s
+    ));
+    let pmu_json = match &pmu {
+        Ok((pmu_time, pmu_s)) => {
+            let pmu_rate = exit_n as f64 / pmu_s;
+            out.line(format!(
+                "pmu clock, hardware counter: {exit_n} instructions, virtual time {pmu_time}, \
+                 guest wall {pmu_s:.2} s: {pmu_rate:.0} instructions/s, {:.3}x the exit clock's \
+                 wall time (goal: at most 1.1x)",
+                pmu_s / exit_s
+            ));
+            serde_json::json!({"instructions": exit_n, "guest_s": pmu_s, "per_s": pmu_rate,
+                "overhead": pmu_s / exit_s})
+        }
+        Err(why) => {
+            let why = format!("{why:#}");
+            out.line(format!(
+                "pmu clock, hardware counter: not measured: skipped: no usable PMU ({why})"
+            ));
+            serde_json::json!({"skipped": why})
+        }
+    };
     out.line(
         serde_json::json!({
             "bench": "step-clock",
             "step": {"instructions": step_n, "guest_s": step_s, "per_s": step_rate},
             "exit": {"instructions": exit_n, "guest_s": exit_s, "per_s": exit_rate},
             "ratio": exit_rate / step_rate,
+            "pmu_emulated": {"instructions": step_n, "guest_s": emulated_s,
+                "per_s": emulated_rate},
+            "pmu": pmu_json,
         })
         .to_string(),
     );
