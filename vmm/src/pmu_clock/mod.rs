@@ -118,6 +118,10 @@ pub trait PmuCounter: GuestEventCounter + Send + std::fmt::Debug {
     fn overflowed(&self) -> bool {
         false
     }
+    /// What went wrong with the counter since the last call, if anything.
+    fn take_error(&mut self) -> Option<String> {
+        None
+    }
 }
 
 /// Opens the counter of `event` (a restored history's), or `choice`'s best.

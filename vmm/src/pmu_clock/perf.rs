@@ -291,6 +291,8 @@ pub struct PerfCounter {
     base: u64,
     tid: libc::pid_t,
     margin: u64,
+    /// The first error since the session last asked.
+    error: Option<String>,
 }
 
 /// Why no hardware counter drives the `pmu` clock here.
@@ -387,7 +389,12 @@ impl PerfCounter {
             base: 0,
             tid,
             margin,
+            error: None,
         })
+    }
+
+    fn failed(&mut self, error: PerfError) {
+        self.error.get_or_insert_with(|| error.to_string());
     }
 
     fn arm(&mut self, after: Option<u64>) -> Result<(), PerfError> {
@@ -417,23 +424,30 @@ impl PerfCounter {
 }
 
 impl GuestEventCounter for PerfCounter {
+    /// A counter that cannot be read (perf put a pinned event it could
+    /// not schedule into an error state, and reads give nothing) reads as
+    /// not moving, and its error is kept for [`PmuCounter::take_error`]:
+    /// the session ends the run with it at its next entry.
     fn read(&mut self) -> u64 {
-        // A counter that can no longer be read reads as not moving: the
-        // session then steps (and a stuck count is refused there).
-        self.base
-            .saturating_add(read_event(&self.counting).unwrap_or_default())
+        match read_event(&self.counting) {
+            Ok(count) => self.base.saturating_add(count),
+            Err(error) => {
+                self.failed(error);
+                self.base
+            }
+        }
     }
 
     fn set(&mut self, count: u64) {
-        if event_ioctl(&self.counting, PERF_EVENT_IOC_RESET, "reset").is_ok() {
-            self.base = count;
+        match event_ioctl(&self.counting, PERF_EVENT_IOC_RESET, "reset") {
+            Ok(()) => self.base = count,
+            Err(error) => self.failed(error),
         }
     }
 
     fn arm_overflow(&mut self, after: Option<u64>) {
-        if self.arm(after).is_err() {
-            // Unarmed, the free run ends at the guest's next exit; the
-            // count is checked against the target there.
+        if let Err(error) = self.arm(after) {
+            self.failed(error);
             let _ = event_ioctl(&self.interrupt, PERF_EVENT_IOC_DISABLE, "disable");
         }
     }
@@ -450,6 +464,10 @@ impl PmuCounter for PerfCounter {
 
     fn counts_this_thread(&self) -> bool {
         self.tid == current_tid()
+    }
+
+    fn take_error(&mut self) -> Option<String> {
+        self.error.take()
     }
 }
 

@@ -80,6 +80,11 @@ pub enum VmError {
     Seccomp(#[from] crate::seccomp::SeccompError),
     #[error(transparent)]
     Pmu(#[from] crate::pmu_clock::PmuError),
+    #[error("the pmu clock's counter of {event} failed: {reason}")]
+    PmuCounter {
+        event: crate::pmu_clock::CountedEvent,
+        reason: String,
+    },
     #[error(transparent)]
     StallGuard(#[from] crate::stall::StallGuardError),
     #[error("injecting an interrupt failed")]

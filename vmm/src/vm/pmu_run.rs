@@ -54,6 +54,9 @@ impl Session {
             if counter.read() != counted {
                 counter.set(counted);
             }
+            if let Some(reason) = counter.take_error() {
+                return Err(VmError::PmuCounter { event, reason });
+            }
         }
         Ok(())
     }
@@ -111,6 +114,12 @@ impl Session {
         let (action, error) = (run.action.take(), run.error.take());
         if let Some(error) = error {
             return Err(error);
+        }
+        if let Some(reason) = self.counter.as_mut().and_then(|c| c.take_error()) {
+            let event = self.machine.clock.pmu().map(|pmu| pmu.event());
+            if let Some(event) = event {
+                return Err(VmError::PmuCounter { event, reason });
+            }
         }
         reached?;
         if let Some(action) = action {
