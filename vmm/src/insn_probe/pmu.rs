@@ -77,10 +77,14 @@ pub struct PmuProbe {
 impl PmuProbe {
     /// Why a `pmu` clock cannot run here, or `None` if it can.
     pub fn why_unavailable(&self) -> Option<String> {
-        if let Some(why) = self.cpu.as_ref().and_then(CpuModel::unreliable) {
-            return Some(format!("counters known unreliable on this CPU ({why})"));
+        let counts = self.instructions.usable() || self.conditional_branches.usable();
+        // Without a PMU that is the reason; with one, the model may be.
+        if counts || self.hardware_pmu {
+            if let Some(why) = self.cpu.as_ref().and_then(CpuModel::unreliable) {
+                return Some(format!("counters known unreliable on this CPU ({why})"));
+            }
         }
-        if self.instructions.usable() || self.conditional_branches.usable() {
+        if counts {
             return None;
         }
         let lead = if self.hardware_pmu {
@@ -219,12 +223,31 @@ mod tests {
             expected: 30_004,
         };
         assert_eq!(probe(good.clone(), None).why_unavailable(), None);
+        let skylake = CpuModel {
+            vendor: "GenuineIntel".into(),
+            family: 6,
+            model: 0x55,
+            hybrid: false,
+        };
+        assert_eq!(
+            probe(good.clone(), Some(skylake.clone())).why_unavailable(),
+            None
+        );
+        // Zen without rr's workaround, and a hybrid CPU, are refused.
         let zen = CpuModel {
             vendor: "AuthenticAMD".into(),
             family: 0x19,
             model: 1,
+            hybrid: false,
         };
-        assert_eq!(probe(good, Some(zen)).why_unavailable(), None);
+        let why = probe(good.clone(), Some(zen)).why_unavailable().unwrap();
+        assert!(why.contains("SpecLockMap"), "{why}");
+        let hybrid = CpuModel {
+            hybrid: true,
+            ..skylake
+        };
+        let why = probe(good, Some(hybrid)).why_unavailable().unwrap();
+        assert!(why.contains("hybrid"), "{why}");
     }
 
     #[test]
@@ -255,6 +278,7 @@ mod tests {
             vendor: "GenuineIntel".into(),
             family: 6,
             model: 0x17,
+            hybrid: false,
         };
         let why = probe(good, Some(penryn)).why_unavailable().unwrap();
         assert!(

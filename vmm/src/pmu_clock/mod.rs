@@ -209,7 +209,8 @@ pub fn run_to_count<G: GuestEventCounter + CountedVcpu>(
             });
         }
         let remaining = target - last;
-        let stop = if remaining > skid_margin {
+        let ran_free = remaining > skid_margin;
+        let stop = if ran_free {
             guest.arm_overflow(Some(remaining - skid_margin));
             guest.run()
         } else {
@@ -219,6 +220,17 @@ pub fn run_to_count<G: GuestEventCounter + CountedVcpu>(
         let now = guest.read();
         if now < last {
             return Err(PmuError::Backwards { was: last, now });
+        }
+        // A free run must stop short of the target: many boundaries share
+        // one count (a counter of branches), and only stepping stops at
+        // the first of them; an exit at the target's count ran past it.
+        if ran_free && now >= target {
+            guest.arm_overflow(None);
+            return Err(PmuError::Overshot {
+                target,
+                counted: now,
+                margin: skid_margin,
+            });
         }
         last = now;
         if stop == VcpuStop::Exit && last < target {
@@ -331,13 +343,13 @@ mod tests {
     }
 
     proptest! {
-        /// With a margin at least the skid, every target is reached exactly,
+        /// With a margin beyond the skid, every target is reached exactly,
         /// and most of the way is run free, not stepped.
         #[test]
         fn test_a_target_is_reached_exactly_within_the_margin(
             target in 1u64..2_000_000,
             skid in 0u64..200,
-            spare in 0u64..50,
+            spare in 1u64..50,
         ) {
             let mut machine = FakeMachine::new(skid, Vec::new());
             let margin = skid + spare;
@@ -360,6 +372,39 @@ mod tests {
         assert!(
             err.to_string().contains("skids more than the margin"),
             "{err}"
+        );
+    }
+
+    /// A skid of exactly the margin lands some free runs on the target's
+    /// count, where a counter of branches cannot tell which boundary of
+    /// that count the guest stopped at: refused, not taken as the target.
+    #[test]
+    fn test_a_free_run_that_lands_on_the_target_is_refused() {
+        let mut machine = FakeMachine::new(10, Vec::new());
+        let landed = (0..500).find_map(|_| {
+            let target = machine.retired + 100_000;
+            match run_to_count(&mut machine, target, 10) {
+                Err(PmuError::Overshot { counted, .. }) if counted == target => Some(counted),
+                _ => None,
+            }
+        });
+        assert!(landed.is_some(), "no free run landed on its target");
+        // A guest exit at the target's count in a free run ran past it too
+        // (a skid of up to 200 against a margin of 64: some patterns reach it).
+        let refused = (0..50u64).any(|i| {
+            let mut machine = FakeMachine::new(200, vec![50_000]);
+            machine.skid_pattern ^= i.wrapping_mul(0x1000_0001);
+            matches!(
+                run_to_count(&mut machine, 50_000, 64),
+                Err(PmuError::Overshot {
+                    counted: 50_000,
+                    ..
+                })
+            )
+        });
+        assert!(
+            refused,
+            "an exit at the target after a free run was accepted"
         );
     }
 

@@ -20,7 +20,7 @@ use super::{CountedEvent, GuestEventCounter, PmuCounter};
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::Once;
+use std::sync::OnceLock;
 
 /// `struct perf_event_attr` up to `config1` (PERF_ATTR_SIZE_VER0).
 #[repr(C)]
@@ -179,16 +179,16 @@ const F_SETOWN_EX: libc::c_int = 15;
 
 /// Makes `file`'s overflow send [`overflow_signal`] to thread `tid`.
 fn signal_thread_on_overflow(file: &File, tid: libc::pid_t) -> Result<(), PerfError> {
-    static HANDLER: Once = Once::new();
-    let mut registered = Ok(());
-    HANDLER.call_once(|| {
-        registered =
-            vmm_sys_util::signal::register_signal_handler(overflow_signal(), on_overflow_signal)
-                .map_err(|e| std::io::Error::from_raw_os_error(e.errno()));
+    // Registered once; a failure is kept, so no later counter is armed
+    // without the handler (the signal's default action ends the process).
+    static HANDLER: OnceLock<Result<(), i32>> = OnceLock::new();
+    let registered = HANDLER.get_or_init(|| {
+        vmm_sys_util::signal::register_signal_handler(overflow_signal(), on_overflow_signal)
+            .map_err(|e| e.errno())
     });
-    registered.map_err(|error| PerfError::Control {
+    registered.map_err(|errno| PerfError::Control {
         what: "overflow signal handler",
-        error,
+        error: std::io::Error::from_raw_os_error(errno),
     })?;
     let fd = file.as_raw_fd();
     let owner = FOwnerEx {
@@ -226,6 +226,10 @@ pub struct CpuModel {
     pub vendor: String,
     pub family: u32,
     pub model: u32,
+    /// Two kinds of cores (perf has a `cpu_core` PMU): a raw event is one
+    /// kind's.
+    #[serde(default)]
+    pub hybrid: bool,
 }
 
 impl CpuModel {
@@ -243,12 +247,20 @@ impl CpuModel {
             vendor: field("vendor_id")?,
             family: field("cpu family")?.parse().ok()?,
             model: field("model")?.parse().ok()?,
+            hybrid: std::path::Path::new("/sys/bus/event_source/devices/cpu_core").exists(),
         })
     }
 
     /// Why this model's counters are not trusted, if they are not: the
-    /// microarchitectures rr refuses to count on.
+    /// microarchitectures rr refuses to count on, Zen without the
+    /// workaround rr needs there, and hybrid CPUs.
     pub fn unreliable(&self) -> Option<&'static str> {
+        if self.hybrid {
+            return Some(
+                "a hybrid CPU: the counter of one kind of core stops counting when the vCPU's \
+                 thread runs on the other",
+            );
+        }
         match (self.vendor.as_str(), self.family, self.model) {
             ("GenuineIntel", 6, 0x0f | 0x16 | 0x17 | 0x1d) => {
                 Some("Intel Merom/Penryn: no reliable retired-branch counter")
@@ -256,15 +268,28 @@ impl CpuModel {
             ("AuthenticAMD", f, _) if f < 0x17 => {
                 Some("AMD before Zen: no reliable retired-conditional-branch counter")
             }
+            ("AuthenticAMD", _, _) => Some(
+                "AMD Zen: retired conditional branches count exactly only with the \
+                 SpecLockMap workaround rr applies, which detvisor does not",
+            ),
             _ => None,
         }
     }
 
     /// The raw perf event of retired conditional branches on this model.
     pub fn conditional_branch_event(&self) -> Option<u64> {
-        match self.vendor.as_str() {
-            "GenuineIntel" => Some(0x5101c4), // BR_INST_RETIRED.CONDITIONAL
-            "AuthenticAMD" => Some(0x5100d1), // Zen: retired conditional branches
+        match (self.vendor.as_str(), self.family, self.model) {
+            // Ice Lake, Tiger Lake, Rocket Lake, Alder and Raptor Lake,
+            // Sapphire and Emerald Rapids, Meteor Lake: BR_INST_RETIRED.COND
+            // (there 0x01 counts only taken ones).
+            (
+                "GenuineIntel",
+                6,
+                0x6a | 0x6c | 0x7d | 0x7e | 0x8c | 0x8d | 0x8f | 0x97 | 0x9a | 0xa7 | 0xaa | 0xac
+                | 0xb7 | 0xba | 0xbf | 0xcf,
+            ) => Some(0x5111c4),
+            ("GenuineIntel", _, _) => Some(0x5101c4), // BR_INST_RETIRED.CONDITIONAL
+            ("AuthenticAMD", _, _) => Some(0x5100d1), // Zen: retired conditional branches
             _ => None,
         }
     }
@@ -322,9 +347,6 @@ impl PerfCounter {
     /// (`None`: conditional branches, else instructions).
     pub fn open(event: Option<CountedEvent>) -> Result<PerfCounter, PmuUnavailable> {
         let cpu = CpuModel::host().ok_or(PmuUnavailable::UnknownCpu)?;
-        if let Some(why) = cpu.unreliable() {
-            return Err(PmuUnavailable::Unreliable(why));
-        }
         let branches = |cpu: &CpuModel| match cpu.conditional_branch_event() {
             Some(config) => PerfCounter::open_event(
                 CountedEvent::RetiredConditionalBranches,
@@ -346,7 +368,9 @@ impl PerfCounter {
             )
         };
         let wrap = |event| move |error| PmuUnavailable::Counter { event, error };
-        match event {
+        // Opened first, so that a host without a PMU says so; a counter
+        // that opens on a model known to count wrong is then refused.
+        let counter = match event {
             Some(CountedEvent::RetiredConditionalBranches) => {
                 branches(&cpu).map_err(wrap(CountedEvent::RetiredConditionalBranches))
             }
@@ -366,6 +390,10 @@ impl PerfCounter {
                     instructions: i.to_string(),
                 })
             }),
+        }?;
+        match cpu.unreliable() {
+            Some(why) => Err(PmuUnavailable::Unreliable(why)),
+            None => Ok(counter),
         }
     }
 
@@ -495,6 +523,7 @@ mod tests {
             vendor: vendor.into(),
             family: 0x19,
             model: 1,
+            hybrid: false,
         };
         assert_eq!(model("AuthenticAMD").skid_margin(), 1000);
         assert_eq!(model("GenuineIntel").skid_margin(), 100);

@@ -109,6 +109,12 @@ pub enum VmError {
     BreakpointHit { address: u64, exit: u64 },
     #[error("the position of the run was lost at a breakpoint hit: reset or restore it first")]
     PositionLost,
+    #[error(
+        "the run is between exit {exit} and the next at a step count not known: the pmu \
+         clock's counter stopped it after running free (positions between two exits are \
+         known where the interval was single-stepped from its exit)"
+    )]
+    PositionUnknown { exit: u64 },
     #[error("building a KVM MSR list")]
     MsrList,
     #[error("cannot single-step the guest at {at}")]

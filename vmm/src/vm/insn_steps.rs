@@ -230,6 +230,11 @@ impl Session {
         if self.position_lost {
             return Err(VmError::PositionLost);
         }
+        if self.ran_free {
+            return Err(VmError::PositionUnknown {
+                exit: self.machine.exits(),
+            });
+        }
         let refuse = |session: &Session, reason| VmError::Step {
             at: session.insn_position(),
             reason,
@@ -291,7 +296,10 @@ impl Session {
     /// the guest exit it met (handled), `Err` a refusal (nothing done).
     /// Under the step clock it is also the clock's tick (`step_clock`).
     pub(super) fn step_insn(&mut self) -> Result<Result<Option<ExitAction>, StepRefusal>, VmError> {
-        if self.insn_steps == 0 {
+        // The first step since the guest last ran unstepped: right after
+        // its exit, or after a pmu free run (which leaves the count at 0).
+        let first = self.insn_steps == 0;
+        if first {
             // The exit's own instruction is finished first (as a snapshot
             // does) and with the trap flag off, so that finishing it is no
             // step; then the event it queued is delivered.
@@ -321,7 +329,7 @@ impl Session {
             run.ready_for_interrupt_injection = 1;
             return Ok(Ok(Some(self.take_window_exit()?)));
         }
-        let (regs, sregs) = if self.insn_steps == 0 {
+        let (regs, sregs) = if first {
             match self.queued_event()? {
                 Queued::None => (regs, sregs),
                 Queued::Nmi => return Ok(Err(StepRefusal::Nmi)),

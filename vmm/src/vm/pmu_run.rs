@@ -100,7 +100,6 @@ impl Session {
             session: self,
             action: None,
             error: None,
-            stepping: false,
         };
         let reached = match target {
             Some(target) => run_to_count(&mut run, target, margin),
@@ -187,8 +186,6 @@ struct CountedRun<'a> {
     session: &'a mut Session,
     action: Option<ExitAction>,
     error: Option<VmError>,
-    /// KVM's single-stepping was left on by the last step.
-    stepping: bool,
 }
 
 impl CountedRun<'_> {
@@ -239,12 +236,14 @@ impl CountedVcpu for CountedRun<'_> {
             .counter
             .as_ref()
             .is_some_and(|c| c.emulates_free_runs());
+        // A step (this run's, or the window exit that ended the last
+        // one) leaves KVM's single-stepping on: off before running free,
+        // or the entry would stop after one instruction, with the trap
+        // flag in the frame of an interrupt delivered there.
         let result = if emulated {
             self.session.emulated_free_run()
-        } else if std::mem::take(&mut self.stepping) {
-            set_single_step(&self.session.vm.vcpu, false).and_then(|()| self.session.step_exit())
         } else {
-            self.session.step_exit()
+            set_single_step(&self.session.vm.vcpu, false).and_then(|()| self.session.step_exit())
         };
         self.ended(result)
     }
@@ -253,7 +252,6 @@ impl CountedVcpu for CountedRun<'_> {
         if self.action.is_some() || self.error.is_some() {
             return VcpuStop::Exit;
         }
-        self.stepping = true;
         let result = match self.session.step_insn() {
             Ok(Ok(action)) => Ok(action),
             Ok(Err(StepRefusal::Stopped { reason })) => {

@@ -123,6 +123,10 @@ pub struct Session {
     pub(super) insn_steps: u64,
     /// The pmu clock's counter (see `pmu_run`; `None` under other clocks).
     pub(super) counter: Option<Box<dyn crate::pmu_clock::PmuCounter>>,
+    /// The guest ran free (unstepped) since the last exit and the hardware
+    /// counter stopped it: the steps since the exit are not known, so
+    /// neither is the position (until the next exit).
+    pub(super) ran_free: bool,
     /// Software breakpoints a debugger set (not saved: a debugger's).
     pub(super) breakpoints: super::breakpoints::Breakpoints,
     /// A breakpoint hit left the run at an unknown step of its interval.
@@ -217,6 +221,7 @@ impl Session {
             last_exit_rip: 0,
             insn_steps: 0,
             counter,
+            ran_free: false,
             breakpoints: Default::default(),
             position_lost: false,
             guest_crng: kernel.guest_crng,
@@ -331,6 +336,11 @@ impl Session {
         if self.position_lost {
             return Err(VmError::PositionLost);
         }
+        if self.ran_free {
+            return Err(VmError::PositionUnknown {
+                exit: self.machine.exits(),
+            });
+        }
         vcpu_state::complete_pending_exit(&mut self.vm.vcpu)?;
         let vcpu = vcpu_state::capture(&self.vm.vcpu)?;
         let (console_hash, console_bytes) = {
@@ -443,6 +453,7 @@ impl Session {
             last_exit_rip: state.last_exit_rip,
             insn_steps: state.insn_steps,
             counter,
+            ran_free: false,
             breakpoints: Default::default(),
             position_lost: false,
             guest_crng: state.guest_crng,
@@ -541,6 +552,7 @@ impl Session {
         self.last_exit_rip = state.last_exit_rip;
         self.insn_steps = state.insn_steps;
         self.position_lost = false;
+        self.ran_free = false;
         self.guest_crng = state.guest_crng;
         self.seed = state.seed;
         self.publish_before_entry = true;

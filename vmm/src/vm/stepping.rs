@@ -171,6 +171,11 @@ impl Session {
                     })));
                 }
                 if self.counter_stop() {
+                    // Steps taken before it no longer say where the run
+                    // is, and the next step must look for an event the
+                    // interrupted entry left queued, as after an exit.
+                    self.ran_free = true;
+                    self.insn_steps = 0;
                     return Ok(None);
                 }
                 continue;
@@ -343,6 +348,7 @@ impl Session {
     fn record(&mut self, exit: &Exit, action: &ExitAction, injected: u16) {
         // A new interval between exits begins: no steps into it yet.
         self.insn_steps = 0;
+        self.ran_free = false;
         let regs = self.vm.vcpu.sync_regs().regs;
         self.last_exit_rip = regs.rip;
         let index = self.machine.exits() - 1;
