@@ -11,27 +11,8 @@
 
 mod common;
 
+use common::counted::{check_count_guest, json_of, printed_count};
 use common::*;
-use serde_json::Value;
-
-fn json_of(out: &std::process::Output, what: &str) -> Value {
-    assert_eq!(out.status.code(), Some(0), "{what}: {}", stderr(out));
-    summary(out)
-}
-
-/// Instructions count_insns.S runs (tests/step_clock.rs says which).
-const COUNT_GUEST_INSTRUCTIONS: u64 = 4 + 2046 + 3;
-/// The instructions before exit 1's.
-const BEFORE_EXIT_1: u64 = 4;
-
-/// The count step_clock.S's handler printed.
-fn printed_count(out: &std::process::Output) -> u64 {
-    let text = stdout(out);
-    text.lines()
-        .find_map(|l| l.strip_prefix("count="))
-        .map(|hex| u64::from_str_radix(hex.trim(), 16).unwrap())
-        .unwrap_or_else(|| panic!("no count printed: {text}"))
-}
 
 #[test]
 fn test_the_pmu_clock_with_the_hosts_counter_or_a_clear_skip() {
@@ -112,37 +93,16 @@ fn test_the_pmu_clock_with_the_hosts_counter_or_a_clear_skip() {
 #[test]
 fn test_the_pmu_loop_with_an_emulated_counter_lands_where_the_step_clock_does() {
     let dir = scratch_dir("pmu-clock-emulated");
-    let count_elf = assemble_bare_guest("count_insns", &dir)
-        .display()
-        .to_string();
-    let snaps = dir.join("snaps").display().to_string();
+    // One event per instruction at 1 ns: the guest's own count, and after
+    // a restore the counter takes the history's count.
     let pmu = ["--clock", "pmu", "--pmu-counter", "emulated"];
-    let mut args = vec!["run", "--kernel", &count_elf, "--until", "1s"];
-    args.extend(pmu);
-    args.extend(["--snapshots", &snaps, "--snapshot-at-exit", "1", "--json"]);
-    let run = json_of(&detvisor(&args), "run --clock pmu (emulated)");
-    // One event per instruction at 1 ns: the guest's own count.
-    assert_eq!(run["virtual_ns"], COUNT_GUEST_INSTRUCTIONS, "{run}");
-
-    // A position after a restore: the counter takes the history's count.
-    let k = 1000;
-    let at = format!("{snaps}@exit:1+insn:{k}");
-    let seek = json_of(&detvisor(&["seek", &at, "--json"]), "seek");
-    assert_eq!(seek["regs"]["r15"], k, "{seek}");
-    assert_eq!(seek["virtual_ns"], BEFORE_EXIT_1 + k, "{seek}");
-    let branch = json_of(&detvisor(&["branch", &at, "--json"]), "branch");
-    assert_eq!(branch["digest"], run["digest"], "{branch}");
-    assert_eq!(branch["virtual_ns"], COUNT_GUEST_INSTRUCTIONS, "{branch}");
-    let out = detvisor(&["branch", &format!("{snaps}@exit:1"), "--clock", "step"]);
-    assert_ne!(out.status.code(), Some(0));
-    let text = stderr(&out);
-    assert!(
-        text.contains("its history was made with the pmu clock"),
-        "{text}"
+    check_count_guest(
+        &dir,
+        &pmu,
+        "pmu",
+        "step",
+        r#""kind":"pmu","event":"emulated_steps","counted":4"#,
     );
-    let state = std::fs::read(dir.join("snaps/exit-000000000001/state.bin")).unwrap();
-    let state = String::from_utf8_lossy(&state);
-    assert!(state.contains(r#""kind":"pmu","event":"emulated_steps","counted":4"#));
 
     // A guest that never exits: the overflow lands late by a varying skid,
     // the rest is stepped, and the timer's interrupt lands on the step

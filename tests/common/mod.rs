@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod coin;
+pub mod counted;
 pub mod images;
 pub mod stale;
 
