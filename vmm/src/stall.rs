@@ -224,8 +224,9 @@ fn take_pending(signal: libc::c_int) {
 }
 
 /// This thread's id (asked of the kernel once per thread: `arm` runs before
-/// every step of a stepped run).
-fn current_tid() -> libc::pid_t {
+/// every step of a stepped run, and the pmu clock's counter is checked
+/// before every entry).
+pub(crate) fn current_tid() -> libc::pid_t {
     thread_local! {
         // SAFETY: gettid has no preconditions and cannot fail.
         static TID: libc::pid_t = unsafe { libc::gettid() };

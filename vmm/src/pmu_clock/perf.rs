@@ -17,6 +17,7 @@
 //! were never opened here; its failure paths were (see docs/determinism.md).
 
 use super::{CountedEvent, GuestEventCounter, PmuCounter};
+use crate::stall::current_tid;
 use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -158,12 +159,6 @@ pub(crate) fn read_event(mut file: &File) -> Result<u64, PerfError> {
             error,
         })?;
     Ok(u64::from_ne_bytes(bytes))
-}
-
-/// This thread's id.
-fn current_tid() -> libc::pid_t {
-    // SAFETY: gettid has no preconditions and cannot fail.
-    unsafe { libc::gettid() }
 }
 
 /// `F_SETOWN_EX`'s argument.

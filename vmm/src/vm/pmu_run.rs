@@ -19,7 +19,7 @@
 //! place or from a snapshot, moves the clock's count, not the counter's).
 
 use super::stepping::set_single_step;
-use super::{Session, SetupError, StepRefusal, VmError};
+use super::{Session, SetupError, VmError};
 use crate::clock::{Clock, ClockError};
 use crate::exit::ExitAction;
 use crate::pmu_clock::{
@@ -29,10 +29,6 @@ use crate::pmu_clock::{
 use devices::{ClockKind, VirtNanos};
 
 impl Session {
-    pub(super) fn pmu_clocked(&self) -> bool {
-        self.machine.clock.kind() == ClockKind::Pmu
-    }
-
     /// Makes sure the counter counts this thread and holds the history's
     /// count (before every entry, stepped or free).
     pub(super) fn ready_counter(&mut self) -> Result<(), VmError> {
@@ -54,31 +50,33 @@ impl Session {
             if counter.read() != counted {
                 counter.set(counted);
             }
-            if let Some(reason) = counter.take_error() {
-                return Err(VmError::PmuCounter { event, reason });
-            }
         }
-        Ok(())
+        self.counter_failed()
     }
 
-    /// Whether the counter stopped the guest (its overflow), as opposed to
-    /// another host signal: always, once a pmu run's counter is armed.
+    /// The counter's failure since the last look, as the run's error.
+    fn counter_failed(&mut self) -> Result<(), VmError> {
+        let event = self.machine.clock.pmu().map(|pmu| pmu.event());
+        match (event, self.counter.as_mut().and_then(|c| c.take_error())) {
+            (Some(event), Some(reason)) => Err(VmError::PmuCounter { event, reason }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether an interrupted `KVM_RUN` is the counter's stop (its
+    /// overflow), as opposed to another host signal: always, once a pmu
+    /// run has its counter (only the pmu clock has one).
     pub(super) fn counter_stop(&self) -> bool {
-        self.pmu_clocked() && self.counter.is_some()
+        self.counter.is_some()
     }
 
     /// The earliest time the pmu run must stop at exactly: the next device
-    /// deadline, an `up` run's wake-up, `time`, the machine's limit.
+    /// deadline or wake-up, `time`, the machine's limit.
     fn next_counted_deadline(&self, time: Option<VirtNanos>) -> Option<VirtNanos> {
-        [
-            self.machine.devices.next_deadline(),
-            self.machine.wakeup,
-            time,
-            self.machine.until,
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        [self.next_wake(), time, self.machine.until]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// One exit's worth of the run under the pmu clock (`None`: stopped at
@@ -114,12 +112,7 @@ impl Session {
         if let Some(error) = error {
             return Err(error);
         }
-        if let Some(reason) = self.counter.as_mut().and_then(|c| c.take_error()) {
-            let event = self.machine.clock.pmu().map(|pmu| pmu.event());
-            if let Some(event) = event {
-                return Err(VmError::PmuCounter { event, reason });
-            }
-        }
+        self.counter_failed()?;
         reached?;
         if let Some(action) = action {
             return Ok(Some(action));
@@ -139,18 +132,8 @@ impl Session {
                     }
                 }
                 Ok(Some(action)) => return Ok(Some(action)),
-                Err(refusal) => return Err(self.refused(refusal)),
+                Err(refusal) => return self.end_stepping(refusal),
             }
-        }
-    }
-
-    fn refused(&mut self, refusal: StepRefusal) -> VmError {
-        if let Err(error) = set_single_step(&self.vm.vcpu, false) {
-            return error;
-        }
-        VmError::Step {
-            at: self.insn_position(),
-            reason: refusal,
         }
     }
 }
@@ -254,11 +237,7 @@ impl CountedVcpu for CountedRun<'_> {
         }
         let result = match self.session.step_insn() {
             Ok(Ok(action)) => Ok(action),
-            Ok(Err(StepRefusal::Stopped { reason })) => {
-                set_single_step(&self.session.vm.vcpu, false)
-                    .map(|()| Some(ExitAction::Stop(reason)))
-            }
-            Ok(Err(refusal)) => Err(self.session.refused(refusal)),
+            Ok(Err(refusal)) => self.session.end_stepping(refusal),
             Err(error) => Err(error),
         };
         self.ended(result)

@@ -27,19 +27,19 @@ impl Session {
         self.machine.clock.kind() == ClockKind::Step
     }
 
+    /// The earliest deadline of a device or an `up` run's wake-up.
+    pub(super) fn next_wake(&self) -> Option<VirtNanos> {
+        [self.machine.devices.next_deadline(), self.machine.wakeup]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
     /// Whether a deadline (a device's, or an `up` run's wake-up) is due at
     /// the present instruction boundary under a counting clock (step or pmu).
     pub(super) fn counted_deadline_due(&self) -> bool {
-        if self.machine.clock.kind() == ClockKind::Exit {
-            return false;
-        }
-        let now = self.machine.now();
-        let device = self
-            .machine
-            .devices
-            .next_deadline()
-            .is_some_and(|at| at <= now);
-        device || self.machine.wakeup.is_some_and(|at| at <= now)
+        self.machine.clock.kind() != ClockKind::Exit
+            && self.next_wake().is_some_and(|at| at <= self.machine.now())
     }
 
     /// Steps, counting, to the guest's next exit (handled, `Some`), or to
@@ -61,19 +61,26 @@ impl Session {
             match self.step_insn()? {
                 Ok(None) => {}
                 Ok(Some(action)) => return Ok(Some(action)),
-                // A limit met inside the stepper's own entry check.
-                Err(StepRefusal::Stopped { reason }) => {
-                    set_single_step(&self.vm.vcpu, false)?;
-                    return Ok(Some(ExitAction::Stop(reason)));
-                }
-                Err(reason) => {
-                    set_single_step(&self.vm.vcpu, false)?;
-                    return Err(VmError::Step {
-                        at: self.insn_position(),
-                        reason,
-                    });
-                }
+                Err(refusal) => return self.end_stepping(refusal),
             }
+        }
+    }
+
+    /// Ends a counting clock's stepping at a refusal, single-stepping
+    /// turned off: a stop met inside the stepper's own entry check (a limit,
+    /// a seccomp violation) is the run's stop; any other refusal is the
+    /// error, naming the position.
+    pub(super) fn end_stepping(
+        &mut self,
+        refusal: StepRefusal,
+    ) -> Result<Option<ExitAction>, VmError> {
+        set_single_step(&self.vm.vcpu, false)?;
+        match refusal {
+            StepRefusal::Stopped { reason } => Ok(Some(ExitAction::Stop(reason))),
+            reason => Err(VmError::Step {
+                at: self.insn_position(),
+                reason,
+            }),
         }
     }
 
